@@ -1,0 +1,265 @@
+#include "client/commands.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/output.h"
+#include "common/grpc_status.h"
+#include "common/process.h"
+#include "coordinator/plan_builder.h"
+#include "coordinator/spec_summary.h"
+#include "worker/coordinator_client.h"
+
+namespace shardtrain::client {
+namespace {
+
+using worker::CoordinatorClient;
+
+std::unique_ptr<grpc::ClientContext> Ctx(const GlobalFlags& g) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(g.timeout_ms));
+  return ctx;
+}
+
+template <typename Req, typename Resp, typename Method>
+absl::Status Call(const GlobalFlags& g, Method method, const Req& req, Resp* resp,
+                  const char* what) {
+  CoordinatorClient client(g.coordinator, g.timeout_ms);
+  auto ctx = Ctx(g);
+  return FromGrpcStatus((client.stub().*method)(ctx.get(), req, resp), what);
+}
+
+absl::StatusOr<v1::Job> GetJob(const GlobalFlags& g, const std::string& id) {
+  v1::GetJobRequest req;
+  req.set_job_id(id);
+  v1::Job job;
+  if (auto s = Call(g, &v1::Coordinator::Stub::GetJob, req, &job, "GetJob"); !s.ok()) return s;
+  return job;
+}
+
+}  // namespace
+
+int ReportError(const GlobalFlags& g, const absl::Status& s) {
+  std::cerr << "shardtrain: " << s.message() << "\n";
+  if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
+    std::cerr << "shardtrain: cannot reach the coordinator at " << g.coordinator
+              << ". Start one (shardtrain-coordinator --state-dir DIR), or point at it with "
+                 "--coordinator HOST:PORT or SHARDTRAIN_COORDINATOR.\n";
+    return 1;
+  }
+  if (absl::IsInvalidArgument(s) || absl::IsNotFound(s)) return 2;
+  return 1;
+}
+
+absl::Status ReadSpec(const std::string& path, std::string* text) {
+  absl::Status s = ReadFile(path, text);
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("spec file: ", s.message()));
+  return absl::OkStatus();
+}
+
+int Submit(const GlobalFlags& g, const std::string& spec_path, const std::vector<std::string>& sets,
+           const std::string& resume_from, bool wait) {
+  v1::SubmitJobRequest req;
+  if (auto s = ReadSpec(spec_path, req.mutable_spec_yaml()); !s.ok()) return ReportError(g, s);
+  for (const auto& kv : sets) req.add_overrides(kv);
+  req.set_resume_from(resume_from);
+  v1::SubmitJobResponse resp;
+  if (auto s = Call(g, &v1::Coordinator::Stub::SubmitJob, req, &resp, spec_path.c_str());
+      !s.ok()) {
+    return ReportError(g, s);
+  }
+  if (g.output == "json") {
+    std::cout << JobJson(resp.job()) << std::endl;
+  } else {
+    std::cout << resp.job().job_id() << std::endl;
+  }
+  return wait ? Watch(g, resp.job().job_id()) : 0;
+}
+
+int List(const GlobalFlags& g) {
+  v1::ListJobsResponse resp;
+  if (auto s = Call(g, &v1::Coordinator::Stub::ListJobs, v1::ListJobsRequest(), &resp, "ListJobs");
+      !s.ok()) {
+    return ReportError(g, s);
+  }
+  if (g.output == "json") {
+    std::string out = "{\"jobs\": [";
+    for (int i = 0; i < resp.jobs_size(); ++i) {
+      absl::StrAppend(&out, i ? ", " : "", JobJson(resp.jobs(i)));
+    }
+    std::cout << out << "]}" << std::endl;
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& j : resp.jobs()) {
+    rows.push_back({j.job_id(), j.name(), StateName(j.state()), absl::StrCat(j.world()),
+                    absl::StrCat(j.progress().step(), "/", j.progress().total_steps()),
+                    j.progress().step() > 0 ? absl::StrFormat("%.4f", j.progress().loss()) : "-"});
+  }
+  std::cout << FormatTable({"JOB", "NAME", "STATE", "WORLD", "STEP", "LOSS"}, rows);
+  return 0;
+}
+
+int Status(const GlobalFlags& g, const std::string& job_id) {
+  auto job = GetJob(g, job_id);
+  if (!job.ok()) return ReportError(g, job.status());
+  std::cout << (g.output == "json" ? JobJson(*job) + "\n" : JobText(*job)) << std::flush;
+  return 0;
+}
+
+int Watch(const GlobalFlags& g, const std::string& job_id) {
+  auto job = GetJob(g, job_id);
+  if (!job.ok()) return ReportError(g, job.status());
+  const int64_t total = job->progress().total_steps();
+  CoordinatorClient client(g.coordinator, g.timeout_ms);
+  int64_t after = 0;
+  // The stream ends when the job does; a broken stream is resumed from the
+  // last event seen, so a coordinator restart costs a pause, not the watch.
+  for (int attempt = 0; attempt < 30; ++attempt) {
+    grpc::ClientContext ctx;
+    v1::WatchJobRequest req;
+    req.set_job_id(job_id);
+    req.set_after_seq(after);
+    auto reader = client.stub().WatchJob(&ctx, req);
+    v1::JobEvent ev;
+    while (reader->Read(&ev)) {
+      after = ev.seq();
+      attempt = 0;
+      if (g.output == "json") {
+        std::cout << "{\"seq\": " << ev.seq() << ", \"state\": " << JsonString(StateName(ev.state()))
+                  << ", \"message\": " << JsonString(ev.message())
+                  << (ev.has_step() ? ", \"step\": " + StepJson(ev.step()) : "") << "}"
+                  << std::endl;
+      } else {
+        std::cout << EventLine(ev, total) << std::endl;
+      }
+    }
+    grpc::Status s = reader->Finish();
+    if (s.ok()) break;
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return ReportError(g, FromGrpcStatus(s));
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  job = GetJob(g, job_id);
+  if (!job.ok()) return ReportError(g, job.status());
+  return job->state() == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
+}
+
+int Cancel(const GlobalFlags& g, const std::string& job_id) {
+  v1::CancelJobRequest req;
+  req.set_job_id(job_id);
+  req.set_reason("shardtrain cancel");
+  v1::Job job;
+  if (auto s = Call(g, &v1::Coordinator::Stub::CancelJob, req, &job, "CancelJob"); !s.ok()) {
+    return ReportError(g, s);
+  }
+  std::cout << (g.output == "json" ? JobJson(job) : job.job_id() + " " + StateName(job.state()))
+            << std::endl;
+  return 0;
+}
+
+int Workers(const GlobalFlags& g) {
+  v1::ListWorkersResponse resp;
+  if (auto s = Call(g, &v1::Coordinator::Stub::ListWorkers, v1::ListWorkersRequest(), &resp,
+                    "ListWorkers");
+      !s.ok()) {
+    return ReportError(g, s);
+  }
+  if (g.output == "json") {
+    std::string out = "{\"workers\": [";
+    for (int i = 0; i < resp.workers_size(); ++i) {
+      absl::StrAppend(&out, i ? ", " : "", WorkerJson(resp.workers(i)));
+    }
+    std::cout << out << "]}" << std::endl;
+    return 0;
+  }
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& w : resp.workers()) {
+    rows.push_back({w.worker_id(), w.host(), w.device().name(), WorkerStateName(w.state()),
+                    w.job_id().empty() ? "-" : w.job_id(),
+                    w.job_id().empty() ? "-" : absl::StrCat(w.rank()),
+                    absl::StrFormat("%.1fs ago", (now - w.last_heartbeat_ms()) / 1000.0)});
+  }
+  std::cout << FormatTable({"WORKER", "HOST", "DEVICE", "STATE", "JOB", "RANK", "HEARTBEAT"},
+                           rows);
+  return 0;
+}
+
+int History(const GlobalFlags& g, const std::string& job_id) {
+  v1::GetHistoryRequest req;
+  req.set_job_id(job_id);
+  v1::GetHistoryResponse resp;
+  if (auto s = Call(g, &v1::Coordinator::Stub::GetHistory, req, &resp, "GetHistory"); !s.ok()) {
+    return ReportError(g, s);
+  }
+  if (g.output == "json") {
+    std::cout << StepsJson(resp) << std::endl;
+    return 0;
+  }
+  const bool csv = g.output == "csv";
+  std::vector<std::string> header = {"step", "loss", "grad_norm", "lr", "tokens_per_s",
+                                     "step_ms", "comm_ms"};
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& s : resp.steps()) {
+    rows.push_back({absl::StrCat(s.step()), absl::StrFormat("%.6g", s.loss()),
+                    absl::StrFormat("%.6g", s.grad_norm()), absl::StrFormat("%.6g", s.lr()),
+                    absl::StrFormat("%.1f", s.tokens_per_s()), absl::StrFormat("%.2f", s.step_ms()),
+                    absl::StrFormat("%.2f", s.comm_ms())});
+  }
+  if (csv) {
+    std::cout << absl::StrJoin(header, ",") << "\n";
+    for (const auto& r : rows) std::cout << absl::StrJoin(r, ",") << "\n";
+  } else {
+    std::cout << FormatTable(header, rows);
+  }
+  return 0;
+}
+
+int Plan(const GlobalFlags& g, const std::string& spec_path, const std::vector<std::string>& sets,
+         int world) {
+  std::string text;
+  if (auto s = ReadSpec(spec_path, &text); !s.ok()) return ReportError(g, s);
+  auto spec = coordinator::ValidateSpec(text, sets);
+  if (!spec.ok()) return ReportError(g, spec.status());
+  if (world == 0) world = spec->world;
+  if (world != spec->world) {
+    return ReportError(g, absl::InvalidArgumentError(absl::StrFormat(
+                              "--world: dp·tp·pp = %d·%d·%d = %d ≠ world %d", spec->dp, spec->tp,
+                              spec->pp, spec->world, world)));
+  }
+  v1::Job job;
+  job.set_job_id("(plan)");
+  for (int r = 0; r < world; ++r) job.add_ranks()->set_rank(r);
+  auto plan = coordinator::BuildPlan(*spec, job);
+  if (!plan.ok()) return ReportError(g, plan.status());
+  if (g.output == "json") {
+    std::cout << PlanJson(*plan) << std::endl;
+    return 0;
+  }
+  std::cout << absl::StrFormat(
+      "job %s: world %d = dp %d · tp %d · pp %d, ZeRO stage %d\n"
+      "batch: global %d = micro %d · dp %d · accumulation %d, seq_len %d\n"
+      "pipeline: schedule %s, bubble %.3f\n",
+      spec->name, plan->world(), plan->dp(), plan->tp(), plan->pp(), plan->zero_stage(),
+      plan->global_batch(), plan->micro_batch(), plan->dp(), plan->grad_accum_steps(),
+      plan->seq_len(), plan->schedule(), plan->bubble_fraction());
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& r : plan->ranks()) {
+    rows.push_back({absl::StrCat(r.rank()), absl::StrCat(r.dp()), absl::StrCat(r.tp()),
+                    absl::StrCat(r.pp()),
+                    absl::StrCat("[", r.first_sample(), ", ", r.first_sample() + r.num_samples(),
+                                 ")")});
+  }
+  std::cout << FormatTable({"RANK", "DP", "TP", "PP", "SAMPLES/STEP"}, rows);
+  return 0;
+}
+
+}  // namespace shardtrain::client

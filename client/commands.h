@@ -1,0 +1,40 @@
+// The `shardtrain` CLI's commands, each returning the process exit code:
+// 0 on success, 1 when the operation failed (or the job did not succeed),
+// 2 for bad input (spec errors, unknown ids, bad flags).
+#ifndef SHARDTRAIN_CLIENT_COMMANDS_H_
+#define SHARDTRAIN_CLIENT_COMMANDS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace shardtrain::client {
+
+struct GlobalFlags {
+  std::string coordinator = "127.0.0.1:7070";  // --coordinator / $SHARDTRAIN_COORDINATOR
+  std::string output = "table";                // table | json (csv for history)
+  int64_t timeout_ms = 10'000;                 // per RPC
+};
+
+int Submit(const GlobalFlags& g, const std::string& spec_path, const std::vector<std::string>& sets,
+           const std::string& resume_from, bool wait);
+int List(const GlobalFlags& g);
+int Status(const GlobalFlags& g, const std::string& job_id);
+// Streams the job's events until it ends; exit 0 only when it SUCCEEDED.
+int Watch(const GlobalFlags& g, const std::string& job_id);
+int Cancel(const GlobalFlags& g, const std::string& job_id);
+int Workers(const GlobalFlags& g);
+int History(const GlobalFlags& g, const std::string& job_id);
+int Plan(const GlobalFlags& g, const std::string& spec_path, const std::vector<std::string>& sets,
+         int world);
+
+// Prints `s` as "shardtrain: <message>" with advice for the common causes
+// (an unreachable coordinator names its address) and maps it to an exit code.
+int ReportError(const GlobalFlags& g, const absl::Status& s);
+// Reads a spec file; the error names the path.
+absl::Status ReadSpec(const std::string& path, std::string* text);
+
+}  // namespace shardtrain::client
+
+#endif  // SHARDTRAIN_CLIENT_COMMANDS_H_

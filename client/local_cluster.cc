@@ -1,0 +1,287 @@
+#include "client/local_cluster.h"
+
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/output.h"
+#include "common/grpc_status.h"
+#include "common/process.h"
+#include "coordinator/spec_summary.h"
+#include "worker/coordinator_client.h"
+
+namespace shardtrain::client {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  std::string log;
+};
+
+// The directory of this executable: the daemons are installed next to it.
+std::string SelfDir() {
+  std::error_code ec;
+  fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? "." : p.parent_path().string();
+}
+
+absl::StatusOr<Child> Spawn(const std::string& name, const std::vector<std::string>& argv,
+                            const std::string& log) {
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork for ", name, " failed"));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);  // parent already gone
+    setpgid(0, 0);                      // Ctrl-C reaches only the CLI, which tears down in order
+    sigset_t none;
+    sigemptyset(&none);
+    pthread_sigmask(SIG_SETMASK, &none, nullptr);
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    std::perror(("exec " + argv[0]).c_str());
+    _exit(127);
+  }
+  return Child{name, pid, log};
+}
+
+bool Exited(Child& c) {
+  if (c.pid < 0) return true;
+  int status = 0;
+  if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+    c.pid = -1;
+    return true;
+  }
+  return false;
+}
+
+std::string Tail(const std::string& path, int lines) {
+  std::ifstream in(path);
+  std::vector<std::string> all;
+  for (std::string l; std::getline(in, l);) all.push_back(l);
+  std::string out;
+  for (size_t i = all.size() > size_t(lines) ? all.size() - lines : 0; i < all.size(); ++i) {
+    out += "    " + all[i] + "\n";
+  }
+  return out;
+}
+
+// SIGTERM everyone, wait up to 5 s, then SIGKILL whoever is left.
+void TearDown(std::vector<Child>& children) {
+  for (auto& c : children) {
+    if (c.pid > 0) kill(c.pid, SIGTERM);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (auto& c : children) {
+    while (!Exited(c) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (c.pid > 0) {
+      kill(c.pid, SIGKILL);
+      waitpid(c.pid, nullptr, 0);
+      c.pid = -1;
+    }
+  }
+}
+
+class LocalRun {
+ public:
+  LocalRun(const GlobalFlags& g, const LocalOptions& o) : g_(g), o_(o) {}
+  ~LocalRun() {
+    TearDown(children_);
+    std::error_code ec;
+    if (!dir_.empty() && !o_.keep) fs::remove_all(dir_, ec);
+  }
+
+  int Run() {
+    std::string text;
+    if (auto s = ReadSpec(o_.spec_path, &text); !s.ok()) return ReportError(g_, s);
+    auto spec = coordinator::ValidateSpec(text, o_.sets);
+    if (!spec.ok()) return ReportError(g_, spec.status());
+    const int workers = o_.workers > 0 ? o_.workers : spec->world;
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads = o_.threads > 0 ? o_.threads : std::max(1, cores / workers);
+
+    char tmpl[] = "/tmp/shardtrain-local-XXXXXX";
+    if (!mkdtemp(tmpl)) return ReportError(g_, absl::InternalError("cannot create a temp dir"));
+    dir_ = tmpl;
+    const std::string bin = SelfDir();
+    const std::string port_file = dir_ + "/coordinator.port";
+    auto coord = Spawn("coordinator",
+                       {bin + "/shardtrain-coordinator", "--listen", "127.0.0.1:0", "--state-dir",
+                        dir_ + "/state", "--port-file", port_file, "--lease-ms",
+                        absl::StrCat(o_.lease_ms)},
+                       dir_ + "/coordinator.log");
+    if (!coord.ok()) return ReportError(g_, coord.status());
+    children_.push_back(*coord);
+    auto address = WaitForPort(port_file);
+    if (!address.ok()) return Failed(address.status());
+    GlobalFlags g = g_;
+    g.coordinator = *address;
+    for (int i = 0; i < workers; ++i) {
+      auto w = Spawn(absl::StrCat("worker ", i),
+                     {bin + "/shardtrain-worker", "--coordinator", *address, "--threads",
+                      absl::StrCat(threads), "--heartbeat-ms", "200"},
+                     absl::StrCat(dir_, "/worker-", i, ".log"));
+      if (!w.ok()) return Failed(w.status());
+      children_.push_back(*w);
+    }
+    if (g.output != "json") {
+      std::cout << absl::StrFormat(
+                       "local cluster: coordinator %s, %d workers × %d threads (logs in %s)",
+                       *address, workers, threads, dir_)
+                << std::endl;
+    }
+    return SubmitAndWatch(g, text);
+  }
+
+ private:
+  absl::StatusOr<std::string> WaitForPort(const std::string& port_file) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::string content;
+      int port = 0;
+      if (ReadFile(port_file, &content).ok() &&
+          absl::SimpleAtoi(content.substr(0, content.find('\n')), &port) && port > 0) {
+        return absl::StrCat("127.0.0.1:", port);
+      }
+      if (Exited(children_[0])) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return absl::UnavailableError("the local coordinator did not start");
+  }
+
+  int Failed(const absl::Status& s) {
+    std::cerr << "shardtrain: " << s.message() << "\n";
+    for (const auto& c : children_) {
+      std::cerr << "  " << c.name << " log (" << c.log << "):\n" << Tail(c.log, 8);
+    }
+    return 1;
+  }
+
+  int SubmitAndWatch(const GlobalFlags& g, const std::string& text) {
+    worker::CoordinatorClient client(g.coordinator, g.timeout_ms);
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(text);
+    for (const auto& kv : o_.sets) req.add_overrides(kv);
+    v1::SubmitJobResponse resp;
+    {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      ctx.set_wait_for_ready(true);
+      if (auto s = FromGrpcStatus(client.stub().SubmitJob(&ctx, req, &resp), "SubmitJob");
+          !s.ok()) {
+        return Failed(s);
+      }
+    }
+    const v1::Job& job = resp.job();
+    if (g.output != "json") std::cout << "submitted " << job.job_id() << std::endl;
+
+    // Ctrl-C / SIGTERM: cancel the job and stop watching; teardown follows.
+    std::atomic<bool> interrupted{false};
+    grpc::ClientContext watch_ctx;
+    std::thread signals([&] {
+      WaitForTerminationSignal();
+      interrupted = true;
+      watch_ctx.TryCancel();
+    });
+    signals.detach();
+
+    v1::WatchJobRequest wreq;
+    wreq.set_job_id(job.job_id());
+    auto reader = client.stub().WatchJob(&watch_ctx, wreq);
+    v1::JobEvent ev;
+    while (reader->Read(&ev)) {
+      if (g.output != "json") std::cout << EventLine(ev, job.progress().total_steps()) << std::endl;
+    }
+    grpc::Status ws = reader->Finish();
+    if (interrupted) {
+      v1::CancelJobRequest c;
+      c.set_job_id(job.job_id());
+      c.set_reason("interrupted (shardtrain local)");
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      v1::Job ignored;
+      client.stub().CancelJob(&ctx, c, &ignored);
+      std::cerr << "shardtrain: interrupted; job " << job.job_id()
+                << " cancelled, cluster stopped" << std::endl;
+      return 130;
+    }
+    if (!ws.ok()) return Failed(FromGrpcStatus(ws, "WatchJob"));
+
+    v1::Job final_job;
+    v1::GetHistoryResponse history;
+    {
+      grpc::ClientContext ctx;
+      v1::GetJobRequest r;
+      r.set_job_id(job.job_id());
+      if (auto s = FromGrpcStatus(client.stub().GetJob(&ctx, r, &final_job)); !s.ok()) {
+        return Failed(s);
+      }
+    }
+    {
+      grpc::ClientContext ctx;
+      v1::GetHistoryRequest r;
+      r.set_job_id(job.job_id());
+      client.stub().GetHistory(&ctx, r, &history);
+    }
+    const bool ok = final_job.state() == v1::JOB_STATE_SUCCEEDED;
+    if (g.output == "json") {
+      std::string steps = StepsJson(history);  // {"steps": [...]}
+      std::cout << "{\"job\": " << JobJson(final_job) << ", "
+                << steps.substr(1, steps.size() - 2) << "}" << std::endl;
+    } else {
+      std::cout << "job " << final_job.job_id() << " " << StateName(final_job.state());
+      if (final_job.progress().step() > 0) {
+        std::cout << absl::StrFormat(" after %d steps, final loss %.4f",
+                                     final_job.progress().step(), final_job.progress().loss());
+      }
+      if (!final_job.failure_reason().empty()) std::cout << ": " << final_job.failure_reason();
+      std::cout << std::endl;
+    }
+    if (!ok && g.output != "json") {
+      for (const auto& c : children_) {
+        std::cerr << "  " << c.name << " log:\n" << Tail(c.log, 5);
+      }
+    }
+    return ok ? 0 : 1;
+  }
+
+  const GlobalFlags g_;
+  const LocalOptions o_;
+  std::string dir_;
+  std::vector<Child> children_;
+};
+
+}  // namespace
+
+int Local(const GlobalFlags& g, const LocalOptions& o) {
+  LocalRun run(g, o);
+  return run.Run();
+}
+
+}  // namespace shardtrain::client

@@ -1,0 +1,30 @@
+// `shardtrain local`: a whole cluster on this machine for one job. Starts a
+// coordinator (127.0.0.1, port 0, temporary state dir) and N workers as child
+// processes, submits the job, prints its progress, and tears everything down
+// when the job ends, on Ctrl-C/SIGTERM, or if this process dies (children
+// get SIGTERM via PR_SET_PDEATHSIG). Nothing is left running.
+#ifndef SHARDTRAIN_CLIENT_LOCAL_CLUSTER_H_
+#define SHARDTRAIN_CLIENT_LOCAL_CLUSTER_H_
+
+#include <string>
+#include <vector>
+
+#include "client/commands.h"
+
+namespace shardtrain::client {
+
+struct LocalOptions {
+  std::string spec_path;
+  std::vector<std::string> sets;    // --set overrides
+  int workers = 0;                  // 0: the spec's world
+  int threads = 0;                  // per worker; 0: cores / workers (at least 1)
+  int64_t lease_ms = 10'000;
+  bool keep = false;                // keep the temp dir (state + logs)
+};
+
+// Exit code: 0 when the job SUCCEEDED, 1 otherwise, 2 for bad input.
+int Local(const GlobalFlags& g, const LocalOptions& o);
+
+}  // namespace shardtrain::client
+
+#endif  // SHARDTRAIN_CLIENT_LOCAL_CLUSTER_H_

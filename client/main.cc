@@ -1,0 +1,108 @@
+// shardtrain: the command-line client of a shardtrain cluster.
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "client/commands.h"
+#include "client/local_cluster.h"
+#include "common/process.h"
+
+int main(int argc, char** argv) {
+  using namespace shardtrain::client;
+  GlobalFlags g;
+  if (const char* env = std::getenv("SHARDTRAIN_COORDINATOR"); env && *env) g.coordinator = env;
+
+  CLI::App app{
+      "shardtrain: submit, watch and manage training jobs on a shardtrain cluster.\n"
+      "Run a whole cluster on this machine with `shardtrain local JOB.yaml`."};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "help for every command");
+  auto add_common = [&](CLI::App* cmd, bool remote, const char* outputs) {
+    if (remote) {
+      cmd->add_option("--coordinator", g.coordinator,
+                      "coordinator HOST:PORT (env SHARDTRAIN_COORDINATOR)")
+          ->capture_default_str();
+      cmd->add_option("--timeout-ms", g.timeout_ms, "deadline of each call to the coordinator")
+          ->capture_default_str();
+    }
+    if (outputs) {
+      cmd->add_option("--output,-o", g.output, std::string("output format: ") + outputs)
+          ->capture_default_str()
+          ->check(CLI::IsMember(CLI::detail::split(outputs, '|')));
+    }
+  };
+
+  std::string spec_path, job_id, resume_from;
+  std::vector<std::string> sets;
+  bool wait = false;
+  int world = 0;
+  LocalOptions local;
+
+  auto* submit = app.add_subcommand("submit", "submit a job spec; prints the job id");
+  submit->add_option("spec", spec_path, "job spec (YAML)")->required();
+  submit->add_option("--set", sets, "override a spec field: key.path=value (repeatable)");
+  submit->add_option("--resume-from", resume_from, "start from this checkpoint directory");
+  submit->add_flag("--wait", wait, "watch the job and exit with its result (0 = SUCCEEDED)");
+  add_common(submit, true, "table|json");
+
+  auto* list = app.add_subcommand("list", "list every job the coordinator acknowledged");
+  add_common(list, true, "table|json");
+
+  auto* status = app.add_subcommand("status", "show one job: state, progress, ranks");
+  status->add_option("job", job_id, "job id (j-000001)")->required();
+  add_common(status, true, "table|json");
+
+  auto* watch = app.add_subcommand(
+      "watch", "stream a job's events (one line per step) until it ends; exit 0 if it SUCCEEDED");
+  watch->add_option("job", job_id, "job id")->required();
+  add_common(watch, true, "table|json");
+
+  auto* cancel = app.add_subcommand("cancel", "cancel a job; its ranks stop and free their workers");
+  cancel->add_option("job", job_id, "job id")->required();
+  add_common(cancel, true, "table|json");
+
+  auto* workers = app.add_subcommand("workers", "list attached workers and their state");
+  add_common(workers, true, "table|json");
+
+  auto* history = app.add_subcommand("history", "per-step history of a job");
+  history->add_option("job", job_id, "job id")->required();
+  add_common(history, true, "table|csv|json");
+
+  auto* plan = app.add_subcommand("plan", "validate a spec and print its plan (rank layout, batch "
+                                          "split, pipeline bubble) without a cluster");
+  plan->add_option("spec", spec_path, "job spec (YAML)")->required();
+  plan->add_option("--set", sets, "override a spec field: key.path=value (repeatable)");
+  plan->add_option("--world", world, "number of ranks (default: dp·tp·pp of the spec)");
+  add_common(plan, false, "table|json");
+
+  auto* lc = app.add_subcommand(
+      "local", "run a coordinator and N workers on this machine, train the job, tear down");
+  lc->add_option("spec", local.spec_path, "job spec (YAML)")->required();
+  lc->add_option("--set", local.sets, "override a spec field: key.path=value (repeatable)");
+  lc->add_option("--workers", local.workers, "workers to start (default: the spec's world)")
+      ->check(CLI::Range(1, 256));
+  lc->add_option("--threads", local.threads, "threads per worker (default: cores / workers)")
+      ->check(CLI::Range(1, 1024));
+  lc->add_option("--lease-ms", local.lease_ms, "worker lease of the local coordinator")
+      ->capture_default_str();
+  lc->add_flag("--keep", local.keep, "keep the temporary state and logs");
+  add_common(lc, false, "table|json");
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (*submit) return Submit(g, spec_path, sets, resume_from, wait);
+  if (*list) return List(g);
+  if (*status) return Status(g, job_id);
+  if (*watch) return Watch(g, job_id);
+  if (*cancel) return Cancel(g, job_id);
+  if (*workers) return Workers(g);
+  if (*history) return History(g, job_id);
+  if (*plan) return Plan(g, spec_path, sets, world);
+  if (*lc) {
+    shardtrain::BlockTerminationSignals();
+    return Local(g, local);
+  }
+  return 2;
+}

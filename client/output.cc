@@ -1,0 +1,185 @@
+#include "client/output.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace shardtrain::client {
+namespace {
+
+std::string Num(double v) {
+  if (!std::isfinite(v)) return "null";
+  return absl::StrFormat("%.10g", v);
+}
+
+std::string StripPrefix(const std::string& s, const std::string& p) {
+  return s.rfind(p, 0) == 0 ? s.substr(p.size()) : s;
+}
+
+}  // namespace
+
+std::string FormatTable(const std::vector<std::string>& header,
+                        const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width(header.size());
+  for (size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
+      width[c] = std::max(width[c], row[c].size());
+    }
+  }
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string out;
+    for (size_t c = 0; c < cells.size(); ++c) {
+      out += cells[c];
+      if (c + 1 < cells.size()) out += std::string(width[c] - cells[c].size() + 2, ' ');
+    }
+    return out + "\n";
+  };
+  std::string out = line(header);
+  for (const auto& row : rows) out += line(row);
+  return out;
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          out += absl::StrFormat("\\u%04x", c);
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string StateName(v1::JobState s) { return StripPrefix(v1::JobState_Name(s), "JOB_STATE_"); }
+std::string WorkerStateName(v1::WorkerState s) {
+  return StripPrefix(v1::WorkerState_Name(s), "WORKER_STATE_");
+}
+
+std::string JobJson(const v1::Job& j) {
+  std::vector<std::string> ranks;
+  for (const auto& r : j.ranks()) {
+    ranks.push_back(absl::StrCat("{\"rank\": ", r.rank(), ", \"worker_id\": ",
+                                 JsonString(r.worker_id()), "}"));
+  }
+  const v1::JobProgress& p = j.progress();
+  return absl::StrCat(
+      "{\"job_id\": ", JsonString(j.job_id()), ", \"name\": ", JsonString(j.name()),
+      ", \"state\": ", JsonString(StateName(j.state())), ", \"world\": ", j.world(),
+      ", \"device\": ", JsonString(j.device()), ", \"generation\": ", j.generation(),
+      ", \"restarts\": ", j.restarts(), ", \"ranks\": [", absl::StrJoin(ranks, ", "),
+      "], \"step\": ", p.step(), ", \"total_steps\": ", p.total_steps(), ", \"loss\": ",
+      p.step() > 0 ? Num(p.loss()) : "null", ", \"tokens_per_s\": ", Num(p.tokens_per_s()),
+      ", \"submitted_ms\": ", j.submitted_ms(), ", \"updated_ms\": ", j.updated_ms(),
+      ", \"failure_reason\": ", JsonString(j.failure_reason()), ", \"output\": ",
+      JsonString(j.output()), "}");
+}
+
+std::string StepJson(const v1::StepReport& s) {
+  return absl::StrCat("{\"step\": ", s.step(), ", \"loss\": ", Num(s.loss()),
+                      ", \"grad_norm\": ", Num(s.grad_norm()), ", \"lr\": ", Num(s.lr()),
+                      ", \"tokens_per_s\": ", Num(s.tokens_per_s()), ", \"step_ms\": ",
+                      Num(s.step_ms()), ", \"comm_ms\": ", Num(s.comm_ms()),
+                      ", \"comm_bytes\": ", s.comm_bytes(), ", \"peak_rss_bytes\": ",
+                      s.peak_rss_bytes(), "}");
+}
+
+std::string StepsJson(const v1::GetHistoryResponse& h) {
+  std::vector<std::string> steps;
+  for (const auto& s : h.steps()) steps.push_back(StepJson(s));
+  return absl::StrCat("{\"steps\": [", absl::StrJoin(steps, ", "), "]}");
+}
+
+std::string WorkerJson(const v1::WorkerInfo& w) {
+  return absl::StrCat(
+      "{\"worker_id\": ", JsonString(w.worker_id()), ", \"host\": ", JsonString(w.host()),
+      ", \"device\": ", JsonString(w.device().name()), ", \"state\": ",
+      JsonString(WorkerStateName(w.state())), ", \"job_id\": ", JsonString(w.job_id()),
+      ", \"rank\": ", w.job_id().empty() ? "null" : absl::StrCat(w.rank()),
+      ", \"threads\": ", w.threads(), ", \"last_heartbeat_ms\": ", w.last_heartbeat_ms(), "}");
+}
+
+std::string PlanJson(const v1::Plan& p) {
+  std::vector<std::string> ranks;
+  for (const auto& r : p.ranks()) {
+    ranks.push_back(absl::StrCat("{\"rank\": ", r.rank(), ", \"dp\": ", r.dp(), ", \"tp\": ",
+                                 r.tp(), ", \"pp\": ", r.pp(), ", \"worker_id\": ",
+                                 JsonString(r.worker_id()), ", \"first_sample\": ",
+                                 r.first_sample(), ", \"num_samples\": ", r.num_samples(), "}"));
+  }
+  std::vector<std::string> groups;
+  for (const auto& g : p.groups()) {
+    groups.push_back(absl::StrCat("{\"kind\": ", JsonString(g.kind()), ", \"index\": ", g.index(),
+                                  ", \"ranks\": [", absl::StrJoin(g.ranks(), ", "), "]}"));
+  }
+  return absl::StrCat("{\"world\": ", p.world(), ", \"dp\": ", p.dp(), ", \"tp\": ", p.tp(),
+                      ", \"pp\": ", p.pp(), ", \"zero\": ", p.zero_stage(),
+                      ", \"micro_batch\": ", p.micro_batch(), ", \"grad_accum_steps\": ",
+                      p.grad_accum_steps(), ", \"seq_len\": ", p.seq_len(),
+                      ", \"global_batch\": ", p.global_batch(), ", \"schedule\": ",
+                      JsonString(p.schedule()), ", \"bubble_fraction\": ",
+                      Num(p.bubble_fraction()), ", \"ranks\": [", absl::StrJoin(ranks, ", "),
+                      "], \"groups\": [", absl::StrJoin(groups, ", "), "]}");
+}
+
+std::string FormatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return absl::StrFormat("%dh%02dm", s / 3600, (s % 3600) / 60);
+  if (s >= 60) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%ds", s);
+}
+
+std::string JobText(const v1::Job& j) {
+  std::string out = absl::StrCat("job      ", j.job_id(), " (", j.name(), ")\n",
+                                 "state    ", StateName(j.state()), "\n",
+                                 "world    ", j.world(), " ", j.device(), " workers, generation ",
+                                 j.generation(), ", restarts ", j.restarts(), "\n");
+  const v1::JobProgress& p = j.progress();
+  absl::StrAppend(&out, "progress step ", p.step(), "/", p.total_steps());
+  if (p.step() > 0) {
+    absl::StrAppend(&out, absl::StrFormat(", loss %.4f, %.0f tok/s", p.loss(), p.tokens_per_s()));
+  }
+  absl::StrAppend(&out, "\n");
+  if (!j.failure_reason().empty()) absl::StrAppend(&out, "reason   ", j.failure_reason(), "\n");
+  if (!j.output().empty()) absl::StrAppend(&out, "output   ", j.output(), "\n");
+  if (j.ranks_size() > 0) {
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& r : j.ranks()) {
+      rows.push_back({absl::StrCat(r.rank()), r.worker_id(), r.collective_address()});
+    }
+    absl::StrAppend(&out, "ranks\n", FormatTable({"  RANK", "WORKER", "ADDRESS"}, [&] {
+                      for (auto& row : rows) row[0] = "  " + row[0];
+                      return rows;
+                    }()));
+  }
+  return out;
+}
+
+std::string StepLine(const v1::StepReport& s, int64_t total_steps) {
+  const double eta_s = s.step_ms() * std::max<int64_t>(0, total_steps - s.step()) / 1000.0;
+  return absl::StrFormat("step %*d/%d  loss %.4f  %8.0f tok/s  %7.1f ms/step  ETA %s",
+                         static_cast<int>(absl::StrCat(total_steps).size()), s.step(),
+                         total_steps, s.loss(), s.tokens_per_s(), s.step_ms(),
+                         FormatDuration(eta_s));
+}
+
+std::string EventLine(const v1::JobEvent& e, int64_t total_steps) {
+  if (e.kind() == v1::EVENT_KIND_STEP) return StepLine(e.step(), total_steps);
+  return absl::StrCat("[", StateName(e.state()), "] ", e.message());
+}
+
+}  // namespace shardtrain::client

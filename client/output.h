@@ -1,0 +1,40 @@
+// Rendering of the CLI's data: aligned tables for people, JSON for programs.
+// The JSON shapes are the contract of DESIGN.md ("What a user sees"):
+// `status` prints JobJson, `history` prints {"steps": [StepJson...]}, and
+// `local --output json` prints {"job": JobJson, "steps": [...]}.
+#ifndef SHARDTRAIN_CLIENT_OUTPUT_H_
+#define SHARDTRAIN_CLIENT_OUTPUT_H_
+
+#include <string>
+#include <vector>
+
+#include "shardtrain/v1/coordinator.pb.h"
+
+namespace shardtrain::client {
+
+// Rows of cells printed with columns padded to their widest cell.
+std::string FormatTable(const std::vector<std::string>& header,
+                        const std::vector<std::vector<std::string>>& rows);
+
+std::string JsonString(const std::string& s);  // quoted and escaped
+std::string JobJson(const v1::Job& job);
+std::string StepJson(const v1::StepReport& s);
+std::string StepsJson(const v1::GetHistoryResponse& h);  // {"steps": [...]}
+std::string WorkerJson(const v1::WorkerInfo& w);
+std::string PlanJson(const v1::Plan& plan);
+
+// "RUNNING" for JOB_STATE_RUNNING.
+std::string StateName(v1::JobState s);
+std::string WorkerStateName(v1::WorkerState s);
+// "1h02m", "3m05s", "12s".
+std::string FormatDuration(double seconds);
+// Human text of a job for `status`.
+std::string JobText(const v1::Job& job);
+// One progress line for a step event: step, loss, tok/s, ms/step, ETA.
+std::string StepLine(const v1::StepReport& s, int64_t total_steps);
+// One line for any event (state changes, failures, steps).
+std::string EventLine(const v1::JobEvent& e, int64_t total_steps);
+
+}  // namespace shardtrain::client
+
+#endif  // SHARDTRAIN_CLIENT_OUTPUT_H_

@@ -1,0 +1,167 @@
+#ifndef SHARDTRAIN_COMMON_JOB_SPEC_H_
+#define SHARDTRAIN_COMMON_JOB_SPEC_H_
+
+// A job spec: the YAML a user submits, validated once into one struct.
+//
+// ParseJobSpec is pure (no file or network I/O): the caller reads the file and
+// passes its text. Every error is INVALID_ARGUMENT and its message starts with
+// the full dotted path of the offending field, e.g.
+//   "parallel.tp: 3 does not divide model.heads: 4"
+//   "steps: expected an integer, got \"ten\""
+//   "model.layer: unknown key (did you mean layers?)"
+// Errors about the document as a whole start with "spec:" (malformed YAML,
+// with its line and column; empty document; top level not a map).
+//
+// Every field below holds its resolved value: defaults are filled in, a model
+// preset is expanded, optimizer.min_lr defaults to 0.1·lr, resources.*_workers
+// default to World(). JobSpecToYaml writes all of them out explicitly.
+//
+// Thread-compatible: plain values and pure functions.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace shardtrain {
+
+enum class DataFormat { kText, kLlmc };                 // "text" | "llmc"
+enum class TokenizerKind { kByte, kGpt2 };              // "byte" | "gpt2"
+enum class OffloadMode { kNone, kOptimizer };           // "none" | "optimizer"
+enum class PipelineSchedule { kGpipe, k1F1B };          // "gpipe" | "1f1b"
+enum class Precision { kFp32, kBf16, kFp16 };           // "fp32" | "bf16" | "fp16"
+enum class OptimizerKind { kAdamW };                    // "adamw"
+enum class LrSchedule { kCosine, kConstant, kLinear };  // "cosine" | "constant" | "linear"
+enum class DeviceKind { kCpu, kCuda };                  // "cpu" | "cuda"
+
+// The spelling used in YAML for each enum value (static storage).
+std::string_view EnumName(DataFormat v);
+std::string_view EnumName(TokenizerKind v);
+std::string_view EnumName(OffloadMode v);
+std::string_view EnumName(PipelineSchedule v);
+std::string_view EnumName(Precision v);
+std::string_view EnumName(OptimizerKind v);
+std::string_view EnumName(LrSchedule v);
+std::string_view EnumName(DeviceKind v);
+
+// GPT shape. Shape letters used across the code base: L = layers,
+// NH = heads, C = dim, T = context (max sequence length), V = vocab.
+struct ModelSpec {
+  std::string preset;  // "" or a known preset ("gpt2-124m", "gpt2-350m",
+                       // "gpt2-774m", "gpt2-1558m"); explicit fields override it
+  int layers = 0;      // L > 0
+  int heads = 0;       // NH > 0, divides dim
+  int dim = 0;         // C > 0
+  int context = 0;     // T > 0, >= batch.seq_len
+  int vocab = 0;       // V > 0; >= 256 for the byte tokenizer, >= 50257 for gpt2
+};
+
+struct DataSpec {
+  std::string train;  // required: a path as the workers see it
+  std::string val;    // optional ("" = none)
+  DataFormat format = DataFormat::kText;
+  // Default: byte for text, gpt2 for llmc. Text data needs the byte tokenizer;
+  // gpt2 is accepted only with llmc (its token files are pre-tokenized).
+  TokenizerKind tokenizer = TokenizerKind::kByte;
+};
+
+struct BatchSpec {
+  int global = 0;   // sequences per optimizer step; global % (micro·dp) == 0
+  int micro = 0;    // sequences per forward/backward on one rank (B)
+  int seq_len = 0;  // tokens per sequence (T), <= model.context
+};
+
+struct ParallelSpec {
+  int dp = 1;    // data-parallel degree
+  int tp = 1;    // tensor-parallel degree; divides model.heads (and 4·dim)
+  int pp = 1;    // pipeline stages; <= model.layers
+  int zero = 0;  // ZeRO stage 0..3
+  OffloadMode offload = OffloadMode::kNone;
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  bool reshard_after_forward = true;  // ZeRO-3: free gathered params after forward
+  int bucket_mb = 25;                 // gradient bucket size for all-reduce, MiB (> 0)
+};
+
+struct OptimizerSpec {
+  OptimizerKind name = OptimizerKind::kAdamW;
+  double lr = 3e-4;                         // peak learning rate, finite > 0
+  double min_lr = 3e-5;                     // floor of the schedule, 0 <= min_lr <= lr
+  std::vector<double> betas = {0.9, 0.95};  // exactly two, each in [0, 1)
+  double eps = 1e-8;                        // > 0
+  double weight_decay = 0.0;                // >= 0; applies to matrices only
+  int warmup_steps = 0;                     // >= 0, linear warmup from 0
+  LrSchedule schedule = LrSchedule::kCosine;
+  double grad_clip = 1.0;  // global-norm clip, >= 0 (0 = off)
+};
+
+struct CheckpointSpec {
+  int every = 0;    // steps between checkpoints, >= 0 (0 = never)
+  std::string dir;  // required when every > 0
+  int keep = 3;     // committed checkpoints kept, >= 1
+};
+
+struct ResourcesSpec {
+  DeviceKind device = DeviceKind::kCpu;
+  int min_workers = 0;  // default World(); 1 <= min_workers <= World()
+  int max_workers = 0;  // default World(); >= World()
+};
+
+struct TimeoutsSpec {
+  int collective_s = 60;  // a collective that takes longer is an error, > 0
+};
+
+struct JobSpec {
+  std::string name;  // required, [a-z0-9._-]{1,64}
+  ModelSpec model;
+  DataSpec data;
+  BatchSpec batch;
+  ParallelSpec parallel;
+  Precision precision = Precision::kFp32;
+  OptimizerSpec optimizer;
+  int steps = 0;  // required, > 0
+  CheckpointSpec checkpoint;
+  uint64_t seed = 1337;
+  ResourcesSpec resources;
+  int max_restarts = 3;  // recoveries before the job fails, >= 0
+  TimeoutsSpec timeouts;
+
+  // Ranks the job needs: dp · tp · pp.
+  int World() const { return parallel.dp * parallel.tp * parallel.pp; }
+  // Micro-batches per optimizer step on each data-parallel replica:
+  // global / (micro · dp). For pipelines, the number of micro-batches m.
+  int GradAccumSteps() const { return batch.global / (batch.micro * parallel.dp); }
+};
+
+bool operator==(const ModelSpec& a, const ModelSpec& b);
+bool operator==(const DataSpec& a, const DataSpec& b);
+bool operator==(const BatchSpec& a, const BatchSpec& b);
+bool operator==(const ParallelSpec& a, const ParallelSpec& b);
+bool operator==(const OptimizerSpec& a, const OptimizerSpec& b);
+bool operator==(const CheckpointSpec& a, const CheckpointSpec& b);
+bool operator==(const ResourcesSpec& a, const ResourcesSpec& b);
+bool operator==(const TimeoutsSpec& a, const TimeoutsSpec& b);
+bool operator==(const JobSpec& a, const JobSpec& b);
+inline bool operator!=(const JobSpec& a, const JobSpec& b) { return !(a == b); }
+
+// Parses and validates a job spec.
+//
+// `overrides` are "key.path=value" strings ("parallel.zero=3", "steps=20",
+// "optimizer.betas=[0.9,0.99]"), applied in order to the YAML tree before
+// validation; each value is parsed as YAML (a scalar or a flow collection).
+// An override without '=' or with a path that names no spec field is
+// INVALID_ARGUMENT whose message starts with "override \"<text>\"".
+//
+// Returns the validated spec, or INVALID_ARGUMENT naming the first bad field.
+absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text,
+                                     const std::vector<std::string>& overrides = {});
+
+// Canonical YAML for a validated spec: every field explicit, fixed order,
+// numbers in their shortest exact form. ParseJobSpec(JobSpecToYaml(s)) == s.
+// The coordinator stores this text and ships it to workers.
+std::string JobSpecToYaml(const JobSpec& spec);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_COMMON_JOB_SPEC_H_

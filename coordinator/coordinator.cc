@@ -1,0 +1,611 @@
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/job_state.h"
+#include "coordinator/plan_builder.h"
+#include "coordinator/scheduler.h"
+
+namespace shardtrain::coordinator {
+namespace {
+
+JobState ToDomain(v1::JobState s) {
+  switch (s) {
+    case v1::JOB_STATE_SCHEDULED: return JobState::kScheduled;
+    case v1::JOB_STATE_RUNNING: return JobState::kRunning;
+    case v1::JOB_STATE_RECOVERING: return JobState::kRecovering;
+    case v1::JOB_STATE_SUCCEEDED: return JobState::kSucceeded;
+    case v1::JOB_STATE_FAILED: return JobState::kFailed;
+    case v1::JOB_STATE_CANCELLED: return JobState::kCancelled;
+    default: return JobState::kPending;
+  }
+}
+
+std::string StripPrefix(const std::string& name, const std::string& prefix) {
+  return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
+}
+
+// Parses the number of "w-0007" / "j-000012"; 0 when it is not one.
+int64_t IdNumber(const std::string& id) {
+  long long n = 0;
+  return std::sscanf(id.c_str(), "%*c-%lld", &n) == 1 ? n : 0;
+}
+
+}  // namespace
+
+std::string JobStateLabel(v1::JobState s) {
+  return StripPrefix(v1::JobState_Name(s), "JOB_STATE_");
+}
+std::string WorkerStateLabel(v1::WorkerState s) {
+  return StripPrefix(v1::WorkerState_Name(s), "WORKER_STATE_");
+}
+bool IsTerminal(v1::JobState s) { return shardtrain::IsTerminal(ToDomain(s)); }
+
+Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<StateStore> store,
+                         SpecValidator validator, const Clock* clock)
+    : options_(options), store_(std::move(store)), validator_(std::move(validator)),
+      clock_(clock) {}
+
+Coordinator::~Coordinator() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options,
+                                                                 std::unique_ptr<StateStore> store,
+                                                                 SpecValidator validator,
+                                                                 const Clock* clock) {
+  std::unique_ptr<Coordinator> c(
+      new Coordinator(options, std::move(store), std::move(validator), clock));
+  if (auto s = c->Load(); !s.ok()) return s;
+  return c;
+}
+
+absl::Status Coordinator::Load() {
+  auto state = store_->Load();
+  if (!state.ok()) return state.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = clock_->NowMs();
+  for (v1::WorkerInfo& w : state->workers) {
+    WorkerEntry& e = workers_[w.worker_id()];
+    e.info = std::move(w);
+    e.info.clear_job_id();
+    e.info.set_rank(0);
+    e.lease_until = now + options_.lease_ms;  // grace period to re-attach
+    next_worker_ = std::max(next_worker_, IdNumber(e.info.worker_id()) + 1);
+  }
+  for (v1::Job& j : state->jobs) {
+    JobEntry& e = jobs_[j.job_id()];
+    e.job = std::move(j);
+    job_order_.push_back(e.job.job_id());
+    next_job_ = std::max(next_job_, IdNumber(e.job.job_id()) + 1);
+  }
+  for (v1::JobEvent& ev : state->events) {
+    if (JobEntry* e = FindJob(ev.job_id())) e->events.push_back(std::move(ev));
+  }
+  for (v1::StepReport& s : state->steps) {
+    if (JobEntry* e = FindJob(s.job_id())) e->history[s.step()] = std::move(s);
+  }
+  for (v1::Plan& p : state->plans) {
+    if (JobEntry* e = FindJob(p.job_id())) {
+      e->plan = std::move(p);
+      e->has_plan = true;
+    }
+  }
+  // Re-derive assignments from the jobs that still hold workers.
+  for (auto& [id, e] : jobs_) {
+    if (IsTerminal(e.job.state()) || e.job.state() == v1::JOB_STATE_PENDING) continue;
+    for (const v1::RankAssignment& r : e.job.ranks()) {
+      auto it = workers_.find(r.worker_id());
+      if (it == workers_.end()) continue;
+      it->second.info.set_job_id(id);
+      it->second.info.set_rank(r.rank());
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------ membership
+
+absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
+    const v1::RegisterWorkerRequest& req) {
+  if (req.devices_size() == 0) return absl::InvalidArgumentError("devices: at least one needed");
+  if (req.collective_address().empty()) {
+    return absl::InvalidArgumentError("collective_address: must not be empty");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = clock_->NowMs();
+  std::string id = req.previous_worker_id();
+  auto it = workers_.find(id);
+  const bool rejoin = it != workers_.end() && it->second.info.state() != v1::WORKER_STATE_DEAD;
+  if (!rejoin) id = absl::StrFormat("w-%04d", next_worker_++);
+  WorkerEntry& e = workers_[id];
+  v1::WorkerInfo info = e.info;
+  info.set_worker_id(id);
+  info.set_host(req.host());
+  info.set_collective_address(req.collective_address());
+  *info.mutable_device() = req.devices(0);
+  info.set_host_memory_bytes(req.host_memory_bytes());
+  info.set_threads(req.threads());
+  info.set_metrics_address(req.metrics_address());
+  info.set_state(v1::WORKER_STATE_ALIVE);
+  info.set_last_heartbeat_ms(now);
+  if (!rejoin) info.set_registered_ms(now);
+  v1::WorkerInfo durable = info;
+  durable.clear_job_id();
+  durable.set_rank(0);
+  if (auto s = store_->PutWorker(durable); !s.ok()) {
+    if (!rejoin) workers_.erase(id);
+    return s;
+  }
+  e.info = std::move(info);
+  e.lease_until = now + options_.lease_ms;
+  ScheduleLocked();
+  v1::RegisterWorkerResponse resp;
+  resp.set_worker_id(id);
+  resp.set_lease_ms(options_.lease_ms);
+  return resp;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(req.worker_id());
+  if (it == workers_.end() || it->second.info.state() == v1::WORKER_STATE_DEAD) {
+    return absl::NotFoundError(
+        absl::StrCat("worker ", req.worker_id(), " is not registered (or was declared DEAD)"));
+  }
+  WorkerEntry& w = it->second;
+  const int64_t now = clock_->NowMs();
+  w.lease_until = now + options_.lease_ms;
+  w.info.set_last_heartbeat_ms(now);
+
+  v1::HeartbeatResponse resp;
+  resp.set_lease_ms(options_.lease_ms);
+  const std::string& want_job = w.info.job_id();
+  JobEntry* e = want_job.empty() ? nullptr : FindJob(want_job);
+  const bool rank_done =
+      e && std::count(e->job.done_ranks().begin(), e->job.done_ranks().end(), w.info.rank()) > 0;
+  const bool want_run = e && !IsTerminal(e->job.state()) && !rank_done;
+  const bool runs_wanted =
+      want_run && req.job_id() == want_job && req.generation() == e->job.generation();
+  if (!req.job_id().empty() && !runs_wanted && !(rank_done && req.job_id() == want_job)) {
+    v1::AbortJob* abort = resp.add_commands()->mutable_abort();
+    abort->set_job_id(req.job_id());
+    abort->set_generation(req.generation());
+    const JobEntry* running = FindJob(req.job_id());
+    abort->set_reason(running && IsTerminal(running->job.state())
+                          ? absl::StrCat("job is ", JobStateLabel(running->job.state()))
+                          : "stale assignment");
+  }
+  if (want_run && !runs_wanted) {
+    v1::RunAssignment* run = resp.add_commands()->mutable_run();
+    run->set_job_id(want_job);
+    run->set_generation(e->job.generation());
+    run->set_rank(w.info.rank());
+    run->set_world(e->job.world());
+    run->set_spec_yaml(e->job.spec_yaml());
+    run->set_resume_from(e->job.resume_from());
+  }
+  if (runs_wanted && e->job.state() == v1::JOB_STATE_SCHEDULED) {
+    e->started.insert(w.info.rank());
+    if (static_cast<int>(e->started.size()) == e->job.world()) {
+      // Every rank acknowledged the generation: the gang runs.
+      if (auto s = Transition(*e, v1::JOB_STATE_RUNNING, "all ranks started"); !s.ok()) return s;
+    }
+  }
+  if (w.info.state() == v1::WORKER_STATE_DRAINING && want_job.empty()) {
+    resp.add_commands()->mutable_drain()->set_reason("worker is draining");
+  }
+  return resp;
+}
+
+v1::ListWorkersResponse Coordinator::ListWorkers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<const WorkerEntry*> sorted;
+  for (auto& [id, w] : workers_) sorted.push_back(&w);
+  std::sort(sorted.begin(), sorted.end(), [](const WorkerEntry* a, const WorkerEntry* b) {
+    return WorkerIdLess(a->info.worker_id(), b->info.worker_id());
+  });
+  v1::ListWorkersResponse resp;
+  for (const WorkerEntry* w : sorted) *resp.add_workers() = w->info;
+  return resp;
+}
+
+void Coordinator::Tick() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = clock_->NowMs();
+  for (auto& [id, w] : workers_) {
+    if (w.info.state() == v1::WORKER_STATE_DEAD || now <= w.lease_until) continue;
+    v1::WorkerInfo durable = w.info;
+    durable.set_state(v1::WORKER_STATE_DEAD);
+    durable.clear_job_id();
+    durable.set_rank(0);
+    if (!store_->PutWorker(durable).ok()) continue;  // try again next tick
+    w.info.set_state(v1::WORKER_STATE_DEAD);
+    if (JobEntry* e = w.info.job_id().empty() ? nullptr : FindJob(w.info.job_id())) {
+      if (!IsTerminal(e->job.state())) {
+        std::string reason = absl::StrCat("worker ", id, " (rank ", w.info.rank(),
+                                          ") missed its lease of ", options_.lease_ms, " ms");
+        e->job.set_failure_reason(reason);
+        Transition(*e, v1::JOB_STATE_FAILED, reason).IgnoreError();
+      }
+    }
+    w.info.clear_job_id();
+  }
+  ScheduleLocked();
+}
+
+// ------------------------------------------------------------------ jobs
+
+absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& req) {
+  std::vector<std::string> overrides(req.overrides().begin(), req.overrides().end());
+  absl::StatusOr<SpecSummary> spec = validator_(req.spec_yaml(), overrides);
+  if (!spec.ok()) return spec.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  const int64_t now = clock_->NowMs();
+  v1::Job job;
+  job.set_job_id(absl::StrFormat("j-%06d", next_job_));
+  job.set_name(spec->name);
+  job.set_state(v1::JOB_STATE_PENDING);
+  job.set_spec_yaml(spec->canonical_yaml);
+  job.set_world(spec->world);
+  job.set_submitted_ms(now);
+  job.set_updated_ms(now);
+  job.set_resume_from(req.resume_from());
+  job.set_device(spec->device);
+  job.mutable_progress()->set_total_steps(spec->steps);
+  v1::JobEvent ev;
+  ev.set_job_id(job.job_id());
+  ev.set_seq(1);
+  ev.set_time_ms(now);
+  ev.set_kind(v1::EVENT_KIND_STATE);
+  ev.set_state(v1::JOB_STATE_PENDING);
+  ev.set_message(absl::StrCat("submitted: ", spec->name, ", world ", spec->world, " (dp ",
+                              spec->dp, " tp ", spec->tp, " pp ", spec->pp, "), ", spec->steps,
+                              " steps on ", spec->device));
+  if (auto s = store_->PutJobWithEvent(job, ev); !s.ok()) return s;  // durable before OK
+  ++next_job_;
+  JobEntry& e = jobs_[job.job_id()];
+  e.job = job;
+  e.events.push_back(std::move(ev));
+  job_order_.push_back(job.job_id());
+  events_cv_.notify_all();
+  ScheduleLocked();
+  return e.job;
+}
+
+absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const JobEntry* e = FindJob(job_id);
+  if (!e) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  return e->job;
+}
+
+v1::ListJobsResponse Coordinator::ListJobs(const v1::ListJobsRequest& req) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::ListJobsResponse resp;
+  for (const std::string& id : job_order_) {
+    const v1::Job& j = jobs_.at(id).job;
+    if (req.states_size() > 0 &&
+        std::find(req.states().begin(), req.states().end(), j.state()) == req.states().end()) {
+      continue;
+    }
+    *resp.add_jobs() = j;
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id,
+                                               const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobEntry* e = FindJob(job_id);
+  if (!e) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  if (IsTerminal(e->job.state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " already ended (", JobStateLabel(e->job.state()), ")"));
+  }
+  std::string msg = reason.empty() ? "cancelled by user" : absl::StrCat("cancelled: ", reason);
+  if (auto s = Transition(*e, v1::JOB_STATE_CANCELLED, msg); !s.ok()) return s;
+  ScheduleLocked();
+  return e->job;
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::WaitEvents(const std::string& job_id,
+                                                                  int64_t after_seq,
+                                                                  int64_t wait_ms, bool* ended) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  while (true) {
+    if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+    const JobEntry* e = FindJob(job_id);
+    if (!e) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+    std::vector<v1::JobEvent> out;
+    for (const v1::JobEvent& ev : e->events) {
+      if (ev.seq() > after_seq) out.push_back(ev);
+    }
+    *ended = IsTerminal(e->job.state());
+    if (!out.empty() || *ended) return out;
+    if (events_cv_.wait_until(lock, deadline) == std::cv_status::timeout) return out;
+  }
+}
+
+absl::StatusOr<v1::GetHistoryResponse> Coordinator::GetHistory(const std::string& job_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const JobEntry* e = FindJob(job_id);
+  if (!e) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  v1::GetHistoryResponse resp;
+  for (const auto& [step, r] : e->history) *resp.add_steps() = r;
+  return resp;
+}
+
+absl::StatusOr<v1::Plan> Coordinator::GetPlan(const std::string& job_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const JobEntry* e = FindJob(job_id);
+  if (!e) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  if (!e->has_plan) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " has no plan yet (", JobStateLabel(e->job.state()), ")"));
+  }
+  return e->plan;
+}
+
+// ------------------------------------------------------------------ reports
+
+absl::Status Coordinator::CheckRank(const JobEntry& e, int64_t generation, int rank,
+                                    const std::string& worker_id) const {
+  if (IsTerminal(e.job.state()) || e.job.state() == v1::JOB_STATE_PENDING) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", e.job.job_id(), " is ", JobStateLabel(e.job.state()), ", not running"));
+  }
+  if (generation != e.job.generation()) {
+    return absl::AbortedError(absl::StrCat("job ", e.job.job_id(), " is at generation ",
+                                           e.job.generation(), ", report is for ", generation));
+  }
+  if (rank < 0 || rank >= e.job.ranks_size() || e.job.ranks(rank).worker_id() != worker_id) {
+    return absl::AbortedError(
+        absl::StrCat("rank ", rank, " of job ", e.job.job_id(), " is not held by ", worker_id));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ReportStepResponse> Coordinator::ReportStep(const v1::ReportStepRequest& req) {
+  const v1::StepReport& r = req.report();
+  std::lock_guard<std::mutex> lock(mu_);
+  JobEntry* e = FindJob(r.job_id());
+  if (!e) return absl::NotFoundError(absl::StrCat("job ", r.job_id(), " not found"));
+  v1::ReportStepResponse resp;
+  if (IsTerminal(e->job.state())) {
+    resp.set_abort(true);
+    return resp;
+  }
+  if (auto s = CheckRank(*e, r.generation(), r.rank(), req.worker_id()); !s.ok()) return s;
+  if (r.step() < 1 || r.step() > e->job.progress().total_steps()) {
+    return absl::InvalidArgumentError(absl::StrCat("step: ", r.step(), " is outside 1..",
+                                                   e->job.progress().total_steps()));
+  }
+  if (e->job.state() == v1::JOB_STATE_SCHEDULED) {
+    if (auto s = Transition(*e, v1::JOB_STATE_RUNNING, "first step reported"); !s.ok()) return s;
+  }
+  e->partial[r.step()].by_rank[r.rank()] = r;
+  if (static_cast<int>(e->partial[r.step()].by_rank.size()) == e->job.world()) {
+    FinishStep(*e, r.step());
+  }
+  return resp;
+}
+
+// Combines the ranks' reports of one step: loss, grad norm and lr averaged
+// (every dp rank holds the same after the all-reduce; tp/pp ranks the same
+// value), tokens/s summed, times and memory the worst rank's.
+void Coordinator::FinishStep(JobEntry& e, int64_t step) {
+  const auto& by_rank = e.partial[step].by_rank;
+  v1::StepReport agg = by_rank.begin()->second;
+  double loss = 0, norm = 0, tps = 0;
+  for (const auto& [rank, r] : by_rank) {
+    loss += r.loss();
+    norm = std::max(norm, r.grad_norm());
+    tps += r.tokens_per_s();
+    agg.set_step_ms(std::max(agg.step_ms(), r.step_ms()));
+    agg.set_comm_ms(std::max(agg.comm_ms(), r.comm_ms()));
+    agg.set_peak_rss_bytes(std::max(agg.peak_rss_bytes(), r.peak_rss_bytes()));
+    agg.set_comm_bytes(std::max(agg.comm_bytes(), r.comm_bytes()));
+    agg.set_time_ms(std::max(agg.time_ms(), r.time_ms()));
+  }
+  agg.set_rank(0);
+  agg.set_loss(loss / by_rank.size());
+  agg.set_grad_norm(norm);
+  agg.set_tokens_per_s(tps);
+  e.partial.erase(step);
+  if (!store_->PutStep(agg).ok()) return;  // history is best effort; the job goes on
+  e.history[step] = agg;
+  v1::JobProgress* p = e.job.mutable_progress();
+  if (step >= p->step()) {
+    p->set_step(step);
+    p->set_loss(agg.loss());
+    p->set_tokens_per_s(agg.tokens_per_s());
+    p->set_step_ms(agg.step_ms());
+  }
+  AppendEvent(e, v1::EVENT_KIND_STEP,
+              absl::StrFormat("step %d/%d loss %.4f", step, p->total_steps(), agg.loss()), &agg)
+      .IgnoreError();
+}
+
+absl::Status Coordinator::ReportDone(const v1::ReportDoneRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobEntry* e = FindJob(req.job_id());
+  if (!e) return absl::NotFoundError(absl::StrCat("job ", req.job_id(), " not found"));
+  if (auto s = CheckRank(*e, req.generation(), req.rank(), req.worker_id()); !s.ok()) return s;
+  const auto& done = e->job.done_ranks();
+  if (std::count(done.begin(), done.end(), req.rank()) > 0) return absl::OkStatus();
+  e->job.add_done_ranks(req.rank());
+  if (req.rank() == 0 && !req.output().empty()) e->job.set_output(req.output());
+  if (e->job.done_ranks_size() < e->job.world()) {
+    return store_->PutJob(e->job);
+  }
+  absl::Status s = Transition(
+      *e, v1::JOB_STATE_SUCCEEDED,
+      absl::StrCat("all ", e->job.world(), " ranks finished ", req.steps(), " steps",
+                   e->job.output().empty() ? "" : absl::StrCat("; weights in ", e->job.output())));
+  ScheduleLocked();
+  return s;
+}
+
+absl::Status Coordinator::ReportFailure(const v1::ReportFailureRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobEntry* e = FindJob(req.job_id());
+  if (!e) return absl::NotFoundError(absl::StrCat("job ", req.job_id(), " not found"));
+  if (IsTerminal(e->job.state())) return absl::OkStatus();  // already over: nothing to do
+  if (auto s = CheckRank(*e, req.generation(), req.rank(), req.worker_id()); !s.ok()) return s;
+  std::string reason = absl::StrCat("rank ", req.rank(), " (worker ", req.worker_id(), ")",
+                                    req.step() > 0 ? absl::StrCat(" at step ", req.step()) : "",
+                                    ": ", req.reason());
+  for (const v1::CollectiveRecord& c : req.recent_collectives()) {
+    if (c.state() != "done") {
+      absl::StrAppend(&reason, "; collective #", c.seq(), " ", c.op(), " on ", c.group(), " ",
+                      c.state());
+    }
+  }
+  e->job.set_failure_reason(reason);
+  absl::Status s = Transition(*e, v1::JOB_STATE_FAILED, reason);
+  ScheduleLocked();
+  return s;
+}
+
+// ------------------------------------------------------------------ internals
+
+Coordinator::JobEntry* Coordinator::FindJob(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+const Coordinator::JobEntry* Coordinator::FindJob(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+absl::Status Coordinator::AppendEvent(JobEntry& e, v1::EventKind kind, const std::string& message,
+                                      const v1::StepReport* step) {
+  v1::JobEvent ev;
+  ev.set_job_id(e.job.job_id());
+  ev.set_seq(e.events.empty() ? 1 : e.events.back().seq() + 1);
+  ev.set_time_ms(clock_->NowMs());
+  ev.set_kind(kind);
+  ev.set_state(e.job.state());
+  ev.set_message(message);
+  if (step) *ev.mutable_step() = *step;
+  if (auto s = store_->PutJobWithEvent(e.job, ev); !s.ok()) return s;
+  e.events.push_back(std::move(ev));
+  events_cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::Transition(JobEntry& e, v1::JobState to, const std::string& message) {
+  if (auto s = CheckTransition(ToDomain(e.job.state()), ToDomain(to)); !s.ok()) return s;
+  const v1::Job before = e.job;
+  e.job.set_state(to);
+  e.job.set_updated_ms(clock_->NowMs());
+  if (auto s = AppendEvent(e, v1::EVENT_KIND_STATE,
+                           message, nullptr);
+      !s.ok()) {
+    e.job = before;  // not durable: not changed
+    return s;
+  }
+  if (IsTerminal(to)) {
+    ReleaseWorkers(e);
+    e.partial.clear();
+    kv_.DropJob(e.job.job_id());
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::ReleaseWorkers(JobEntry& e) {
+  for (const v1::RankAssignment& r : e.job.ranks()) {
+    auto it = workers_.find(r.worker_id());
+    if (it != workers_.end() && it->second.info.job_id() == e.job.job_id()) {
+      it->second.info.clear_job_id();
+      it->second.info.set_rank(0);
+    }
+  }
+}
+
+void Coordinator::ScheduleLocked() {
+  std::vector<PendingJob> fifo;
+  for (const std::string& id : job_order_) {
+    const v1::Job& j = jobs_.at(id).job;
+    if (j.state() == v1::JOB_STATE_PENDING) fifo.push_back({id, j.world(), j.device()});
+  }
+  if (fifo.empty()) return;
+  std::vector<FreeWorker> free;
+  for (const auto& [id, w] : workers_) {
+    if (w.info.state() == v1::WORKER_STATE_ALIVE && w.info.job_id().empty()) {
+      free.push_back({id, w.info.device().kind()});
+    }
+  }
+  std::sort(free.begin(), free.end(), [](const FreeWorker& a, const FreeWorker& b) {
+    return WorkerIdLess(a.worker_id, b.worker_id);
+  });
+  for (const Placement& p : ScheduleGangs(fifo, free)) {
+    JobEntry& e = jobs_.at(p.job_id);
+    const v1::Job before = e.job;
+    e.job.set_generation(e.job.generation() + 1);
+    e.job.clear_ranks();
+    e.job.clear_done_ranks();
+    for (size_t r = 0; r < p.workers.size(); ++r) {
+      v1::RankAssignment* a = e.job.add_ranks();
+      a->set_rank(static_cast<int>(r));
+      a->set_worker_id(p.workers[r]);
+      a->set_collective_address(workers_.at(p.workers[r]).info.collective_address());
+    }
+    absl::StatusOr<SpecSummary> spec = validator_(e.job.spec_yaml(), {});
+    absl::StatusOr<v1::Plan> plan =
+        spec.ok() ? BuildPlan(*spec, e.job) : absl::StatusOr<v1::Plan>(spec.status());
+    if (!plan.ok() || !store_->PutPlan(*plan).ok() ||
+        !Transition(e, v1::JOB_STATE_SCHEDULED,
+                    absl::StrCat("generation ", e.job.generation(), " on ", p.workers.size(),
+                                 " workers"))
+             .ok()) {
+      e.job = before;  // try again at the next scheduling pass
+      continue;
+    }
+    e.plan = *std::move(plan);
+    e.has_plan = true;
+    e.started.clear();
+    for (size_t r = 0; r < p.workers.size(); ++r) {
+      WorkerEntry& w = workers_.at(p.workers[r]);
+      w.info.set_job_id(p.job_id);
+      w.info.set_rank(static_cast<int>(r));
+    }
+  }
+}
+
+void Coordinator::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_ = true;
+  }
+  events_cv_.notify_all();
+  kv_.Shutdown();
+}
+
+std::map<std::string, int> Coordinator::WorkerCountsByState() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, int> out;
+  for (int s = v1::WORKER_STATE_ALIVE; s <= v1::WORKER_STATE_DRAINING; ++s) {
+    out[WorkerStateLabel(static_cast<v1::WorkerState>(s))] = 0;
+  }
+  for (const auto& [id, w] : workers_) ++out[WorkerStateLabel(w.info.state())];
+  return out;
+}
+
+std::map<std::string, int> Coordinator::JobCountsByState() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, int> out;
+  for (int s = v1::JOB_STATE_PENDING; s <= v1::JOB_STATE_CANCELLED; ++s) {
+    out[JobStateLabel(static_cast<v1::JobState>(s))] = 0;
+  }
+  for (const auto& [id, e] : jobs_) ++out[JobStateLabel(e.job.state())];
+  return out;
+}
+
+}  // namespace shardtrain::coordinator

@@ -1,0 +1,168 @@
+// The coordinator's core: membership (registration, leases, death), the job
+// queue with gang scheduling, job state, step history, events, and the
+// rendezvous KV. No gRPC here: the service in service.h translates.
+//
+// Durability: every call that changes a job or a worker writes it to the
+// StateStore before returning OK, so an acknowledged change survives a crash.
+// Worker assignments are derived from the jobs (job.ranks), so they need no
+// record of their own.
+//
+// Workers are driven by reconciliation, not by queued commands: each
+// Heartbeat compares what the worker says it runs with what it should run,
+// and answers with the commands that close the gap (run, abort). A lost
+// response or a coordinator restart therefore loses nothing.
+//
+// Thread-safe: one mutex guards all state; store writes happen under it.
+#ifndef SHARDTRAIN_COORDINATOR_COORDINATOR_H_
+#define SHARDTRAIN_COORDINATOR_COORDINATOR_H_
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/clock.h"
+#include "coordinator/rendezvous_kv.h"
+#include "coordinator/state_store.h"
+#include "shardtrain/v1/coordinator.pb.h"
+
+namespace shardtrain::coordinator {
+
+// What the core needs to know of a validated spec.
+struct SpecSummary {
+  std::string canonical_yaml;  // what is stored and shipped to workers
+  std::string name;
+  int world = 0;
+  int dp = 1, tp = 1, pp = 1;
+  std::string device;  // "cpu" or "cuda"
+  int64_t steps = 0;
+  int zero = 0;
+  int64_t global_batch = 0, micro_batch = 0, seq_len = 0;
+  std::string schedule;  // "gpipe" or "1f1b"
+};
+
+// Validates a spec (YAML text + "key=value" overrides). INVALID_ARGUMENT
+// naming the field on any mistake.
+using SpecValidator = std::function<absl::StatusOr<SpecSummary>(
+    const std::string& yaml, const std::vector<std::string>& overrides)>;
+
+struct CoordinatorOptions {
+  int64_t lease_ms = 10'000;  // a worker silent this long is DEAD
+};
+
+class Coordinator {
+ public:
+  // Loads the stored state. Workers found there get a fresh lease (a grace
+  // period to re-attach); jobs keep their states.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(CoordinatorOptions options,
+                                                             std::unique_ptr<StateStore> store,
+                                                             SpecValidator validator,
+                                                             const Clock* clock);
+  ~Coordinator();
+
+  // ---- membership
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::RegisterWorkerRequest& req);
+  // NOT_FOUND for an unknown or DEAD worker (it must register again).
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req);
+  v1::ListWorkersResponse ListWorkers() const;
+  // Marks workers whose lease ran out DEAD and fails their jobs; then
+  // schedules. Call periodically (the service does, every ~lease/10).
+  void Tick();
+
+  // ---- jobs
+  absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& req);
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
+  v1::ListJobsResponse ListJobs(const v1::ListJobsRequest& req) const;
+  // FAILED_PRECONDITION when the job already ended.
+  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
+  // Events of the job with seq > after_seq; waits up to wait_ms for one when
+  // there is none yet. *ended is set when the job is terminal and the
+  // returned events include its last one.
+  absl::StatusOr<std::vector<v1::JobEvent>> WaitEvents(const std::string& job_id, int64_t after_seq,
+                                                       int64_t wait_ms, bool* ended);
+  absl::StatusOr<v1::GetHistoryResponse> GetHistory(const std::string& job_id) const;
+  // FAILED_PRECONDITION while the job has no plan (PENDING).
+  absl::StatusOr<v1::Plan> GetPlan(const std::string& job_id) const;
+
+  // ---- reports from ranks. ABORTED for a stale generation or a rank that
+  // is not the caller's; FAILED_PRECONDITION when the job is not active.
+  absl::StatusOr<v1::ReportStepResponse> ReportStep(const v1::ReportStepRequest& req);
+  absl::Status ReportDone(const v1::ReportDoneRequest& req);
+  absl::Status ReportFailure(const v1::ReportFailureRequest& req);
+
+  // ---- rendezvous
+  RendezvousKv& kv() { return kv_; }
+
+  // Ends every blocking call (WaitEvents, KvGet) with UNAVAILABLE.
+  void Shutdown();
+
+  // Counts for /metrics.
+  std::map<std::string, int> WorkerCountsByState() const;
+  std::map<std::string, int> JobCountsByState() const;
+
+ private:
+  struct WorkerEntry {
+    v1::WorkerInfo info;     // job_id/rank derived from jobs
+    int64_t lease_until = 0; // ms
+  };
+  struct StepAgg {           // reports of one step from the ranks so far
+    std::map<int, v1::StepReport> by_rank;
+  };
+  struct JobEntry {
+    v1::Job job;
+    std::vector<v1::JobEvent> events;
+    std::map<int64_t, v1::StepReport> history;  // step -> aggregated report
+    std::map<int64_t, StepAgg> partial;          // steps not yet reported by every rank
+    std::set<int> started;                       // ranks that acknowledged the generation
+    bool has_plan = false;
+    v1::Plan plan;
+  };
+
+  Coordinator(CoordinatorOptions options, std::unique_ptr<StateStore> store,
+              SpecValidator validator, const Clock* clock);
+  absl::Status Load();
+
+  // All below require mu_ held.
+  JobEntry* FindJob(const std::string& job_id);
+  const JobEntry* FindJob(const std::string& job_id) const;
+  // Moves the job to `to` (checked by the state machine), records an event,
+  // persists both, frees the workers when `to` is terminal.
+  absl::Status Transition(JobEntry& e, v1::JobState to, const std::string& message);
+  absl::Status AppendEvent(JobEntry& e, v1::EventKind kind, const std::string& message,
+                           const v1::StepReport* step);
+  void ReleaseWorkers(JobEntry& e);
+  void ScheduleLocked();
+  absl::Status CheckRank(const JobEntry& e, int64_t generation, int rank,
+                         const std::string& worker_id) const;
+  void FinishStep(JobEntry& e, int64_t step);
+
+  const CoordinatorOptions options_;
+  const std::unique_ptr<StateStore> store_;
+  const SpecValidator validator_;
+  const Clock* const clock_;
+  RendezvousKv kv_;
+
+  mutable std::mutex mu_;
+  std::condition_variable events_cv_;
+  std::map<std::string, WorkerEntry> workers_;  // GUARDED_BY(mu_)
+  std::map<std::string, JobEntry> jobs_;        // GUARDED_BY(mu_)
+  std::vector<std::string> job_order_;          // GUARDED_BY(mu_), submission order
+  int64_t next_worker_ = 1;                     // GUARDED_BY(mu_)
+  int64_t next_job_ = 1;                        // GUARDED_BY(mu_)
+  bool shutdown_ = false;                       // GUARDED_BY(mu_)
+};
+
+// "JOB_STATE_RUNNING" -> "RUNNING".
+std::string JobStateLabel(v1::JobState s);
+std::string WorkerStateLabel(v1::WorkerState s);
+bool IsTerminal(v1::JobState s);
+
+}  // namespace shardtrain::coordinator
+
+#endif  // SHARDTRAIN_COORDINATOR_COORDINATOR_H_

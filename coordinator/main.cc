@@ -1,0 +1,135 @@
+// shardtrain-coordinator: membership, job queue, plans, rendezvous KV and
+// durable state for a shardtrain cluster.
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "common/metrics.h"
+#include "common/metrics_http.h"
+#include "common/process.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/service.h"
+#include "coordinator/spec_summary.h"
+#include "coordinator/state_store.h"
+
+namespace {
+
+struct Flags {
+  std::string listen = "127.0.0.1:7070";
+  std::string state_dir;
+  std::string metrics_listen;
+  std::string port_file;
+  int64_t lease_ms = 10'000;
+};
+
+int Fail(const std::string& msg) {
+  std::cerr << "shardtrain-coordinator: " << msg << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace shardtrain;
+  using namespace shardtrain::coordinator;
+  BlockTerminationSignals();
+
+  Flags flags;
+  CLI::App app{
+      "shardtrain-coordinator: the control plane of a shardtrain cluster.\n"
+      "Holds worker membership (leases), the job queue with gang scheduling, every job's\n"
+      "plan, the rendezvous key-value store workers bootstrap collectives with, and the\n"
+      "durable state (SQLite in --state-dir). Stop it with SIGTERM or Ctrl-C."};
+  app.add_option("--listen", flags.listen, "gRPC address HOST:PORT; port 0 picks a free port")
+      ->capture_default_str();
+  app.add_option("--state-dir", flags.state_dir,
+                 "directory of the durable state (created if absent); a restart on the same "
+                 "directory keeps every acknowledged job")
+      ->required();
+  app.add_option("--metrics-listen", flags.metrics_listen,
+                 "HTTP address for /metrics and /healthz (e.g. 127.0.0.1:9090; port 0 allowed); "
+                 "off when empty");
+  app.add_option("--port-file", flags.port_file,
+                 "write the chosen gRPC port (line 1) and metrics port (line 2, if any) here");
+  app.add_option("--lease-ms", flags.lease_ms,
+                 "a worker silent for this long is declared DEAD")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}));
+  CLI11_PARSE(app, argc, argv);
+
+  auto store = OpenSqliteStateStore(flags.state_dir);
+  if (!store.ok()) return Fail(std::string(store.status().message()));
+  RealClock clock;
+  CoordinatorOptions options;
+  options.lease_ms = flags.lease_ms;
+  auto core = Coordinator::Create(options, *std::move(store), ValidateSpec, &clock);
+  if (!core.ok()) return Fail(std::string((core.status().message())));
+
+  MetricsRegistry registry;
+  RegisterCoordinatorMetrics(core->get(), &registry);
+  CoordinatorService service(core->get(), &registry);
+
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(flags.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    return Fail(absl::StrCat("cannot listen on ", flags.listen,
+                             " (address in use or malformed? try --listen 127.0.0.1:0)"));
+  }
+  const std::string host = flags.listen.substr(0, flags.listen.rfind(':'));
+
+  std::unique_ptr<MetricsHttpServer> http;
+  if (!flags.metrics_listen.empty()) {
+    auto started = MetricsHttpServer::Start(flags.metrics_listen, &registry);
+    if (!started.ok()) return Fail(std::string(started.status().message()));
+    http = *std::move(started);
+  }
+  std::cout << "shardtrain-coordinator listening on " << host << ":" << port << " (state "
+            << flags.state_dir << ", lease " << flags.lease_ms << " ms)";
+  if (http) std::cout << "; metrics on http://" << host << ":" << http->port() << "/metrics";
+  std::cout << std::endl;
+  if (!flags.port_file.empty()) {
+    std::string content = absl::StrCat(port, "\n", http ? absl::StrCat(http->port(), "\n") : "");
+    if (auto s = WriteFileAtomically(flags.port_file, content); !s.ok()) {
+      return Fail(std::string(s.message()));
+    }
+  }
+
+  // Lease checks and scheduling passes, ~10 per lease.
+  std::mutex tick_mu;
+  std::condition_variable tick_cv;
+  bool stopping = false;
+  std::thread ticker([&] {
+    const auto period = std::chrono::milliseconds(std::clamp<int64_t>(flags.lease_ms / 10, 20, 500));
+    std::unique_lock<std::mutex> lock(tick_mu);
+    while (!tick_cv.wait_for(lock, period, [&] { return stopping; })) {
+      lock.unlock();
+      (*core)->Tick();
+      lock.lock();
+    }
+  });
+
+  int sig = WaitForTerminationSignal();
+  std::cout << "shardtrain-coordinator: signal " << sig << ", shutting down" << std::endl;
+  {
+    std::lock_guard<std::mutex> lock(tick_mu);
+    stopping = true;
+  }
+  tick_cv.notify_all();
+  ticker.join();
+  (*core)->Shutdown();  // ends watches and KV waits
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  http.reset();
+  return 0;
+}

@@ -1,0 +1,71 @@
+// The gRPC face of the coordinator. Every handler does three things:
+// validate the request's shape, call the core, translate the result
+// (common/grpc_status.h is the only status conversion). It also counts RPCs
+// and their latency by method for /metrics.
+//
+// Thread-safe (the core is).
+#ifndef SHARDTRAIN_COORDINATOR_SERVICE_H_
+#define SHARDTRAIN_COORDINATOR_SERVICE_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/metrics.h"
+#include "coordinator/coordinator.h"
+#include "shardtrain/v1/coordinator.grpc.pb.h"
+
+namespace shardtrain::coordinator {
+
+class CoordinatorService final : public v1::Coordinator::Service {
+ public:
+  // `core` and `registry` must outlive the service.
+  CoordinatorService(Coordinator* core, MetricsRegistry* registry);
+
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse*) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override;
+  grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+                           v1::ListWorkersResponse*) override;
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*,
+                         v1::SubmitJobResponse*) override;
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::Job*) override;
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+                        v1::ListJobsResponse*) override;
+  grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest*, v1::Job*) override;
+  grpc::Status WatchJob(grpc::ServerContext*, const v1::WatchJobRequest*,
+                        grpc::ServerWriter<v1::JobEvent>*) override;
+  grpc::Status GetHistory(grpc::ServerContext*, const v1::GetHistoryRequest*,
+                          v1::GetHistoryResponse*) override;
+  grpc::Status GetPlan(grpc::ServerContext*, const v1::GetPlanRequest*, v1::Plan*) override;
+  grpc::Status ListCheckpoints(grpc::ServerContext*, const v1::ListCheckpointsRequest*,
+                               v1::ListCheckpointsResponse*) override;
+  grpc::Status ReportStep(grpc::ServerContext*, const v1::ReportStepRequest*,
+                          v1::ReportStepResponse*) override;
+  grpc::Status ReportCheckpoint(grpc::ServerContext*, const v1::ReportCheckpointRequest*,
+                                v1::ReportCheckpointResponse*) override;
+  grpc::Status ReportDone(grpc::ServerContext*, const v1::ReportDoneRequest*,
+                          v1::ReportDoneResponse*) override;
+  grpc::Status ReportFailure(grpc::ServerContext*, const v1::ReportFailureRequest*,
+                             v1::ReportFailureResponse*) override;
+  grpc::Status KvSet(grpc::ServerContext*, const v1::KvSetRequest*, v1::KvSetResponse*) override;
+  grpc::Status KvGet(grpc::ServerContext*, const v1::KvGetRequest*, v1::KvGetResponse*) override;
+  grpc::Status KvAdd(grpc::ServerContext*, const v1::KvAddRequest*, v1::KvAddResponse*) override;
+
+ private:
+  // Runs `fn`, records the RPC's code and latency, converts the status.
+  template <typename Fn>
+  grpc::Status Handle(const char* method, Fn&& fn);
+
+  Coordinator* const core_;
+  Family<Counter>& rpcs_;
+  Family<Histogram>& latency_;
+};
+
+// Registers the coordinator's state gauges (workers and jobs by state),
+// computed from `core` at every scrape.
+void RegisterCoordinatorMetrics(Coordinator* core, MetricsRegistry* registry);
+
+}  // namespace shardtrain::coordinator
+
+#endif  // SHARDTRAIN_COORDINATOR_SERVICE_H_

@@ -1,0 +1,455 @@
+#include "common/job_spec.h"
+
+#include <dirent.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace shardtrain {
+namespace {
+
+const std::string kSourceDir = SHARDTRAIN_SOURCE_DIR;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Sorted paths of the *.yaml files in `dir`.
+std::vector<std::string> YamlFiles(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    std::string name = e->d_name;
+    if (name.size() > 5 && name.substr(name.size() - 5) == ".yaml") out.push_back(dir + "/" + name);
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A small valid spec, one line per top-level key; tests replace or drop lines.
+std::string Make(const std::map<std::string, std::string>& edits = {}) {
+  std::vector<std::pair<std::string, std::string>> lines = {
+      {"name", "t"},
+      {"model", "{layers: 2, heads: 2, dim: 8, context: 16, vocab: 256}"},
+      {"data", "{train: d.txt}"},
+      {"batch", "{global: 4, micro: 2, seq_len: 8}"},
+      {"steps", "3"},
+  };
+  std::map<std::string, std::string> pending = edits;
+  std::string out;
+  for (const auto& [key, value] : lines) {
+    auto it = pending.find(key);
+    if (it == pending.end()) {
+      out += key + ": " + value + "\n";
+    } else {
+      if (it->second != "<drop>") out += key + ": " + it->second + "\n";
+      pending.erase(it);
+    }
+  }
+  for (const auto& [key, value] : pending) out += key + ": " + value + "\n";
+  return out;
+}
+
+TEST(JobSpecTest, MinimalSpecGetsDefaults) {
+  auto spec = ParseJobSpec(Make());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name, "t");
+  EXPECT_EQ(spec->model.preset, "");
+  EXPECT_EQ(spec->model.layers, 2);
+  EXPECT_EQ(spec->model.heads, 2);
+  EXPECT_EQ(spec->model.dim, 8);
+  EXPECT_EQ(spec->model.context, 16);
+  EXPECT_EQ(spec->model.vocab, 256);
+  EXPECT_EQ(spec->data.train, "d.txt");
+  EXPECT_EQ(spec->data.val, "");
+  EXPECT_EQ(spec->data.format, DataFormat::kText);
+  EXPECT_EQ(spec->data.tokenizer, TokenizerKind::kByte);
+  EXPECT_EQ(spec->batch.global, 4);
+  EXPECT_EQ(spec->batch.micro, 2);
+  EXPECT_EQ(spec->batch.seq_len, 8);
+  EXPECT_EQ(spec->parallel.dp, 1);
+  EXPECT_EQ(spec->parallel.tp, 1);
+  EXPECT_EQ(spec->parallel.pp, 1);
+  EXPECT_EQ(spec->parallel.zero, 0);
+  EXPECT_EQ(spec->parallel.offload, OffloadMode::kNone);
+  EXPECT_EQ(spec->parallel.schedule, PipelineSchedule::k1F1B);
+  EXPECT_TRUE(spec->parallel.reshard_after_forward);
+  EXPECT_EQ(spec->parallel.bucket_mb, 25);
+  EXPECT_EQ(spec->precision, Precision::kFp32);
+  EXPECT_EQ(spec->optimizer.name, OptimizerKind::kAdamW);
+  EXPECT_DOUBLE_EQ(spec->optimizer.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(spec->optimizer.min_lr, 3e-5);
+  EXPECT_EQ(spec->optimizer.betas, (std::vector<double>{0.9, 0.95}));
+  EXPECT_DOUBLE_EQ(spec->optimizer.eps, 1e-8);
+  EXPECT_DOUBLE_EQ(spec->optimizer.weight_decay, 0.0);
+  EXPECT_EQ(spec->optimizer.warmup_steps, 0);
+  EXPECT_EQ(spec->optimizer.schedule, LrSchedule::kCosine);
+  EXPECT_DOUBLE_EQ(spec->optimizer.grad_clip, 1.0);
+  EXPECT_EQ(spec->steps, 3);
+  EXPECT_EQ(spec->checkpoint.every, 0);
+  EXPECT_EQ(spec->checkpoint.dir, "");
+  EXPECT_EQ(spec->checkpoint.keep, 3);
+  EXPECT_EQ(spec->seed, 1337u);
+  EXPECT_EQ(spec->resources.device, DeviceKind::kCpu);
+  EXPECT_EQ(spec->resources.min_workers, 1);
+  EXPECT_EQ(spec->resources.max_workers, 1);
+  EXPECT_EQ(spec->max_restarts, 3);
+  EXPECT_EQ(spec->timeouts.collective_s, 60);
+  EXPECT_EQ(spec->World(), 1);
+  EXPECT_EQ(spec->GradAccumSteps(), 2);
+}
+
+TEST(JobSpecTest, MinLrDefaultsToATenthOfLr) {
+  auto spec = ParseJobSpec(Make({{"optimizer", "{lr: 0.002}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_DOUBLE_EQ(spec->optimizer.min_lr, 0.0002);
+}
+
+TEST(JobSpecTest, WorldAndWorkerDefaults) {
+  auto spec =
+      ParseJobSpec(Make({{"model", "{layers: 4, heads: 4, dim: 16, context: 16, vocab: 256}"},
+                         {"batch", "{global: 12, micro: 2, seq_len: 8}"},
+                         {"parallel", "{dp: 3, tp: 2, pp: 2}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->World(), 12);
+  EXPECT_EQ(spec->GradAccumSteps(), 2);
+  EXPECT_EQ(spec->resources.min_workers, 12);
+  EXPECT_EQ(spec->resources.max_workers, 12);
+}
+
+TEST(JobSpecTest, PresetExpandsAndExplicitFieldsOverride) {
+  auto spec = ParseJobSpec(Make({{"model", "{preset: gpt2-124m, context: 256}"},
+                                 {"batch", "{global: 4, micro: 2, seq_len: 256}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model.preset, "gpt2-124m");
+  EXPECT_EQ(spec->model.layers, 12);
+  EXPECT_EQ(spec->model.heads, 12);
+  EXPECT_EQ(spec->model.dim, 768);
+  EXPECT_EQ(spec->model.context, 256);
+  EXPECT_EQ(spec->model.vocab, 50257);
+}
+
+TEST(JobSpecTest, LlmcDefaultsToGpt2Tokenizer) {
+  auto spec = ParseJobSpec(
+      Make({{"model", "{preset: gpt2-124m}"}, {"data", "{train: t.bin, format: llmc}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data.format, DataFormat::kLlmc);
+  EXPECT_EQ(spec->data.tokenizer, TokenizerKind::kGpt2);
+  auto bytes = ParseJobSpec(Make({{"data", "{train: t.bin, format: llmc, tokenizer: byte}"}}));
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(bytes->data.tokenizer, TokenizerKind::kByte);
+}
+
+TEST(JobSpecTest, ExamplesParse) {
+  std::vector<std::string> files = YamlFiles(kSourceDir + "/examples");
+  std::vector<std::string> good = YamlFiles(kSourceDir + "/tests/data/specs/good");
+  files.insert(files.end(), good.begin(), good.end());
+  ASSERT_GE(files.size(), 4u);
+  for (const std::string& f : files) {
+    auto spec = ParseJobSpec(ReadFile(f));
+    EXPECT_TRUE(spec.ok()) << f << ": " << spec.status();
+  }
+}
+
+TEST(JobSpecTest, ExampleValues) {
+  auto tiny = ParseJobSpec(ReadFile(kSourceDir + "/examples/fortunes-tiny.yaml"));
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  EXPECT_EQ(tiny->name, "fortunes-tiny");
+  EXPECT_EQ(tiny->model.layers, 4);
+  EXPECT_EQ(tiny->model.dim, 128);
+  EXPECT_EQ(tiny->data.train, "data/fortunes.txt");
+  EXPECT_EQ(tiny->World(), 1);
+  EXPECT_EQ(tiny->GradAccumSteps(), 1);
+  EXPECT_DOUBLE_EQ(tiny->optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(tiny->optimizer.weight_decay, 0.1);
+  EXPECT_EQ(tiny->optimizer.warmup_steps, 20);
+  EXPECT_EQ(tiny->steps, 300);
+  EXPECT_EQ(tiny->checkpoint.dir, "ckpt/fortunes-tiny");
+
+  auto ddp = ParseJobSpec(ReadFile(kSourceDir + "/examples/fortunes-ddp.yaml"));
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  EXPECT_EQ(ddp->World(), 4);
+  EXPECT_EQ(ddp->GradAccumSteps(), 1);
+  EXPECT_EQ(ddp->steps, 200);
+
+  auto big = ParseJobSpec(ReadFile(kSourceDir + "/examples/gpt2-124m-zero3.yaml"));
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->model.layers, 12);
+  EXPECT_EQ(big->model.vocab, 50257);
+  EXPECT_EQ(big->parallel.zero, 3);
+  EXPECT_EQ(big->World(), 8);
+  EXPECT_EQ(big->precision, Precision::kBf16);
+  EXPECT_EQ(big->data.format, DataFormat::kLlmc);
+  EXPECT_EQ(big->data.tokenizer, TokenizerKind::kGpt2);
+  EXPECT_EQ(big->resources.device, DeviceKind::kCuda);
+
+  auto tiny4 = ParseJobSpec(ReadFile(kSourceDir + "/tests/data/specs/good/tiny.yaml"));
+  ASSERT_TRUE(tiny4.ok()) << tiny4.status();
+  EXPECT_EQ(tiny4->World(), 4);
+  EXPECT_EQ(tiny4->steps, 5);
+}
+
+void ExpectRoundTrip(const std::string& text, const std::string& what) {
+  auto first = ParseJobSpec(text);
+  ASSERT_TRUE(first.ok()) << what << ": " << first.status();
+  std::string yaml = JobSpecToYaml(*first);
+  auto second = ParseJobSpec(yaml);
+  ASSERT_TRUE(second.ok()) << what << ": " << second.status() << "\n" << yaml;
+  EXPECT_TRUE(*first == *second) << what << ":\n" << yaml;
+  EXPECT_EQ(JobSpecToYaml(*second), yaml) << what;
+}
+
+TEST(JobSpecTest, RoundTripExamples) {
+  for (const std::string& f : YamlFiles(kSourceDir + "/examples")) ExpectRoundTrip(ReadFile(f), f);
+  ExpectRoundTrip(Make(), "minimal");
+}
+
+TEST(JobSpecTest, RoundTripEveryFieldChanged) {
+  const std::string text = R"(
+name: every.field_changed-1
+model: {preset: gpt2-124m, layers: 8, context: 512}
+data: {train: "a path: with colon", val: 'v.bin', format: llmc, tokenizer: gpt2}
+batch: {global: 96, micro: 4, seq_len: 300}
+parallel: {dp: 2, tp: 4, pp: 2, zero: 2, offload: optimizer, schedule: gpipe,
+           reshard_after_forward: false, bucket_mb: 7}
+precision: fp16
+optimizer: {name: adamw, lr: 0.0007, min_lr: 1.2345678901234567e-5, betas: [0.8, 0.999],
+            eps: 1e-6, weight_decay: 0.01, warmup_steps: 13, schedule: linear, grad_clip: 0}
+steps: 77
+checkpoint: {every: 5, dir: "/tmp/ck pt", keep: 1}
+seed: 18446744073
+resources: {device: cuda, min_workers: 8, max_workers: 32}
+max_restarts: 0
+timeouts: {collective_s: 5}
+)";
+  auto spec = ParseJobSpec(text);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model.layers, 8);
+  EXPECT_EQ(spec->model.heads, 12);
+  EXPECT_EQ(spec->data.train, "a path: with colon");
+  EXPECT_EQ(spec->parallel.schedule, PipelineSchedule::kGpipe);
+  EXPECT_FALSE(spec->parallel.reshard_after_forward);
+  EXPECT_DOUBLE_EQ(spec->optimizer.grad_clip, 0.0);
+  EXPECT_EQ(spec->optimizer.betas, (std::vector<double>{0.8, 0.999}));
+  EXPECT_EQ(spec->seed, 18446744073u);
+  EXPECT_EQ(spec->World(), 16);
+  EXPECT_EQ(spec->GradAccumSteps(), 12);
+  ExpectRoundTrip(text, "every field");
+  // Doubles survive exactly, not just approximately.
+  auto again = ParseJobSpec(JobSpecToYaml(*spec));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->optimizer.min_lr, 1.2345678901234567e-5);
+  EXPECT_EQ(again->optimizer.lr, 0.0007);
+}
+
+TEST(JobSpecTest, OverridesApplyBeforeValidation) {
+  auto spec = ParseJobSpec(
+      Make(), {"parallel.zero=3", "steps=20", "optimizer.betas=[0.9,0.99]", "parallel.dp=2",
+               "model.preset=gpt2-124m", "precision=bf16", "data.val=v.txt"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->parallel.zero, 3);
+  EXPECT_EQ(spec->steps, 20);
+  EXPECT_EQ(spec->optimizer.betas, (std::vector<double>{0.9, 0.99}));
+  EXPECT_EQ(spec->parallel.dp, 2);
+  EXPECT_EQ(spec->model.preset, "gpt2-124m");
+  EXPECT_EQ(spec->model.layers, 2);  // explicit field in the file still wins over the preset
+  EXPECT_EQ(spec->precision, Precision::kBf16);
+  EXPECT_EQ(spec->data.val, "v.txt");
+  EXPECT_EQ(spec->World(), 2);
+  // Later overrides win; a whole section can be replaced with a flow map.
+  auto later =
+      ParseJobSpec(Make(), {"steps=5", "steps=6", "batch={global: 8, micro: 4, seq_len: 16}"});
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(later->steps, 6);
+  EXPECT_EQ(later->batch.global, 8);
+  // Overrides can make an invalid file valid ...
+  auto fixed = ParseJobSpec(Make({{"steps", "<drop>"}}), {"steps=9"});
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_EQ(fixed->steps, 9);
+  // ... and are validated like the file.
+  auto broken = ParseJobSpec(Make(), {"parallel.tp=3"});
+  EXPECT_EQ(broken.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(broken.status().message().rfind("parallel.tp: 3 does not divide model.heads: 2", 0), 0u)
+      << broken.status();
+}
+
+struct BadOverride {
+  std::string override_text;
+  std::string message_prefix;
+};
+
+TEST(JobSpecTest, BadOverrides) {
+  const std::vector<BadOverride> cases = {
+      {"steps", "override \"steps\": expected key.path=value"},
+      {"parallel.zerro=3",
+       "override \"parallel.zerro=3\": unknown field parallel.zerro (did you mean zero?)"},
+      {"bogus=1", "override \"bogus=1\": unknown field bogus"},
+      {"steps.x=1", "override \"steps.x=1\": unknown field steps.x"},
+      {"model.layers.x=1", "override \"model.layers.x=1\": unknown field model.layers.x"},
+      {".steps=1", "override \".steps=1\": expected key.path=value"},
+      {"optimizer.betas=[0.9", "override \"optimizer.betas=[0.9\": value is not valid YAML"},
+      {"steps=ten", "steps: expected an integer, got \"ten\""},
+      {"model=5", "model: expected a map of fields, got \"5\""},
+  };
+  for (const BadOverride& c : cases) {
+    auto spec = ParseJobSpec(Make(), {c.override_text});
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << c.override_text;
+    EXPECT_EQ(spec.status().message().rfind(c.message_prefix, 0), 0u)
+        << c.override_text << " gave: " << spec.status().message();
+  }
+  auto not_a_map = ParseJobSpec(Make({{"parallel", "3"}}), {"parallel.dp=2"});
+  EXPECT_EQ(not_a_map.status().message(),
+            "override \"parallel.dp=2\": parallel in the spec is not a map");
+}
+
+struct BadSpec {
+  std::string label;
+  std::string yaml;
+  std::string message_prefix;  // the message must start with this
+};
+
+TEST(JobSpecTest, BadSpecsNameTheirField) {
+  const std::string kModel4 = "{layers: 4, heads: 4, dim: 16, context: 16, vocab: 256}";
+  const std::vector<BadSpec> cases = {
+      {"missing name", Make({{"name", "<drop>"}}), "name: required"},
+      {"missing steps", Make({{"steps", "<drop>"}}), "steps: required"},
+      {"missing model", Make({{"model", "<drop>"}}), "model: required"},
+      {"missing data.train", Make({{"data", "{val: v.txt}"}}), "data.train: required"},
+      {"missing batch.micro", Make({{"batch", "{global: 4, seq_len: 8}"}}),
+       "batch.micro: required"},
+      {"missing model.layers", Make({{"model", "{heads: 2, dim: 8, context: 16, vocab: 256}"}}),
+       "model.layers: required (or set model.preset)"},
+      {"steps not an integer", Make({{"steps", "ten"}}), "steps: expected an integer, got \"ten\""},
+      {"steps fractional", Make({{"steps", "1.5"}}), "steps: expected an integer, got \"1.5\""},
+      {"steps quoted", Make({{"steps", "\"10\""}}), "steps: expected an integer, got \"10\""},
+      {"steps zero", Make({{"steps", "0"}}), "steps: must be >= 1, got 0"},
+      {"heads is a list",
+       Make({{"model", "{layers: 2, heads: [2], dim: 8, context: 16, vocab: 256}"}}),
+       "model.heads: expected an integer, got a list"},
+      {"model not a map", Make({{"model", "5"}}), "model: expected a map of fields, got \"5\""},
+      {"heads % tp", Make({{"model", kModel4}, {"parallel", "{tp: 3}"}}),
+       "parallel.tp: 3 does not divide model.heads: 4"},
+      {"pp > layers", Make({{"model", kModel4}, {"parallel", "{pp: 5}"}}),
+       "parallel.pp: 5 exceeds model.layers: 4"},
+      {"dim % heads", Make({{"model", "{layers: 2, heads: 4, dim: 10, context: 16, vocab: 256}"}}),
+       "model.dim: 10 is not divisible by model.heads: 4"},
+      {"negative lr", Make({{"optimizer", "{lr: -0.001}"}}),
+       "optimizer.lr: must be > 0, got -0.001"},
+      {"infinite lr", Make({{"optimizer", "{lr: inf}"}}), "optimizer.lr: must be a finite number"},
+      {"min_lr > lr", Make({{"optimizer", "{lr: 0.001, min_lr: 0.01}"}}),
+       "optimizer.min_lr: 0.01 exceeds optimizer.lr: 0.001"},
+      {"three betas", Make({{"optimizer", "{betas: [0.9, 0.95, 0.99]}"}}),
+       "optimizer.betas: expected a list of two numbers"},
+      {"beta of 1", Make({{"optimizer", "{betas: [0.9, 1.0]}"}}),
+       "optimizer.betas[1]: must be in [0, 1), got 1"},
+      {"unknown top-level key", Make({{"stepz", "3"}}), "stepz: unknown key (did you mean steps?)"},
+      {"unknown model key",
+       Make({{"model", "{layer: 2, heads: 2, dim: 8, context: 16, vocab: 256}"}}),
+       "model.layer: unknown key (did you mean layers?)"},
+      {"unknown optimizer key", Make({{"optimizer", "{learning_rate: 0.1}"}}),
+       "optimizer.learning_rate: unknown key"},
+      {"unknown timeouts key", Make({{"timeouts", "{heartbeat_s: 5}"}}),
+       "timeouts.heartbeat_s: unknown key"},
+      {"global not divisible",
+       Make({{"batch", "{global: 6, micro: 2, seq_len: 8}"}, {"parallel", "{dp: 2}"}}),
+       "batch.global: 6 is not divisible by batch.micro × parallel.dp = 2 × 2 = 4"},
+      {"seq_len > context", Make({{"batch", "{global: 4, micro: 2, seq_len: 32}"}}),
+       "batch.seq_len: 32 exceeds model.context: 16"},
+      {"bad precision", Make({{"precision", "fp8"}}),
+       "precision: expected one of fp32, bf16, fp16, got \"fp8\""},
+      {"bad pipeline schedule", Make({{"parallel", "{schedule: interleaved}"}}),
+       "parallel.schedule: expected one of gpipe, 1f1b, got \"interleaved\""},
+      {"bad lr schedule", Make({{"optimizer", "{schedule: step}"}}),
+       "optimizer.schedule: expected one of cosine, constant, linear"},
+      {"bad device", Make({{"resources", "{device: tpu}"}}),
+       "resources.device: expected one of cpu, cuda, got \"tpu\""},
+      {"bad bool", Make({{"parallel", "{reshard_after_forward: maybe}"}}),
+       "parallel.reshard_after_forward: expected true or false, got \"maybe\""},
+      {"zero stage 4", Make({{"parallel", "{zero: 4}"}}),
+       "parallel.zero: must be between 0 and 3, got 4"},
+      {"min_workers > world",
+       Make({{"batch", "{global: 4, micro: 2, seq_len: 8}"},
+             {"parallel", "{dp: 2}"},
+             {"resources", "{min_workers: 3}"}}),
+       "resources.min_workers: 3 exceeds world 2 (parallel.dp × tp × pp = 2 × 1 × 1)"},
+      {"max_workers < world",
+       Make(
+           {{"model", kModel4}, {"parallel", "{dp: 2, tp: 2}"}, {"resources", "{max_workers: 3}"}}),
+       "resources.max_workers: 3 is less than world 4 (parallel.dp × tp × pp = 2 × 2 × 1)"},
+      {"bad name", Make({{"name", "My Job"}}), "name: must be 1 to 64 characters of [a-z0-9._-]"},
+      {"unknown preset", Make({{"model", "{preset: gpt5}"}}),
+       "model.preset: unknown preset \"gpt5\""},
+      {"gpt2 tokenizer on text", Make({{"data", "{train: d.txt, tokenizer: gpt2}"}}),
+       "data.tokenizer: gpt2 requires data.format: llmc"},
+      {"vocab too small for bytes",
+       Make({{"model", "{layers: 2, heads: 2, dim: 8, context: 16, vocab: 100}"}}),
+       "model.vocab: 100 is too small for the byte tokenizer"},
+      {"bad data format", Make({{"data", "{train: d.txt, format: csv}"}}),
+       "data.format: expected one of text, llmc, got \"csv\""},
+      {"checkpoint every without dir", Make({{"checkpoint", "{every: 10}"}}),
+       "checkpoint.dir: required when checkpoint.every > 0"},
+      {"checkpoint keep 0", Make({{"checkpoint", "{keep: 0}"}}),
+       "checkpoint.keep: must be >= 1, got 0"},
+      {"negative weight decay", Make({{"optimizer", "{weight_decay: -0.1}"}}),
+       "optimizer.weight_decay: must be >= 0, got -0.1"},
+      {"negative seed", Make({{"seed", "-1"}}), "seed: must be >= 0, got -1"},
+      {"duplicate key", Make() + "steps: 4\n", "steps: appears more than once"},
+      {"malformed yaml", "name: t\nsteps: 3\nmodel: {layers: 2\n", "spec: invalid YAML at line 4"},
+      {"empty document", "", "spec: empty document"},
+      {"only comments", "# nothing here\n", "spec: empty document"},
+      {"top-level list", "- name: t\n- steps: 3\n",
+       "spec: expected a map of fields at the top level, got a list"},
+      {"top-level scalar", "hello",
+       "spec: expected a map of fields at the top level, got \"hello\""},
+  };
+  ASSERT_GE(cases.size(), 20u);
+  for (const BadSpec& c : cases) {
+    auto spec = ParseJobSpec(c.yaml);
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.label << ": " << spec.status();
+    EXPECT_EQ(spec.status().message().rfind(c.message_prefix, 0), 0u)
+        << c.label << "\n  want prefix: " << c.message_prefix
+        << "\n  got:         " << spec.status().message();
+  }
+}
+
+// Each tests/data/specs/bad/*.yaml starts with "# expect: <substring>".
+TEST(JobSpecTest, BadSpecFiles) {
+  std::vector<std::string> files = YamlFiles(kSourceDir + "/tests/data/specs/bad");
+  ASSERT_GE(files.size(), 15u);
+  for (const std::string& f : files) {
+    std::string text = ReadFile(f);
+    const std::string kTag = "# expect: ";
+    ASSERT_EQ(text.rfind(kTag, 0), 0u) << f << " lacks a first-line \"# expect: \" comment";
+    std::string expect = text.substr(kTag.size(), text.find('\n') - kTag.size());
+    auto spec = ParseJobSpec(text);
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << f;
+    EXPECT_NE(spec.status().message().find(expect), absl::string_view::npos)
+        << f << "\n  want: " << expect << "\n  got:  " << spec.status().message();
+  }
+}
+
+TEST(JobSpecTest, EnumNames) {
+  EXPECT_EQ(EnumName(DataFormat::kLlmc), "llmc");
+  EXPECT_EQ(EnumName(TokenizerKind::kGpt2), "gpt2");
+  EXPECT_EQ(EnumName(OffloadMode::kOptimizer), "optimizer");
+  EXPECT_EQ(EnumName(PipelineSchedule::k1F1B), "1f1b");
+  EXPECT_EQ(EnumName(Precision::kBf16), "bf16");
+  EXPECT_EQ(EnumName(OptimizerKind::kAdamW), "adamw");
+  EXPECT_EQ(EnumName(LrSchedule::kLinear), "linear");
+  EXPECT_EQ(EnumName(DeviceKind::kCuda), "cuda");
+}
+
+}  // namespace
+}  // namespace shardtrain

@@ -1,0 +1,94 @@
+#include "worker/coordinator_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+
+#include "common/grpc_status.h"
+
+namespace shardtrain::worker {
+
+CoordinatorClient::CoordinatorClient(const std::string& address, int64_t rpc_timeout_ms)
+    : address_(address),
+      rpc_timeout_ms_(rpc_timeout_ms),
+      channel_(grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
+      stub_(v1::Coordinator::NewStub(channel_)) {}
+
+std::unique_ptr<grpc::ClientContext> CoordinatorClient::Context(int64_t extra_ms) const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::milliseconds(rpc_timeout_ms_ + extra_ms));
+  return ctx;
+}
+
+// Calls stub_->Method with a fresh deadline and converts the status.
+#define SHARDTRAIN_UNARY(Method, req, resp)                               \
+  do {                                                                    \
+    auto ctx = Context();                                                 \
+    grpc::Status s = stub_->Method(ctx.get(), req, resp);                 \
+    if (!s.ok()) return FromGrpcStatus(s, #Method " to " + address_);     \
+  } while (0)
+
+absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorClient::RegisterWorker(
+    const v1::RegisterWorkerRequest& r) {
+  v1::RegisterWorkerResponse resp;
+  SHARDTRAIN_UNARY(RegisterWorker, r, &resp);
+  return resp;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> CoordinatorClient::Heartbeat(const v1::HeartbeatRequest& r) {
+  v1::HeartbeatResponse resp;
+  SHARDTRAIN_UNARY(Heartbeat, r, &resp);
+  return resp;
+}
+
+absl::StatusOr<v1::Plan> CoordinatorClient::GetPlan(const std::string& job_id) {
+  v1::GetPlanRequest r;
+  r.set_job_id(job_id);
+  v1::Plan resp;
+  SHARDTRAIN_UNARY(GetPlan, r, &resp);
+  return resp;
+}
+
+absl::StatusOr<v1::ReportStepResponse> CoordinatorClient::ReportStep(
+    const v1::ReportStepRequest& r) {
+  v1::ReportStepResponse resp;
+  SHARDTRAIN_UNARY(ReportStep, r, &resp);
+  return resp;
+}
+
+absl::Status CoordinatorClient::ReportDone(const v1::ReportDoneRequest& r) {
+  v1::ReportDoneResponse resp;
+  SHARDTRAIN_UNARY(ReportDone, r, &resp);
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorClient::ReportFailure(const v1::ReportFailureRequest& r) {
+  v1::ReportFailureResponse resp;
+  SHARDTRAIN_UNARY(ReportFailure, r, &resp);
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorClient::KvSet(const v1::KvSetRequest& r) {
+  v1::KvSetResponse resp;
+  SHARDTRAIN_UNARY(KvSet, r, &resp);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> CoordinatorClient::KvGet(const v1::KvGetRequest& r) {
+  v1::KvGetResponse resp;
+  auto ctx = Context(r.wait_ms());  // the server waits up to wait_ms before answering
+  grpc::Status s = stub_->KvGet(ctx.get(), r, &resp);
+  if (!s.ok()) return FromGrpcStatus(s, "KvGet to " + address_);
+  return resp.value();
+}
+
+absl::StatusOr<int64_t> CoordinatorClient::KvAdd(const v1::KvAddRequest& r) {
+  v1::KvAddResponse resp;
+  SHARDTRAIN_UNARY(KvAdd, r, &resp);
+  return resp.value();
+}
+
+#undef SHARDTRAIN_UNARY
+
+}  // namespace shardtrain::worker

@@ -1,0 +1,13 @@
+# The worker daemon: control loop, coordinator client, job runner.
+add_library(shardtrain_worker_core STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/coordinator_client.cc
+  ${CMAKE_CURRENT_LIST_DIR}/daemon.cc
+  ${CMAKE_CURRENT_LIST_DIR}/job_runner.cc
+  ${CMAKE_CURRENT_LIST_DIR}/kv_rendezvous_store.cc
+)
+target_link_libraries(shardtrain_worker_core PUBLIC
+  shardtrain_proto shardtrain_common shardtrain_metrics shardtrain_process
+  absl::status absl::statusor absl::strings Threads::Threads)
+
+add_executable(shardtrain-worker ${CMAKE_CURRENT_LIST_DIR}/main.cc)
+target_link_libraries(shardtrain-worker PRIVATE shardtrain_worker_core CLI11::CLI11)

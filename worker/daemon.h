@@ -1,0 +1,83 @@
+// The worker daemon's control loop: attach to the coordinator, renew the
+// lease, and start or stop the job runner as the heartbeat answers say.
+//
+// The coordinator drives workers by reconciliation: each heartbeat says which
+// job (and generation) this worker runs now, and the answer holds the
+// commands that make it run what it should (run, abort, drain). A coordinator
+// restart or a lost answer therefore needs no special handling here beyond
+// re-registering (with the old id) when the coordinator does not know us.
+#ifndef SHARDTRAIN_WORKER_DAEMON_H_
+#define SHARDTRAIN_WORKER_DAEMON_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "common/metrics.h"
+#include "shardtrain/v1/coordinator.pb.h"
+#include "worker/coordinator_client.h"
+
+namespace shardtrain::worker {
+
+struct WorkerOptions {
+  std::string coordinator;                       // HOST:PORT
+  v1::Device device;                             // what this worker drives
+  int threads = 1;                               // compute threads
+  std::string collective_address = "127.0.0.1";  // where peers reach our collectives
+  std::string metrics_address;                   // HOST:PORT of our /metrics, if served
+  int64_t heartbeat_ms = 1000;                   // upper bound; lease/3 if shorter
+};
+
+// Where a running job learns who it is and reports back.
+struct RunContext {
+  const v1::RunAssignment* assignment;
+  std::string worker_id;
+  CoordinatorClient* client;
+  const WorkerOptions* options;
+  const std::atomic<bool>* stop;  // set when the job must end now (abort, shutdown)
+};
+
+// Runs one assignment to its end (or until *ctx.stop). It reports steps,
+// completion and failure to the coordinator itself. Called on its own thread.
+using JobRunner = std::function<void(const RunContext& ctx)>;
+
+class WorkerDaemon {
+ public:
+  WorkerDaemon(WorkerOptions options, JobRunner runner, MetricsRegistry* registry);
+  ~WorkerDaemon();
+
+  // Registers, then heartbeats until *shutdown; retries an unreachable
+  // coordinator forever (logging each outage once). On shutdown the running
+  // job, if any, is stopped and joined.
+  void Run(const std::atomic<bool>& shutdown);
+
+  std::string worker_id() const;
+
+ private:
+  absl::Status Register();
+  void Apply(const v1::HeartbeatResponse& resp);
+  void StartJob(const v1::RunAssignment& a);
+  void StopJob(const std::string& reason);
+
+  const WorkerOptions options_;
+  const JobRunner runner_;
+  CoordinatorClient client_;
+  Counter& heartbeats_;
+  Counter& assignments_;
+
+  mutable std::mutex mu_;
+  std::string worker_id_;                  // GUARDED_BY(mu_)
+  int64_t lease_ms_ = 10'000;              // GUARDED_BY(mu_)
+  v1::RunAssignment current_;              // GUARDED_BY(mu_); job_id empty when idle
+  std::unique_ptr<std::atomic<bool>> job_stop_;
+  std::unique_ptr<std::atomic<bool>> job_finished_;
+  std::thread job_thread_;
+};
+
+}  // namespace shardtrain::worker
+
+#endif  // SHARDTRAIN_WORKER_DAEMON_H_

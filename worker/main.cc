@@ -1,0 +1,91 @@
+// shardtrain-worker: attaches one device (the CPU, or one GPU) to a
+// shardtrain coordinator and runs the ranks it is assigned.
+#include <atomic>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "common/metrics.h"
+#include "common/metrics_http.h"
+#include "common/process.h"
+#include "worker/daemon.h"
+#include "worker/job_runner.h"
+
+int main(int argc, char** argv) {
+  using namespace shardtrain;
+  using namespace shardtrain::worker;
+  BlockTerminationSignals();
+
+  std::string coordinator;
+  if (const char* env = std::getenv("SHARDTRAIN_COORDINATOR")) coordinator = env;
+  std::string device = "cpu";
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::string metrics_listen;
+  int64_t heartbeat_ms = 1000;
+  std::string collective_address = "127.0.0.1";
+
+  CLI::App app{
+      "shardtrain-worker: runs the ranks a shardtrain coordinator assigns to this process.\n"
+      "It registers its device, renews its lease with heartbeats, and trains the jobs it is\n"
+      "given, talking to its peers directly (Gloo on CPU). Stop it with SIGTERM or Ctrl-C."};
+  app.add_option("--coordinator", coordinator,
+                 "coordinator address HOST:PORT (default: $SHARDTRAIN_COORDINATOR)");
+  app.add_option("--device", device, "device this worker drives: cpu or cuda:N")
+      ->capture_default_str();
+  app.add_option("--threads", threads, "compute threads (BLAS and kernels)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--metrics-listen", metrics_listen,
+                 "HTTP address for /metrics and /healthz (port 0 allowed); off when empty");
+  app.add_option("--heartbeat-ms", heartbeat_ms, "heartbeat period (at most lease/3)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{10}, int64_t{60'000}));
+  app.add_option("--collective-address", collective_address,
+                 "address peers use to reach this worker's collectives")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  if (coordinator.empty()) {
+    std::cerr << "shardtrain-worker: no coordinator: pass --coordinator HOST:PORT or set "
+                 "SHARDTRAIN_COORDINATOR\n";
+    return 2;
+  }
+  WorkerOptions options;
+  options.coordinator = coordinator;
+  options.threads = threads;
+  options.heartbeat_ms = heartbeat_ms;
+  options.collective_address = collective_address;
+  if (auto d = ProbeDevice(device, threads); d.ok()) {
+    options.device = *d;
+  } else {
+    std::cerr << "shardtrain-worker: " << d.status().message() << "\n";
+    return 2;
+  }
+
+  MetricsRegistry registry;
+  std::unique_ptr<MetricsHttpServer> http;
+  if (!metrics_listen.empty()) {
+    auto started = MetricsHttpServer::Start(metrics_listen, &registry);
+    if (!started.ok()) {
+      std::cerr << "shardtrain-worker: " << started.status().message() << "\n";
+      return 1;
+    }
+    http = *std::move(started);
+    options.metrics_address =
+        absl::StrCat(metrics_listen.substr(0, metrics_listen.rfind(':')), ":", http->port());
+    std::cerr << "shardtrain-worker: metrics on http://" << options.metrics_address
+              << "/metrics" << std::endl;
+  }
+
+  WorkerDaemon daemon(options, NewJobRunner(&registry), &registry);
+  std::atomic<bool> shutdown{false};
+  std::thread signals([&] {
+    WaitForTerminationSignal();
+    shutdown = true;
+  });
+  signals.detach();
+  daemon.Run(shutdown);
+  return 0;
+}
