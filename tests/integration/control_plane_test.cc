@@ -1,0 +1,258 @@
+// The control plane with real processes: a coordinator, workers and the CLI
+// on 127.0.0.1 (port 0). Issue acceptance: gang scheduling with distinct
+// ranks, kill -9 + restart keeps every acknowledged job, PENDING until enough
+// workers, DEAD within lease + 2 s, invalid specs refused by field with
+// nothing stored, /metrics accepted by promtool.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "tests/integration/harness.h"
+
+namespace shardtrain::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+const std::string kTinySpec = SourceDir() + "/tests/data/specs/good/tiny.yaml";
+
+std::string JobState(const std::string& coord, const std::string& job) {
+  CommandResult r = Cli({"status", job, "-o", "json"}, coord);
+  std::smatch m;
+  static const std::regex re("\"state\": \"([A-Z]+)\"");
+  return std::regex_search(r.out, m, re) ? m[1].str() : "?(" + r.err + ")";
+}
+
+std::map<int, std::string> Ranks(const std::string& status_json) {
+  std::map<int, std::string> out;
+  static const std::regex re("\"rank\": (\\d+), \"worker_id\": \"(w-\\d+)\"");
+  for (auto it = std::sregex_iterator(status_json.begin(), status_json.end(), re);
+       it != std::sregex_iterator(); ++it) {
+    out[std::stoi((*it)[1])] = (*it)[2];
+  }
+  return out;
+}
+
+std::string WorkerState(const std::string& coord, const std::string& worker) {
+  CommandResult r = Cli({"workers", "-o", "json"}, coord);
+  std::smatch m;
+  std::regex re("\"worker_id\": \"" + worker + "\"[^}]*\"state\": \"([A-Z]+)\"");
+  return std::regex_search(r.out, m, re) ? m[1].str() : "?";
+}
+
+int CountJobs(const std::string& coord) {
+  CommandResult r = Cli({"list", "-o", "json"}, coord);
+  int n = 0;
+  for (size_t p = r.out.find("\"job_id\""); p != std::string::npos;
+       p = r.out.find("\"job_id\"", p + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+std::string Trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+TEST(ControlPlaneTest, GangScheduledOnDistinctWorkersAndSurvivesKill9) {
+  TempDir dir;
+  Coordinator c = StartCoordinator(dir.path(), 10'000);
+  ASSERT_GT(c.port, 0) << c.process.Log();
+  std::vector<Process> workers;
+  for (int i = 0; i < 4; ++i) workers.push_back(StartWorker(dir.path(), c.address(), i));
+
+  // steps=100000: the job stays active for the whole test.
+  CommandResult sub = Cli({"submit", kTinySpec, "--set", "steps=100000"}, c.address());
+  ASSERT_EQ(sub.exit_code, 0) << sub.err;
+  const std::string job = Trim(sub.out);
+  ASSERT_EQ(job.rfind("j-", 0), 0u) << sub.out;
+  CommandResult second = Cli({"submit", kTinySpec, "--set", "name=second"}, c.address());
+  ASSERT_EQ(second.exit_code, 0) << second.err;  // waits PENDING behind the first
+
+  std::string status;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        status = Cli({"status", job, "-o", "json"}, c.address()).out;
+        return Ranks(status).size() == 4;
+      },
+      seconds(10)))
+      << status;
+  std::map<int, std::string> ranks = Ranks(status);
+  std::set<std::string> distinct;
+  for (const auto& [rank, worker] : ranks) distinct.insert(worker);
+  EXPECT_EQ(distinct.size(), 4u) << status;
+  EXPECT_EQ(ranks.begin()->first, 0);
+  EXPECT_EQ(ranks.rbegin()->first, 3);
+  const std::string before = JobState(c.address(), job);
+  EXPECT_TRUE(before == "SCHEDULED" || before == "RUNNING") << before;
+  EXPECT_EQ(JobState(c.address(), Trim(second.out)), "PENDING");
+
+  // kill -9, restart on the same state dir and port.
+  const int port = c.port;
+  c.process.Signal(SIGKILL);
+  ASSERT_TRUE(c.process.Wait(seconds(5)));
+  Coordinator again = StartCoordinator(dir.path(), 10'000, "127.0.0.1:" + std::to_string(port));
+  ASSERT_EQ(again.port, port) << again.process.Log();
+  CommandResult after = Cli({"status", job}, again.address());
+  ASSERT_EQ(after.exit_code, 0) << after.err;
+  EXPECT_NE(after.out.find(job), std::string::npos);
+  EXPECT_EQ(Ranks(Cli({"status", job, "-o", "json"}, again.address()).out), ranks);
+  const std::string state_after = JobState(again.address(), job);
+  EXPECT_TRUE(state_after == "SCHEDULED" || state_after == "RUNNING") << state_after;
+  EXPECT_EQ(CountJobs(again.address()), 2);
+  CommandResult list = Cli({"list"}, again.address());
+  EXPECT_NE(list.out.find(job), std::string::npos) << list.out;
+  EXPECT_NE(list.out.find(Trim(second.out)), std::string::npos) << list.out;
+  // The workers re-attach to the restarted coordinator under their old ids.
+  EXPECT_TRUE(WaitFor([&] { return WorkerState(again.address(), ranks[0]) == "ALIVE"; },
+                      seconds(5)));
+  CommandResult cancel = Cli({"cancel", job}, again.address());
+  EXPECT_EQ(cancel.exit_code, 0) << cancel.err;
+  EXPECT_TRUE(WaitFor([&] { return JobState(again.address(), Trim(second.out)) != "PENDING"; },
+                      seconds(10)));
+}
+
+TEST(ControlPlaneTest, PendingUntilEnoughWorkersAndDeadWithinLease) {
+  TempDir dir;
+  const int64_t lease_ms = 2000;
+  Coordinator c = StartCoordinator(dir.path(), lease_ms);
+  ASSERT_GT(c.port, 0) << c.process.Log();
+  std::vector<Process> workers;
+  for (int i = 0; i < 4; ++i) workers.push_back(StartWorker(dir.path(), c.address(), i));
+  ASSERT_TRUE(WaitFor([&] { return Cli({"workers"}, c.address()).out.find("w-0004") !=
+                                   std::string::npos; },
+                      seconds(10)));
+  CommandResult sub = Cli({"submit", kTinySpec, "--set", "parallel.dp=5", "--set",
+                           "batch.global=10", "--set", "steps=100000"},
+                          c.address());
+  ASSERT_EQ(sub.exit_code, 0) << sub.err;
+  const std::string job = Trim(sub.out);
+  std::this_thread::sleep_for(milliseconds(1500));
+  EXPECT_EQ(JobState(c.address(), job), "PENDING");
+
+  workers.push_back(StartWorker(dir.path(), c.address(), 4));
+  ASSERT_TRUE(WaitFor([&] { return JobState(c.address(), job) != "PENDING"; }, seconds(10)));
+  std::map<int, std::string> ranks = Ranks(Cli({"status", job, "-o", "json"}, c.address()).out);
+  ASSERT_EQ(ranks.size(), 5u);
+
+  // SIGKILL the worker holding rank 2: DEAD within lease + 2 s.
+  const std::string victim = ranks[2];
+  Process* holder = nullptr;  // registration order need not be start order: ask the logs
+  for (Process& w : workers) {
+    if (w.Log().find(" as " + victim + " ") != std::string::npos) holder = &w;
+  }
+  ASSERT_NE(holder, nullptr) << victim;
+  const auto killed_at = std::chrono::steady_clock::now();
+  holder->Signal(SIGKILL);
+  ASSERT_TRUE(WaitFor([&] { return WorkerState(c.address(), victim) == "DEAD"; },
+                      milliseconds(lease_ms + 2000)))
+      << WorkerState(c.address(), victim);
+  const double took_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - killed_at)
+          .count();
+  std::cout << "worker " << victim << " marked DEAD " << took_ms << " ms after SIGKILL (lease "
+            << lease_ms << " ms)" << std::endl;
+  EXPECT_LE(took_ms, lease_ms + 2000);
+  // Its job leaves RUNNING, with the reason.
+  ASSERT_TRUE(WaitFor([&] { return JobState(c.address(), job) == "FAILED"; }, seconds(3)));
+  CommandResult st = Cli({"status", job}, c.address());
+  EXPECT_NE(st.out.find(victim), std::string::npos) << st.out;
+  EXPECT_NE(st.out.find("missed its lease"), std::string::npos) << st.out;
+}
+
+TEST(ControlPlaneTest, InvalidSpecsAreRefusedNamingTheFieldAndNothingIsStored) {
+  TempDir dir;
+  Coordinator c = StartCoordinator(dir.path(), 10'000);
+  ASSERT_GT(c.port, 0) << c.process.Log();
+  int checked = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(SourceDir() + "/tests/data/specs/bad")) {
+    std::ifstream in(entry.path());
+    std::string first;
+    std::getline(in, first);
+    ASSERT_EQ(first.rfind("# expect: ", 0), 0u) << entry.path();
+    const std::string expect = first.substr(10);
+    CommandResult r = Cli({"submit", entry.path().string()}, c.address());
+    EXPECT_EQ(r.exit_code, 2) << entry.path() << ": " << r.err;
+    EXPECT_NE(r.err.find(expect), std::string::npos)
+        << entry.path() << "\n  expected: " << expect << "\n  got: " << r.err;
+    ++checked;
+  }
+  // Overrides are validated like the file; unreadable files name the path.
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  const std::vector<Case> more = {
+      {{"submit", kTinySpec, "--set", "parallel.tp=3"}, "parallel.tp"},
+      {{"submit", kTinySpec, "--set", "optimizer.lr=-1"}, "optimizer.lr"},
+      {{"submit", kTinySpec, "--set", "nonsense"}, "override \"nonsense\""},
+      {{"submit", "/nonexistent/job.yaml"}, "/nonexistent/job.yaml"},
+      {{"submit", dir.path()}, dir.path()},
+  };
+  for (const Case& k : more) {
+    CommandResult r = Cli(k.args, c.address());
+    EXPECT_NE(r.exit_code, 0) << k.args.back();
+    EXPECT_NE(r.err.find(k.expect), std::string::npos) << k.expect << " in: " << r.err;
+    ++checked;
+  }
+  std::cout << checked << " invalid specs refused" << std::endl;
+  EXPECT_GE(checked, 15);
+  EXPECT_EQ(CountJobs(c.address()), 0);
+  EXPECT_EQ(Cli({"list"}, c.address()).out.find("j-"), std::string::npos);
+}
+
+TEST(ControlPlaneTest, UnreachableCoordinatorSaysWhereAndWhatToDo) {
+  CommandResult r = Cli({"list", "--timeout-ms", "2000"}, "127.0.0.1:1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("127.0.0.1:1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("shardtrain-coordinator"), std::string::npos) << r.err;
+}
+
+TEST(ControlPlaneTest, MetricsPassPromtool) {
+  if (!std::filesystem::exists("/usr/bin/promtool")) GTEST_SKIP() << "promtool not installed";
+  TempDir dir;
+  Coordinator c = StartCoordinator(dir.path(), 10'000);
+  ASSERT_GT(c.metrics_port, 0) << c.process.Log();
+  Process w = StartWorker(dir.path(), c.address(), 0, {"--metrics-listen", "127.0.0.1:0"});
+  ASSERT_EQ(Cli({"submit", kTinySpec}, c.address()).exit_code, 0);
+  Cli({"submit", SourceDir() + "/tests/data/specs/bad/" +
+                     std::filesystem::directory_iterator(SourceDir() + "/tests/data/specs/bad")
+                         ->path()
+                         .filename()
+                         .string()},
+      c.address());
+  ASSERT_TRUE(WaitFor([&] { return Cli({"workers"}, c.address()).out.find("ALIVE") !=
+                                   std::string::npos; },
+                      seconds(10)));
+  const std::string file = dir.path() + "/metrics.txt";
+  CommandResult curl = RunCommand({"/usr/bin/curl", "-sf", "-o", file,
+                                   "http://127.0.0.1:" + std::to_string(c.metrics_port) +
+                                       "/metrics"});
+  ASSERT_EQ(curl.exit_code, 0) << curl.err;
+  std::ifstream in(file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* want :
+       {"shardtrain_coordinator_workers{state=\"ALIVE\"} 1",
+        "shardtrain_coordinator_jobs{state=\"PENDING\"} 1",
+        "shardtrain_coordinator_rpc_total{method=\"SubmitJob\",code=\"INVALID_ARGUMENT\"} 1",
+        "shardtrain_coordinator_rpc_latency_seconds_bucket{method=\"Heartbeat\",le=\"+Inf\"}"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+  CommandResult check = RunCommand({"/bin/sh", "-c", "promtool check metrics < " + file});
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+  std::cout << "promtool check metrics: exit " << check.exit_code << " " << check.out << check.err
+            << std::endl;
+}
+
+}  // namespace
+}  // namespace shardtrain::testing

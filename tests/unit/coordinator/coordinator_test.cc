@@ -1,0 +1,271 @@
+// The coordinator core against a fake clock: membership, gang scheduling,
+// heartbeat reconciliation, reports, restarts from the stored state.
+#include "coordinator/coordinator.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "coordinator/spec_summary.h"
+
+namespace shardtrain::coordinator {
+namespace {
+
+std::string Spec(int dp, int steps = 3) {
+  return "name: t\nmodel: {layers: 2, heads: 2, dim: 16, context: 16, vocab: 256}\n"
+         "data: {train: data/x.txt}\nbatch: {global: " +
+         std::to_string(2 * dp) + ", micro: 2, seq_len: 8}\nparallel: {dp: " +
+         std::to_string(dp) + "}\nsteps: " + std::to_string(steps) + "\n";
+}
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Open(NewMemoryStateStore()); }
+
+  void Open(std::unique_ptr<StateStore> store) {
+    CoordinatorOptions o;
+    o.lease_ms = 1000;
+    auto c = Coordinator::Create(o, std::move(store), ValidateSpec, &clock_);
+    ASSERT_TRUE(c.ok()) << c.status();
+    core_ = *std::move(c);
+  }
+
+  std::string Register(const std::string& previous = "") {
+    v1::RegisterWorkerRequest r;
+    r.set_host("h");
+    r.set_collective_address("127.0.0.1");
+    r.add_devices()->set_kind("cpu");
+    r.set_previous_worker_id(previous);
+    auto resp = core_->RegisterWorker(r);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp.ok() ? resp->worker_id() : "";
+  }
+
+  v1::Job Submit(int dp, int steps = 3) {
+    v1::SubmitJobRequest r;
+    r.set_spec_yaml(Spec(dp, steps));
+    auto job = core_->SubmitJob(r);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : v1::Job();
+  }
+
+  v1::HeartbeatResponse Beat(const std::string& w, const std::string& job = "", int64_t gen = 0) {
+    v1::HeartbeatRequest r;
+    r.set_worker_id(w);
+    r.set_job_id(job);
+    r.set_generation(gen);
+    auto resp = core_->Heartbeat(r);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp.ok() ? *resp : v1::HeartbeatResponse();
+  }
+
+  v1::JobState State(const std::string& job) { return core_->GetJob(job)->state(); }
+
+  // Each worker acknowledges its assignment, as the daemon does.
+  void StartAll(const v1::Job& job) {
+    const v1::Job current = *core_->GetJob(job.job_id());
+    for (const auto& r : current.ranks()) {
+      auto resp = Beat(r.worker_id());
+      ASSERT_EQ(resp.commands_size(), 1);
+      ASSERT_TRUE(resp.commands(0).has_run());
+      Beat(r.worker_id(), job.job_id(), resp.commands(0).run().generation());
+    }
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<Coordinator> core_;
+};
+
+TEST_F(CoordinatorTest, BadSpecIsRefusedAndNothingStored) {
+  v1::SubmitJobRequest r;
+  r.set_spec_yaml(Spec(2));
+  r.add_overrides("parallel.tp=3");
+  auto job = core_->SubmitJob(r);
+  ASSERT_TRUE(absl::IsInvalidArgument(job.status()));
+  EXPECT_NE(job.status().message().find("parallel.tp"), absl::string_view::npos);
+  EXPECT_EQ(core_->ListJobs({}).jobs_size(), 0);
+}
+
+TEST_F(CoordinatorTest, GangWaitsForEnoughWorkersThenAssignsDistinctRanks) {
+  std::vector<std::string> w;
+  for (int i = 0; i < 4; ++i) w.push_back(Register());
+  v1::Job job = Submit(5);
+  EXPECT_EQ(State(job.job_id()), v1::JOB_STATE_PENDING);
+  EXPECT_TRUE(absl::IsFailedPrecondition(core_->GetPlan(job.job_id()).status()));
+  w.push_back(Register());
+  v1::Job scheduled = *core_->GetJob(job.job_id());
+  EXPECT_EQ(scheduled.state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(scheduled.generation(), 1);
+  ASSERT_EQ(scheduled.ranks_size(), 5);
+  for (int r = 0; r < 5; ++r) EXPECT_EQ(scheduled.ranks(r).worker_id(), w[r]);
+  auto plan = core_->GetPlan(job.job_id());
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->world(), 5);
+  EXPECT_EQ(plan->ranks(4).worker_id(), w[4]);
+}
+
+TEST_F(CoordinatorTest, HeartbeatReconcilesRunThenRunningThenAbortOnCancel) {
+  std::string a = Register(), b = Register();
+  v1::Job job = Submit(2);
+  auto resp = Beat(a);
+  ASSERT_EQ(resp.commands_size(), 1);
+  const v1::RunAssignment& run = resp.commands(0).run();
+  EXPECT_EQ(run.job_id(), job.job_id());
+  EXPECT_EQ(run.rank(), 0);
+  EXPECT_EQ(run.world(), 2);
+  EXPECT_FALSE(run.spec_yaml().empty());
+  // Acknowledging is idempotent and sends nothing more.
+  EXPECT_EQ(Beat(a, job.job_id(), 1).commands_size(), 0);
+  EXPECT_EQ(State(job.job_id()), v1::JOB_STATE_SCHEDULED);
+  Beat(b, job.job_id(), 1);
+  EXPECT_EQ(State(job.job_id()), v1::JOB_STATE_RUNNING);
+
+  ASSERT_TRUE(core_->CancelJob(job.job_id(), "test").ok());
+  resp = Beat(a, job.job_id(), 1);
+  ASSERT_EQ(resp.commands_size(), 1);
+  EXPECT_EQ(resp.commands(0).abort().job_id(), job.job_id());
+  EXPECT_TRUE(absl::IsFailedPrecondition(core_->CancelJob(job.job_id(), "").status()));
+  // The workers are free again: a new job is scheduled on them.
+  v1::Job next = Submit(2);
+  EXPECT_EQ(State(next.job_id()), v1::JOB_STATE_SCHEDULED);
+}
+
+TEST_F(CoordinatorTest, MissedLeaseMarksDeadAndFailsItsJob) {
+  std::string a = Register(), b = Register();
+  v1::Job job = Submit(2);
+  StartAll(job);
+  clock_.AdvanceMs(600);
+  Beat(a, job.job_id(), 1);  // a renews, b stays silent
+  clock_.AdvanceMs(600);
+  core_->Tick();
+  auto workers = core_->ListWorkers();
+  EXPECT_EQ(workers.workers(0).state(), v1::WORKER_STATE_ALIVE);
+  EXPECT_EQ(workers.workers(1).state(), v1::WORKER_STATE_DEAD);
+  v1::Job failed = *core_->GetJob(job.job_id());
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(failed.failure_reason().find(b), std::string::npos) << failed.failure_reason();
+  // A dead worker must register again and gets a new id.
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(b);
+  EXPECT_TRUE(absl::IsNotFound(core_->Heartbeat(hb).status()));
+  EXPECT_NE(Register(b), b);
+  // The survivor is told to abort the failed job.
+  auto resp = Beat(a, job.job_id(), 1);
+  ASSERT_EQ(resp.commands_size(), 1);
+  EXPECT_TRUE(resp.commands(0).has_abort());
+}
+
+TEST_F(CoordinatorTest, StepsAggregateOverRanksAndDoneSucceeds) {
+  std::string a = Register(), b = Register();
+  v1::Job job = Submit(2, /*steps=*/2);
+  StartAll(job);
+  for (int step = 1; step <= 2; ++step) {
+    for (int rank = 0; rank < 2; ++rank) {
+      v1::ReportStepRequest r;
+      r.set_worker_id(rank == 0 ? a : b);
+      auto* s = r.mutable_report();
+      s->set_job_id(job.job_id());
+      s->set_generation(1);
+      s->set_rank(rank);
+      s->set_step(step);
+      s->set_loss(rank == 0 ? 4.0 : 6.0);
+      s->set_tokens_per_s(100);
+      s->set_step_ms(rank == 0 ? 10 : 20);
+      ASSERT_TRUE(core_->ReportStep(r).ok());
+    }
+  }
+  auto history = core_->GetHistory(job.job_id());
+  ASSERT_EQ(history->steps_size(), 2);
+  EXPECT_DOUBLE_EQ(history->steps(0).loss(), 5.0);
+  EXPECT_DOUBLE_EQ(history->steps(0).tokens_per_s(), 200);
+  EXPECT_DOUBLE_EQ(history->steps(0).step_ms(), 20);
+
+  v1::ReportStepRequest stale;
+  stale.set_worker_id(a);
+  stale.mutable_report()->set_job_id(job.job_id());
+  stale.mutable_report()->set_generation(7);
+  stale.mutable_report()->set_step(1);
+  EXPECT_TRUE(absl::IsAborted(core_->ReportStep(stale).status()));
+
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::ReportDoneRequest d;
+    d.set_job_id(job.job_id());
+    d.set_generation(1);
+    d.set_rank(rank);
+    d.set_worker_id(rank == 0 ? a : b);
+    d.set_steps(2);
+    ASSERT_TRUE(core_->ReportDone(d).ok());
+    EXPECT_EQ(State(job.job_id()), rank == 0 ? v1::JOB_STATE_RUNNING : v1::JOB_STATE_SUCCEEDED);
+  }
+  bool ended = false;
+  auto events = core_->WaitEvents(job.job_id(), 0, 0, &ended);
+  ASSERT_TRUE(events.ok());
+  EXPECT_TRUE(ended);
+  EXPECT_EQ(events->back().state(), v1::JOB_STATE_SUCCEEDED);
+  for (size_t i = 0; i < events->size(); ++i) EXPECT_EQ((*events)[i].seq(), int64_t(i + 1));
+}
+
+TEST_F(CoordinatorTest, FailureReportFailsTheJobWithRankAndReason) {
+  std::string a = Register();
+  v1::Job job = Submit(1);
+  StartAll(job);
+  v1::ReportFailureRequest f;
+  f.set_job_id(job.job_id());
+  f.set_generation(1);
+  f.set_rank(0);
+  f.set_worker_id(a);
+  f.set_reason("data: file missing.txt not found");
+  f.set_step(3);
+  ASSERT_TRUE(core_->ReportFailure(f).ok());
+  v1::Job failed = *core_->GetJob(job.job_id());
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(failed.failure_reason().find("rank 0"), std::string::npos);
+  EXPECT_NE(failed.failure_reason().find("missing.txt"), std::string::npos);
+}
+
+TEST(CoordinatorRestartTest, SqliteStateSurvivesAndWorkersRejoinWithTheirIds) {
+  char tmpl[] = "/tmp/st-coord-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  FakeClock clock;
+  CoordinatorOptions o;
+  o.lease_ms = 1000;
+  std::string w0, job_id;
+  {
+    auto core = *Coordinator::Create(o, *OpenSqliteStateStore(dir), ValidateSpec, &clock);
+    v1::RegisterWorkerRequest r;
+    r.set_collective_address("127.0.0.1");
+    r.add_devices()->set_kind("cpu");
+    w0 = core->RegisterWorker(r)->worker_id();
+    v1::SubmitJobRequest s;
+    s.set_spec_yaml(Spec(1));
+    job_id = core->SubmitJob(s)->job_id();
+    s.set_spec_yaml(Spec(2));
+    core->SubmitJob(s).IgnoreError();  // stays PENDING: one worker only
+  }  // "crash": nothing else is flushed
+  auto core = *Coordinator::Create(o, *OpenSqliteStateStore(dir), ValidateSpec, &clock);
+  auto jobs = core->ListJobs({});
+  ASSERT_EQ(jobs.jobs_size(), 2);
+  EXPECT_EQ(jobs.jobs(0).job_id(), job_id);
+  EXPECT_EQ(jobs.jobs(0).state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(jobs.jobs(1).state(), v1::JOB_STATE_PENDING);
+  // The known worker heartbeats straight away and gets its assignment back.
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(w0);
+  auto resp = core->Heartbeat(hb);
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  ASSERT_EQ(resp->commands_size(), 1);
+  EXPECT_EQ(resp->commands(0).run().job_id(), job_id);
+  // New ids continue after the stored ones.
+  v1::RegisterWorkerRequest r;
+  r.set_collective_address("127.0.0.1");
+  r.add_devices()->set_kind("cpu");
+  EXPECT_EQ(core->RegisterWorker(r)->worker_id(), "w-0002");
+  v1::SubmitJobRequest s;
+  s.set_spec_yaml(Spec(1));
+  EXPECT_EQ(core->SubmitJob(s)->job_id(), "j-000003");
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shardtrain::coordinator

@@ -1,0 +1,81 @@
+#include "coordinator/rendezvous_kv.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+namespace shardtrain::coordinator {
+namespace {
+
+TEST(RendezvousKvTest, SetGetIsNamespacedByJobAndGeneration) {
+  RendezvousKv kv;
+  kv.Set("j1", 1, "rank_0", "addr-a");
+  EXPECT_EQ(*kv.Get("j1", 1, "rank_0", 0), "addr-a");
+  EXPECT_TRUE(absl::IsNotFound(kv.Get("j1", 2, "rank_0", 0).status()));
+  EXPECT_TRUE(absl::IsNotFound(kv.Get("j2", 1, "rank_0", 0).status()));
+}
+
+TEST(RendezvousKvTest, BlockingGetWakesWhenKeyIsSet) {
+  RendezvousKv kv;
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    kv.Set("j", 0, "k", "v");
+  });
+  auto start = std::chrono::steady_clock::now();
+  auto v = kv.Get("j", 0, "k", 5000);
+  setter.join();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, "v");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+}
+
+TEST(RendezvousKvTest, TimeoutIsDeadlineExceededNamingTheKey) {
+  RendezvousKv kv;
+  auto start = std::chrono::steady_clock::now();
+  auto v = kv.Get("j7", 3, "rank_5", 100);
+  auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(absl::IsDeadlineExceeded(v.status())) << v.status();
+  EXPECT_NE(v.status().message().find("rank_5"), absl::string_view::npos) << v.status();
+  EXPECT_NE(v.status().message().find("j7"), absl::string_view::npos) << v.status();
+  EXPECT_GE(took, std::chrono::milliseconds(95));
+}
+
+TEST(RendezvousKvTest, AddIsAtomicAcrossThreads) {
+  RendezvousKv kv;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t) {
+    ts.emplace_back([&] {
+      for (int i = 0; i < 250; ++i) ASSERT_TRUE(kv.Add("j", 0, "n", 1).ok());
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(*kv.Add("j", 0, "n", 0), 1000);
+  EXPECT_EQ(*kv.Get("j", 0, "n", 0), "1000");
+  kv.Set("j", 0, "s", "abc");
+  EXPECT_TRUE(absl::IsInvalidArgument(kv.Add("j", 0, "s", 1).status()));
+}
+
+TEST(RendezvousKvTest, DropJobForgetsEveryGeneration) {
+  RendezvousKv kv;
+  kv.Set("j1", 0, "a", "1");
+  kv.Set("j1", 1, "a", "1");
+  kv.Set("j2", 0, "a", "1");
+  kv.DropJob("j1");
+  EXPECT_EQ(kv.Size(), 1u);
+  EXPECT_TRUE(kv.Get("j2", 0, "a", 0).ok());
+}
+
+TEST(RendezvousKvTest, ShutdownWakesWaiters) {
+  RendezvousKv kv;
+  std::thread t([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    kv.Shutdown();
+  });
+  auto v = kv.Get("j", 0, "never", 60'000);
+  t.join();
+  EXPECT_TRUE(absl::IsUnavailable(v.status())) << v.status();
+}
+
+}  // namespace
+}  // namespace shardtrain::coordinator
