@@ -12,8 +12,8 @@
 #include "client/output.h"
 #include "common/grpc_status.h"
 #include "common/process.h"
-#include "coordinator/plan_builder.h"
-#include "coordinator/spec_summary.h"
+#include "common/job_spec.h"
+#include "common/planner.h"
 #include "worker/coordinator_client.h"
 
 namespace shardtrain::client {
@@ -70,8 +70,7 @@ int Submit(const GlobalFlags& g, const std::string& spec_path, const std::vector
   for (const auto& kv : sets) req.add_overrides(kv);
   req.set_resume_from(resume_from);
   v1::SubmitJobResponse resp;
-  if (auto s = Call(g, &v1::Coordinator::Stub::SubmitJob, req, &resp, spec_path.c_str());
-      !s.ok()) {
+  if (auto s = Call(g, &v1::Coordinator::Stub::SubmitJob, req, &resp, spec_path.c_str()); !s.ok()) {
     return ReportError(g, s);
   }
   if (g.output == "json") {
@@ -132,7 +131,8 @@ int Watch(const GlobalFlags& g, const std::string& job_id) {
       after = ev.seq();
       attempt = 0;
       if (g.output == "json") {
-        std::cout << "{\"seq\": " << ev.seq() << ", \"state\": " << JsonString(StateName(ev.state()))
+        std::cout << "{\"seq\": " << ev.seq()
+                  << ", \"state\": " << JsonString(StateName(ev.state()))
                   << ", \"message\": " << JsonString(ev.message())
                   << (ev.has_step() ? ", \"step\": " + StepJson(ev.step()) : "") << "}"
                   << std::endl;
@@ -188,8 +188,7 @@ int Workers(const GlobalFlags& g) {
                     w.job_id().empty() ? "-" : absl::StrCat(w.rank()),
                     absl::StrFormat("%.1fs ago", (now - w.last_heartbeat_ms()) / 1000.0)});
   }
-  std::cout << FormatTable({"WORKER", "HOST", "DEVICE", "STATE", "JOB", "RANK", "HEARTBEAT"},
-                           rows);
+  std::cout << FormatTable({"WORKER", "HOST", "DEVICE", "STATE", "JOB", "RANK", "HEARTBEAT"}, rows);
   return 0;
 }
 
@@ -205,8 +204,8 @@ int History(const GlobalFlags& g, const std::string& job_id) {
     return 0;
   }
   const bool csv = g.output == "csv";
-  std::vector<std::string> header = {"step", "loss", "grad_norm", "lr", "tokens_per_s",
-                                     "step_ms", "comm_ms"};
+  std::vector<std::string> header = {"step",         "loss",    "grad_norm", "lr",
+                                     "tokens_per_s", "step_ms", "comm_ms"};
   std::vector<std::vector<std::string>> rows;
   for (const auto& s : resp.steps()) {
     rows.push_back({absl::StrCat(s.step()), absl::StrFormat("%.6g", s.loss()),
@@ -227,38 +226,11 @@ int Plan(const GlobalFlags& g, const std::string& spec_path, const std::vector<s
          int world) {
   std::string text;
   if (auto s = ReadSpec(spec_path, &text); !s.ok()) return ReportError(g, s);
-  auto spec = coordinator::ValidateSpec(text, sets);
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(text, sets);
   if (!spec.ok()) return ReportError(g, spec.status());
-  if (world == 0) world = spec->world;
-  if (world != spec->world) {
-    return ReportError(g, absl::InvalidArgumentError(absl::StrFormat(
-                              "--world: dp·tp·pp = %d·%d·%d = %d ≠ world %d", spec->dp, spec->tp,
-                              spec->pp, spec->world, world)));
-  }
-  v1::Job job;
-  job.set_job_id("(plan)");
-  for (int r = 0; r < world; ++r) job.add_ranks()->set_rank(r);
-  auto plan = coordinator::BuildPlan(*spec, job);
+  absl::StatusOr<v1::Plan> plan = MakePlan(*spec, world > 0 ? world : spec->World());
   if (!plan.ok()) return ReportError(g, plan.status());
-  if (g.output == "json") {
-    std::cout << PlanJson(*plan) << std::endl;
-    return 0;
-  }
-  std::cout << absl::StrFormat(
-      "job %s: world %d = dp %d · tp %d · pp %d, ZeRO stage %d\n"
-      "batch: global %d = micro %d · dp %d · accumulation %d, seq_len %d\n"
-      "pipeline: schedule %s, bubble %.3f\n",
-      spec->name, plan->world(), plan->dp(), plan->tp(), plan->pp(), plan->zero_stage(),
-      plan->global_batch(), plan->micro_batch(), plan->dp(), plan->grad_accum_steps(),
-      plan->seq_len(), plan->schedule(), plan->bubble_fraction());
-  std::vector<std::vector<std::string>> rows;
-  for (const auto& r : plan->ranks()) {
-    rows.push_back({absl::StrCat(r.rank()), absl::StrCat(r.dp()), absl::StrCat(r.tp()),
-                    absl::StrCat(r.pp()),
-                    absl::StrCat("[", r.first_sample(), ", ", r.first_sample() + r.num_samples(),
-                                 ")")});
-  }
-  std::cout << FormatTable({"RANK", "DP", "TP", "PP", "SAMPLES/STEP"}, rows);
+  std::cout << (g.output == "json" ? PlanJson(*plan) + "\n" : PlanText(*spec, *plan)) << std::flush;
   return 0;
 }
 

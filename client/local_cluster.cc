@@ -21,7 +21,7 @@
 #include "client/output.h"
 #include "common/grpc_status.h"
 #include "common/process.h"
-#include "coordinator/spec_summary.h"
+#include "common/job_spec.h"
 #include "worker/coordinator_client.h"
 
 namespace shardtrain::client {
@@ -120,9 +120,16 @@ class LocalRun {
   int Run() {
     std::string text;
     if (auto s = ReadSpec(o_.spec_path, &text); !s.ok()) return ReportError(g_, s);
-    auto spec = coordinator::ValidateSpec(text, o_.sets);
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(text, o_.sets);
     if (!spec.ok()) return ReportError(g_, spec.status());
-    const int workers = o_.workers > 0 ? o_.workers : spec->world;
+    const int workers = o_.workers > 0 ? o_.workers : spec->World();
+    if (workers < spec->World()) {
+      return ReportError(g_, absl::InvalidArgumentError(absl::StrFormat(
+                                 "--workers: %d workers can never run a job of world %d "
+                                 "(dp·tp·pp = %d·%d·%d)",
+                                 workers, spec->World(), spec->parallel.dp, spec->parallel.tp,
+                                 spec->parallel.pp)));
+    }
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const int threads = o_.threads > 0 ? o_.threads : std::max(1, cores / workers);
 
@@ -131,11 +138,11 @@ class LocalRun {
     dir_ = tmpl;
     const std::string bin = SelfDir();
     const std::string port_file = dir_ + "/coordinator.port";
-    auto coord = Spawn("coordinator",
-                       {bin + "/shardtrain-coordinator", "--listen", "127.0.0.1:0", "--state-dir",
-                        dir_ + "/state", "--port-file", port_file, "--lease-ms",
-                        absl::StrCat(o_.lease_ms)},
-                       dir_ + "/coordinator.log");
+    auto coord =
+        Spawn("coordinator",
+              {bin + "/shardtrain-coordinator", "--listen", "127.0.0.1:0", "--state-dir",
+               dir_ + "/state", "--port-file", port_file, "--lease-ms", absl::StrCat(o_.lease_ms)},
+              dir_ + "/coordinator.log");
     if (!coord.ok()) return ReportError(g_, coord.status());
     children_.push_back(*coord);
     auto address = WaitForPort(port_file);
@@ -227,8 +234,8 @@ class LocalRun {
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
       v1::Job ignored;
       client.stub().CancelJob(&ctx, c, &ignored);
-      std::cerr << "shardtrain: interrupted; job " << job.job_id()
-                << " cancelled, cluster stopped" << std::endl;
+      std::cerr << "shardtrain: interrupted; job " << job.job_id() << " cancelled, cluster stopped"
+                << std::endl;
       return 130;
     }
     if (!ws.ok()) return Failed(FromGrpcStatus(ws, "WatchJob"));
@@ -252,8 +259,8 @@ class LocalRun {
     const bool ok = final_job.state() == v1::JOB_STATE_SUCCEEDED;
     if (g.output == "json") {
       std::string steps = StepsJson(history);  // {"steps": [...]}
-      std::cout << "{\"job\": " << JobJson(final_job) << ", "
-                << steps.substr(1, steps.size() - 2) << "}" << std::endl;
+      std::cout << "{\"job\": " << JobJson(final_job) << ", " << steps.substr(1, steps.size() - 2)
+                << "}" << std::endl;
     } else {
       std::cout << "job " << final_job.job_id() << " " << StateName(final_job.state());
       if (final_job.progress().step() > 0) {

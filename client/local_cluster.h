@@ -15,11 +15,11 @@ namespace shardtrain::client {
 
 struct LocalOptions {
   std::string spec_path;
-  std::vector<std::string> sets;    // --set overrides
-  int workers = 0;                  // 0: the spec's world
-  int threads = 0;                  // per worker; 0: cores / workers (at least 1)
+  std::vector<std::string> sets;  // --set overrides
+  int workers = 0;                // 0: the spec's world
+  int threads = 0;                // per worker; 0: cores / workers (at least 1)
   int64_t lease_ms = 10'000;
-  bool keep = false;                // keep the temp dir (state + logs)
+  bool keep = false;  // keep the temp dir (state + logs)
 };
 
 // Exit code: 0 when the job SUCCEEDED, 1 otherwise, 2 for bad input.

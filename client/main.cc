@@ -7,6 +7,7 @@
 #include "CLI/CLI.hpp"
 #include "client/commands.h"
 #include "client/local_cluster.h"
+#include "client/sample.h"
 #include "common/process.h"
 
 int main(int argc, char** argv) {
@@ -59,7 +60,8 @@ int main(int argc, char** argv) {
   watch->add_option("job", job_id, "job id")->required();
   add_common(watch, true, "table|json");
 
-  auto* cancel = app.add_subcommand("cancel", "cancel a job; its ranks stop and free their workers");
+  auto* cancel =
+      app.add_subcommand("cancel", "cancel a job; its ranks stop and free their workers");
   cancel->add_option("job", job_id, "job id")->required();
   add_common(cancel, true, "table|json");
 
@@ -70,8 +72,10 @@ int main(int argc, char** argv) {
   history->add_option("job", job_id, "job id")->required();
   add_common(history, true, "table|csv|json");
 
-  auto* plan = app.add_subcommand("plan", "validate a spec and print its plan (rank layout, batch "
-                                          "split, pipeline bubble) without a cluster");
+  auto* plan = app.add_subcommand("plan",
+                                  "validate a spec and print its plan without a cluster: "
+                                  "rank layout, shards, memory per rank, comm bytes per "
+                                  "step, pipeline bubble");
   plan->add_option("spec", spec_path, "job spec (YAML)")->required();
   plan->add_option("--set", sets, "override a spec field: key.path=value (repeatable)");
   plan->add_option("--world", world, "number of ranks (default: dp·tp·pp of the spec)");
@@ -90,6 +94,23 @@ int main(int argc, char** argv) {
   lc->add_flag("--keep", local.keep, "keep the temporary state and logs");
   add_common(lc, false, "table|json");
 
+  SampleOptions sample_opts;
+  auto* sample = app.add_subcommand("sample", "generate text from trained weights");
+  sample
+      ->add_option("checkpoint", sample_opts.checkpoint,
+                   "weights file, or a job's checkpoint.dir (reads final.weights)")
+      ->required();
+  sample->add_option("--prompt", sample_opts.prompt, "text to continue")->capture_default_str();
+  sample->add_option("--tokens", sample_opts.tokens, "tokens to generate")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  sample->add_option("--temperature", sample_opts.temperature, "0 = greedy; higher = more random")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 100.0));
+  sample->add_option("--seed", sample_opts.seed, "sampling seed")->capture_default_str();
+  sample->add_option("--threads", sample_opts.threads, "compute threads")->capture_default_str();
+  add_common(sample, false, "table|json");
+
   CLI11_PARSE(app, argc, argv);
 
   if (*submit) return Submit(g, spec_path, sets, resume_from, wait);
@@ -100,6 +121,7 @@ int main(int argc, char** argv) {
   if (*workers) return Workers(g);
   if (*history) return History(g, job_id);
   if (*plan) return Plan(g, spec_path, sets, world);
+  if (*sample) return Sample(g, sample_opts);
   if (*lc) {
     shardtrain::BlockTerminationSignals();
     return Local(g, local);

@@ -48,11 +48,21 @@ std::string JsonString(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           out += absl::StrFormat("\\u%04x", c);
@@ -72,8 +82,8 @@ std::string WorkerStateName(v1::WorkerState s) {
 std::string JobJson(const v1::Job& j) {
   std::vector<std::string> ranks;
   for (const auto& r : j.ranks()) {
-    ranks.push_back(absl::StrCat("{\"rank\": ", r.rank(), ", \"worker_id\": ",
-                                 JsonString(r.worker_id()), "}"));
+    ranks.push_back(
+        absl::StrCat("{\"rank\": ", r.rank(), ", \"worker_id\": ", JsonString(r.worker_id()), "}"));
   }
   const v1::JobProgress& p = j.progress();
   return absl::StrCat(
@@ -81,20 +91,21 @@ std::string JobJson(const v1::Job& j) {
       ", \"state\": ", JsonString(StateName(j.state())), ", \"world\": ", j.world(),
       ", \"device\": ", JsonString(j.device()), ", \"generation\": ", j.generation(),
       ", \"restarts\": ", j.restarts(), ", \"ranks\": [", absl::StrJoin(ranks, ", "),
-      "], \"step\": ", p.step(), ", \"total_steps\": ", p.total_steps(), ", \"loss\": ",
-      p.step() > 0 ? Num(p.loss()) : "null", ", \"tokens_per_s\": ", Num(p.tokens_per_s()),
-      ", \"submitted_ms\": ", j.submitted_ms(), ", \"updated_ms\": ", j.updated_ms(),
-      ", \"failure_reason\": ", JsonString(j.failure_reason()), ", \"output\": ",
-      JsonString(j.output()), "}");
+      "], \"step\": ", p.step(), ", \"total_steps\": ", p.total_steps(),
+      ", \"loss\": ", p.step() > 0 ? Num(p.loss()) : "null",
+      ", \"tokens_per_s\": ", Num(p.tokens_per_s()), ", \"submitted_ms\": ", j.submitted_ms(),
+      ", \"updated_ms\": ", j.updated_ms(),
+      ", \"failure_reason\": ", JsonString(j.failure_reason()),
+      ", \"output\": ", JsonString(j.output()), "}");
 }
 
 std::string StepJson(const v1::StepReport& s) {
   return absl::StrCat("{\"step\": ", s.step(), ", \"loss\": ", Num(s.loss()),
                       ", \"grad_norm\": ", Num(s.grad_norm()), ", \"lr\": ", Num(s.lr()),
-                      ", \"tokens_per_s\": ", Num(s.tokens_per_s()), ", \"step_ms\": ",
-                      Num(s.step_ms()), ", \"comm_ms\": ", Num(s.comm_ms()),
-                      ", \"comm_bytes\": ", s.comm_bytes(), ", \"peak_rss_bytes\": ",
-                      s.peak_rss_bytes(), "}");
+                      ", \"tokens_per_s\": ", Num(s.tokens_per_s()),
+                      ", \"step_ms\": ", Num(s.step_ms()), ", \"comm_ms\": ", Num(s.comm_ms()),
+                      ", \"comm_bytes\": ", s.comm_bytes(),
+                      ", \"peak_rss_bytes\": ", s.peak_rss_bytes(), "}");
 }
 
 std::string StepsJson(const v1::GetHistoryResponse& h) {
@@ -106,33 +117,38 @@ std::string StepsJson(const v1::GetHistoryResponse& h) {
 std::string WorkerJson(const v1::WorkerInfo& w) {
   return absl::StrCat(
       "{\"worker_id\": ", JsonString(w.worker_id()), ", \"host\": ", JsonString(w.host()),
-      ", \"device\": ", JsonString(w.device().name()), ", \"state\": ",
-      JsonString(WorkerStateName(w.state())), ", \"job_id\": ", JsonString(w.job_id()),
+      ", \"device\": ", JsonString(w.device().name()),
+      ", \"state\": ", JsonString(WorkerStateName(w.state())),
+      ", \"job_id\": ", JsonString(w.job_id()),
       ", \"rank\": ", w.job_id().empty() ? "null" : absl::StrCat(w.rank()),
       ", \"threads\": ", w.threads(), ", \"last_heartbeat_ms\": ", w.last_heartbeat_ms(), "}");
 }
 
 std::string PlanJson(const v1::Plan& p) {
+  const v1::MemoryEstimate& m = p.memory_per_rank();
   std::vector<std::string> ranks;
   for (const auto& r : p.ranks()) {
-    ranks.push_back(absl::StrCat("{\"rank\": ", r.rank(), ", \"dp\": ", r.dp(), ", \"tp\": ",
-                                 r.tp(), ", \"pp\": ", r.pp(), ", \"worker_id\": ",
-                                 JsonString(r.worker_id()), ", \"first_sample\": ",
-                                 r.first_sample(), ", \"num_samples\": ", r.num_samples(), "}"));
+    ranks.push_back(absl::StrCat(
+        "{\"rank\": ", r.rank(), ", \"dp\": ", r.dp(), ", \"tp\": ", r.tp(), ", \"pp\": ", r.pp(),
+        ", \"worker_id\": ", JsonString(r.worker_id()), ", \"first_sample\": ", r.first_sample(),
+        ", \"num_samples\": ", r.num_samples(), "}"));
   }
   std::vector<std::string> groups;
   for (const auto& g : p.groups()) {
     groups.push_back(absl::StrCat("{\"kind\": ", JsonString(g.kind()), ", \"index\": ", g.index(),
                                   ", \"ranks\": [", absl::StrJoin(g.ranks(), ", "), "]}"));
   }
-  return absl::StrCat("{\"world\": ", p.world(), ", \"dp\": ", p.dp(), ", \"tp\": ", p.tp(),
-                      ", \"pp\": ", p.pp(), ", \"zero\": ", p.zero_stage(),
-                      ", \"micro_batch\": ", p.micro_batch(), ", \"grad_accum_steps\": ",
-                      p.grad_accum_steps(), ", \"seq_len\": ", p.seq_len(),
-                      ", \"global_batch\": ", p.global_batch(), ", \"schedule\": ",
-                      JsonString(p.schedule()), ", \"bubble_fraction\": ",
-                      Num(p.bubble_fraction()), ", \"ranks\": [", absl::StrJoin(ranks, ", "),
-                      "], \"groups\": [", absl::StrJoin(groups, ", "), "]}");
+  return absl::StrCat(
+      "{\"world\": ", p.world(), ", \"dp\": ", p.dp(), ", \"tp\": ", p.tp(), ", \"pp\": ", p.pp(),
+      ", \"zero\": ", p.zero_stage(), ", \"micro_batch\": ", p.micro_batch(),
+      ", \"grad_accum_steps\": ", p.grad_accum_steps(), ", \"seq_len\": ", p.seq_len(),
+      ", \"global_batch\": ", p.global_batch(), ", \"schedule\": ", JsonString(p.schedule()),
+      ", \"bubble_fraction\": ", Num(p.bubble_fraction()), ", \"num_params\": ", p.num_params(),
+      ", \"memory_per_rank_bytes\": {\"params\": ", m.params_bytes(), ", \"grads\": ",
+      m.grads_bytes(), ", \"optimizer\": ", m.optimizer_bytes(), ", \"activations\": ",
+      m.activations_bytes(), ", \"comm_buffers\": ", m.comm_buffer_bytes(), ", \"total\": ",
+      m.total_bytes(), "}, \"comm_bytes_per_step\": ", p.comm_bytes_per_step(), ", \"ranks\": [",
+      absl::StrJoin(ranks, ", "), "], \"groups\": [", absl::StrJoin(groups, ", "), "]}");
 }
 
 std::string FormatDuration(double seconds) {
@@ -144,10 +160,10 @@ std::string FormatDuration(double seconds) {
 }
 
 std::string JobText(const v1::Job& j) {
-  std::string out = absl::StrCat("job      ", j.job_id(), " (", j.name(), ")\n",
-                                 "state    ", StateName(j.state()), "\n",
-                                 "world    ", j.world(), " ", j.device(), " workers, generation ",
-                                 j.generation(), ", restarts ", j.restarts(), "\n");
+  std::string out =
+      absl::StrCat("job      ", j.job_id(), " (", j.name(), ")\n", "state    ",
+                   StateName(j.state()), "\n", "world    ", j.world(), " ", j.device(),
+                   " workers, generation ", j.generation(), ", restarts ", j.restarts(), "\n");
   const v1::JobProgress& p = j.progress();
   absl::StrAppend(&out, "progress step ", p.step(), "/", p.total_steps());
   if (p.step() > 0) {
@@ -162,9 +178,9 @@ std::string JobText(const v1::Job& j) {
       rows.push_back({absl::StrCat(r.rank()), r.worker_id(), r.collective_address()});
     }
     absl::StrAppend(&out, "ranks\n", FormatTable({"  RANK", "WORKER", "ADDRESS"}, [&] {
-                      for (auto& row : rows) row[0] = "  " + row[0];
-                      return rows;
-                    }()));
+      for (auto& row : rows) row[0] = "  " + row[0];
+      return rows;
+    }()));
   }
   return out;
 }
@@ -172,9 +188,8 @@ std::string JobText(const v1::Job& j) {
 std::string StepLine(const v1::StepReport& s, int64_t total_steps) {
   const double eta_s = s.step_ms() * std::max<int64_t>(0, total_steps - s.step()) / 1000.0;
   return absl::StrFormat("step %*d/%d  loss %.4f  %8.0f tok/s  %7.1f ms/step  ETA %s",
-                         static_cast<int>(absl::StrCat(total_steps).size()), s.step(),
-                         total_steps, s.loss(), s.tokens_per_s(), s.step_ms(),
-                         FormatDuration(eta_s));
+                         static_cast<int>(absl::StrCat(total_steps).size()), s.step(), total_steps,
+                         s.loss(), s.tokens_per_s(), s.step_ms(), FormatDuration(eta_s));
 }
 
 std::string EventLine(const v1::JobEvent& e, int64_t total_steps) {

@@ -8,7 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/job_state.h"
-#include "coordinator/plan_builder.h"
+#include "common/job_spec.h"
+#include "common/planner.h"
 #include "coordinator/scheduler.h"
 
 namespace shardtrain::coordinator {
@@ -16,13 +17,20 @@ namespace {
 
 JobState ToDomain(v1::JobState s) {
   switch (s) {
-    case v1::JOB_STATE_SCHEDULED: return JobState::kScheduled;
-    case v1::JOB_STATE_RUNNING: return JobState::kRunning;
-    case v1::JOB_STATE_RECOVERING: return JobState::kRecovering;
-    case v1::JOB_STATE_SUCCEEDED: return JobState::kSucceeded;
-    case v1::JOB_STATE_FAILED: return JobState::kFailed;
-    case v1::JOB_STATE_CANCELLED: return JobState::kCancelled;
-    default: return JobState::kPending;
+    case v1::JOB_STATE_SCHEDULED:
+      return JobState::kScheduled;
+    case v1::JOB_STATE_RUNNING:
+      return JobState::kRunning;
+    case v1::JOB_STATE_RECOVERING:
+      return JobState::kRecovering;
+    case v1::JOB_STATE_SUCCEEDED:
+      return JobState::kSucceeded;
+    case v1::JOB_STATE_FAILED:
+      return JobState::kFailed;
+    case v1::JOB_STATE_CANCELLED:
+      return JobState::kCancelled;
+    default:
+      return JobState::kPending;
   }
 }
 
@@ -48,7 +56,9 @@ bool IsTerminal(v1::JobState s) { return shardtrain::IsTerminal(ToDomain(s)); }
 
 Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<StateStore> store,
                          SpecValidator validator, const Clock* clock)
-    : options_(options), store_(std::move(store)), validator_(std::move(validator)),
+    : options_(options),
+      store_(std::move(store)),
+      validator_(std::move(validator)),
       clock_(clock) {}
 
 Coordinator::~Coordinator() { Shutdown(); }
@@ -263,9 +273,9 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& req) 
   ev.set_time_ms(now);
   ev.set_kind(v1::EVENT_KIND_STATE);
   ev.set_state(v1::JOB_STATE_PENDING);
-  ev.set_message(absl::StrCat("submitted: ", spec->name, ", world ", spec->world, " (dp ",
-                              spec->dp, " tp ", spec->tp, " pp ", spec->pp, "), ", spec->steps,
-                              " steps on ", spec->device));
+  ev.set_message(absl::StrCat("submitted: ", spec->name, ", world ", spec->world, " (dp ", spec->dp,
+                              " tp ", spec->tp, " pp ", spec->pp, "), ", spec->steps, " steps on ",
+                              spec->device));
   if (auto s = store_->PutJobWithEvent(job, ev); !s.ok()) return s;  // durable before OK
   ++next_job_;
   JobEntry& e = jobs_[job.job_id()];
@@ -346,8 +356,8 @@ absl::StatusOr<v1::Plan> Coordinator::GetPlan(const std::string& job_id) const {
   const JobEntry* e = FindJob(job_id);
   if (!e) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
   if (!e->has_plan) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id, " has no plan yet (", JobStateLabel(e->job.state()), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " has no plan yet (", JobStateLabel(e->job.state()), ")"));
   }
   return e->plan;
 }
@@ -383,8 +393,8 @@ absl::StatusOr<v1::ReportStepResponse> Coordinator::ReportStep(const v1::ReportS
   }
   if (auto s = CheckRank(*e, r.generation(), r.rank(), req.worker_id()); !s.ok()) return s;
   if (r.step() < 1 || r.step() > e->job.progress().total_steps()) {
-    return absl::InvalidArgumentError(absl::StrCat("step: ", r.step(), " is outside 1..",
-                                                   e->job.progress().total_steps()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: ", r.step(), " is outside 1..", e->job.progress().total_steps()));
   }
   if (e->job.state() == v1::JOB_STATE_SCHEDULED) {
     if (auto s = Transition(*e, v1::JOB_STATE_RUNNING, "first step reported"); !s.ok()) return s;
@@ -458,9 +468,9 @@ absl::Status Coordinator::ReportFailure(const v1::ReportFailureRequest& req) {
   if (!e) return absl::NotFoundError(absl::StrCat("job ", req.job_id(), " not found"));
   if (IsTerminal(e->job.state())) return absl::OkStatus();  // already over: nothing to do
   if (auto s = CheckRank(*e, req.generation(), req.rank(), req.worker_id()); !s.ok()) return s;
-  std::string reason = absl::StrCat("rank ", req.rank(), " (worker ", req.worker_id(), ")",
-                                    req.step() > 0 ? absl::StrCat(" at step ", req.step()) : "",
-                                    ": ", req.reason());
+  std::string reason =
+      absl::StrCat("rank ", req.rank(), " (worker ", req.worker_id(), ")",
+                   req.step() > 0 ? absl::StrCat(" at step ", req.step()) : "", ": ", req.reason());
   for (const v1::CollectiveRecord& c : req.recent_collectives()) {
     if (c.state() != "done") {
       absl::StrAppend(&reason, "; collective #", c.seq(), " ", c.op(), " on ", c.group(), " ",
@@ -505,9 +515,7 @@ absl::Status Coordinator::Transition(JobEntry& e, v1::JobState to, const std::st
   const v1::Job before = e.job;
   e.job.set_state(to);
   e.job.set_updated_ms(clock_->NowMs());
-  if (auto s = AppendEvent(e, v1::EVENT_KIND_STATE,
-                           message, nullptr);
-      !s.ok()) {
+  if (auto s = AppendEvent(e, v1::EVENT_KIND_STATE, message, nullptr); !s.ok()) {
     e.job = before;  // not durable: not changed
     return s;
   }
@@ -557,13 +565,18 @@ void Coordinator::ScheduleLocked() {
       a->set_worker_id(p.workers[r]);
       a->set_collective_address(workers_.at(p.workers[r]).info.collective_address());
     }
-    absl::StatusOr<SpecSummary> spec = validator_(e.job.spec_yaml(), {});
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(e.job.spec_yaml());
     absl::StatusOr<v1::Plan> plan =
-        spec.ok() ? BuildPlan(*spec, e.job) : absl::StatusOr<v1::Plan>(spec.status());
+        spec.ok() ? MakePlan(*spec, e.job.world()) : absl::StatusOr<v1::Plan>(spec.status());
+    if (plan.ok()) {
+      plan->set_job_id(e.job.job_id());
+      plan->set_generation(e.job.generation());
+      for (v1::RankPlan& r : *plan->mutable_ranks()) r.set_worker_id(p.workers[r.rank()]);
+    }
     if (!plan.ok() || !store_->PutPlan(*plan).ok() ||
-        !Transition(e, v1::JOB_STATE_SCHEDULED,
-                    absl::StrCat("generation ", e.job.generation(), " on ", p.workers.size(),
-                                 " workers"))
+        !Transition(
+             e, v1::JOB_STATE_SCHEDULED,
+             absl::StrCat("generation ", e.job.generation(), " on ", p.workers.size(), " workers"))
              .ok()) {
       e.job = before;  // try again at the next scheduling pass
       continue;

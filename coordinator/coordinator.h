@@ -42,9 +42,6 @@ struct SpecSummary {
   int dp = 1, tp = 1, pp = 1;
   std::string device;  // "cpu" or "cuda"
   int64_t steps = 0;
-  int zero = 0;
-  int64_t global_batch = 0, micro_batch = 0, seq_len = 0;
-  std::string schedule;  // "gpipe" or "1f1b"
 };
 
 // Validates a spec (YAML text + "key=value" overrides). INVALID_ARGUMENT
@@ -108,18 +105,18 @@ class Coordinator {
 
  private:
   struct WorkerEntry {
-    v1::WorkerInfo info;     // job_id/rank derived from jobs
-    int64_t lease_until = 0; // ms
+    v1::WorkerInfo info;      // job_id/rank derived from jobs
+    int64_t lease_until = 0;  // ms
   };
-  struct StepAgg {           // reports of one step from the ranks so far
+  struct StepAgg {  // reports of one step from the ranks so far
     std::map<int, v1::StepReport> by_rank;
   };
   struct JobEntry {
     v1::Job job;
     std::vector<v1::JobEvent> events;
     std::map<int64_t, v1::StepReport> history;  // step -> aggregated report
-    std::map<int64_t, StepAgg> partial;          // steps not yet reported by every rank
-    std::set<int> started;                       // ranks that acknowledged the generation
+    std::map<int64_t, StepAgg> partial;         // steps not yet reported by every rank
+    std::set<int> started;                      // ranks that acknowledged the generation
     bool has_plan = false;
     v1::Plan plan;
   };

@@ -60,8 +60,7 @@ int main(int argc, char** argv) {
                  "off when empty");
   app.add_option("--port-file", flags.port_file,
                  "write the chosen gRPC port (line 1) and metrics port (line 2, if any) here");
-  app.add_option("--lease-ms", flags.lease_ms,
-                 "a worker silent for this long is declared DEAD")
+  app.add_option("--lease-ms", flags.lease_ms, "a worker silent for this long is declared DEAD")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}));
   CLI11_PARSE(app, argc, argv);
@@ -111,7 +110,8 @@ int main(int argc, char** argv) {
   std::condition_variable tick_cv;
   bool stopping = false;
   std::thread ticker([&] {
-    const auto period = std::chrono::milliseconds(std::clamp<int64_t>(flags.lease_ms / 10, 20, 500));
+    const auto period =
+        std::chrono::milliseconds(std::clamp<int64_t>(flags.lease_ms / 10, 20, 500));
     std::unique_lock<std::mutex> lock(tick_mu);
     while (!tick_cv.wait_for(lock, period, [&] { return stopping; })) {
       lock.unlock();

@@ -35,8 +35,8 @@ CoordinatorService::CoordinatorService(Coordinator* core, MetricsRegistry* regis
       rpcs_(registry->AddCounter("shardtrain_coordinator_rpc_total",
                                  "RPCs handled, by method and status code.", {"method", "code"})),
       latency_(registry->AddHistogram("shardtrain_coordinator_rpc_latency_seconds",
-                                      "Time to handle an RPC (server side), by method.",
-                                      {"method"}, ExponentialBuckets(0.00005, 2, 18))) {}
+                                      "Time to handle an RPC (server side), by method.", {"method"},
+                                      ExponentialBuckets(0.00005, 2, 18))) {}
 
 template <typename Fn>
 grpc::Status CoordinatorService::Handle(const char* method, Fn&& fn) {
@@ -106,8 +106,7 @@ grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*, const v1::Cance
   });
 }
 
-grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx,
-                                          const v1::WatchJobRequest* req,
+grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                                           grpc::ServerWriter<v1::JobEvent>* writer) {
   return Handle("WatchJob", [&]() -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
@@ -126,8 +125,7 @@ grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx,
   });
 }
 
-grpc::Status CoordinatorService::GetHistory(grpc::ServerContext*,
-                                            const v1::GetHistoryRequest* req,
+grpc::Status CoordinatorService::GetHistory(grpc::ServerContext*, const v1::GetHistoryRequest* req,
                                             v1::GetHistoryResponse* resp) {
   return Handle("GetHistory", [&]() -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
@@ -153,8 +151,7 @@ grpc::Status CoordinatorService::ListCheckpoints(grpc::ServerContext*,
   });
 }
 
-grpc::Status CoordinatorService::ReportStep(grpc::ServerContext*,
-                                            const v1::ReportStepRequest* req,
+grpc::Status CoordinatorService::ReportStep(grpc::ServerContext*, const v1::ReportStepRequest* req,
                                             v1::ReportStepResponse* resp) {
   return Handle("ReportStep", [&]() -> absl::Status {
     if (auto s = RequireId(req->report().job_id(), "report.job_id"); !s.ok()) return s;
@@ -221,10 +218,11 @@ grpc::Status CoordinatorService::KvAdd(grpc::ServerContext*, const v1::KvAddRequ
 void RegisterCoordinatorMetrics(Coordinator* core, MetricsRegistry* registry) {
   Family<Gauge>* workers = &registry->AddGauge("shardtrain_coordinator_workers",
                                                "Attached workers, by liveness state.", {"state"});
-  Family<Gauge>* jobs = &registry->AddGauge("shardtrain_coordinator_jobs", "Jobs, by state.",
-                                            {"state"});
-  Family<Gauge>* step = &registry->AddGauge(
-      "shardtrain_coordinator_job_step", "Last step every rank of an active job reported.", {"job"});
+  Family<Gauge>* jobs =
+      &registry->AddGauge("shardtrain_coordinator_jobs", "Jobs, by state.", {"state"});
+  Family<Gauge>* step =
+      &registry->AddGauge("shardtrain_coordinator_job_step",
+                          "Last step every rank of an active job reported.", {"job"});
   Family<Gauge>* total = &registry->AddGauge("shardtrain_coordinator_job_total_steps",
                                              "Steps an active job trains for.", {"job"});
   Family<Gauge>* loss = &registry->AddGauge("shardtrain_coordinator_job_loss",

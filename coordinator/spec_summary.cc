@@ -17,11 +17,6 @@ absl::StatusOr<SpecSummary> ValidateSpec(const std::string& yaml,
   s.pp = spec->parallel.pp;
   s.device = std::string(EnumName(spec->resources.device));
   s.steps = spec->steps;
-  s.zero = spec->parallel.zero;
-  s.global_batch = spec->batch.global;
-  s.micro_batch = spec->batch.micro;
-  s.seq_len = spec->batch.seq_len;
-  s.schedule = std::string(EnumName(spec->parallel.schedule));
   return s;
 }
 

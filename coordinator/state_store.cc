@@ -41,15 +41,18 @@ class SqliteStateStore final : public StateStore {
   }
 
   absl::Status PutWorker(const v1::WorkerInfo& w) override {
-    return InTransaction([&] { return Upsert("INSERT OR REPLACE INTO workers VALUES (?1, ?2)",
-                                             w.worker_id(), 0, w, /*has_int=*/false); });
+    return InTransaction([&] {
+      return Upsert("INSERT OR REPLACE INTO workers VALUES (?1, ?2)", w.worker_id(), 0, w,
+                    /*has_int=*/false);
+    });
   }
   absl::Status PutJob(const v1::Job& job) override {
     return InTransaction([&] { return PutJobRow(job); });
   }
   absl::Status PutPlan(const v1::Plan& plan) override {
-    return InTransaction([&] { return Upsert("INSERT OR REPLACE INTO plans VALUES (?1, ?2)",
-                                             plan.job_id(), 0, plan, false); });
+    return InTransaction([&] {
+      return Upsert("INSERT OR REPLACE INTO plans VALUES (?1, ?2)", plan.job_id(), 0, plan, false);
+    });
   }
   absl::Status PutJobWithEvent(const v1::Job& job, const v1::JobEvent& event) override {
     return InTransaction([&]() -> absl::Status {

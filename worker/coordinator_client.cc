@@ -22,11 +22,11 @@ std::unique_ptr<grpc::ClientContext> CoordinatorClient::Context(int64_t extra_ms
 }
 
 // Calls stub_->Method with a fresh deadline and converts the status.
-#define SHARDTRAIN_UNARY(Method, req, resp)                               \
-  do {                                                                    \
-    auto ctx = Context();                                                 \
-    grpc::Status s = stub_->Method(ctx.get(), req, resp);                 \
-    if (!s.ok()) return FromGrpcStatus(s, #Method " to " + address_);     \
+#define SHARDTRAIN_UNARY(Method, req, resp)                           \
+  do {                                                                \
+    auto ctx = Context();                                             \
+    grpc::Status s = stub_->Method(ctx.get(), req, resp);             \
+    if (!s.ok()) return FromGrpcStatus(s, #Method " to " + address_); \
   } while (0)
 
 absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorClient::RegisterWorker(

@@ -27,12 +27,13 @@ WorkerDaemon::WorkerDaemon(WorkerOptions options, JobRunner runner, MetricsRegis
     : options_(std::move(options)),
       runner_(std::move(runner)),
       client_(options_.coordinator),
-      heartbeats_(registry->AddCounter("shardtrain_worker_heartbeats_total",
-                                       "Heartbeats the coordinator answered.")
+      heartbeats_(registry
+                      ->AddCounter("shardtrain_worker_heartbeats_total",
+                                   "Heartbeats the coordinator answered.")
                       .WithLabels({})),
-      assignments_(registry->AddCounter("shardtrain_worker_assignments_total",
-                                        "Job assignments received.")
-                       .WithLabels({})) {}
+      assignments_(
+          registry->AddCounter("shardtrain_worker_assignments_total", "Job assignments received.")
+              .WithLabels({})) {}
 
 WorkerDaemon::~WorkerDaemon() { StopJob("worker shutting down"); }
 

@@ -4,9 +4,11 @@ add_library(shardtrain_worker_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/daemon.cc
   ${CMAKE_CURRENT_LIST_DIR}/job_runner.cc
   ${CMAKE_CURRENT_LIST_DIR}/kv_rendezvous_store.cc
+  ${CMAKE_CURRENT_LIST_DIR}/trainer.cc
 )
 target_link_libraries(shardtrain_worker_core PUBLIC
   shardtrain_proto shardtrain_common shardtrain_metrics shardtrain_process
+  shardtrain_engine shardtrain_comm
   absl::status absl::statusor absl::strings Threads::Threads)
 
 add_executable(shardtrain-worker ${CMAKE_CURRENT_LIST_DIR}/main.cc)

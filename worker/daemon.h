@@ -70,9 +70,9 @@ class WorkerDaemon {
   Counter& assignments_;
 
   mutable std::mutex mu_;
-  std::string worker_id_;                  // GUARDED_BY(mu_)
-  int64_t lease_ms_ = 10'000;              // GUARDED_BY(mu_)
-  v1::RunAssignment current_;              // GUARDED_BY(mu_); job_id empty when idle
+  std::string worker_id_;      // GUARDED_BY(mu_)
+  int64_t lease_ms_ = 10'000;  // GUARDED_BY(mu_)
+  v1::RunAssignment current_;  // GUARDED_BY(mu_); job_id empty when idle
   std::unique_ptr<std::atomic<bool>> job_stop_;
   std::unique_ptr<std::atomic<bool>> job_finished_;
   std::thread job_thread_;

@@ -1,6 +1,7 @@
 #include "worker/job_runner.h"
 
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -8,8 +9,229 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/process.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/kv_rendezvous_store.h"
+#include "worker/model/weights_file.h"
+#include "worker/trainer.h"
 
 namespace shardtrain::worker {
+namespace {
+
+// The worker's training metrics, labelled by job and rank (never by step).
+struct TrainingMetrics {
+  explicit TrainingMetrics(MetricsRegistry* r)
+      : steps(r->AddCounter("shardtrain_worker_steps_total", "Optimizer steps completed.",
+                            {"job", "rank"})),
+        tokens(
+            r->AddCounter("shardtrain_worker_tokens_total", "Tokens trained on.", {"job", "rank"})),
+        step_seconds(r->AddHistogram("shardtrain_worker_step_seconds",
+                                     "Wall time of one optimizer step.", {"job", "rank"},
+                                     ExponentialBuckets(0.001, 2, 20))),
+        collective_seconds(r->AddCounter("shardtrain_worker_collective_seconds_total",
+                                         "Time blocked waiting for collectives, by op.",
+                                         {"job", "rank", "op"})),
+        sent_bytes(r->AddCounter("shardtrain_worker_sent_bytes_total",
+                                 "Bytes this rank sent in collectives.", {"job", "rank"})),
+        loss(r->AddGauge("shardtrain_worker_loss", "Loss of the last step on this rank.",
+                         {"job", "rank"})),
+        peak_rss(r->AddGauge("shardtrain_worker_peak_rss_bytes",
+                             "Peak resident memory of the worker process.")
+                     .WithLabels({})) {}
+
+  Family<Counter>& steps;
+  Family<Counter>& tokens;
+  Family<Histogram>& step_seconds;
+  Family<Counter>& collective_seconds;
+  Family<Counter>& sent_bytes;
+  Family<Gauge>& loss;
+  Gauge& peak_rss;
+};
+
+// Reports to the coordinator and tells the runner when to stop.
+class Reporter {
+ public:
+  explicit Reporter(const RunContext& ctx) : ctx_(ctx), a_(*ctx.assignment) {}
+
+  // False when the coordinator says the job is over (cancelled, failed).
+  bool Step(const StepResult& r) {
+    v1::ReportStepRequest req;
+    req.set_worker_id(ctx_.worker_id);
+    v1::StepReport* s = req.mutable_report();
+    s->set_job_id(a_.job_id());
+    s->set_generation(a_.generation());
+    s->set_rank(a_.rank());
+    s->set_step(r.step);
+    s->set_loss(r.loss);
+    s->set_grad_norm(r.grad_norm);
+    s->set_lr(r.lr);
+    s->set_tokens_per_s(r.step_ms > 0 ? r.tokens * 1000.0 / r.step_ms : 0);
+    s->set_step_ms(r.step_ms);
+    s->set_comm_ms(r.comm_ms);
+    s->set_comm_bytes(r.comm_bytes);
+    s->set_peak_rss_bytes(PeakRssBytes());
+    s->set_time_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count());
+    auto resp = ctx_.client->ReportStep(req);
+    if (!resp.ok()) {
+      Log("step report failed: " + std::string(resp.status().message()));
+      // A stale generation or a job that ended: stop. Transient errors: go on.
+      return !(absl::IsAborted(resp.status()) || absl::IsFailedPrecondition(resp.status()) ||
+               absl::IsNotFound(resp.status()));
+    }
+    return !resp->abort();
+  }
+
+  void Done(int64_t steps, const std::string& output) {
+    v1::ReportDoneRequest req;
+    req.set_job_id(a_.job_id());
+    req.set_generation(a_.generation());
+    req.set_rank(a_.rank());
+    req.set_worker_id(ctx_.worker_id);
+    req.set_steps(steps);
+    req.set_output(output);
+    Retry("ReportDone", [&] { return ctx_.client->ReportDone(req); });
+  }
+
+  void Failure(const absl::Status& error, int64_t step, comm::Communicator* comm) {
+    Log("rank " + std::to_string(a_.rank()) + " failed: " + error.ToString());
+    v1::ReportFailureRequest req;
+    req.set_job_id(a_.job_id());
+    req.set_generation(a_.generation());
+    req.set_rank(a_.rank());
+    req.set_worker_id(ctx_.worker_id);
+    req.set_reason(error.ToString());
+    req.set_step(step);
+    if (comm) {
+      for (const comm::FlightRecord& f : comm->flight_recorder().Dump()) {
+        v1::CollectiveRecord* c = req.add_recent_collectives();
+        c->set_seq(static_cast<int64_t>(f.seq));
+        c->set_op(std::string(comm::OpTypeName(f.op)));
+        c->set_group(f.group);
+        c->set_bytes(static_cast<int64_t>(f.bytes));
+        c->set_dtype(std::string(comm::DataTypeName(f.dtype)));
+        c->set_start_ms(absl::ToUnixMillis(f.start_time));
+        c->set_end_ms(f.end_time == absl::InfinitePast() ? 0 : absl::ToUnixMillis(f.end_time));
+        c->set_state(std::string(comm::OpStateName(f.state)));
+      }
+    }
+    Retry("ReportFailure", [&] { return ctx_.client->ReportFailure(req); });
+  }
+
+  void Log(const std::string& msg) const {
+    std::cerr << "shardtrain-worker[" << ctx_.worker_id << "] " << a_.job_id() << "/" << a_.rank()
+              << ": " << msg << std::endl;
+  }
+
+ private:
+  template <typename Fn>
+  void Retry(const char* what, Fn fn) {
+    for (int attempt = 0; attempt < 20 && !*ctx_.stop; ++attempt) {
+      absl::Status s = fn();
+      if (s.ok() || !absl::IsUnavailable(s)) {
+        if (!s.ok()) Log(std::string(what) + ": " + std::string(s.message()));
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+  }
+
+  const RunContext& ctx_;
+  const v1::RunAssignment& a_;
+};
+
+absl::Status CheckPlan(const v1::Plan& plan, const JobSpec& spec, const v1::RunAssignment& a) {
+  if (plan.generation() != a.generation() || plan.world() != a.world() ||
+      a.rank() >= plan.ranks_size()) {
+    return absl::AbortedError(absl::StrCat("plan of generation ", plan.generation(), " (world ",
+                                           plan.world(), ") does not match the assignment (",
+                                           a.generation(), ", world ", a.world(), ")"));
+  }
+  const v1::RankPlan& r = plan.ranks(a.rank());
+  const int64_t per_dp = spec.batch.global / spec.parallel.dp;
+  const bool dp_only = spec.parallel.tp == 1 && spec.parallel.pp == 1;
+  if ((dp_only && r.dp() != a.rank()) || r.first_sample() != r.dp() * per_dp ||
+      plan.grad_accum_steps() != spec.GradAccumSteps()) {
+    return absl::InternalError(absl::StrCat("plan disagrees with the trainer for rank ", a.rank(),
+                                            ": dp ", r.dp(), ", first sample ", r.first_sample(),
+                                            ", accumulation ", plan.grad_accum_steps()));
+  }
+  return absl::OkStatus();
+}
+
+void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
+  const v1::RunAssignment& a = *ctx.assignment;
+  const std::vector<std::string> labels = {a.job_id(), std::to_string(a.rank())};
+  Counter& steps = metrics->steps.WithLabels(labels);
+  Counter& tokens = metrics->tokens.WithLabels(labels);
+  Histogram& step_seconds = metrics->step_seconds.WithLabels(labels);
+  Counter& allreduce_seconds =
+      metrics->collective_seconds.WithLabels({a.job_id(), labels[1], "allreduce"});
+  Counter& sent = metrics->sent_bytes.WithLabels(labels);
+  Gauge& loss = metrics->loss.WithLabels(labels);
+  Reporter report(ctx);
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(a.spec_yaml());
+  if (!spec.ok()) return report.Failure(spec.status(), 0, nullptr);
+
+  // The plan is the coordinator's word on this rank's place in the mesh and
+  // its share of the batch; the trainer derives the same from the spec, and
+  // a disagreement (a stale or foreign plan) must stop the rank, not train it.
+  absl::StatusOr<v1::Plan> plan = ctx.client->GetPlan(a.job_id());
+  if (!plan.ok()) return report.Failure(plan.status(), 0, nullptr);
+  if (absl::Status s = CheckPlan(*plan, *spec, a); !s.ok()) return report.Failure(s, 0, nullptr);
+
+  // Collectives: a Gloo group over the coordinator's KV, namespaced by
+  // (job, generation), when the job has more than one rank.
+  std::shared_ptr<comm::RendezvousStore> store;
+  std::unique_ptr<comm::Communicator> comm;
+  if (a.world() > 1) {
+    store = std::make_shared<KvRendezvousStore>(ctx.client, a.job_id(), a.generation());
+    comm::GlooOptions o;
+    o.hostname = ctx.options->collective_address;
+    o.timeout = absl::Seconds(spec->timeouts.collective_s);
+    o.prefix = absl::StrCat(a.job_id(), "/gen", a.generation());
+    auto c = comm::CreateGlooCommunicator(store, a.rank(), a.world(), o);
+    if (!c.ok()) return report.Failure(c.status(), 0, nullptr);
+    comm = *std::move(c);
+  }
+  auto trainer = Trainer::Create(*spec, a.rank(), ctx.options->threads, comm.get());
+  if (!trainer.ok()) return report.Failure(trainer.status(), 0, comm.get());
+  report.Log("training " + spec->name + ": " + std::to_string(spec->steps) + " steps, world " +
+             std::to_string(a.world()));
+  for (int64_t step = 1; step <= spec->steps; ++step) {
+    if (*ctx.stop) {
+      report.Log("stopped at step " + std::to_string(step));
+      return;
+    }
+    auto r = (*trainer)->Step(step);
+    if (!r.ok()) return report.Failure(r.status(), step, comm.get());
+    steps.Increment();
+    tokens.Increment(double(r->tokens));
+    step_seconds.Observe(r->step_ms / 1000.0);
+    allreduce_seconds.Increment(r->comm_ms / 1000.0);
+    sent.Increment(double(r->comm_bytes));
+    loss.Set(r->loss);
+    metrics->peak_rss.Set(double(PeakRssBytes()));
+    if (!report.Step(*r)) {
+      report.Log("the coordinator ended the job; stopping at step " + std::to_string(step));
+      return;
+    }
+  }
+  std::string output;
+  if (a.rank() == 0 && !(output = FinalWeightsPath(*spec)).empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(spec->checkpoint.dir, ec);
+    const model::Gpt& m = (*trainer)->model();
+    if (absl::Status s = model::SaveWeights(output, m.config(), m.params()); !s.ok()) {
+      return report.Failure(s, spec->steps, comm.get());
+    }
+    report.Log("saved final weights to " + output);
+  }
+  if (comm) comm->Shutdown().IgnoreError();  // barrier: no peer is left mid-collective
+  report.Done(spec->steps, output);
+}
+
+}  // namespace
 
 absl::StatusOr<v1::Device> ProbeDevice(const std::string& name, int threads) {
   v1::Device d;
@@ -22,31 +244,15 @@ absl::StatusOr<v1::Device> ProbeDevice(const std::string& name, int threads) {
   }
   int index = -1;
   if (name.rfind("cuda:", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &index) || index < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device: '", name, "' is not cpu or cuda:N"));
+    return absl::InvalidArgumentError(absl::StrCat("--device: '", name, "' is not cpu or cuda:N"));
   }
   return absl::FailedPreconditionError(absl::StrCat(
       "--device ", name, ": GPU training is not available in this build yet; use --device cpu"));
 }
 
 JobRunner NewJobRunner(MetricsRegistry* registry) {
-  return [](const RunContext& ctx) {
-    const v1::RunAssignment& a = *ctx.assignment;
-    absl::StatusOr<JobSpec> spec = ParseJobSpec(a.spec_yaml());
-    if (!spec.ok()) {
-      v1::ReportFailureRequest f;
-      f.set_job_id(a.job_id());
-      f.set_generation(a.generation());
-      f.set_rank(a.rank());
-      f.set_worker_id(ctx.worker_id);
-      f.set_reason(absl::StrCat("spec: ", spec.status().message()));
-      ctx.client->ReportFailure(f).IgnoreError();
-      return;
-    }
-    std::cerr << "shardtrain-worker[" << ctx.worker_id << "]: holding rank " << a.rank()
-              << " of job " << a.job_id() << " (" << spec->name << ")" << std::endl;
-    while (!*ctx.stop) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  };
+  auto metrics = std::make_shared<TrainingMetrics>(registry);
+  return [metrics](const RunContext& ctx) { RunAssignment(ctx, metrics.get()); };
 }
 
 }  // namespace shardtrain::worker

@@ -75,8 +75,8 @@ int main(int argc, char** argv) {
     http = *std::move(started);
     options.metrics_address =
         absl::StrCat(metrics_listen.substr(0, metrics_listen.rfind(':')), ":", http->port());
-    std::cerr << "shardtrain-worker: metrics on http://" << options.metrics_address
-              << "/metrics" << std::endl;
+    std::cerr << "shardtrain-worker: metrics on http://" << options.metrics_address << "/metrics"
+              << std::endl;
   }
 
   WorkerDaemon daemon(options, NewJobRunner(&registry), &registry);

@@ -132,10 +132,10 @@ Coordinator StartCoordinator(const std::string& dir, int64_t lease_ms, const std
   Coordinator c;
   const std::string port_file = dir + "/coordinator.port";
   std::filesystem::remove(port_file);
-  c.process = Process({SHARDTRAIN_COORDINATOR_BIN, "--listen", listen, "--state-dir",
-                       dir + "/state", "--port-file", port_file, "--metrics-listen", "127.0.0.1:0",
-                       "--lease-ms", std::to_string(lease_ms)},
-                      dir + "/coordinator.log");
+  c.process = Process(
+      {SHARDTRAIN_COORDINATOR_BIN, "--listen", listen, "--state-dir", dir + "/state", "--port-file",
+       port_file, "--metrics-listen", "127.0.0.1:0", "--lease-ms", std::to_string(lease_ms)},
+      dir + "/coordinator.log");
   WaitFor(
       [&] {
         std::ifstream in(port_file);
@@ -147,8 +147,13 @@ Coordinator StartCoordinator(const std::string& dir, int64_t lease_ms, const std
 
 Process StartWorker(const std::string& dir, const std::string& coordinator, int index,
                     const std::vector<std::string>& extra) {
-  std::vector<std::string> argv = {SHARDTRAIN_WORKER_BIN, "--coordinator", coordinator,
-                                   "--heartbeat-ms", "100", "--threads", "1"};
+  std::vector<std::string> argv = {SHARDTRAIN_WORKER_BIN,
+                                   "--coordinator",
+                                   coordinator,
+                                   "--heartbeat-ms",
+                                   "100",
+                                   "--threads",
+                                   "1"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return Process(argv, dir + "/worker-" + std::to_string(index) + ".log");
 }

@@ -37,23 +37,20 @@ class RendezvousStore {
   // Returns the value of `key`, blocking until it exists.
   // Errors: DEADLINE_EXCEEDED (message names the key) if it does not appear
   // within `timeout`; a zero timeout checks exactly once.
-  virtual absl::StatusOr<std::string> Get(absl::string_view key,
-                                          absl::Duration timeout) = 0;
+  virtual absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) = 0;
 
   // Atomically adds `delta` to the integer stored under `key` (missing = 0)
   // and returns the new value. The value is stored as decimal ASCII, so Get
   // on the same key returns e.g. "3".
   // Errors: INVALID_ARGUMENT if the existing value is not an integer.
-  virtual absl::StatusOr<int64_t> Add(absl::string_view key,
-                                      int64_t delta) = 0;
+  virtual absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) = 0;
 };
 
 // In-process store for thread-based tests. Get waits on a condition variable.
 class InMemoryStore final : public RendezvousStore {
  public:
   absl::Status Set(absl::string_view key, absl::string_view value) override;
-  absl::StatusOr<std::string> Get(absl::string_view key,
-                                  absl::Duration timeout) override;
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
 
  private:
@@ -71,8 +68,7 @@ class FileStore final : public RendezvousStore {
   explicit FileStore(std::string dir);
 
   absl::Status Set(absl::string_view key, absl::string_view value) override;
-  absl::StatusOr<std::string> Get(absl::string_view key,
-                                  absl::Duration timeout) override;
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
 
  private:

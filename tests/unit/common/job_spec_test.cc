@@ -171,7 +171,7 @@ TEST(JobSpecTest, ExampleValues) {
   EXPECT_EQ(tiny->data.train, "data/fortunes.txt");
   EXPECT_EQ(tiny->World(), 1);
   EXPECT_EQ(tiny->GradAccumSteps(), 1);
-  EXPECT_DOUBLE_EQ(tiny->optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(tiny->optimizer.lr, 3e-3);
   EXPECT_DOUBLE_EQ(tiny->optimizer.weight_decay, 0.1);
   EXPECT_EQ(tiny->optimizer.warmup_steps, 20);
   EXPECT_EQ(tiny->steps, 300);

@@ -14,8 +14,8 @@ namespace {
 std::string Spec(int dp, int steps = 3) {
   return "name: t\nmodel: {layers: 2, heads: 2, dim: 16, context: 16, vocab: 256}\n"
          "data: {train: data/x.txt}\nbatch: {global: " +
-         std::to_string(2 * dp) + ", micro: 2, seq_len: 8}\nparallel: {dp: " +
-         std::to_string(dp) + "}\nsteps: " + std::to_string(steps) + "\n";
+         std::to_string(2 * dp) + ", micro: 2, seq_len: 8}\nparallel: {dp: " + std::to_string(dp) +
+         "}\nsteps: " + std::to_string(steps) + "\n";
 }
 
 class CoordinatorTest : public ::testing::Test {
@@ -242,7 +242,7 @@ TEST(CoordinatorRestartTest, SqliteStateSurvivesAndWorkersRejoinWithTheirIds) {
     job_id = core->SubmitJob(s)->job_id();
     s.set_spec_yaml(Spec(2));
     core->SubmitJob(s).IgnoreError();  // stays PENDING: one worker only
-  }  // "crash": nothing else is flushed
+  }                                    // "crash": nothing else is flushed
   auto core = *Coordinator::Create(o, *OpenSqliteStateStore(dir), ValidateSpec, &clock);
   auto jobs = core->ListJobs({});
   ASSERT_EQ(jobs.jobs_size(), 2);

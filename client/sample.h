@@ -1,0 +1,25 @@
+// `shardtrain sample`: generate text from trained weights (byte tokenizer).
+#ifndef SHARDTRAIN_CLIENT_SAMPLE_H_
+#define SHARDTRAIN_CLIENT_SAMPLE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "client/commands.h"
+
+namespace shardtrain::client {
+
+struct SampleOptions {
+  std::string checkpoint;  // a weights file, or a directory holding final.weights
+  std::string prompt = "\n";
+  int tokens = 200;          // new tokens to generate
+  double temperature = 0.8;  // 0 = greedy
+  uint64_t seed = 1;
+  int threads = 1;
+};
+
+int Sample(const GlobalFlags& g, const SampleOptions& o);
+
+}  // namespace shardtrain::client
+
+#endif  // SHARDTRAIN_CLIENT_SAMPLE_H_

@@ -1,0 +1,477 @@
+#include "common/planner.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "worker/model/config.h"
+#include "worker/model/param_layout.h"
+
+namespace shardtrain {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+constexpr double kGiB = double(int64_t{1} << 30);
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+bool IsMixed(Precision p) { return p != Precision::kFp32; }
+
+// Bytes per element of the parameters and gradients the forward/backward
+// uses (the compute dtype): 4 in fp32, 2 in bf16/fp16.
+int64_t ComputeBytes(Precision p) { return IsMixed(p) ? 2 : 4; }
+
+bool IsBlock(const std::string& unit) { return unit.rfind("block.", 0) == 0; }
+
+// Every problem that makes the layout impossible, each naming its factors.
+std::vector<std::string> LayoutProblems(const JobSpec& spec, int world) {
+  const ParallelSpec& par = spec.parallel;
+  const ModelSpec& m = spec.model;
+  const BatchSpec& b = spec.batch;
+  std::vector<std::string> problems;
+  if (world < 1) problems.push_back(absl::StrCat("world: ", world, " must be >= 1"));
+  bool factors_ok = true;
+  for (auto [field, v] : {std::pair<const char*, int>{"parallel.dp", par.dp},
+                          {"parallel.tp", par.tp},
+                          {"parallel.pp", par.pp}}) {
+    if (v < 1) {
+      problems.push_back(absl::StrCat(field, ": ", v, " must be >= 1"));
+      factors_ok = false;
+    }
+  }
+  if (factors_ok && int64_t{par.dp} * par.tp * par.pp != world) {
+    problems.push_back(absl::StrCat("dp·tp·pp = ", par.dp, "·", par.tp, "·", par.pp, " = ",
+                                    int64_t{par.dp} * par.tp * par.pp, " ≠ world ", world));
+  }
+  if (par.zero < 0 || par.zero > 3) {
+    problems.push_back(absl::StrCat("parallel.zero: ", par.zero, " is not a ZeRO stage 0..3"));
+  }
+  if (par.bucket_mb < 1) {
+    problems.push_back(absl::StrCat("parallel.bucket_mb: ", par.bucket_mb, " must be >= 1"));
+  }
+  auto config = model::MakeGptConfig(m.layers, m.heads, m.dim, m.context, m.vocab);
+  if (!config.ok()) problems.push_back(std::string(config.status().message()));
+  if (par.tp >= 1 && m.heads >= 1 && m.heads % par.tp != 0) {
+    problems.push_back(
+        absl::StrCat("model.heads: ", m.heads, " is not divisible by parallel.tp: ", par.tp));
+  }
+  if (par.pp >= 1 && m.layers >= 1 && m.layers < par.pp) {
+    problems.push_back(absl::StrCat("model.layers: ", m.layers, " < parallel.pp: ", par.pp));
+  }
+  if (b.micro < 1) problems.push_back(absl::StrCat("batch.micro: ", b.micro, " must be >= 1"));
+  if (b.seq_len < 1) {
+    problems.push_back(absl::StrCat("batch.seq_len: ", b.seq_len, " must be >= 1"));
+  } else if (m.context >= 1 && b.seq_len > m.context) {
+    problems.push_back(absl::StrCat("batch.seq_len: ", b.seq_len, " > model.context: ", m.context));
+  }
+  if (b.micro >= 1 && par.dp >= 1) {
+    const int64_t per_pass = int64_t{b.micro} * par.dp;
+    if (b.global < 1 || b.global % per_pass != 0) {
+      problems.push_back(absl::StrCat("batch.global: ", b.global,
+                                      " is not a positive multiple of batch.micro·parallel.dp = ",
+                                      b.micro, "·", par.dp, " = ", per_pass));
+    }
+  }
+  return problems;
+}
+
+// What one pipeline stage's ranks hold: the shard units resident there and,
+// for each, the elements of it a rank keeps before dp sharding.
+struct StageShape {
+  int first_layer = 0;
+  int num_layers = 0;
+  std::vector<int64_t> local_numel;  // one per resident unit
+};
+
+// Units resident on stage s of pp: its blocks; "embeddings" on the first
+// stage and, since the LM head is tied to wte, on the last one too; "final"
+// on the last. Tensor parallelism is approximated by dividing each block
+// unit by tp (in Megatron only the matmul weights and their biases are
+// split; LayerNorm parameters are replicated), embeddings and the final norm
+// are replicated over tp.
+StageShape ShapeOfStage(const model::ParamLayout& layout, const v1::PipelineStage& st, int pp,
+                        int tp) {
+  StageShape shape;
+  shape.first_layer = st.first_layer();
+  shape.num_layers = st.num_layers();
+  const bool first = st.stage() == 0, last = st.stage() == pp - 1;
+  for (const model::UnitInfo& u : layout.units()) {
+    const int64_t n = static_cast<int64_t>(u.numel);
+    if (u.name == "embeddings") {
+      if (first || last) shape.local_numel.push_back(n);
+    } else if (u.name == "final") {
+      if (last) shape.local_numel.push_back(n);
+    } else if (IsBlock(u.name)) {
+      const int layer = std::stoi(u.name.substr(std::string("block.").size()));
+      if (layer >= shape.first_layer && layer < shape.first_layer + shape.num_layers) {
+        shape.local_numel.push_back(CeilDiv(n, tp));
+      }
+    }
+  }
+  return shape;
+}
+
+struct Estimate {
+  v1::MemoryEstimate memory;
+  int64_t comm_bytes = 0;
+};
+
+// Memory and bytes sent per step for one rank of stage `s` under ZeRO `zero`.
+Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const StageShape& shape,
+                       int s, int zero, int m) {
+  const int dp = spec.parallel.dp, tp = spec.parallel.tp, pp = spec.parallel.pp;
+  const bool mixed = IsMixed(spec.precision);
+  const int64_t pb = ComputeBytes(spec.precision);  // param bytes/element (compute dtype)
+  const int64_t gb = pb;                            // grads are in the compute dtype too
+  // Activations are stored in the compute dtype (as llm.c's floatX).
+  const int64_t ab = ComputeBytes(spec.precision);
+  const int64_t B = spec.batch.micro, T = spec.batch.seq_len, C = cfg.dim;
+  const int64_t NH = cfg.heads, Vp = cfg.padded_vocab, Ls = shape.num_layers;
+  const int64_t BTC = B * T * C;
+  const bool first = s == 0, last = s == pp - 1;
+  const bool reshard = spec.parallel.reshard_after_forward;
+
+  Estimate e;
+  v1::MemoryEstimate& mem = e.memory;
+  int64_t largest_unit = 0, shards = 0;  // shards: elements of one dp shard, summed over units
+  for (int64_t n : shape.local_numel) {
+    ModelStateBytes b = ZeroMemoryBytes(n, dp, zero, mixed);
+    if (zero == 3 && !reshard) {
+      // Gathered parameters are kept from forward to backward: at the peak a
+      // rank holds the whole unit, as under ZeRO-2.
+      b.params = ZeroMemoryBytes(n, dp, 2, mixed).params;
+    }
+    mem.set_params_bytes(mem.params_bytes() + b.params);
+    mem.set_grads_bytes(mem.grads_bytes() + b.grads);
+    mem.set_optimizer_bytes(mem.optimizer_bytes() + b.optimizer);
+    largest_unit = std::max(largest_unit, n);
+    shards += CeilDiv(n, dp);
+  }
+
+  // Activations of one micro-batch, llm.c's count (train_gpt2.c, fill_in_
+  // activation_sizes) for L_stage layers, in elements:
+  //   L_stage·(16·B·T·C + 2·B·NH·T·T)     per block: ln1, qkv, atty, attproj,
+  //                                       ln2, fch, fch_gelu, residuals (16 BTC)
+  //                                       and the attention pre-softmax and
+  //                                       softmax (2 B·NH·T·T)
+  //   + B·T·Vp                            logits (last stage)
+  //   + B·T·C·3                           encoder output (first stage), lnf
+  //                                       and its input (last stage)
+  // times ab bytes. With tp, each rank keeps NH/tp heads of attention scores;
+  // the BTC terms are counted unsplit (an over-estimate).
+  // Micro-batches alive at once: 1 without a pipeline; with one, GPipe keeps
+  // all m forwards before the first backward, 1F1B at most pp - s on stage s.
+  int64_t act = Ls * (16 * BTC + 2 * B * (NH / tp) * T * T);
+  if (last) act += B * T * Vp + 2 * BTC;
+  if (first) act += BTC;
+  int64_t in_flight = 1;
+  if (pp > 1) {
+    in_flight =
+        spec.parallel.schedule == PipelineSchedule::kGpipe ? m : std::min<int64_t>(pp - s, m);
+  }
+  mem.set_activations_bytes(act * ab * in_flight);
+
+  // Communication buffers: the gradient bucket for ZeRO 0-2 (bucket_mb MiB,
+  // or the stage's whole gradient when that is smaller); for ZeRO-3 two
+  // gathered units (the one computing and the one prefetched), sized by the
+  // largest unit on the stage. None without dp.
+  if (dp > 1) {
+    int64_t local = 0;
+    for (int64_t n : shape.local_numel) local += n;
+    mem.set_comm_buffer_bytes(zero == 3
+                                  ? 2 * largest_unit * pb
+                                  : std::min(int64_t{spec.parallel.bucket_mb} * kMiB, local * gb));
+  }
+  mem.set_total_bytes(mem.params_bytes() + mem.grads_bytes() + mem.optimizer_bytes() +
+                      mem.activations_bytes() + mem.comm_buffer_bytes());
+
+  // Bytes this rank sends per optimizer step, ring collectives. One
+  // reduce-scatter or all-gather pass over a unit sends (dp-1) shards of
+  // ceil(n/dp) elements, i.e. (dp-1)/dp of the padded unit; an all-reduce is
+  // two passes. Gradients: ZeRO 0/1 accumulate micro-batches locally and
+  // all-reduce once per step; ZeRO 2/3 keep only a gradient shard, so they
+  // reduce-scatter after every micro-batch's backward. Parameters: ZeRO 1/2
+  // all-gather the updated shards once per step; ZeRO-3 gathers every unit
+  // before each micro-batch's forward and again before its backward (once
+  // when reshard_after_forward is false).
+  int64_t comm = 0;
+  if (dp > 1) {
+    const int64_t pass_g = (dp - 1) * shards * gb, pass_p = (dp - 1) * shards * pb;
+    switch (zero) {
+      case 0:
+        comm += 2 * pass_g;
+        break;
+      case 1:
+        comm += 2 * pass_g + pass_p;
+        break;
+      case 2:
+        comm += m * pass_g + pass_p;
+        break;
+      default:
+        comm += m * pass_g + m * (reshard ? 2 : 1) * pass_p;
+        break;
+    }
+  }
+  // Tensor parallel: per block two all-reduces (attention, MLP) of B·T·C
+  // activations in forward and two in backward, each 2(tp-1)/tp of it.
+  if (tp > 1) comm += m * Ls * 4 * 2 * (tp - 1) * CeilDiv(BTC, tp) * ab;
+  // Pipeline: per micro-batch, activations to the next stage and their
+  // gradient back to the previous one.
+  comm += m * ((last ? 0 : BTC) + (first ? 0 : BTC)) * ab;
+  e.comm_bytes = comm;
+  return e;
+}
+
+std::string Bytes(int64_t b) {
+  if (b >= int64_t{1} << 30) return absl::StrFormat("%.2f GiB", b / kGiB);
+  if (b >= kMiB) return absl::StrFormat("%.1f MiB", b / double(kMiB));
+  if (b >= 1024) return absl::StrFormat("%.1f KiB", b / 1024.0);
+  return absl::StrCat(b, " B");
+}
+
+// 1234567 -> "1,234,567".
+std::string Thousands(int64_t v) {
+  std::string digits = absl::StrCat(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+const char* ZeroWhat(int zero) {
+  switch (zero) {
+    case 0:
+      return "replicated params, grads and optimizer state (DDP)";
+    case 1:
+      return "optimizer state sharded over dp";
+    case 2:
+      return "optimizer state and grads sharded over dp";
+    default:
+      return "optimizer state, grads and params sharded over dp (FSDP)";
+  }
+}
+
+}  // namespace
+
+ModelStateBytes ZeroMemoryBytes(int64_t num_params, int dp, int stage, bool mixed) {
+  const int64_t shard = CeilDiv(num_params, dp);
+  ModelStateBytes b;
+  b.params = (mixed ? 2 : 4) * (stage >= 3 ? shard : num_params);
+  b.grads = (mixed ? 2 : 4) * (stage >= 2 ? shard : num_params);
+  b.optimizer = (mixed ? 12 : 8) * (stage >= 1 ? shard : num_params);
+  return b;
+}
+
+absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
+  std::vector<std::string> problems = LayoutProblems(spec, world);
+  if (!problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems, "; "));
+
+  const ParallelSpec& par = spec.parallel;
+  const int dp = par.dp, tp = par.tp, pp = par.pp;
+  const model::GptConfig cfg = *model::MakeGptConfig(
+      spec.model.layers, spec.model.heads, spec.model.dim, spec.model.context, spec.model.vocab);
+  const model::ParamLayout layout(cfg);
+  const int m = spec.GradAccumSteps();
+  const int64_t per_dp = spec.batch.global / dp;
+
+  v1::Plan plan;
+  plan.set_world(world);
+  plan.set_dp(dp);
+  plan.set_tp(tp);
+  plan.set_pp(pp);
+  plan.set_zero_stage(par.zero);
+  plan.set_micro_batch(spec.batch.micro);
+  plan.set_grad_accum_steps(m);
+  plan.set_seq_len(spec.batch.seq_len);
+  plan.set_global_batch(spec.batch.global);
+  plan.set_schedule(std::string(EnumName(par.schedule)));
+  plan.set_bubble_fraction(pp == 1 ? 0.0 : double(pp - 1) / double(m + pp - 1));
+  // The layout's count: it includes the padded wte rows (Vp - V), which are
+  // allocated, sharded and communicated like any other parameter.
+  plan.set_num_params(static_cast<int64_t>(layout.num_params()));
+
+  auto rank_of = [&](int dp_i, int tp_i, int pp_i) { return (pp_i * dp + dp_i) * tp + tp_i; };
+  for (int r = 0; r < world; ++r) {
+    v1::RankPlan* rp = plan.add_ranks();
+    rp->set_rank(r);
+    rp->set_tp(r % tp);
+    rp->set_dp((r / tp) % dp);
+    rp->set_pp(r / (tp * dp));
+    rp->set_first_sample(rp->dp() * per_dp);
+    rp->set_num_samples(per_dp);
+  }
+
+  // Groups, each kind's lines numbered in rank order of their first member.
+  for (int pp_i = 0, index = 0; pp_i < pp; ++pp_i) {
+    for (int tp_i = 0; tp_i < tp; ++tp_i, ++index) {
+      v1::Group* g = plan.add_groups();
+      g->set_kind("dp");
+      g->set_index(index);
+      for (int dp_i = 0; dp_i < dp; ++dp_i) g->add_ranks(rank_of(dp_i, tp_i, pp_i));
+    }
+  }
+  for (int pp_i = 0, index = 0; pp_i < pp; ++pp_i) {
+    for (int dp_i = 0; dp_i < dp; ++dp_i, ++index) {
+      v1::Group* g = plan.add_groups();
+      g->set_kind("tp");
+      g->set_index(index);
+      for (int tp_i = 0; tp_i < tp; ++tp_i) g->add_ranks(rank_of(dp_i, tp_i, pp_i));
+    }
+  }
+  for (int dp_i = 0, index = 0; dp_i < dp; ++dp_i) {
+    for (int tp_i = 0; tp_i < tp; ++tp_i, ++index) {
+      v1::Group* g = plan.add_groups();
+      g->set_kind("pp");
+      g->set_index(index);
+      for (int pp_i = 0; pp_i < pp; ++pp_i) g->add_ranks(rank_of(dp_i, tp_i, pp_i));
+    }
+  }
+
+  for (const model::TensorInfo& t : layout.tensors()) {
+    v1::ParamTensor* pt = plan.add_layout();
+    pt->set_name(t.name);
+    for (int64_t d : t.shape) pt->add_shape(d);
+    pt->set_offset(static_cast<int64_t>(t.offset));
+    pt->set_unit(layout.units()[t.unit].name);
+    pt->set_decay(t.decay);
+  }
+
+  for (const model::UnitInfo& u : layout.units()) {
+    v1::ShardUnit* su = plan.add_units();
+    const int64_t numel = static_cast<int64_t>(u.numel);
+    const int64_t padded = CeilDiv(numel, dp) * dp, shard = padded / dp;
+    su->set_name(u.name);
+    su->set_offset(static_cast<int64_t>(u.offset));
+    su->set_numel(numel);
+    su->set_padded_numel(padded);
+    for (int i = 0; i < dp; ++i) {
+      const int64_t first = std::min<int64_t>(i * shard, numel);
+      su->add_shard_offsets(first);
+      su->add_shard_sizes(std::min<int64_t>(shard, numel - first));
+    }
+  }
+
+  const int base = cfg.layers / pp, extra = cfg.layers % pp;
+  for (int s = 0, layer = 0; s < pp; ++s) {
+    v1::PipelineStage* st = plan.add_stages();
+    st->set_stage(s);
+    st->set_first_layer(layer);
+    st->set_num_layers(base + (s < extra ? 1 : 0));
+    layer += st->num_layers();
+  }
+
+  int64_t comm = 0;
+  for (const v1::PipelineStage& st : plan.stages()) {
+    const Estimate e =
+        EstimateStage(spec, cfg, ShapeOfStage(layout, st, pp, tp), st.stage(), par.zero, m);
+    if (st.stage() == 0 || e.memory.total_bytes() > plan.memory_per_rank().total_bytes()) {
+      *plan.mutable_memory_per_rank() = e.memory;
+    }
+    comm = std::max(comm, e.comm_bytes);
+  }
+  plan.set_comm_bytes_per_step(comm);
+  return plan;
+}
+
+std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
+  std::string out;
+  const int dp = plan.dp(), m = plan.grad_accum_steps();
+  absl::StrAppendFormat(&out, "plan for %s: world %d = dp %d · tp %d · pp %d\n", spec.name,
+                        plan.world(), dp, plan.tp(), plan.pp());
+  absl::StrAppendFormat(&out,
+                        "model: L=%d NH=%d C=%d context=%d V=%d (Vp=%d); %s params "
+                        "(incl. padded vocab rows)\n",
+                        spec.model.layers, spec.model.heads, spec.model.dim, spec.model.context,
+                        spec.model.vocab, model::PaddedVocab(spec.model.vocab),
+                        Thousands(plan.num_params()));
+  absl::StrAppendFormat(&out, "ZeRO-%d: %s; precision %s%s\n", plan.zero_stage(),
+                        ZeroWhat(plan.zero_stage()), std::string(EnumName(spec.precision)),
+                        spec.parallel.offload == OffloadMode::kOptimizer
+                            ? "; optimizer state offloaded to host memory"
+                            : "");
+  absl::StrAppendFormat(
+      &out, "batch: global %d = micro %d × dp %d × accumulation %d; seq_len %d (%s tokens/step)\n",
+      plan.global_batch(), plan.micro_batch(), dp, m, plan.seq_len(),
+      Thousands(plan.global_batch() * plan.seq_len()));
+  if (plan.pp() == 1) {
+    out += "pipeline: none (pp 1), bubble 0.0%\n";
+  } else {
+    absl::StrAppendFormat(&out,
+                          "pipeline: %d stages, schedule %s, m = %d micro-batches per step, "
+                          "bubble (p-1)/(m+p-1) = %d/%d = %.1f%%\n",
+                          plan.pp(), plan.schedule(), m, plan.pp() - 1, m + plan.pp() - 1,
+                          100.0 * plan.bubble_fraction());
+  }
+  for (const v1::PipelineStage& st : plan.stages()) {
+    if (plan.pp() == 1) break;
+    absl::StrAppendFormat(&out, "  stage %d: layers %d..%d\n", st.stage(), st.first_layer(),
+                          st.first_layer() + st.num_layers() - 1);
+  }
+
+  out += "\nRANK  DP  TP  PP  SAMPLES\n";
+  for (const v1::RankPlan& r : plan.ranks()) {
+    absl::StrAppendFormat(&out, "%4d  %2d  %2d  %2d  [%d, %d)\n", r.rank(), r.dp(), r.tp(), r.pp(),
+                          r.first_sample(), r.first_sample() + r.num_samples());
+  }
+
+  const v1::MemoryEstimate& mem = plan.memory_per_rank();
+  absl::StrAppendFormat(&out, "\nmemory per rank (busiest stage), ZeRO-%d:\n", plan.zero_stage());
+  for (auto [what, b] : {std::pair<const char*, int64_t>{"params", mem.params_bytes()},
+                         {"grads", mem.grads_bytes()},
+                         {"optimizer", mem.optimizer_bytes()},
+                         {"activations", mem.activations_bytes()},
+                         {"comm buffers", mem.comm_buffer_bytes()},
+                         {"total", mem.total_bytes()}}) {
+    absl::StrAppendFormat(&out, "  %-12s %12s\n", what, Bytes(b));
+  }
+
+  out += "\nZeRO stages compared (per rank; bytes/param = params+grads+optimizer / num_params):\n";
+  out += "STAGE  BYTES/PARAM  MODEL STATE  TOTAL GiB  COMM/STEP\n";
+  for (int zero = 0; zero <= 3; ++zero) {
+    JobSpec alt = spec;
+    alt.parallel.zero = zero;
+    absl::StatusOr<v1::Plan> p = MakePlan(alt, plan.world());
+    if (!p.ok()) continue;
+    const v1::MemoryEstimate& e = p->memory_per_rank();
+    const int64_t state = e.params_bytes() + e.grads_bytes() + e.optimizer_bytes();
+    absl::StrAppendFormat(&out, "%s%-4d  %11.3f  %11s  %9.3f  %9s\n",
+                          zero == plan.zero_stage() ? "*" : " ", zero,
+                          double(state) / double(p->num_params()), Bytes(state),
+                          e.total_bytes() / kGiB, Bytes(p->comm_bytes_per_step()));
+  }
+
+  absl::StrAppendFormat(&out, "\ncomm per step (bytes sent by the busiest rank): %s (%s B)\n",
+                        Bytes(plan.comm_bytes_per_step()), Thousands(plan.comm_bytes_per_step()));
+
+  absl::StrAppendFormat(&out, "\nshard units (%d; element ranges within the unit per dp rank):\n",
+                        plan.units_size());
+  const int n = plan.units_size();
+  for (int i = 0; i < n; ++i) {
+    if (n > 8 && i == 2) {
+      absl::StrAppendFormat(&out, "  ... %d more units ...\n", n - 4);
+      i = n - 3;
+      continue;
+    }
+    const v1::ShardUnit& u = plan.units(i);
+    absl::StrAppendFormat(&out, "  %-10s offset %s numel %s padded %s\n", u.name(),
+                          Thousands(u.offset()), Thousands(u.numel()), Thousands(u.padded_numel()));
+    std::vector<std::string> ranges;
+    for (int d = 0; d < u.shard_sizes_size(); ++d) {
+      ranges.push_back(absl::StrFormat("dp%d [%d, %d)", d, u.shard_offsets(d),
+                                       u.shard_offsets(d) + u.shard_sizes(d)));
+    }
+    for (size_t k = 0; k < ranges.size(); k += 4) {
+      std::vector<std::string> line(ranges.begin() + k,
+                                    ranges.begin() + std::min(ranges.size(), k + 4));
+      absl::StrAppend(&out, "      ", absl::StrJoin(line, "  "), "\n");
+    }
+  }
+  return out;
+}
+
+}  // namespace shardtrain

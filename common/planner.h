@@ -1,0 +1,79 @@
+#ifndef SHARDTRAIN_COMMON_PLANNER_H_
+#define SHARDTRAIN_COMMON_PLANNER_H_
+
+// The planner: the plan of a job as a pure function of (validated spec,
+// world). No I/O, threads or RPC; the coordinator stores the result with the
+// job and `shardtrain plan` prints it.
+//
+// What a plan fixes (see shardtrain::v1::Plan in proto/shardtrain/v1/types.proto):
+//   - rank -> (dp, tp, pp) coordinates, Megatron order: tp fastest, then dp,
+//     then pp: rank = (pp_i·dp + dp_i)·tp + tp_i;
+//   - the dp, tp and pp communication groups (lines of that mesh);
+//   - the parameter layout (worker/model/param_layout.h) and, per shard unit,
+//     each dp rank's element range: the unit is padded to padded_numel (a
+//     multiple of dp) and split evenly, dp rank i owning padded elements
+//     [i·s, (i+1)·s) with s = padded_numel/dp; shard_offsets/shard_sizes give
+//     the real (unpadded) part of it, so the last rank(s) may own fewer or 0
+//     elements (an empty shard's offset is numel). The ranges are contiguous
+//     in rank order, disjoint, and cover [0, numel);
+//   - pipeline stages (layers split as evenly as possible, first stages get
+//     the extra layer), micro-batch count and bubble fraction;
+//   - predicted memory per rank and bytes sent per rank per optimizer step.
+//
+// Thread-compatible: pure functions over values.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/job_spec.h"
+#include "shardtrain/v1/types.pb.h"
+
+namespace shardtrain {
+
+// Bytes of model state (parameters, gradients, optimizer state) one dp rank
+// holds for `num_params` elements under a ZeRO stage, the ZeRO paper's model
+// (Rajbhandari et al. 2020, §3 and Fig. 1):
+//   fp32 (mixed = false): params 4, grads 4, Adam m + v 8 bytes per element;
+//   mixed precision (bf16/fp16): params 2, grads 2, fp32 master + m + v 12.
+// Stage 1 shards the optimizer state over dp, 2 also the gradients, 3 also
+// the parameters; a sharded part holds ceil(num_params / dp) elements (the
+// padding of ShardUnit::padded_numel). So with mixed precision, per element:
+// Z0 16, Z1 4 + 12/dp, Z2 2 + 14/dp, Z3 16/dp.
+// MakePlan applies it per shard unit (so the rounding is per unit).
+// Preconditions: num_params >= 0, dp >= 1, 0 <= stage <= 3.
+struct ModelStateBytes {
+  int64_t params = 0;
+  int64_t grads = 0;
+  int64_t optimizer = 0;
+  int64_t Total() const { return params + grads + optimizer; }
+};
+ModelStateBytes ZeroMemoryBytes(int64_t num_params, int dp, int stage, bool mixed);
+
+// The plan of `spec` on `world` ranks.
+//
+// Returns INVALID_ARGUMENT when the layout is impossible, naming every
+// factor, all problems joined by "; ", e.g.
+//   "dp·tp·pp = 2·1·3 = 6 ≠ world 4"
+//   "model.heads: 4 is not divisible by parallel.tp: 3"
+//   "model.layers: 2 < parallel.pp: 3"
+//   "batch.global: 30 is not divisible by batch.micro·parallel.dp = 8·4 = 32"
+// The spec need not come from ParseJobSpec: everything the plan depends on
+// is checked again here. job_id, generation and RankPlan::worker_id are left
+// empty (the coordinator fills them in).
+//
+// Estimates (memory_per_rank, comm_bytes_per_step) are those of the busiest
+// rank: ranks of one pipeline stage are alike, and the stage with the largest
+// total memory (respectively the most bytes sent) is reported.
+absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world);
+
+// Human-readable multi-line text of a plan (what `shardtrain plan` prints):
+// header (world = dp·tp·pp, ZeRO, batch split, bubble), rank table, memory
+// per rank for the job's ZeRO stage and a comparison of stages 0-3, bytes
+// sent per step, and the shard units with each dp rank's range (the middle
+// units elided when there are more than 8). `plan` must be MakePlan(spec, w).
+std::string PlanText(const JobSpec& spec, const v1::Plan& plan);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_COMMON_PLANNER_H_

@@ -1,0 +1,107 @@
+#!/usr/bin/python3
+"""PyTorch reference for shardtrain's CPU GPT engine (model_crosscheck_test).
+
+Usage: torch_crosscheck.py DIR grad|adamw
+
+DIR holds what the C++ test wrote:
+  config.txt   "key value" lines: layers heads dim context vocab padded_vocab
+               batch seq_len (and for adamw: steps lr_0..lr_{n-1} beta1 beta2
+               eps weight_decay)
+  layout.txt   one tensor per line: name offset numel decay d0 [d1]
+  params.bin   flat float32 parameters
+grad:  tokens.bin, targets.bin (int32, B*T) -> writes loss.txt, grads.bin
+       (flat float32, same layout) from the same forward/backward in float32.
+adamw: grads_<k>.bin for k < steps -> runs torch.optim.AdamW (decay group =
+       the tensors with decay=1, no-decay group weight_decay=0) and writes
+       adamw_params.bin.
+"""
+import math
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def main():
+    d, mode = sys.argv[1], sys.argv[2]
+    torch.set_num_threads(2)
+    cfg = {}
+    for line in open(f"{d}/config.txt"):
+        k, v = line.split()
+        cfg[k] = v
+    layout = []
+    for line in open(f"{d}/layout.txt"):
+        f = line.split()
+        layout.append((f[0], int(f[1]), int(f[2]), f[3] == "1",
+                       [int(x) for x in f[4:]]))
+    flat = np.fromfile(f"{d}/params.bin", dtype=np.float32)
+    P = {}
+    for name, off, n, _, shape in layout:
+        P[name] = torch.tensor(flat[off:off + n].reshape(shape),
+                               dtype=torch.float32, requires_grad=True)
+    total = sum(n for _, _, n, _, _ in layout)
+
+    def flatten(get):
+        out = np.zeros(total, dtype=np.float32)
+        for name, off, n, _, _ in layout:
+            out[off:off + n] = get(name).detach().numpy().reshape(-1)
+        return out
+
+    if mode == "grad":
+        L, NH, C = int(cfg["layers"]), int(cfg["heads"]), int(cfg["dim"])
+        V, B, T = int(cfg["vocab"]), int(cfg["batch"]), int(cfg["seq_len"])
+        hs = C // NH
+        idx = torch.from_numpy(
+            np.fromfile(f"{d}/tokens.bin", dtype=np.int32).astype(np.int64)).view(B, T)
+        tgt = torch.from_numpy(
+            np.fromfile(f"{d}/targets.bin", dtype=np.int32).astype(np.int64)).view(B, T)
+        mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+        x = P["wte"][idx] + P["wpe"][:T]
+        for l in range(L):
+            p = f"block.{l}."
+            h = F.layer_norm(x, (C,), P[p + "ln1.weight"], P[p + "ln1.bias"], 1e-5)
+            qkv = F.linear(h, P[p + "attn.qkv.weight"], P[p + "attn.qkv.bias"])
+            q, k, v = qkv.split(C, dim=2)
+            q = q.view(B, T, NH, hs).transpose(1, 2)
+            k = k.view(B, T, NH, hs).transpose(1, 2)
+            v = v.view(B, T, NH, hs).transpose(1, 2)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+            x = x + F.linear(y, P[p + "attn.proj.weight"], P[p + "attn.proj.bias"])
+            h = F.layer_norm(x, (C,), P[p + "ln2.weight"], P[p + "ln2.bias"], 1e-5)
+            h = F.gelu(F.linear(h, P[p + "mlp.fc.weight"], P[p + "mlp.fc.bias"]),
+                       approximate="tanh")
+            x = x + F.linear(h, P[p + "mlp.proj.weight"], P[p + "mlp.proj.bias"])
+        x = F.layer_norm(x, (C,), P["lnf.weight"], P["lnf.bias"], 1e-5)
+        logits = x @ P["wte"][:V].t()  # tied head; padded rows excluded
+        loss = F.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1))
+        loss.backward()
+        with open(f"{d}/loss.txt", "w") as f:
+            f.write(f"{loss.item():.9g}\n")
+        flatten(lambda n: P[n].grad).tofile(f"{d}/grads.bin")
+    elif mode == "adamw":
+        steps = int(cfg["steps"])
+        decay = [P[n] for n, _, _, dec, _ in layout if dec]
+        no_decay = [P[n] for n, _, _, dec, _ in layout if not dec]
+        wd = float(cfg["weight_decay"])
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": wd},
+             {"params": no_decay, "weight_decay": 0.0}],
+            lr=float(cfg["lr_0"]), betas=(float(cfg["beta1"]), float(cfg["beta2"])),
+            eps=float(cfg["eps"]), foreach=False)
+        for s in range(steps):
+            g = np.fromfile(f"{d}/grads_{s}.bin", dtype=np.float32)
+            for name, off, n, _, shape in layout:
+                P[name].grad = torch.tensor(g[off:off + n].reshape(shape))
+            for group in opt.param_groups:
+                group["lr"] = float(cfg[f"lr_{s}"])
+            opt.step()
+        flatten(lambda n: P[n]).tofile(f"{d}/adamw_params.bin")
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()

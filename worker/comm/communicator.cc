@@ -1,0 +1,228 @@
+#include "worker/comm/communicator.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain::comm {
+namespace {
+
+class DoneWork final : public Work {
+ public:
+  DoneWork(uint64_t seq, absl::Status status) : seq_(seq), status_(std::move(status)) {}
+  absl::Status Wait(absl::Duration) override { return status_; }
+  bool Done() const override { return true; }
+  uint64_t seq() const override { return seq_; }
+
+ private:
+  uint64_t seq_;
+  absl::Status status_;
+};
+
+}  // namespace
+
+std::shared_ptr<Work> CompletedWork(uint64_t seq, absl::Status status) {
+  return std::make_shared<DoneWork>(seq, std::move(status));
+}
+
+absl::Status ValidateOpArgs(const OpArgs& a, int rank, int size) {
+  const std::string op(OpTypeName(a.type));
+  auto need = [&](const void* p, absl::string_view what) -> absl::Status {
+    if (p == nullptr && (a.count > 0 || (a.type == OpType::kSendRecv && a.recv_count > 0))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": ", what, " is null with count ", a.count));
+    }
+    return absl::OkStatus();
+  };
+  auto peer_ok = [&](int p, absl::string_view what) -> absl::Status {
+    if (p < 0 || p >= size || p == rank) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": ", what, " ", p, " is not another rank of a group of ", size));
+    }
+    return absl::OkStatus();
+  };
+  switch (a.type) {
+    case OpType::kAllReduce:
+      return need(a.output, "output");
+    case OpType::kBroadcast:
+    case OpType::kReduce:
+      if (a.root < 0 || a.root >= size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(op, ": root ", a.root, " out of range for a group of ", size));
+      }
+      return need(a.output, "output");
+    case OpType::kAllGather:
+    case OpType::kReduceScatter:
+      if (auto s = need(a.input, "input"); !s.ok()) return s;
+      if (a.input == a.output && a.count > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(op, ": input and output must not alias"));
+      }
+      return need(a.output, "output");
+    case OpType::kSend:
+      if (auto s = peer_ok(a.peer, "peer"); !s.ok()) return s;
+      return need(a.input, "input");
+    case OpType::kRecv:
+      if (auto s = peer_ok(a.peer, "peer"); !s.ok()) return s;
+      return need(a.output, "output");
+    case OpType::kSendRecv:
+      if (auto s = peer_ok(a.peer, "peer"); !s.ok()) return s;
+      if (auto s = peer_ok(a.recv_peer, "recv_peer"); !s.ok()) return s;
+      if (a.input == nullptr && a.count > 0) {
+        return absl::InvalidArgumentError(op + ": input is null");
+      }
+      if (a.output == nullptr && a.recv_count > 0) {
+        return absl::InvalidArgumentError(op + ": output is null");
+      }
+      return absl::OkStatus();
+    case OpType::kBarrier:
+      return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError("unknown op");
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::NewGroup(
+    const std::vector<int>& ranks) {
+  for (int r : ranks) {
+    if (r < 0 || r >= size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("NewGroup: rank ", r, " out of range for a group of ", size()));
+    }
+  }
+  auto it = std::find(ranks.begin(), ranks.end(), rank());
+  if (it == ranks.end()) return Split(kNoColor, 0);
+  return Split(0, static_cast<int>(it - ranks.begin()));
+}
+
+#define SHARDTRAIN_WAIT(expr) return (expr)->Wait(absl::InfiniteDuration())
+
+std::shared_ptr<Work> Communicator::AllReduceAsync(void* data, size_t count, DataType dtype,
+                                                   ReduceOp op) {
+  OpArgs a;
+  a.type = OpType::kAllReduce;
+  a.output = data;
+  a.count = count;
+  a.dtype = dtype;
+  a.reduce = op;
+  return Submit(a);
+}
+absl::Status Communicator::AllReduce(void* data, size_t count, DataType dtype, ReduceOp op) {
+  SHARDTRAIN_WAIT(AllReduceAsync(data, count, dtype, op));
+}
+
+std::shared_ptr<Work> Communicator::BroadcastAsync(void* data, size_t count, DataType dtype,
+                                                   int root) {
+  OpArgs a;
+  a.type = OpType::kBroadcast;
+  a.output = data;
+  a.count = count;
+  a.dtype = dtype;
+  a.root = root;
+  return Submit(a);
+}
+absl::Status Communicator::Broadcast(void* data, size_t count, DataType dtype, int root) {
+  SHARDTRAIN_WAIT(BroadcastAsync(data, count, dtype, root));
+}
+
+std::shared_ptr<Work> Communicator::ReduceAsync(void* data, size_t count, DataType dtype,
+                                                ReduceOp op, int root) {
+  OpArgs a;
+  a.type = OpType::kReduce;
+  a.output = data;
+  a.count = count;
+  a.dtype = dtype;
+  a.reduce = op;
+  a.root = root;
+  return Submit(a);
+}
+absl::Status Communicator::Reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root) {
+  SHARDTRAIN_WAIT(ReduceAsync(data, count, dtype, op, root));
+}
+
+std::shared_ptr<Work> Communicator::AllGatherAsync(const void* input, void* output, size_t count,
+                                                   DataType dtype) {
+  OpArgs a;
+  a.type = OpType::kAllGather;
+  a.input = input;
+  a.output = output;
+  a.count = count;
+  a.dtype = dtype;
+  return Submit(a);
+}
+absl::Status Communicator::AllGather(const void* input, void* output, size_t count,
+                                     DataType dtype) {
+  SHARDTRAIN_WAIT(AllGatherAsync(input, output, count, dtype));
+}
+
+std::shared_ptr<Work> Communicator::ReduceScatterAsync(const void* input, void* output,
+                                                       size_t count, DataType dtype, ReduceOp op) {
+  OpArgs a;
+  a.type = OpType::kReduceScatter;
+  a.input = input;
+  a.output = output;
+  a.count = count;
+  a.dtype = dtype;
+  a.reduce = op;
+  return Submit(a);
+}
+absl::Status Communicator::ReduceScatter(const void* input, void* output, size_t count,
+                                         DataType dtype, ReduceOp op) {
+  SHARDTRAIN_WAIT(ReduceScatterAsync(input, output, count, dtype, op));
+}
+
+std::shared_ptr<Work> Communicator::SendAsync(const void* data, size_t count, DataType dtype,
+                                              int peer, uint32_t tag) {
+  OpArgs a;
+  a.type = OpType::kSend;
+  a.input = data;
+  a.count = count;
+  a.dtype = dtype;
+  a.peer = peer;
+  a.tag = tag;
+  return Submit(a);
+}
+absl::Status Communicator::Send(const void* data, size_t count, DataType dtype, int peer,
+                                uint32_t tag) {
+  SHARDTRAIN_WAIT(SendAsync(data, count, dtype, peer, tag));
+}
+
+std::shared_ptr<Work> Communicator::RecvAsync(void* data, size_t count, DataType dtype, int peer,
+                                              uint32_t tag) {
+  OpArgs a;
+  a.type = OpType::kRecv;
+  a.output = data;
+  a.count = count;
+  a.dtype = dtype;
+  a.peer = peer;
+  a.tag = tag;
+  return Submit(a);
+}
+absl::Status Communicator::Recv(void* data, size_t count, DataType dtype, int peer, uint32_t tag) {
+  SHARDTRAIN_WAIT(RecvAsync(data, count, dtype, peer, tag));
+}
+
+absl::Status Communicator::SendRecv(const void* send_data, size_t send_count, int send_peer,
+                                    void* recv_data, size_t recv_count, int recv_peer,
+                                    DataType dtype, uint32_t tag) {
+  OpArgs a;
+  a.type = OpType::kSendRecv;
+  a.input = send_data;
+  a.count = send_count;
+  a.peer = send_peer;
+  a.output = recv_data;
+  a.recv_count = recv_count;
+  a.recv_peer = recv_peer;
+  a.dtype = dtype;
+  a.tag = tag;
+  SHARDTRAIN_WAIT(Submit(a));
+}
+
+std::shared_ptr<Work> Communicator::BarrierAsync() {
+  OpArgs a;
+  a.type = OpType::kBarrier;
+  return Submit(a);
+}
+absl::Status Communicator::Barrier() { SHARDTRAIN_WAIT(BarrierAsync()); }
+
+#undef SHARDTRAIN_WAIT
+
+}  // namespace shardtrain::comm

@@ -1,0 +1,164 @@
+// Communicator: collectives among the ranks of one group (the world, or a
+// dp / tp / pp sub-group of the 3D mesh). Backends: Gloo over TCP for CPU
+// buffers (gloo_communicator.h), NCCL for device buffers
+// (nccl_communicator.h, only when built with CUDA).
+//
+// Contract shared by every backend:
+//  * Every rank of the group must issue the same collectives in the same
+//    order (Send/Recv/SendRecv excepted: they pair up per peer). Sequence
+//    numbers count submissions on this rank, from 1.
+//  * Buffers are contiguous arrays of `dtype`; they must stay valid and
+//    untouched until the op's Work completes.
+//  * Every op has a timeout (the backend's default unless OpArgs::timeout is
+//    set). An op that does not finish in time fails with DEADLINE_EXCEEDED,
+//    naming the op, its seq, the group, and the ranks that had not arrived.
+//    A peer that dies makes the others fail (ABORTED) within the timeout + 2 s.
+//  * After any failure the communicator is poisoned: queued ops fail with
+//    ABORTED, later submissions fail at once with FAILED_PRECONDITION.
+//    Build a new one (new generation prefix) to continue.
+//  * Thread-safety: Submit and the convenience wrappers may be called from any
+//    one thread at a time per communicator (ops execute in submission order).
+//    rank(), size(), group_name(), health() and flight_recorder() are safe
+//    from any thread.
+#ifndef SHARDTRAIN_WORKER_COMM_COMMUNICATOR_H_
+#define SHARDTRAIN_WORKER_COMM_COMMUNICATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/comm/flight_recorder.h"
+#include "worker/comm/types.h"
+
+namespace shardtrain::comm {
+
+// Handle of a submitted op.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Waits until the op finished and returns its status. If it has not
+  // finished within `timeout`, returns DEADLINE_EXCEEDED ("still running");
+  // the op itself keeps running under its own timeout and Wait may be called
+  // again.
+  virtual absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration()) = 0;
+  // True once the op finished (successfully or not).
+  virtual bool Done() const = 0;
+  virtual uint64_t seq() const = 0;
+};
+
+// A fully described op. Element counts are in elements of `dtype`.
+//   kAllReduce     output[count] in place (input ignored).
+//   kBroadcast     output[count] in place; root's buffer is sent.
+//   kReduce        output[count] in place; result valid on root only, other
+//                  ranks' buffers are left unspecified.
+//   kAllGather     input[count] -> output[count * size], rank r's block at r.
+//   kReduceScatter input[count * size] -> output[count] = reduced block rank.
+//   kSend          input[count] to rank `peer` (blocks until peer receives).
+//   kRecv          output[count] from rank `peer`.
+//   kSendRecv      input[count] to `peer` while receiving output[recv_count]
+//                  from `recv_peer` (use it for exchanges that would deadlock
+//                  as a Send followed by a Recv on both sides).
+//   kBarrier       no buffers.
+struct OpArgs {
+  OpType type = OpType::kBarrier;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp reduce = ReduceOp::kSum;
+  const void* input = nullptr;
+  void* output = nullptr;
+  size_t count = 0;
+  int root = 0;           // kBroadcast, kReduce
+  int peer = -1;          // kSend, kRecv, kSendRecv (send destination)
+  int recv_peer = -1;     // kSendRecv
+  size_t recv_count = 0;  // kSendRecv
+  uint32_t tag = 0;       // Send/Recv matching: pairs match per (peer, tag), in order
+  absl::Duration timeout = absl::ZeroDuration();  // zero: communicator default
+};
+
+class Communicator {
+ public:
+  // Colour meaning "this rank joins no sub-group" in Split.
+  static constexpr int kNoColor = -1;
+
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // E.g. "world" or "world.split1.c0"; also the store prefix of the group.
+  virtual const std::string& group_name() const = 0;
+
+  // OK while usable; otherwise the failure that poisoned it.
+  virtual absl::Status health() const = 0;
+
+  // Enqueues `args`; never blocks on peers. Argument errors and a poisoned
+  // communicator are reported through the returned Work.
+  virtual std::shared_ptr<Work> Submit(const OpArgs& args) = 0;
+
+  // Collective over this group: ranks with the same `color` form a new
+  // communicator, ordered by (key, parent rank). kNoColor returns nullptr.
+  // Every rank of this group must call it (in the same order relative to
+  // other Split calls); it implicitly synchronises the ranks of each colour.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) = 0;
+
+  // Collective: a sub-group of the listed parent ranks (in that order).
+  // Every rank of this group must call it with the same list; ranks not in
+  // it get nullptr.
+  absl::StatusOr<std::unique_ptr<Communicator>> NewGroup(const std::vector<int>& ranks);
+
+  // Waits for queued ops, synchronises all ranks (barrier) and releases the
+  // transport. Idempotent. The destructor calls it.
+  virtual absl::Status Shutdown() = 0;
+
+  // The last N ops of this communicator; see flight_recorder.h.
+  virtual const FlightRecorder& flight_recorder() const = 0;
+
+  // ---- Convenience wrappers: the *Async forms return the Work; the plain
+  // forms wait for it.
+  std::shared_ptr<Work> AllReduceAsync(void* data, size_t count, DataType dtype, ReduceOp op);
+  absl::Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op);
+
+  std::shared_ptr<Work> BroadcastAsync(void* data, size_t count, DataType dtype, int root);
+  absl::Status Broadcast(void* data, size_t count, DataType dtype, int root);
+
+  std::shared_ptr<Work> ReduceAsync(void* data, size_t count, DataType dtype, ReduceOp op,
+                                    int root);
+  absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root);
+
+  std::shared_ptr<Work> AllGatherAsync(const void* input, void* output, size_t count,
+                                       DataType dtype);
+  absl::Status AllGather(const void* input, void* output, size_t count, DataType dtype);
+
+  std::shared_ptr<Work> ReduceScatterAsync(const void* input, void* output, size_t count,
+                                           DataType dtype, ReduceOp op);
+  absl::Status ReduceScatter(const void* input, void* output, size_t count, DataType dtype,
+                             ReduceOp op);
+
+  std::shared_ptr<Work> SendAsync(const void* data, size_t count, DataType dtype, int peer,
+                                  uint32_t tag = 0);
+  absl::Status Send(const void* data, size_t count, DataType dtype, int peer, uint32_t tag = 0);
+
+  std::shared_ptr<Work> RecvAsync(void* data, size_t count, DataType dtype, int peer,
+                                  uint32_t tag = 0);
+  absl::Status Recv(void* data, size_t count, DataType dtype, int peer, uint32_t tag = 0);
+
+  absl::Status SendRecv(const void* send_data, size_t send_count, int send_peer, void* recv_data,
+                        size_t recv_count, int recv_peer, DataType dtype, uint32_t tag = 0);
+
+  std::shared_ptr<Work> BarrierAsync();
+  absl::Status Barrier();
+};
+
+// A Work that is already complete with `status` (used for argument errors and
+// poisoned communicators).
+std::shared_ptr<Work> CompletedWork(uint64_t seq, absl::Status status);
+
+// Checks `args` against a group of `size` ranks with this rank `rank`.
+absl::Status ValidateOpArgs(const OpArgs& args, int rank, int size);
+
+}  // namespace shardtrain::comm
+
+#endif  // SHARDTRAIN_WORKER_COMM_COMMUNICATOR_H_

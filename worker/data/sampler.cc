@@ -1,0 +1,64 @@
+#include "worker/data/sampler.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain::data {
+namespace {
+inline uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+absl::StatusOr<BatchSampler> BatchSampler::Create(const std::vector<uint16_t>* tokens,
+                                                  uint64_t seed, int global_batch, int T) {
+  if (tokens == nullptr) return absl::InvalidArgumentError("sampler: no tokens");
+  if (T < 1) return absl::InvalidArgumentError(absl::StrCat("batch.seq_len must be >= 1, got ", T));
+  if (global_batch < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch.global must be >= 1, got ", global_batch));
+  }
+  if (static_cast<int64_t>(tokens->size()) < int64_t{T} + 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data has ", tokens->size(), " tokens, need at least seq_len + 1 = ", T + 1));
+  }
+  return BatchSampler(tokens, seed, global_batch, T);
+}
+
+int64_t BatchSampler::Start(int64_t index) const {
+  const uint64_t range = tokens_->size() - static_cast<uint64_t>(T_);  // >= 1
+  const uint64_t h = SplitMix64(SplitMix64(seed_) ^ static_cast<uint64_t>(index));
+  // Lemire's multiply-shift maps h uniformly enough onto [0, range).
+  return static_cast<int64_t>((static_cast<unsigned __int128>(h) * range) >> 64);
+}
+
+absl::Status BatchSampler::Fill(int64_t step, int micro, int rank, int world, int B, int* inputs,
+                                int* targets) const {
+  if (world < 1 || rank < 0 || rank >= world || B < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampler: bad rank ", rank, " / world ", world, " / micro-batch ", B));
+  }
+  if (G_ % (world * B) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("batch.global (", G_,
+                                                   ") must be a multiple of world (", world,
+                                                   ") x batch.micro (", B, ")"));
+  }
+  const int micros = G_ / (world * B);
+  if (micro < 0 || micro >= micros) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampler: micro-batch ", micro, " out of range [0, ", micros, ")"));
+  }
+  const int64_t first = step * G_ + int64_t{rank} * (G_ / world) + int64_t{micro} * B;
+  for (int b = 0; b < B; ++b) {
+    const uint16_t* w = tokens_->data() + Start(first + b);
+    for (int t = 0; t < T_; ++t) {
+      inputs[int64_t{b} * T_ + t] = w[t];
+      targets[int64_t{b} * T_ + t] = w[t + 1];
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardtrain::data

@@ -1,0 +1,171 @@
+#include "worker/data/tokens.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain::data {
+namespace fs = std::filesystem;
+
+absl::StatusOr<TokenFormat> ParseTokenFormat(const std::string& name) {
+  if (name == "text") return TokenFormat::kText;
+  if (name == "llmc") return TokenFormat::kLlmc;
+  return absl::InvalidArgumentError(
+      absl::StrCat("data.format must be 'text' or 'llmc', got '", name, "'"));
+}
+
+namespace {
+
+absl::Status ReadWholeFile(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot open data file ", path, ": ", std::strerror(errno)));
+  }
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  in.seekg(0, std::ios::beg);
+  out->resize(static_cast<size_t>(std::max<std::streamoff>(size, 0)));
+  if (size > 0 && !in.read(out->data(), size)) {
+    return absl::DataLossError(absl::StrCat("error reading data file ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<uint16_t>> LoadTextTokens(const std::string& path, int64_t min_tokens) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("data path ", path, " does not exist"));
+  }
+  std::vector<std::string> files;
+  if (fs::is_directory(path, ec)) {
+    for (const auto& entry : fs::directory_iterator(path, ec)) {
+      if (entry.is_regular_file() && entry.path().extension() == ".txt") {
+        files.push_back(entry.path().string());
+      }
+    }
+    if (ec) {
+      return absl::NotFoundError(
+          absl::StrCat("cannot list data directory ", path, ": ", ec.message()));
+    }
+    std::sort(files.begin(), files.end());
+    if (files.empty()) {
+      return absl::NotFoundError(absl::StrCat("data directory ", path, " contains no .txt files"));
+    }
+  } else {
+    files.push_back(path);
+  }
+  std::vector<uint16_t> tokens;
+  std::string bytes;
+  for (const std::string& f : files) {
+    if (auto s = ReadWholeFile(f, &bytes); !s.ok()) return s;
+    tokens.reserve(tokens.size() + bytes.size());
+    for (unsigned char c : bytes) tokens.push_back(c);
+  }
+  if (static_cast<int64_t>(tokens.size()) < min_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data ", path, " is ", tokens.size() == 0 ? "empty" : "too short", ": ",
+                     tokens.size(), " tokens, need at least ", min_tokens, " (seq_len + 1)"));
+  }
+  return tokens;
+}
+
+absl::StatusOr<std::vector<uint16_t>> LoadLlmcTokens(const std::string& path, int vocab,
+                                                     int64_t min_tokens) {
+  std::string bytes;
+  {
+    std::error_code ec;
+    if (!fs::exists(path, ec)) {
+      return absl::NotFoundError(absl::StrCat("token file ", path, " does not exist"));
+    }
+  }
+  if (auto s = ReadWholeFile(path, &bytes); !s.ok()) return s;
+  constexpr size_t kHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);
+  if (bytes.size() < kHeaderBytes) {
+    return absl::DataLossError(absl::StrCat("token file ", path, " is truncated: ", bytes.size(),
+                                            " bytes, shorter than the ", kHeaderBytes,
+                                            "-byte llm.c header"));
+  }
+  int32_t header[kLlmcHeaderInts];
+  std::memcpy(header, bytes.data(), kHeaderBytes);
+  if (header[0] != kLlmcMagic) {
+    return absl::DataLossError(absl::StrCat("token file ", path, " has wrong magic ", header[0],
+                                            " (expected ", kLlmcMagic, ")"));
+  }
+  if (header[1] != kLlmcVersion) {
+    return absl::DataLossError(
+        absl::StrCat("token file ", path, " has unsupported version ", header[1], " (expected 1)"));
+  }
+  const int64_t count = header[2];
+  const int64_t present = static_cast<int64_t>((bytes.size() - kHeaderBytes) / sizeof(uint16_t));
+  if (count < 0 || count > present) {
+    return absl::DataLossError(absl::StrCat("token file ", path, " is truncated: header says ",
+                                            count, " tokens but the file holds ", present));
+  }
+  if (count < min_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file ", path, " is ", count == 0 ? "empty" : "too short", ": ", count,
+                     " tokens, need at least ", min_tokens, " (seq_len + 1)"));
+  }
+  std::vector<uint16_t> tokens(count);
+  std::memcpy(tokens.data(), bytes.data() + kHeaderBytes, count * sizeof(uint16_t));
+  for (int64_t i = 0; i < count; ++i) {
+    if (tokens[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("token file ", path, ": token ", tokens[i],
+                                                     " at index ", i, " is >= model.vocab ",
+                                                     vocab));
+    }
+  }
+  return tokens;
+}
+
+absl::StatusOr<std::vector<uint16_t>> LoadTokens(const std::string& path, TokenFormat format,
+                                                 int vocab, int64_t min_tokens) {
+  if (format == TokenFormat::kLlmc) return LoadLlmcTokens(path, vocab, min_tokens);
+  if (vocab < 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the byte tokenizer for ", path, " needs model.vocab >= 256, got ", vocab));
+  }
+  return LoadTextTokens(path, min_tokens);
+}
+
+absl::Status WriteLlmcTokens(const std::string& path, const std::vector<uint16_t>& tokens) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create token file ", path, ": ", std::strerror(errno)));
+  }
+  int32_t header[kLlmcHeaderInts] = {};
+  header[0] = kLlmcMagic;
+  header[1] = kLlmcVersion;
+  header[2] = static_cast<int32_t>(tokens.size());
+  bool ok = std::fwrite(header, sizeof header, 1, f) == 1;
+  if (!tokens.empty()) {
+    ok = ok && std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), f) == tokens.size();
+  }
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) return absl::DataLossError(absl::StrCat("error writing token file ", path));
+  return absl::OkStatus();
+}
+
+std::vector<int> EncodeBytes(const std::string& text) {
+  std::vector<int> out(text.size());
+  for (size_t i = 0; i < text.size(); ++i) out[i] = static_cast<unsigned char>(text[i]);
+  return out;
+}
+
+std::string DecodeBytes(const std::vector<int>& tokens) {
+  std::string out;
+  out.reserve(tokens.size());
+  for (int t : tokens) out.push_back(static_cast<char>(t & 0xFF));
+  return out;
+}
+
+}  // namespace shardtrain::data

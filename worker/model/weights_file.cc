@@ -1,0 +1,149 @@
+#include "worker/model/weights_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "worker/model/param_layout.h"
+
+namespace shardtrain::model {
+namespace {
+
+constexpr char kMagic[8] = {'S', 'T', 'W', 'G', 'H', 'T', 'S', '\0'};
+
+struct Header {
+  char magic[8];
+  uint32_t version;
+  int32_t cfg[6];
+  uint64_t num_params;
+  uint64_t fingerprint;
+};
+
+uint64_t Fnv1a(const void* data, size_t n) {
+  const auto* b = static_cast<const unsigned char*>(data);
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return absl::UnavailableError(
+          absl::StrCat("writing weights file ", path, ": ", std::strerror(errno)));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SaveWeights(const std::string& path, const GptConfig& config,
+                         absl::Span<const float> params) {
+  if (auto s = ValidateGptConfig(config); !s.ok()) return s;
+  const ParamLayout layout(config);
+  if (params.size() != layout.num_params()) {
+    return absl::InvalidArgumentError(absl::StrCat("SaveWeights(", path, "): ", params.size(),
+                                                   " params, layout of ", ToString(config), " has ",
+                                                   layout.num_params()));
+  }
+  Header h{};
+  std::memcpy(h.magic, kMagic, sizeof kMagic);
+  h.version = kWeightsVersion;
+  const int32_t cfg[6] = {config.layers,  config.heads, config.dim,
+                          config.context, config.vocab, config.padded_vocab};
+  std::memcpy(h.cfg, cfg, sizeof cfg);
+  h.num_params = params.size();
+  h.fingerprint = layout.Fingerprint();
+  const uint64_t checksum = Fnv1a(params.data(), params.size() * sizeof(float));
+
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create weights file ", tmp, ": ", std::strerror(errno)));
+  }
+  absl::Status s = WriteAll(fd, &h, sizeof h, tmp);
+  if (s.ok()) s = WriteAll(fd, params.data(), params.size() * sizeof(float), tmp);
+  if (s.ok()) s = WriteAll(fd, &checksum, sizeof checksum, tmp);
+  if (s.ok() && ::fsync(fd) != 0) {
+    s = absl::UnavailableError(absl::StrCat("fsync ", tmp, ": ", std::strerror(errno)));
+  }
+  if (::close(fd) != 0 && s.ok()) {
+    s = absl::UnavailableError(absl::StrCat("close ", tmp, ": ", std::strerror(errno)));
+  }
+  if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    s = absl::UnavailableError(
+        absl::StrCat("rename ", tmp, " -> ", path, ": ", std::strerror(errno)));
+  }
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoadedWeights> LoadWeights(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot open weights file ", path, ": ", std::strerror(errno)));
+  }
+  struct Closer {
+    std::FILE* f;
+    ~Closer() { std::fclose(f); }
+  } closer{f};
+  Header h{};
+  if (std::fread(&h, sizeof h, 1, f) != 1) {
+    return absl::DataLossError(absl::StrCat("weights file ", path, " is truncated (no header)"));
+  }
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) {
+    return absl::DataLossError(absl::StrCat("weights file ", path, " has wrong magic"));
+  }
+  if (h.version != kWeightsVersion) {
+    return absl::DataLossError(
+        absl::StrCat("weights file ", path, " has unsupported version ", h.version));
+  }
+  LoadedWeights out;
+  out.config = GptConfig{h.cfg[0], h.cfg[1], h.cfg[2], h.cfg[3], h.cfg[4], h.cfg[5]};
+  if (auto s = ValidateGptConfig(out.config); !s.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("weights file ", path, " has an invalid config: ", s.message()));
+  }
+  const ParamLayout layout(out.config);
+  if (h.num_params != layout.num_params() || h.fingerprint != layout.Fingerprint()) {
+    return absl::DataLossError(absl::StrCat(
+        "weights file ", path, " does not match the parameter layout of ", ToString(out.config),
+        " (", h.num_params, " params stored, ", layout.num_params(), " expected)"));
+  }
+  out.params.resize(h.num_params);
+  uint64_t checksum = 0;
+  if (std::fread(out.params.data(), sizeof(float), h.num_params, f) != h.num_params ||
+      std::fread(&checksum, sizeof checksum, 1, f) != 1) {
+    return absl::DataLossError(absl::StrCat("weights file ", path, " is truncated"));
+  }
+  if (checksum != Fnv1a(out.params.data(), out.params.size() * sizeof(float))) {
+    return absl::DataLossError(
+        absl::StrCat("weights file ", path, " fails its checksum (corrupted)"));
+  }
+  return out;
+}
+
+}  // namespace shardtrain::model

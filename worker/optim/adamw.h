@@ -1,0 +1,100 @@
+// AdamW (decoupled weight decay), gradient clipping and the LR schedule.
+//
+// Weight-decay rule (from ParamLayout, TensorInfo::decay): decay applies only
+// to 2-D tensors (matmul weights and the wte/wpe embeddings), never to
+// biases or LayerNorm weights/biases — the same param groups as nanoGPT's
+// `p.dim() >= 2`.
+#ifndef SHARDTRAIN_WORKER_OPTIM_ADAMW_H_
+#define SHARDTRAIN_WORKER_OPTIM_ADAMW_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "worker/model/param_layout.h"
+#include "worker/model/thread_pool.h"
+
+namespace shardtrain::optim {
+
+struct AdamWOptions {
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;  // applied only where TensorInfo::decay
+};
+
+// AdamW over the sub-range [offset, offset + count) of a model's flat
+// parameter buffer, owning m and v for exactly that range (ZeRO-1/2/3 create
+// one per rank for their shard; unsharded training uses the whole buffer).
+// Update per element (torch.optim.AdamW semantics, step t starting at 1):
+//   p -= lr * wd * p                       (decayed tensors only)
+//   m = b1 m + (1-b1) g ;  v = b2 v + (1-b2) g^2
+//   p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+// Thread-compatible; Step() uses the given pool.
+class AdamW {
+ public:
+  // InvalidArgument if the range is outside the layout.
+  static absl::StatusOr<AdamW> Create(const model::ParamLayout& layout, size_t offset, size_t count,
+                                      const AdamWOptions& options);
+
+  // One step with learning rate lr. params and grads hold exactly this
+  // range (count elements; element i is flat index offset + i).
+  void Step(absl::Span<float> params, absl::Span<const float> grads, float lr,
+            model::ThreadPool* pool);
+
+  // Step() that also sets grads to 0 in the same pass (saves the separate
+  // ZeroGrad() sweep over the gradient buffer before the next step).
+  void StepAndZeroGrads(absl::Span<float> params, absl::Span<float> grads, float lr,
+                        model::ThreadPool* pool);
+
+  size_t offset() const { return offset_; }
+  size_t count() const { return count_; }
+  int64_t step() const { return step_; }
+  // Optimizer state for checkpoints (same indexing as params).
+  absl::Span<float> m() { return absl::MakeSpan(m_); }
+  absl::Span<float> v() { return absl::MakeSpan(v_); }
+  void set_step(int64_t step) { step_ = step; }
+  const AdamWOptions& options() const { return options_; }
+
+ private:
+  struct Segment {      // a piece of the range lying inside one tensor
+    size_t begin, end;  // relative to offset_
+    bool decay;
+  };
+  AdamW(size_t offset, size_t count, const AdamWOptions& options, std::vector<Segment> segments);
+  template <bool kZero>
+  void StepImpl(float* params, float* grads, float lr, model::ThreadPool* pool);
+
+  size_t offset_, count_;
+  AdamWOptions options_;
+  std::vector<Segment> segments_;
+  std::vector<float> m_, v_;
+  int64_t step_ = 0;
+};
+
+// Sum of squares of grads, accumulated in double over fixed 64Ki-element
+// chunks (result independent of the thread count). For sharded gradients,
+// all-reduce this across ranks before the sqrt.
+double GradSquaredNorm(absl::Span<const float> grads, model::ThreadPool* pool);
+
+// Scales grads in place by `scale`.
+void ScaleGrads(absl::Span<float> grads, float scale, model::ThreadPool* pool);
+
+// Global-norm clipping of a whole gradient buffer: computes the L2 norm and,
+// if max_norm > 0 and norm > max_norm, scales grads by max_norm / (norm +
+// 1e-6) (torch.nn.utils.clip_grad_norm_). Returns the norm before clipping.
+float ClipGradNorm(absl::Span<float> grads, float max_norm, model::ThreadPool* pool);
+
+// Linear warmup then cosine decay to min_lr (llm.c / nanoGPT), step 0-based:
+//   step < warmup:        max_lr * (step + 1) / warmup
+//   step >= total_steps:  min_lr
+//   otherwise:            min_lr + 0.5 (1 + cos(pi r)) (max_lr - min_lr),
+//                         r = (step - warmup) / (total_steps - warmup)
+float LearningRate(int64_t step, float max_lr, float min_lr, int64_t warmup_steps,
+                   int64_t total_steps);
+
+}  // namespace shardtrain::optim
+
+#endif  // SHARDTRAIN_WORKER_OPTIM_ADAMW_H_

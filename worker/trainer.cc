@@ -1,0 +1,170 @@
+#include "worker/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "worker/data/tokens.h"
+#include "worker/model/config.h"
+
+namespace shardtrain::worker {
+namespace {
+
+double MsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The spec's schedule at 0-based step `s`: linear warmup, then cosine or
+// linear decay to min_lr, or constant.
+double ScheduledLr(const OptimizerSpec& o, int64_t s, int64_t total) {
+  if (o.schedule == LrSchedule::kCosine) {
+    return optim::LearningRate(s, static_cast<float>(o.lr), static_cast<float>(o.min_lr),
+                               o.warmup_steps, total);
+  }
+  if (s < o.warmup_steps) return o.lr * double(s + 1) / o.warmup_steps;
+  if (o.schedule == LrSchedule::kConstant) return o.lr;
+  const double r = total > o.warmup_steps
+                       ? std::min(1.0, double(s - o.warmup_steps) / (total - o.warmup_steps))
+                       : 1.0;
+  return o.min_lr + (1.0 - r) * (o.lr - o.min_lr);
+}
+
+}  // namespace
+
+std::string FinalWeightsPath(const JobSpec& spec) {
+  return spec.checkpoint.dir.empty() ? "" : spec.checkpoint.dir + "/final.weights";
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, int rank, int threads,
+                                                         comm::Communicator* comm) {
+  if (spec.parallel.tp != 1) {
+    return absl::FailedPreconditionError(absl::StrCat("parallel.tp: ", spec.parallel.tp,
+                                                      " — tensor parallelism is not "
+                                                      "implemented yet; use tp: 1"));
+  }
+  if (spec.parallel.pp != 1) {
+    return absl::FailedPreconditionError(absl::StrCat("parallel.pp: ", spec.parallel.pp,
+                                                      " — pipeline parallelism is not "
+                                                      "implemented yet; use pp: 1"));
+  }
+  if (spec.parallel.zero != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parallel.zero: ", spec.parallel.zero, " — ZeRO stages are not implemented yet; use 0"));
+  }
+  if (spec.precision != Precision::kFp32) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("precision: ", std::string(EnumName(spec.precision)),
+                     " is not implemented on CPU yet; use fp32"));
+  }
+  if (spec.parallel.dp > 1 && (!comm || comm->size() != spec.parallel.dp)) {
+    return absl::InvalidArgumentError("data-parallel job without a communicator of size dp");
+  }
+  std::unique_ptr<Trainer> t(new Trainer(spec, rank, comm));
+  auto config = model::MakeGptConfig(spec.model.layers, spec.model.heads, spec.model.dim,
+                                     spec.model.context, spec.model.vocab);
+  if (!config.ok()) return config.status();
+  const int T = spec.batch.seq_len;
+  auto format =
+      spec.data.format == DataFormat::kLlmc ? data::TokenFormat::kLlmc : data::TokenFormat::kText;
+  auto tokens = data::LoadTokens(spec.data.train, format, spec.model.vocab, T + 1);
+  if (!tokens.ok()) {
+    return absl::Status(tokens.status().code(),
+                        absl::StrCat("data.train: ", tokens.status().message()));
+  }
+  t->tokens_ = *std::move(tokens);
+  auto sampler = data::BatchSampler::Create(&t->tokens_, spec.seed, spec.batch.global, T);
+  if (!sampler.ok()) return sampler.status();
+  t->sampler_ = std::make_unique<data::BatchSampler>(*std::move(sampler));
+  auto model = model::Gpt::Create(*config, spec.batch.micro, T, threads);
+  if (!model.ok()) return model.status();
+  t->model_ = *std::move(model);
+  t->model_->InitParams(spec.seed);  // a pure function of the seed: identical on every rank
+  optim::AdamWOptions o;
+  o.beta1 = static_cast<float>(spec.optimizer.betas[0]);
+  o.beta2 = static_cast<float>(spec.optimizer.betas[1]);
+  o.eps = static_cast<float>(spec.optimizer.eps);
+  o.weight_decay = static_cast<float>(spec.optimizer.weight_decay);
+  auto adamw = optim::AdamW::Create(t->model_->layout(), 0, t->model_->layout().num_params(), o);
+  if (!adamw.ok()) return adamw.status();
+  t->adamw_ = std::make_unique<optim::AdamW>(*std::move(adamw));
+  t->bucket_elems_ =
+      std::max<size_t>(1, size_t(spec.parallel.bucket_mb) * 1024 * 1024 / sizeof(float));
+  t->inputs_.resize(size_t(spec.batch.micro) * T);
+  t->targets_.resize(t->inputs_.size());
+  return t;
+}
+
+void Trainer::LaunchBuckets(size_t offset, bool flush) {
+  absl::Span<float> grads = model_->grads();
+  while (unlaunched_end_ > offset &&
+         (flush || unlaunched_end_ - offset >= bucket_elems_)) {
+    const size_t n = std::min(bucket_elems_, unlaunched_end_ - offset);
+    unlaunched_end_ -= n;
+    inflight_.push_back(comm_->AllReduceAsync(grads.data() + unlaunched_end_, n,
+                                              comm::DataType::kFloat32, comm::ReduceOp::kSum));
+  }
+}
+
+absl::Status Trainer::FinishAllReduce(StepResult* r) {
+  LaunchBuckets(0, /*flush=*/true);
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status status;
+  for (auto& w : inflight_) {
+    if (absl::Status s = w->Wait(); !s.ok() && status.ok()) status = s;
+  }
+  r->comm_ms += MsSince(t0);
+  if (!status.ok()) return status;
+  const uint64_t first = inflight_.front()->seq(), last = inflight_.back()->seq();
+  for (const comm::FlightRecord& f : comm_->flight_recorder().Dump()) {
+    if (f.seq >= first && f.seq <= last && f.state == comm::OpState::kDone) {
+      r->allreduce_ms += absl::ToDoubleMilliseconds(f.end_time - f.start_time);
+    }
+  }
+  inflight_.clear();
+  absl::Span<float> grads = model_->grads();
+  const int n = comm_->size();
+  r->comm_bytes += int64_t(grads.size() * sizeof(float)) * 2 * (n - 1) / n;
+  // Summed over dp; the mean gradient of the global batch is sum / dp.
+  optim::ScaleGrads(grads, 1.0f / n, model_->pool());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
+  const auto start = std::chrono::steady_clock::now();
+  StepResult r;
+  r.step = step;
+  const int dp = spec_.parallel.dp, B = spec_.batch.micro, T = spec_.batch.seq_len;
+  const int accum = spec_.GradAccumSteps();
+  model_->ZeroGrad();
+  double loss = 0;
+  const bool ddp = comm_ && comm_->size() > 1;
+  for (int m = 0; m < accum; ++m) {
+    // The sampler's step is 0-based; the local rank within dp is rank_ (tp = pp = 1).
+    if (absl::Status s = sampler_->Fill(step - 1, m, rank_, dp, B, inputs_.data(), targets_.data());
+        !s.ok()) {
+      return s;
+    }
+    loss += model_->Forward(inputs_.data(), targets_.data());
+    // Gradient accumulation: no communication until the last micro-batch,
+    // whose backward launches the buckets as they become final.
+    if (ddp && m == accum - 1) {
+      unlaunched_end_ = model_->grads().size();
+      model_->set_grads_ready_hook([this](size_t offset) { LaunchBuckets(offset, false); });
+    }
+    model_->Backward(1.0f / accum);
+    model_->set_grads_ready_hook(nullptr);
+  }
+  r.loss = loss / accum;
+  if (ddp) {
+    if (absl::Status s = FinishAllReduce(&r); !s.ok()) return s;
+  }
+  r.grad_norm = optim::ClipGradNorm(model_->grads(), static_cast<float>(spec_.optimizer.grad_clip),
+                                    model_->pool());
+  r.lr = ScheduledLr(spec_.optimizer, step - 1, spec_.steps);
+  adamw_->Step(model_->params(), model_->grads(), static_cast<float>(r.lr), model_->pool());
+  r.tokens = int64_t(accum) * B * T;
+  r.step_ms = MsSince(start);
+  return r;
+}
+
+}  // namespace shardtrain::worker
