@@ -9,7 +9,7 @@
 // "bytes" follows nccl-tests: the full buffer (all-reduce, broadcast) or the
 // full gathered / scattered buffer (all-gather output, reduce-scatter input).
 //
-//   collective_bench [--world 2,4] [--min-bytes 8] [--max-bytes 64M]
+//   collective_bench [--backend gloo] [--world 2,4] [--min-bytes 8] [--max-bytes 64M]
 //                    [--step 8] [--ops allreduce,reducescatter,allgather,broadcast]
 //                    (also: allreduce_gloo = gloo::allreduce, for comparison)
 //                    [--json]
@@ -194,6 +194,14 @@ int Main(int argc, char** argv) {
     };
     if (arg == "--json") {
       cfg.json = true;
+    } else if (arg == "--backend") {
+      // Host buffers over Gloo are what this bench times; NCCL needs a GPU
+      // (its numbers come from the gpu-labelled tests on a lent device).
+      const std::string backend = value();
+      if (backend != "gloo") {
+        std::cerr << "--backend: only gloo is measured by this bench (got '" << backend << "')\n";
+        return 2;
+      }
     } else if (arg == "--world") {
       cfg.worlds.clear();
       for (absl::string_view w : absl::StrSplit(value(), ',')) {
@@ -218,7 +226,7 @@ int Main(int argc, char** argv) {
     } else if (arg == "--ops") {
       cfg.ops = absl::StrSplit(value(), ',');
     } else {
-      std::cerr << "usage: collective_bench [--world 2,4] [--min-bytes 8] "
+      std::cerr << "usage: collective_bench [--backend gloo] [--world 2,4] [--min-bytes 8] "
                    "[--max-bytes 64M] [--step 8] [--ops allreduce,...] [--json]\n";
       return arg == "--help" ? 0 : 2;
     }

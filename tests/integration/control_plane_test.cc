@@ -146,7 +146,14 @@ TEST(ControlPlaneTest, PendingUntilEnoughWorkersAndDeadWithinLease) {
   std::map<int, std::string> ranks = Ranks(Cli({"status", job, "-o", "json"}, c.address()).out);
   ASSERT_EQ(ranks.size(), 5u);
 
-  // SIGKILL the worker holding rank 2: DEAD within lease + 2 s.
+  // Once the gang trains (rendezvous done), SIGKILL the worker holding
+  // rank 2: DEAD within lease + 2 s.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Cli({"status", job, "-o", "json"}, c.address()).out.find("\"step\": 0,") ==
+               std::string::npos;
+      },
+      seconds(30)));
   const std::string victim = ranks[2];
   Process* holder = nullptr;  // registration order need not be start order: ask the logs
   for (Process& w : workers) {
