@@ -1,0 +1,72 @@
+// Directory policy of a job's checkpoint dir:
+//   <dir>/step-<N>/rank-<R>.shard ...   written by every rank
+//   <dir>/step-<N>/manifest.txt         written last, by the coordinator
+// A step directory is *committed* iff its manifest exists and parses
+// (ReadManifest) with step == N. One without (a save cut short, e.g. a rank
+// SIGKILLed mid-write, or a rank that failed) is never committed.
+//
+// Thread-compatible; concurrent writers into the same step directory are the
+// caller's business (the coordinator commits each step once).
+#ifndef SHARDTRAIN_WORKER_CHECKPOINT_DIRECTORY_H_
+#define SHARDTRAIN_WORKER_CHECKPOINT_DIRECTORY_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/checkpoint/manifest.h"
+#include "worker/checkpoint/storage.h"
+
+namespace shardtrain::checkpoint {
+
+// "step-N" (no zero padding) and JoinPath(dir, "step-N").
+std::string StepDirName(int64_t step);
+std::string StepDir(const std::string& dir, int64_t step);
+// The N of a name in exactly StepDirName's form; nullopt otherwise.
+std::optional<int64_t> ParseStepDirName(const std::string& name);
+
+struct CommittedCheckpoint {
+  int64_t step = 0;
+  std::string step_dir;  // JoinPath(dir, StepDirName(step))
+  Manifest manifest;
+};
+
+// Committed checkpoints under `dir`, newest (highest step) first. Shards are
+// not read. An absent `dir` gives an empty list; Unavailable on I/O errors.
+absl::StatusOr<std::vector<CommittedCheckpoint>> ListCommitted(CheckpointStorage& storage,
+                                                               const std::string& dir);
+
+// Removes all but the newest `keep` committed checkpoints, and uncommitted
+// step directories older than the oldest one kept (abandoned saves; a newer
+// uncommitted one may still be being written and is left alone). A manifest
+// is removed before the rest of its directory, so a crash mid-prune leaves an
+// uncommitted directory, never a committed one with missing shards. Prune
+// counts manifests only: it does not read shards (LatestValid does).
+// Returns the removed step directories, oldest first.
+// InvalidArgument if keep < 1; Unavailable on I/O errors.
+absl::StatusOr<std::vector<std::string>> PruneOld(CheckpointStorage& storage,
+                                                  const std::string& dir, int keep);
+
+struct SkippedCheckpoint {
+  std::string step_dir;
+  absl::Status reason;  // NotFound: no manifest (uncommitted); DataLoss: corrupt, naming the file
+};
+
+struct LatestValidResult {
+  std::optional<CommittedCheckpoint> checkpoint;  // nullopt: nothing loadable
+  // Step directories newer than `checkpoint` (all of them if none), newest
+  // first, with why each was passed over.
+  std::vector<SkippedCheckpoint> skipped;
+};
+
+// The newest committed checkpoint whose shards all verify (VerifyShards:
+// reads every shard of each candidate, newest first, until one passes).
+// Unavailable on I/O errors other than missing or corrupt files.
+absl::StatusOr<LatestValidResult> LatestValid(CheckpointStorage& storage, const std::string& dir);
+
+}  // namespace shardtrain::checkpoint
+
+#endif  // SHARDTRAIN_WORKER_CHECKPOINT_DIRECTORY_H_

@@ -1,0 +1,170 @@
+#include "worker/checkpoint/storage.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::Status ErrnoError(const std::string& what, const std::string& path, int err) {
+  const std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err));
+  if (err == ENOENT) return absl::NotFoundError(msg);
+  return absl::UnavailableError(msg);
+}
+
+std::string ParentDir(const std::string& path) {
+  std::string dir = fs::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+// Best effort: makes a directory entry change durable.
+void FsyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+absl::Status WriteAll(int fd, std::string_view bytes, const std::string& path) {
+  const char* p = bytes.data();
+  size_t n = bytes.size();
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("writing", path, errno);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+// Creates `dir` and missing parents; fsyncs the parent of each one created.
+absl::Status MakeDirs(const std::string& dir) {
+  std::vector<std::string> created;
+  for (fs::path p = dir; !p.empty(); p = p.parent_path()) {
+    std::error_code ec;
+    if (fs::exists(p, ec)) break;
+    created.push_back(p.string());
+    if (p == p.parent_path()) break;
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("creating directory ", dir, ": ", ec.message()));
+  }
+  for (const std::string& d : created) FsyncDir(ParentDir(d));
+  return absl::OkStatus();
+}
+
+std::atomic<uint64_t> g_temp_counter{0};
+
+}  // namespace
+
+std::string JoinPath(const std::string& a, const std::string& b) {
+  if (a.empty()) return b;
+  if (b.empty()) return a;
+  if (a.back() == '/') return b.front() == '/' ? a + b.substr(1) : a + b;
+  return b.front() == '/' ? a + b : a + "/" + b;
+}
+
+absl::Status FileCheckpointStorage::WriteFileAtomic(const std::string& path,
+                                                    absl::Span<const std::string_view> pieces) {
+  const std::string dir = ParentDir(path);
+  if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".", g_temp_counter++);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return absl::UnavailableError(absl::StrCat("creating ", tmp, ": ", std::strerror(errno)));
+  absl::Status s;
+  for (std::string_view piece : pieces) {
+    s = WriteAll(fd, piece, tmp);
+    if (!s.ok()) break;
+  }
+  if (s.ok() && ::fsync(fd) != 0) {
+    s = absl::UnavailableError(absl::StrCat("fsync ", tmp, ": ", std::strerror(errno)));
+  }
+  if (::close(fd) != 0 && s.ok()) {
+    s = absl::UnavailableError(absl::StrCat("close ", tmp, ": ", std::strerror(errno)));
+  }
+  if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    s = absl::UnavailableError(
+        absl::StrCat("rename ", tmp, " -> ", path, ": ", std::strerror(errno)));
+  }
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  FsyncDir(dir);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> FileCheckpointStorage::Read(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("opening", path, errno);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoError("stat", path, errno);
+  if (S_ISDIR(st.st_mode))
+    return absl::UnavailableError(absl::StrCat("reading ", path, ": is a directory"));
+  std::string out;
+  out.resize(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (true) {
+    if (done == out.size()) out.resize(out.size() + 4096);  // the file may have grown
+    const ssize_t r = ::read(fd, out.data() + done, out.size() - done);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("reading", path, errno);
+    }
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  out.resize(done);
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> FileCheckpointStorage::List(const std::string& dir) {
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec) {
+    const std::string msg = absl::StrCat("listing ", dir, ": ", ec.message());
+    if (ec == std::errc::no_such_file_or_directory) return absl::NotFoundError(msg);
+    return absl::UnavailableError(msg);
+  }
+  std::vector<std::string> names;
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    names.push_back(it->path().filename().string());
+  }
+  if (ec) return absl::UnavailableError(absl::StrCat("listing ", dir, ": ", ec.message()));
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+absl::Status FileCheckpointStorage::RemoveAll(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("removing ", path, ": ", ec.message()));
+  FsyncDir(ParentDir(path));
+  return absl::OkStatus();
+}
+
+}  // namespace shardtrain::checkpoint
