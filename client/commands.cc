@@ -11,9 +11,9 @@
 #include "absl/strings/str_join.h"
 #include "client/output.h"
 #include "common/grpc_status.h"
-#include "common/process.h"
 #include "common/job_spec.h"
 #include "common/planner.h"
+#include "common/process.h"
 #include "worker/coordinator_client.h"
 
 namespace shardtrain::client {

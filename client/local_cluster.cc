@@ -20,8 +20,8 @@
 #include "absl/strings/str_format.h"
 #include "client/output.h"
 #include "common/grpc_status.h"
-#include "common/process.h"
 #include "common/job_spec.h"
+#include "common/process.h"
 #include "worker/coordinator_client.h"
 
 namespace shardtrain::client {

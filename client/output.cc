@@ -144,11 +144,12 @@ std::string PlanJson(const v1::Plan& p) {
       ", \"grad_accum_steps\": ", p.grad_accum_steps(), ", \"seq_len\": ", p.seq_len(),
       ", \"global_batch\": ", p.global_batch(), ", \"schedule\": ", JsonString(p.schedule()),
       ", \"bubble_fraction\": ", Num(p.bubble_fraction()), ", \"num_params\": ", p.num_params(),
-      ", \"memory_per_rank_bytes\": {\"params\": ", m.params_bytes(), ", \"grads\": ",
-      m.grads_bytes(), ", \"optimizer\": ", m.optimizer_bytes(), ", \"activations\": ",
-      m.activations_bytes(), ", \"comm_buffers\": ", m.comm_buffer_bytes(), ", \"total\": ",
-      m.total_bytes(), "}, \"comm_bytes_per_step\": ", p.comm_bytes_per_step(), ", \"ranks\": [",
-      absl::StrJoin(ranks, ", "), "], \"groups\": [", absl::StrJoin(groups, ", "), "]}");
+      ", \"memory_per_rank_bytes\": {\"params\": ", m.params_bytes(),
+      ", \"grads\": ", m.grads_bytes(), ", \"optimizer\": ", m.optimizer_bytes(),
+      ", \"activations\": ", m.activations_bytes(), ", \"comm_buffers\": ", m.comm_buffer_bytes(),
+      ", \"total\": ", m.total_bytes(), "}, \"comm_bytes_per_step\": ", p.comm_bytes_per_step(),
+      ", \"ranks\": [", absl::StrJoin(ranks, ", "), "], \"groups\": [", absl::StrJoin(groups, ", "),
+      "]}");
 }
 
 std::string FormatDuration(double seconds) {

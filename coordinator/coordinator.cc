@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/job_state.h"
 #include "common/job_spec.h"
+#include "common/job_state.h"
 #include "common/planner.h"
 #include "coordinator/scheduler.h"
 
@@ -196,7 +196,13 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     run->set_rank(w.info.rank());
     run->set_world(e->job.world());
     run->set_spec_yaml(e->job.spec_yaml());
-    run->set_resume_from(e->job.resume_from());
+    if (e->job.checkpoints_size() > 0) {
+      const v1::CheckpointInfo& last = *e->job.checkpoints().rbegin();
+      run->set_resume_from(last.dir());
+      run->set_resume_step(last.step());
+    } else {
+      run->set_resume_from(e->job.resume_from());
+    }
   }
   if (runs_wanted && e->job.state() == v1::JOB_STATE_SCHEDULED) {
     e->started.insert(w.info.rank());
@@ -236,10 +242,8 @@ void Coordinator::Tick() {
     w.info.set_state(v1::WORKER_STATE_DEAD);
     if (JobEntry* e = w.info.job_id().empty() ? nullptr : FindJob(w.info.job_id())) {
       if (!IsTerminal(e->job.state())) {
-        std::string reason = absl::StrCat("worker ", id, " (rank ", w.info.rank(),
-                                          ") missed its lease of ", options_.lease_ms, " ms");
-        e->job.set_failure_reason(reason);
-        Transition(*e, v1::JOB_STATE_FAILED, reason).IgnoreError();
+        FailOrRecover(*e, absl::StrCat("worker ", id, " (rank ", w.info.rank(),
+                                       ") missed its lease of ", options_.lease_ms, " ms"));
       }
     }
     w.info.clear_job_id();
@@ -462,11 +466,72 @@ absl::Status Coordinator::ReportDone(const v1::ReportDoneRequest& req) {
   return s;
 }
 
+void Coordinator::set_checkpoint_committer(CheckpointCommitter committer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  committer_ = std::move(committer);
+}
+
+absl::StatusOr<bool> Coordinator::ReportCheckpoint(const v1::ReportCheckpointRequest& req) {
+  const v1::CheckpointShard& shard = req.shard();
+  std::lock_guard<std::mutex> lock(mu_);
+  JobEntry* e = FindJob(shard.job_id());
+  if (!e) return absl::NotFoundError(absl::StrCat("job ", shard.job_id(), " not found"));
+  if (auto s = CheckRank(*e, shard.generation(), shard.rank(), req.worker_id()); !s.ok()) return s;
+  if (!committer_) return absl::FailedPreconditionError("this coordinator commits no checkpoints");
+  auto& ranks = e->shards[shard.step()];
+  ranks[shard.rank()] = shard;
+  if (static_cast<int>(ranks.size()) < e->job.world()) return false;
+  std::vector<v1::CheckpointShard> all;
+  for (auto& [rank, s] : ranks) all.push_back(s);
+  e->shards.erase(shard.step());
+  std::vector<int64_t> pruned;
+  absl::StatusOr<v1::CheckpointInfo> info = committer_(e->job, shard.step(), all, &pruned);
+  if (!info.ok()) {
+    AppendEvent(
+        *e, v1::EVENT_KIND_CHECKPOINT,
+        absl::StrCat("checkpoint step ", shard.step(), " NOT committed: ", info.status().message()),
+        nullptr)
+        .IgnoreError();
+    return info.status();
+  }
+  const v1::Job before = e->job;
+  auto* list = e->job.mutable_checkpoints();
+  for (int i = list->size() - 1; i >= 0; --i) {
+    if (std::count(pruned.begin(), pruned.end(), list->Get(i).step()) > 0)
+      list->DeleteSubrange(i, 1);
+  }
+  *list->Add() = *info;
+  e->job.mutable_progress()->set_last_committed_checkpoint_step(info->step());
+  if (auto s = AppendEvent(*e, v1::EVENT_KIND_CHECKPOINT,
+                           absl::StrCat("checkpoint step ", info->step(), " committed (",
+                                        info->bytes(), " bytes in ", info->world(), " shards)"),
+                           nullptr);
+      !s.ok()) {
+    e->job = before;  // not durable: the job does not know it
+    return s;
+  }
+  return true;
+}
+
+absl::StatusOr<v1::ListCheckpointsResponse> Coordinator::ListCheckpoints(
+    const std::string& job_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const JobEntry* e = FindJob(job_id);
+  if (!e) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  v1::ListCheckpointsResponse resp;
+  for (auto it = e->job.checkpoints().rbegin(); it != e->job.checkpoints().rend(); ++it) {
+    *resp.add_checkpoints() = *it;
+  }
+  return resp;
+}
+
 absl::Status Coordinator::ReportFailure(const v1::ReportFailureRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
   JobEntry* e = FindJob(req.job_id());
   if (!e) return absl::NotFoundError(absl::StrCat("job ", req.job_id(), " not found"));
-  if (IsTerminal(e->job.state())) return absl::OkStatus();  // already over: nothing to do
+  if (IsTerminal(e->job.state()) || e->job.state() == v1::JOB_STATE_RECOVERING) {
+    return absl::OkStatus();  // already over, or already recovering from this generation
+  }
   if (auto s = CheckRank(*e, req.generation(), req.rank(), req.worker_id()); !s.ok()) return s;
   std::string reason =
       absl::StrCat("rank ", req.rank(), " (worker ", req.worker_id(), ")",
@@ -477,10 +542,45 @@ absl::Status Coordinator::ReportFailure(const v1::ReportFailureRequest& req) {
                       c.state());
     }
   }
-  e->job.set_failure_reason(reason);
-  absl::Status s = Transition(*e, v1::JOB_STATE_FAILED, reason);
+  FailOrRecover(*e, reason);
   ScheduleLocked();
-  return s;
+  return absl::OkStatus();
+}
+
+void Coordinator::FailOrRecover(JobEntry& e, const std::string& reason) {
+  e.job.set_failure_reason(reason);
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(e.job.spec_yaml());
+  const int max_restarts = spec.ok() ? spec->max_restarts : 0;
+  if (e.job.restarts() >= max_restarts) {
+    std::string why = absl::StrCat(reason, " (no restarts left: max_restarts ", max_restarts, ")");
+    e.job.set_failure_reason(why);
+    Transition(e, v1::JOB_STATE_FAILED, why).IgnoreError();
+    return;
+  }
+  e.job.set_restarts(e.job.restarts() + 1);
+  if (e.job.state() == v1::JOB_STATE_SCHEDULED) {
+    // The gang never started (a rank died before acknowledging): queue again.
+    if (Transition(e, v1::JOB_STATE_PENDING,
+                   absl::StrCat(reason, "; re-queued (", e.job.restarts(), "/", max_restarts, ")"))
+            .ok()) {
+      ReleaseWorkers(e);
+    }
+    return;
+  }
+  const std::string from =
+      e.job.checkpoints_size() > 0
+          ? absl::StrCat("resuming from committed step ", e.job.checkpoints().rbegin()->step())
+          : "no committed checkpoint: restarting from step 0";
+  if (!Transition(
+           e, v1::JOB_STATE_RECOVERING,
+           absl::StrCat(reason, "; recovery ", e.job.restarts(), "/", max_restarts, ", ", from))
+           .ok()) {
+    return;
+  }
+  // The generation's ranks go back to the pool; its reports are stale now.
+  ReleaseWorkers(e);
+  e.partial.clear();
+  e.shards.clear();
 }
 
 // ------------------------------------------------------------------ internals
@@ -541,12 +641,19 @@ void Coordinator::ScheduleLocked() {
   std::vector<PendingJob> fifo;
   for (const std::string& id : job_order_) {
     const v1::Job& j = jobs_.at(id).job;
-    if (j.state() == v1::JOB_STATE_PENDING) fifo.push_back({id, j.world(), j.device()});
+    if (j.state() == v1::JOB_STATE_PENDING || j.state() == v1::JOB_STATE_RECOVERING) {
+      fifo.push_back({id, j.world(), j.device()});
+    }
   }
   if (fifo.empty()) return;
   std::vector<FreeWorker> free;
+  // Healthy: alive, free, and heard from within half a lease (workers beat
+  // at least every lease/3), so a worker that just died with its job is not
+  // handed the job's next generation before its lease runs out.
+  const int64_t now = clock_->NowMs();
   for (const auto& [id, w] : workers_) {
-    if (w.info.state() == v1::WORKER_STATE_ALIVE && w.info.job_id().empty()) {
+    if (w.info.state() == v1::WORKER_STATE_ALIVE && w.info.job_id().empty() &&
+        now - w.info.last_heartbeat_ms() <= options_.lease_ms / 2) {
       free.push_back({id, w.info.device().kind()});
     }
   }

@@ -53,6 +53,14 @@ struct CoordinatorOptions {
   int64_t lease_ms = 10'000;  // a worker silent this long is DEAD
 };
 
+// Commits checkpoint `step` of `job` once every rank reported its shard:
+// writes the manifest (the commit point) and prunes old checkpoints beyond
+// the spec's `keep`. Returns what was committed; *pruned gets the steps
+// removed. Errors leave the checkpoint uncommitted.
+using CheckpointCommitter = std::function<absl::StatusOr<v1::CheckpointInfo>(
+    const v1::Job& job, int64_t step, const std::vector<v1::CheckpointShard>& shards,
+    std::vector<int64_t>* pruned)>;
+
 class Coordinator {
  public:
   // Loads the stored state. Workers found there get a fresh lease (a grace
@@ -91,6 +99,12 @@ class Coordinator {
   // is not the caller's; FAILED_PRECONDITION when the job is not active.
   absl::StatusOr<v1::ReportStepResponse> ReportStep(const v1::ReportStepRequest& req);
   absl::Status ReportDone(const v1::ReportDoneRequest& req);
+  // Records a rank's shard of checkpoint `step`; the last rank's report
+  // commits it (through the committer). Returns whether it committed.
+  absl::StatusOr<bool> ReportCheckpoint(const v1::ReportCheckpointRequest& req);
+  absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id) const;
+  // Without a committer, checkpoint reports are refused (FAILED_PRECONDITION).
+  void set_checkpoint_committer(CheckpointCommitter committer);
   absl::Status ReportFailure(const v1::ReportFailureRequest& req);
 
   // ---- rendezvous
@@ -117,6 +131,7 @@ class Coordinator {
     std::map<int64_t, v1::StepReport> history;  // step -> aggregated report
     std::map<int64_t, StepAgg> partial;         // steps not yet reported by every rank
     std::set<int> started;                      // ranks that acknowledged the generation
+    std::map<int64_t, std::map<int, v1::CheckpointShard>> shards;  // step -> rank -> shard
     bool has_plan = false;
     v1::Plan plan;
   };
@@ -138,10 +153,14 @@ class Coordinator {
   absl::Status CheckRank(const JobEntry& e, int64_t generation, int rank,
                          const std::string& worker_id) const;
   void FinishStep(JobEntry& e, int64_t step);
+  // A rank of `e` failed: RECOVERING (re-gang from the last committed
+  // checkpoint) while restarts remain, FAILED otherwise.
+  void FailOrRecover(JobEntry& e, const std::string& reason);
 
   const CoordinatorOptions options_;
   const std::unique_ptr<StateStore> store_;
   const SpecValidator validator_;
+  CheckpointCommitter committer_;  // GUARDED_BY(mu_)
   const Clock* const clock_;
   RendezvousKv kv_;
 

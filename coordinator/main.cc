@@ -16,6 +16,7 @@
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/process.h"
+#include "coordinator/checkpoint_committer.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/service.h"
 #include "coordinator/spec_summary.h"
@@ -73,6 +74,7 @@ int main(int argc, char** argv) {
   auto core = Coordinator::Create(options, *std::move(store), ValidateSpec, &clock);
   if (!core.ok()) return Fail(std::string((core.status().message())));
 
+  (*core)->set_checkpoint_committer(NewFileCheckpointCommitter());
   MetricsRegistry registry;
   RegisterCoordinatorMetrics(core->get(), &registry);
   CoordinatorService service(core->get(), &registry);

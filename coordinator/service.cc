@@ -143,11 +143,10 @@ grpc::Status CoordinatorService::GetPlan(grpc::ServerContext*, const v1::GetPlan
 
 grpc::Status CoordinatorService::ListCheckpoints(grpc::ServerContext*,
                                                  const v1::ListCheckpointsRequest* req,
-                                                 v1::ListCheckpointsResponse*) {
+                                                 v1::ListCheckpointsResponse* resp) {
   return Handle("ListCheckpoints", [&]() -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
-    if (auto job = core_->GetJob(req->job_id()); !job.ok()) return job.status();
-    return absl::OkStatus();  // no checkpoint is ever committed yet: an empty list is the truth
+    return Fill(core_->ListCheckpoints(req->job_id()), resp);
   });
 }
 
@@ -160,10 +159,14 @@ grpc::Status CoordinatorService::ReportStep(grpc::ServerContext*, const v1::Repo
 }
 
 grpc::Status CoordinatorService::ReportCheckpoint(grpc::ServerContext*,
-                                                  const v1::ReportCheckpointRequest*,
-                                                  v1::ReportCheckpointResponse*) {
-  return Handle("ReportCheckpoint", [] {
-    return absl::UnimplementedError("ReportCheckpoint: sharded checkpoints are not committed yet");
+                                                  const v1::ReportCheckpointRequest* req,
+                                                  v1::ReportCheckpointResponse* resp) {
+  return Handle("ReportCheckpoint", [&]() -> absl::Status {
+    if (auto s = RequireId(req->shard().job_id(), "shard.job_id"); !s.ok()) return s;
+    absl::StatusOr<bool> committed = core_->ReportCheckpoint(*req);
+    if (!committed.ok()) return committed.status();
+    resp->set_committed(*committed);
+    return absl::OkStatus();
   });
 }
 

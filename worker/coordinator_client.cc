@@ -63,6 +63,13 @@ absl::Status CoordinatorClient::ReportDone(const v1::ReportDoneRequest& r) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::ReportCheckpointResponse> CoordinatorClient::ReportCheckpoint(
+    const v1::ReportCheckpointRequest& r) {
+  v1::ReportCheckpointResponse resp;
+  SHARDTRAIN_UNARY(ReportCheckpoint, r, &resp);
+  return resp;
+}
+
 absl::Status CoordinatorClient::ReportFailure(const v1::ReportFailureRequest& r) {
   v1::ReportFailureResponse resp;
   SHARDTRAIN_UNARY(ReportFailure, r, &resp);

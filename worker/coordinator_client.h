@@ -30,6 +30,8 @@ class CoordinatorClient {
   absl::StatusOr<v1::Plan> GetPlan(const std::string& job_id);
   absl::StatusOr<v1::ReportStepResponse> ReportStep(const v1::ReportStepRequest& r);
   absl::Status ReportDone(const v1::ReportDoneRequest& r);
+  absl::StatusOr<v1::ReportCheckpointResponse> ReportCheckpoint(
+      const v1::ReportCheckpointRequest& r);
   absl::Status ReportFailure(const v1::ReportFailureRequest& r);
   absl::Status KvSet(const v1::KvSetRequest& r);
   absl::StatusOr<std::string> KvGet(const v1::KvGetRequest& r);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/process.h"
+#include "worker/checkpoint/storage.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/kv_rendezvous_store.h"
 #include "worker/model/weights_file.h"
@@ -80,6 +81,32 @@ class Reporter {
                absl::IsNotFound(resp.status()));
     }
     return !resp->abort();
+  }
+
+  absl::Status Checkpoint(const checkpoint::ShardFileInfo& info, const std::string& path,
+                          int64_t step) {
+    v1::ReportCheckpointRequest req;
+    req.set_worker_id(ctx_.worker_id);
+    v1::CheckpointShard* s = req.mutable_shard();
+    s->set_job_id(a_.job_id());
+    s->set_generation(a_.generation());
+    s->set_rank(a_.rank());
+    s->set_step(step);
+    s->set_path(path);
+    s->set_bytes(int64_t(info.bytes));
+    s->set_crc64(info.checksum);
+    for (const checkpoint::FlatRange& r : info.ranges) {
+      v1::FlatRange* fr = s->add_ranges();
+      fr->set_begin(int64_t(r.begin));
+      fr->set_end(int64_t(r.end));
+    }
+    absl::StatusOr<v1::ReportCheckpointResponse> resp;
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      resp = ctx_.client->ReportCheckpoint(req);
+      if (resp.ok() || !absl::IsUnavailable(resp.status())) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+    return resp.status();
   }
 
   void Done(int64_t steps, const std::string& output) {
@@ -196,9 +223,18 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   }
   auto trainer = Trainer::Create(*spec, a.rank(), ctx.options->threads, comm.get());
   if (!trainer.ok()) return report.Failure(trainer.status(), 0, comm.get());
-  report.Log("training " + spec->name + ": " + std::to_string(spec->steps) + " steps, world " +
-             std::to_string(a.world()));
-  for (int64_t step = 1; step <= spec->steps; ++step) {
+  checkpoint::FileCheckpointStorage storage;
+  int64_t first = 1;
+  if (!a.resume_from().empty()) {
+    absl::StatusOr<int64_t> done = (*trainer)->Restore(storage, a.resume_from());
+    if (!done.ok()) return report.Failure(done.status(), 0, comm.get());
+    first = *done + 1;
+    report.Log("resumed from " + a.resume_from() + " (step " + std::to_string(*done) + ")");
+  }
+  report.Log("training " + spec->name + ": steps " + std::to_string(first) + ".." +
+             std::to_string(spec->steps) + ", world " + std::to_string(a.world()));
+  const int every = spec->checkpoint.dir.empty() ? 0 : spec->checkpoint.every;
+  for (int64_t step = first; step <= spec->steps; ++step) {
     if (*ctx.stop) {
       report.Log("stopped at step " + std::to_string(step));
       return;
@@ -215,6 +251,12 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
     if (!report.Step(*r)) {
       report.Log("the coordinator ended the job; stopping at step " + std::to_string(step));
       return;
+    }
+    if (every > 0 && step % every == 0 && step < spec->steps) {
+      std::string path;
+      absl::StatusOr<checkpoint::ShardFileInfo> info = (*trainer)->SaveShard(storage, step, &path);
+      absl::Status s = info.ok() ? report.Checkpoint(*info, path, step) : info.status();
+      if (!s.ok()) return report.Failure(s, step, comm.get());
     }
   }
   std::string output;

@@ -4,6 +4,9 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "worker/checkpoint/directory.h"
+#include "worker/checkpoint/loader.h"
+#include "worker/checkpoint/manifest.h"
 #include "worker/data/tokens.h"
 #include "worker/model/config.h"
 
@@ -96,8 +99,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
 
 void Trainer::LaunchBuckets(size_t offset, bool flush) {
   absl::Span<float> grads = model_->grads();
-  while (unlaunched_end_ > offset &&
-         (flush || unlaunched_end_ - offset >= bucket_elems_)) {
+  while (unlaunched_end_ > offset && (flush || unlaunched_end_ - offset >= bucket_elems_)) {
     const size_t n = std::min(bucket_elems_, unlaunched_end_ - offset);
     unlaunched_end_ -= n;
     inflight_.push_back(comm_->AllReduceAsync(grads.data() + unlaunched_end_, n,
@@ -165,6 +167,47 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   r.tokens = int64_t(accum) * B * T;
   r.step_ms = MsSince(start);
   return r;
+}
+
+absl::StatusOr<checkpoint::ShardFileInfo> Trainer::SaveShard(checkpoint::CheckpointStorage& storage,
+                                                             int64_t step, std::string* path) {
+  const model::ParamLayout& layout = model_->layout();
+  const int world = spec_.parallel.dp;
+  const checkpoint::FlatRange range = checkpoint::EvenSplit(layout.num_params(), world, rank_);
+  checkpoint::ShardContents c;
+  c.step = step;
+  c.rank = rank_;
+  c.world = world;
+  c.layout_fingerprint = layout.Fingerprint();
+  c.num_params = layout.num_params();
+  c.ranges = {range};
+  auto slice = [&](absl::Span<const float> all) {
+    return std::vector<float>(all.begin() + range.begin, all.begin() + range.end);
+  };
+  c.params = slice(model_->params());
+  c.m = slice(adamw_->m());
+  c.v = slice(adamw_->v());
+  c.scalars.optimizer_step = adamw_->step();
+  c.scalars.data_position = step + 1;
+  c.scalars.rng_seed = spec_.seed;
+  *path = checkpoint::JoinPath(checkpoint::StepDir(spec_.checkpoint.dir, step),
+                               checkpoint::ShardFileName(rank_));
+  return checkpoint::WriteShard(storage, *path, c);
+}
+
+absl::StatusOr<int64_t> Trainer::Restore(checkpoint::CheckpointStorage& storage,
+                                         const std::string& step_dir) {
+  auto manifest = checkpoint::ReadManifest(storage, checkpoint::ManifestPath(step_dir));
+  if (!manifest.ok()) return manifest.status();
+  if (auto s = checkpoint::CheckCompatible(*manifest, model_->layout()); !s.ok()) return s;
+  // Data parallel: every rank holds the whole model and optimizer state.
+  auto state = checkpoint::LoadAll(storage, step_dir, *manifest);
+  if (!state.ok()) return state.status();
+  std::copy(state->params.begin(), state->params.end(), model_->params().begin());
+  std::copy(state->m.begin(), state->m.end(), adamw_->m().begin());
+  std::copy(state->v.begin(), state->v.end(), adamw_->v().begin());
+  adamw_->set_step(state->scalars.optimizer_step);
+  return state->step;
 }
 
 }  // namespace shardtrain::worker

@@ -22,6 +22,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/job_spec.h"
+#include "worker/checkpoint/shard_file.h"
+#include "worker/checkpoint/storage.h"
 #include "worker/comm/communicator.h"
 #include "worker/data/sampler.h"
 #include "worker/model/gpt.h"
@@ -36,11 +38,11 @@ struct StepResult {
   double grad_norm = 0;  // global norm before clipping (identical on every rank)
   double lr = 0;
   double step_ms = 0;
-  double comm_ms = 0;      // time blocked waiting for gradient all-reduces (exposed)
-  double allreduce_ms = 0; // time the all-reduces ran (flight recorder); 1 - comm/allreduce
-                           // is the fraction hidden behind backward
-  int64_t comm_bytes = 0;  // bytes this rank sent (ring all-reduce: 2(n-1)/n of the payload)
-  int64_t tokens = 0;      // tokens this rank processed
+  double comm_ms = 0;       // time blocked waiting for gradient all-reduces (exposed)
+  double allreduce_ms = 0;  // time the all-reduces ran (flight recorder); 1 - comm/allreduce
+                            // is the fraction hidden behind backward
+  int64_t comm_bytes = 0;   // bytes this rank sent (ring all-reduce: 2(n-1)/n of the payload)
+  int64_t tokens = 0;       // tokens this rank processed
 };
 
 class Trainer {
@@ -52,6 +54,17 @@ class Trainer {
 
   // Runs optimizer step `step` (1-based). Collective when dp > 1.
   absl::StatusOr<StepResult> Step(int64_t step);
+
+  // Writes this rank's shard of the state after `step` (params, AdamW m and
+  // v of the rank's even split of the flat buffer, and the scalars) to
+  // <checkpoint.dir>/step-<step>/rank-<rank>.shard, atomically. Returns what
+  // the coordinator's manifest needs; *path gets the file.
+  absl::StatusOr<checkpoint::ShardFileInfo> SaveShard(checkpoint::CheckpointStorage& storage,
+                                                      int64_t step, std::string* path);
+  // Loads the committed checkpoint in `step_dir` (any world size that wrote
+  // it) into the model and optimizer; returns its step, the last one done.
+  absl::StatusOr<int64_t> Restore(checkpoint::CheckpointStorage& storage,
+                                  const std::string& step_dir);
 
   model::Gpt& model() { return *model_; }
   const JobSpec& spec() const { return spec_; }

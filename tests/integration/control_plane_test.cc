@@ -73,11 +73,13 @@ TEST(ControlPlaneTest, GangScheduledOnDistinctWorkersAndSurvivesKill9) {
   for (int i = 0; i < 4; ++i) workers.push_back(StartWorker(dir.path(), c.address(), i));
 
   // steps=100000: the job stays active for the whole test.
-  CommandResult sub = Cli({"submit", kTinySpec, "--set", kData, "--set", "steps=100000"}, c.address());
+  CommandResult sub =
+      Cli({"submit", kTinySpec, "--set", kData, "--set", "steps=100000"}, c.address());
   ASSERT_EQ(sub.exit_code, 0) << sub.err;
   const std::string job = Trim(sub.out);
   ASSERT_EQ(job.rfind("j-", 0), 0u) << sub.out;
-  CommandResult second = Cli({"submit", kTinySpec, "--set", kData, "--set", "name=second"}, c.address());
+  CommandResult second =
+      Cli({"submit", kTinySpec, "--set", kData, "--set", "name=second"}, c.address());
   ASSERT_EQ(second.exit_code, 0) << second.err;  // waits PENDING behind the first
 
   std::string status;
@@ -134,7 +136,7 @@ TEST(ControlPlaneTest, PendingUntilEnoughWorkersAndDeadWithinLease) {
       WaitFor([&] { return Cli({"workers"}, c.address()).out.find("w-0004") != std::string::npos; },
               seconds(10)));
   CommandResult sub = Cli({"submit", kTinySpec, "--set", kData, "--set", "parallel.dp=5", "--set",
-                           "batch.global=10", "--set", "steps=100000"},
+                           "batch.global=10", "--set", "steps=100000", "--set", "max_restarts=0"},
                           c.address());
   ASSERT_EQ(sub.exit_code, 0) << sub.err;
   const std::string job = Trim(sub.out);
@@ -176,7 +178,8 @@ TEST(ControlPlaneTest, PendingUntilEnoughWorkersAndDeadWithinLease) {
   ASSERT_TRUE(WaitFor([&] { return JobState(c.address(), job) == "FAILED"; }, seconds(3)));
   CommandResult st = Cli({"status", job}, c.address());
   const bool lease = st.out.find(victim + " (rank 2) missed its lease") != std::string::npos;
-  const bool peer = st.out.find("ranks not arrived (dead, hung or behind): [2]") != std::string::npos;
+  const bool peer =
+      st.out.find("ranks not arrived (dead, hung or behind): [2]") != std::string::npos;
   EXPECT_TRUE(lease || peer) << st.out;
 }
 

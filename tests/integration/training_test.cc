@@ -61,12 +61,28 @@ TEST_F(TrainingTest, DdpOn1And2And4WorkersMatchesStepByStep) {
   std::map<int, std::vector<float>> weights;
   for (int dp : {1, 2, 4}) {
     const std::string ckpt = dir.path() + "/dp" + std::to_string(dp);
-    CommandResult r = RunCommand(
-        {SHARDTRAIN_CLI_BIN, "local", kDdpSpec, "--output", "json", "--threads", "1", "--set",
-         "parallel.dp=" + std::to_string(dp), "--set", "batch.micro=" + std::to_string(32 / dp),
-         "--set", "steps=" + std::to_string(steps), "--set", "data.train=" + kData, "--set",
-         "checkpoint.dir=" + ckpt, "--set", "optimizer.lr=1e-3", "--set", "parallel.bucket_mb=1"},
-        seconds(300));
+    CommandResult r = RunCommand({SHARDTRAIN_CLI_BIN,
+                                  "local",
+                                  kDdpSpec,
+                                  "--output",
+                                  "json",
+                                  "--threads",
+                                  "1",
+                                  "--set",
+                                  "parallel.dp=" + std::to_string(dp),
+                                  "--set",
+                                  "batch.micro=" + std::to_string(32 / dp),
+                                  "--set",
+                                  "steps=" + std::to_string(steps),
+                                  "--set",
+                                  "data.train=" + kData,
+                                  "--set",
+                                  "checkpoint.dir=" + ckpt,
+                                  "--set",
+                                  "optimizer.lr=1e-3",
+                                  "--set",
+                                  "parallel.bucket_mb=1"},
+                                 seconds(300));
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     EXPECT_EQ(Field(r.out, "state"), "SUCCEEDED");
     losses[dp] = Losses(r.out);
@@ -163,8 +179,8 @@ TEST_F(ClusterTest, CancelStopsEveryRankWithin5sAndFreesTheWorkers) {
 TEST_F(ClusterTest, KilledWorkerFailsTheJobWithTheReason) {
   const int64_t lease_ms = 2000;
   Start(2, lease_ms);
-  const std::string job =
-      Submit({"parallel.dp=2", "batch.micro=16", "steps=100000", "timeouts.collective_s=3"});
+  const std::string job = Submit({"parallel.dp=2", "batch.micro=16", "steps=100000",
+                                  "timeouts.collective_s=3", "max_restarts=0"});
   ASSERT_TRUE(WaitFor([&] { return Step(job) >= 2; }, seconds(60))) << Status(job);
   const auto t0 = std::chrono::steady_clock::now();
   workers_[1].Signal(SIGKILL);
@@ -175,6 +191,63 @@ TEST_F(ClusterTest, KilledWorkerFailsTheJobWithTheReason) {
   std::cout << "job FAILED " << took << " s after SIGKILL: " << reason << std::endl;
   EXPECT_FALSE(reason.empty());
   EXPECT_NE(reason.find("rank"), std::string::npos) << reason;
+}
+
+TEST_F(ClusterTest, KilledRankRecoversFromTheLastCommitAndMatchesAnUninterruptedRun) {
+  const int steps = 40;
+  const std::vector<std::string> sets = {"steps=40", "checkpoint.every=10", "optimizer.lr=1e-3"};
+  // The uninterrupted run, on a local cluster of its own.
+  std::vector<std::string> args = {SHARDTRAIN_CLI_BIN,
+                                   "local",
+                                   kDdpSpec,
+                                   "--output",
+                                   "json",
+                                   "--threads",
+                                   "1",
+                                   "--set",
+                                   "data.train=" + kData,
+                                   "--set",
+                                   "checkpoint.dir=" + dir_.path() + "/straight"};
+  for (const auto& s : sets) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  CommandResult straight = RunCommand(args, seconds(300));
+  ASSERT_EQ(straight.exit_code, 0) << straight.out << straight.err;
+  const std::vector<double> expected = Losses(straight.out);
+  ASSERT_EQ(expected.size(), size_t(steps));
+
+  // 5 workers for a job of 4: after rank 2's worker dies, 4 are left.
+  Start(5, /*lease_ms=*/2000);
+  const std::string job = Submit(sets);
+  ASSERT_TRUE(WaitFor([&] { return Step(job) >= 22; }, seconds(120))) << Status(job);
+  const std::string status = Status(job);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(status, m, std::regex("\"rank\": 2, \"worker_id\": \"(w-\\d+)\"")));
+  const std::string victim = m[1];
+  for (Process& w : workers_) {
+    if (w.Log().find(" as " + victim + " ") != std::string::npos) w.Signal(SIGKILL);
+  }
+  const int killed_at = Step(job);
+  ASSERT_TRUE(WaitFor([&] { return State(job) == "SUCCEEDED"; }, seconds(180))) << Status(job);
+  const std::string done = Status(job);
+  EXPECT_EQ(Field(done, "state"), "SUCCEEDED");
+  EXPECT_NE(done.find("\"restarts\": 1"), std::string::npos) << done;
+  CommandResult watch = Cli({"watch", job}, c_.address());
+  EXPECT_NE(watch.out.find("[RECOVERING]"), std::string::npos) << watch.out;
+  EXPECT_NE(watch.out.find("resuming from committed step 20"), std::string::npos) << watch.out;
+  const std::vector<double> got = Losses(Cli({"history", job, "-o", "json"}, c_.address()).out);
+  ASSERT_EQ(got.size(), size_t(steps));
+  std::cout << "rank 2 killed at step " << killed_at << "; resumed from step 20\n"
+            << "step  uninterrupted  recovered\n";
+  double worst = 0;
+  for (int s = 0; s < steps; ++s) {
+    const double rel = std::abs(got[s] - expected[s]) / std::abs(expected[s]);
+    worst = std::max(worst, rel);
+    if (s >= 18) std::printf("%4d  %13.9f  %9.9f\n", s + 1, expected[s], got[s]);
+    EXPECT_LE(rel, 1e-6) << "step " << s + 1;
+  }
+  std::cout << "max relative loss difference after recovery: " << worst << std::endl;
 }
 
 TEST_F(ClusterTest, TwoJobsShareFourWorkersAndAThirdWaits) {
@@ -192,7 +265,8 @@ TEST_F(ClusterTest, TwoJobsShareFourWorkersAndAThirdWaits) {
 TEST_F(ClusterTest, WorkerMetricsDuringARunPassPromtool) {
   c_ = StartCoordinator(dir_.path(), 10'000);
   ASSERT_GT(c_.port, 0);
-  workers_.push_back(StartWorker(dir_.path(), c_.address(), 0, {"--metrics-listen", "127.0.0.1:0"}));
+  workers_.push_back(
+      StartWorker(dir_.path(), c_.address(), 0, {"--metrics-listen", "127.0.0.1:0"}));
   const std::string job = Submit({"parallel.dp=1", "batch.micro=32", "steps=100000"});
   ASSERT_TRUE(WaitFor([&] { return Step(job) >= 2; }, seconds(60))) << Status(job);
   std::smatch m;

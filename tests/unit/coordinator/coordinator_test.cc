@@ -11,11 +11,13 @@
 namespace shardtrain::coordinator {
 namespace {
 
-std::string Spec(int dp, int steps = 3) {
+// max_restarts 0 unless a test is about recovery: a failure then fails the job.
+std::string Spec(int dp, int steps = 3, int max_restarts = 0) {
   return "name: t\nmodel: {layers: 2, heads: 2, dim: 16, context: 16, vocab: 256}\n"
          "data: {train: data/x.txt}\nbatch: {global: " +
          std::to_string(2 * dp) + ", micro: 2, seq_len: 8}\nparallel: {dp: " + std::to_string(dp) +
-         "}\nsteps: " + std::to_string(steps) + "\n";
+         "}\nsteps: " + std::to_string(steps) + "\nmax_restarts: " + std::to_string(max_restarts) +
+         "\ncheckpoint: {every: 1, dir: /tmp/ckpt-t}\n";
 }
 
 class CoordinatorTest : public ::testing::Test {
@@ -41,9 +43,9 @@ class CoordinatorTest : public ::testing::Test {
     return resp.ok() ? resp->worker_id() : "";
   }
 
-  v1::Job Submit(int dp, int steps = 3) {
+  v1::Job Submit(int dp, int steps = 3, int max_restarts = 0) {
     v1::SubmitJobRequest r;
-    r.set_spec_yaml(Spec(dp, steps));
+    r.set_spec_yaml(Spec(dp, steps, max_restarts));
     auto job = core_->SubmitJob(r);
     EXPECT_TRUE(job.ok()) << job.status();
     return job.ok() ? *job : v1::Job();
@@ -221,6 +223,72 @@ TEST_F(CoordinatorTest, FailureReportFailsTheJobWithRankAndReason) {
   EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(failed.failure_reason().find("rank 0"), std::string::npos);
   EXPECT_NE(failed.failure_reason().find("missing.txt"), std::string::npos);
+}
+
+TEST_F(CoordinatorTest, FailedRankRecoversFromTheLastCommittedCheckpoint) {
+  std::vector<v1::CheckpointShard> seen;
+  core_->set_checkpoint_committer([&](const v1::Job& job, int64_t step,
+                                      const std::vector<v1::CheckpointShard>& shards,
+                                      std::vector<int64_t>*) -> absl::StatusOr<v1::CheckpointInfo> {
+    seen = shards;
+    v1::CheckpointInfo info;
+    info.set_step(step);
+    info.set_dir("/ckpt/step-" + std::to_string(step));
+    info.set_world(job.world());
+    return info;
+  });
+  std::string a = Register(), b = Register();
+  v1::Job job = Submit(2, /*steps=*/10, /*max_restarts=*/1);
+  StartAll(job);
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::ReportCheckpointRequest r;
+    r.set_worker_id(rank == 0 ? a : b);
+    r.mutable_shard()->set_job_id(job.job_id());
+    r.mutable_shard()->set_generation(1);
+    r.mutable_shard()->set_rank(rank);
+    r.mutable_shard()->set_step(4);
+    auto committed = core_->ReportCheckpoint(r);
+    ASSERT_TRUE(committed.ok()) << committed.status();
+    EXPECT_EQ(*committed, rank == 1);  // the last rank's report commits
+  }
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_EQ(core_->ListCheckpoints(job.job_id())->checkpoints(0).step(), 4);
+
+  // b dies: RECOVERING, and with no spare worker it waits.
+  clock_.AdvanceMs(600);
+  Beat(a, job.job_id(), 1);
+  clock_.AdvanceMs(600);
+  core_->Tick();
+  v1::Job recovering = *core_->GetJob(job.job_id());
+  EXPECT_EQ(recovering.state(), v1::JOB_STATE_RECOVERING);
+  EXPECT_EQ(recovering.restarts(), 1);
+  // The survivor is told to abort generation 1 (and is healthy: it beat just
+  // now); a new worker re-forms the gang as generation 2, resuming from step 4.
+  auto abort = Beat(a, job.job_id(), 1);
+  ASSERT_EQ(abort.commands_size(), 1);
+  EXPECT_TRUE(abort.commands(0).has_abort());
+  std::string c = Register();
+  v1::Job again = *core_->GetJob(job.job_id());
+  EXPECT_EQ(again.state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(again.generation(), 2);
+  auto resp = Beat(c);
+  ASSERT_EQ(resp.commands_size(), 1);
+  EXPECT_EQ(resp.commands(0).run().resume_from(), "/ckpt/step-4");
+  EXPECT_EQ(resp.commands(0).run().resume_step(), 4);
+  // A stale report of generation 1 is refused; the old survivor is told to abort.
+  v1::ReportStepRequest stale;
+  stale.set_worker_id(a);
+  stale.mutable_report()->set_job_id(job.job_id());
+  stale.mutable_report()->set_generation(1);
+  stale.mutable_report()->set_step(5);
+  EXPECT_FALSE(core_->ReportStep(stale).ok());
+  // No restarts left: the next failure fails the job.
+  StartAll(again);
+  clock_.AdvanceMs(1200);
+  core_->Tick();
+  EXPECT_EQ(State(job.job_id()), v1::JOB_STATE_FAILED);
+  EXPECT_NE(core_->GetJob(job.job_id())->failure_reason().find("no restarts left"),
+            std::string::npos);
 }
 
 TEST(CoordinatorRestartTest, SqliteStateSurvivesAndWorkersRejoinWithTheirIds) {
