@@ -222,6 +222,33 @@ int History(const GlobalFlags& g, const std::string& job_id) {
   return 0;
 }
 
+int Checkpoints(const GlobalFlags& g, const std::string& job_id) {
+  v1::ListCheckpointsRequest req;
+  req.set_job_id(job_id);
+  v1::ListCheckpointsResponse resp;
+  if (auto s = Call(g, &v1::Coordinator::Stub::ListCheckpoints, req, &resp, "ListCheckpoints");
+      !s.ok()) {
+    return ReportError(g, s);
+  }
+  if (g.output == "json") {
+    std::vector<std::string> rows;
+    for (const auto& c : resp.checkpoints()) {
+      rows.push_back(absl::StrCat("{\"step\": ", c.step(), ", \"dir\": ", JsonString(c.dir()),
+                                  ", \"bytes\": ", c.bytes(), ", \"world\": ", c.world(),
+                                  ", \"committed_ms\": ", c.committed_ms(), "}"));
+    }
+    std::cout << "{\"checkpoints\": [" << absl::StrJoin(rows, ", ") << "]}" << std::endl;
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& c : resp.checkpoints()) {
+    rows.push_back({absl::StrCat(c.step()), c.dir(), absl::StrFormat("%.1f MB", c.bytes() / 1e6),
+                    absl::StrCat(c.world())});
+  }
+  std::cout << FormatTable({"STEP", "DIR", "SIZE", "SHARDS"}, rows);
+  return 0;
+}
+
 int Plan(const GlobalFlags& g, const std::string& spec_path, const std::vector<std::string>& sets,
          int world) {
   std::string text;

@@ -26,6 +26,7 @@ int Watch(const GlobalFlags& g, const std::string& job_id);
 int Cancel(const GlobalFlags& g, const std::string& job_id);
 int Workers(const GlobalFlags& g);
 int History(const GlobalFlags& g, const std::string& job_id);
+int Checkpoints(const GlobalFlags& g, const std::string& job_id);
 int Plan(const GlobalFlags& g, const std::string& spec_path, const std::vector<std::string>& sets,
          int world);
 

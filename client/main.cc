@@ -72,6 +72,10 @@ int main(int argc, char** argv) {
   history->add_option("job", job_id, "job id")->required();
   add_common(history, true, "table|csv|json");
 
+  auto* ckpts = app.add_subcommand("checkpoints", "committed checkpoints of a job, newest first");
+  ckpts->add_option("job", job_id, "job id")->required();
+  add_common(ckpts, true, "table|json");
+
   auto* plan = app.add_subcommand("plan",
                                   "validate a spec and print its plan without a cluster: "
                                   "rank layout, shards, memory per rank, comm bytes per "
@@ -121,6 +125,7 @@ int main(int argc, char** argv) {
   if (*workers) return Workers(g);
   if (*history) return History(g, job_id);
   if (*plan) return Plan(g, spec_path, sets, world);
+  if (*ckpts) return Checkpoints(g, job_id);
   if (*sample) return Sample(g, sample_opts);
   if (*lc) {
     shardtrain::BlockTerminationSignals();

@@ -233,6 +233,10 @@ TEST_F(ClusterTest, KilledRankRecoversFromTheLastCommitAndMatchesAnUninterrupted
   const std::string done = Status(job);
   EXPECT_EQ(Field(done, "state"), "SUCCEEDED");
   EXPECT_NE(done.find("\"restarts\": 1"), std::string::npos) << done;
+  CommandResult ckpts = Cli({"checkpoints", job}, c_.address());
+  EXPECT_EQ(ckpts.exit_code, 0) << ckpts.err;
+  EXPECT_NE(ckpts.out.find("step-30"), std::string::npos) << ckpts.out;  // keep 3: 10, 20, 30
+  std::cout << ckpts.out;
   CommandResult watch = Cli({"watch", job}, c_.address());
   EXPECT_NE(watch.out.find("[RECOVERING]"), std::string::npos) << watch.out;
   EXPECT_NE(watch.out.find("resuming from committed step 20"), std::string::npos) << watch.out;
