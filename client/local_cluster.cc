@@ -195,6 +195,7 @@ class LocalRun {
     v1::SubmitJobRequest req;
     req.set_spec_yaml(text);
     for (const auto& kv : o_.sets) req.add_overrides(kv);
+    req.set_resume_from(o_.resume_from);
     v1::SubmitJobResponse resp;
     {
       grpc::ClientContext ctx;

@@ -19,7 +19,8 @@ struct LocalOptions {
   int workers = 0;                // 0: the spec's world
   int threads = 0;                // per worker; 0: cores / workers (at least 1)
   int64_t lease_ms = 10'000;
-  bool keep = false;  // keep the temp dir (state + logs)
+  bool keep = false;        // keep the temp dir (state + logs)
+  std::string resume_from;  // checkpoint dir (or one step-N dir) to start from
 };
 
 // Exit code: 0 when the job SUCCEEDED, 1 otherwise, 2 for bad input.

@@ -44,7 +44,9 @@ int main(int argc, char** argv) {
   auto* submit = app.add_subcommand("submit", "submit a job spec; prints the job id");
   submit->add_option("spec", spec_path, "job spec (YAML)")->required();
   submit->add_option("--set", sets, "override a spec field: key.path=value (repeatable)");
-  submit->add_option("--resume-from", resume_from, "start from this checkpoint directory");
+  submit->add_option("--resume-from", resume_from,
+                     "start from a committed checkpoint: a checkpoint dir (newest valid commit) "
+                     "or one step-N dir; any world size");
   submit->add_flag("--wait", wait, "watch the job and exit with its result (0 = SUCCEEDED)");
   add_common(submit, true, "table|json");
 
@@ -96,6 +98,9 @@ int main(int argc, char** argv) {
   lc->add_option("--lease-ms", local.lease_ms, "worker lease of the local coordinator")
       ->capture_default_str();
   lc->add_flag("--keep", local.keep, "keep the temporary state and logs");
+  lc->add_option("--resume-from", local.resume_from,
+                 "start from a committed checkpoint: a checkpoint dir (newest valid commit) or "
+                 "one step-N dir; any world size");
   add_common(lc, false, "table|json");
 
   SampleOptions sample_opts;

@@ -9,6 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/process.h"
+#include "worker/checkpoint/directory.h"
+#include "worker/checkpoint/loader.h"
+#include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/storage.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/kv_rendezvous_store.h"
@@ -167,6 +170,39 @@ class Reporter {
   const v1::RunAssignment& a_;
 };
 
+// The step directory to resume from: `path` itself when it holds a manifest
+// whose shards verify; otherwise the newest valid commit under `path` (a
+// checkpoint root) or, for a corrupt step directory, under its parent with
+// an older step. Every rank reads the same files, so all choose alike.
+absl::StatusOr<std::string> ResolveCheckpoint(checkpoint::CheckpointStorage& storage,
+                                              const std::string& path, const Reporter& report) {
+  std::string root = path;
+  int64_t below = INT64_MAX;
+  auto manifest = checkpoint::ReadManifest(storage, checkpoint::ManifestPath(path));
+  if (manifest.ok()) {
+    absl::Status ok = checkpoint::VerifyShards(storage, path, *manifest);
+    if (ok.ok()) return path;
+    report.Log("checkpoint " + path + " is unusable (" + ok.ToString() + "); trying older ones");
+  }
+  if (manifest.ok() || absl::IsDataLoss(manifest.status())) {
+    root = path.substr(0, path.find_last_of('/'));
+    below = manifest.ok() ? manifest->step : INT64_MAX;
+    if (!manifest.ok()) {
+      report.Log("checkpoint " + path + " is unusable (" + manifest.status().ToString() +
+                 "); trying older ones");
+    }
+  }
+  auto committed = checkpoint::ListCommitted(storage, root);
+  if (!committed.ok()) return committed.status();
+  for (const checkpoint::CommittedCheckpoint& c : *committed) {
+    if (c.step >= below) continue;
+    absl::Status ok = checkpoint::VerifyShards(storage, c.step_dir, c.manifest);
+    if (ok.ok()) return c.step_dir;
+    report.Log("skipping checkpoint " + c.step_dir + ": " + ok.ToString());
+  }
+  return absl::NotFoundError("no valid committed checkpoint in " + root);
+}
+
 absl::Status CheckPlan(const v1::Plan& plan, const JobSpec& spec, const v1::RunAssignment& a) {
   if (plan.generation() != a.generation() || plan.world() != a.world() ||
       a.rank() >= plan.ranks_size()) {
@@ -226,10 +262,12 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   checkpoint::FileCheckpointStorage storage;
   int64_t first = 1;
   if (!a.resume_from().empty()) {
-    absl::StatusOr<int64_t> done = (*trainer)->Restore(storage, a.resume_from());
+    absl::StatusOr<std::string> step_dir = ResolveCheckpoint(storage, a.resume_from(), report);
+    if (!step_dir.ok()) return report.Failure(step_dir.status(), 0, comm.get());
+    absl::StatusOr<int64_t> done = (*trainer)->Restore(storage, *step_dir);
     if (!done.ok()) return report.Failure(done.status(), 0, comm.get());
     first = *done + 1;
-    report.Log("resumed from " + a.resume_from() + " (step " + std::to_string(*done) + ")");
+    report.Log("resumed from " + *step_dir + " (step " + std::to_string(*done) + ")");
   }
   report.Log("training " + spec->name + ": steps " + std::to_string(first) + ".." +
              std::to_string(spec->steps) + ", world " + std::to_string(a.world()));

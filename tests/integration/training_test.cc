@@ -116,6 +116,117 @@ TEST_F(TrainingTest, DdpOn1And2And4WorkersMatchesStepByStep) {
   EXPECT_LT(losses[1].back(), losses[1].front() - 0.5);  // it learned
 }
 
+// Saved on 4 ranks, resumed on 2 ranks and on 1 rank (no conversion step):
+// steps 21..40 continue the uninterrupted 4-rank run.
+TEST_F(TrainingTest, CheckpointFrom4RanksResumesOn2And1) {
+  TempDir dir;
+  auto run = [&](int dp, const std::string& ckpt, const std::string& resume) {
+    std::vector<std::string> args = {SHARDTRAIN_CLI_BIN,
+                                     "local",
+                                     kDdpSpec,
+                                     "--output",
+                                     "json",
+                                     "--threads",
+                                     "1",
+                                     "--set",
+                                     "parallel.dp=" + std::to_string(dp),
+                                     "--set",
+                                     "batch.micro=" + std::to_string(32 / dp),
+                                     "--set",
+                                     "steps=40",
+                                     "--set",
+                                     "optimizer.lr=1e-3",
+                                     "--set",
+                                     "data.train=" + kData,
+                                     "--set",
+                                     "checkpoint.dir=" + ckpt,
+                                     "--set",
+                                     "checkpoint.every=20"};
+    if (!resume.empty()) {
+      args.push_back("--resume-from");
+      args.push_back(resume);
+    }
+    CommandResult r = RunCommand(args, seconds(300));
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return Losses(r.out);
+  };
+  const std::vector<double> full = run(4, dir.path() + "/four", "");
+  ASSERT_EQ(full.size(), 40u);
+  ASSERT_TRUE(std::filesystem::exists(dir.path() + "/four/step-20/manifest.txt"));
+  std::cout << "step  4 ranks        2 ranks (resumed)  1 rank (resumed)\n";
+  std::map<int, std::vector<double>> resumed;
+  for (int dp : {2, 1}) {
+    resumed[dp] =
+        run(dp, dir.path() + "/from4-dp" + std::to_string(dp), dir.path() + "/four/step-20");
+    ASSERT_EQ(resumed[dp].size(), 20u) << "resumed run should report steps 21..40 only";
+  }
+  double worst = 0;
+  for (int i = 0; i < 20; ++i) {
+    const double want = full[20 + i];
+    for (int dp : {2, 1}) {
+      const double rel = std::abs(resumed[dp][i] - want) / std::abs(want);
+      worst = std::max(worst, rel);
+      EXPECT_LE(rel, 1e-5) << "dp " << dp << " step " << 21 + i;
+    }
+    std::printf("%4d  %12.7f  %17.7f  %16.7f\n", 21 + i, want, resumed[2][i], resumed[1][i]);
+  }
+  std::cout << "max relative loss difference after resharding 4 -> 2 / 1 ranks: " << worst
+            << std::endl;
+}
+
+// A flipped byte in the newest commit, and a step directory a SIGKILL left
+// without manifest: resuming from the checkpoint root skips both and uses
+// the previous commit.
+TEST_F(TrainingTest, CorruptOrPartialCheckpointFallsBackToThePreviousCommit) {
+  TempDir dir;
+  const std::string ckpt = dir.path() + "/ckpt";
+  std::vector<std::string> base = {SHARDTRAIN_CLI_BIN,
+                                   "local",
+                                   kDdpSpec,
+                                   "--output",
+                                   "json",
+                                   "--threads",
+                                   "1",
+                                   "--set",
+                                   "parallel.dp=2",
+                                   "--set",
+                                   "batch.micro=16",
+                                   "--set",
+                                   "data.train=" + kData,
+                                   "--set",
+                                   "checkpoint.dir=" + ckpt,
+                                   "--set",
+                                   "checkpoint.every=10"};
+  base.insert(base.end(), {"--set", "steps=30", "--set", "optimizer.lr=1e-3"});
+  CommandResult straight = RunCommand(base, seconds(300));
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  const std::vector<double> expected = Losses(straight.out);
+  ASSERT_EQ(expected.size(), 30u);
+  ASSERT_TRUE(std::filesystem::exists(ckpt + "/step-20/manifest.txt"));
+  {  // flip one byte in the middle of rank 1's shard of step 20
+    std::fstream f(ckpt + "/step-20/rank-1.shard", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    const std::streamoff mid = f.tellg() / 2;
+    f.seekg(mid);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(mid);
+    c ^= 0x40;
+    f.write(&c, 1);
+  }
+  std::filesystem::create_directories(ckpt + "/step-25");  // a save cut short: shards, no manifest
+  std::filesystem::copy_file(ckpt + "/step-10/rank-0.shard", ckpt + "/step-25/rank-0.shard");
+  std::vector<std::string> again = base;
+  again.insert(again.end(), {"--resume-from", ckpt});
+  CommandResult r = RunCommand(again, seconds(300));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::vector<double> losses = Losses(r.out);
+  // Resumed from step 10 (20 was corrupt, 25 never committed): steps 11..30,
+  // each equal to the first run's.
+  ASSERT_EQ(losses.size(), 20u);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(losses[i], expected[10 + i]) << "step " << 11 + i;
+}
+
 class ClusterTest : public TrainingTest {
  protected:
   void Start(int workers, int64_t lease_ms = 10'000) {
