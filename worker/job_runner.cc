@@ -154,14 +154,20 @@ class Reporter {
   }
 
  private:
+  // Retries while the coordinator is unreachable (e.g. restarting): until it
+  // answers, or the job is stopped. The daemon reports the job as running
+  // meanwhile, so a finished rank is never handed its work again.
   template <typename Fn>
   void Retry(const char* what, Fn fn) {
-    for (int attempt = 0; attempt < 20 && !*ctx_.stop; ++attempt) {
+    bool logged = false;
+    while (!*ctx_.stop) {
       absl::Status s = fn();
       if (s.ok() || !absl::IsUnavailable(s)) {
         if (!s.ok()) Log(std::string(what) + ": " + std::string(s.message()));
         return;
       }
+      if (!logged) Log(std::string(what) + ": coordinator unreachable; retrying");
+      logged = true;
       std::this_thread::sleep_for(std::chrono::milliseconds(250));
     }
   }
@@ -294,7 +300,13 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
       std::string path;
       absl::StatusOr<checkpoint::ShardFileInfo> info = (*trainer)->SaveShard(storage, step, &path);
       absl::Status s = info.ok() ? report.Checkpoint(*info, path, step) : info.status();
-      if (!s.ok()) return report.Failure(s, step, comm.get());
+      if (absl::IsUnavailable(s)) {
+        // The coordinator could not be told: this step stays uncommitted
+        // (never loaded), and training goes on to the next checkpoint.
+        report.Log("checkpoint step " + std::to_string(step) + " not reported: " + s.ToString());
+      } else if (!s.ok()) {
+        return report.Failure(s, step, comm.get());
+      }
     }
   }
   std::string output;

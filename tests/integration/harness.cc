@@ -51,14 +51,16 @@ Process::Process(std::vector<std::string> argv, std::string log_path) : log_(std
 Process::Process(Process&& o) noexcept : pid_(o.pid_), log_(std::move(o.log_)) { o.pid_ = -1; }
 Process& Process::operator=(Process&& o) noexcept {
   if (this != &o) {
-    this->~Process();
+    Reap();
     pid_ = o.pid_;
     log_ = std::move(o.log_);
     o.pid_ = -1;
   }
   return *this;
 }
-Process::~Process() {
+Process::~Process() { Reap(); }
+
+void Process::Reap() {
   if (pid_ > 0) {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);

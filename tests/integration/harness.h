@@ -30,6 +30,8 @@ class Process {
   std::string Log() const;
 
  private:
+  void Reap();  // SIGKILL and wait, if still running
+
   pid_t pid_ = -1;
   std::string log_;
 };

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <regex>
 #include <thread>
 
@@ -363,6 +364,40 @@ TEST_F(ClusterTest, KilledRankRecoversFromTheLastCommitAndMatchesAnUninterrupted
     EXPECT_LE(rel, 1e-6) << "step " << s + 1;
   }
   std::cout << "max relative loss difference after recovery: " << worst << std::endl;
+}
+
+// kill -9 of the coordinator at random points, 5 times, while one job trains
+// (with checkpoints) and two wait: every acknowledged job is still there
+// after each restart, and all three finish.
+TEST_F(ClusterTest, CoordinatorKill9FiveTimesLosesNoJobAndAllFinish) {
+  Start(2, /*lease_ms=*/10'000);  // workers ride out the outages on their lease
+  std::vector<std::string> jobs;
+  for (int i = 0; i < 3; ++i) {
+    jobs.push_back(Submit({"parallel.dp=2", "batch.micro=16", "steps=25", "max_restarts=10",
+                           "checkpoint.every=5",
+                           "checkpoint.dir=" + dir_.path() + "/ckpt" + std::to_string(i)}));
+    ASSERT_FALSE(jobs.back().empty());
+  }
+  const int port = c_.port;
+  std::mt19937 rng(20261122);
+  for (int k = 0; k < 5; ++k) {
+    const int pause_ms = 300 + int(rng() % 2500);
+    std::this_thread::sleep_for(milliseconds(pause_ms));
+    c_.process.Signal(SIGKILL);
+    ASSERT_TRUE(c_.process.Wait(seconds(5)));
+    c_ = StartCoordinator(dir_.path(), 10'000, "127.0.0.1:" + std::to_string(port));
+    ASSERT_EQ(c_.port, port) << c_.process.Log();
+    std::cout << "kill -9 #" << k + 1 << " after " << pause_ms << " ms:";
+    for (const std::string& j : jobs) {
+      const std::string state = State(j);
+      std::cout << " " << j << "=" << state;
+      EXPECT_FALSE(state.empty()) << j << " lost after restart " << k + 1;
+    }
+    std::cout << std::endl;
+  }
+  for (const std::string& j : jobs) {
+    EXPECT_TRUE(WaitFor([&] { return State(j) == "SUCCEEDED"; }, seconds(240))) << Status(j);
+  }
 }
 
 TEST_F(ClusterTest, TwoJobsShareFourWorkersAndAThirdWaits) {
