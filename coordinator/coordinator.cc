@@ -44,6 +44,22 @@ int64_t IdNumber(const std::string& id) {
   return std::sscanf(id.c_str(), "%*c-%lld", &n) == 1 ? n : 0;
 }
 
+// Smaller gang sizes a recovering job accepts, largest first: dp-only jobs
+// with resources.min_workers below their world, keeping the global batch
+// fixed, so only sizes dividing global / micro (whole micro-batches per rank
+// per step) qualify. 4 ranks with global/micro = 4 and min 2 shrink to 2,
+// not 3: 3 ranks cannot split 4 micro-batches evenly.
+std::vector<int> ElasticWorlds(const v1::Job& job) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_yaml());
+  std::vector<int> out;
+  if (!spec.ok() || spec->parallel.tp != 1 || spec->parallel.pp != 1) return out;
+  const int micros = spec->batch.global / spec->batch.micro;
+  for (int w = spec->World() - 1; w >= spec->resources.min_workers && w >= 1; --w) {
+    if (micros % w == 0) out.push_back(w);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string JobStateLabel(v1::JobState s) {
@@ -641,8 +657,9 @@ void Coordinator::ScheduleLocked() {
   std::vector<PendingJob> fifo;
   for (const std::string& id : job_order_) {
     const v1::Job& j = jobs_.at(id).job;
-    if (j.state() == v1::JOB_STATE_PENDING || j.state() == v1::JOB_STATE_RECOVERING) {
-      fifo.push_back({id, j.world(), j.device()});
+    if (j.state() == v1::JOB_STATE_PENDING) fifo.push_back({id, j.world(), j.device(), {}});
+    if (j.state() == v1::JOB_STATE_RECOVERING) {
+      fifo.push_back({id, j.world(), j.device(), ElasticWorlds(j)});
     }
   }
   if (fifo.empty()) return;
@@ -663,6 +680,19 @@ void Coordinator::ScheduleLocked() {
   for (const Placement& p : ScheduleGangs(fifo, free)) {
     JobEntry& e = jobs_.at(p.job_id);
     const v1::Job before = e.job;
+    std::string elastic;
+    if (static_cast<int>(p.workers.size()) != e.job.world()) {
+      // Elastic recovery on fewer workers: the same global batch over a
+      // smaller dp, with more accumulation (the sampler makes it the same
+      // batch, so the loss curve continues).
+      const int dp = static_cast<int>(p.workers.size());
+      absl::StatusOr<JobSpec> shrunk =
+          ParseJobSpec(e.job.spec_yaml(), {absl::StrCat("parallel.dp=", dp)});
+      if (!shrunk.ok()) continue;
+      elastic = absl::StrCat(" (elastic: world ", e.job.world(), " -> ", dp, ")");
+      e.job.set_spec_yaml(JobSpecToYaml(*shrunk));
+      e.job.set_world(dp);
+    }
     e.job.set_generation(e.job.generation() + 1);
     e.job.clear_ranks();
     e.job.clear_done_ranks();
@@ -681,9 +711,9 @@ void Coordinator::ScheduleLocked() {
       for (v1::RankPlan& r : *plan->mutable_ranks()) r.set_worker_id(p.workers[r.rank()]);
     }
     if (!plan.ok() || !store_->PutPlan(*plan).ok() ||
-        !Transition(
-             e, v1::JOB_STATE_SCHEDULED,
-             absl::StrCat("generation ", e.job.generation(), " on ", p.workers.size(), " workers"))
+        !Transition(e, v1::JOB_STATE_SCHEDULED,
+                    absl::StrCat("generation ", e.job.generation(), " on ", p.workers.size(),
+                                 " workers", elastic))
              .ok()) {
       e.job = before;  // try again at the next scheduling pass
       continue;

@@ -21,13 +21,18 @@ std::vector<Placement> ScheduleGangs(const std::vector<PendingJob>& fifo,
     if (job.world <= 0 || blocked.count(job.device)) continue;
     std::vector<std::string>& pool = by_device[job.device];
     size_t& next = used[job.device];
-    if (pool.size() - next < static_cast<size_t>(job.world)) {
+    const size_t available = pool.size() - next;
+    int size = available >= static_cast<size_t>(job.world) ? job.world : 0;
+    for (int w : job.fallback_worlds) {
+      if (size == 0 && w > 0 && static_cast<size_t>(w) <= available) size = w;
+    }
+    if (size == 0) {
       blocked.insert(job.device);
       continue;
     }
     Placement p{job.job_id, {}};
-    p.workers.assign(pool.begin() + next, pool.begin() + next + job.world);
-    next += job.world;
+    p.workers.assign(pool.begin() + next, pool.begin() + next + size);
+    next += size;
     out.push_back(std::move(p));
   }
   return out;

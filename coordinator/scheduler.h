@@ -7,7 +7,8 @@
 // the later jobs of the same device kind (no backfill, so a large job is
 // never starved by a stream of small ones); jobs of other kinds go on.
 // Ranks are given in worker order (registration order), so the same inputs
-// always give the same placement.
+// always give the same placement. An elastic job takes the first of its
+// fallback sizes that fits when its full world does not.
 #ifndef SHARDTRAIN_COORDINATOR_SCHEDULER_H_
 #define SHARDTRAIN_COORDINATOR_SCHEDULER_H_
 
@@ -20,6 +21,9 @@ struct PendingJob {
   std::string job_id;
   int world = 0;
   std::string device;  // "cpu" or "cuda"
+  // Smaller gang sizes the job also accepts, most preferred first (elastic
+  // recovery); tried in order when `world` does not fit.
+  std::vector<int> fallback_worlds;
 };
 
 struct FreeWorker {

@@ -400,6 +400,53 @@ TEST_F(ClusterTest, CoordinatorKill9FiveTimesLosesNoJobAndAllFinish) {
   }
 }
 
+// min 2, max 4 workers; rank 2's worker dies with no spare: the job goes on
+// on 2 workers (not 3: the global batch of 4 micro-batches must split evenly),
+// from the last commit, and its losses continue the uninterrupted 4-rank run.
+TEST_F(ClusterTest, ElasticShrinksTo2WorkersAndContinuesTheLossCurve) {
+  const std::vector<std::string> sets = {"steps=40", "checkpoint.every=10", "optimizer.lr=1e-3",
+                                         "resources.min_workers=2", "resources.max_workers=4"};
+  std::vector<std::string> args = {SHARDTRAIN_CLI_BIN,
+                                   "local",
+                                   kDdpSpec,
+                                   "--output",
+                                   "json",
+                                   "--threads",
+                                   "1",
+                                   "--set",
+                                   "data.train=" + kData,
+                                   "--set",
+                                   "checkpoint.dir=" + dir_.path() + "/straight"};
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  CommandResult straight = RunCommand(args, seconds(300));
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  const std::vector<double> expected = Losses(straight.out);
+  ASSERT_EQ(expected.size(), 40u);
+
+  Start(4, /*lease_ms=*/2000);
+  const std::string job = Submit(sets);
+  ASSERT_TRUE(WaitFor([&] { return Step(job) >= 22; }, seconds(120))) << Status(job);
+  std::smatch m;
+  const std::string st = Status(job);
+  ASSERT_TRUE(std::regex_search(st, m, std::regex("\"rank\": 2, \"worker_id\": \"(w-\\d+)\"")));
+  for (Process& w : workers_) {
+    if (w.Log().find(" as " + m[1].str() + " ") != std::string::npos) w.Signal(SIGKILL);
+  }
+  ASSERT_TRUE(WaitFor([&] { return State(job) == "SUCCEEDED"; }, seconds(180))) << Status(job);
+  EXPECT_NE(Status(job).find("\"world\": 2"), std::string::npos) << Status(job);
+  CommandResult watch = Cli({"watch", job}, c_.address());
+  EXPECT_NE(watch.out.find("elastic: world 4 -> 2"), std::string::npos) << watch.out;
+  const std::vector<double> got = Losses(Cli({"history", job, "-o", "json"}, c_.address()).out);
+  ASSERT_EQ(got.size(), 40u);
+  double worst = 0;
+  for (int s = 0; s < 40; ++s) {
+    const double rel = std::abs(got[s] - expected[s]) / std::abs(expected[s]);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, 1e-5) << "step " << s + 1;
+  }
+  std::cout << "elastic 4 -> 2 workers: max relative loss difference " << worst << std::endl;
+}
+
 TEST_F(ClusterTest, TwoJobsShareFourWorkersAndAThirdWaits) {
   Start(4);
   const std::vector<std::string> small = {"parallel.dp=2", "batch.micro=16", "steps=15"};

@@ -43,6 +43,16 @@ TEST(SchedulerTest, IgnoresOtherDevicesAndZeroWorld) {
   EXPECT_TRUE(ScheduleGangs({{"j1", 0, "cpu"}}, Cpus(3)).empty());
 }
 
+TEST(SchedulerTest, ElasticJobTakesTheFirstFallbackSizeThatFits) {
+  // 3 free: the full world 4 does not fit, 3 is not acceptable, 2 is.
+  auto p = ScheduleGangs({{"j1", 4, "cpu", {2, 1}}, {"j2", 1, "cpu", {}}}, Cpus(3));
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0].workers, (std::vector<std::string>{"w-1", "w-2"}));
+  EXPECT_EQ(p[1].workers, std::vector<std::string>{"w-3"});
+  // With enough workers the full world wins.
+  EXPECT_EQ(ScheduleGangs({{"j1", 4, "cpu", {2}}}, Cpus(5))[0].workers.size(), 4u);
+}
+
 TEST(SchedulerTest, WorkerIdOrderIsNumeric) {
   EXPECT_TRUE(WorkerIdLess("w-2", "w-10"));
   EXPECT_FALSE(WorkerIdLess("w-10", "w-2"));
