@@ -14,6 +14,9 @@
 #include <thread>
 
 #include "tests/integration/harness.h"
+#include "worker/checkpoint/loader.h"
+#include "worker/checkpoint/manifest.h"
+#include "worker/checkpoint/storage.h"
 #include "worker/model/weights_file.h"
 
 namespace shardtrain::testing {
@@ -445,6 +448,53 @@ TEST_F(ClusterTest, ElasticShrinksTo2WorkersAndContinuesTheLossCurve) {
     EXPECT_LE(rel, 1e-5) << "step " << s + 1;
   }
   std::cout << "elastic 4 -> 2 workers: max relative loss difference " << worst << std::endl;
+}
+
+// SIGKILL of a rank while checkpoint step 20 is being written (as soon as its
+// directory appears): the commit of step 10 stays intact, and the job
+// recovers from the newest commit and matches the uninterrupted run.
+TEST_F(ClusterTest, KillDuringCheckpointWriteKeepsThePreviousCommit) {
+  const std::vector<std::string> sets = {"steps=30", "checkpoint.every=10", "optimizer.lr=1e-3",
+                                         "parallel.dp=2", "batch.micro=16"};
+  std::vector<std::string> args = {SHARDTRAIN_CLI_BIN,
+                                   "local",
+                                   kDdpSpec,
+                                   "--output",
+                                   "json",
+                                   "--threads",
+                                   "1",
+                                   "--set",
+                                   "data.train=" + kData,
+                                   "--set",
+                                   "checkpoint.dir=" + dir_.path() + "/straight"};
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  CommandResult straight = RunCommand(args, seconds(300));
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  const std::vector<double> expected = Losses(straight.out);
+
+  Start(3, /*lease_ms=*/2000);  // one spare
+  const std::string job = Submit(sets);
+  const std::string ckpt = dir_.path() + "/ckpt";
+  ASSERT_TRUE(WaitFor([&] { return std::filesystem::exists(ckpt + "/step-20"); }, seconds(120)));
+  std::smatch m;
+  const std::string st = Status(job);
+  ASSERT_TRUE(std::regex_search(st, m, std::regex("\"rank\": 1, \"worker_id\": \"(w-\\d+)\"")));
+  for (Process& w : workers_) {
+    if (w.Log().find(" as " + m[1].str() + " ") != std::string::npos) w.Signal(SIGKILL);
+  }
+  const bool step20_committed = std::filesystem::exists(ckpt + "/step-20/manifest.txt");
+  ASSERT_TRUE(WaitFor([&] { return State(job) == "SUCCEEDED"; }, seconds(180))) << Status(job);
+  // Step 10's commit is whole: its manifest and every shard verify.
+  checkpoint::FileCheckpointStorage storage;
+  auto manifest = checkpoint::ReadManifest(storage, ckpt + "/step-10/manifest.txt");
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_TRUE(checkpoint::VerifyShards(storage, ckpt + "/step-10", *manifest).ok());
+  const std::vector<double> got = Losses(Cli({"history", job, "-o", "json"}, c_.address()).out);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t s = 0; s < got.size(); ++s) EXPECT_EQ(got[s], expected[s]) << "step " << s + 1;
+  std::cout << "killed while step 20 was being written (manifest "
+            << (step20_committed ? "already" : "not yet") << " written); "
+            << Cli({"checkpoints", job}, c_.address()).out;
 }
 
 TEST_F(ClusterTest, TwoJobsShareFourWorkersAndAThirdWaits) {
