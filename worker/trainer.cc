@@ -50,9 +50,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
                                                       " — pipeline parallelism is not "
                                                       "implemented yet; use pp: 1"));
   }
-  if (spec.parallel.zero != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "parallel.zero: ", spec.parallel.zero, " — ZeRO stages are not implemented yet; use 0"));
+  if (spec.parallel.zero == 3) {
+    return absl::FailedPreconditionError(
+        "parallel.zero: 3 — parameter sharding is not implemented yet; use 0, 1 or 2");
   }
   if (spec.precision != Precision::kFp32) {
     return absl::FailedPreconditionError(
@@ -87,9 +87,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   o.beta2 = static_cast<float>(spec.optimizer.betas[1]);
   o.eps = static_cast<float>(spec.optimizer.eps);
   o.weight_decay = static_cast<float>(spec.optimizer.weight_decay);
-  auto adamw = optim::AdamW::Create(t->model_->layout(), 0, t->model_->layout().num_params(), o);
-  if (!adamw.ok()) return adamw.status();
-  t->adamw_ = std::make_unique<optim::AdamW>(*std::move(adamw));
+  if (spec.parallel.zero > 0) {
+    auto zero = parallel::ShardedOptimizer::Create(spec.parallel.zero, t->model_->layout(), o, comm,
+                                                   t->model_->pool());
+    if (!zero.ok()) return zero.status();
+    t->zero_ = *std::move(zero);
+  } else {
+    auto adamw = optim::AdamW::Create(t->model_->layout(), 0, t->model_->layout().num_params(), o);
+    if (!adamw.ok()) return adamw.status();
+    t->adamw_ = std::make_unique<optim::AdamW>(*std::move(adamw));
+  }
   t->bucket_elems_ =
       std::max<size_t>(1, size_t(spec.parallel.bucket_mb) * 1024 * 1024 / sizeof(float));
   t->inputs_.resize(size_t(spec.batch.micro) * T);
@@ -139,7 +146,7 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   const int accum = spec_.GradAccumSteps();
   model_->ZeroGrad();
   double loss = 0;
-  const bool ddp = comm_ && comm_->size() > 1;
+  const bool ddp = !zero_ && comm_ && comm_->size() > 1;
   for (int m = 0; m < accum; ++m) {
     // The sampler's step is 0-based; the local rank within dp is rank_ (tp = pp = 1).
     if (absl::Status s = sampler_->Fill(step - 1, m, rank_, dp, B, inputs_.data(), targets_.data());
@@ -160,10 +167,22 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   if (ddp) {
     if (absl::Status s = FinishAllReduce(&r); !s.ok()) return s;
   }
-  r.grad_norm = optim::ClipGradNorm(model_->grads(), static_cast<float>(spec_.optimizer.grad_clip),
-                                    model_->pool());
   r.lr = ScheduledLr(spec_.optimizer, step - 1, spec_.steps);
-  adamw_->Step(model_->params(), model_->grads(), static_cast<float>(r.lr), model_->pool());
+  if (zero_) {
+    // Averaging over dp, clipping, the sharded step and the param all-gather.
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<double> norm =
+        zero_->Step(model_->params(), model_->grads(), static_cast<float>(r.lr),
+                    static_cast<float>(spec_.optimizer.grad_clip));
+    if (!norm.ok()) return norm.status();
+    r.grad_norm = *norm;
+    if (zero_->dp() > 1) r.comm_ms += MsSince(t0);
+    r.comm_bytes += zero_->comm_bytes_per_step();
+  } else {
+    r.grad_norm = optim::ClipGradNorm(
+        model_->grads(), static_cast<float>(spec_.optimizer.grad_clip), model_->pool());
+    adamw_->Step(model_->params(), model_->grads(), static_cast<float>(r.lr), model_->pool());
+  }
   r.tokens = int64_t(accum) * B * T;
   r.step_ms = MsSince(start);
   return r;
@@ -173,7 +192,12 @@ absl::StatusOr<checkpoint::ShardFileInfo> Trainer::SaveShard(checkpoint::Checkpo
                                                              int64_t step, std::string* path) {
   const model::ParamLayout& layout = model_->layout();
   const int world = spec_.parallel.dp;
-  const checkpoint::FlatRange range = checkpoint::EvenSplit(layout.num_params(), world, rank_);
+  // ZeRO: the rank's optimizer shard; DDP: an even split (every rank holds all).
+  const checkpoint::FlatRange range =
+      zero_ ? checkpoint::FlatRange{zero_->shard_begin(), zero_->shard_end()}
+            : checkpoint::EvenSplit(layout.num_params(), world, rank_);
+  optim::AdamW& adamw = zero_ ? zero_->adamw() : *adamw_;
+  const size_t state_offset = zero_ ? range.begin : 0;  // m/v index of flat element range.begin
   checkpoint::ShardContents c;
   c.step = step;
   c.rank = rank_;
@@ -185,9 +209,13 @@ absl::StatusOr<checkpoint::ShardFileInfo> Trainer::SaveShard(checkpoint::Checkpo
     return std::vector<float>(all.begin() + range.begin, all.begin() + range.end);
   };
   c.params = slice(model_->params());
-  c.m = slice(adamw_->m());
-  c.v = slice(adamw_->v());
-  c.scalars.optimizer_step = adamw_->step();
+  auto state = [&](absl::Span<const float> all) {
+    return std::vector<float>(all.begin() + (range.begin - state_offset),
+                              all.begin() + (range.end - state_offset));
+  };
+  c.m = state(adamw.m());
+  c.v = state(adamw.v());
+  c.scalars.optimizer_step = adamw.step();
   c.scalars.data_position = step + 1;
   c.scalars.rng_seed = spec_.seed;
   *path = checkpoint::JoinPath(checkpoint::StepDir(spec_.checkpoint.dir, step),
@@ -200,13 +228,17 @@ absl::StatusOr<int64_t> Trainer::Restore(checkpoint::CheckpointStorage& storage,
   auto manifest = checkpoint::ReadManifest(storage, checkpoint::ManifestPath(step_dir));
   if (!manifest.ok()) return manifest.status();
   if (auto s = checkpoint::CheckCompatible(*manifest, model_->layout()); !s.ok()) return s;
-  // Data parallel: every rank holds the whole model and optimizer state.
+  // Every rank holds the whole model; the optimizer state it holds is the
+  // whole buffer (ZeRO 0) or its shard (ZeRO 1/2), whatever wrote it.
   auto state = checkpoint::LoadAll(storage, step_dir, *manifest);
   if (!state.ok()) return state.status();
   std::copy(state->params.begin(), state->params.end(), model_->params().begin());
-  std::copy(state->m.begin(), state->m.end(), adamw_->m().begin());
-  std::copy(state->v.begin(), state->v.end(), adamw_->v().begin());
-  adamw_->set_step(state->scalars.optimizer_step);
+  optim::AdamW& adamw = zero_ ? zero_->adamw() : *adamw_;
+  const size_t begin = zero_ ? zero_->shard_begin() : 0;
+  const size_t count = adamw.m().size();
+  std::copy(state->m.begin() + begin, state->m.begin() + begin + count, adamw.m().begin());
+  std::copy(state->v.begin() + begin, state->v.begin() + begin + count, adamw.v().begin());
+  adamw.set_step(state->scalars.optimizer_step);
   return state->step;
 }
 

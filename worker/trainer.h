@@ -7,8 +7,10 @@
 // micro-batch's backward as soon as a bucket's gradients are final
 // (Gpt::set_grads_ready_hook), so communication overlaps with computation.
 //
-// Supported layouts today: dp >= 1 with tp = pp = 1 and ZeRO stage 0 (others
-// are refused with FAILED_PRECONDITION naming the field).
+// Supported layouts today: dp >= 1 with tp = pp = 1 and ZeRO stage 0 (DDP),
+// 1 or 2 (parallel/sharded_optimizer.h: AdamW state, and for stage 2 the
+// reduced gradient, sharded over dp); others are refused with
+// FAILED_PRECONDITION naming the field.
 //
 // Not thread-safe: one caller.
 #ifndef SHARDTRAIN_WORKER_TRAINER_H_
@@ -28,6 +30,7 @@
 #include "worker/data/sampler.h"
 #include "worker/model/gpt.h"
 #include "worker/optim/adamw.h"
+#include "worker/parallel/sharded_optimizer.h"
 
 namespace shardtrain::worker {
 
@@ -84,7 +87,8 @@ class Trainer {
   std::vector<uint16_t> tokens_;
   std::unique_ptr<data::BatchSampler> sampler_;
   std::unique_ptr<model::Gpt> model_;
-  std::unique_ptr<optim::AdamW> adamw_;
+  std::unique_ptr<optim::AdamW> adamw_;               // ZeRO 0: the whole buffer
+  std::unique_ptr<parallel::ShardedOptimizer> zero_;  // ZeRO 1/2: this rank's shard
   std::vector<int> inputs_, targets_;
   size_t bucket_elems_ = 0;
   size_t unlaunched_end_ = 0;  // gradients [unlaunched_end_, end) are in flight

@@ -120,11 +120,11 @@ TEST_F(TrainingTest, DdpOn1And2And4WorkersMatchesStepByStep) {
   EXPECT_LT(losses[1].back(), losses[1].front() - 0.5);  // it learned
 }
 
-// Saved on 4 ranks, resumed on 2 ranks and on 1 rank (no conversion step):
-// steps 21..40 continue the uninterrupted 4-rank run.
+// Saved on 4 ranks under ZeRO-2, resumed on 2 ranks under ZeRO-1 and on 1
+// rank (DDP), with no conversion step: steps 21..40 continue the 4-rank run.
 TEST_F(TrainingTest, CheckpointFrom4RanksResumesOn2And1) {
   TempDir dir;
-  auto run = [&](int dp, const std::string& ckpt, const std::string& resume) {
+  auto run = [&](int dp, int zero, const std::string& ckpt, const std::string& resume) {
     std::vector<std::string> args = {SHARDTRAIN_CLI_BIN,
                                      "local",
                                      kDdpSpec,
@@ -154,14 +154,14 @@ TEST_F(TrainingTest, CheckpointFrom4RanksResumesOn2And1) {
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     return Losses(r.out);
   };
-  const std::vector<double> full = run(4, dir.path() + "/four", "");
+  const std::vector<double> full = run(4, 2, dir.path() + "/four", "");
   ASSERT_EQ(full.size(), 40u);
   ASSERT_TRUE(std::filesystem::exists(dir.path() + "/four/step-20/manifest.txt"));
-  std::cout << "step  4 ranks        2 ranks (resumed)  1 rank (resumed)\n";
+  std::cout << "step  4 ranks ZeRO-2  2 ranks ZeRO-1 (resumed)  1 rank ZeRO-0 (resumed)\n";
   std::map<int, std::vector<double>> resumed;
   for (int dp : {2, 1}) {
-    resumed[dp] =
-        run(dp, dir.path() + "/from4-dp" + std::to_string(dp), dir.path() + "/four/step-20");
+    resumed[dp] = run(dp, dp == 2 ? 1 : 0, dir.path() + "/from4-dp" + std::to_string(dp),
+                      dir.path() + "/four/step-20");
     ASSERT_EQ(resumed[dp].size(), 20u) << "resumed run should report steps 21..40 only";
   }
   double worst = 0;
@@ -174,8 +174,9 @@ TEST_F(TrainingTest, CheckpointFrom4RanksResumesOn2And1) {
     }
     std::printf("%4d  %12.7f  %17.7f  %16.7f\n", 21 + i, want, resumed[2][i], resumed[1][i]);
   }
-  std::cout << "max relative loss difference after resharding 4 -> 2 / 1 ranks: " << worst
-            << std::endl;
+  std::cout
+      << "max relative loss difference after resharding 4 ranks ZeRO-2 -> 2 ranks ZeRO-1 / 1 rank: "
+      << worst << std::endl;
 }
 
 // A flipped byte in the newest commit, and a step directory a SIGKILL left
@@ -229,6 +230,60 @@ TEST_F(TrainingTest, CorruptOrPartialCheckpointFallsBackToThePreviousCommit) {
   // each equal to the first run's.
   ASSERT_EQ(losses.size(), 20u);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(losses[i], expected[10 + i]) << "step " << 11 + i;
+}
+
+// ZeRO stages 1 and 2 on 1, 2, 3 and 4 ranks give the losses of one DDP
+// rank. Global batch 24 so that 3 ranks divide it; 3 layers make the model
+// 644,224 params, which 3 ranks cannot split evenly.
+TEST_F(TrainingTest, Zero1And2On1To4RanksMatchOneRank) {
+  TempDir dir;
+  const int steps = 20;
+  auto run = [&](int dp, int zero) {
+    CommandResult r = RunCommand(
+        {SHARDTRAIN_CLI_BIN,
+         "local",
+         kDdpSpec,
+         "--output",
+         "json",
+         "--threads",
+         "1",
+         "--set",
+         "parallel.dp=" + std::to_string(dp),
+         "--set",
+         "parallel.zero=" + std::to_string(zero),
+         "--set",
+         "batch.global=24",
+         "--set",
+         "batch.micro=" + std::to_string(24 / dp),
+         "--set",
+         "steps=" + std::to_string(steps),
+         "--set",
+         "optimizer.lr=1e-3",
+         "--set",
+         "model.layers=3",
+         "--set",
+         "data.train=" + kData,
+         "--set",
+         "checkpoint.dir=" + dir.path() + "/z" + std::to_string(zero) + "d" + std::to_string(dp)},
+        seconds(300));
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return Losses(r.out);
+  };
+  const std::vector<double> reference = run(1, 0);
+  ASSERT_EQ(reference.size(), size_t(steps));
+  std::printf("stage ranks  max relative loss difference vs 1 rank ZeRO-0 (%d steps)\n", steps);
+  for (int zero : {1, 2}) {
+    for (int dp : {1, 2, 3, 4}) {
+      const std::vector<double> got = run(dp, zero);
+      ASSERT_EQ(got.size(), size_t(steps)) << "zero " << zero << " dp " << dp;
+      double worst = 0;
+      for (int s = 0; s < steps; ++s) {
+        worst = std::max(worst, std::abs(got[s] - reference[s]) / std::abs(reference[s]));
+      }
+      std::printf("%5d %5d  %.3g\n", zero, dp, worst);
+      EXPECT_LE(worst, 1e-5) << "zero " << zero << " dp " << dp;
+    }
+  }
 }
 
 class ClusterTest : public TrainingTest {
