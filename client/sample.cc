@@ -5,6 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/output.h"
+#include "worker/checkpoint/directory.h"
+#include "worker/checkpoint/loader.h"
+#include "worker/checkpoint/manifest.h"
+#include "worker/checkpoint/storage.h"
 #include "worker/data/tokens.h"
 #include "worker/model/generate.h"
 #include "worker/model/gpt.h"
@@ -12,10 +16,44 @@
 
 namespace shardtrain::client {
 
+namespace {
+
+// Weights from a final.weights file, or from a sharded checkpoint: a step-N
+// directory, or a checkpoint directory (its newest commit whose shards verify).
+absl::StatusOr<model::LoadedWeights> LoadAny(const std::string& path, std::string* from) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(path)) {
+    *from = path;
+    return model::LoadWeights(path);
+  }
+  if (fs::exists(path + "/final.weights")) {
+    *from = path + "/final.weights";
+    return model::LoadWeights(*from);
+  }
+  checkpoint::FileCheckpointStorage storage;
+  std::string step_dir = path;
+  auto manifest = checkpoint::ReadManifest(storage, checkpoint::ManifestPath(path));
+  if (!manifest.ok()) {
+    auto latest = checkpoint::LatestValid(storage, path);
+    if (!latest.ok()) return latest.status();
+    if (!latest->checkpoint) {
+      return absl::NotFoundError(path +
+                                 " holds no final.weights and no valid committed checkpoint");
+    }
+    step_dir = latest->checkpoint->step_dir;
+    manifest = latest->checkpoint->manifest;
+  }
+  auto state = checkpoint::LoadAll(storage, step_dir, *manifest);
+  if (!state.ok()) return state.status();
+  *from = step_dir;
+  return model::LoadedWeights{manifest->config, std::move(state->params)};
+}
+
+}  // namespace
+
 int Sample(const GlobalFlags& g, const SampleOptions& o) {
-  std::string path = o.checkpoint;
-  if (std::filesystem::is_directory(path)) path += "/final.weights";
-  auto weights = model::LoadWeights(path);
+  std::string path;
+  auto weights = LoadAny(o.checkpoint, &path);
   if (!weights.ok()) return ReportError(g, absl::InvalidArgumentError(weights.status().message()));
   if (weights->config.vocab != 256) {
     return ReportError(g, absl::InvalidArgumentError(absl::StrCat(

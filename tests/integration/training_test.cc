@@ -157,6 +157,12 @@ TEST_F(TrainingTest, CheckpointFrom4RanksResumesOn2And1) {
   const std::vector<double> full = run(4, 2, dir.path() + "/four", "");
   ASSERT_EQ(full.size(), 40u);
   ASSERT_TRUE(std::filesystem::exists(dir.path() + "/four/step-20/manifest.txt"));
+  // One process reads the 4-rank sharded checkpoint for sampling as well.
+  CommandResult sample = RunCommand({SHARDTRAIN_CLI_BIN, "sample", dir.path() + "/four/step-20",
+                                     "--prompt", "The ", "--tokens", "20", "--temperature", "0"});
+  EXPECT_EQ(sample.exit_code, 0) << sample.err;
+  EXPECT_EQ(sample.out.rfind("The ", 0), 0u) << sample.out;
+  EXPECT_GE(sample.out.size(), 24u) << sample.out;
   std::cout << "step  4 ranks ZeRO-2  2 ranks ZeRO-1 (resumed)  1 rank ZeRO-0 (resumed)\n";
   std::map<int, std::vector<double>> resumed;
   for (int dp : {2, 1}) {
