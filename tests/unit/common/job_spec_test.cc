@@ -181,7 +181,7 @@ TEST(JobSpecTest, ExampleValues) {
   ASSERT_TRUE(ddp.ok()) << ddp.status();
   EXPECT_EQ(ddp->World(), 4);
   EXPECT_EQ(ddp->GradAccumSteps(), 1);
-  EXPECT_EQ(ddp->steps, 200);
+  EXPECT_EQ(ddp->steps, 600);
 
   auto big = ParseJobSpec(ReadFile(kSourceDir + "/examples/gpt2-124m-zero3.yaml"));
   ASSERT_TRUE(big.ok()) << big.status();
