@@ -1,0 +1,230 @@
+// The coordinator core, part 2: what ranks report (steps, completion,
+// checkpoints, failures) and what a failure does to its job (recovery or
+// failure). Part 1, membership, jobs and scheduling, is coordinator.cc.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/job_spec.h"
+#include "coordinator/coordinator.h"
+
+namespace shardtrain::coordinator {
+
+// ------------------------------------------------------------------ reports
+
+absl::Status Coordinator::CheckRank(const JobEntry& e, int64_t generation, int rank,
+                                    const std::string& worker_id) const {
+  if (IsTerminal(e.job.state()) || e.job.state() == v1::JOB_STATE_PENDING) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", e.job.job_id(), " is ", JobStateLabel(e.job.state()), ", not running"));
+  }
+  if (generation != e.job.generation()) {
+    return absl::AbortedError(absl::StrCat("job ", e.job.job_id(), " is at generation ",
+                                           e.job.generation(), ", report is for ", generation));
+  }
+  if (rank < 0 || rank >= e.job.ranks_size() || e.job.ranks(rank).worker_id() != worker_id) {
+    return absl::AbortedError(
+        absl::StrCat("rank ", rank, " of job ", e.job.job_id(), " is not held by ", worker_id));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ReportStepResponse> Coordinator::ReportStep(const v1::ReportStepRequest& req) {
+  const v1::StepReport& r = req.report();
+  std::lock_guard<std::mutex> lock(mu_);
+  JobEntry* e = FindJob(r.job_id());
+  if (!e) return absl::NotFoundError(absl::StrCat("job ", r.job_id(), " not found"));
+  v1::ReportStepResponse resp;
+  if (IsTerminal(e->job.state())) {
+    resp.set_abort(true);
+    return resp;
+  }
+  if (auto s = CheckRank(*e, r.generation(), r.rank(), req.worker_id()); !s.ok()) return s;
+  if (r.step() < 1 || r.step() > e->job.progress().total_steps()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: ", r.step(), " is outside 1..", e->job.progress().total_steps()));
+  }
+  if (e->job.state() == v1::JOB_STATE_SCHEDULED) {
+    if (auto s = Transition(*e, v1::JOB_STATE_RUNNING, "first step reported"); !s.ok()) return s;
+  }
+  e->partial[r.step()].by_rank[r.rank()] = r;
+  if (static_cast<int>(e->partial[r.step()].by_rank.size()) == e->job.world()) {
+    FinishStep(*e, r.step());
+  }
+  return resp;
+}
+
+// Combines the ranks' reports of one step: loss, grad norm and lr averaged
+// (every dp rank holds the same after the all-reduce; tp/pp ranks the same
+// value), tokens/s summed, times and memory the worst rank's.
+void Coordinator::FinishStep(JobEntry& e, int64_t step) {
+  const auto& by_rank = e.partial[step].by_rank;
+  v1::StepReport agg = by_rank.begin()->second;
+  double loss = 0, norm = 0, tps = 0;
+  for (const auto& [rank, r] : by_rank) {
+    loss += r.loss();
+    norm = std::max(norm, r.grad_norm());
+    tps += r.tokens_per_s();
+    agg.set_step_ms(std::max(agg.step_ms(), r.step_ms()));
+    agg.set_comm_ms(std::max(agg.comm_ms(), r.comm_ms()));
+    agg.set_peak_rss_bytes(std::max(agg.peak_rss_bytes(), r.peak_rss_bytes()));
+    agg.set_comm_bytes(std::max(agg.comm_bytes(), r.comm_bytes()));
+    agg.set_time_ms(std::max(agg.time_ms(), r.time_ms()));
+  }
+  agg.set_rank(0);
+  agg.set_loss(loss / by_rank.size());
+  agg.set_grad_norm(norm);
+  agg.set_tokens_per_s(tps);
+  e.partial.erase(step);
+  if (!store_->PutStep(agg).ok()) return;  // history is best effort; the job goes on
+  e.history[step] = agg;
+  v1::JobProgress* p = e.job.mutable_progress();
+  if (step >= p->step()) {
+    p->set_step(step);
+    p->set_loss(agg.loss());
+    p->set_tokens_per_s(agg.tokens_per_s());
+    p->set_step_ms(agg.step_ms());
+  }
+  AppendEvent(e, v1::EVENT_KIND_STEP,
+              absl::StrFormat("step %d/%d loss %.4f", step, p->total_steps(), agg.loss()), &agg)
+      .IgnoreError();
+}
+
+absl::Status Coordinator::ReportDone(const v1::ReportDoneRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobEntry* e = FindJob(req.job_id());
+  if (!e) return absl::NotFoundError(absl::StrCat("job ", req.job_id(), " not found"));
+  if (auto s = CheckRank(*e, req.generation(), req.rank(), req.worker_id()); !s.ok()) return s;
+  const auto& done = e->job.done_ranks();
+  if (std::count(done.begin(), done.end(), req.rank()) > 0) return absl::OkStatus();
+  e->job.add_done_ranks(req.rank());
+  if (req.rank() == 0 && !req.output().empty()) e->job.set_output(req.output());
+  if (e->job.done_ranks_size() < e->job.world()) {
+    return store_->PutJob(e->job);
+  }
+  absl::Status s = Transition(
+      *e, v1::JOB_STATE_SUCCEEDED,
+      absl::StrCat("all ", e->job.world(), " ranks finished ", req.steps(), " steps",
+                   e->job.output().empty() ? "" : absl::StrCat("; weights in ", e->job.output())));
+  ScheduleLocked();
+  return s;
+}
+
+void Coordinator::set_checkpoint_committer(CheckpointCommitter committer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  committer_ = std::move(committer);
+}
+
+absl::StatusOr<bool> Coordinator::ReportCheckpoint(const v1::ReportCheckpointRequest& req) {
+  const v1::CheckpointShard& shard = req.shard();
+  std::lock_guard<std::mutex> lock(mu_);
+  JobEntry* e = FindJob(shard.job_id());
+  if (!e) return absl::NotFoundError(absl::StrCat("job ", shard.job_id(), " not found"));
+  if (auto s = CheckRank(*e, shard.generation(), shard.rank(), req.worker_id()); !s.ok()) return s;
+  if (!committer_) return absl::FailedPreconditionError("this coordinator commits no checkpoints");
+  auto& ranks = e->shards[shard.step()];
+  ranks[shard.rank()] = shard;
+  if (static_cast<int>(ranks.size()) < e->job.world()) return false;
+  std::vector<v1::CheckpointShard> all;
+  for (auto& [rank, s] : ranks) all.push_back(s);
+  e->shards.erase(shard.step());
+  std::vector<int64_t> pruned;
+  absl::StatusOr<v1::CheckpointInfo> info = committer_(e->job, shard.step(), all, &pruned);
+  if (!info.ok()) {
+    AppendEvent(
+        *e, v1::EVENT_KIND_CHECKPOINT,
+        absl::StrCat("checkpoint step ", shard.step(), " NOT committed: ", info.status().message()),
+        nullptr)
+        .IgnoreError();
+    return info.status();
+  }
+  const v1::Job before = e->job;
+  auto* list = e->job.mutable_checkpoints();
+  for (int i = list->size() - 1; i >= 0; --i) {
+    if (std::count(pruned.begin(), pruned.end(), list->Get(i).step()) > 0)
+      list->DeleteSubrange(i, 1);
+  }
+  *list->Add() = *info;
+  e->job.mutable_progress()->set_last_committed_checkpoint_step(info->step());
+  if (auto s = AppendEvent(*e, v1::EVENT_KIND_CHECKPOINT,
+                           absl::StrCat("checkpoint step ", info->step(), " committed (",
+                                        info->bytes(), " bytes in ", info->world(), " shards)"),
+                           nullptr);
+      !s.ok()) {
+    e->job = before;  // not durable: the job does not know it
+    return s;
+  }
+  return true;
+}
+
+absl::StatusOr<v1::ListCheckpointsResponse> Coordinator::ListCheckpoints(
+    const std::string& job_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const JobEntry* e = FindJob(job_id);
+  if (!e) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  v1::ListCheckpointsResponse resp;
+  for (auto it = e->job.checkpoints().rbegin(); it != e->job.checkpoints().rend(); ++it) {
+    *resp.add_checkpoints() = *it;
+  }
+  return resp;
+}
+
+absl::Status Coordinator::ReportFailure(const v1::ReportFailureRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobEntry* e = FindJob(req.job_id());
+  if (!e) return absl::NotFoundError(absl::StrCat("job ", req.job_id(), " not found"));
+  if (IsTerminal(e->job.state()) || e->job.state() == v1::JOB_STATE_RECOVERING) {
+    return absl::OkStatus();  // already over, or already recovering from this generation
+  }
+  if (auto s = CheckRank(*e, req.generation(), req.rank(), req.worker_id()); !s.ok()) return s;
+  std::string reason =
+      absl::StrCat("rank ", req.rank(), " (worker ", req.worker_id(), ")",
+                   req.step() > 0 ? absl::StrCat(" at step ", req.step()) : "", ": ", req.reason());
+  for (const v1::CollectiveRecord& c : req.recent_collectives()) {
+    if (c.state() != "done") {
+      absl::StrAppend(&reason, "; collective #", c.seq(), " ", c.op(), " on ", c.group(), " ",
+                      c.state());
+    }
+  }
+  FailOrRecover(*e, reason);
+  ScheduleLocked();
+  return absl::OkStatus();
+}
+
+void Coordinator::FailOrRecover(JobEntry& e, const std::string& reason) {
+  e.job.set_failure_reason(reason);
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(e.job.spec_yaml());
+  const int max_restarts = spec.ok() ? spec->max_restarts : 0;
+  if (e.job.restarts() >= max_restarts) {
+    std::string why = absl::StrCat(reason, " (no restarts left: max_restarts ", max_restarts, ")");
+    e.job.set_failure_reason(why);
+    Transition(e, v1::JOB_STATE_FAILED, why).IgnoreError();
+    return;
+  }
+  e.job.set_restarts(e.job.restarts() + 1);
+  if (e.job.state() == v1::JOB_STATE_SCHEDULED) {
+    // The gang never started (a rank died before acknowledging): queue again.
+    if (Transition(e, v1::JOB_STATE_PENDING,
+                   absl::StrCat(reason, "; re-queued (", e.job.restarts(), "/", max_restarts, ")"))
+            .ok()) {
+      ReleaseWorkers(e);
+    }
+    return;
+  }
+  const std::string from =
+      e.job.checkpoints_size() > 0
+          ? absl::StrCat("resuming from committed step ", e.job.checkpoints().rbegin()->step())
+          : "no committed checkpoint: restarting from step 0";
+  if (!Transition(
+           e, v1::JOB_STATE_RECOVERING,
+           absl::StrCat(reason, "; recovery ", e.job.restarts(), "/", max_restarts, ", ", from))
+           .ok()) {
+    return;
+  }
+  // The generation's ranks go back to the pool; its reports are stale now.
+  ReleaseWorkers(e);
+  e.partial.clear();
+  e.shards.clear();
+}
+
+}  // namespace shardtrain::coordinator
