@@ -1,0 +1,337 @@
+// Checkpoints and recovery through the real path: a killed rank resumes from
+// the last commit, checkpoints reshard across world sizes and ZeRO stages,
+// corrupt or partial commits are skipped, the coordinator survives kill -9,
+// and elastic jobs shrink.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <thread>
+
+#include "tests/integration/harness.h"
+#include "tests/integration/training_util.h"
+#include "worker/checkpoint/loader.h"
+#include "worker/checkpoint/manifest.h"
+#include "worker/checkpoint/storage.h"
+#include "worker/model/weights_file.h"
+
+namespace shardtrain::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// Saved on 4 ranks under ZeRO-2, resumed on 2 ranks under ZeRO-1 and on 1
+// rank (DDP), with no conversion step: steps 21..40 continue the 4-rank run.
+TEST_F(TrainingTest, CheckpointFrom4RanksResumesOn2And1) {
+  TempDir dir;
+  auto run = [&](int dp, int zero, const std::string& ckpt, const std::string& resume) {
+    std::vector<std::string> args = {SHARDTRAIN_CLI_BIN,
+                                     "local",
+                                     kDdpSpec,
+                                     "--output",
+                                     "json",
+                                     "--threads",
+                                     "1",
+                                     "--set",
+                                     "parallel.dp=" + std::to_string(dp),
+                                     "--set",
+                                     "batch.micro=" + std::to_string(32 / dp),
+                                     "--set",
+                                     "steps=40",
+                                     "--set",
+                                     "optimizer.lr=1e-3",
+                                     "--set",
+                                     "data.train=" + kData,
+                                     "--set",
+                                     "checkpoint.dir=" + ckpt,
+                                     "--set",
+                                     "checkpoint.every=20"};
+    if (!resume.empty()) {
+      args.push_back("--resume-from");
+      args.push_back(resume);
+    }
+    CommandResult r = RunCommand(args, seconds(300));
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return Losses(r.out);
+  };
+  const std::vector<double> full = run(4, 2, dir.path() + "/four", "");
+  ASSERT_EQ(full.size(), 40u);
+  ASSERT_TRUE(std::filesystem::exists(dir.path() + "/four/step-20/manifest.txt"));
+  // One process reads the 4-rank sharded checkpoint for sampling as well.
+  CommandResult sample = RunCommand({SHARDTRAIN_CLI_BIN, "sample", dir.path() + "/four/step-20",
+                                     "--prompt", "The ", "--tokens", "20", "--temperature", "0"});
+  EXPECT_EQ(sample.exit_code, 0) << sample.err;
+  EXPECT_EQ(sample.out.rfind("The ", 0), 0u) << sample.out;
+  EXPECT_GE(sample.out.size(), 24u) << sample.out;
+  std::cout << "step  4 ranks ZeRO-2  2 ranks ZeRO-1 (resumed)  1 rank ZeRO-0 (resumed)\n";
+  std::map<int, std::vector<double>> resumed;
+  for (int dp : {2, 1}) {
+    resumed[dp] = run(dp, dp == 2 ? 1 : 0, dir.path() + "/from4-dp" + std::to_string(dp),
+                      dir.path() + "/four/step-20");
+    ASSERT_EQ(resumed[dp].size(), 20u) << "resumed run should report steps 21..40 only";
+  }
+  double worst = 0;
+  for (int i = 0; i < 20; ++i) {
+    const double want = full[20 + i];
+    for (int dp : {2, 1}) {
+      const double rel = std::abs(resumed[dp][i] - want) / std::abs(want);
+      worst = std::max(worst, rel);
+      EXPECT_LE(rel, 1e-5) << "dp " << dp << " step " << 21 + i;
+    }
+    std::printf("%4d  %12.7f  %17.7f  %16.7f\n", 21 + i, want, resumed[2][i], resumed[1][i]);
+  }
+  std::cout
+      << "max relative loss difference after resharding 4 ranks ZeRO-2 -> 2 ranks ZeRO-1 / 1 rank: "
+      << worst << std::endl;
+}
+
+// A flipped byte in the newest commit, and a step directory a SIGKILL left
+// without manifest: resuming from the checkpoint root skips both and uses
+// the previous commit.
+TEST_F(TrainingTest, CorruptOrPartialCheckpointFallsBackToThePreviousCommit) {
+  TempDir dir;
+  const std::string ckpt = dir.path() + "/ckpt";
+  std::vector<std::string> base = {SHARDTRAIN_CLI_BIN,
+                                   "local",
+                                   kDdpSpec,
+                                   "--output",
+                                   "json",
+                                   "--threads",
+                                   "1",
+                                   "--set",
+                                   "parallel.dp=2",
+                                   "--set",
+                                   "batch.micro=16",
+                                   "--set",
+                                   "data.train=" + kData,
+                                   "--set",
+                                   "checkpoint.dir=" + ckpt,
+                                   "--set",
+                                   "checkpoint.every=10"};
+  base.insert(base.end(), {"--set", "steps=30", "--set", "optimizer.lr=1e-3"});
+  CommandResult straight = RunCommand(base, seconds(300));
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  const std::vector<double> expected = Losses(straight.out);
+  ASSERT_EQ(expected.size(), 30u);
+  ASSERT_TRUE(std::filesystem::exists(ckpt + "/step-20/manifest.txt"));
+  {  // flip one byte in the middle of rank 1's shard of step 20
+    std::fstream f(ckpt + "/step-20/rank-1.shard", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    const std::streamoff mid = f.tellg() / 2;
+    f.seekg(mid);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(mid);
+    c ^= 0x40;
+    f.write(&c, 1);
+  }
+  std::filesystem::create_directories(ckpt + "/step-25");  // a save cut short: shards, no manifest
+  std::filesystem::copy_file(ckpt + "/step-10/rank-0.shard", ckpt + "/step-25/rank-0.shard");
+  std::vector<std::string> again = base;
+  again.insert(again.end(), {"--resume-from", ckpt});
+  CommandResult r = RunCommand(again, seconds(300));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::vector<double> losses = Losses(r.out);
+  // Resumed from step 10 (20 was corrupt, 25 never committed): steps 11..30,
+  // each equal to the first run's.
+  ASSERT_EQ(losses.size(), 20u);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(losses[i], expected[10 + i]) << "step " << 11 + i;
+}
+
+TEST_F(ClusterTest, KilledRankRecoversFromTheLastCommitAndMatchesAnUninterruptedRun) {
+  const int steps = 40;
+  const std::vector<std::string> sets = {"steps=40", "checkpoint.every=10", "optimizer.lr=1e-3"};
+  // The uninterrupted run, on a local cluster of its own.
+  std::vector<std::string> args = {SHARDTRAIN_CLI_BIN,
+                                   "local",
+                                   kDdpSpec,
+                                   "--output",
+                                   "json",
+                                   "--threads",
+                                   "1",
+                                   "--set",
+                                   "data.train=" + kData,
+                                   "--set",
+                                   "checkpoint.dir=" + dir_.path() + "/straight"};
+  for (const auto& s : sets) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  CommandResult straight = RunCommand(args, seconds(300));
+  ASSERT_EQ(straight.exit_code, 0) << straight.out << straight.err;
+  const std::vector<double> expected = Losses(straight.out);
+  ASSERT_EQ(expected.size(), size_t(steps));
+
+  // 5 workers for a job of 4: after rank 2's worker dies, 4 are left.
+  Start(5, /*lease_ms=*/2000);
+  const std::string job = Submit(sets);
+  ASSERT_TRUE(WaitFor([&] { return Step(job) >= 22; }, seconds(120))) << Status(job);
+  const std::string status = Status(job);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(status, m, std::regex("\"rank\": 2, \"worker_id\": \"(w-\\d+)\"")));
+  const std::string victim = m[1];
+  for (Process& w : workers_) {
+    if (w.Log().find(" as " + victim + " ") != std::string::npos) w.Signal(SIGKILL);
+  }
+  const int killed_at = Step(job);
+  ASSERT_TRUE(WaitFor([&] { return State(job) == "SUCCEEDED"; }, seconds(180))) << Status(job);
+  const std::string done = Status(job);
+  EXPECT_EQ(Field(done, "state"), "SUCCEEDED");
+  EXPECT_NE(done.find("\"restarts\": 1"), std::string::npos) << done;
+  CommandResult ckpts = Cli({"checkpoints", job}, c_.address());
+  EXPECT_EQ(ckpts.exit_code, 0) << ckpts.err;
+  EXPECT_NE(ckpts.out.find("step-30"), std::string::npos) << ckpts.out;  // keep 3: 10, 20, 30
+  std::cout << ckpts.out;
+  CommandResult watch = Cli({"watch", job}, c_.address());
+  EXPECT_NE(watch.out.find("[RECOVERING]"), std::string::npos) << watch.out;
+  EXPECT_NE(watch.out.find("resuming from committed step 20"), std::string::npos) << watch.out;
+  const std::vector<double> got = Losses(Cli({"history", job, "-o", "json"}, c_.address()).out);
+  ASSERT_EQ(got.size(), size_t(steps));
+  std::cout << "rank 2 killed at step " << killed_at << "; resumed from step 20\n"
+            << "step  uninterrupted  recovered\n";
+  double worst = 0;
+  for (int s = 0; s < steps; ++s) {
+    const double rel = std::abs(got[s] - expected[s]) / std::abs(expected[s]);
+    worst = std::max(worst, rel);
+    if (s >= 18) std::printf("%4d  %13.9f  %9.9f\n", s + 1, expected[s], got[s]);
+    EXPECT_LE(rel, 1e-6) << "step " << s + 1;
+  }
+  std::cout << "max relative loss difference after recovery: " << worst << std::endl;
+}
+
+// kill -9 of the coordinator at random points, 5 times, while one job trains
+// (with checkpoints) and two wait: every acknowledged job is still there
+// after each restart, and all three finish.
+TEST_F(ClusterTest, CoordinatorKill9FiveTimesLosesNoJobAndAllFinish) {
+  Start(2, /*lease_ms=*/10'000);  // workers ride out the outages on their lease
+  std::vector<std::string> jobs;
+  for (int i = 0; i < 3; ++i) {
+    jobs.push_back(Submit({"parallel.dp=2", "batch.micro=16", "steps=25", "max_restarts=10",
+                           "checkpoint.every=5",
+                           "checkpoint.dir=" + dir_.path() + "/ckpt" + std::to_string(i)}));
+    ASSERT_FALSE(jobs.back().empty());
+  }
+  const int port = c_.port;
+  std::mt19937 rng(20261122);
+  for (int k = 0; k < 5; ++k) {
+    const int pause_ms = 300 + int(rng() % 2500);
+    std::this_thread::sleep_for(milliseconds(pause_ms));
+    c_.process.Signal(SIGKILL);
+    ASSERT_TRUE(c_.process.Wait(seconds(5)));
+    c_ = StartCoordinator(dir_.path(), 10'000, "127.0.0.1:" + std::to_string(port));
+    ASSERT_EQ(c_.port, port) << c_.process.Log();
+    std::cout << "kill -9 #" << k + 1 << " after " << pause_ms << " ms:";
+    for (const std::string& j : jobs) {
+      const std::string state = State(j);
+      std::cout << " " << j << "=" << state;
+      EXPECT_FALSE(state.empty()) << j << " lost after restart " << k + 1;
+    }
+    std::cout << std::endl;
+  }
+  for (const std::string& j : jobs) {
+    EXPECT_TRUE(WaitFor([&] { return State(j) == "SUCCEEDED"; }, seconds(240))) << Status(j);
+  }
+}
+
+// min 2, max 4 workers; rank 2's worker dies with no spare: the job goes on
+// on 2 workers (not 3: the global batch of 4 micro-batches must split evenly),
+// from the last commit, and its losses continue the uninterrupted 4-rank run.
+TEST_F(ClusterTest, ElasticShrinksTo2WorkersAndContinuesTheLossCurve) {
+  const std::vector<std::string> sets = {"steps=40", "checkpoint.every=10", "optimizer.lr=1e-3",
+                                         "resources.min_workers=2", "resources.max_workers=4"};
+  std::vector<std::string> args = {SHARDTRAIN_CLI_BIN,
+                                   "local",
+                                   kDdpSpec,
+                                   "--output",
+                                   "json",
+                                   "--threads",
+                                   "1",
+                                   "--set",
+                                   "data.train=" + kData,
+                                   "--set",
+                                   "checkpoint.dir=" + dir_.path() + "/straight"};
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  CommandResult straight = RunCommand(args, seconds(300));
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  const std::vector<double> expected = Losses(straight.out);
+  ASSERT_EQ(expected.size(), 40u);
+
+  Start(4, /*lease_ms=*/2000);
+  const std::string job = Submit(sets);
+  ASSERT_TRUE(WaitFor([&] { return Step(job) >= 22; }, seconds(120))) << Status(job);
+  std::smatch m;
+  const std::string st = Status(job);
+  ASSERT_TRUE(std::regex_search(st, m, std::regex("\"rank\": 2, \"worker_id\": \"(w-\\d+)\"")));
+  for (Process& w : workers_) {
+    if (w.Log().find(" as " + m[1].str() + " ") != std::string::npos) w.Signal(SIGKILL);
+  }
+  ASSERT_TRUE(WaitFor([&] { return State(job) == "SUCCEEDED"; }, seconds(180))) << Status(job);
+  EXPECT_NE(Status(job).find("\"world\": 2"), std::string::npos) << Status(job);
+  CommandResult watch = Cli({"watch", job}, c_.address());
+  EXPECT_NE(watch.out.find("elastic: world 4 -> 2"), std::string::npos) << watch.out;
+  const std::vector<double> got = Losses(Cli({"history", job, "-o", "json"}, c_.address()).out);
+  ASSERT_EQ(got.size(), 40u);
+  double worst = 0;
+  for (int s = 0; s < 40; ++s) {
+    const double rel = std::abs(got[s] - expected[s]) / std::abs(expected[s]);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, 1e-5) << "step " << s + 1;
+  }
+  std::cout << "elastic 4 -> 2 workers: max relative loss difference " << worst << std::endl;
+}
+
+// SIGKILL of a rank while checkpoint step 20 is being written (as soon as its
+// directory appears): the commit of step 10 stays intact, and the job
+// recovers from the newest commit and matches the uninterrupted run.
+TEST_F(ClusterTest, KillDuringCheckpointWriteKeepsThePreviousCommit) {
+  const std::vector<std::string> sets = {"steps=30", "checkpoint.every=10", "optimizer.lr=1e-3",
+                                         "parallel.dp=2", "batch.micro=16"};
+  std::vector<std::string> args = {SHARDTRAIN_CLI_BIN,
+                                   "local",
+                                   kDdpSpec,
+                                   "--output",
+                                   "json",
+                                   "--threads",
+                                   "1",
+                                   "--set",
+                                   "data.train=" + kData,
+                                   "--set",
+                                   "checkpoint.dir=" + dir_.path() + "/straight"};
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  CommandResult straight = RunCommand(args, seconds(300));
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  const std::vector<double> expected = Losses(straight.out);
+
+  Start(3, /*lease_ms=*/2000);  // one spare
+  const std::string job = Submit(sets);
+  const std::string ckpt = dir_.path() + "/ckpt";
+  ASSERT_TRUE(WaitFor([&] { return std::filesystem::exists(ckpt + "/step-20"); }, seconds(120)));
+  std::smatch m;
+  const std::string st = Status(job);
+  ASSERT_TRUE(std::regex_search(st, m, std::regex("\"rank\": 1, \"worker_id\": \"(w-\\d+)\"")));
+  for (Process& w : workers_) {
+    if (w.Log().find(" as " + m[1].str() + " ") != std::string::npos) w.Signal(SIGKILL);
+  }
+  const bool step20_committed = std::filesystem::exists(ckpt + "/step-20/manifest.txt");
+  ASSERT_TRUE(WaitFor([&] { return State(job) == "SUCCEEDED"; }, seconds(180))) << Status(job);
+  // Step 10's commit is whole: its manifest and every shard verify.
+  checkpoint::FileCheckpointStorage storage;
+  auto manifest = checkpoint::ReadManifest(storage, ckpt + "/step-10/manifest.txt");
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_TRUE(checkpoint::VerifyShards(storage, ckpt + "/step-10", *manifest).ok());
+  const std::vector<double> got = Losses(Cli({"history", job, "-o", "json"}, c_.address()).out);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t s = 0; s < got.size(); ++s) EXPECT_EQ(got[s], expected[s]) << "step " << s + 1;
+  std::cout << "killed while step 20 was being written (manifest "
+            << (step20_committed ? "already" : "not yet") << " written); "
+            << Cli({"checkpoints", job}, c_.address()).out;
+}
+
+}  // namespace
+}  // namespace shardtrain::testing
