@@ -73,8 +73,7 @@ struct Config {
 };
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 [[noreturn]] void Die(const std::string& what, const absl::Status& s) {
@@ -82,8 +81,7 @@ double Now() {
   std::exit(1);
 }
 [[noreturn]] void DieErrno(const std::string& what, const std::string& path) {
-  std::cerr << "checkpoint_bench: " << what << " " << path << ": " << std::strerror(errno)
-            << "\n";
+  std::cerr << "checkpoint_bench: " << what << " " << path << ": " << std::strerror(errno) << "\n";
   std::exit(1);
 }
 
@@ -173,8 +171,8 @@ struct Row {
   double seconds = 0;
   std::optional<double> ratio;  // baseline MB/s / ours (= our time / baseline time, same bytes)
   std::string note;
-  bool rate = true;         // false: mb_per_s is meaningless (printed as -/null)
-  std::string extra_json;   // more ", \"key\": value" fields for this row
+  bool rate = true;             // false: mb_per_s is meaningless (printed as -/null)
+  std::string extra_json;       // more ", \"key\": value" fields for this row
   std::vector<double> samples;  // one per repetition; `seconds` is the best (least)
   void Add(double s) {
     samples.push_back(s);
@@ -271,8 +269,7 @@ int Main(int argc, char** argv) {
         "params; params+m+v = %.3f GB\n  save: %d ranks as %d threads of one process; "
         "temp dir %s (%.0f GB free)\n  reads: %s\n",
         config.layers, config.heads, config.dim, config.context, config.vocab,
-        static_cast<unsigned long long>(n), 12.0 * n / 1e9, world, world, root.c_str(),
-        avail / 1e9,
+        static_cast<unsigned long long>(n), 12.0 * n / 1e9, world, world, root.c_str(), avail / 1e9,
         cold ? "cold (posix_fadvise DONTNEED on each file first; guest page cache only)"
              : "warm (page cache as the writes left it)");
     std::fflush(stdout);
@@ -332,16 +329,15 @@ int Main(int argc, char** argv) {
       std::printf("%s, \"note\": \"%s\"}\n", r.extra_json.c_str(), r.note.c_str());
     } else {
       if (rows.size() == 1) {
-        std::printf("\n%-20s %14s %9s %9s %8s  %s\n", "what", "bytes", "seconds", "MB/s",
-                    "x_base", "notes (x_base = baseline MB/s / ours)");
+        std::printf("\n%-20s %14s %9s %9s %8s  %s\n", "what", "bytes", "seconds", "MB/s", "x_base",
+                    "notes (x_base = baseline MB/s / ours)");
       }
       char ratio[32] = "-";
       if (r.ratio) std::snprintf(ratio, sizeof(ratio), "%.2f", *r.ratio);
       char rate[32] = "-";
       if (r.rate) std::snprintf(rate, sizeof(rate), "%.1f", r.mbps());
       std::printf("%-20s %14llu %9.3f %9s %8s  %s\n", r.what.c_str(),
-                  static_cast<unsigned long long>(r.bytes), r.seconds, rate, ratio,
-                  r.note.c_str());
+                  static_cast<unsigned long long>(r.bytes), r.seconds, rate, ratio, r.note.c_str());
     }
     std::fflush(stdout);
   };
@@ -464,8 +460,10 @@ int Main(int argc, char** argv) {
     base_r.bytes = got;
   }
   base_r.ratio = 1.0;
-  base_r.note = std::string("shard files, read() 8 MiB chunks, 1 reused buffer: THE load "
-                            "baseline (") + (cold ? "cold" : "warm") + ")";
+  base_r.note = std::string(
+                    "shard files, read() 8 MiB chunks, 1 reused buffer: THE load "
+                    "baseline (") +
+                (cold ? "cold" : "warm") + ")";
   emit(base_r);
 
   // 6. LoadAll on one rank (Trainer::Restore).
@@ -516,8 +514,8 @@ int Main(int argc, char** argv) {
       }
     }
     row.ratio = vs(row, base_r);
-    row.note = "reshard " + std::to_string(world) + "->" + std::to_string(new_world) + ": new rank " +
-               std::to_string(r) + " reads " + std::to_string(files) + " of " +
+    row.note = "reshard " + std::to_string(world) + "->" + std::to_string(new_world) +
+               ": new rank " + std::to_string(r) + " reads " + std::to_string(files) + " of " +
                std::to_string(world) + " shard files";
     emit(row);
   }
