@@ -148,22 +148,7 @@ TEST_F(ClusterTest, KilledRankRecoversFromTheLastCommitAndMatchesAnUninterrupted
   const int steps = 40;
   const std::vector<std::string> sets = {"steps=40", "checkpoint.every=10", "optimizer.lr=1e-3"};
   // The uninterrupted run, on a local cluster of its own.
-  std::vector<std::string> args = {SHARDTRAIN_CLI_BIN,
-                                   "local",
-                                   kDdpSpec,
-                                   "--output",
-                                   "json",
-                                   "--threads",
-                                   "1",
-                                   "--set",
-                                   "data.train=" + kData,
-                                   "--set",
-                                   "checkpoint.dir=" + dir_.path() + "/straight"};
-  for (const auto& s : sets) {
-    args.push_back("--set");
-    args.push_back(s);
-  }
-  CommandResult straight = RunCommand(args, seconds(300));
+  CommandResult straight = RunLocal(sets, dir_.path() + "/straight");
   ASSERT_EQ(straight.exit_code, 0) << straight.out << straight.err;
   const std::vector<double> expected = Losses(straight.out);
   ASSERT_EQ(expected.size(), size_t(steps));
@@ -172,13 +157,8 @@ TEST_F(ClusterTest, KilledRankRecoversFromTheLastCommitAndMatchesAnUninterrupted
   Start(5, /*lease_ms=*/2000);
   const std::string job = Submit(sets);
   ASSERT_TRUE(WaitFor([&] { return Step(job) >= 22; }, seconds(120))) << Status(job);
-  const std::string status = Status(job);
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(status, m, std::regex("\"rank\": 2, \"worker_id\": \"(w-\\d+)\"")));
-  const std::string victim = m[1];
-  for (Process& w : workers_) {
-    if (w.Log().find(" as " + victim + " ") != std::string::npos) w.Signal(SIGKILL);
-  }
+  const std::string victim = KillRank(job, 2);
+  ASSERT_FALSE(victim.empty()) << Status(job);
   const int killed_at = Step(job);
   ASSERT_TRUE(WaitFor([&] { return State(job) == "SUCCEEDED"; }, seconds(180))) << Status(job);
   const std::string done = Status(job);
@@ -245,19 +225,7 @@ TEST_F(ClusterTest, CoordinatorKill9FiveTimesLosesNoJobAndAllFinish) {
 TEST_F(ClusterTest, ElasticShrinksTo2WorkersAndContinuesTheLossCurve) {
   const std::vector<std::string> sets = {"steps=40", "checkpoint.every=10", "optimizer.lr=1e-3",
                                          "resources.min_workers=2", "resources.max_workers=4"};
-  std::vector<std::string> args = {SHARDTRAIN_CLI_BIN,
-                                   "local",
-                                   kDdpSpec,
-                                   "--output",
-                                   "json",
-                                   "--threads",
-                                   "1",
-                                   "--set",
-                                   "data.train=" + kData,
-                                   "--set",
-                                   "checkpoint.dir=" + dir_.path() + "/straight"};
-  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
-  CommandResult straight = RunCommand(args, seconds(300));
+  CommandResult straight = RunLocal(sets, dir_.path() + "/straight");
   ASSERT_EQ(straight.exit_code, 0) << straight.err;
   const std::vector<double> expected = Losses(straight.out);
   ASSERT_EQ(expected.size(), 40u);
@@ -265,12 +233,8 @@ TEST_F(ClusterTest, ElasticShrinksTo2WorkersAndContinuesTheLossCurve) {
   Start(4, /*lease_ms=*/2000);
   const std::string job = Submit(sets);
   ASSERT_TRUE(WaitFor([&] { return Step(job) >= 22; }, seconds(120))) << Status(job);
-  std::smatch m;
-  const std::string st = Status(job);
-  ASSERT_TRUE(std::regex_search(st, m, std::regex("\"rank\": 2, \"worker_id\": \"(w-\\d+)\"")));
-  for (Process& w : workers_) {
-    if (w.Log().find(" as " + m[1].str() + " ") != std::string::npos) w.Signal(SIGKILL);
-  }
+  const std::string victim = KillRank(job, 2);
+  ASSERT_FALSE(victim.empty()) << Status(job);
   ASSERT_TRUE(WaitFor([&] { return State(job) == "SUCCEEDED"; }, seconds(180))) << Status(job);
   EXPECT_NE(Status(job).find("\"world\": 2"), std::string::npos) << Status(job);
   CommandResult watch = Cli({"watch", job}, c_.address());
@@ -292,19 +256,7 @@ TEST_F(ClusterTest, ElasticShrinksTo2WorkersAndContinuesTheLossCurve) {
 TEST_F(ClusterTest, KillDuringCheckpointWriteKeepsThePreviousCommit) {
   const std::vector<std::string> sets = {"steps=30", "checkpoint.every=10", "optimizer.lr=1e-3",
                                          "parallel.dp=2", "batch.micro=16"};
-  std::vector<std::string> args = {SHARDTRAIN_CLI_BIN,
-                                   "local",
-                                   kDdpSpec,
-                                   "--output",
-                                   "json",
-                                   "--threads",
-                                   "1",
-                                   "--set",
-                                   "data.train=" + kData,
-                                   "--set",
-                                   "checkpoint.dir=" + dir_.path() + "/straight"};
-  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
-  CommandResult straight = RunCommand(args, seconds(300));
+  CommandResult straight = RunLocal(sets, dir_.path() + "/straight");
   ASSERT_EQ(straight.exit_code, 0) << straight.err;
   const std::vector<double> expected = Losses(straight.out);
 
@@ -312,12 +264,8 @@ TEST_F(ClusterTest, KillDuringCheckpointWriteKeepsThePreviousCommit) {
   const std::string job = Submit(sets);
   const std::string ckpt = dir_.path() + "/ckpt";
   ASSERT_TRUE(WaitFor([&] { return std::filesystem::exists(ckpt + "/step-20"); }, seconds(120)));
-  std::smatch m;
-  const std::string st = Status(job);
-  ASSERT_TRUE(std::regex_search(st, m, std::regex("\"rank\": 1, \"worker_id\": \"(w-\\d+)\"")));
-  for (Process& w : workers_) {
-    if (w.Log().find(" as " + m[1].str() + " ") != std::string::npos) w.Signal(SIGKILL);
-  }
+  const std::string victim = KillRank(job, 1);
+  ASSERT_FALSE(victim.empty()) << Status(job);
   const bool step20_committed = std::filesystem::exists(ckpt + "/step-20/manifest.txt");
   ASSERT_TRUE(WaitFor([&] { return State(job) == "SUCCEEDED"; }, seconds(180))) << Status(job);
   // Step 10's commit is whole: its manifest and every shard verify.

@@ -5,6 +5,7 @@
 #define SHARDTRAIN_TESTS_INTEGRATION_TRAINING_UTIL_H_
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <chrono>
 #include <filesystem>
@@ -48,6 +49,27 @@ class TrainingTest : public ::testing::Test {
   }
 };
 
+// `shardtrain local` on the example DDP spec over the corpus, with `sets`
+// overrides, checkpoints in `ckpt`, 1 thread per worker, JSON output, and
+// `extra` arguments.
+inline CommandResult RunLocal(const std::vector<std::string>& sets, const std::string& ckpt,
+                              const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args = {SHARDTRAIN_CLI_BIN,
+                                   "local",
+                                   kDdpSpec,
+                                   "--output",
+                                   "json",
+                                   "--threads",
+                                   "1",
+                                   "--set",
+                                   "data.train=" + kData,
+                                   "--set",
+                                   "checkpoint.dir=" + ckpt};
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  args.insert(args.end(), extra.begin(), extra.end());
+  return RunCommand(args, std::chrono::seconds(300));
+}
+
 class ClusterTest : public TrainingTest {
  protected:
   void Start(int workers, int64_t lease_ms = 10'000) {
@@ -77,6 +99,19 @@ class ClusterTest : public TrainingTest {
     std::smatch m;
     std::string s = Status(job);
     return std::regex_search(s, m, std::regex("\"step\": (\\d+)")) ? std::stoi(m[1]) : -1;
+  }
+
+  // SIGKILLs the worker holding `rank` of `job`; returns its id ("" if none).
+  std::string KillRank(const std::string& job, int rank) {
+    std::smatch m;
+    const std::string st = Status(job);
+    const std::regex re("\"rank\": " + std::to_string(rank) + ", \"worker_id\": \"(w-\\d+)\"");
+    if (!std::regex_search(st, m, re)) return "";
+    const std::string victim = m[1];
+    for (Process& w : workers_) {
+      if (w.Log().find(" as " + victim + " ") != std::string::npos) w.Signal(SIGKILL);
+    }
+    return victim;
   }
 
   TempDir dir_;
