@@ -31,32 +31,15 @@ using std::chrono::seconds;
 TEST_F(TrainingTest, CheckpointFrom4RanksResumesOn2And1) {
   TempDir dir;
   auto run = [&](int dp, int zero, const std::string& ckpt, const std::string& resume) {
-    std::vector<std::string> args = {SHARDTRAIN_CLI_BIN,
-                                     "local",
-                                     kDdpSpec,
-                                     "--output",
-                                     "json",
-                                     "--threads",
-                                     "1",
-                                     "--set",
-                                     "parallel.dp=" + std::to_string(dp),
-                                     "--set",
-                                     "batch.micro=" + std::to_string(32 / dp),
-                                     "--set",
-                                     "steps=40",
-                                     "--set",
-                                     "optimizer.lr=1e-3",
-                                     "--set",
-                                     "data.train=" + kData,
-                                     "--set",
-                                     "checkpoint.dir=" + ckpt,
-                                     "--set",
-                                     "checkpoint.every=20"};
-    if (!resume.empty()) {
-      args.push_back("--resume-from");
-      args.push_back(resume);
-    }
-    CommandResult r = RunCommand(args, seconds(300));
+    const std::vector<std::string> sets = {"parallel.dp=" + std::to_string(dp),
+                                           "batch.micro=" + std::to_string(32 / dp),
+                                           "parallel.zero=" + std::to_string(zero),
+                                           "steps=40",
+                                           "optimizer.lr=1e-3",
+                                           "checkpoint.every=20"};
+    CommandResult r = RunLocal(sets, ckpt,
+                               resume.empty() ? std::vector<std::string>{}
+                                              : std::vector<std::string>{"--resume-from", resume});
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     return Losses(r.out);
   };

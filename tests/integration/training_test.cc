@@ -33,28 +33,10 @@ TEST_F(TrainingTest, DdpOn1And2And4WorkersMatchesStepByStep) {
   std::map<int, std::vector<float>> weights;
   for (int dp : {1, 2, 4}) {
     const std::string ckpt = dir.path() + "/dp" + std::to_string(dp);
-    CommandResult r = RunCommand({SHARDTRAIN_CLI_BIN,
-                                  "local",
-                                  kDdpSpec,
-                                  "--output",
-                                  "json",
-                                  "--threads",
-                                  "1",
-                                  "--set",
-                                  "parallel.dp=" + std::to_string(dp),
-                                  "--set",
-                                  "batch.micro=" + std::to_string(32 / dp),
-                                  "--set",
-                                  "steps=" + std::to_string(steps),
-                                  "--set",
-                                  "data.train=" + kData,
-                                  "--set",
-                                  "checkpoint.dir=" + ckpt,
-                                  "--set",
-                                  "optimizer.lr=1e-3",
-                                  "--set",
-                                  "parallel.bucket_mb=1"},
-                                 seconds(300));
+    CommandResult r =
+        RunLocal({"parallel.dp=" + std::to_string(dp), "batch.micro=" + std::to_string(32 / dp),
+                  "steps=" + std::to_string(steps), "optimizer.lr=1e-3", "parallel.bucket_mb=1"},
+                 ckpt);
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     EXPECT_EQ(Field(r.out, "state"), "SUCCEEDED");
     losses[dp] = Losses(r.out);
@@ -95,33 +77,11 @@ TEST_F(TrainingTest, Zero1And2On1To4RanksMatchOneRank) {
   TempDir dir;
   const int steps = 20;
   auto run = [&](int dp, int zero) {
-    CommandResult r = RunCommand(
-        {SHARDTRAIN_CLI_BIN,
-         "local",
-         kDdpSpec,
-         "--output",
-         "json",
-         "--threads",
-         "1",
-         "--set",
-         "parallel.dp=" + std::to_string(dp),
-         "--set",
-         "parallel.zero=" + std::to_string(zero),
-         "--set",
-         "batch.global=24",
-         "--set",
-         "batch.micro=" + std::to_string(24 / dp),
-         "--set",
-         "steps=" + std::to_string(steps),
-         "--set",
-         "optimizer.lr=1e-3",
-         "--set",
-         "model.layers=3",
-         "--set",
-         "data.train=" + kData,
-         "--set",
-         "checkpoint.dir=" + dir.path() + "/z" + std::to_string(zero) + "d" + std::to_string(dp)},
-        seconds(300));
+    CommandResult r =
+        RunLocal({"parallel.dp=" + std::to_string(dp), "parallel.zero=" + std::to_string(zero),
+                  "batch.global=24", "batch.micro=" + std::to_string(24 / dp),
+                  "steps=" + std::to_string(steps), "optimizer.lr=1e-3", "model.layers=3"},
+                 dir.path() + "/z" + std::to_string(zero) + "d" + std::to_string(dp));
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     return Losses(r.out);
   };
