@@ -106,6 +106,7 @@ class Coordinator {
   // Without a committer, checkpoint reports are refused (FAILED_PRECONDITION).
   void set_checkpoint_committer(CheckpointCommitter committer);
   absl::Status ReportFailure(const v1::ReportFailureRequest& req);
+  absl::Status ReportEvent(const v1::ReportEventRequest& req);
 
   // ---- rendezvous
   RendezvousKv& kv() { return kv_; }

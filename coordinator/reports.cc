@@ -169,6 +169,15 @@ absl::StatusOr<v1::ListCheckpointsResponse> Coordinator::ListCheckpoints(
   return resp;
 }
 
+absl::Status Coordinator::ReportEvent(const v1::ReportEventRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  JobEntry* e = FindJob(req.job_id());
+  if (!e) return absl::NotFoundError(absl::StrCat("job ", req.job_id(), " not found"));
+  if (auto s = CheckRank(*e, req.generation(), req.rank(), req.worker_id()); !s.ok()) return s;
+  return AppendEvent(*e, v1::EVENT_KIND_LOG, absl::StrCat("rank ", req.rank(), ": ", req.message()),
+                     nullptr);
+}
+
 absl::Status Coordinator::ReportFailure(const v1::ReportFailureRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
   JobEntry* e = FindJob(req.job_id());

@@ -187,6 +187,15 @@ grpc::Status CoordinatorService::ReportFailure(grpc::ServerContext*,
   });
 }
 
+grpc::Status CoordinatorService::ReportEvent(grpc::ServerContext*,
+                                             const v1::ReportEventRequest* req,
+                                             v1::ReportEventResponse*) {
+  return Handle("ReportEvent", [&]() -> absl::Status {
+    if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
+    return core_->ReportEvent(*req);
+  });
+}
+
 grpc::Status CoordinatorService::KvSet(grpc::ServerContext*, const v1::KvSetRequest* req,
                                        v1::KvSetResponse*) {
   return Handle("KvSet", [&]() -> absl::Status {

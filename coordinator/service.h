@@ -48,6 +48,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
                           v1::ReportDoneResponse*) override;
   grpc::Status ReportFailure(grpc::ServerContext*, const v1::ReportFailureRequest*,
                              v1::ReportFailureResponse*) override;
+  grpc::Status ReportEvent(grpc::ServerContext*, const v1::ReportEventRequest*,
+                           v1::ReportEventResponse*) override;
   grpc::Status KvSet(grpc::ServerContext*, const v1::KvSetRequest*, v1::KvSetResponse*) override;
   grpc::Status KvGet(grpc::ServerContext*, const v1::KvGetRequest*, v1::KvGetResponse*) override;
   grpc::Status KvAdd(grpc::ServerContext*, const v1::KvAddRequest*, v1::KvAddResponse*) override;

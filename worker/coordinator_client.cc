@@ -76,6 +76,12 @@ absl::Status CoordinatorClient::ReportFailure(const v1::ReportFailureRequest& r)
   return absl::OkStatus();
 }
 
+absl::Status CoordinatorClient::ReportEvent(const v1::ReportEventRequest& r) {
+  v1::ReportEventResponse resp;
+  SHARDTRAIN_UNARY(ReportEvent, r, &resp);
+  return absl::OkStatus();
+}
+
 absl::Status CoordinatorClient::KvSet(const v1::KvSetRequest& r) {
   v1::KvSetResponse resp;
   SHARDTRAIN_UNARY(KvSet, r, &resp);

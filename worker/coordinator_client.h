@@ -33,6 +33,7 @@ class CoordinatorClient {
   absl::StatusOr<v1::ReportCheckpointResponse> ReportCheckpoint(
       const v1::ReportCheckpointRequest& r);
   absl::Status ReportFailure(const v1::ReportFailureRequest& r);
+  absl::Status ReportEvent(const v1::ReportEventRequest& r);
   absl::Status KvSet(const v1::KvSetRequest& r);
   absl::StatusOr<std::string> KvGet(const v1::KvGetRequest& r);
   absl::StatusOr<int64_t> KvAdd(const v1::KvAddRequest& r);

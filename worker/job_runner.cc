@@ -148,6 +148,21 @@ class Reporter {
     Retry("ReportFailure", [&] { return ctx_.client->ReportFailure(req); });
   }
 
+  // Logs `msg` and records it among the job's events (best effort: only
+  // rank 0 reports, since every rank sees the same checkpoint files).
+  void Event(const std::string& msg) const {
+    Log(msg);
+    if (a_.rank() != 0) return;
+    v1::ReportEventRequest req;
+    req.set_job_id(a_.job_id());
+    req.set_generation(a_.generation());
+    req.set_rank(a_.rank());
+    req.set_worker_id(ctx_.worker_id);
+    req.set_message(msg);
+    if (absl::Status s = ctx_.client->ReportEvent(req); !s.ok())
+      Log("event not reported: " + s.ToString());
+  }
+
   void Log(const std::string& msg) const {
     std::cerr << "shardtrain-worker[" << ctx_.worker_id << "] " << a_.job_id() << "/" << a_.rank()
               << ": " << msg << std::endl;
@@ -188,14 +203,14 @@ absl::StatusOr<std::string> ResolveCheckpoint(checkpoint::CheckpointStorage& sto
   if (manifest.ok()) {
     absl::Status ok = checkpoint::VerifyShards(storage, path, *manifest);
     if (ok.ok()) return path;
-    report.Log("checkpoint " + path + " is unusable (" + ok.ToString() + "); trying older ones");
+    report.Event("checkpoint " + path + " is unusable (" + ok.ToString() + "); trying older ones");
   }
   if (manifest.ok() || absl::IsDataLoss(manifest.status())) {
     root = path.substr(0, path.find_last_of('/'));
     below = manifest.ok() ? manifest->step : INT64_MAX;
     if (!manifest.ok()) {
-      report.Log("checkpoint " + path + " is unusable (" + manifest.status().ToString() +
-                 "); trying older ones");
+      report.Event("checkpoint " + path + " is unusable (" + manifest.status().ToString() +
+                   "); trying older ones");
     }
   }
   auto committed = checkpoint::ListCommitted(storage, root);
@@ -204,7 +219,7 @@ absl::StatusOr<std::string> ResolveCheckpoint(checkpoint::CheckpointStorage& sto
     if (c.step >= below) continue;
     absl::Status ok = checkpoint::VerifyShards(storage, c.step_dir, c.manifest);
     if (ok.ok()) return c.step_dir;
-    report.Log("skipping checkpoint " + c.step_dir + ": " + ok.ToString());
+    report.Event("skipping checkpoint " + c.step_dir + ": " + ok.ToString());
   }
   return absl::NotFoundError("no valid committed checkpoint in " + root);
 }
@@ -273,7 +288,7 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
     absl::StatusOr<int64_t> done = (*trainer)->Restore(storage, *step_dir);
     if (!done.ok()) return report.Failure(done.status(), 0, comm.get());
     first = *done + 1;
-    report.Log("resumed from " + *step_dir + " (step " + std::to_string(*done) + ")");
+    report.Event("resumed from " + *step_dir + " (step " + std::to_string(*done) + ")");
   }
   report.Log("training " + spec->name + ": steps " + std::to_string(first) + ".." +
              std::to_string(spec->steps) + ", world " + std::to_string(a.world()));

@@ -116,8 +116,10 @@ TEST_F(TrainingTest, CorruptOrPartialCheckpointFallsBackToThePreviousCommit) {
   }
   std::filesystem::create_directories(ckpt + "/step-25");  // a save cut short: shards, no manifest
   std::filesystem::copy_file(ckpt + "/step-10/rank-0.shard", ckpt + "/step-25/rank-0.shard");
+  // The resumed runs commit to a directory of their own, so both see the damage.
   std::vector<std::string> again = base;
-  again.insert(again.end(), {"--resume-from", ckpt});
+  again.insert(again.end(),
+               {"--resume-from", ckpt, "--set", "checkpoint.dir=" + dir.path() + "/resumed"});
   CommandResult r = RunCommand(again, seconds(300));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const std::vector<double> losses = Losses(r.out);
@@ -125,6 +127,22 @@ TEST_F(TrainingTest, CorruptOrPartialCheckpointFallsBackToThePreviousCommit) {
   // each equal to the first run's.
   ASSERT_EQ(losses.size(), 20u);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(losses[i], expected[10 + i]) << "step " << 11 + i;
+  // The skips are job events: the human output of the same resume shows them.
+  std::vector<std::string> table;
+  for (size_t i = 0; i < again.size(); ++i) {
+    if (again[i] == "--output") {
+      ++i;  // drop "--output json"
+      continue;
+    }
+    table.push_back(again[i]);
+  }
+  CommandResult shown = RunCommand(table, seconds(300));
+  ASSERT_EQ(shown.exit_code, 0) << shown.err;
+  EXPECT_NE(shown.out.find("rank 0: skipping checkpoint " + ckpt + "/step-20: DATA_LOSS"),
+            std::string::npos)
+      << shown.out;
+  EXPECT_NE(shown.out.find("rank 0: resumed from " + ckpt + "/step-10"), std::string::npos)
+      << shown.out;
 }
 
 TEST_F(ClusterTest, KilledRankRecoversFromTheLastCommitAndMatchesAnUninterruptedRun) {
