@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -51,33 +52,53 @@ int WaitForTerminationSignal() {
   return sig;
 }
 
-absl::Status WriteFileAtomically(const std::string& path, const std::string& content) {
-  std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus("cannot create", tmp);
-  size_t done = 0;
-  while (done < content.size()) {
-    ssize_t n = write(fd, content.data() + done, content.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      absl::Status s = ErrnoStatus("cannot write", tmp);
-      close(fd);
-      unlink(tmp.c_str());
-      return s;
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::Span<const std::string_view> pieces) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid(), ".", counter++);
+  auto fail = [&](const char* what, const std::string& file) {
+    absl::Status s =
+        absl::UnavailableError(absl::StrCat(what, " ", file, ": ", std::strerror(errno)));
+    unlink(tmp.c_str());
+    return s;
+  };
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return absl::UnavailableError(absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
+  for (std::string_view piece : pieces) {
+    size_t done = 0;
+    while (done < piece.size()) {
+      ssize_t n = write(fd, piece.data() + done, piece.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        close(fd);
+        return fail("cannot write", tmp);
+      }
+      done += static_cast<size_t>(n);
     }
-    done += static_cast<size_t>(n);
   }
-  if (fsync(fd) != 0 || close(fd) != 0) {
-    absl::Status s = ErrnoStatus("cannot sync", tmp);
-    unlink(tmp.c_str());
-    return s;
+  if (fsync(fd) != 0) {
+    close(fd);
+    return fail("cannot sync", tmp);
   }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    absl::Status s = ErrnoStatus("cannot rename to", path);
-    unlink(tmp.c_str());
-    return s;
+  if (close(fd) != 0) return fail("cannot close", tmp);
+  if (rename(tmp.c_str(), path.c_str()) != 0) return fail("cannot rename to", path);
+  // Make the new directory entry durable too (best effort).
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
   }
   return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomically(const std::string& path, std::string_view content) {
+  const std::string_view pieces[] = {content};
+  return WriteFileAtomically(path, pieces);
 }
 
 absl::Status ReadFile(const std::string& path, std::string* out) {

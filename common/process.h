@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 
 namespace shardtrain {
 
@@ -16,9 +18,14 @@ void BlockTerminationSignals();
 // Waits until SIGINT or SIGTERM arrives; returns its number.
 int WaitForTerminationSignal();
 
-// Writes `content` to `path` through a temp file in the same directory,
-// fsync and rename, so a reader sees the whole file or none of it.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& content);
+// Writes `pieces`, in order, to `path` through a unique temp file in the same
+// directory: fsync, rename, fsync of the directory. A reader sees the whole
+// file or none of it, and a failure leaves no temp file behind. The
+// directory must exist. UNAVAILABLE naming the file on any I/O error.
+// The one atomic writer of the code base (port files, weights, checkpoints).
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::Span<const std::string_view> pieces);
+absl::Status WriteFileAtomically(const std::string& path, std::string_view content);
 // The file's whole contents; NOT_FOUND / PERMISSION_DENIED naming the path.
 absl::Status ReadFile(const std::string& path, std::string* out);
 

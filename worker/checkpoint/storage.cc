@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "common/process.h"
 
 namespace shardtrain::checkpoint {
 namespace {
@@ -39,21 +40,6 @@ void FsyncDir(const std::string& dir) {
   }
 }
 
-absl::Status WriteAll(int fd, std::string_view bytes, const std::string& path) {
-  const char* p = bytes.data();
-  size_t n = bytes.size();
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("writing", path, errno);
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
 // Creates `dir` and missing parents; fsyncs the parent of each one created.
 absl::Status MakeDirs(const std::string& dir) {
   std::vector<std::string> created;
@@ -72,8 +58,6 @@ absl::Status MakeDirs(const std::string& dir) {
   return absl::OkStatus();
 }
 
-std::atomic<uint64_t> g_temp_counter{0};
-
 }  // namespace
 
 std::string JoinPath(const std::string& a, const std::string& b) {
@@ -87,31 +71,7 @@ absl::Status FileCheckpointStorage::WriteFileAtomic(const std::string& path,
                                                     absl::Span<const std::string_view> pieces) {
   const std::string dir = ParentDir(path);
   if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".", g_temp_counter++);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    return absl::UnavailableError(absl::StrCat("creating ", tmp, ": ", std::strerror(errno)));
-  absl::Status s;
-  for (std::string_view piece : pieces) {
-    s = WriteAll(fd, piece, tmp);
-    if (!s.ok()) break;
-  }
-  if (s.ok() && ::fsync(fd) != 0) {
-    s = absl::UnavailableError(absl::StrCat("fsync ", tmp, ": ", std::strerror(errno)));
-  }
-  if (::close(fd) != 0 && s.ok()) {
-    s = absl::UnavailableError(absl::StrCat("close ", tmp, ": ", std::strerror(errno)));
-  }
-  if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
-    s = absl::UnavailableError(
-        absl::StrCat("rename ", tmp, " -> ", path, ": ", std::strerror(errno)));
-  }
-  if (!s.ok()) {
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  FsyncDir(dir);
-  return absl::OkStatus();
+  return WriteFileAtomically(path, pieces);
 }
 
 absl::StatusOr<std::string> FileCheckpointStorage::Read(const std::string& path) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "common/process.h"
 #include "worker/model/param_layout.h"
 
 namespace shardtrain::model {
@@ -29,21 +30,6 @@ uint64_t Fnv1a(const void* data, size_t n) {
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
   return h;
-}
-
-absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return absl::UnavailableError(
-          absl::StrCat("writing weights file ", path, ": ", std::strerror(errno)));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -67,37 +53,11 @@ absl::Status SaveWeights(const std::string& path, const GptConfig& config,
   h.fingerprint = layout.Fingerprint();
   const uint64_t checksum = Fnv1a(params.data(), params.size() * sizeof(float));
 
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot create weights file ", tmp, ": ", std::strerror(errno)));
-  }
-  absl::Status s = WriteAll(fd, &h, sizeof h, tmp);
-  if (s.ok()) s = WriteAll(fd, params.data(), params.size() * sizeof(float), tmp);
-  if (s.ok()) s = WriteAll(fd, &checksum, sizeof checksum, tmp);
-  if (s.ok() && ::fsync(fd) != 0) {
-    s = absl::UnavailableError(absl::StrCat("fsync ", tmp, ": ", std::strerror(errno)));
-  }
-  if (::close(fd) != 0 && s.ok()) {
-    s = absl::UnavailableError(absl::StrCat("close ", tmp, ": ", std::strerror(errno)));
-  }
-  if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
-    s = absl::UnavailableError(
-        absl::StrCat("rename ", tmp, " -> ", path, ": ", std::strerror(errno)));
-  }
-  if (!s.ok()) {
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return absl::OkStatus();
+  const std::string_view pieces[] = {
+      {reinterpret_cast<const char*>(&h), sizeof h},
+      {reinterpret_cast<const char*>(params.data()), params.size() * sizeof(float)},
+      {reinterpret_cast<const char*>(&checksum), sizeof checksum}};
+  return WriteFileAtomically(path, pieces);
 }
 
 absl::StatusOr<LoadedWeights> LoadWeights(const std::string& path) {
