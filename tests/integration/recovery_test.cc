@@ -80,25 +80,9 @@ TEST_F(TrainingTest, CheckpointFrom4RanksResumesOn2And1) {
 TEST_F(TrainingTest, CorruptOrPartialCheckpointFallsBackToThePreviousCommit) {
   TempDir dir;
   const std::string ckpt = dir.path() + "/ckpt";
-  std::vector<std::string> base = {SHARDTRAIN_CLI_BIN,
-                                   "local",
-                                   kDdpSpec,
-                                   "--output",
-                                   "json",
-                                   "--threads",
-                                   "1",
-                                   "--set",
-                                   "parallel.dp=2",
-                                   "--set",
-                                   "batch.micro=16",
-                                   "--set",
-                                   "data.train=" + kData,
-                                   "--set",
-                                   "checkpoint.dir=" + ckpt,
-                                   "--set",
-                                   "checkpoint.every=10"};
-  base.insert(base.end(), {"--set", "steps=30", "--set", "optimizer.lr=1e-3"});
-  CommandResult straight = RunCommand(base, seconds(300));
+  const std::vector<std::string> sets = {"parallel.dp=2", "batch.micro=16", "checkpoint.every=10",
+                                         "steps=30", "optimizer.lr=1e-3"};
+  CommandResult straight = RunLocal(sets, ckpt);
   ASSERT_EQ(straight.exit_code, 0) << straight.err;
   const std::vector<double> expected = Losses(straight.out);
   ASSERT_EQ(expected.size(), 30u);
@@ -117,10 +101,9 @@ TEST_F(TrainingTest, CorruptOrPartialCheckpointFallsBackToThePreviousCommit) {
   std::filesystem::create_directories(ckpt + "/step-25");  // a save cut short: shards, no manifest
   std::filesystem::copy_file(ckpt + "/step-10/rank-0.shard", ckpt + "/step-25/rank-0.shard");
   // The resumed runs commit to a directory of their own, so both see the damage.
-  std::vector<std::string> again = base;
-  again.insert(again.end(),
-               {"--resume-from", ckpt, "--set", "checkpoint.dir=" + dir.path() + "/resumed"});
-  CommandResult r = RunCommand(again, seconds(300));
+  std::vector<std::string> resumed = sets;
+  resumed.push_back("checkpoint.dir=" + dir.path() + "/resumed");
+  CommandResult r = RunLocal(resumed, ckpt, {"--resume-from", ckpt});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const std::vector<double> losses = Losses(r.out);
   // Resumed from step 10 (20 was corrupt, 25 never committed): steps 11..30,
@@ -128,15 +111,7 @@ TEST_F(TrainingTest, CorruptOrPartialCheckpointFallsBackToThePreviousCommit) {
   ASSERT_EQ(losses.size(), 20u);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(losses[i], expected[10 + i]) << "step " << 11 + i;
   // The skips are job events: the human output of the same resume shows them.
-  std::vector<std::string> table;
-  for (size_t i = 0; i < again.size(); ++i) {
-    if (again[i] == "--output") {
-      ++i;  // drop "--output json"
-      continue;
-    }
-    table.push_back(again[i]);
-  }
-  CommandResult shown = RunCommand(table, seconds(300));
+  CommandResult shown = RunLocal(resumed, ckpt, {"--resume-from", ckpt}, /*json=*/false);
   ASSERT_EQ(shown.exit_code, 0) << shown.err;
   EXPECT_NE(shown.out.find("rank 0: skipping checkpoint " + ckpt + "/step-20: DATA_LOSS"),
             std::string::npos)

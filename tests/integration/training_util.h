@@ -50,15 +50,15 @@ class TrainingTest : public ::testing::Test {
 };
 
 // `shardtrain local` on the example DDP spec over the corpus, with `sets`
-// overrides, checkpoints in `ckpt`, 1 thread per worker, JSON output, and
-// `extra` arguments.
+// overrides, checkpoints in `ckpt`, 1 thread per worker, JSON output (or the
+// human one), and `extra` arguments.
 inline CommandResult RunLocal(const std::vector<std::string>& sets, const std::string& ckpt,
-                              const std::vector<std::string>& extra = {}) {
+                              const std::vector<std::string>& extra = {}, bool json = true) {
   std::vector<std::string> args = {SHARDTRAIN_CLI_BIN,
                                    "local",
                                    kDdpSpec,
                                    "--output",
-                                   "json",
+                                   json ? "json" : "table",
                                    "--threads",
                                    "1",
                                    "--set",
