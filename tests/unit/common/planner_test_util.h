@@ -1,0 +1,56 @@
+// Shared by the planner tests: the source dir, a small spec of any mesh, and
+// the parameter layout a spec plans.
+#ifndef SHARDTRAIN_TESTS_UNIT_COMMON_PLANNER_TEST_UTIL_H_
+#define SHARDTRAIN_TESTS_UNIT_COMMON_PLANNER_TEST_UTIL_H_
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/planner.h"
+#include "gtest/gtest.h"
+#include "worker/model/config.h"
+#include "worker/model/param_layout.h"
+
+namespace shardtrain {
+
+inline const std::string kSourceDir = SHARDTRAIN_SOURCE_DIR;
+
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A model every tp in 1..4 divides (NH = 12, C = 96) with 5 layers, so pp = 2..4
+// splits them unevenly; the batch divides by micro·dp for every dp in 1..4.
+inline JobSpec SmallSpec(int dp, int tp, int pp) {
+  JobSpec s;
+  s.name = "small";
+  s.model = {"", /*layers=*/5, /*heads=*/12, /*dim=*/96, /*context=*/16, /*vocab=*/100};
+  s.data.train = "data/x.txt";
+  s.batch = {/*global=*/48, /*micro=*/2, /*seq_len=*/16};
+  s.parallel.dp = dp;
+  s.parallel.tp = tp;
+  s.parallel.pp = pp;
+  s.steps = 1;
+  return s;
+}
+
+inline model::ParamLayout LayoutOf(const JobSpec& s) {
+  return model::ParamLayout(*model::MakeGptConfig(s.model.layers, s.model.heads, s.model.dim,
+                                                  s.model.context, s.model.vocab));
+}
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_TESTS_UNIT_COMMON_PLANNER_TEST_UTIL_H_
