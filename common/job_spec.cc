@@ -4,10 +4,8 @@
 #include <charconv>
 #include <climits>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <set>
-#include <tuple>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -17,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/job_spec_internal.h"
 #include "common/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
@@ -24,6 +23,7 @@ namespace shardtrain {
 namespace {
 
 using YAML::Node;
+namespace si = spec_internal;  // enum spellings and number format, shared with job_spec_yaml.cc
 
 // ---------------------------------------------------------------------------
 // Schema: the keys each level of the document may hold.
@@ -67,33 +67,6 @@ constexpr Preset kPresets[] = {
     {"gpt2-774m", 36, 20, 1280, 1024, 50257},
     {"gpt2-1558m", 48, 25, 1600, 1024, 50257},
 };
-
-template <typename E>
-using EnumTable = std::vector<std::pair<absl::string_view, E>>;
-
-const EnumTable<DataFormat> kDataFormats = {{"text", DataFormat::kText},
-                                            {"llmc", DataFormat::kLlmc}};
-const EnumTable<TokenizerKind> kTokenizers = {{"byte", TokenizerKind::kByte},
-                                              {"gpt2", TokenizerKind::kGpt2}};
-const EnumTable<OffloadMode> kOffloadModes = {{"none", OffloadMode::kNone},
-                                              {"optimizer", OffloadMode::kOptimizer}};
-const EnumTable<PipelineSchedule> kPipelineSchedules = {{"gpipe", PipelineSchedule::kGpipe},
-                                                        {"1f1b", PipelineSchedule::k1F1B}};
-const EnumTable<Precision> kPrecisions = {
-    {"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}};
-const EnumTable<OptimizerKind> kOptimizers = {{"adamw", OptimizerKind::kAdamW}};
-const EnumTable<LrSchedule> kLrSchedules = {{"cosine", LrSchedule::kCosine},
-                                            {"constant", LrSchedule::kConstant},
-                                            {"linear", LrSchedule::kLinear}};
-const EnumTable<DeviceKind> kDevices = {{"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}};
-
-template <typename E>
-std::string_view NameIn(const EnumTable<E>& table, E v) {
-  for (const auto& [name, value] : table) {
-    if (value == v) return std::string_view(name.data(), name.size());
-  }
-  return "?";
-}
 
 // ---------------------------------------------------------------------------
 // Messages.
@@ -149,16 +122,6 @@ std::string DidYouMean(absl::string_view key, const std::vector<absl::string_vie
   int limit = key.size() <= 3 ? 1 : 2;
   if (best_distance > limit) return "";
   return absl::StrCat(" (did you mean ", best, "?)");
-}
-
-// Shortest decimal text that parses back to exactly `v`.
-std::string FormatDouble(double v) {
-  char buf[40];
-  for (int precision = 1; precision <= 17; ++precision) {
-    std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
-    if (std::strtod(buf, nullptr) == v) break;
-  }
-  return buf;
 }
 
 // ---------------------------------------------------------------------------
@@ -256,8 +219,8 @@ absl::Status ReadDouble(const Node& parent, const std::string& prefix, absl::str
   std::string path = Join(prefix, key);
   SHARDTRAIN_ASSIGN_OR_RETURN(double v, ParseDouble(parent[std::string(key)], path));
   if (exclusive ? !(v > lo) : !(v >= lo)) {
-    return FieldError(path, "must be ", exclusive ? "> " : ">= ", FormatDouble(lo), ", got ",
-                      FormatDouble(v));
+    return FieldError(path, "must be ", exclusive ? "> " : ">= ", si::FormatDouble(lo), ", got ",
+                      si::FormatDouble(v));
   }
   *out = v;
   return absl::OkStatus();
@@ -293,7 +256,7 @@ absl::Status ReadString(const Node& parent, const std::string& prefix, absl::str
 
 template <typename E>
 absl::Status ReadEnum(const Node& parent, const std::string& prefix, absl::string_view key,
-                      const EnumTable<E>& table, E* out) {
+                      const si::EnumTable<E>& table, E* out) {
   if (!Present(parent, key)) return absl::OkStatus();
   const Node n = parent[std::string(key)];
   if (n.IsScalar()) {
@@ -416,9 +379,9 @@ absl::Status ParseData(const Node& root, const ModelSpec& model, DataSpec* d) {
   SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, "data", "train", &d->train));
   if (d->train.empty()) return FieldError("data.train", "must not be empty");
   SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, "data", "val", &d->val));
-  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "data", "format", kDataFormats, &d->format));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "data", "format", si::kDataFormats, &d->format));
   d->tokenizer = d->format == DataFormat::kLlmc ? TokenizerKind::kGpt2 : TokenizerKind::kByte;
-  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "data", "tokenizer", kTokenizers, &d->tokenizer));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "data", "tokenizer", si::kTokenizers, &d->tokenizer));
   if (d->tokenizer == TokenizerKind::kGpt2 && d->format != DataFormat::kLlmc) {
     return FieldError("data.tokenizer",
                       "gpt2 requires data.format: llmc (text data uses the byte tokenizer)");
@@ -444,8 +407,9 @@ absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpe
     SHARDTRAIN_RETURN_IF_ERROR(CheckRange("parallel.zero", zero, 0, 3));
     p->zero = static_cast<int>(zero);
   }
-  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "parallel", "offload", kOffloadModes, &p->offload));
-  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "parallel", "schedule", kPipelineSchedules, &p->schedule));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "parallel", "offload", si::kOffloadModes, &p->offload));
+  SHARDTRAIN_RETURN_IF_ERROR(
+      ReadEnum(n, "parallel", "schedule", si::kPipelineSchedules, &p->schedule));
   SHARDTRAIN_RETURN_IF_ERROR(
       ReadBool(n, "parallel", "reshard_after_forward", &p->reshard_after_forward));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "bucket_mb", 1, &p->bucket_mb));
@@ -491,13 +455,13 @@ absl::Status ParseBatch(const Node& root, const ModelSpec& model, const Parallel
 
 absl::Status ParseOptimizer(const Node& root, OptimizerSpec* o) {
   SHARDTRAIN_ASSIGN_OR_RETURN(Node n, Section(root, "optimizer"));
-  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "optimizer", "name", kOptimizers, &o->name));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "optimizer", "name", si::kOptimizers, &o->name));
   SHARDTRAIN_RETURN_IF_ERROR(ReadDouble(n, "optimizer", "lr", 0.0, /*exclusive=*/true, &o->lr));
   o->min_lr = 0.1 * o->lr;
   SHARDTRAIN_RETURN_IF_ERROR(ReadDouble(n, "optimizer", "min_lr", 0.0, false, &o->min_lr));
   if (o->min_lr > o->lr) {
-    return FieldError("optimizer.min_lr", FormatDouble(o->min_lr),
-                      " exceeds optimizer.lr: ", FormatDouble(o->lr));
+    return FieldError("optimizer.min_lr", si::FormatDouble(o->min_lr),
+                      " exceeds optimizer.lr: ", si::FormatDouble(o->lr));
   }
   if (Present(n, "betas")) {
     const Node betas = n["betas"];
@@ -511,7 +475,7 @@ absl::Status ParseOptimizer(const Node& root, OptimizerSpec* o) {
       std::string path = absl::StrCat("optimizer.betas[", i, "]");
       SHARDTRAIN_ASSIGN_OR_RETURN(double v, ParseDouble(betas[i], path));
       if (!(v >= 0.0 && v < 1.0)) {
-        return FieldError(path, "must be in [0, 1), got ", FormatDouble(v));
+        return FieldError(path, "must be in [0, 1), got ", si::FormatDouble(v));
       }
       values.push_back(v);
     }
@@ -521,7 +485,7 @@ absl::Status ParseOptimizer(const Node& root, OptimizerSpec* o) {
   SHARDTRAIN_RETURN_IF_ERROR(
       ReadDouble(n, "optimizer", "weight_decay", 0.0, false, &o->weight_decay));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "optimizer", "warmup_steps", 0, &o->warmup_steps));
-  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "optimizer", "schedule", kLrSchedules, &o->schedule));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "optimizer", "schedule", si::kLrSchedules, &o->schedule));
   SHARDTRAIN_RETURN_IF_ERROR(ReadDouble(n, "optimizer", "grad_clip", 0.0, false, &o->grad_clip));
   return absl::OkStatus();
 }
@@ -540,7 +504,7 @@ absl::Status ParseCheckpoint(const Node& root, CheckpointSpec* c) {
 
 absl::Status ParseResources(const Node& root, const ParallelSpec& par, ResourcesSpec* r) {
   SHARDTRAIN_ASSIGN_OR_RETURN(Node n, Section(root, "resources"));
-  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "resources", "device", kDevices, &r->device));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "resources", "device", si::kDevices, &r->device));
   const int world = par.dp * par.tp * par.pp;
   r->min_workers = world;
   r->max_workers = world;
@@ -576,7 +540,7 @@ absl::Status ParseAll(const Node& root, JobSpec* spec) {
   SHARDTRAIN_RETURN_IF_ERROR(ParseData(root, spec->model, &spec->data));
   SHARDTRAIN_RETURN_IF_ERROR(ParseParallel(root, spec->model, &spec->parallel));
   SHARDTRAIN_RETURN_IF_ERROR(ParseBatch(root, spec->model, spec->parallel, &spec->batch));
-  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(root, "", "precision", kPrecisions, &spec->precision));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(root, "", "precision", si::kPrecisions, &spec->precision));
   SHARDTRAIN_RETURN_IF_ERROR(ParseOptimizer(root, &spec->optimizer));
   SHARDTRAIN_RETURN_IF_ERROR(Require(root, "", "steps"));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(root, "", "steps", 1, &spec->steps));
@@ -595,54 +559,6 @@ absl::Status ParseAll(const Node& root, JobSpec* spec) {
 }
 
 }  // namespace
-
-std::string_view EnumName(DataFormat v) { return NameIn(kDataFormats, v); }
-std::string_view EnumName(TokenizerKind v) { return NameIn(kTokenizers, v); }
-std::string_view EnumName(OffloadMode v) { return NameIn(kOffloadModes, v); }
-std::string_view EnumName(PipelineSchedule v) { return NameIn(kPipelineSchedules, v); }
-std::string_view EnumName(Precision v) { return NameIn(kPrecisions, v); }
-std::string_view EnumName(OptimizerKind v) { return NameIn(kOptimizers, v); }
-std::string_view EnumName(LrSchedule v) { return NameIn(kLrSchedules, v); }
-std::string_view EnumName(DeviceKind v) { return NameIn(kDevices, v); }
-
-bool operator==(const ModelSpec& a, const ModelSpec& b) {
-  return std::tie(a.preset, a.layers, a.heads, a.dim, a.context, a.vocab) ==
-         std::tie(b.preset, b.layers, b.heads, b.dim, b.context, b.vocab);
-}
-bool operator==(const DataSpec& a, const DataSpec& b) {
-  return std::tie(a.train, a.val, a.format, a.tokenizer) ==
-         std::tie(b.train, b.val, b.format, b.tokenizer);
-}
-bool operator==(const BatchSpec& a, const BatchSpec& b) {
-  return std::tie(a.global, a.micro, a.seq_len) == std::tie(b.global, b.micro, b.seq_len);
-}
-bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
-  return std::tie(a.dp, a.tp, a.pp, a.zero, a.offload, a.schedule, a.reshard_after_forward,
-                  a.bucket_mb) == std::tie(b.dp, b.tp, b.pp, b.zero, b.offload, b.schedule,
-                                           b.reshard_after_forward, b.bucket_mb);
-}
-bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
-  return std::tie(a.name, a.lr, a.min_lr, a.betas, a.eps, a.weight_decay, a.warmup_steps,
-                  a.schedule, a.grad_clip) == std::tie(b.name, b.lr, b.min_lr, b.betas, b.eps,
-                                                       b.weight_decay, b.warmup_steps, b.schedule,
-                                                       b.grad_clip);
-}
-bool operator==(const CheckpointSpec& a, const CheckpointSpec& b) {
-  return std::tie(a.every, a.dir, a.keep) == std::tie(b.every, b.dir, b.keep);
-}
-bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) {
-  return std::tie(a.device, a.min_workers, a.max_workers) ==
-         std::tie(b.device, b.min_workers, b.max_workers);
-}
-bool operator==(const TimeoutsSpec& a, const TimeoutsSpec& b) {
-  return a.collective_s == b.collective_s;
-}
-bool operator==(const JobSpec& a, const JobSpec& b) {
-  return std::tie(a.name, a.model, a.data, a.batch, a.parallel, a.precision, a.optimizer, a.steps,
-                  a.checkpoint, a.seed, a.resources, a.max_restarts, a.timeouts) ==
-         std::tie(b.name, b.model, b.data, b.batch, b.parallel, b.precision, b.optimizer, b.steps,
-                  b.checkpoint, b.seed, b.resources, b.max_restarts, b.timeouts);
-}
 
 absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text,
                                      const std::vector<std::string>& overrides) {
@@ -672,89 +588,6 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text,
     // Not expected: every access above checks types first.
     return absl::InvalidArgumentError(absl::StrCat("spec: ", e.what()));
   }
-}
-
-std::string JobSpecToYaml(const JobSpec& s) {
-  YAML::Emitter out;
-  auto num = [](double v) { return FormatDouble(v); };
-  auto boolean = [](bool v) { return std::string(v ? "true" : "false"); };
-  out << YAML::BeginMap;
-  out << YAML::Key << "name" << YAML::Value << s.name;
-
-  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
-  if (!s.model.preset.empty()) out << YAML::Key << "preset" << YAML::Value << s.model.preset;
-  out << YAML::Key << "layers" << YAML::Value << s.model.layers;
-  out << YAML::Key << "heads" << YAML::Value << s.model.heads;
-  out << YAML::Key << "dim" << YAML::Value << s.model.dim;
-  out << YAML::Key << "context" << YAML::Value << s.model.context;
-  out << YAML::Key << "vocab" << YAML::Value << s.model.vocab;
-  out << YAML::EndMap;
-
-  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "train" << YAML::Value << s.data.train;
-  if (!s.data.val.empty()) out << YAML::Key << "val" << YAML::Value << s.data.val;
-  out << YAML::Key << "format" << YAML::Value << std::string(EnumName(s.data.format));
-  out << YAML::Key << "tokenizer" << YAML::Value << std::string(EnumName(s.data.tokenizer));
-  out << YAML::EndMap;
-
-  out << YAML::Key << "batch" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "global" << YAML::Value << s.batch.global;
-  out << YAML::Key << "micro" << YAML::Value << s.batch.micro;
-  out << YAML::Key << "seq_len" << YAML::Value << s.batch.seq_len;
-  out << YAML::EndMap;
-
-  out << YAML::Key << "parallel" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "dp" << YAML::Value << s.parallel.dp;
-  out << YAML::Key << "tp" << YAML::Value << s.parallel.tp;
-  out << YAML::Key << "pp" << YAML::Value << s.parallel.pp;
-  out << YAML::Key << "zero" << YAML::Value << s.parallel.zero;
-  out << YAML::Key << "offload" << YAML::Value << std::string(EnumName(s.parallel.offload));
-  out << YAML::Key << "schedule" << YAML::Value << std::string(EnumName(s.parallel.schedule));
-  out << YAML::Key << "reshard_after_forward" << YAML::Value
-      << boolean(s.parallel.reshard_after_forward);
-  out << YAML::Key << "bucket_mb" << YAML::Value << s.parallel.bucket_mb;
-  out << YAML::EndMap;
-
-  out << YAML::Key << "precision" << YAML::Value << std::string(EnumName(s.precision));
-
-  out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "name" << YAML::Value << std::string(EnumName(s.optimizer.name));
-  out << YAML::Key << "lr" << YAML::Value << num(s.optimizer.lr);
-  out << YAML::Key << "min_lr" << YAML::Value << num(s.optimizer.min_lr);
-  out << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq;
-  for (double b : s.optimizer.betas) out << num(b);
-  out << YAML::EndSeq;
-  out << YAML::Key << "eps" << YAML::Value << num(s.optimizer.eps);
-  out << YAML::Key << "weight_decay" << YAML::Value << num(s.optimizer.weight_decay);
-  out << YAML::Key << "warmup_steps" << YAML::Value << s.optimizer.warmup_steps;
-  out << YAML::Key << "schedule" << YAML::Value << std::string(EnumName(s.optimizer.schedule));
-  out << YAML::Key << "grad_clip" << YAML::Value << num(s.optimizer.grad_clip);
-  out << YAML::EndMap;
-
-  out << YAML::Key << "steps" << YAML::Value << s.steps;
-
-  out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "every" << YAML::Value << s.checkpoint.every;
-  out << YAML::Key << "dir" << YAML::Value << s.checkpoint.dir;
-  out << YAML::Key << "keep" << YAML::Value << s.checkpoint.keep;
-  out << YAML::EndMap;
-
-  out << YAML::Key << "seed" << YAML::Value << std::to_string(s.seed);
-
-  out << YAML::Key << "resources" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "device" << YAML::Value << std::string(EnumName(s.resources.device));
-  out << YAML::Key << "min_workers" << YAML::Value << s.resources.min_workers;
-  out << YAML::Key << "max_workers" << YAML::Value << s.resources.max_workers;
-  out << YAML::EndMap;
-
-  out << YAML::Key << "max_restarts" << YAML::Value << s.max_restarts;
-
-  out << YAML::Key << "timeouts" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "collective_s" << YAML::Value << s.timeouts.collective_s;
-  out << YAML::EndMap;
-
-  out << YAML::EndMap;
-  return std::string(out.c_str()) + "\n";
 }
 
 }  // namespace shardtrain

@@ -1,0 +1,162 @@
+// The job spec's output half: enum spellings, equality and the canonical
+// YAML a validated spec is stored and shipped as.
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <tuple>
+
+#include "common/job_spec.h"
+#include "common/job_spec_internal.h"
+#include "yaml-cpp/yaml.h"
+
+namespace shardtrain {
+namespace spec_internal {
+
+std::string FormatDouble(double v) {
+  char buf[40];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+}  // namespace spec_internal
+
+using spec_internal::FormatDouble;
+using spec_internal::NameIn;
+
+std::string_view EnumName(DataFormat v) { return NameIn(spec_internal::kDataFormats, v); }
+std::string_view EnumName(TokenizerKind v) { return NameIn(spec_internal::kTokenizers, v); }
+std::string_view EnumName(OffloadMode v) { return NameIn(spec_internal::kOffloadModes, v); }
+std::string_view EnumName(PipelineSchedule v) {
+  return NameIn(spec_internal::kPipelineSchedules, v);
+}
+std::string_view EnumName(Precision v) { return NameIn(spec_internal::kPrecisions, v); }
+std::string_view EnumName(OptimizerKind v) { return NameIn(spec_internal::kOptimizers, v); }
+std::string_view EnumName(LrSchedule v) { return NameIn(spec_internal::kLrSchedules, v); }
+std::string_view EnumName(DeviceKind v) { return NameIn(spec_internal::kDevices, v); }
+
+bool operator==(const ModelSpec& a, const ModelSpec& b) {
+  return std::tie(a.preset, a.layers, a.heads, a.dim, a.context, a.vocab) ==
+         std::tie(b.preset, b.layers, b.heads, b.dim, b.context, b.vocab);
+}
+bool operator==(const DataSpec& a, const DataSpec& b) {
+  return std::tie(a.train, a.val, a.format, a.tokenizer) ==
+         std::tie(b.train, b.val, b.format, b.tokenizer);
+}
+bool operator==(const BatchSpec& a, const BatchSpec& b) {
+  return std::tie(a.global, a.micro, a.seq_len) == std::tie(b.global, b.micro, b.seq_len);
+}
+bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
+  return std::tie(a.dp, a.tp, a.pp, a.zero, a.offload, a.schedule, a.reshard_after_forward,
+                  a.bucket_mb) == std::tie(b.dp, b.tp, b.pp, b.zero, b.offload, b.schedule,
+                                           b.reshard_after_forward, b.bucket_mb);
+}
+bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
+  return std::tie(a.name, a.lr, a.min_lr, a.betas, a.eps, a.weight_decay, a.warmup_steps,
+                  a.schedule, a.grad_clip) == std::tie(b.name, b.lr, b.min_lr, b.betas, b.eps,
+                                                       b.weight_decay, b.warmup_steps, b.schedule,
+                                                       b.grad_clip);
+}
+bool operator==(const CheckpointSpec& a, const CheckpointSpec& b) {
+  return std::tie(a.every, a.dir, a.keep) == std::tie(b.every, b.dir, b.keep);
+}
+bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) {
+  return std::tie(a.device, a.min_workers, a.max_workers) ==
+         std::tie(b.device, b.min_workers, b.max_workers);
+}
+bool operator==(const TimeoutsSpec& a, const TimeoutsSpec& b) {
+  return a.collective_s == b.collective_s;
+}
+bool operator==(const JobSpec& a, const JobSpec& b) {
+  return std::tie(a.name, a.model, a.data, a.batch, a.parallel, a.precision, a.optimizer, a.steps,
+                  a.checkpoint, a.seed, a.resources, a.max_restarts, a.timeouts) ==
+         std::tie(b.name, b.model, b.data, b.batch, b.parallel, b.precision, b.optimizer, b.steps,
+                  b.checkpoint, b.seed, b.resources, b.max_restarts, b.timeouts);
+}
+
+std::string JobSpecToYaml(const JobSpec& s) {
+  YAML::Emitter out;
+  auto num = [](double v) { return FormatDouble(v); };
+  auto boolean = [](bool v) { return std::string(v ? "true" : "false"); };
+  out << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << s.name;
+
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  if (!s.model.preset.empty()) out << YAML::Key << "preset" << YAML::Value << s.model.preset;
+  out << YAML::Key << "layers" << YAML::Value << s.model.layers;
+  out << YAML::Key << "heads" << YAML::Value << s.model.heads;
+  out << YAML::Key << "dim" << YAML::Value << s.model.dim;
+  out << YAML::Key << "context" << YAML::Value << s.model.context;
+  out << YAML::Key << "vocab" << YAML::Value << s.model.vocab;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "train" << YAML::Value << s.data.train;
+  if (!s.data.val.empty()) out << YAML::Key << "val" << YAML::Value << s.data.val;
+  out << YAML::Key << "format" << YAML::Value << std::string(EnumName(s.data.format));
+  out << YAML::Key << "tokenizer" << YAML::Value << std::string(EnumName(s.data.tokenizer));
+  out << YAML::EndMap;
+
+  out << YAML::Key << "batch" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "global" << YAML::Value << s.batch.global;
+  out << YAML::Key << "micro" << YAML::Value << s.batch.micro;
+  out << YAML::Key << "seq_len" << YAML::Value << s.batch.seq_len;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "parallel" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "dp" << YAML::Value << s.parallel.dp;
+  out << YAML::Key << "tp" << YAML::Value << s.parallel.tp;
+  out << YAML::Key << "pp" << YAML::Value << s.parallel.pp;
+  out << YAML::Key << "zero" << YAML::Value << s.parallel.zero;
+  out << YAML::Key << "offload" << YAML::Value << std::string(EnumName(s.parallel.offload));
+  out << YAML::Key << "schedule" << YAML::Value << std::string(EnumName(s.parallel.schedule));
+  out << YAML::Key << "reshard_after_forward" << YAML::Value
+      << boolean(s.parallel.reshard_after_forward);
+  out << YAML::Key << "bucket_mb" << YAML::Value << s.parallel.bucket_mb;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "precision" << YAML::Value << std::string(EnumName(s.precision));
+
+  out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << std::string(EnumName(s.optimizer.name));
+  out << YAML::Key << "lr" << YAML::Value << num(s.optimizer.lr);
+  out << YAML::Key << "min_lr" << YAML::Value << num(s.optimizer.min_lr);
+  out << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (double b : s.optimizer.betas) out << num(b);
+  out << YAML::EndSeq;
+  out << YAML::Key << "eps" << YAML::Value << num(s.optimizer.eps);
+  out << YAML::Key << "weight_decay" << YAML::Value << num(s.optimizer.weight_decay);
+  out << YAML::Key << "warmup_steps" << YAML::Value << s.optimizer.warmup_steps;
+  out << YAML::Key << "schedule" << YAML::Value << std::string(EnumName(s.optimizer.schedule));
+  out << YAML::Key << "grad_clip" << YAML::Value << num(s.optimizer.grad_clip);
+  out << YAML::EndMap;
+
+  out << YAML::Key << "steps" << YAML::Value << s.steps;
+
+  out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "every" << YAML::Value << s.checkpoint.every;
+  out << YAML::Key << "dir" << YAML::Value << s.checkpoint.dir;
+  out << YAML::Key << "keep" << YAML::Value << s.checkpoint.keep;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "seed" << YAML::Value << std::to_string(s.seed);
+
+  out << YAML::Key << "resources" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "device" << YAML::Value << std::string(EnumName(s.resources.device));
+  out << YAML::Key << "min_workers" << YAML::Value << s.resources.min_workers;
+  out << YAML::Key << "max_workers" << YAML::Value << s.resources.max_workers;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "max_restarts" << YAML::Value << s.max_restarts;
+
+  out << YAML::Key << "timeouts" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "collective_s" << YAML::Value << s.timeouts.collective_s;
+  out << YAML::EndMap;
+
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace shardtrain
