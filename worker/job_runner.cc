@@ -325,6 +325,11 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
     }
   }
   std::string output;
+  if (!FinalWeightsPath(*spec).empty()) {  // ZeRO-3: every rank takes part in the gather
+    if (absl::Status s = (*trainer)->GatherWholeModel(); !s.ok()) {
+      return report.Failure(s, spec->steps, comm.get());
+    }
+  }
   if (a.rank() == 0 && !(output = FinalWeightsPath(*spec)).empty()) {
     std::error_code ec;
     std::filesystem::create_directories(spec->checkpoint.dir, ec);

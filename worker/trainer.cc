@@ -50,10 +50,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
                                                       " — pipeline parallelism is not "
                                                       "implemented yet; use pp: 1"));
   }
-  if (spec.parallel.zero == 3) {
-    return absl::FailedPreconditionError(
-        "parallel.zero: 3 — parameter sharding is not implemented yet; use 0, 1 or 2");
-  }
   if (spec.precision != Precision::kFp32) {
     return absl::FailedPreconditionError(
         absl::StrCat("precision: ", std::string(EnumName(spec.precision)),
@@ -81,18 +77,24 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   auto model = model::Gpt::Create(*config, spec.batch.micro, T, threads);
   if (!model.ok()) return model.status();
   t->model_ = *std::move(model);
-  t->model_->InitParams(spec.seed);  // a pure function of the seed: identical on every rank
   optim::AdamWOptions o;
   o.beta1 = static_cast<float>(spec.optimizer.betas[0]);
   o.beta2 = static_cast<float>(spec.optimizer.betas[1]);
   o.eps = static_cast<float>(spec.optimizer.eps);
   o.weight_decay = static_cast<float>(spec.optimizer.weight_decay);
+  // Initial params are a pure function of the seed: identical on every rank
+  // (ZeRO-3 computes only its shards).
   if (spec.parallel.zero > 0) {
-    auto zero = parallel::ShardedOptimizer::Create(spec.parallel.zero, t->model_->layout(), o, comm,
-                                                   t->model_->pool());
+    parallel::ZeroOptions zo;
+    zo.stage = spec.parallel.zero;
+    zo.reshard_after_forward = spec.parallel.reshard_after_forward;
+    zo.offload_optimizer = spec.parallel.offload == OffloadMode::kOptimizer;
+    auto zero = parallel::Zero::Create(zo, t->model_.get(), o, comm);
     if (!zero.ok()) return zero.status();
     t->zero_ = *std::move(zero);
+    t->zero_->InitParams(spec.seed);
   } else {
+    t->model_->InitParams(spec.seed);
     auto adamw = optim::AdamW::Create(t->model_->layout(), 0, t->model_->layout().num_params(), o);
     if (!adamw.ok()) return adamw.status();
     t->adamw_ = std::make_unique<optim::AdamW>(*std::move(adamw));
@@ -144,7 +146,8 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   r.step = step;
   const int dp = spec_.parallel.dp, B = spec_.batch.micro, T = spec_.batch.seq_len;
   const int accum = spec_.GradAccumSteps();
-  model_->ZeroGrad();
+  // ZeRO-2/3 leave the model's gradients zero after reducing them.
+  if (!zero_ || zero_->stage() == 1) model_->ZeroGrad();
   double loss = 0;
   const bool ddp = !zero_ && comm_ && comm_->size() > 1;
   for (int m = 0; m < accum; ++m) {
@@ -153,6 +156,7 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
         !s.ok()) {
       return s;
     }
+    if (zero_) zero_->BeginMicroBatch(m, accum);
     loss += model_->Forward(inputs_.data(), targets_.data());
     // Gradient accumulation: no communication until the last micro-batch,
     // whose backward launches the buckets as they become final.
@@ -161,7 +165,13 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
       model_->set_grads_ready_hook([this](size_t offset) { LaunchBuckets(offset, false); });
     }
     model_->Backward(1.0f / accum);
-    model_->set_grads_ready_hook(nullptr);
+    if (zero_) {
+      const auto t0 = std::chrono::steady_clock::now();
+      if (absl::Status s = zero_->EndMicroBatch(); !s.ok()) return s;
+      r.comm_ms += MsSince(t0);
+    } else {
+      model_->set_grads_ready_hook(nullptr);
+    }
   }
   r.loss = loss / accum;
   if (ddp) {
@@ -169,15 +179,14 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   }
   r.lr = ScheduledLr(spec_.optimizer, step - 1, spec_.steps);
   if (zero_) {
-    // Averaging over dp, clipping, the sharded step and the param all-gather.
+    // Averaging over dp, clipping, the sharded step and (1-2) the all-gather.
     const auto t0 = std::chrono::steady_clock::now();
     absl::StatusOr<double> norm =
-        zero_->Step(model_->params(), model_->grads(), static_cast<float>(r.lr),
-                    static_cast<float>(spec_.optimizer.grad_clip));
+        zero_->Step(static_cast<float>(r.lr), static_cast<float>(spec_.optimizer.grad_clip));
     if (!norm.ok()) return norm.status();
     r.grad_norm = *norm;
     if (zero_->dp() > 1) r.comm_ms += MsSince(t0);
-    r.comm_bytes += zero_->comm_bytes_per_step();
+    r.comm_bytes += zero_->TakeCommBytes();
   } else {
     r.grad_norm = optim::ClipGradNorm(
         model_->grads(), static_cast<float>(spec_.optimizer.grad_clip), model_->pool());
@@ -188,34 +197,53 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   return r;
 }
 
+MemoryUse Trainer::memory() const {
+  MemoryUse m;
+  const int64_t n = int64_t(model_->layout().num_params()) * int64_t(sizeof(float));
+  m.activations = model_->activation_bytes();
+  if (!zero_) {
+    m.params = n;
+    m.grads = n;
+    m.optimizer = 2 * n;
+    return m;  // DDP all-reduces the gradient buffer in place
+  }
+  const parallel::ZeroMemory z = zero_->memory();
+  m.params = z.params;
+  m.grads = z.grads;
+  m.optimizer = z.optimizer;
+  m.comm_buffers = z.comm_buffers;
+  m.working = z.gathered + z.unit_grads;
+  m.optimizer_on_host = z.optimizer_on_host;
+  return m;
+}
+
 absl::StatusOr<checkpoint::ShardFileInfo> Trainer::SaveShard(checkpoint::CheckpointStorage& storage,
                                                              int64_t step, std::string* path) {
   const model::ParamLayout& layout = model_->layout();
-  const int world = spec_.parallel.dp;
-  // ZeRO: the rank's optimizer shard; DDP: an even split (every rank holds all).
-  const checkpoint::FlatRange range =
-      zero_ ? checkpoint::FlatRange{zero_->shard_begin(), zero_->shard_end()}
-            : checkpoint::EvenSplit(layout.num_params(), world, rank_);
-  optim::AdamW& adamw = zero_ ? zero_->adamw() : *adamw_;
-  const size_t state_offset = zero_ ? range.begin : 0;  // m/v index of flat element range.begin
   checkpoint::ShardContents c;
   c.step = step;
   c.rank = rank_;
-  c.world = world;
+  c.world = spec_.parallel.dp;
   c.layout_fingerprint = layout.Fingerprint();
   c.num_params = layout.num_params();
-  c.ranges = {range};
-  auto slice = [&](absl::Span<const float> all) {
-    return std::vector<float>(all.begin() + range.begin, all.begin() + range.end);
-  };
-  c.params = slice(model_->params());
-  auto state = [&](absl::Span<const float> all) {
-    return std::vector<float>(all.begin() + (range.begin - state_offset),
-                              all.begin() + (range.end - state_offset));
-  };
-  c.m = state(adamw.m());
-  c.v = state(adamw.v());
-  c.scalars.optimizer_step = adamw.step();
+  if (zero_) {  // the rank's ZeRO shard: its range of every unit
+    for (auto [begin, end] : zero_->FlatRanges()) c.ranges.push_back({begin, end});
+    c.params = zero_->ShardParams();
+    c.m = zero_->ShardM();
+    c.v = zero_->ShardV();
+    c.scalars.optimizer_step = zero_->optimizer_step();
+  } else {  // DDP: an even split (every rank holds all)
+    const checkpoint::FlatRange range =
+        checkpoint::EvenSplit(layout.num_params(), spec_.parallel.dp, rank_);
+    c.ranges = {range};
+    auto slice = [&](absl::Span<const float> all) {
+      return std::vector<float>(all.begin() + range.begin, all.begin() + range.end);
+    };
+    c.params = slice(model_->params());
+    c.m = slice(adamw_->m());
+    c.v = slice(adamw_->v());
+    c.scalars.optimizer_step = adamw_->step();
+  }
   c.scalars.data_position = step + 1;
   c.scalars.rng_seed = spec_.seed;
   *path = checkpoint::JoinPath(checkpoint::StepDir(spec_.checkpoint.dir, step),
@@ -228,17 +256,26 @@ absl::StatusOr<int64_t> Trainer::Restore(checkpoint::CheckpointStorage& storage,
   auto manifest = checkpoint::ReadManifest(storage, checkpoint::ManifestPath(step_dir));
   if (!manifest.ok()) return manifest.status();
   if (auto s = checkpoint::CheckCompatible(*manifest, model_->layout()); !s.ok()) return s;
-  // Every rank holds the whole model; the optimizer state it holds is the
-  // whole buffer (ZeRO 0) or its shard (ZeRO 1/2), whatever wrote it.
+  // Whatever world and stage wrote it: ZeRO ranks read their own shard's
+  // ranges (and stages 1-2 all-gather the params); DDP ranks read it all.
+  if (zero_) {
+    std::vector<checkpoint::FlatRange> ranges;
+    for (auto [begin, end] : zero_->FlatRanges()) ranges.push_back({begin, end});
+    auto state = checkpoint::LoadRanges(storage, step_dir, *manifest, ranges);
+    if (!state.ok()) return state.status();
+    if (absl::Status s =
+            zero_->RestoreShard(state->params, state->m, state->v, state->scalars.optimizer_step);
+        !s.ok()) {
+      return s;
+    }
+    return state->step;
+  }
   auto state = checkpoint::LoadAll(storage, step_dir, *manifest);
   if (!state.ok()) return state.status();
   std::copy(state->params.begin(), state->params.end(), model_->params().begin());
-  optim::AdamW& adamw = zero_ ? zero_->adamw() : *adamw_;
-  const size_t begin = zero_ ? zero_->shard_begin() : 0;
-  const size_t count = adamw.m().size();
-  std::copy(state->m.begin() + begin, state->m.begin() + begin + count, adamw.m().begin());
-  std::copy(state->v.begin() + begin, state->v.begin() + begin + count, adamw.v().begin());
-  adamw.set_step(state->scalars.optimizer_step);
+  std::copy(state->m.begin(), state->m.end(), adamw_->m().begin());
+  std::copy(state->v.begin(), state->v.end(), adamw_->v().begin());
+  adamw_->set_step(state->scalars.optimizer_step);
   return state->step;
 }
 

@@ -7,10 +7,10 @@
 // micro-batch's backward as soon as a bucket's gradients are final
 // (Gpt::set_grads_ready_hook), so communication overlaps with computation.
 //
-// Supported layouts today: dp >= 1 with tp = pp = 1 and ZeRO stage 0 (DDP),
-// 1 or 2 (parallel/sharded_optimizer.h: AdamW state, and for stage 2 the
-// reduced gradient, sharded over dp); others are refused with
-// FAILED_PRECONDITION naming the field.
+// Supported layouts today: dp >= 1 with tp = pp = 1 and ZeRO stage 0 (DDP)
+// or 1-3 (parallel/zero.h: AdamW state, gradients and parameters sharded
+// over dp per unit, with or without reshard_after_forward and optimizer
+// offload); others are refused with FAILED_PRECONDITION naming the field.
 //
 // Not thread-safe: one caller.
 #ifndef SHARDTRAIN_WORKER_TRAINER_H_
@@ -30,7 +30,7 @@
 #include "worker/data/sampler.h"
 #include "worker/model/gpt.h"
 #include "worker/optim/adamw.h"
-#include "worker/parallel/sharded_optimizer.h"
+#include "worker/parallel/zero.h"
 
 namespace shardtrain::worker {
 
@@ -46,6 +46,21 @@ struct StepResult {
                             // is the fraction hidden behind backward
   int64_t comm_bytes = 0;   // bytes this rank sent (ring all-reduce: 2(n-1)/n of the payload)
   int64_t tokens = 0;       // tokens this rank processed
+};
+
+// Bytes one rank holds, by kind (see Trainer::memory()).
+struct MemoryUse {
+  int64_t params = 0;        // parameters kept between steps (ZeRO-3: the shard)
+  int64_t grads = 0;         // gradients kept (ZeRO-2/3: the shard)
+  int64_t optimizer = 0;     // AdamW m and v (offload: in host memory)
+  int64_t activations = 0;   // activations and backward scratch of one micro-batch
+  int64_t comm_buffers = 0;  // buffers only communication needs
+  int64_t working = 0;       // ZeRO-2/3 peak of whole units alive at once: gathered
+                             // params (3) and full-unit gradients in backward
+  bool optimizer_on_host = false;
+  int64_t Total() const {
+    return params + grads + optimizer + activations + comm_buffers + working;
+  }
 };
 
 class Trainer {
@@ -69,6 +84,21 @@ class Trainer {
   absl::StatusOr<int64_t> Restore(checkpoint::CheckpointStorage& storage,
                                   const std::string& step_dir);
 
+  // The whole model's current parameters, in model().params() on every rank
+  // (ZeRO-3 all-gathers them; otherwise they are there already). Collective
+  // under ZeRO-3: every rank calls it, e.g. before rank 0 saves the weights.
+  absl::Status GatherWholeModel() { return zero_ ? zero_->GatherWholeModel() : absl::OkStatus(); }
+
+  // Memory this rank holds: sizes of its buffers, and for ZeRO-2/3 the
+  // measured peak of the working set (with set_measure_memory(true): resident
+  // pages of the model's buffers, sampled at every unit use).
+  MemoryUse memory() const;
+  void set_measure_memory(bool on) {
+    if (zero_) zero_->set_measure(on);
+  }
+  // ZeRO, or null for stage 0.
+  const parallel::Zero* zero() const { return zero_.get(); }
+
   model::Gpt& model() { return *model_; }
   const JobSpec& spec() const { return spec_; }
 
@@ -87,8 +117,8 @@ class Trainer {
   std::vector<uint16_t> tokens_;
   std::unique_ptr<data::BatchSampler> sampler_;
   std::unique_ptr<model::Gpt> model_;
-  std::unique_ptr<optim::AdamW> adamw_;               // ZeRO 0: the whole buffer
-  std::unique_ptr<parallel::ShardedOptimizer> zero_;  // ZeRO 1/2: this rank's shard
+  std::unique_ptr<optim::AdamW> adamw_;   // ZeRO 0: the whole buffer
+  std::unique_ptr<parallel::Zero> zero_;  // ZeRO 1-3 (declared after model_: destroyed first)
   std::vector<int> inputs_, targets_;
   size_t bucket_elems_ = 0;
   size_t unlaunched_end_ = 0;  // gradients [unlaunched_end_, end) are in flight

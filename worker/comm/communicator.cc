@@ -54,7 +54,9 @@ absl::Status ValidateOpArgs(const OpArgs& a, int rank, int size) {
     case OpType::kAllGather:
     case OpType::kReduceScatter:
       if (auto s = need(a.input, "input"); !s.ok()) return s;
-      if (a.input == a.output && a.count > 0) {
+      // All-gather may run in place: input is this rank's own output block
+      // (for rank 0 that is output itself).
+      if (a.input == a.output && a.count > 0 && !(a.type == OpType::kAllGather && rank == 0)) {
         return absl::InvalidArgumentError(absl::StrCat(op, ": input and output must not alias"));
       }
       return need(a.output, "output");

@@ -56,7 +56,9 @@ class Work {
 //   kBroadcast     output[count] in place; root's buffer is sent.
 //   kReduce        output[count] in place; result valid on root only, other
 //                  ranks' buffers are left unspecified.
-//   kAllGather     input[count] -> output[count * size], rank r's block at r.
+//   kAllGather     input[count] -> output[count * size], rank r's block at r;
+//                  input may be exactly output + rank * count (in place, as
+//                  in NCCL), any other overlap is an error.
 //   kReduceScatter input[count * size] -> output[count] = reduced block rank.
 //   kSend          input[count] to rank `peer` (blocks until peer receives).
 //   kRecv          output[count] from rank `peer`.

@@ -557,7 +557,8 @@ class GlooCommunicator final : public Communicator {
   void RingAllGather(const uint8_t* in, uint8_t* out, size_t bytes, absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
     const size_t n = static_cast<size_t>(size_);
-    std::memcpy(out + static_cast<size_t>(rank_) * bytes, in, bytes);
+    uint8_t* own = out + static_cast<size_t>(rank_) * bytes;
+    if (own != in) std::memcpy(own, in, bytes);  // in == own: in place
     auto buf = ctx_->createUnboundBuffer(out, n * bytes);
     const int right = (rank_ + 1) % size_;
     const int left = (rank_ + size_ - 1) % size_;

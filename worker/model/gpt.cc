@@ -2,11 +2,13 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "worker/model/layers.h"
@@ -50,6 +52,23 @@ class PhaseTimer {
 
 }  // namespace
 
+class Gpt::UnitScope {
+ public:
+  UnitScope(const Gpt& gpt, int tensor)
+      : hook_(gpt.param_hook_), unit_(gpt.layout_.tensors()[tensor].unit) {
+    if (hook_) hook_(unit_, true);
+  }
+  ~UnitScope() {
+    if (hook_) hook_(unit_, false);
+  }
+  UnitScope(const UnitScope&) = delete;
+  UnitScope& operator=(const UnitScope&) = delete;
+
+ private:
+  const std::function<void(int, bool)>& hook_;
+  const int unit_;
+};
+
 absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(const GptConfig& config, int B, int T,
                                                  int threads) {
   if (auto s = ValidateGptConfig(config); !s.ok()) return s;
@@ -70,8 +89,8 @@ Gpt::Gpt(const GptConfig& config, int B, int T, int threads)
   openblas_set_num_threads(1);
   const int64_t L = config.layers, C = config.dim, NH = config.heads;
   const int64_t Vp = config.padded_vocab, BT = int64_t{B} * T;
-  params_.assign(layout_.num_params(), 0.0f);
-  grads_.assign(layout_.num_params(), 0.0f);
+  params_ = PageBuffer(layout_.num_params());
+  grads_ = PageBuffer(layout_.num_params());
 
   const int64_t per_layer = BT * C /*ln1*/ + 2 * BT + BT * 3 * C /*qkv*/ + BT * C /*atty*/ +
                             B * NH * T * T /*att*/ + BT * C /*res2*/ + BT * C /*ln2*/ + 2 * BT +
@@ -123,17 +142,24 @@ Gpt::Gpt(const GptConfig& config, int B, int T, int threads)
   targets_.assign(BT, 0);
 }
 
-void Gpt::InitParams(uint64_t seed) {
+void Gpt::InitParams(uint64_t seed) { InitParams(seed, 0, layout_.num_params()); }
+
+void Gpt::InitParams(uint64_t seed, size_t begin, size_t end) {
   const GptConfig& cfg = config();
   const float residual_std = 0.02f / std::sqrt(2.0f * cfg.layers);
   const auto& tensors = layout_.tensors();
   for (size_t k = 0; k < tensors.size(); ++k) {
     const TensorInfo& t = tensors[k];
+    // The part [i0, i1) of this tensor inside [begin, end).
+    const size_t i0 = std::max(begin, t.offset) - t.offset;
+    const size_t i1 = std::min(end, t.offset + t.numel);
+    if (t.offset + i0 >= i1) continue;
+    const size_t stop = i1 - t.offset;
     float* w = params_.data() + t.offset;
     const bool is_ln_weight = t.name.find("ln") != std::string::npos && t.name.size() >= 6 &&
                               t.name.compare(t.name.size() - 6, 6, "weight") == 0;
     if (t.shape.size() == 1) {  // biases 0, LayerNorm weights 1
-      std::fill(w, w + t.numel, is_ln_weight ? 1.0f : 0.0f);
+      std::fill(w + i0, w + stop, is_ln_weight ? 1.0f : 0.0f);
       continue;
     }
     const bool residual_proj = t.name.find("attn.proj.weight") != std::string::npos ||
@@ -143,14 +169,19 @@ void Gpt::InitParams(uint64_t seed) {
     const size_t n =
         static_cast<int>(k) == layout_.wte() ? static_cast<size_t>(cfg.vocab) * cfg.dim : t.numel;
     const uint64_t key = SplitMix64(seed ^ SplitMix64(k + 1));
-    pool_.ParallelFor(
-        static_cast<int64_t>(n),
-        [&](int64_t i0, int64_t i1) {
-          for (int64_t i = i0; i < i1; ++i)
-            w[i] = std_dev * NormalFromKey(key + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull);
-        },
-        4096);
-    std::fill(w + n, w + t.numel, 0.0f);
+    const size_t real_end = std::min(n, stop);
+    if (i0 < real_end) {
+      pool_.ParallelFor(
+          static_cast<int64_t>(real_end - i0),
+          [&](int64_t j0, int64_t j1) {
+            for (int64_t j = j0; j < j1; ++j) {
+              const uint64_t i = i0 + static_cast<uint64_t>(j);
+              w[i] = std_dev * NormalFromKey(key + i * 0x9E3779B97F4A7C15ull);
+            }
+          },
+          4096);
+    }
+    if (std::max(n, i0) < stop) std::fill(w + std::max(n, i0), w + stop, 0.0f);
   }
 }
 
@@ -191,12 +222,14 @@ float Gpt::Forward(const int* tokens, const int* targets, int b, int t) {
   if (profiling_) timing_ = Timing{};
 
   {
+    UnitScope use(*this, layout_.wte());
     PhaseTimer tm(profiling_, &timing_.encoder);
     EncoderForward(encoded_, tokens_.data(), param(layout_.wte()), param(layout_.wpe()), b, t, C,
                    pool);
   }
   const float* residual = encoded_;
   for (int l = 0; l < cfg.layers; ++l) {
+    UnitScope use(*this, layout_.block_tensor(l, kLn1W));
     LayerActs& a = layer_acts_[l];
     auto w = [&](BlockTensor bt) { return param(layout_.block_tensor(l, bt)); };
     {
@@ -242,12 +275,14 @@ float Gpt::Forward(const int* tokens, const int* targets, int b, int t) {
     residual = a.residual3;
   }
   {
+    UnitScope use(*this, layout_.lnf_w());
     PhaseTimer tm(profiling_, &timing_.layernorm);
     LayerNormForward(lnf_, lnf_mean_, lnf_rstd_, residual, param(layout_.lnf_w()),
                      param(layout_.lnf_b()), N, C, pool);
   }
   {
     // LM head tied to wte; only the V real columns are computed.
+    UnitScope use(*this, layout_.wte());
     PhaseTimer tm(profiling_, &timing_.lm_head);
     MatmulForward(logits_, lnf_, param(layout_.wte()), static_cast<const float*>(nullptr), N, C, V,
                   Vp, pool);
@@ -284,12 +319,14 @@ void Gpt::Backward(float loss_scale) {
   zero(dresidual_, NC);
   zero(dln_, NC);
   {
+    UnitScope use(*this, layout_.wte());
     PhaseTimer tm(profiling_, &timing_.lm_head);
     MatmulBackward(dln_, grad(layout_.wte()), static_cast<float*>(nullptr), logits_, Vp, lnf_,
                    param(layout_.wte()), N, C, V, pool);
   }
   const float* final_residual = layer_acts_.back().residual3;
   {
+    UnitScope use(*this, layout_.lnf_w());
     PhaseTimer tm(profiling_, &timing_.layernorm);
     LayerNormBackward(dresidual_, grad(layout_.lnf_w()), grad(layout_.lnf_b()), dln_,
                       final_residual, param(layout_.lnf_w()), lnf_mean_, lnf_rstd_, N, C, pool);
@@ -297,6 +334,7 @@ void Gpt::Backward(float loss_scale) {
   if (grads_ready_) grads_ready_(layout_.offset(layout_.lnf_w()));
   for (int l = cfg.layers - 1; l >= 0; --l) {
     LayerActs& a = layer_acts_[l];
+    std::optional<UnitScope> use(std::in_place, *this, layout_.block_tensor(l, kLn1W));
     const float* residual = l == 0 ? encoded_ : layer_acts_[l - 1].residual3;
     auto w = [&](BlockTensor bt) { return param(layout_.block_tensor(l, bt)); };
     auto dw = [&](BlockTensor bt) { return grad(layout_.block_tensor(l, bt)); };
@@ -344,6 +382,7 @@ void Gpt::Backward(float loss_scale) {
       LayerNormBackward(dresidual_, dw(kLn1W), dw(kLn1B), dln_, residual, w(kLn1W), a.ln1_mean,
                         a.ln1_rstd, N, C, pool);
     }
+    use.reset();  // the block's parameters are no longer read
     if (grads_ready_) grads_ready_(layout_.offset(layout_.block_tensor(l, BlockTensor(0))));
   }
   {

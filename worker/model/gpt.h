@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "worker/model/config.h"
+#include "worker/model/page_buffer.h"
 #include "worker/model/param_layout.h"
 #include "worker/model/thread_pool.h"
 
@@ -39,10 +40,18 @@ class Gpt {
   int max_seq_len() const { return T_; }
   ThreadPool* pool() { return &pool_; }
 
-  absl::Span<float> params() { return absl::MakeSpan(params_); }
-  absl::Span<const float> params() const { return absl::MakeConstSpan(params_); }
-  absl::Span<float> grads() { return absl::MakeSpan(grads_); }
-  absl::Span<const float> grads() const { return absl::MakeConstSpan(grads_); }
+  absl::Span<float> params() { return params_.span(); }
+  absl::Span<const float> params() const { return params_.span(); }
+  absl::Span<float> grads() { return grads_.span(); }
+  absl::Span<const float> grads() const { return grads_.span(); }
+  // The same buffers, for ZeRO-2/3 which release the ranges of units they do
+  // not hold (page_buffer.h) and measure what is resident.
+  PageBuffer& param_buffer() { return params_; }
+  PageBuffer& grad_buffer() { return grads_; }
+  // Bytes of activations and backward scratch (allocated, all resident).
+  int64_t activation_bytes() const {
+    return int64_t((acts_.size() + scratch_.size()) * sizeof(float));
+  }
 
   // GPT-2 init, a pure function of (seed, layout): weights N(0, 0.02), the
   // residual projections (attn.proj.weight, mlp.proj.weight) N(0, 0.02 /
@@ -50,6 +59,9 @@ class Gpt {
   // tensor k depends only on (seed, k, i) (counter-based RNG), so every
   // machine and every shard computes the same values.
   void InitParams(uint64_t seed);
+  // The same values, written only to flat elements [begin, end) (ZeRO-3
+  // initialises just its shards; nothing else is touched).
+  void InitParams(uint64_t seed, size_t begin, size_t end);
 
   // Forward over b sequences of t tokens (defaults: the full B, T).
   // tokens, targets: (b, t) row-major ids in [0, vocab); 1 <= b <= B,
@@ -91,6 +103,18 @@ class Gpt {
   }
   const Timing& timing() const { return timing_; }
 
+  // Called on the calling thread around every computation that reads a
+  // unit's parameters: hook(unit, true) before, hook(unit, false) after
+  // (unit indexes layout().units()). Uses, in order — Forward: embeddings
+  // (token + position encoding), block.0 .. block.L-1, final, embeddings (the
+  // LM head, tied to wte); Backward: embeddings (LM head), final,
+  // block.L-1 .. block.0 (the encoder's backward reads no parameter). ZeRO-3
+  // gathers a unit's parameters in the "before" call and may free them in
+  // the "after" call. Null: off.
+  void set_param_hook(std::function<void(int unit, bool begin)> hook) {
+    param_hook_ = std::move(hook);
+  }
+
  private:
   Gpt(const GptConfig& config, int B, int T, int threads);
 
@@ -104,7 +128,11 @@ class Gpt {
   ParamLayout layout_;
   const int B_, T_;
   ThreadPool pool_;
-  std::vector<float> params_, grads_, acts_, scratch_;
+  // Calls param_hook_ (if any) for `unit` before and after a scope.
+  class UnitScope;
+
+  PageBuffer params_, grads_;
+  std::vector<float> acts_, scratch_;
   std::vector<int> tokens_, targets_;
   std::vector<LayerActs> layer_acts_;
   float *encoded_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_, *lse_, *proj_out_;
@@ -114,6 +142,7 @@ class Gpt {
   bool have_targets_ = false;
   bool profiling_ = false;
   std::function<void(size_t)> grads_ready_;
+  std::function<void(int, bool)> param_hook_;
   Timing timing_;
 };
 

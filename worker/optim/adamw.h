@@ -55,6 +55,8 @@ class AdamW {
   // Optimizer state for checkpoints (same indexing as params).
   absl::Span<float> m() { return absl::MakeSpan(m_); }
   absl::Span<float> v() { return absl::MakeSpan(v_); }
+  absl::Span<const float> m() const { return absl::MakeConstSpan(m_); }
+  absl::Span<const float> v() const { return absl::MakeConstSpan(v_); }
   void set_step(int64_t step) { step_ = step; }
   const AdamWOptions& options() const { return options_; }
 

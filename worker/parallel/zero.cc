@@ -1,0 +1,458 @@
+#include "worker/parallel/zero.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain::parallel {
+namespace {
+
+constexpr int64_t kF32 = sizeof(float);
+
+void Accumulate(float* dst, const float* src, size_t n, bool add) {
+  if (add) {
+    for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+  } else {
+    std::memcpy(dst, src, n * sizeof(float));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options, model::Gpt* model,
+                                                   const optim::AdamWOptions& adamw,
+                                                   comm::Communicator* comm) {
+  if (options.stage < 1 || options.stage > 3) {
+    return absl::InvalidArgumentError(absl::StrCat("parallel.zero: ", options.stage,
+                                                   " — Zero handles stages 1..3 (0 is plain DDP)"));
+  }
+  if (model == nullptr) return absl::InvalidArgumentError("Zero: null model");
+  std::unique_ptr<Zero> z(new Zero(options, model, comm));
+  const model::ParamLayout& layout = model->layout();
+  for (const model::UnitInfo& info : layout.units()) {
+    Unit u;
+    u.offset = info.offset;
+    u.numel = info.numel;
+    u.body = info.numel / static_cast<size_t>(z->dp_);
+    u.own = UnitShardRange(info.numel, z->dp_, z->rank_);
+    u.shard_offset = z->shard_size_;
+    z->shard_size_ += u.own.size();
+    auto a = optim::AdamW::Create(layout, u.offset + u.own.begin, u.own.size(), adamw);
+    if (!a.ok()) return a.status();
+    z->adamw_.push_back(*std::move(a));
+    z->units_.push_back(std::move(u));
+  }
+  // Uses of one micro-batch, in the order Gpt calls the param hook.
+  const int emb = layout.tensors()[layout.wte()].unit;
+  const int fin = layout.tensors()[layout.lnf_w()].unit;
+  const int L = layout.config().layers;
+  auto block = [&](int l) {
+    return layout.tensors()[layout.block_tensor(l, model::BlockTensor(0))].unit;
+  };
+  z->uses_.push_back(emb);
+  for (int l = 0; l < L; ++l) z->uses_.push_back(block(l));
+  z->uses_.push_back(fin);
+  z->uses_.push_back(emb);
+  z->forward_uses_ = z->uses_.size();
+  z->uses_.push_back(emb);
+  z->uses_.push_back(fin);
+  for (int l = L - 1; l >= 0; --l) z->uses_.push_back(block(l));
+
+  z->norm_scratch_.resize(2 * static_cast<size_t>(z->dp_));
+  if (options.stage >= 2) {
+    z->shard_grads_.assign(z->shard_size_, 0.0f);
+    model->grad_buffer().ReleaseAll();
+  }
+  if (options.stage == 3) {
+    z->shard_params_.assign(z->shard_size_, 0.0f);
+    model->param_buffer().ReleaseAll();
+  } else {
+    z->live_param_elems_ = z->peak_live_param_elems_ = layout.num_params();
+  }
+  return z;
+}
+
+Zero::Zero(const ZeroOptions& options, model::Gpt* model, comm::Communicator* comm)
+    : options_(options),
+      model_(model),
+      comm_(comm != nullptr && comm->size() > 1 ? comm : nullptr),
+      dp_(comm_ == nullptr ? 1 : comm_->size()),
+      rank_(comm_ == nullptr ? 0 : comm_->rank()) {}
+
+Zero::~Zero() {
+  // Never leave an op writing into buffers that are about to be freed.
+  for (Unit& u : units_) Wait(u.gather);
+  for (Reduction& r : reductions_) Wait(r.works);
+  model_->set_param_hook(nullptr);
+  model_->set_grads_ready_hook(nullptr);
+}
+
+void Zero::Keep(absl::Status s) {
+  if (!s.ok() && status_.ok()) status_ = std::move(s);
+}
+
+void Zero::Wait(std::vector<std::shared_ptr<comm::Work>>& works) {
+  for (auto& w : works) {
+    if (w != nullptr) Keep(w->Wait());
+  }
+  works.clear();
+}
+
+std::shared_ptr<comm::Work> Zero::Count(std::shared_ptr<comm::Work> w, int64_t bytes) {
+  comm_bytes_ += bytes;
+  return w;
+}
+
+int64_t Zero::TakeCommBytes() { return std::exchange(comm_bytes_, 0); }
+
+void Zero::InitParams(uint64_t seed) {
+  if (options_.stage < 3) {
+    model_->InitParams(seed);
+    return;
+  }
+  model::PageBuffer& buf = model_->param_buffer();
+  for (Unit& u : units_) {
+    const size_t begin = u.offset + u.own.begin, n = u.own.size();
+    model_->InitParams(seed, begin, begin + n);
+    std::memcpy(shard_params_.data() + u.shard_offset, buf.data() + begin, n * sizeof(float));
+    buf.Release(begin, n);
+  }
+}
+
+absl::Status Zero::GatherWholeModel() {
+  if (options_.stage < 3) return status_;
+  for (Unit& u : units_) {
+    if (u.state == Unit::State::kReleased) Gather(u);
+  }
+  for (Unit& u : units_) WaitGathered(u);
+  return status_;
+}
+
+void Zero::BeginMicroBatch(int micro, int accum) {
+  micro_ = micro;
+  cursor_ = 0;
+  for (Unit& u : units_) {  // after GatherWholeModel
+    if (options_.stage == 3 && u.state != Unit::State::kReleased) ReleaseParams(u);
+  }
+  if (options_.stage >= 2 && accum > 1 && comm_ != nullptr && reduce_scratch_.empty()) {
+    reduce_scratch_.assign(shard_size_, 0.0f);
+  }
+  if (options_.stage == 3) {
+    model_->set_param_hook([this](int unit, bool begin) { OnParamUse(unit, begin); });
+  }
+  // Stage 1 accumulates locally and reduces during the last backward only.
+  if (options_.stage >= 2 || (micro == accum - 1 && comm_ != nullptr)) {
+    model_->set_grads_ready_hook([this](size_t offset) { OnGradsReady(offset); });
+  }
+}
+
+absl::Status Zero::EndMicroBatch() {
+  model_->set_param_hook(nullptr);
+  model_->set_grads_ready_hook(nullptr);
+  while (!reductions_.empty()) {
+    CompleteReduction(reductions_.front());
+    reductions_.pop_front();
+  }
+  if (options_.stage == 3) {  // a pass cut short (an aborted forward) leaves units gathered
+    for (Unit& u : units_) {
+      if (u.state != Unit::State::kReleased) ReleaseParams(u);
+    }
+  }
+  return status_;
+}
+
+void Zero::OnParamUse(int unit, bool begin) {
+  if (cursor_ >= uses_.size() || uses_[cursor_] != unit) {
+    std::fprintf(stderr, "Zero: unit %d used out of the expected order (use %zu)\n", unit, cursor_);
+    std::abort();
+  }
+  Unit& u = units_[unit];
+  const int next = cursor_ + 1 < uses_.size() ? uses_[cursor_ + 1] : -1;
+  if (begin) {
+    if (u.state == Unit::State::kReleased) Gather(u);
+    WaitGathered(u);
+    // Prefetch: the next use's all-gather runs while this unit computes.
+    if (next >= 0 && units_[next].state == Unit::State::kReleased) Gather(units_[next]);
+    Sample();
+    return;
+  }
+  Sample();  // the prefetched unit has usually landed by now: the peak of the two
+  const bool keep = next == unit || (!options_.reshard_after_forward && cursor_ < forward_uses_);
+  if (!keep) ReleaseParams(u);
+  ++cursor_;
+}
+
+void Zero::Gather(Unit& u) {
+  u.state = Unit::State::kGathering;
+  live_param_elems_ += u.numel;
+  peak_live_param_elems_ = std::max(peak_live_param_elems_, live_param_elems_);
+  float* out = model_->param_buffer().data() + u.offset;
+  const float* mine = shard_params_.data() + u.shard_offset;
+  if (comm_ == nullptr) {
+    std::memcpy(out, mine, u.numel * sizeof(float));
+    u.state = Unit::State::kGathered;
+    return;
+  }
+  const size_t body = u.body * dp_, tail = u.numel - body;
+  if (u.body > 0) {
+    u.gather.push_back(Count(comm_->AllGatherAsync(mine, out, u.body, comm::DataType::kFloat32),
+                             (dp_ - 1) * int64_t(u.body) * kF32));
+  }
+  if (tail > 0) {
+    if (rank_ == dp_ - 1) std::memcpy(out + body, mine + u.body, tail * sizeof(float));
+    u.gather.push_back(
+        Count(comm_->BroadcastAsync(out + body, tail, comm::DataType::kFloat32, dp_ - 1),
+              (dp_ - 1) * int64_t(tail) * kF32 / dp_));
+  }
+}
+
+void Zero::WaitGathered(Unit& u) {
+  if (u.state != Unit::State::kGathering) return;
+  Wait(u.gather);
+  u.state = Unit::State::kGathered;
+}
+
+void Zero::ReleaseParams(Unit& u) {
+  WaitGathered(u);  // never free memory an op is still writing
+  model_->param_buffer().Release(u.offset, u.numel);
+  u.state = Unit::State::kReleased;
+  live_param_elems_ -= u.numel;
+}
+
+void Zero::OnGradsReady(size_t offset) {
+  const auto it = std::lower_bound(units_.begin(), units_.end(), offset,
+                                   [](const Unit& u, size_t off) { return u.offset < off; });
+  if (it == units_.end() || it->offset != offset) {
+    std::fprintf(stderr, "Zero: gradients ready at %zu, not a unit boundary\n", offset);
+    std::abort();
+  }
+  Sample();
+  LaunchReduction(static_cast<int>(it - units_.begin()));
+  // Finish (and release the gradients of) reductions already done, in order.
+  while (options_.stage >= 2 && !reductions_.empty()) {
+    Reduction& r = reductions_.front();
+    if (!std::all_of(r.works.begin(), r.works.end(), [](const auto& w) { return w->Done(); })) {
+      break;
+    }
+    CompleteReduction(r);
+    reductions_.pop_front();
+  }
+}
+
+void Zero::LaunchReduction(int unit) {
+  Unit& u = units_[unit];
+  Reduction r{unit, {}};
+  float* g = model_->grad_buffer().data() + u.offset;
+  if (comm_ != nullptr) {
+    const size_t body = u.body * dp_, tail = u.numel - body;
+    if (options_.stage == 1) {
+      r.works.push_back(
+          Count(comm_->AllReduceAsync(g, u.numel, comm::DataType::kFloat32, comm::ReduceOp::kSum),
+                2 * (dp_ - 1) * int64_t(u.numel) * kF32 / dp_));
+    } else {
+      if (u.body > 0) {
+        float* out = (micro_ == 0 ? shard_grads_.data() : reduce_scratch_.data()) + u.shard_offset;
+        r.works.push_back(Count(comm_->ReduceScatterAsync(g, out, u.body, comm::DataType::kFloat32,
+                                                          comm::ReduceOp::kSum),
+                                (dp_ - 1) * int64_t(u.body) * kF32));
+      }
+      if (tail > 0) {
+        r.works.push_back(Count(
+            comm_->AllReduceAsync(g + body, tail, comm::DataType::kFloat32, comm::ReduceOp::kSum),
+            2 * (dp_ - 1) * int64_t(tail) * kF32 / dp_));
+      }
+    }
+  }
+  reductions_.push_back(std::move(r));
+}
+
+void Zero::CompleteReduction(Reduction& r) {
+  Wait(r.works);
+  if (options_.stage == 1) return;  // the all-reduced gradient stays in place
+  Unit& u = units_[r.unit];
+  const float* g = model_->grad_buffer().data() + u.offset;
+  float* dst = shard_grads_.data() + u.shard_offset;
+  const bool add = micro_ > 0;
+  if (comm_ == nullptr) {
+    Accumulate(dst, g, u.numel, add);
+  } else {
+    if (add) Accumulate(dst, reduce_scratch_.data() + u.shard_offset, u.body, true);
+    const size_t body = u.body * dp_, tail = u.numel - body;
+    if (tail > 0 && rank_ == dp_ - 1) Accumulate(dst + u.body, g + body, tail, add);
+  }
+  // The unit's full gradient is no longer needed: zero it for the next
+  // backward and give its pages back.
+  model_->grad_buffer().Release(u.offset, u.numel);
+}
+
+void Zero::Sample() {
+  if (!measure_) return;
+  if (options_.stage == 3) {
+    peak_gathered_bytes_ = std::max(peak_gathered_bytes_, model_->param_buffer().ResidentBytes());
+  }
+  if (options_.stage >= 2) {
+    peak_unit_grad_bytes_ = std::max(peak_unit_grad_bytes_, model_->grad_buffer().ResidentBytes());
+  }
+}
+
+absl::Span<float> Zero::ShardGrad(const Unit& u) {
+  if (options_.stage == 1) {
+    return model_->grads().subspan(u.offset + u.own.begin, u.own.size());
+  }
+  return absl::MakeSpan(shard_grads_).subspan(u.shard_offset, u.own.size());
+}
+
+float* Zero::ShardParamPtr(Unit& u) {
+  if (options_.stage == 3) return shard_params_.data() + u.shard_offset;
+  return model_->param_buffer().data() + u.offset + u.own.begin;
+}
+
+absl::StatusOr<double> Zero::SumOverRanks(double local) {
+  static_assert(sizeof(double) == 2 * sizeof(float));
+  if (comm_ == nullptr) return local;
+  float mine[2];
+  std::memcpy(mine, &local, sizeof(local));
+  // AllGather moves fp32 bytes unchanged, so the doubles arrive bit-exact.
+  comm_bytes_ += (dp_ - 1) * 2 * kF32;
+  if (absl::Status s = comm_->AllGather(mine, norm_scratch_.data(), 2, comm::DataType::kFloat32);
+      !s.ok()) {
+    return s;
+  }
+  double total = 0;
+  for (int r = 0; r < dp_; ++r) {
+    double v;
+    std::memcpy(&v, &norm_scratch_[2 * size_t(r)], sizeof(v));
+    total += v;
+  }
+  return total;
+}
+
+absl::StatusOr<double> Zero::Step(float lr, float max_norm) {
+  if (!status_.ok()) return status_;
+  model::ThreadPool* pool = model_->pool();
+  // Summed over dp; the mean gradient of the global batch is sum / dp.
+  double squared = 0;
+  for (Unit& u : units_) {
+    absl::Span<float> g = ShardGrad(u);
+    if (dp_ > 1) optim::ScaleGrads(g, 1.0f / static_cast<float>(dp_), pool);
+    squared += optim::GradSquaredNorm(g, pool);
+  }
+  auto total = SumOverRanks(squared);
+  if (!total.ok()) return total.status();
+  const float norm = static_cast<float>(std::sqrt(*total));
+  const bool clip = max_norm > 0 && norm > max_norm;
+  for (size_t k = 0; k < units_.size(); ++k) {
+    Unit& u = units_[k];
+    absl::Span<float> g = ShardGrad(u);
+    if (clip) optim::ScaleGrads(g, max_norm / (norm + 1e-6f), pool);
+    adamw_[k].Step(absl::MakeSpan(ShardParamPtr(u), u.own.size()), g, lr, pool);
+  }
+  if (options_.stage < 3) {
+    if (absl::Status s = GatherAllParams(); !s.ok()) return s;
+  }
+  return static_cast<double>(norm);
+}
+
+absl::Status Zero::GatherAllParams() {
+  if (comm_ == nullptr) return absl::OkStatus();
+  std::vector<std::shared_ptr<comm::Work>> works;
+  float* params = model_->param_buffer().data();
+  for (Unit& u : units_) {
+    float* out = params + u.offset;
+    const size_t body = u.body * dp_, tail = u.numel - body;
+    if (u.body > 0) {  // in place: this rank's block is already where it belongs
+      works.push_back(
+          Count(comm_->AllGatherAsync(out + u.own.begin, out, u.body, comm::DataType::kFloat32),
+                (dp_ - 1) * int64_t(u.body) * kF32));
+    }
+    if (tail > 0) {
+      works.push_back(
+          Count(comm_->BroadcastAsync(out + body, tail, comm::DataType::kFloat32, dp_ - 1),
+                (dp_ - 1) * int64_t(tail) * kF32 / dp_));
+    }
+  }
+  Wait(works);
+  return status_;
+}
+
+std::vector<std::pair<size_t, size_t>> Zero::FlatRanges() const {
+  std::vector<std::pair<size_t, size_t>> out;
+  for (const Unit& u : units_) {
+    if (u.own.size() > 0) out.emplace_back(u.offset + u.own.begin, u.offset + u.own.end);
+  }
+  return out;
+}
+
+std::vector<float> Zero::ShardParams() const {
+  if (options_.stage == 3) return shard_params_;
+  std::vector<float> out;
+  out.reserve(shard_size_);
+  const float* p = model_->params().data();
+  for (const Unit& u : units_) {
+    out.insert(out.end(), p + u.offset + u.own.begin, p + u.offset + u.own.end);
+  }
+  return out;
+}
+
+std::vector<float> Zero::ShardM() const {
+  std::vector<float> out;
+  out.reserve(shard_size_);
+  for (const optim::AdamW& a : adamw_) {
+    absl::Span<const float> m = a.m();
+    out.insert(out.end(), m.begin(), m.end());
+  }
+  return out;
+}
+
+std::vector<float> Zero::ShardV() const {
+  std::vector<float> out;
+  out.reserve(shard_size_);
+  for (const optim::AdamW& a : adamw_) {
+    absl::Span<const float> v = a.v();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+int64_t Zero::optimizer_step() const { return adamw_.empty() ? 0 : adamw_.front().step(); }
+
+absl::Status Zero::RestoreShard(absl::Span<const float> params, absl::Span<const float> m,
+                                absl::Span<const float> v, int64_t step) {
+  if (params.size() != shard_size_ || m.size() != shard_size_ || v.size() != shard_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("Zero::RestoreShard: ", params.size(), "/",
+                                                   m.size(), "/", v.size(),
+                                                   " elements for a shard of ", shard_size_));
+  }
+  for (size_t k = 0; k < units_.size(); ++k) {
+    Unit& u = units_[k];
+    const size_t at = u.shard_offset, n = u.own.size();
+    std::copy(params.begin() + at, params.begin() + at + n, ShardParamPtr(u));
+    std::copy(m.begin() + at, m.begin() + at + n, adamw_[k].m().begin());
+    std::copy(v.begin() + at, v.begin() + at + n, adamw_[k].v().begin());
+    adamw_[k].set_step(step);
+  }
+  return options_.stage < 3 ? GatherAllParams() : absl::OkStatus();
+}
+
+ZeroMemory Zero::memory() const {
+  ZeroMemory z;
+  const int64_t n = static_cast<int64_t>(model_->layout().num_params());
+  const int64_t shard = static_cast<int64_t>(shard_size_);
+  z.params = (options_.stage == 3 ? shard : n) * kF32;
+  z.grads = (options_.stage >= 2 ? shard : n) * kF32;
+  z.optimizer = 2 * shard * kF32;
+  z.comm_buffers = static_cast<int64_t>(reduce_scratch_.size()) * kF32;
+  if (options_.stage == 3) {
+    z.gathered = measure_ ? peak_gathered_bytes_ : int64_t(peak_live_param_elems_) * kF32;
+  }
+  if (options_.stage >= 2) z.unit_grads = peak_unit_grad_bytes_;
+  z.optimizer_on_host = options_.offload_optimizer;
+  return z;
+}
+
+}  // namespace shardtrain::parallel

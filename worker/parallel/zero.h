@@ -1,0 +1,207 @@
+// Zero: ZeRO stages 1-3 (FSDP) of data parallelism over one dp group, per
+// shard unit (ParamLayout::units(): embeddings, one per block, final).
+//
+// Every unit is split over the dp ranks by UnitShardRange (shard_range.h);
+// rank r's shard is the concatenation, in unit order, of its range of every
+// unit, and it owns AdamW state (m, v) for exactly that.
+//
+//   stage 1  params and grads whole on every rank. During the last
+//            micro-batch's backward each unit's gradient is all-reduced as
+//            soon as it is final (overlapped); then every rank steps its
+//            shard and the updated shards are all-gathered per unit.
+//   stage 2  gradients sharded: after EVERY micro-batch's backward pass of a
+//            unit, the unit's gradient is reduce-scattered (overlapped with
+//            the rest of the backward), the rank adds its block into its
+//            gradient shard and the unit's gradient pages are released
+//            (PageBuffer::Release, which also zeroes them for the next
+//            backward). Step and all-gather as stage 1.
+//   stage 3  parameters sharded too: the rank keeps its parameter shard
+//            separately; a unit's parameters are all-gathered into the
+//            model's buffer right before it is used (Gpt::set_param_hook)
+//            and the next use's unit is prefetched (its all-gather is issued
+//            while this one computes); a unit is released after its use
+//            unless the next use is the same unit. With
+//            reshard_after_forward = false, forward releases nothing: units
+//            stay gathered until their backward (ZeRO-2's parameter memory,
+//            one all-gather per micro-batch instead of two). Gradients as
+//            stage 2. Step updates the shards only.
+//   offload  (offload_optimizer) the optimizer state and step live in host
+//            memory. On a CPU worker that is where they are anyway: the
+//            option changes only the accounting (memory().host_bytes), the
+//            numbers are identical.
+//
+// Collective: every rank must run the same micro-batches and steps (the
+// hooks then issue the same ops in the same order). Communication errors
+// inside a Forward/Backward (where hooks cannot return them) are kept: the
+// pass finishes on stale data and EndMicroBatch() returns the first error;
+// the communicator is poisoned by then, so nothing waits.
+//
+// Not thread-safe: one caller; the model's hooks run on the caller's thread.
+#ifndef SHARDTRAIN_WORKER_PARALLEL_ZERO_H_
+#define SHARDTRAIN_WORKER_PARALLEL_ZERO_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "worker/comm/communicator.h"
+#include "worker/model/gpt.h"
+#include "worker/optim/adamw.h"
+#include "worker/parallel/shard_range.h"
+
+namespace shardtrain::parallel {
+
+struct ZeroOptions {
+  int stage = 1;                      // 1, 2 or 3
+  bool reshard_after_forward = true;  // stage 3 only
+  bool offload_optimizer = false;
+};
+
+// Bytes one rank holds, by kind. Measured: the peaks over the steps so far of
+// what is resident (mincore on the model's buffers), plus the sizes of the
+// shard buffers (always resident once a step ran).
+struct ZeroMemory {
+  int64_t params = 0;      // whole params (stages 1-2), the param shard (3)
+  int64_t gathered = 0;    // stage 3: peak of gathered units in the model buffer
+  int64_t grads = 0;       // whole grads (1), the gradient shard (2-3)
+  int64_t unit_grads = 0;  // stages 2-3: peak of full-unit grads alive in backward
+  int64_t optimizer = 0;   // AdamW m and v of the shard
+  int64_t comm_buffers = 0;
+  bool optimizer_on_host = false;
+};
+
+class Zero {
+ public:
+  // model and comm must outlive the Zero; comm null means dp = 1 (the same
+  // code path with local copies instead of collectives). InvalidArgument for
+  // a stage outside 1..3. Stage 3 releases the model's parameters (call
+  // InitParams or RestoreShard next); stages 2-3 release its gradients.
+  static absl::StatusOr<std::unique_ptr<Zero>> Create(const ZeroOptions& options, model::Gpt* model,
+                                                      const optim::AdamWOptions& adamw,
+                                                      comm::Communicator* comm);
+  ~Zero();
+
+  // The model's initial parameters (Gpt::InitParams(seed)): stages 1-2 on
+  // the whole buffer, stage 3 only over this rank's shard. No communication.
+  void InitParams(uint64_t seed);
+
+  // Around each micro-batch (0-based `micro` of `accum`): Begin installs the
+  // model's hooks; End (after the Backward) waits for this micro-batch's
+  // gradient reduction, removes the hooks and returns the first
+  // communication error of the pass, if any.
+  void BeginMicroBatch(int micro, int accum);
+  absl::Status EndMicroBatch();
+
+  // The optimizer step after the last EndMicroBatch of a step: the gradient
+  // averaged over dp, global-norm clipping (max_norm > 0: scale max_norm /
+  // (norm + 1e-6) when norm > max_norm, as optim::ClipGradNorm), AdamW with
+  // `lr` on the shard, and (stages 1-2) the all-gather of the updated
+  // params. Returns the global gradient norm before clipping, identical on
+  // every rank. Stages 1: the model's grads are zeroed by the caller
+  // (Gpt::ZeroGrad) before the next step; 2-3 leave them zero themselves.
+  absl::StatusOr<double> Step(float lr, float max_norm);
+
+  // Makes the model's parameter buffer hold the whole, current parameters on
+  // every rank (stage 3 all-gathers every unit; 1-2 hold them already), for
+  // exporting weights. Collective. The next BeginMicroBatch frees them again.
+  absl::Status GatherWholeModel();
+
+  // ---- Checkpoints: this rank's shard.
+  // Flat ranges [unit.offset + begin, unit.offset + end) of the rank's
+  // shard, in unit order (sorted, disjoint; empty ranges left out).
+  std::vector<std::pair<size_t, size_t>> FlatRanges() const;
+  // Params, m and v of the shard, concatenated in FlatRanges() order.
+  std::vector<float> ShardParams() const;
+  std::vector<float> ShardM() const;
+  std::vector<float> ShardV() const;
+  int64_t optimizer_step() const;
+  // Sets the shard from a checkpoint (each vector holds the FlatRanges()
+  // elements in order) and, stages 1-2, all-gathers the params so that every
+  // rank holds the whole model again (collective). InvalidArgument for sizes.
+  absl::Status RestoreShard(absl::Span<const float> params, absl::Span<const float> m,
+                            absl::Span<const float> v, int64_t step);
+
+  // ---- Accounting.
+  // Bytes this rank sent in the collectives since the last call (ring model
+  // of each op actually issued: all-gather and reduce-scatter (dp-1)·count,
+  // all-reduce 2(dp-1)/dp·count, broadcast (dp-1)/dp·count elements).
+  int64_t TakeCommBytes();
+  // Elements of the model's parameter buffer currently gathered (stage 3:
+  // the units this rank holds whole right now; otherwise all).
+  size_t live_param_elems() const { return live_param_elems_; }
+  size_t peak_live_param_elems() const { return peak_live_param_elems_; }
+  // Turns on sampling of the model buffers' resident bytes (mincore) at
+  // every unit use and gradient completion, for memory(); off by default
+  // (it costs a syscall per use).
+  void set_measure(bool on) { measure_ = on; }
+  ZeroMemory memory() const;
+
+  int stage() const { return options_.stage; }
+  int dp() const { return dp_; }
+  int rank() const { return rank_; }
+  size_t shard_size() const { return shard_size_; }
+
+ private:
+  struct Unit {
+    size_t offset = 0, numel = 0;  // in the flat buffer
+    size_t body = 0;               // S: per-rank count of the body collectives
+    ShardRange own;                // this rank's range within the unit
+    size_t shard_offset = 0;       // where it sits in the concatenated shard
+    enum class State { kReleased, kGathering, kGathered } state = State::kReleased;
+    std::vector<std::shared_ptr<comm::Work>> gather;  // in flight while kGathering
+  };
+  struct Reduction {  // one unit's gradient reduction in flight
+    int unit;
+    std::vector<std::shared_ptr<comm::Work>> works;
+  };
+
+  Zero(const ZeroOptions& options, model::Gpt* model, comm::Communicator* comm);
+
+  void OnParamUse(int unit, bool begin);
+  void OnGradsReady(size_t offset);
+  void Gather(Unit& u);
+  void WaitGathered(Unit& u);
+  void ReleaseParams(Unit& u);
+  void LaunchReduction(int unit);
+  void CompleteReduction(Reduction& r);
+  // Waits for every op of `works`; keeps the first failure in status_.
+  void Wait(std::vector<std::shared_ptr<comm::Work>>& works);
+  void Keep(absl::Status s);
+  void Sample();
+  absl::Span<float> ShardGrad(const Unit& u);
+  float* ShardParamPtr(Unit& u);
+  absl::Status GatherAllParams();  // stages 1-2: every unit, in place
+  absl::StatusOr<double> SumOverRanks(double local);
+  std::shared_ptr<comm::Work> Count(std::shared_ptr<comm::Work> w, int64_t bytes);
+
+  const ZeroOptions options_;
+  model::Gpt* const model_;
+  comm::Communicator* const comm_;  // null when dp == 1
+  const int dp_, rank_;
+  std::vector<Unit> units_;
+  size_t shard_size_ = 0;
+  std::vector<optim::AdamW> adamw_;    // one per unit, over its own range
+  std::vector<float> shard_params_;    // stage 3
+  std::vector<float> shard_grads_;     // stages 2-3
+  std::vector<float> reduce_scratch_;  // stages 2-3 with accumulation > 1
+  std::vector<float> norm_scratch_;
+  std::vector<int> uses_;  // the order of Gpt::set_param_hook calls of one micro-batch
+  size_t forward_uses_ = 0;
+  size_t cursor_ = 0;
+  int micro_ = 0;
+  std::deque<Reduction> reductions_;
+  absl::Status status_;
+  int64_t comm_bytes_ = 0;
+  size_t live_param_elems_ = 0, peak_live_param_elems_ = 0;
+  bool measure_ = false;
+  int64_t peak_gathered_bytes_ = 0, peak_unit_grad_bytes_ = 0;
+};
+
+}  // namespace shardtrain::parallel
+
+#endif  // SHARDTRAIN_WORKER_PARALLEL_ZERO_H_
