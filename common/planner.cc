@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "worker/model/config.h"
 #include "worker/model/param_layout.h"
+#include "worker/parallel/shard_range.h"
 
 namespace shardtrain {
 namespace {
@@ -85,6 +86,7 @@ struct StageShape {
   int first_layer = 0;
   int num_layers = 0;
   std::vector<int64_t> local_numel;  // one per resident unit
+  std::vector<std::string> names;    // their names
 };
 
 // Units resident on stage s of pp: its blocks; "embeddings" on the first
@@ -111,6 +113,7 @@ StageShape ShapeOfStage(const model::ParamLayout& layout, const v1::PipelineStag
         shape.local_numel.push_back(CeilDiv(n, tp));
       }
     }
+    if (shape.names.size() < shape.local_numel.size()) shape.names.push_back(u.name);
   }
   return shape;
 }
@@ -120,9 +123,67 @@ struct Estimate {
   int64_t comm_bytes = 0;
 };
 
+// Elements the busiest dp rank (the last) owns of a unit of n elements.
+int64_t BusiestShard(int64_t n, int dp) {
+  const parallel::ShardRange r = parallel::UnitShardRange(static_cast<size_t>(n), dp, dp - 1);
+  return static_cast<int64_t>(r.size());
+}
+
+// Bytes the ring algorithms send per rank, as parallel::Zero counts the ops it
+// issues on a unit of n elements split by UnitShardRange (S = n/dp on the
+// body, R = n mod dp in the tail) with `eb` bytes per element.
+int64_t GatherBytes(int64_t n, int dp, int64_t eb) {  // all-gather + tail broadcast
+  const int64_t S = n / dp, R = n - S * dp;
+  return (dp - 1) * S * eb + (R > 0 ? (dp - 1) * R * eb / dp : 0);
+}
+int64_t ReduceScatterBytes(int64_t n, int dp, int64_t eb) {  // + tail all-reduce
+  const int64_t S = n / dp, R = n - S * dp;
+  return (dp - 1) * S * eb + (R > 0 ? 2 * (dp - 1) * R * eb / dp : 0);
+}
+int64_t AllReduceBytes(int64_t n, int dp, int64_t eb) { return 2 * (dp - 1) * n * eb / dp; }
+
+// Peak elements of whole units ZeRO-3 holds gathered: the unit in use and the
+// next use's unit (prefetched), or, without resharding after forward, every
+// unit (all are gathered at the end of the forward).
+int64_t GatheredPeak(const StageShape& shape, bool reshard) {
+  const std::vector<std::string>& names = shape.names;
+  int64_t all = 0;
+  for (int64_t n : shape.local_numel) all += n;
+  if (!reshard) return all;
+  int emb = -1, fin = -1;
+  std::vector<int> blocks;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == "embeddings")
+      emb = static_cast<int>(i);
+    else if (names[i] == "final")
+      fin = static_cast<int>(i);
+    else
+      blocks.push_back(static_cast<int>(i));
+  }
+  std::vector<int> uses;
+  auto add = [&uses](int u) {
+    if (u >= 0) uses.push_back(u);
+  };
+  add(emb);
+  for (int b : blocks) add(b);
+  add(fin);
+  add(emb);
+  add(emb);
+  add(fin);
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) add(*it);
+  int64_t peak = 0;
+  for (size_t i = 0; i < uses.size(); ++i) {
+    int64_t live = shape.local_numel[uses[i]];
+    if (i + 1 < uses.size() && uses[i + 1] != uses[i]) live += shape.local_numel[uses[i + 1]];
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
 // Memory and bytes sent per step for one rank of stage `s` under ZeRO `zero`.
 Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const StageShape& shape,
                        int s, int zero, int m) {
+  const std::vector<std::string>& names = shape.names;
   const int dp = spec.parallel.dp, tp = spec.parallel.tp, pp = spec.parallel.pp;
   const bool mixed = IsMixed(spec.precision);
   const int64_t pb = ComputeBytes(spec.precision);  // param bytes/element (compute dtype)
@@ -130,91 +191,111 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   // Activations are stored in the compute dtype (as llm.c's floatX).
   const int64_t ab = ComputeBytes(spec.precision);
   const int64_t B = spec.batch.micro, T = spec.batch.seq_len, C = cfg.dim;
-  const int64_t NH = cfg.heads, Vp = cfg.padded_vocab, Ls = shape.num_layers;
-  const int64_t BTC = B * T * C;
+  const int64_t NH = cfg.heads / tp, Vp = cfg.padded_vocab, Ls = shape.num_layers;
+  const int64_t BT = B * T, BTC = BT * C;
   const bool first = s == 0, last = s == pp - 1;
   const bool reshard = spec.parallel.reshard_after_forward;
 
   Estimate e;
   v1::MemoryEstimate& mem = e.memory;
-  int64_t largest_unit = 0, shards = 0;  // shards: elements of one dp shard, summed over units
-  for (int64_t n : shape.local_numel) {
-    ModelStateBytes b = ZeroMemoryBytes(n, dp, zero, mixed);
-    if (zero == 3 && !reshard) {
-      // Gathered parameters are kept from forward to backward: at the peak a
-      // rank holds the whole unit, as under ZeRO-2.
-      b.params = ZeroMemoryBytes(n, dp, 2, mixed).params;
-    }
+  int64_t emb = 0, largest_block = 0;
+  for (size_t i = 0; i < shape.local_numel.size(); ++i) {
+    const int64_t n = shape.local_numel[i];
+    const ModelStateBytes b = ZeroMemoryBytes(n, dp, zero, mixed);
     mem.set_params_bytes(mem.params_bytes() + b.params);
     mem.set_grads_bytes(mem.grads_bytes() + b.grads);
     mem.set_optimizer_bytes(mem.optimizer_bytes() + b.optimizer);
-    largest_unit = std::max(largest_unit, n);
-    shards += CeilDiv(n, dp);
+    if (names[i] == "embeddings") emb = n;
+    if (IsBlock(names[i])) largest_block = std::max(largest_block, n);
   }
 
-  // Activations of one micro-batch, llm.c's count (train_gpt2.c, fill_in_
-  // activation_sizes) for L_stage layers, in elements:
-  //   L_stage·(16·B·T·C + 2·B·NH·T·T)     per block: ln1, qkv, atty, attproj,
-  //                                       ln2, fch, fch_gelu, residuals (16 BTC)
-  //                                       and the attention pre-softmax and
-  //                                       softmax (2 B·NH·T·T)
-  //   + B·T·Vp                            logits (last stage)
-  //   + B·T·C·3                           encoder output (first stage), lnf
-  //                                       and its input (last stage)
+  // Activations and backward scratch of one micro-batch: the CPU engine's
+  // buffers exactly (worker/model/gpt.cc), in elements:
+  //   per block   16·BTC + 4·BT + B·NH·T·T   ln1, qkv, atty, att (softmax),
+  //                                          residual2, ln2, fch, fch_gelu,
+  //                                          residual3; LayerNorm mean/rstd
+  //   first stage BTC                        encoder output
+  //   last stage  BTC + 4·BT + BT·Vp         lnf, its mean/rstd, logits, losses
+  //   every stage BTC + 14·BTC + B·NH·T·T    projection output; backward
+  //                                          scratch (dresidual, dln, datty,
+  //                                          dqkv, dfch, dfch_gelu, attention)
   // times ab bytes. With tp, each rank keeps NH/tp heads of attention scores;
   // the BTC terms are counted unsplit (an over-estimate).
   // Micro-batches alive at once: 1 without a pipeline; with one, GPipe keeps
   // all m forwards before the first backward, 1F1B at most pp - s on stage s.
-  int64_t act = Ls * (16 * BTC + 2 * B * (NH / tp) * T * T);
-  if (last) act += B * T * Vp + 2 * BTC;
-  if (first) act += BTC;
+  const int64_t per_mb = Ls * (16 * BTC + 4 * BT + B * NH * T * T) + (first ? BTC : 0) +
+                         (last ? BTC + 4 * BT + BT * Vp : 0);
+  const int64_t scratch = BTC + 14 * BTC + B * NH * T * T;
   int64_t in_flight = 1;
   if (pp > 1) {
     in_flight =
         spec.parallel.schedule == PipelineSchedule::kGpipe ? m : std::min<int64_t>(pp - s, m);
   }
-  mem.set_activations_bytes(act * ab * in_flight);
+  mem.set_activations_bytes((per_mb * in_flight + scratch) * ab);
 
-  // Communication buffers: the gradient bucket for ZeRO 0-2 (bucket_mb MiB,
-  // or the stage's whole gradient when that is smaller); for ZeRO-3 two
-  // gathered units (the one computing and the one prefetched), sized by the
-  // largest unit on the stage. None without dp.
-  if (dp > 1) {
-    int64_t local = 0;
-    for (int64_t n : shape.local_numel) local += n;
-    mem.set_comm_buffer_bytes(zero == 3
-                                  ? 2 * largest_unit * pb
-                                  : std::min(int64_t{spec.parallel.bucket_mb} * kMiB, local * gb));
+  // Working set of ZeRO-2/3 (parallel::Zero): whole-unit gradients alive in
+  // backward — the tied embeddings' from the LM head to the end, the unit
+  // computing and, with dp > 1, the one before it still being
+  // reduce-scattered — plus, for ZeRO-3, the gathered parameters
+  // (GatheredPeak). Reported as the sum of the two peaks, which bounds their
+  // simultaneous peak.
+  int64_t working = 0;
+  if (zero >= 2) working += gb * (emb + (dp > 1 ? 2 : 1) * largest_block);
+  if (zero == 3) working += pb * GatheredPeak(shape, reshard);
+  mem.set_working_bytes(working);
+  // Communication buffers: collectives run in place on the model's buffers;
+  // only ZeRO-2/3 with gradient accumulation need a shard-sized buffer to
+  // receive each micro-batch's reduce-scatter before adding it.
+  if (dp > 1 && zero >= 2 && m > 1) {
+    int64_t shard = 0;
+    for (int64_t n : shape.local_numel) shard += BusiestShard(n, dp);
+    mem.set_comm_buffer_bytes(shard * gb);
   }
-  mem.set_total_bytes(mem.params_bytes() + mem.grads_bytes() + mem.optimizer_bytes() +
-                      mem.activations_bytes() + mem.comm_buffer_bytes());
+  const bool offload = spec.parallel.offload == OffloadMode::kOptimizer;
+  if (offload) mem.set_host_bytes(mem.optimizer_bytes());
+  mem.set_total_bytes(mem.params_bytes() + mem.grads_bytes() +
+                      (offload ? 0 : mem.optimizer_bytes()) + mem.activations_bytes() +
+                      mem.comm_buffer_bytes() + mem.working_bytes());
 
-  // Bytes this rank sends per optimizer step, ring collectives. One
-  // reduce-scatter or all-gather pass over a unit sends (dp-1) shards of
-  // ceil(n/dp) elements, i.e. (dp-1)/dp of the padded unit; an all-reduce is
-  // two passes. Gradients: ZeRO 0/1 accumulate micro-batches locally and
-  // all-reduce once per step; ZeRO 2/3 keep only a gradient shard, so they
-  // reduce-scatter after every micro-batch's backward. Parameters: ZeRO 1/2
-  // all-gather the updated shards once per step; ZeRO-3 gathers every unit
-  // before each micro-batch's forward and again before its backward (once
-  // when reshard_after_forward is false).
+  // Bytes this rank sends per optimizer step: the ring model of the ops
+  // parallel::Zero issues per unit (GatherBytes, ReduceScatterBytes,
+  // AllReduceBytes above) and DDP's all-reduce of the whole gradient.
+  // Gradients: ZeRO 0/1 accumulate micro-batches locally and all-reduce once
+  // per step; ZeRO 2/3 keep only a gradient shard, so they reduce-scatter
+  // after every micro-batch's backward. Parameters: ZeRO 1/2 all-gather the
+  // updated shards once per step; ZeRO-3 gathers every unit before each
+  // micro-batch's forward and again before its backward (once when
+  // reshard_after_forward is false, or for units used back to back: the
+  // embeddings from the LM head's forward to its backward). ZeRO 1-3 also
+  // all-gather one double per rank (the gradient norm).
   int64_t comm = 0;
   if (dp > 1) {
-    const int64_t pass_g = (dp - 1) * shards * gb, pass_p = (dp - 1) * shards * pb;
-    switch (zero) {
-      case 0:
-        comm += 2 * pass_g;
-        break;
-      case 1:
-        comm += 2 * pass_g + pass_p;
-        break;
-      case 2:
-        comm += m * pass_g + pass_p;
-        break;
-      default:
-        comm += m * pass_g + m * (reshard ? 2 : 1) * pass_p;
-        break;
+    int64_t local = 0;
+    for (size_t i = 0; i < shape.local_numel.size(); ++i) {
+      const int64_t n = shape.local_numel[i];
+      local += n;
+      switch (zero) {
+        case 0:
+          break;
+        case 1:
+          comm += AllReduceBytes(n, dp, gb) + GatherBytes(n, dp, pb);
+          break;
+        case 2:
+          comm += m * ReduceScatterBytes(n, dp, gb) + GatherBytes(n, dp, pb);
+          break;
+        default: {
+          // Gathers per micro-batch: each unit once for its forward and once
+          // for its backward (the embeddings: for the encoder, then for the
+          // LM head's forward and backward back to back), or once in all
+          // without resharding.
+          const int gathers = reshard ? 2 : 1;
+          comm += m * (ReduceScatterBytes(n, dp, gb) + gathers * GatherBytes(n, dp, pb));
+          break;
+        }
+      }
     }
+    if (zero == 0) comm += AllReduceBytes(local, dp, gb);
+    if (zero >= 1) comm += (dp - 1) * 8;
   }
   // Tensor parallel: per block two all-reduces (attention, MLP) of B·T·C
   // activations in forward and two in backward, each 2(tp-1)/tp of it.
@@ -259,7 +340,7 @@ const char* ZeroWhat(int zero) {
 }  // namespace
 
 ModelStateBytes ZeroMemoryBytes(int64_t num_params, int dp, int stage, bool mixed) {
-  const int64_t shard = CeilDiv(num_params, dp);
+  const int64_t shard = BusiestShard(num_params, dp);
   ModelStateBytes b;
   b.params = (mixed ? 2 : 4) * (stage >= 3 ? shard : num_params);
   b.grads = (mixed ? 2 : 4) * (stage >= 2 ? shard : num_params);
@@ -343,16 +424,13 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
 
   for (const model::UnitInfo& u : layout.units()) {
     v1::ShardUnit* su = plan.add_units();
-    const int64_t numel = static_cast<int64_t>(u.numel);
-    const int64_t padded = CeilDiv(numel, dp) * dp, shard = padded / dp;
     su->set_name(u.name);
     su->set_offset(static_cast<int64_t>(u.offset));
-    su->set_numel(numel);
-    su->set_padded_numel(padded);
+    su->set_numel(static_cast<int64_t>(u.numel));
     for (int i = 0; i < dp; ++i) {
-      const int64_t first = std::min<int64_t>(i * shard, numel);
-      su->add_shard_offsets(first);
-      su->add_shard_sizes(std::min<int64_t>(shard, numel - first));
+      const parallel::ShardRange r = parallel::UnitShardRange(u.numel, dp, i);
+      su->add_shard_offsets(static_cast<int64_t>(r.begin));
+      su->add_shard_sizes(static_cast<int64_t>(r.size()));
     }
   }
 
@@ -421,17 +499,32 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
 
   const v1::MemoryEstimate& mem = plan.memory_per_rank();
   absl::StrAppendFormat(&out, "\nmemory per rank (busiest stage), ZeRO-%d:\n", plan.zero_stage());
-  for (auto [what, b] : {std::pair<const char*, int64_t>{"params", mem.params_bytes()},
-                         {"grads", mem.grads_bytes()},
-                         {"optimizer", mem.optimizer_bytes()},
-                         {"activations", mem.activations_bytes()},
-                         {"comm buffers", mem.comm_buffer_bytes()},
-                         {"total", mem.total_bytes()}}) {
-    absl::StrAppendFormat(&out, "  %-12s %12s\n", what, Bytes(b));
+  const bool offload = spec.parallel.offload == OffloadMode::kOptimizer;
+  for (auto [what, b] :
+       {std::pair<const char*, int64_t>{"params", mem.params_bytes()},
+        {"grads", mem.grads_bytes()},
+        {offload ? "optimizer (on host, not in total)" : "optimizer", mem.optimizer_bytes()},
+        {"activations", mem.activations_bytes()},
+        {"comm buffers", mem.comm_buffer_bytes()},
+        {"working set (whole units alive: gathered params, unit grads)", mem.working_bytes()},
+        {"total", mem.total_bytes()}}) {
+    absl::StrAppendFormat(&out, "  %12s  %s\n", Bytes(b), what);
   }
+  if (offload) absl::StrAppendFormat(&out, "  %12s  host memory\n", Bytes(mem.host_bytes()));
 
-  out += "\nZeRO stages compared (per rank; bytes/param = params+grads+optimizer / num_params):\n";
-  out += "STAGE  BYTES/PARAM  MODEL STATE  TOTAL GiB  COMM/STEP\n";
+  // The ZeRO paper's model-state bytes per parameter (Rajbhandari et al.,
+  // Fig. 1): K = 12 optimizer bytes in mixed precision (2 + 2 + 12), our
+  // fp32 analogue 4 + 4 + 8.
+  const bool mixed = spec.precision != Precision::kFp32;
+  const double P = mixed ? 2 : 4, G = P, K = mixed ? 12 : 8, N = dp;
+  const double formula[4] = {P + G + K, P + G + K / N, P + (G + K) / N, (P + G + K) / N};
+  absl::StrAppendFormat(&out,
+                        "\nZeRO stages compared (per rank, N = dp = %d; model state = params + "
+                        "grads + optimizer;\nformula: the ZeRO paper's %s B/param: Z0 %s, Z1 "
+                        "%s, Z2 %s, Z3 %s):\n",
+                        dp, mixed ? "2+2+12" : "(fp32) 4+4+8", mixed ? "16" : "16",
+                        mixed ? "4+12/N" : "8+8/N", mixed ? "2+14/N" : "4+12/N", "16/N");
+  out += "STAGE  FORMULA B/PARAM  PLAN B/PARAM  MODEL STATE  WORKING SET  TOTAL GiB  COMM/STEP\n";
   for (int zero = 0; zero <= 3; ++zero) {
     JobSpec alt = spec;
     alt.parallel.zero = zero;
@@ -439,16 +532,19 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
     if (!p.ok()) continue;
     const v1::MemoryEstimate& e = p->memory_per_rank();
     const int64_t state = e.params_bytes() + e.grads_bytes() + e.optimizer_bytes();
-    absl::StrAppendFormat(&out, "%s%-4d  %11.3f  %11s  %9.3f  %9s\n",
-                          zero == plan.zero_stage() ? "*" : " ", zero,
+    absl::StrAppendFormat(&out, "%s%-4d  %15.3f  %12.3f  %11s  %11s  %9.3f  %9s\n",
+                          zero == plan.zero_stage() ? "*" : " ", zero, formula[zero],
                           double(state) / double(p->num_params()), Bytes(state),
-                          e.total_bytes() / kGiB, Bytes(p->comm_bytes_per_step()));
+                          Bytes(e.working_bytes()), e.total_bytes() / kGiB,
+                          Bytes(p->comm_bytes_per_step()));
   }
 
   absl::StrAppendFormat(&out, "\ncomm per step (bytes sent by the busiest rank): %s (%s B)\n",
                         Bytes(plan.comm_bytes_per_step()), Thousands(plan.comm_bytes_per_step()));
 
-  absl::StrAppendFormat(&out, "\nshard units (%d; element ranges within the unit per dp rank):\n",
+  absl::StrAppendFormat(&out,
+                        "\nshard units (%d; element ranges within the unit per dp rank, the last "
+                        "also holding numel mod dp):\n",
                         plan.units_size());
   const int n = plan.units_size();
   for (int i = 0; i < n; ++i) {
@@ -458,8 +554,8 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
       continue;
     }
     const v1::ShardUnit& u = plan.units(i);
-    absl::StrAppendFormat(&out, "  %-10s offset %s numel %s padded %s\n", u.name(),
-                          Thousands(u.offset()), Thousands(u.numel()), Thousands(u.padded_numel()));
+    absl::StrAppendFormat(&out, "  %-10s offset %s numel %s\n", u.name(), Thousands(u.offset()),
+                          Thousands(u.numel()));
     std::vector<std::string> ranges;
     for (int d = 0; d < u.shard_sizes_size(); ++d) {
       ranges.push_back(absl::StrFormat("dp%d [%d, %d)", d, u.shard_offsets(d),

@@ -9,7 +9,8 @@ namespace {
 // Memory, by hand and against the ZeRO paper.
 
 // The brief's formulas written out for tp = pp = 1, using the plan's own
-// padded units: sharded parts hold padded_numel/dp per unit.
+// shard ranges: sharded parts hold the last dp rank's share of every unit
+// (floor(numel/dp) plus numel mod dp), the busiest rank.
 TEST(PlanMemoryTest, ZeroStagesOnDataParallelOnly) {
   for (int dp : {1, 2, 3, 4, 8}) {
     for (bool mixed : {false, true}) {
@@ -23,7 +24,7 @@ TEST(PlanMemoryTest, ZeroStagesOnDataParallelOnly) {
         int64_t n = 0, n_shard = 0;
         for (const v1::ShardUnit& u : p.units()) {
           n += u.numel();
-          n_shard += u.padded_numel() / dp;
+          n_shard += u.shard_sizes(dp - 1);
         }
         ASSERT_EQ(n, p.num_params());
         const int64_t pb = mixed ? 2 : 4, ob = mixed ? 12 : 8;
@@ -38,28 +39,45 @@ TEST(PlanMemoryTest, ZeroStagesOnDataParallelOnly) {
         }
         EXPECT_EQ(mem.params_bytes() + mem.grads_bytes() + mem.optimizer_bytes(), helper);
 
-        // Activations, llm.c style, one micro-batch (B=2, T=16, C=96, NH=12, L=5, Vp=128).
+        // Activations: the CPU engine's buffers for one micro-batch (B=2,
+        // T=16, C=96, NH=12, L=5, Vp=128): per block 16·BTC + 4·BT + B·NH·T·T;
+        // encoder, lnf, projection output 3·BTC; lnf stats and losses 4·BT;
+        // logits BT·Vp; backward scratch 14·BTC + B·NH·T·T.
         const int64_t B = 2, T = 16, C = 96, NH = 12, L = 5, Vp = 128, ab = pb;
-        EXPECT_EQ(mem.activations_bytes(),
-                  (L * (16 * B * T * C + 2 * B * NH * T * T) + B * T * Vp + 3 * B * T * C) * ab);
-        int64_t largest = 0;  // a block: 12C² + 13C > (Vp + context)·C here
-        for (const v1::ShardUnit& u : p.units()) largest = std::max(largest, u.numel());
-        EXPECT_EQ(largest, p.units(1).numel());
-        // The 25 MiB bucket is capped at the whole gradient (n·pb < 25 MiB here).
-        ASSERT_LT(n * pb, 25 << 20);
-        EXPECT_EQ(mem.comm_buffer_bytes(), dp == 1 ? 0 : zero == 3 ? 2 * largest * pb : n * pb);
+        const int64_t BT = B * T, BTC = BT * C;
+        EXPECT_EQ(mem.activations_bytes(), (L * (16 * BTC + 4 * BT + B * NH * T * T) + 3 * BTC +
+                                            4 * BT + BT * Vp + 14 * BTC + B * NH * T * T) *
+                                               ab);
+        // Collectives run in place: no communication buffer without accumulation.
+        EXPECT_EQ(mem.comm_buffer_bytes(), 0);
+        // Working set: ZeRO-2/3 full-unit gradients (embeddings + the block
+        // computing + the one being reduced), ZeRO-3 also two gathered units.
+        const int64_t emb = p.units(0).numel(), blk = p.units(1).numel();
+        ASSERT_GT(blk, emb);  // a block: 12C² + 13C > (Vp + context)·C here
+        int64_t working = 0;
+        if (zero >= 2) working += pb * (emb + (dp > 1 ? 2 : 1) * blk);
+        if (zero == 3) working += pb * 2 * blk;
+        EXPECT_EQ(mem.working_bytes(), working);
+        EXPECT_EQ(mem.host_bytes(), 0);
         EXPECT_EQ(mem.total_bytes(), mem.params_bytes() + mem.grads_bytes() +
                                          mem.optimizer_bytes() + mem.activations_bytes() +
-                                         mem.comm_buffer_bytes());
+                                         mem.working_bytes());
 
-        // Bytes sent per step (m = 1): G = grads, P = params of the padded model.
-        const int64_t G = pb * dp * n_shard, P = G;  // padded bytes
-        const int64_t f = dp - 1;                    // ring: (dp-1)/dp of the buffer
+        // Bytes sent per step (m = 1), per unit of n = dp·S + R elements:
+        // all-gather (dp-1)·S (+ broadcast of the tail (dp-1)/dp·R),
+        // reduce-scatter (dp-1)·S (+ all-reduce of the tail 2(dp-1)/dp·R),
+        // all-reduce 2(dp-1)/dp·n; ZeRO 1-3 also all-gather the norm (8 B).
         int64_t want = 0;
-        if (zero == 0) want = 2 * f * G / dp;
-        if (zero == 1) want = 2 * f * G / dp + f * P / dp;
-        if (zero == 2) want = f * G / dp + f * P / dp;
-        if (zero == 3) want = f * (G + 2 * P) / dp;
+        for (const v1::ShardUnit& u : p.units()) {
+          const int64_t S = u.numel() / dp, R = u.numel() % dp, f = dp - 1;
+          const int64_t gather = f * S * pb + (R ? f * R * pb / dp : 0);
+          const int64_t scatter = f * S * pb + (R ? 2 * f * R * pb / dp : 0);
+          if (zero == 1) want += 2 * f * u.numel() * pb / dp + gather;
+          if (zero == 2) want += scatter + gather;
+          if (zero == 3) want += scatter + 2 * gather;
+        }
+        if (zero == 0) want = 2 * (dp - 1) * n * pb / dp;
+        if (zero >= 1) want += (dp - 1) * 8;
         EXPECT_EQ(p.comm_bytes_per_step(), want);
       }
     }
@@ -78,8 +96,9 @@ TEST(PlanMemoryTest, FortunesDdpByHand) {
   EXPECT_EQ(p.memory_per_rank().params_bytes(), 4 * n);
   EXPECT_EQ(p.memory_per_rank().grads_bytes(), 4 * n);
   EXPECT_EQ(p.memory_per_rank().optimizer_bytes(), 8 * n);
+  const int64_t BT = 8 * 64, BTC = BT * 128, att = 8 * 4 * 64 * 64;
   EXPECT_EQ(p.memory_per_rank().activations_bytes(),
-            (4 * (16 * 8 * 64 * 128 + 2 * 8 * 4 * 64 * 64) + 8 * 64 * 256 + 3 * 8 * 64 * 128) * 4);
+            (4 * (16 * BTC + 4 * BT + att) + 3 * BTC + 4 * BT + BT * 256 + 14 * BTC + att) * 4);
   EXPECT_EQ(p.comm_bytes_per_step(), 2 * 3 * n);  // all-reduce: 2·(3/4)·4n bytes, n % 4 == 0
 }
 
@@ -100,11 +119,12 @@ TEST(PlanMemoryTest, ZeroPaperExample) {
   }
   const ModelStateBytes z2 = ZeroMemoryBytes(psi, 64, 2, true);
   EXPECT_EQ(z2.params, 2 * psi);
-  EXPECT_EQ(z2.grads, 2 * CeilDiv(psi, 64));
-  EXPECT_EQ(z2.optimizer, 12 * CeilDiv(psi, 64));
+  EXPECT_EQ(z2.grads, 2 * (psi / 64));  // 64 divides 7.5e9
+  EXPECT_EQ(z2.optimizer, 12 * (psi / 64));
   const ModelStateBytes fp32 = ZeroMemoryBytes(1000, 3, 0, false);
   EXPECT_EQ(fp32.Total(), 16 * 1000);
-  EXPECT_EQ(ZeroMemoryBytes(1000, 3, 3, false).Total(), 16 * 334);
+  EXPECT_EQ(ZeroMemoryBytes(1000, 3, 3, false).Total(), 16 * 334);  // 333 + remainder 1
+  EXPECT_EQ(ZeroMemoryBytes(10, 4, 3, false).Total(), 16 * 4);      // 2 + remainder 2
 }
 
 // The same through MakePlan: a ~7.5B-parameter custom GPT (L=36, C=4096) on
@@ -140,26 +160,46 @@ TEST(PlanMemoryTest, PipelineKeepsOnlyItsStageAndSchedulesDiffer) {
   const int64_t emb = layout.units()[0].numel, blk = layout.units()[1].numel,
                 fin = layout.units().back().numel;
   EXPECT_GT(gpipe.memory_per_rank().activations_bytes(), one.memory_per_rank().activations_bytes());
-  const int64_t B = 2, T = 16, C = 96, NH = 12, Vp = 128;
-  const int64_t per_layer = (16 * B * T * C + 2 * B * NH * T * T) * 4;
+  const int64_t B = 2, T = 16, C = 96, NH = 12, Vp = 128, BT = B * T, BTC = BT * C;
+  const int64_t per_layer = (16 * BTC + 4 * BT + B * NH * T * T) * 4;
+  const int64_t scratch = (15 * BTC + B * NH * T * T) * 4;  // backward buffers, once
   // GPipe: stage 1 (logits) keeps 8 micro-batches; 1F1B: stage 0 keeps 2, stage 1 keeps 1.
-  const int64_t last_mb = 2 * per_layer + (B * T * Vp + 2 * B * T * C) * 4;
-  const int64_t first_mb = 2 * per_layer + B * T * C * 4;
-  EXPECT_EQ(gpipe.memory_per_rank().activations_bytes(), 8 * last_mb);
-  const int64_t stage0 = 4 * 4 * (emb + 2 * blk) + 2 * first_mb;
-  const int64_t stage1 = 4 * 4 * (emb + 2 * blk + fin) + last_mb;
+  const int64_t last_mb = 2 * per_layer + (BTC + 4 * BT + BT * Vp) * 4;
+  const int64_t first_mb = 2 * per_layer + BTC * 4;
+  EXPECT_EQ(gpipe.memory_per_rank().activations_bytes(), 8 * last_mb + scratch);
+  const int64_t stage0 = 4 * 4 * (emb + 2 * blk) + 2 * first_mb + scratch;
+  const int64_t stage1 = 4 * 4 * (emb + 2 * blk + fin) + last_mb + scratch;
   EXPECT_EQ(one.memory_per_rank().total_bytes(), std::max(stage0, stage1));
   EXPECT_EQ(one.memory_per_rank().params_bytes(),
             4 * (stage0 >= stage1 ? emb + 2 * blk : emb + 2 * blk + fin));
   EXPECT_EQ(gpipe.memory_per_rank().params_bytes(), 4 * (emb + 2 * blk + fin));
 }
 
-TEST(PlanMemoryTest, BucketSizeBoundsTheCommBuffer) {
-  JobSpec s = SmallSpec(2, 1, 1);
-  s.parallel.bucket_mb = 1;  // 1 MiB < 4 bytes × ~0.58M params
-  const v1::Plan p = *MakePlan(s, 2);
-  ASSERT_GT(4 * p.num_params(), 1 << 20);
-  EXPECT_EQ(p.memory_per_rank().comm_buffer_bytes(), 1 << 20);
+TEST(PlanMemoryTest, CommBufferOnlyForSharedGradientsWithAccumulation) {
+  JobSpec s = SmallSpec(2, 1, 1);  // global 48 = micro 2 × dp 2 × 12 micro-batches
+  ASSERT_GT(s.GradAccumSteps(), 1);
+  for (int zero = 0; zero <= 3; ++zero) {
+    s.parallel.zero = zero;
+    const v1::Plan p = *MakePlan(s, 2);
+    int64_t shard = 0;
+    for (const v1::ShardUnit& u : p.units()) shard += u.shard_sizes(1);
+    // ZeRO-2/3 receive each micro-batch's reduce-scatter into a shard-sized
+    // buffer before adding it; everything else runs in place.
+    EXPECT_EQ(p.memory_per_rank().comm_buffer_bytes(), zero >= 2 ? 4 * shard : 0) << zero;
+  }
+}
+
+TEST(PlanMemoryTest, OffloadMovesTheOptimizerStateToHostMemory) {
+  JobSpec s = SmallSpec(4, 1, 1);
+  s.parallel.zero = 3;
+  const v1::Plan on_device = *MakePlan(s, 4);
+  s.parallel.offload = OffloadMode::kOptimizer;
+  const v1::Plan offloaded = *MakePlan(s, 4);
+  const v1::MemoryEstimate &a = on_device.memory_per_rank(), &b = offloaded.memory_per_rank();
+  EXPECT_EQ(b.optimizer_bytes(), a.optimizer_bytes());
+  EXPECT_EQ(b.host_bytes(), a.optimizer_bytes());
+  EXPECT_EQ(b.total_bytes(), a.total_bytes() - a.optimizer_bytes());
+  EXPECT_NE(PlanText(s, offloaded).find("host memory"), std::string::npos);
 }
 
 TEST(PlanMemoryTest, TensorParallelDividesBlocks) {
@@ -179,8 +219,13 @@ TEST(PlanMemoryTest, ReshardAfterForwardFalseKeepsParams) {
   const v1::Plan resharded = *MakePlan(s, 4);
   s.parallel.reshard_after_forward = false;
   const v1::Plan kept = *MakePlan(s, 4);
-  EXPECT_EQ(kept.memory_per_rank().params_bytes(), 4 * kept.num_params());
-  EXPECT_EQ(resharded.memory_per_rank().params_bytes(), 4 * kept.num_params() / 4);
+  // The shard is kept either way; without resharding every unit is gathered
+  // at the end of the forward (ZeRO-2's parameter memory), with it two.
+  EXPECT_EQ(kept.memory_per_rank().params_bytes(), resharded.memory_per_rank().params_bytes());
+  const int64_t grads_working = 4 * (kept.units(0).numel() + 2 * kept.units(1).numel());
+  EXPECT_EQ(kept.memory_per_rank().working_bytes(), grads_working + 4 * kept.num_params());
+  EXPECT_EQ(resharded.memory_per_rank().working_bytes(),
+            grads_working + 4 * 2 * resharded.units(1).numel());
   EXPECT_LT(kept.comm_bytes_per_step(), resharded.comm_bytes_per_step());
 }
 
@@ -210,8 +255,8 @@ TEST(PlanTextTest, FortunesDdp) {
   for (const char* part :
        {"world 4 = dp 4 · tp 1 · pp 1", "ZeRO-0", "global 32 = micro 8 × dp 4 × accumulation 1",
         "bubble 0.0%", "RANK  DP  TP  PP  SAMPLES", "   3   3   0   0  [24, 32)",
-        "STAGE  BYTES/PARAM", "*0          16.000", " 3           4.000", "comm per step",
-        "block.3", "dp3 [", "final"}) {
+        "STAGE  FORMULA B/PARAM  PLAN B/PARAM", "*0              16.000        16.000",
+        " 3               4.000         4.000", "comm per step", "block.3", "dp3 [", "final"}) {
     EXPECT_NE(text.find(part), std::string::npos) << part << "\n" << text;
   }
   EXPECT_EQ(text.find("..."), std::string::npos) << text;  // 6 units: all shown

@@ -13,7 +13,8 @@ namespace {
 // units divided by tp, each part sharded per unit over dp by the ZeRO stage.
 
 struct Reference {
-  int64_t params = 0, grads = 0, optimizer = 0, activations = 0, comm_buffer = 0, total = 0;
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0, comm_buffer = 0, working = 0,
+          total = 0;
   int64_t comm = 0;
 };
 
@@ -22,56 +23,74 @@ Reference ReferenceFor(const JobSpec& s, const v1::Plan& plan, int stage) {
   const int dp = s.parallel.dp, tp = s.parallel.tp, pp = s.parallel.pp, zero = s.parallel.zero;
   const int m = s.GradAccumSteps();
   const bool mixed = s.precision != Precision::kFp32;
-  const int64_t pb = mixed ? 2 : 4, ob = mixed ? 12 : 8, ab = pb;
+  const int64_t pb = mixed ? 2 : 4, ob = mixed ? 12 : 8, ab = pb, gb = pb;
   const v1::PipelineStage& st = plan.stages(stage);
   const bool first = stage == 0, last = stage == pp - 1;
   Reference r;
-  int64_t shard_sum = 0, largest = 0, local = 0;
+  // The units in forward order, with sizes; the last dp rank's share.
+  std::vector<int64_t> fwd;
+  int64_t emb = 0, shard_sum = 0, largest_block = 0, local = 0;
+  int64_t sent_params = 0, sent_grads_rs = 0, sent_grads_ar = 0;  // one pass each
   for (const model::UnitInfo& u : layout.units()) {
     int64_t n = u.numel;
     if (u.name == "embeddings") {
       if (!first && !last) continue;
+      emb = n;
     } else if (u.name == "final") {
       if (!last) continue;
     } else {
       int l = std::stoi(u.name.substr(std::string("block.").size()));
       if (l < st.first_layer() || l >= st.first_layer() + st.num_layers()) continue;
       n = CeilDiv(n, tp);
+      largest_block = std::max(largest_block, n);
     }
-    const int64_t shard = CeilDiv(n, dp);
+    fwd.push_back(n);
+    const int64_t body = n / dp, rem = n % dp, shard = body + rem;
     r.params += pb * (zero == 3 ? shard : n);
     r.grads += pb * (zero >= 2 ? shard : n);
     r.optimizer += ob * (zero >= 1 ? shard : n);
     shard_sum += shard;
     local += n;
-    largest = std::max(largest, n);
+    // Ring model: all-gather body (dp-1)·S, tail broadcast (dp-1)/dp·R;
+    // reduce-scatter body (dp-1)·S, tail all-reduce 2(dp-1)/dp·R.
+    sent_params += (dp - 1) * body * pb + (rem ? (dp - 1) * rem * pb / dp : 0);
+    sent_grads_rs += (dp - 1) * body * gb + (rem ? 2 * (dp - 1) * rem * gb / dp : 0);
+    sent_grads_ar += 2 * (dp - 1) * n * gb / dp;
   }
-  const int64_t B = s.batch.micro, T = s.batch.seq_len, C = s.model.dim, NH = s.model.heads;
+  const int64_t B = s.batch.micro, T = s.batch.seq_len, C = s.model.dim;
+  const int64_t NH = s.model.heads / tp, BT = B * T, BTC = BT * C;
   const int64_t Vp = model::PaddedVocab(s.model.vocab), L = st.num_layers();
-  int64_t per_mb = L * (16 * B * T * C + 2 * B * (NH / tp) * T * T) * ab;
-  if (last) per_mb += B * T * Vp * ab + 2 * B * T * C * ab;
-  if (first) per_mb += B * T * C * ab;
+  int64_t per_mb = L * (16 * BTC + 4 * BT + B * NH * T * T);
+  if (last) per_mb += BTC + 4 * BT + BT * Vp;
+  if (first) per_mb += BTC;
   int64_t alive = 1;
   if (pp > 1) {
     alive = s.parallel.schedule == PipelineSchedule::kGpipe ? m : std::min<int64_t>(pp - stage, m);
   }
-  r.activations = per_mb * alive;
-  if (dp > 1) {
-    r.comm_buffer =
-        zero == 3 ? 2 * largest * pb : std::min(int64_t{s.parallel.bucket_mb} << 20, local * pb);
+  r.activations = (per_mb * alive + 15 * BTC + B * NH * T * T) * ab;
+  if (dp > 1 && zero >= 2 && m > 1) r.comm_buffer = shard_sum * gb;
+  if (zero >= 2) r.working = gb * (emb + (dp > 1 ? 2 : 1) * largest_block);
+  if (zero == 3) {
+    // Two units at once: neighbours in forward order, and the turn from the
+    // end of the forward back to the LM head (last unit, embeddings).
+    int64_t gathered = fwd.size() == 1 ? fwd[0] : 0;
+    for (size_t i = 0; i + 1 < fwd.size(); ++i) gathered = std::max(gathered, fwd[i] + fwd[i + 1]);
+    if (emb > 0) gathered = std::max(gathered, fwd.back() + emb);
+    r.working += pb * (s.parallel.reshard_after_forward ? gathered : local);
   }
-  r.total = r.params + r.grads + r.optimizer + r.activations + r.comm_buffer;
+  r.total = r.params + r.grads + r.optimizer + r.activations + r.comm_buffer + r.working;
 
-  // One ring pass over the rank's model slice: (dp-1)/dp of it, padded per unit.
-  const int64_t pass = (dp - 1) * shard_sum * pb;
   if (dp > 1) {
-    if (zero == 0) r.comm += 2 * pass;                 // all-reduce grads
-    if (zero == 1) r.comm += 2 * pass + pass;          // + all-gather params
-    if (zero == 2) r.comm += m * pass + pass;          // reduce-scatter per micro-batch
-    if (zero == 3) r.comm += m * pass + 2 * m * pass;  // + 2 gathers per micro-batch
+    if (zero == 0) r.comm += 2 * (dp - 1) * local * gb / dp;  // DDP: one all-reduce
+    if (zero == 1) r.comm += sent_grads_ar + sent_params;
+    if (zero == 2) r.comm += m * sent_grads_rs + sent_params;
+    if (zero == 3) {
+      r.comm += m * (sent_grads_rs + (s.parallel.reshard_after_forward ? 2 : 1) * sent_params);
+    }
+    if (zero >= 1) r.comm += (dp - 1) * 8;  // the gradient norm's all-gather
   }
-  if (tp > 1) r.comm += m * L * 4 * 2 * (tp - 1) * CeilDiv(B * T * C, tp) * ab;
-  r.comm += m * ((last ? 0 : 1) + (first ? 0 : 1)) * B * T * C * ab;
+  if (tp > 1) r.comm += m * L * 4 * 2 * (tp - 1) * CeilDiv(BTC, tp) * ab;
+  r.comm += m * ((last ? 0 : 1) + (first ? 0 : 1)) * BTC * ab;
   return r;
 }
 
@@ -206,20 +225,14 @@ void ExpectShardsPartitionUnits(const v1::Plan& p, const model::ParamLayout& lay
     EXPECT_EQ(u.offset(), next_unit);
     EXPECT_EQ(u.numel(), static_cast<int64_t>(layout.units()[i].numel));
     next_unit += u.numel();
-    EXPECT_EQ(u.padded_numel() % dp, 0);
-    EXPECT_GE(u.padded_numel(), u.numel());
-    EXPECT_LT(u.padded_numel() - u.numel(), dp);
     ASSERT_EQ(u.shard_offsets_size(), dp);
     ASSERT_EQ(u.shard_sizes_size(), dp);
     int64_t expect_offset = 0, sum = 0;
     for (int d = 0; d < dp; ++d) {
       EXPECT_EQ(u.shard_offsets(d), expect_offset) << "dp rank " << d;  // contiguous, disjoint
-      EXPECT_GE(u.shard_sizes(d), 0);
-      EXPECT_LE(u.shard_sizes(d), u.padded_numel() / dp);
-      // Even split of the padded unit: rank d's real part starts at d·(padded/dp).
-      if (u.shard_sizes(d) > 0) {
-        EXPECT_EQ(u.shard_offsets(d), d * (u.padded_numel() / dp));
-      }
+      // floor(numel/dp) each; the last rank also the remainder (< dp).
+      EXPECT_EQ(u.shard_sizes(d), u.numel() / dp + (d == dp - 1 ? u.numel() % dp : 0))
+          << "dp rank " << d;
       expect_offset += u.shard_sizes(d);
       sum += u.shard_sizes(d);
     }
@@ -284,6 +297,7 @@ TEST_P(PlanMeshTest, MemoryAndCommMatchTheModelForEveryZeroStage) {
         EXPECT_EQ(got.optimizer_bytes(), want.optimizer);
         EXPECT_EQ(got.activations_bytes(), want.activations);
         EXPECT_EQ(got.comm_buffer_bytes(), want.comm_buffer);
+        EXPECT_EQ(got.working_bytes(), want.working);
         EXPECT_EQ(got.total_bytes(), want.total);
         EXPECT_EQ(p.comm_bytes_per_step(), want_comm);
       }
@@ -310,16 +324,16 @@ TEST(PlanShardsTest, OddUnitSizesAnyDp) {
     ASSERT_TRUE(p.ok()) << p.status();
     ExpectShardsPartitionUnits(*p, LayoutOf(s), dp);
   }
-  // One exact case: final (10 elements) over 16 ranks: 10 of 1, then 6 empty.
+  // One exact case: final (10 elements) over 16 ranks: 15 empty shards, the
+  // last rank holds all 10.
   JobSpec s = SmallSpec(16, 1, 1);
   s.model = {"", 2, 1, 5, 3, 7};
   s.batch = {16, 1, 3};
   const v1::ShardUnit u = MakePlan(s, 16)->units(3);
   ASSERT_EQ(u.name(), "final");
-  EXPECT_EQ(u.padded_numel(), 16);
   for (int d = 0; d < 16; ++d) {
-    EXPECT_EQ(u.shard_sizes(d), d < 10 ? 1 : 0);
-    EXPECT_EQ(u.shard_offsets(d), std::min(d, 10));
+    EXPECT_EQ(u.shard_sizes(d), d < 15 ? 0 : 10);
+    EXPECT_EQ(u.shard_offsets(d), 0);
   }
 }
 
