@@ -26,8 +26,9 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-// Saved on 4 ranks under ZeRO-2, resumed on 2 ranks under ZeRO-1 and on 1
-// rank (DDP), with no conversion step: steps 21..40 continue the 4-rank run.
+// Saved on 4 ranks under ZeRO-3 (each rank holds only its parameter shard),
+// resumed on 2 ranks under ZeRO-1 and on 1 rank (DDP), with no conversion
+// step: steps 21..40 continue the 4-rank run.
 TEST_F(TrainingTest, CheckpointFrom4RanksResumesOn2And1) {
   TempDir dir;
   auto run = [&](int dp, int zero, const std::string& ckpt, const std::string& resume) {
@@ -43,7 +44,7 @@ TEST_F(TrainingTest, CheckpointFrom4RanksResumesOn2And1) {
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     return Losses(r.out);
   };
-  const std::vector<double> full = run(4, 2, dir.path() + "/four", "");
+  const std::vector<double> full = run(4, 3, dir.path() + "/four", "");
   ASSERT_EQ(full.size(), 40u);
   ASSERT_TRUE(std::filesystem::exists(dir.path() + "/four/step-20/manifest.txt"));
   // One process reads the 4-rank sharded checkpoint for sampling as well.
@@ -52,26 +53,31 @@ TEST_F(TrainingTest, CheckpointFrom4RanksResumesOn2And1) {
   EXPECT_EQ(sample.exit_code, 0) << sample.err;
   EXPECT_EQ(sample.out.rfind("The ", 0), 0u) << sample.out;
   EXPECT_GE(sample.out.size(), 24u) << sample.out;
-  std::cout << "step  4 ranks ZeRO-2  2 ranks ZeRO-1 (resumed)  1 rank ZeRO-0 (resumed)\n";
-  std::map<int, std::vector<double>> resumed;
-  for (int dp : {2, 1}) {
-    resumed[dp] = run(dp, dp == 2 ? 1 : 0, dir.path() + "/from4-dp" + std::to_string(dp),
-                      dir.path() + "/four/step-20");
-    ASSERT_EQ(resumed[dp].size(), 20u) << "resumed run should report steps 21..40 only";
+  std::cout << "step  4 ranks ZeRO-3  2 ranks ZeRO-1 (resumed)  2 ranks ZeRO-3 (resumed)  1 rank "
+               "ZeRO-0 (resumed)\n";
+  const std::vector<std::pair<int, int>> targets = {{2, 1}, {2, 3}, {1, 0}};  // (dp, zero)
+  std::vector<std::vector<double>> resumed;
+  for (auto [dp, zero] : targets) {
+    resumed.push_back(
+        run(dp, zero, dir.path() + "/from4-dp" + std::to_string(dp) + "-z" + std::to_string(zero),
+            dir.path() + "/four/step-20"));
+    ASSERT_EQ(resumed.back().size(), 20u) << "resumed run should report steps 21..40 only";
   }
   double worst = 0;
   for (int i = 0; i < 20; ++i) {
     const double want = full[20 + i];
-    for (int dp : {2, 1}) {
-      const double rel = std::abs(resumed[dp][i] - want) / std::abs(want);
+    for (size_t k = 0; k < targets.size(); ++k) {
+      const double rel = std::abs(resumed[k][i] - want) / std::abs(want);
       worst = std::max(worst, rel);
-      EXPECT_LE(rel, 1e-5) << "dp " << dp << " step " << 21 + i;
+      EXPECT_LE(rel, 1e-5) << "dp " << targets[k].first << " zero " << targets[k].second << " step "
+                           << 21 + i;
     }
-    std::printf("%4d  %12.7f  %17.7f  %16.7f\n", 21 + i, want, resumed[2][i], resumed[1][i]);
+    std::printf("%4d  %12.7f  %17.7f  %17.7f  %16.7f\n", 21 + i, want, resumed[0][i], resumed[1][i],
+                resumed[2][i]);
   }
-  std::cout
-      << "max relative loss difference after resharding 4 ranks ZeRO-2 -> 2 ranks ZeRO-1 / 1 rank: "
-      << worst << std::endl;
+  std::cout << "max relative loss difference after resharding 4 ranks ZeRO-3 -> 2 ranks ZeRO-1, "
+               "2 ranks ZeRO-3, 1 rank: "
+            << worst << std::endl;
 }
 
 // A flipped byte in the newest commit, and a step directory a SIGKILL left
