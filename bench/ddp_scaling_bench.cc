@@ -51,6 +51,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "common/job_spec.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/rendezvous_store.h"
@@ -116,26 +117,6 @@ struct Row {
   double vs_single = -1, vs_torch = -1;
   double load1 = 0;
 };
-
-double LoadAverage1() {
-  double l = 0;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = 0;
-    std::fclose(f);
-  }
-  return l;
-}
-
-std::string Uptime() {
-  std::string out;
-  if (FILE* p = popen("uptime", "r")) {
-    char buf[256];
-    while (std::fgets(buf, sizeof buf, p)) out += buf;
-    pclose(p);
-  }
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out;
-}
 
 std::string SpecYaml(const BenchConfig& bc, const Layout& lay, const std::string& data,
                      int bucket_mb, int total_steps) {
@@ -443,7 +424,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  const std::string load_before = Uptime();
+  const std::string load_before = bench::Uptime();
   if (!opt.json) {
     std::printf(
         "# ddp_scaling_bench: fp32, T=64, B=4 per rank (global 8), Gloo on 127.0.0.1, "
@@ -468,7 +449,7 @@ int main(int argc, char** argv) {
     std::vector<Layout> layouts = {Layout{1, 2}, Layout{2, 1}};
     if (opt.share) layouts.push_back(Layout{1, 1, 1});
     for (const Layout& lay : layouts) {
-      const double load = LoadAverage1();
+      const double load = bench::LoadAverage1();
       auto res = RunLayout(bc, lay, dir, data, opt);
       if (res.empty()) {
         std::fprintf(stderr, "%s %dr x %dt: failed\n", bc.name.c_str(), lay.ranks, lay.threads);
@@ -486,7 +467,7 @@ int main(int argc, char** argv) {
       }
     }
     if (opt.torch) {
-      const double load = LoadAverage1();
+      const double load = bench::LoadAverage1();
       have_torch = RunTorch(bc, config->padded_vocab, opt, &torch);
       torch.load1 = load;
       if (!have_torch) {
@@ -540,7 +521,7 @@ int main(int argc, char** argv) {
         "# alone after the run (25 MiB buckets; torch: dist.all_reduce the same way).\n"
         "# targets: 2r x 1t / 1r x 2t >= 0.9, 2r x 1t / torch DDP >= 1.5.\n"
         "# load after: %s\n",
-        Uptime().c_str());
+        bench::Uptime().c_str());
   }
   std::string rm = "rm -rf " + dir;
   if (std::system(rm.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir.c_str());

@@ -604,12 +604,14 @@ class GlooCommunicator final : public Communicator {
   // r-1 with its own input block; after n-1 steps block r holds all n
   // contributions. fp32 input is read in place (step 0 sends straight from
   // it, the last step writes straight into the output); 16-bit input is
-  // first converted to an fp32 copy.
+  // first converted to an fp32 copy. The partial block combined at step s is
+  // the one sent at step s + 1, so two block-sized halves of acc_ alternate
+  // (scratch: 3 blocks, not the whole input).
   void RingReduceScatter(const OpArgs& a, absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
     const size_t n = static_cast<size_t>(size_);
     const size_t count = a.count;
-    if (acc_.size() < n * count) acc_.resize(n * count);
+    if (acc_.size() < 2 * count) acc_.resize(2 * count);
     if (tmp_.size() < count) tmp_.resize(count);
     const float* src = static_cast<const float*>(a.input);
     if (a.dtype != DataType::kFloat32) {
@@ -623,7 +625,7 @@ class GlooCommunicator final : public Communicator {
       final_out = scratch_.data();
     }
     auto src_buf = ctx_->createUnboundBuffer(const_cast<float*>(src), n * count * 4);
-    auto acc_buf = ctx_->createUnboundBuffer(acc_.data(), n * count * 4);
+    auto acc_buf = ctx_->createUnboundBuffer(acc_.data(), 2 * count * 4);
     auto tmp_buf = ctx_->createUnboundBuffer(tmp_.data(), count * 4);
     const int right = (rank_ + 1) % size_;
     const int left = (rank_ + size_ - 1) % size_;
@@ -632,10 +634,11 @@ class GlooCommunicator final : public Communicator {
       const size_t sb = (rank_ + 2 * n - step - 1) % n;
       const size_t rb = (rank_ + 2 * n - step - 2) % n;
       gloo::transport::UnboundBuffer* send_from = step == 0 ? src_buf.get() : acc_buf.get();
+      const size_t send_offset = step == 0 ? sb * count : ((step - 1) % 2) * count;
       size_t recvs = 0, sends = 0;
       PostSegments(tmp_buf.get(), false, left, kReduceScatterSlot, 0, count, &recvs);
-      PostSegments(send_from, true, right, kReduceScatterSlot, sb * count, count, &sends);
-      float* dst = step + 2 == n ? final_out : acc_.data() + rb * count;
+      PostSegments(send_from, true, right, kReduceScatterSlot, send_offset, count, &sends);
+      float* dst = step + 2 == n ? final_out : acc_.data() + (step % 2) * count;
       const float* mine = src + rb * count;
       for (size_t j = 0; j < recvs; ++j) {
         WaitRecv(tmp_buf.get(), deadline, "ReduceScatter");

@@ -145,6 +145,10 @@ Gpt::Gpt(const GptConfig& config, int B, int T, int threads)
 void Gpt::InitParams(uint64_t seed) { InitParams(seed, 0, layout_.num_params()); }
 
 void Gpt::InitParams(uint64_t seed, size_t begin, size_t end) {
+  InitParamsInto(seed, begin, end, params_.data() + begin);
+}
+
+void Gpt::InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) {
   const GptConfig& cfg = config();
   const float residual_std = 0.02f / std::sqrt(2.0f * cfg.layers);
   const auto& tensors = layout_.tensors();
@@ -155,11 +159,11 @@ void Gpt::InitParams(uint64_t seed, size_t begin, size_t end) {
     const size_t i1 = std::min(end, t.offset + t.numel);
     if (t.offset + i0 >= i1) continue;
     const size_t stop = i1 - t.offset;
-    float* w = params_.data() + t.offset;
+    float* w = out + (t.offset + i0 - begin);  // w[i - i0]: element i of the tensor
     const bool is_ln_weight = t.name.find("ln") != std::string::npos && t.name.size() >= 6 &&
                               t.name.compare(t.name.size() - 6, 6, "weight") == 0;
     if (t.shape.size() == 1) {  // biases 0, LayerNorm weights 1
-      std::fill(w + i0, w + stop, is_ln_weight ? 1.0f : 0.0f);
+      std::fill(w, w + (stop - i0), is_ln_weight ? 1.0f : 0.0f);
       continue;
     }
     const bool residual_proj = t.name.find("attn.proj.weight") != std::string::npos ||
@@ -176,12 +180,12 @@ void Gpt::InitParams(uint64_t seed, size_t begin, size_t end) {
           [&](int64_t j0, int64_t j1) {
             for (int64_t j = j0; j < j1; ++j) {
               const uint64_t i = i0 + static_cast<uint64_t>(j);
-              w[i] = std_dev * NormalFromKey(key + i * 0x9E3779B97F4A7C15ull);
+              w[j] = std_dev * NormalFromKey(key + i * 0x9E3779B97F4A7C15ull);
             }
           },
           4096);
     }
-    if (std::max(n, i0) < stop) std::fill(w + std::max(n, i0), w + stop, 0.0f);
+    if (std::max(n, i0) < stop) std::fill(w + (std::max(n, i0) - i0), w + (stop - i0), 0.0f);
   }
 }
 

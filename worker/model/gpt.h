@@ -62,6 +62,9 @@ class Gpt {
   // The same values, written only to flat elements [begin, end) (ZeRO-3
   // initialises just its shards; nothing else is touched).
   void InitParams(uint64_t seed, size_t begin, size_t end);
+  // The values of flat elements [begin, end) written to out[0, end - begin)
+  // instead (ZeRO-3 initialises its shard without touching params()).
+  void InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out);
 
   // Forward over b sequences of t tokens (defaults: the full B, T).
   // tokens, targets: (b, t) row-major ids in [0, vocab); 1 <= b <= B,

@@ -46,6 +46,11 @@ class PageBuffer {
   void Release(size_t begin, size_t n);
   void ReleaseAll() { Release(0, count_); }
 
+  // Keeps the huge page (2 MiB) containing element `offset` from being
+  // used, so that ranges on either side of `offset` are committed and
+  // released independently. A hint: without transparent huge pages a no-op.
+  void NoHugePagesAt(size_t offset);
+
   // Bytes of the pages overlapping [begin, begin + n) that are resident now.
   int64_t ResidentBytes(size_t begin, size_t n) const;
   int64_t ResidentBytes() const { return ResidentBytes(0, count_); }

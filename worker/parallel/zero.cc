@@ -64,6 +64,13 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options, m
   for (int l = L - 1; l >= 0; --l) z->uses_.push_back(block(l));
 
   z->norm_scratch_.resize(2 * static_cast<size_t>(z->dp_));
+  // Units are gathered and released one by one: no huge page may straddle
+  // two of them, or releasing one would leave part of a neighbour's page
+  // resident (and gathering one would commit part of a released neighbour).
+  for (const Unit& u : z->units_) {
+    model->param_buffer().NoHugePagesAt(u.offset);
+    model->grad_buffer().NoHugePagesAt(u.offset);
+  }
   if (options.stage >= 2) {
     z->shard_grads_.assign(z->shard_size_, 0.0f);
     model->grad_buffer().ReleaseAll();
@@ -115,12 +122,10 @@ void Zero::InitParams(uint64_t seed) {
     model_->InitParams(seed);
     return;
   }
-  model::PageBuffer& buf = model_->param_buffer();
   for (Unit& u : units_) {
-    const size_t begin = u.offset + u.own.begin, n = u.own.size();
-    model_->InitParams(seed, begin, begin + n);
-    std::memcpy(shard_params_.data() + u.shard_offset, buf.data() + begin, n * sizeof(float));
-    buf.Release(begin, n);
+    const size_t begin = u.offset + u.own.begin;
+    model_->InitParamsInto(seed, begin, begin + u.own.size(),
+                           shard_params_.data() + u.shard_offset);
   }
 }
 
@@ -178,7 +183,6 @@ void Zero::OnParamUse(int unit, bool begin) {
     WaitGathered(u);
     // Prefetch: the next use's all-gather runs while this unit computes.
     if (next >= 0 && units_[next].state == Unit::State::kReleased) Gather(units_[next]);
-    Sample();
     return;
   }
   Sample();  // the prefetched unit has usually landed by now: the peak of the two

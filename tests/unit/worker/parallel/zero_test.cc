@@ -208,9 +208,11 @@ INSTANTIATE_TEST_SUITE_P(
 // Stage 3 keeps a unit's parameters only while it is used (and the next
 // use's unit, prefetched): the peak of gathered elements is the largest sum
 // of two consecutive uses' units, everything is freed after the backward,
-// and the resident pages of the model's parameter buffer agree.
+// and the resident pages of the model's parameter buffer agree (to the
+// partial pages at unit edges; no huge page straddles two units). Blocks of
+// 12.6 MB, so that transparent huge pages are in play.
 TEST(ZeroLiveBytesTest, Stage3FreesGatheredUnitsAfterUse) {
-  auto config = model::MakeGptConfig(4, 4, 128, 64, 256);
+  auto config = model::MakeGptConfig(4, 4, 512, 64, 256);
   ASSERT_TRUE(config.ok());
   for (bool reshard : {true, false}) {
     comm::testing::RunRanks(2, [&](comm::Communicator& comm) {
