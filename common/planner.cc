@@ -243,13 +243,33 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   if (zero >= 2) working += gb * (emb + (dp > 1 ? 2 : 1) * largest_block);
   if (zero == 3) working += pb * GatheredPeak(shape, reshard);
   mem.set_working_bytes(working);
-  // Communication buffers: collectives run in place on the model's buffers;
-  // only ZeRO-2/3 with gradient accumulation need a shard-sized buffer to
-  // receive each micro-batch's reduce-scatter before adding it.
-  if (dp > 1 && zero >= 2 && m > 1) {
-    int64_t shard = 0;
-    for (int64_t n : shape.local_numel) shard += BusiestShard(n, dp);
-    mem.set_comm_buffer_bytes(shard * gb);
+  // Communication buffers. Collectives run in place on the model's buffers;
+  // ZeRO-2/3 with gradient accumulation receive each micro-batch's
+  // reduce-scatter into a shard-sized buffer before adding it. On CPU ranks
+  // the Gloo backend (worker/comm/gloo_communicator.cc) also keeps fp32
+  // scratch sized by its largest op: a ring all-reduce of c elements one
+  // block of c/dp + 1, a reduce-scatter of blocks of S three blocks. DDP
+  // all-reduces buckets of bucket_mb, ZeRO-1 whole units, ZeRO-2/3
+  // reduce-scatter units (S = numel/dp).
+  if (dp > 1) {
+    int64_t bytes = 0, largest = 0, local = 0;
+    for (int64_t n : shape.local_numel) {
+      largest = std::max(largest, n);
+      local += n;
+    }
+    if (zero >= 2 && m > 1) {
+      int64_t shard = 0;
+      for (int64_t n : shape.local_numel) shard += BusiestShard(n, dp);
+      bytes += shard * gb;
+    }
+    if (spec.resources.device == DeviceKind::kCpu) {
+      constexpr int64_t kF32 = 4;
+      const int64_t bucket = std::min(int64_t{spec.parallel.bucket_mb} * kMiB / kF32, local);
+      if (zero == 0) bytes += (bucket / dp + 1) * kF32;
+      if (zero == 1) bytes += (largest / dp + 1) * kF32;
+      if (zero >= 2) bytes += 3 * (largest / dp) * kF32;
+    }
+    mem.set_comm_buffer_bytes(bytes);
   }
   const bool offload = spec.parallel.offload == OffloadMode::kOptimizer;
   if (offload) mem.set_host_bytes(mem.optimizer_bytes());

@@ -48,8 +48,16 @@ TEST(PlanMemoryTest, ZeroStagesOnDataParallelOnly) {
         EXPECT_EQ(mem.activations_bytes(), (L * (16 * BTC + 4 * BT + B * NH * T * T) + 3 * BTC +
                                             4 * BT + BT * Vp + 14 * BTC + B * NH * T * T) *
                                                ab);
-        // Collectives run in place: no communication buffer without accumulation.
-        EXPECT_EQ(mem.comm_buffer_bytes(), 0);
+        // Collectives run in place; without accumulation the only buffers
+        // are the Gloo backend's fp32 scratch (CPU): all-reduce one block
+        // (+1) of the whole gradient (< 25 MiB, one bucket) or of the
+        // largest unit, reduce-scatter three blocks of the largest unit.
+        const int64_t largest = p.units(1).numel();
+        int64_t comm_buffer = 0;
+        if (dp > 1 && zero == 0) comm_buffer = 4 * (n / dp + 1);
+        if (dp > 1 && zero == 1) comm_buffer = 4 * (largest / dp + 1);
+        if (dp > 1 && zero >= 2) comm_buffer = 4 * 3 * (largest / dp);
+        EXPECT_EQ(mem.comm_buffer_bytes(), comm_buffer);
         // Working set: ZeRO-2/3 full-unit gradients (embeddings + the block
         // computing + the one being reduced), ZeRO-3 also two gathered units.
         const int64_t emb = p.units(0).numel(), blk = p.units(1).numel();
@@ -61,7 +69,7 @@ TEST(PlanMemoryTest, ZeroStagesOnDataParallelOnly) {
         EXPECT_EQ(mem.host_bytes(), 0);
         EXPECT_EQ(mem.total_bytes(), mem.params_bytes() + mem.grads_bytes() +
                                          mem.optimizer_bytes() + mem.activations_bytes() +
-                                         mem.working_bytes());
+                                         mem.comm_buffer_bytes() + mem.working_bytes());
 
         // Bytes sent per step (m = 1), per unit of n = dp·S + R elements:
         // all-gather (dp-1)·S (+ broadcast of the tail (dp-1)/dp·R),
@@ -175,9 +183,10 @@ TEST(PlanMemoryTest, PipelineKeepsOnlyItsStageAndSchedulesDiffer) {
   EXPECT_EQ(gpipe.memory_per_rank().params_bytes(), 4 * (emb + 2 * blk + fin));
 }
 
-TEST(PlanMemoryTest, CommBufferOnlyForSharedGradientsWithAccumulation) {
+TEST(PlanMemoryTest, AccumulationAddsAShardBufferToZero2And3) {
   JobSpec s = SmallSpec(2, 1, 1);  // global 48 = micro 2 × dp 2 × 12 micro-batches
   ASSERT_GT(s.GradAccumSteps(), 1);
+  s.resources.device = DeviceKind::kCuda;  // no Gloo scratch: the shard buffer alone
   for (int zero = 0; zero <= 3; ++zero) {
     s.parallel.zero = zero;
     const v1::Plan p = *MakePlan(s, 2);

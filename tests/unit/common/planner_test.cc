@@ -68,7 +68,17 @@ Reference ReferenceFor(const JobSpec& s, const v1::Plan& plan, int stage) {
     alive = s.parallel.schedule == PipelineSchedule::kGpipe ? m : std::min<int64_t>(pp - stage, m);
   }
   r.activations = (per_mb * alive + 15 * BTC + B * NH * T * T) * ab;
-  if (dp > 1 && zero >= 2 && m > 1) r.comm_buffer = shard_sum * gb;
+  if (dp > 1) {
+    // A shard to receive reduce-scatters into when accumulating; on CPU the
+    // Gloo backend's fp32 scratch: all-reduce one block (+1) of its largest
+    // op (DDP's bucket, ZeRO-1's largest unit), reduce-scatter three blocks.
+    if (zero >= 2 && m > 1) r.comm_buffer += shard_sum * gb;
+    const int64_t largest = *std::max_element(fwd.begin(), fwd.end());
+    const int64_t bucket = std::min<int64_t>(int64_t{s.parallel.bucket_mb} << 18, local);
+    if (zero == 0) r.comm_buffer += 4 * (bucket / dp + 1);
+    if (zero == 1) r.comm_buffer += 4 * (largest / dp + 1);
+    if (zero >= 2) r.comm_buffer += 4 * 3 * (largest / dp);
+  }
   if (zero >= 2) r.working = gb * (emb + (dp > 1 ? 2 : 1) * largest_block);
   if (zero == 3) {
     // Two units at once: neighbours in forward order, and the turn from the
