@@ -3,7 +3,8 @@
 // benchmark, never a test: it prints numbers and ratios.
 //
 // Per (world, stage): tokens/s (median over the timed steps of the slowest
-// rank's step) and its ratio to stage 0 at the same world; memory per rank,
+// rank's step; with --repeat R, the median of R interleaved rounds, and
+// their range) and its ratio to stage 0 at the same world; memory per rank,
 // predicted by the planner (MakePlan(spec, world).memory_per_rank(): the
 // busiest rank) against two measurements of the busiest rank:
 //   tracked  Trainer::memory(): the rank's buffers, with the ZeRO-2/3
@@ -20,7 +21,7 @@
 // MakePlan on a 7.5B GPT config, to show the formula is the paper's.
 //
 // Usage: zero_bench [--data data/fortunes.txt] [--worlds 2,4] [--steps 3]
-//                   [--warmup 1] [--variants 0,1,2,3,3k,3o] [--layers 7]
+//                   [--warmup 1] [--repeat 1] [--variants 0,1,2,3,3k,3o] [--layers 7]
 //                   [--dim 768] [--micro 4] [--seq 64]
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -55,7 +56,7 @@ struct Options {
   std::string data = "data/fortunes.txt";
   std::vector<int> worlds = {2, 4};
   std::vector<std::string> variants = {"0", "1", "2", "3"};
-  int steps = 3, warmup = 1;
+  int steps = 3, warmup = 1, repeat = 1;
   int layers = 7, heads = 12, dim = 768, context = 128, micro = 4, seq = 64;
 };
 
@@ -236,6 +237,7 @@ int main(int argc, char** argv) {
                  "comma-separated ZeRO variants: 0 1 2 3, 3k (no reshard), 3o (offload)");
   app.add_option("--steps", o.steps, "timed steps");
   app.add_option("--warmup", o.warmup, "untimed steps first");
+  app.add_option("--repeat", o.repeat, "rounds over the variants (median tok/s reported)");
   app.add_option("--layers", o.layers, "transformer blocks");
   app.add_option("--dim", o.dim, "model width");
   app.add_option("--heads", o.heads, "attention heads (divide --dim)");
@@ -259,50 +261,79 @@ int main(int argc, char** argv) {
       "per rank, %d timed steps\n",
       o.layers, o.dim, o.heads, o.micro, o.seq, o.steps);
   std::printf("load before: %s\n", load_before.c_str());
-  std::printf("\n%-5s %-4s %9s %7s | %9s %9s %9s %9s %9s | %10s %10s | %6s\n", "world", "zero",
-              "tok/s", "vs z0", "pred MiB", "track MiB", "rss MiB", "trk/pred", "rss/pred",
+  std::printf("\n%-5s %-4s %9s %13s %7s | %9s %9s %9s %9s %9s | %10s %10s | %6s\n", "world", "zero",
+              "tok/s", "range", "vs z0", "pred MiB", "track MiB", "rss MiB", "trk/pred", "rss/pred",
               "sent MB", "pred MB", "load");
   for (int world : o.worlds) {
+    // Rounds over the variants, interleaved so that drifts of the shared
+    // machine's load hit every variant alike; per variant the median tok/s
+    // over rounds (and its range), the memory of the last round.
+    struct Acc {
+      std::vector<double> tok_s;
+      int64_t tracked = 0, rss = 0, sent = 0;
+      double load = 0;
+      v1::MemoryEstimate predicted;
+      int64_t predicted_comm = 0;
+    };
+    std::vector<Acc> acc(o.variants.size());
+    for (int round = 0; round < o.repeat; ++round) {
+      for (size_t k = 0; k < o.variants.size(); ++k) {
+        const std::string& variant = o.variants[k];
+        acc[k].load = bench::LoadAverage1();
+        auto spec = ParseJobSpec(SpecYaml(o, world, variant));
+        if (!spec.ok()) {
+          std::fprintf(stderr, "spec: %s\n", spec.status().ToString().c_str());
+          return 1;
+        }
+        auto plan = MakePlan(*spec, world);
+        if (!plan.ok()) {
+          std::fprintf(stderr, "plan: %s\n", plan.status().ToString().c_str());
+          return 1;
+        }
+        acc[k].predicted = plan->memory_per_rank();
+        acc[k].predicted_comm = plan->comm_bytes_per_step();
+        const std::vector<RankResult> ranks =
+            RunLayout(*spec, dir, absl::StrCat("w", world, "z", variant, "r", round), o);
+        if (ranks.empty()) {
+          std::fprintf(stderr, "world %d zero %s: a rank failed\n", world, variant.c_str());
+          continue;
+        }
+        // Slowest rank per step, median over steps; the busiest rank's memory.
+        std::vector<double> step_ms(ranks.front().step_ms.size(), 0.0);
+        int64_t tokens = 0;
+        acc[k].tracked = acc[k].rss = acc[k].sent = 0;
+        for (const RankResult& r : ranks) {
+          for (size_t i = 0; i < step_ms.size() && i < r.step_ms.size(); ++i) {
+            step_ms[i] = std::max(step_ms[i], r.step_ms[i]);
+          }
+          acc[k].tracked = std::max(acc[k].tracked, r.mem.Total());
+          acc[k].rss = std::max(acc[k].rss, r.peak_rss - r.baseline_rss);
+          acc[k].sent = std::max(acc[k].sent, r.comm_bytes);
+          tokens += r.tokens;
+        }
+        acc[k].tok_s.push_back(tokens / (Median(step_ms) / 1e3));
+      }
+    }
     double base_tok_s = -1;
-    for (const std::string& variant : o.variants) {
-      const double load = bench::LoadAverage1();
-      auto spec = ParseJobSpec(SpecYaml(o, world, variant));
-      if (!spec.ok()) {
-        std::fprintf(stderr, "spec: %s\n", spec.status().ToString().c_str());
-        return 1;
-      }
-      auto plan = MakePlan(*spec, world);
-      if (!plan.ok()) {
-        std::fprintf(stderr, "plan: %s\n", plan.status().ToString().c_str());
-        return 1;
-      }
-      const std::vector<RankResult> ranks =
-          RunLayout(*spec, dir, absl::StrCat("w", world, "z", variant), o);
-      if (ranks.empty()) {
-        std::printf("%-5d %-4s   (failed; see stderr)\n", world, variant.c_str());
+    for (size_t k = 0; k < o.variants.size(); ++k) {
+      if (o.variants[k] == "0" && !acc[k].tok_s.empty()) base_tok_s = Median(acc[k].tok_s);
+    }
+    for (size_t k = 0; k < o.variants.size(); ++k) {
+      const Acc& a = acc[k];
+      if (a.tok_s.empty()) {
+        std::printf("%-5d %-4s   (failed; see stderr)\n", world, o.variants[k].c_str());
         continue;
       }
-      // Slowest rank per step, median over steps; the busiest rank's memory.
-      std::vector<double> step_ms(ranks.front().step_ms.size(), 0.0);
-      int64_t tracked = 0, rss = 0, sent = 0, tokens = 0;
-      for (const RankResult& r : ranks) {
-        for (size_t i = 0; i < step_ms.size() && i < r.step_ms.size(); ++i) {
-          step_ms[i] = std::max(step_ms[i], r.step_ms[i]);
-        }
-        tracked = std::max(tracked, r.mem.Total());
-        rss = std::max(rss, r.peak_rss - r.baseline_rss);
-        sent = std::max(sent, r.comm_bytes);
-        tokens += r.tokens;
-      }
-      const double tok_s = tokens / (Median(step_ms) / 1e3);
-      if (variant == "0") base_tok_s = tok_s;
-      const v1::MemoryEstimate& m = plan->memory_per_rank();
+      const double tok_s = Median(a.tok_s);
+      const auto [lo, hi] = std::minmax_element(a.tok_s.begin(), a.tok_s.end());
+      const v1::MemoryEstimate& m = a.predicted;
       const double pred = double(m.total_bytes() + m.host_bytes());  // a CPU rank holds both
-      std::printf("%-5d %-4s %9.1f %7s | %9.1f %9.1f %9.1f %9.3f %9.3f | %10.2f %10.2f | %6.2f\n",
-                  world, variant.c_str(), tok_s,
-                  base_tok_s > 0 ? absl::StrFormat("%.2fx", tok_s / base_tok_s).c_str() : "-",
-                  pred / kMiB, tracked / kMiB, rss / kMiB, tracked / pred, rss / pred, sent / 1e6,
-                  plan->comm_bytes_per_step() / 1e6, load);
+      std::printf(
+          "%-5d %-4s %9.1f %13s %7s | %9.1f %9.1f %9.1f %9.3f %9.3f | %10.2f %10.2f | %6.2f\n",
+          world, o.variants[k].c_str(), tok_s, absl::StrFormat("%.0f-%.0f", *lo, *hi).c_str(),
+          base_tok_s > 0 ? absl::StrFormat("%.2fx", tok_s / base_tok_s).c_str() : "-", pred / kMiB,
+          a.tracked / kMiB, a.rss / kMiB, a.tracked / pred, a.rss / pred, a.sent / 1e6,
+          a.predicted_comm / 1e6, a.load);
       std::fflush(stdout);
     }
   }
