@@ -188,9 +188,13 @@ std::string JobText(const v1::Job& j) {
 
 std::string StepLine(const v1::StepReport& s, int64_t total_steps) {
   const double eta_s = s.step_ms() * std::max<int64_t>(0, total_steps - s.step()) / 1000.0;
-  return absl::StrFormat("step %*d/%d  loss %.4f  %8.0f tok/s  %7.1f ms/step  ETA %s",
-                         static_cast<int>(absl::StrCat(total_steps).size()), s.step(), total_steps,
-                         s.loss(), s.tokens_per_s(), s.step_ms(), FormatDuration(eta_s));
+  std::string line =
+      absl::StrFormat("step %*d/%d  loss %.4f  %8.0f tok/s  %7.1f ms/step  ETA %s",
+                      static_cast<int>(absl::StrCat(total_steps).size()), s.step(), total_steps,
+                      s.loss(), s.tokens_per_s(), s.step_ms(), FormatDuration(eta_s));
+  // Bytes the busiest rank sent in the step (the plan predicts it: `plan`).
+  if (s.comm_bytes() > 0) absl::StrAppendFormat(&line, "  sent %.1f MB", s.comm_bytes() / 1e6);
+  return line;
 }
 
 std::string EventLine(const v1::JobEvent& e, int64_t total_steps) {

@@ -559,8 +559,11 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
                           Bytes(p->comm_bytes_per_step()));
   }
 
-  absl::StrAppendFormat(&out, "\ncomm per step (bytes sent by the busiest rank): %s (%s B)\n",
-                        Bytes(plan.comm_bytes_per_step()), Thousands(plan.comm_bytes_per_step()));
+  absl::StrAppendFormat(&out,
+                        "\ncomm per step (bytes sent by the busiest rank): %s (%s B = %.1f MB; "
+                        "the progress lines print what was sent)\n",
+                        Bytes(plan.comm_bytes_per_step()), Thousands(plan.comm_bytes_per_step()),
+                        plan.comm_bytes_per_step() / 1e6);
 
   absl::StrAppendFormat(&out,
                         "\nshard units (%d; element ranges within the unit per dp rank, the last "

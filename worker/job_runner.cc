@@ -38,6 +38,11 @@ struct TrainingMetrics {
                                  "Bytes this rank sent in collectives.", {"job", "rank"})),
         loss(r->AddGauge("shardtrain_worker_loss", "Loss of the last step on this rank.",
                          {"job", "rank"})),
+        memory(r->AddGauge("shardtrain_worker_memory_bytes",
+                           "Bytes this rank holds by kind (params, grads, optimizer, "
+                           "activations, comm_buffers, working: ZeRO-2/3 whole units alive); "
+                           "compare with `shardtrain plan`.",
+                           {"job", "rank", "kind"})),
         peak_rss(r->AddGauge("shardtrain_worker_peak_rss_bytes",
                              "Peak resident memory of the worker process.")
                      .WithLabels({})) {}
@@ -48,6 +53,7 @@ struct TrainingMetrics {
   Family<Counter>& collective_seconds;
   Family<Counter>& sent_bytes;
   Family<Gauge>& loss;
+  Family<Gauge>& memory;
   Gauge& peak_rss;
 };
 
@@ -307,6 +313,15 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
     sent.Increment(double(r->comm_bytes));
     loss.Set(r->loss);
     metrics->peak_rss.Set(double(PeakRssBytes()));
+    const MemoryUse mem = (*trainer)->memory();
+    for (auto [kind, bytes] : {std::pair<const char*, int64_t>{"params", mem.params},
+                               {"grads", mem.grads},
+                               {"optimizer", mem.optimizer},
+                               {"activations", mem.activations},
+                               {"comm_buffers", mem.comm_buffers},
+                               {"working", mem.working}}) {
+      metrics->memory.WithLabels({a.job_id(), labels[1], kind}).Set(double(bytes));
+    }
     if (!report.Step(*r)) {
       report.Log("the coordinator ended the job; stopping at step " + std::to_string(step));
       return;

@@ -49,6 +49,7 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options, m
   }
   // Uses of one micro-batch, in the order Gpt calls the param hook.
   const int emb = layout.tensors()[layout.wte()].unit;
+  z->emb_unit_ = emb;
   const int fin = layout.tensors()[layout.lnf_w()].unit;
   const int L = layout.config().layers;
   auto block = [&](int l) {
@@ -235,8 +236,16 @@ void Zero::OnGradsReady(size_t offset) {
     std::fprintf(stderr, "Zero: gradients ready at %zu, not a unit boundary\n", offset);
     std::abort();
   }
+  const int unit = static_cast<int>(it - units_.begin());
+  if (options_.stage >= 2) {
+    // Alive now: this unit's gradient, those still being reduced, and the
+    // tied embeddings' (written since the LM head's backward).
+    size_t alive = it->numel + (unit != emb_unit_ ? units_[emb_unit_].numel : 0);
+    for (const Reduction& r : reductions_) alive += units_[r.unit].numel;
+    peak_live_grad_elems_ = std::max(peak_live_grad_elems_, alive);
+  }
   Sample();
-  LaunchReduction(static_cast<int>(it - units_.begin()));
+  LaunchReduction(unit);
   // Finish (and release the gradients of) reductions already done, in order.
   while (options_.stage >= 2 && !reductions_.empty()) {
     Reduction& r = reductions_.front();
@@ -454,7 +463,9 @@ ZeroMemory Zero::memory() const {
   if (options_.stage == 3) {
     z.gathered = measure_ ? peak_gathered_bytes_ : int64_t(peak_live_param_elems_) * kF32;
   }
-  if (options_.stage >= 2) z.unit_grads = peak_unit_grad_bytes_;
+  if (options_.stage >= 2) {
+    z.unit_grads = measure_ ? peak_unit_grad_bytes_ : int64_t(peak_live_grad_elems_) * kF32;
+  }
   z.optimizer_on_host = options_.offload_optimizer;
   return z;
 }

@@ -62,9 +62,11 @@ struct ZeroOptions {
   bool offload_optimizer = false;
 };
 
-// Bytes one rank holds, by kind. Measured: the peaks over the steps so far of
-// what is resident (mincore on the model's buffers), plus the sizes of the
-// shard buffers (always resident once a step ran).
+// Bytes one rank holds, by kind: the sizes of the shard buffers (resident
+// once a step ran) and the peaks over the steps so far of the whole units
+// alive — measured as resident pages (mincore on the model's buffers) with
+// set_measure(true), else counted (units gathered; unit gradients written and
+// not yet reduced).
 struct ZeroMemory {
   int64_t params = 0;      // whole params (stages 1-2), the param shard (3)
   int64_t gathered = 0;    // stage 3: peak of gathered units in the model buffer
@@ -198,6 +200,8 @@ class Zero {
   absl::Status status_;
   int64_t comm_bytes_ = 0;
   size_t live_param_elems_ = 0, peak_live_param_elems_ = 0;
+  size_t peak_live_grad_elems_ = 0;  // stages 2-3: whole-unit gradients alive (logical)
+  int emb_unit_ = 0;
   bool measure_ = false;
   int64_t peak_gathered_bytes_ = 0, peak_unit_grad_bytes_ = 0;
 };
