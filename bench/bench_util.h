@@ -3,8 +3,13 @@
 #ifndef SHARDTRAIN_BENCH_BENCH_UTIL_H_
 #define SHARDTRAIN_BENCH_BENCH_UTIL_H_
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace shardtrain::bench {
 
@@ -28,6 +33,31 @@ inline std::string Uptime() {
   }
   while (!out.empty() && out.back() == '\n') out.pop_back();
   return out;
+}
+
+// Forks `ranks` processes running body(rank) (its return value is the exit
+// code) and waits for all. True when every one exited 0. Call it from a
+// process holding no threads.
+inline bool ForkRanks(int ranks, const std::function<int(int rank)>& body) {
+  std::vector<pid_t> pids;
+  bool ok = true;
+  for (int r = 0; r < ranks; ++r) {
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("fork");
+      ok = false;
+      break;
+    }
+    if (pid == 0) _exit(body(r));
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  return ok;
 }
 
 }  // namespace shardtrain::bench

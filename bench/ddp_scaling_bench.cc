@@ -229,26 +229,10 @@ std::vector<RankResult> RunLayout(const BenchConfig& bc, const Layout& lay, cons
       absl::StrCat(bc.name, "-", lay.ranks, "r", lay.threads, "t", lay.global, "b");
   const std::string store_dir = absl::StrCat(dir, "/store-", tag);
   mkdir(store_dir.c_str(), 0700);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < lay.ranks; ++r) {
-    std::fflush(nullptr);
-    const pid_t pid = fork();
-    if (pid < 0) {
-      std::perror("fork");
-      return {};
-    }
-    if (pid == 0) {
-      _exit(RunRank(*spec, r, lay.threads, store_dir, "ddp_bench/" + tag, opt.warmup, bc.steps,
-                    absl::StrCat(dir, "/", tag, ".rank", r)));
-    }
-    pids.push_back(pid);
-  }
-  bool ok = true;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
+  const bool ok = bench::ForkRanks(lay.ranks, [&](int r) {
+    return RunRank(*spec, r, lay.threads, store_dir, "ddp_bench/" + tag, opt.warmup, bc.steps,
+                   absl::StrCat(dir, "/", tag, ".rank", r));
+  });
   if (!ok) return {};
   std::vector<RankResult> out(lay.ranks);
   for (int r = 0; r < lay.ranks; ++r) {

@@ -160,26 +160,10 @@ std::vector<RankResult> RunLayout(const JobSpec& spec, const std::string& dir,
   const std::string store_dir = absl::StrCat(dir, "/store-", tag);
   mkdir(store_dir.c_str(), 0700);
   const int world = spec.parallel.dp;
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    std::fflush(nullptr);
-    const pid_t pid = fork();
-    if (pid < 0) {
-      std::perror("fork");
-      return {};
-    }
-    if (pid == 0) {
-      _exit(RunRank(spec, r, store_dir, "zero_bench/" + tag, o.warmup, o.steps,
-                    absl::StrCat(dir, "/", tag, ".rank", r)));
-    }
-    pids.push_back(pid);
-  }
-  bool ok = true;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
+  const bool ok = bench::ForkRanks(world, [&](int r) {
+    return RunRank(spec, r, store_dir, "zero_bench/" + tag, o.warmup, o.steps,
+                   absl::StrCat(dir, "/", tag, ".rank", r));
+  });
   if (!ok) return {};
   std::vector<RankResult> out(world);
   for (int r = 0; r < world; ++r) {

@@ -413,23 +413,11 @@ std::vector<float> Zero::ShardParams() const {
 }
 
 std::vector<float> Zero::ShardM() const {
-  std::vector<float> out;
-  out.reserve(shard_size_);
-  for (const optim::AdamW& a : adamw_) {
-    absl::Span<const float> m = a.m();
-    out.insert(out.end(), m.begin(), m.end());
-  }
-  return out;
+  return ConcatState([](const optim::AdamW& a) { return a.m(); });
 }
 
 std::vector<float> Zero::ShardV() const {
-  std::vector<float> out;
-  out.reserve(shard_size_);
-  for (const optim::AdamW& a : adamw_) {
-    absl::Span<const float> v = a.v();
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
+  return ConcatState([](const optim::AdamW& a) { return a.v(); });
 }
 
 int64_t Zero::optimizer_step() const { return adamw_.empty() ? 0 : adamw_.front().step(); }

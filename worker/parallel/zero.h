@@ -180,6 +180,17 @@ class Zero {
   absl::Status GatherAllParams();  // stages 1-2: every unit, in place
   absl::StatusOr<double> SumOverRanks(double local);
   std::shared_ptr<comm::Work> Count(std::shared_ptr<comm::Work> w, int64_t bytes);
+  // One AdamW state (m or v) of every unit, concatenated in unit order.
+  template <typename Get>
+  std::vector<float> ConcatState(Get get) const {
+    std::vector<float> out;
+    out.reserve(shard_size_);
+    for (const optim::AdamW& a : adamw_) {
+      absl::Span<const float> s = get(a);
+      out.insert(out.end(), s.begin(), s.end());
+    }
+    return out;
+  }
 
   const ZeroOptions options_;
   model::Gpt* const model_;
