@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -110,6 +111,9 @@ struct Variant {
   bool offload = false;
   int accum = 2;
 };
+
+// Test names and ctest lines show the variant's name, not its bytes.
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
 // One rank: its share of every micro-batch through Zero.
 void RankRun(comm::Communicator& comm, const Variant& v, Trace* run) {
