@@ -25,6 +25,27 @@ std::shared_ptr<Work> CompletedWork(uint64_t seq, absl::Status status) {
   return std::make_shared<DoneWork>(seq, std::move(status));
 }
 
+absl::Status PendingWork::Wait(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return done_; };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "Work seq=", seq_, " still running after waiting ", absl::FormatDuration(timeout)));
+  }
+  return status_;
+}
+
+bool PendingWork::Done() const {
+  absl::MutexLock lock(&mu_);
+  return done_;
+}
+
+void PendingWork::Complete(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  status_ = std::move(status);
+  done_ = true;
+}
+
 absl::Status ValidateOpArgs(const OpArgs& a, int rank, int size) {
   const std::string op(OpTypeName(a.type));
   auto need = [&](const void* p, absl::string_view what) -> absl::Status {

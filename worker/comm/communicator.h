@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "worker/comm/flight_recorder.h"
 #include "worker/comm/types.h"
@@ -157,6 +158,24 @@ class Communicator {
 // A Work that is already complete with `status` (used for argument errors and
 // poisoned communicators).
 std::shared_ptr<Work> CompletedWork(uint64_t seq, absl::Status status);
+
+// A Work that a backend completes later, from its own thread: Complete() once
+// with the op's status; Wait() blocks until then (or returns DEADLINE_EXCEEDED
+// after `timeout`, the op still running). Thread-safe.
+class PendingWork final : public Work {
+ public:
+  explicit PendingWork(uint64_t seq) : seq_(seq) {}
+  absl::Status Wait(absl::Duration timeout) override;
+  bool Done() const override;
+  uint64_t seq() const override { return seq_; }
+  void Complete(absl::Status status);
+
+ private:
+  const uint64_t seq_;
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
 
 // Checks `args` against a group of `size` ranks with this rank `rank`.
 absl::Status ValidateOpArgs(const OpArgs& args, int rank, int size);

@@ -40,43 +40,6 @@ std::chrono::milliseconds ToMs(absl::Duration d) {
   return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
 }
 
-// Thrown inside Execute for our own timeouts (waits on unbound buffers).
-struct TimeoutError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-class GlooWork final : public Work {
- public:
-  explicit GlooWork(uint64_t seq) : seq_(seq) {}
-
-  absl::Status Wait(absl::Duration timeout) override {
-    absl::MutexLock lock(&mu_);
-    auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return done_; };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "Work seq=", seq_, " still running after waiting ", absl::FormatDuration(timeout)));
-    }
-    return status_;
-  }
-  bool Done() const override {
-    absl::MutexLock lock(&mu_);
-    return done_;
-  }
-  uint64_t seq() const override { return seq_; }
-
-  void Complete(absl::Status status) {
-    absl::MutexLock lock(&mu_);
-    status_ = std::move(status);
-    done_ = true;
-  }
-
- private:
-  const uint64_t seq_;
-  mutable absl::Mutex mu_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-};
-
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<RendezvousStore> store, int rank, int size, GlooOptions options,
@@ -141,7 +104,7 @@ class GlooCommunicator final : public Communicator {
                                   absl::StrCat("communicator ", key_prefix_, " is shut down")));
     }
     const uint64_t seq = ++next_seq_;
-    auto work = std::make_shared<GlooWork>(seq);
+    auto work = std::make_shared<PendingWork>(seq);
     FlightRecord rec;
     rec.seq = seq;
     rec.op = args.type;
@@ -228,7 +191,7 @@ class GlooCommunicator final : public Communicator {
   struct Item {
     OpArgs args;
     uint64_t seq;
-    std::shared_ptr<GlooWork> work;
+    std::shared_ptr<PendingWork> work;
   };
 
   void Loop() {
@@ -281,8 +244,6 @@ class GlooCommunicator final : public Communicator {
       } else {
         ExecuteGloo(a, timeout);
       }
-    } catch (const TimeoutError& e) {
-      return absl::DeadlineExceededError(e.what());
     } catch (const gloo::IoException& e) {
       const std::string what = e.what();
       if (what.find("Timed out") != std::string::npos) {

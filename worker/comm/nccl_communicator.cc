@@ -76,36 +76,6 @@ absl::Status WaitNotInProgress(ncclComm_t comm, absl::Time deadline, absl::strin
   }
 }
 
-class NcclWork final : public Work {
- public:
-  explicit NcclWork(uint64_t seq) : seq_(seq) {}
-  absl::Status Wait(absl::Duration timeout) override {
-    absl::MutexLock lock(&mu_);
-    auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return done_; };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "Work seq=", seq_, " still running after waiting ", absl::FormatDuration(timeout)));
-    }
-    return status_;
-  }
-  bool Done() const override {
-    absl::MutexLock lock(&mu_);
-    return done_;
-  }
-  uint64_t seq() const override { return seq_; }
-  void Complete(absl::Status s) {
-    absl::MutexLock lock(&mu_);
-    status_ = std::move(s);
-    done_ = true;
-  }
-
- private:
-  const uint64_t seq_;
-  mutable absl::Mutex mu_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-};
-
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(std::shared_ptr<RendezvousStore> store, int rank, int size, NcclOptions options,
@@ -155,7 +125,7 @@ class NcclCommunicator final : public Communicator {
                                   absl::StrCat("communicator ", key_prefix_, " is shut down")));
     }
     const uint64_t seq = ++next_seq_;
-    auto work = std::make_shared<NcclWork>(seq);
+    auto work = std::make_shared<PendingWork>(seq);
     FlightRecord rec;
     rec.seq = seq;
     rec.op = args.type;
@@ -260,7 +230,7 @@ class NcclCommunicator final : public Communicator {
     cudaEvent_t event;
     absl::Time start;
     absl::Time deadline;
-    std::shared_ptr<NcclWork> work;
+    std::shared_ptr<PendingWork> work;
   };
 
   absl::Status Launch(const OpArgs& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
