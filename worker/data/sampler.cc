@@ -1,16 +1,10 @@
 #include "worker/data/sampler.h"
 
 #include "absl/strings/str_cat.h"
+#include "worker/model/rng.h"
 
 namespace shardtrain::data {
-namespace {
-inline uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-}  // namespace
+using model::SplitMix64;
 
 absl::StatusOr<BatchSampler> BatchSampler::Create(const std::vector<uint16_t>* tokens,
                                                   uint64_t seed, int global_batch, int T) {

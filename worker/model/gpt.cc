@@ -12,16 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/model/layers.h"
+#include "worker/model/rng.h"
 
 namespace shardtrain::model {
 namespace {
-
-inline uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // Standard normal from a 64-bit counter-based key (Box-Muller, one output).
 inline float NormalFromKey(uint64_t key) {
