@@ -84,15 +84,6 @@ std::string SpecYaml(const Options& o, int world, const std::string& variant) {
   // clang-format on
 }
 
-int64_t VmRssBytes() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
-  }
-  return -1;
-}
-
 struct RankResult {
   std::vector<double> step_ms;
   int64_t tokens = 0, comm_bytes = 0;  // per step (the last timed one)
@@ -115,11 +106,8 @@ int RunRank(const JobSpec& spec, int rank, const std::string& store_dir, const s
                                            spec.parallel.dp, o);
   if (!comm.ok()) return fail(comm.status());
   RankResult res;
-  res.baseline_rss = VmRssBytes();
-  {  // reset VmHWM to the current RSS (Linux >= 4.0)
-    std::ofstream clear("/proc/self/clear_refs");
-    clear << "5";
-  }
+  res.baseline_rss = RssBytes();
+  ResetPeakRss();
   auto trainer = worker::Trainer::Create(spec, rank, 1, comm->get());
   if (!trainer.ok()) return fail(trainer.status());
   (*trainer)->set_measure_memory(true);

@@ -160,17 +160,7 @@ int64_t GatheredPeak(const StageShape& shape, bool reshard) {
     else
       blocks.push_back(static_cast<int>(i));
   }
-  std::vector<int> uses;
-  auto add = [&uses](int u) {
-    if (u >= 0) uses.push_back(u);
-  };
-  add(emb);
-  for (int b : blocks) add(b);
-  add(fin);
-  add(emb);
-  add(emb);
-  add(fin);
-  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) add(*it);
+  const std::vector<int> uses = parallel::UnitUseOrder(emb, blocks, fin, nullptr);
   int64_t peak = 0;
   for (size_t i = 0; i < uses.size(); ++i) {
     int64_t live = shape.local_numel[uses[i]];

@@ -124,13 +124,25 @@ int64_t TotalMemoryBytes() {
   return pages > 0 && page > 0 ? int64_t{pages} * page : 0;
 }
 
-int64_t PeakRssBytes() {
+namespace {
+// A "Name:   N kB" line of /proc/self/status, in bytes (0 if absent).
+int64_t StatusBytes(const std::string& field) {
   std::ifstream in("/proc/self/status");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+    if (line.rfind(field, 0) == 0) return std::atoll(line.c_str() + field.size()) * 1024;
   }
   return 0;
+}
+}  // namespace
+
+int64_t PeakRssBytes() { return StatusBytes("VmHWM:"); }
+
+int64_t RssBytes() { return StatusBytes("VmRSS:"); }
+
+void ResetPeakRss() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";  // Linux >= 4.0: VmHWM := current RSS
 }
 
 }  // namespace shardtrain

@@ -33,6 +33,11 @@ std::string HostName();
 int64_t TotalMemoryBytes();
 // Peak resident set size of this process (VmHWM), bytes.
 int64_t PeakRssBytes();
+// Resident set size of this process now (VmRSS), bytes.
+int64_t RssBytes();
+// Restarts the peak (VmHWM) from the current RSS, so that PeakRssBytes()
+// measures what follows (Linux >= 4.0; otherwise a no-op).
+void ResetPeakRss();
 
 }  // namespace shardtrain
 

@@ -51,18 +51,11 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options, m
   const int emb = layout.tensors()[layout.wte()].unit;
   z->emb_unit_ = emb;
   const int fin = layout.tensors()[layout.lnf_w()].unit;
-  const int L = layout.config().layers;
-  auto block = [&](int l) {
-    return layout.tensors()[layout.block_tensor(l, model::BlockTensor(0))].unit;
-  };
-  z->uses_.push_back(emb);
-  for (int l = 0; l < L; ++l) z->uses_.push_back(block(l));
-  z->uses_.push_back(fin);
-  z->uses_.push_back(emb);
-  z->forward_uses_ = z->uses_.size();
-  z->uses_.push_back(emb);
-  z->uses_.push_back(fin);
-  for (int l = L - 1; l >= 0; --l) z->uses_.push_back(block(l));
+  std::vector<int> blocks;
+  for (int l = 0; l < layout.config().layers; ++l) {
+    blocks.push_back(layout.tensors()[layout.block_tensor(l, model::BlockTensor(0))].unit);
+  }
+  z->uses_ = UnitUseOrder(emb, blocks, fin, &z->forward_uses_);
 
   z->norm_scratch_.resize(2 * static_cast<size_t>(z->dp_));
   // Units are gathered and released one by one: no huge page may straddle
