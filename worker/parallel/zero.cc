@@ -179,7 +179,13 @@ void Zero::OnParamUse(int unit, bool begin) {
     if (next >= 0 && units_[next].state == Unit::State::kReleased) Gather(units_[next]);
     return;
   }
-  Sample();  // the prefetched unit has usually landed by now: the peak of the two
+  if (measure_) {
+    // The two-unit peak: this unit and the prefetched next one, once it has
+    // landed (waited for here, not at the next use, only when measuring: a
+    // busy comm thread would otherwise leave its pages unwritten yet).
+    if (next >= 0) WaitGathered(units_[next]);
+    Sample();
+  }
   const bool keep = next == unit || (!options_.reshard_after_forward && cursor_ < forward_uses_);
   if (!keep) ReleaseParams(u);
   ++cursor_;
