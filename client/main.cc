@@ -80,8 +80,9 @@ int main(int argc, char** argv) {
 
   auto* plan = app.add_subcommand("plan",
                                   "validate a spec and print its plan without a cluster: "
-                                  "rank layout, shards, memory per rank, comm bytes per "
-                                  "step, pipeline bubble");
+                                  "rank layout, shards, memory per rank (and ZeRO stages 0-3 "
+                                  "against the ZeRO paper's formula), comm bytes per step, "
+                                  "pipeline bubble");
   plan->add_option("spec", spec_path, "job spec (YAML)")->required();
   plan->add_option("--set", sets, "override a spec field: key.path=value (repeatable)");
   plan->add_option("--world", world, "number of ranks (default: dp·tp·pp of the spec)");
