@@ -147,6 +147,7 @@ std::string PlanJson(const v1::Plan& p) {
       ", \"memory_per_rank_bytes\": {\"params\": ", m.params_bytes(),
       ", \"grads\": ", m.grads_bytes(), ", \"optimizer\": ", m.optimizer_bytes(),
       ", \"activations\": ", m.activations_bytes(), ", \"comm_buffers\": ", m.comm_buffer_bytes(),
+      ", \"working\": ", m.working_bytes(), ", \"host\": ", m.host_bytes(),
       ", \"total\": ", m.total_bytes(), "}, \"comm_bytes_per_step\": ", p.comm_bytes_per_step(),
       ", \"ranks\": [", absl::StrJoin(ranks, ", "), "], \"groups\": [", absl::StrJoin(groups, ", "),
       "]}");
