@@ -1,5 +1,5 @@
 // checkpoint_bench: saving and loading a sharded checkpoint of GPT-2 124M
-// (shardtrain_checkpoint over FileCheckpointStorage) against plain write()/
+// (shardtrain_checkpoint_format over FileCheckpointStorage) against plain write()/
 // read() of the same bytes on the same filesystem, measured in the same run.
 // A benchmark: it prints numbers and ratios, it never passes or fails (it
 // exits non-zero only if the library returns an error or loads wrong data).
@@ -47,13 +47,13 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "common/model/config.h"
+#include "common/model/param_layout.h"
 #include "worker/checkpoint/directory.h"
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/shard_file.h"
 #include "worker/checkpoint/storage.h"
-#include "worker/model/config.h"
-#include "worker/model/param_layout.h"
 
 namespace shardtrain::checkpoint {
 namespace {

@@ -53,10 +53,10 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "common/job_spec.h"
+#include "common/model/config.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/rendezvous_store.h"
 #include "worker/data/tokens.h"
-#include "worker/model/config.h"
 #include "worker/trainer.h"
 
 #ifndef SHARDTRAIN_BENCH_DDP_TORCH_SCRIPT

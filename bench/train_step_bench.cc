@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "worker/model/gpt.h"
-#include "worker/model/layers.h"
+#include "worker/engine/cpu/gpt.h"
+#include "worker/engine/cpu/layers.h"
 #include "worker/optim/adamw.h"
 
 #ifndef SHARDTRAIN_BENCH_TORCH_SCRIPT
@@ -62,17 +62,17 @@ double FlopsPerToken(const model::GptConfig& c, int T) {
 
 struct Result {
   double ms_step = 0, tok_s = 0, gflops = 0;
-  model::Gpt::Timing fwd, bwd;
+  engine::cpu::Gpt::Timing fwd, bwd;
   double zero_ms = 0, adam_ms = 0;
 };
 
 Result RunEngine(const BenchConfig& bc, const Options& opt) {
-  auto m = model::Gpt::Create(bc.config, bc.B, bc.T, opt.threads);
+  auto m = engine::cpu::Gpt::Create(bc.config, bc.B, bc.T, opt.threads);
   if (!m.ok()) {
     std::fprintf(stderr, "%s\n", m.status().ToString().c_str());
     std::exit(1);
   }
-  model::Gpt& gpt = **m;
+  engine::cpu::Gpt& gpt = **m;
   gpt.InitParams(1337);
   auto adam = optim::AdamW::Create(gpt.layout(), 0, gpt.params().size(), {});
   std::mt19937 rng(1);
@@ -106,7 +106,7 @@ Result RunEngine(const BenchConfig& bc, const Options& opt) {
       // Backward's timers accumulate on top of Forward's: take the delta.
       gpt.set_profiling(true);
     }
-    const model::Gpt::Timing before = gpt.timing();
+    const engine::cpu::Gpt::Timing before = gpt.timing();
     gpt.Backward();
     if (opt.profile && measure) {
       const auto& t = gpt.timing();
@@ -153,10 +153,10 @@ std::pair<double, double> SgemmPeak(int threads) {
                 0.0f, c.data(), N);
   });
   openblas_set_num_threads(1);
-  model::ThreadPool pool(threads);
+  engine::ThreadPool pool(threads);
   const double engine = time_it([&] {
-    model::Gemm<float>(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, c.data(), N,
-                       &pool);
+    engine::cpu::Gemm<float>(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, c.data(),
+                             N, &pool);
   });
   return {blas, engine};
 }

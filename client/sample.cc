@@ -9,10 +9,10 @@
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/storage.h"
+#include "worker/checkpoint/weights_file.h"
 #include "worker/data/tokens.h"
-#include "worker/model/generate.h"
-#include "worker/model/gpt.h"
-#include "worker/model/weights_file.h"
+#include "worker/engine/cpu/gpt.h"
+#include "worker/engine/generate.h"
 
 namespace shardtrain::client {
 
@@ -20,15 +20,15 @@ namespace {
 
 // Weights from a final.weights file, or from a sharded checkpoint: a step-N
 // directory, or a checkpoint directory (its newest commit whose shards verify).
-absl::StatusOr<model::LoadedWeights> LoadAny(const std::string& path, std::string* from) {
+absl::StatusOr<checkpoint::LoadedWeights> LoadAny(const std::string& path, std::string* from) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(path)) {
     *from = path;
-    return model::LoadWeights(path);
+    return checkpoint::LoadWeights(path);
   }
   if (fs::exists(path + "/final.weights")) {
     *from = path + "/final.weights";
-    return model::LoadWeights(*from);
+    return checkpoint::LoadWeights(*from);
   }
   checkpoint::FileCheckpointStorage storage;
   std::string step_dir = path;
@@ -46,7 +46,7 @@ absl::StatusOr<model::LoadedWeights> LoadAny(const std::string& path, std::strin
   auto state = checkpoint::LoadAll(storage, step_dir, *manifest);
   if (!state.ok()) return state.status();
   *from = step_dir;
-  return model::LoadedWeights{manifest->config, std::move(state->params)};
+  return checkpoint::LoadedWeights{manifest->config, std::move(state->params)};
 }
 
 }  // namespace
@@ -61,15 +61,15 @@ int Sample(const GlobalFlags& g, const SampleOptions& o) {
                               " — sampling text needs the byte tokenizer (vocab 256)")));
   }
   const int T = weights->config.context;
-  auto model = model::Gpt::Create(weights->config, 1, T, o.threads);
+  auto model = engine::cpu::Gpt::Create(weights->config, 1, T, o.threads);
   if (!model.ok()) return ReportError(g, model.status());
   std::copy(weights->params.begin(), weights->params.end(), (*model)->params().begin());
-  model::GenerateOptions go;
+  engine::GenerateOptions go;
   go.max_new_tokens = o.tokens;
   go.temperature = static_cast<float>(o.temperature);
   go.seed = o.seed;
   std::vector<int> prompt = data::EncodeBytes(o.prompt.empty() ? "\n" : o.prompt);
-  auto out = model::Generate(**model, prompt, go);
+  auto out = engine::Generate(**model, prompt, go);
   if (!out.ok()) return ReportError(g, out.status());
   const std::string text = data::DecodeBytes(*out);
   if (g.output == "json") {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/job_spec_internal.h"
+#include "common/model/config.h"
 #include "common/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
@@ -56,17 +57,6 @@ const std::vector<absl::string_view>* SectionKeys(absl::string_view key) {
   if (key == "timeouts") return &kTimeoutsKeys;
   return nullptr;
 }
-
-struct Preset {
-  absl::string_view name;
-  int layers, heads, dim, context, vocab;
-};
-constexpr Preset kPresets[] = {
-    {"gpt2-124m", 12, 12, 768, 1024, 50257},
-    {"gpt2-350m", 24, 16, 1024, 1024, 50257},
-    {"gpt2-774m", 36, 20, 1280, 1024, 50257},
-    {"gpt2-1558m", 48, 25, 1600, 1024, 50257},
-};
 
 // ---------------------------------------------------------------------------
 // Messages.
@@ -341,21 +331,13 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
   SHARDTRAIN_ASSIGN_OR_RETURN(Node n, Section(root, "model"));
   SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, "model", "preset", &m->preset));
   if (!m->preset.empty()) {
-    const Preset* found = nullptr;
-    for (const Preset& p : kPresets) {
-      if (p.name == m->preset) found = &p;
-    }
-    if (found == nullptr) {
-      std::vector<absl::string_view> names;
-      for (const Preset& p : kPresets) names.push_back(p.name);
-      return FieldError("model.preset", "unknown preset \"", absl::CEscape(m->preset),
-                        "\" (known: ", absl::StrJoin(names, ", "), ")");
-    }
-    m->layers = found->layers;
-    m->heads = found->heads;
-    m->dim = found->dim;
-    m->context = found->context;
-    m->vocab = found->vocab;
+    absl::StatusOr<model::GptConfig> preset = model::GptPreset(m->preset);
+    if (!preset.ok()) return FieldError("model.preset", preset.status().message());
+    m->layers = preset->layers;
+    m->heads = preset->heads;
+    m->dim = preset->dim;
+    m->context = preset->context;
+    m->vocab = preset->vocab;
   } else {
     for (const char* key : {"layers", "heads", "dim", "context", "vocab"}) {
       SHARDTRAIN_RETURN_IF_ERROR(Require(n, "model", key, " (or set model.preset)"));
@@ -366,10 +348,7 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "dim", 1, &m->dim));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "context", 1, &m->context));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "vocab", 1, &m->vocab));
-  if (m->dim % m->heads != 0) {
-    return FieldError("model.dim", m->dim, " is not divisible by model.heads: ", m->heads);
-  }
-  return absl::OkStatus();
+  return model::MakeGptConfig(m->layers, m->heads, m->dim, m->context, m->vocab).status();
 }
 
 absl::Status ParseData(const Node& root, const ModelSpec& model, DataSpec* d) {

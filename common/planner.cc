@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "worker/model/config.h"
-#include "worker/model/param_layout.h"
-#include "worker/parallel/shard_range.h"
+#include "common/model/config.h"
+#include "common/model/param_layout.h"
+#include "common/shard_range.h"
 
 namespace shardtrain {
 namespace {
@@ -200,7 +200,7 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   }
 
   // Activations and backward scratch of one micro-batch: the CPU engine's
-  // buffers exactly (worker/model/gpt.cc), in elements:
+  // buffers exactly (worker/engine/cpu/gpt.cc), in elements:
   //   per block   16·BTC + 4·BT + B·NH·T·T   ln1, qkv, atty, att (softmax),
   //                                          residual2, ln2, fch, fch_gelu,
   //                                          residual3; LayerNorm mean/rstd

@@ -9,7 +9,7 @@
 //   - rank -> (dp, tp, pp) coordinates, Megatron order: tp fastest, then dp,
 //     then pp: rank = (pp_i·dp + dp_i)·tp + tp_i;
 //   - the dp, tp and pp communication groups (lines of that mesh);
-//   - the parameter layout (worker/model/param_layout.h) and, per shard unit,
+//   - the parameter layout (common/model/param_layout.h) and, per shard unit,
 //     each dp rank's element range: the unit is padded to padded_numel (a
 //     multiple of dp) and split evenly, dp rank i owning padded elements
 //     [i·s, (i+1)·s) with s = padded_numel/dp; shard_offsets/shard_sizes give

@@ -4,11 +4,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
+#include "common/model/config.h"
+#include "common/model/param_layout.h"
 #include "worker/checkpoint/directory.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/storage.h"
-#include "worker/model/config.h"
-#include "worker/model/param_layout.h"
 
 namespace shardtrain::coordinator {
 

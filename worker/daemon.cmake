@@ -8,7 +8,8 @@ add_library(shardtrain_worker_core STATIC
 )
 target_link_libraries(shardtrain_worker_core PUBLIC
   shardtrain_proto shardtrain_common shardtrain_metrics shardtrain_process
-  shardtrain_engine shardtrain_comm shardtrain_checkpoint shardtrain_parallel
+  shardtrain_engine_cpu shardtrain_optim shardtrain_data shardtrain_comm shardtrain_checkpoint_format
+  shardtrain_parallel
   absl::status absl::statusor absl::strings Threads::Threads)
 
 add_executable(shardtrain-worker ${CMAKE_CURRENT_LIST_DIR}/main.cc)

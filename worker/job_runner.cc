@@ -13,9 +13,9 @@
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/storage.h"
+#include "worker/checkpoint/weights_file.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/kv_rendezvous_store.h"
-#include "worker/model/weights_file.h"
 #include "worker/trainer.h"
 
 namespace shardtrain::worker {
@@ -348,8 +348,8 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   if (a.rank() == 0 && !(output = FinalWeightsPath(*spec)).empty()) {
     std::error_code ec;
     std::filesystem::create_directories(spec->checkpoint.dir, ec);
-    const model::Gpt& m = (*trainer)->model();
-    if (absl::Status s = model::SaveWeights(output, m.config(), m.params()); !s.ok()) {
+    const engine::cpu::Gpt& m = (*trainer)->model();
+    if (absl::Status s = checkpoint::SaveWeights(output, m.config(), m.params()); !s.ok()) {
       return report.Failure(s, spec->steps, comm.get());
     }
     report.Log("saved final weights to " + output);

@@ -4,11 +4,11 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/config.h"
 #include "worker/checkpoint/directory.h"
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/data/tokens.h"
-#include "worker/model/config.h"
 
 namespace shardtrain::worker {
 namespace {
@@ -74,7 +74,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   auto sampler = data::BatchSampler::Create(&t->tokens_, spec.seed, spec.batch.global, T);
   if (!sampler.ok()) return sampler.status();
   t->sampler_ = std::make_unique<data::BatchSampler>(*std::move(sampler));
-  auto model = model::Gpt::Create(*config, spec.batch.micro, T, threads);
+  auto model = engine::cpu::Gpt::Create(*config, spec.batch.micro, T, threads);
   if (!model.ok()) return model.status();
   t->model_ = *std::move(model);
   optim::AdamWOptions o;

@@ -28,7 +28,7 @@
 #include "worker/checkpoint/storage.h"
 #include "worker/comm/communicator.h"
 #include "worker/data/sampler.h"
-#include "worker/model/gpt.h"
+#include "worker/engine/cpu/gpt.h"
 #include "worker/optim/adamw.h"
 #include "worker/parallel/zero.h"
 
@@ -99,7 +99,7 @@ class Trainer {
   // ZeRO, or null for stage 0.
   const parallel::Zero* zero() const { return zero_.get(); }
 
-  model::Gpt& model() { return *model_; }
+  engine::cpu::Gpt& model() { return *model_; }
   const JobSpec& spec() const { return spec_; }
 
  private:
@@ -116,7 +116,7 @@ class Trainer {
   comm::Communicator* const comm_;
   std::vector<uint16_t> tokens_;
   std::unique_ptr<data::BatchSampler> sampler_;
-  std::unique_ptr<model::Gpt> model_;
+  std::unique_ptr<engine::cpu::Gpt> model_;
   std::unique_ptr<optim::AdamW> adamw_;   // ZeRO 0: the whole buffer
   std::unique_ptr<parallel::Zero> zero_;  // ZeRO 1-3 (declared after model_: destroyed first)
   std::vector<int> inputs_, targets_;

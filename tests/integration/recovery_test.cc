@@ -18,7 +18,7 @@
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/storage.h"
-#include "worker/model/weights_file.h"
+#include "worker/checkpoint/weights_file.h"
 
 namespace shardtrain::testing {
 namespace {

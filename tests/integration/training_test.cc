@@ -15,7 +15,7 @@
 
 #include "tests/integration/harness.h"
 #include "tests/integration/training_util.h"
-#include "worker/model/weights_file.h"
+#include "worker/checkpoint/weights_file.h"
 
 namespace shardtrain::testing {
 namespace {
@@ -42,7 +42,7 @@ TEST_F(TrainingTest, DdpOn1And2And4WorkersMatchesStepByStep) {
     EXPECT_EQ(Field(r.out, "state"), "SUCCEEDED");
     losses[dp] = Losses(r.out);
     ASSERT_EQ(losses[dp].size(), size_t(steps)) << r.out;
-    auto w = model::LoadWeights(ckpt + "/final.weights");
+    auto w = checkpoint::LoadWeights(ckpt + "/final.weights");
     ASSERT_TRUE(w.ok()) << w.status();
     weights[dp] = w->params;
   }
@@ -109,7 +109,7 @@ TEST_F(TrainingTest, ZeroStagesOn1To4RanksMatchOneRank) {
     CommandResult r = RunLocal(sets, ckpt);
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     Result out{Losses(r.out), {}};
-    auto w = model::LoadWeights(ckpt + "/final.weights");
+    auto w = checkpoint::LoadWeights(ckpt + "/final.weights");
     EXPECT_TRUE(w.ok()) << w.status();
     if (w.ok()) out.weights = w->params;
     return out;

@@ -29,10 +29,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/model/config.h"
+#include "common/model/param_layout.h"
 #include "worker/checkpoint/shard_file.h"
 #include "worker/checkpoint/storage.h"
-#include "worker/model/config.h"
-#include "worker/model/param_layout.h"
 
 namespace shardtrain::checkpoint {
 

@@ -1,10 +1,9 @@
 #include "worker/data/sampler.h"
 
 #include "absl/strings/str_cat.h"
-#include "worker/model/rng.h"
+#include "common/rng.h"
 
 namespace shardtrain::data {
-using model::SplitMix64;
 
 absl::StatusOr<BatchSampler> BatchSampler::Create(const std::vector<uint16_t>* tokens,
                                                   uint64_t seed, int global_batch, int T) {

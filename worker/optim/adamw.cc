@@ -40,18 +40,18 @@ AdamW::AdamW(size_t offset, size_t count, const AdamWOptions& options,
       v_(count, 0.0f) {}
 
 void AdamW::Step(absl::Span<float> params, absl::Span<const float> grads, float lr,
-                 model::ThreadPool* pool) {
+                 engine::ThreadPool* pool) {
   // kZero = false never writes through the pointer.
   StepImpl<false>(params.data(), const_cast<float*>(grads.data()), lr, pool);
 }
 
 void AdamW::StepAndZeroGrads(absl::Span<float> params, absl::Span<float> grads, float lr,
-                             model::ThreadPool* pool) {
+                             engine::ThreadPool* pool) {
   StepImpl<true>(params.data(), grads.data(), lr, pool);
 }
 
 template <bool kZero>
-void AdamW::StepImpl(float* p, float* g, float lr, model::ThreadPool* pool) {
+void AdamW::StepImpl(float* p, float* g, float lr, engine::ThreadPool* pool) {
   ++step_;
   const float b1 = options_.beta1, b2 = options_.beta2, eps = options_.eps;
   const float bc1 = 1.0f - static_cast<float>(std::pow(double{b1}, step_));
@@ -63,7 +63,7 @@ void AdamW::StepImpl(float* p, float* g, float lr, model::ThreadPool* pool) {
   float* v = v_.data();
   for (const Segment& s : segments_) {
     const float decay = s.decay ? 1.0f - lr * options_.weight_decay : 1.0f;
-    model::ParallelFor(
+    engine::ParallelFor(
         pool, static_cast<int64_t>(s.end - s.begin),
         [&](int64_t i0, int64_t i1) {
           const int64_t base = static_cast<int64_t>(s.begin);
@@ -83,7 +83,7 @@ void AdamW::StepImpl(float* p, float* g, float lr, model::ThreadPool* pool) {
   }
 }
 
-double GradSquaredNorm(absl::Span<const float> grads, model::ThreadPool* pool) {
+double GradSquaredNorm(absl::Span<const float> grads, engine::ThreadPool* pool) {
   constexpr int64_t kChunk = 1 << 16;
   const int64_t n = static_cast<int64_t>(grads.size());
   const int64_t chunks = (n + kChunk - 1) / kChunk;
@@ -91,7 +91,7 @@ double GradSquaredNorm(absl::Span<const float> grads, model::ThreadPool* pool) {
   // (called once per step; the allocation is negligible next to the pass).
   std::vector<double> partial(chunks, 0.0);
   const float* g = grads.data();
-  model::ParallelFor(pool, chunks, [&](int64_t c0, int64_t c1) {
+  engine::ParallelFor(pool, chunks, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t b = c * kChunk, e = std::min(n, b + kChunk);
       double s = 0;
@@ -105,9 +105,9 @@ double GradSquaredNorm(absl::Span<const float> grads, model::ThreadPool* pool) {
   return total;
 }
 
-void ScaleGrads(absl::Span<float> grads, float scale, model::ThreadPool* pool) {
+void ScaleGrads(absl::Span<float> grads, float scale, engine::ThreadPool* pool) {
   float* g = grads.data();
-  model::ParallelFor(
+  engine::ParallelFor(
       pool, static_cast<int64_t>(grads.size()),
       [&](int64_t i0, int64_t i1) {
 #pragma omp simd
@@ -116,7 +116,7 @@ void ScaleGrads(absl::Span<float> grads, float scale, model::ThreadPool* pool) {
       1 << 14);
 }
 
-float ClipGradNorm(absl::Span<float> grads, float max_norm, model::ThreadPool* pool) {
+float ClipGradNorm(absl::Span<float> grads, float max_norm, engine::ThreadPool* pool) {
   const float norm = static_cast<float>(std::sqrt(GradSquaredNorm(grads, pool)));
   if (max_norm > 0 && norm > max_norm) {
     ScaleGrads(grads, max_norm / (norm + 1e-6f), pool);

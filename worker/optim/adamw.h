@@ -13,8 +13,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "worker/model/param_layout.h"
-#include "worker/model/thread_pool.h"
+#include "common/model/param_layout.h"
+#include "worker/engine/thread_pool.h"
 
 namespace shardtrain::optim {
 
@@ -42,12 +42,12 @@ class AdamW {
   // One step with learning rate lr. params and grads hold exactly this
   // range (count elements; element i is flat index offset + i).
   void Step(absl::Span<float> params, absl::Span<const float> grads, float lr,
-            model::ThreadPool* pool);
+            engine::ThreadPool* pool);
 
   // Step() that also sets grads to 0 in the same pass (saves the separate
   // ZeroGrad() sweep over the gradient buffer before the next step).
   void StepAndZeroGrads(absl::Span<float> params, absl::Span<float> grads, float lr,
-                        model::ThreadPool* pool);
+                        engine::ThreadPool* pool);
 
   size_t offset() const { return offset_; }
   size_t count() const { return count_; }
@@ -67,7 +67,7 @@ class AdamW {
   };
   AdamW(size_t offset, size_t count, const AdamWOptions& options, std::vector<Segment> segments);
   template <bool kZero>
-  void StepImpl(float* params, float* grads, float lr, model::ThreadPool* pool);
+  void StepImpl(float* params, float* grads, float lr, engine::ThreadPool* pool);
 
   size_t offset_, count_;
   AdamWOptions options_;
@@ -79,15 +79,15 @@ class AdamW {
 // Sum of squares of grads, accumulated in double over fixed 64Ki-element
 // chunks (result independent of the thread count). For sharded gradients,
 // all-reduce this across ranks before the sqrt.
-double GradSquaredNorm(absl::Span<const float> grads, model::ThreadPool* pool);
+double GradSquaredNorm(absl::Span<const float> grads, engine::ThreadPool* pool);
 
 // Scales grads in place by `scale`.
-void ScaleGrads(absl::Span<float> grads, float scale, model::ThreadPool* pool);
+void ScaleGrads(absl::Span<float> grads, float scale, engine::ThreadPool* pool);
 
 // Global-norm clipping of a whole gradient buffer: computes the L2 norm and,
 // if max_norm > 0 and norm > max_norm, scales grads by max_norm / (norm +
 // 1e-6) (torch.nn.utils.clip_grad_norm_). Returns the norm before clipping.
-float ClipGradNorm(absl::Span<float> grads, float max_norm, model::ThreadPool* pool);
+float ClipGradNorm(absl::Span<float> grads, float max_norm, engine::ThreadPool* pool);
 
 // Linear warmup then cosine decay to min_lr (llm.c / nanoGPT), step 0-based:
 //   step < warmup:        max_lr * (step + 1) / warmup

@@ -24,7 +24,8 @@ void Accumulate(float* dst, const float* src, size_t n, bool add) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options, model::Gpt* model,
+absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
+                                                   engine::cpu::Gpt* model,
                                                    const optim::AdamWOptions& adamw,
                                                    comm::Communicator* comm) {
   if (options.stage < 1 || options.stage > 3) {
@@ -78,7 +79,7 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options, m
   return z;
 }
 
-Zero::Zero(const ZeroOptions& options, model::Gpt* model, comm::Communicator* comm)
+Zero::Zero(const ZeroOptions& options, engine::cpu::Gpt* model, comm::Communicator* comm)
     : options_(options),
       model_(model),
       comm_(comm != nullptr && comm->size() > 1 ? comm : nullptr),
@@ -346,7 +347,7 @@ absl::StatusOr<double> Zero::SumOverRanks(double local) {
 
 absl::StatusOr<double> Zero::Step(float lr, float max_norm) {
   if (!status_.ok()) return status_;
-  model::ThreadPool* pool = model_->pool();
+  engine::ThreadPool* pool = model_->pool();
   // Summed over dp; the mean gradient of the global batch is sum / dp.
   double squared = 0;
   for (Unit& u : units_) {

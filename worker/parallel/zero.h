@@ -49,10 +49,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/shard_range.h"
 #include "worker/comm/communicator.h"
-#include "worker/model/gpt.h"
+#include "worker/engine/cpu/gpt.h"
 #include "worker/optim/adamw.h"
-#include "worker/parallel/shard_range.h"
 
 namespace shardtrain::parallel {
 
@@ -83,7 +83,8 @@ class Zero {
   // code path with local copies instead of collectives). InvalidArgument for
   // a stage outside 1..3. Stage 3 releases the model's parameters (call
   // InitParams or RestoreShard next); stages 2-3 release its gradients.
-  static absl::StatusOr<std::unique_ptr<Zero>> Create(const ZeroOptions& options, model::Gpt* model,
+  static absl::StatusOr<std::unique_ptr<Zero>> Create(const ZeroOptions& options,
+                                                      engine::cpu::Gpt* model,
                                                       const optim::AdamWOptions& adamw,
                                                       comm::Communicator* comm);
   ~Zero();
@@ -162,7 +163,7 @@ class Zero {
     std::vector<std::shared_ptr<comm::Work>> works;
   };
 
-  Zero(const ZeroOptions& options, model::Gpt* model, comm::Communicator* comm);
+  Zero(const ZeroOptions& options, engine::cpu::Gpt* model, comm::Communicator* comm);
 
   void OnParamUse(int unit, bool begin);
   void OnGradsReady(size_t offset);
@@ -193,7 +194,7 @@ class Zero {
   }
 
   const ZeroOptions options_;
-  model::Gpt* const model_;
+  engine::cpu::Gpt* const model_;
   comm::Communicator* const comm_;  // null when dp == 1
   const int dp_, rank_;
   std::vector<Unit> units_;

@@ -13,10 +13,10 @@
 #include <tuple>
 #include <vector>
 
+#include "common/model/config.h"
+#include "common/model/param_layout.h"
 #include "common/planner.h"
 #include "gtest/gtest.h"
-#include "worker/model/config.h"
-#include "worker/model/param_layout.h"
 
 namespace shardtrain {
 

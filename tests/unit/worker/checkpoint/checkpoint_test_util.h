@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/config.h"
+#include "common/model/param_layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/checkpoint/crc64.h"
@@ -25,8 +27,6 @@
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/shard_file.h"
 #include "worker/checkpoint/storage.h"
-#include "worker/model/config.h"
-#include "worker/model/param_layout.h"
 
 namespace shardtrain::checkpoint {
 

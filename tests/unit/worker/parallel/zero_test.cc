@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/config.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/comm/test_util.h"
-#include "worker/model/config.h"
-#include "worker/model/gpt.h"
-#include "worker/model/page_buffer.h"
+#include "worker/engine/cpu/gpt.h"
+#include "worker/engine/cpu/page_buffer.h"
 #include "worker/optim/adamw.h"
 
 namespace shardtrain::parallel {
@@ -80,9 +80,9 @@ struct Trace {
 };
 
 Trace Reference(int dp, int accum) {
-  auto gpt = model::Gpt::Create(SmallConfig(), dp * kB, kT, 1);
+  auto gpt = engine::cpu::Gpt::Create(SmallConfig(), dp * kB, kT, 1);
   EXPECT_TRUE(gpt.ok());
-  model::Gpt& m = **gpt;
+  engine::cpu::Gpt& m = **gpt;
   m.InitParams(kSeed);
   auto adamw = optim::AdamW::Create(m.layout(), 0, m.layout().num_params(), Options());
   EXPECT_TRUE(adamw.ok());
@@ -118,9 +118,9 @@ void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 // One rank: its share of every micro-batch through Zero.
 void RankRun(comm::Communicator& comm, const Variant& v, Trace* run) {
   const int dp = comm.size(), rank = comm.rank();
-  auto gpt = model::Gpt::Create(SmallConfig(), kB, kT, 1);
+  auto gpt = engine::cpu::Gpt::Create(SmallConfig(), kB, kT, 1);
   ASSERT_TRUE(gpt.ok());
-  model::Gpt& m = **gpt;
+  engine::cpu::Gpt& m = **gpt;
   ZeroOptions o;
   o.stage = v.stage;
   o.reshard_after_forward = v.reshard;
@@ -220,9 +220,9 @@ TEST(ZeroLiveBytesTest, Stage3FreesGatheredUnitsAfterUse) {
   ASSERT_TRUE(config.ok());
   for (bool reshard : {true, false}) {
     comm::testing::RunRanks(2, [&](comm::Communicator& comm) {
-      auto gpt = model::Gpt::Create(*config, 2, 16, 1);
+      auto gpt = engine::cpu::Gpt::Create(*config, 2, 16, 1);
       ASSERT_TRUE(gpt.ok());
-      model::Gpt& m = **gpt;
+      engine::cpu::Gpt& m = **gpt;
       ZeroOptions o;
       o.stage = 3;
       o.reshard_after_forward = reshard;
@@ -231,7 +231,7 @@ TEST(ZeroLiveBytesTest, Stage3FreesGatheredUnitsAfterUse) {
       Zero& z = **zero;
       z.set_measure(true);
       z.InitParams(kSeed);
-      const size_t page = model::PageBuffer::PageSize();
+      const size_t page = engine::cpu::PageBuffer::PageSize();
       const auto& units = m.layout().units();
       // Whole-unit pages plus the partial pages at unit edges.
       const int64_t edge_slack = int64_t(2 * units.size() * page);
@@ -275,7 +275,7 @@ TEST(ZeroLiveBytesTest, Stage3FreesGatheredUnitsAfterUse) {
 }
 
 TEST(ZeroTest, RejectsStagesOutsideOneToThree) {
-  auto gpt = model::Gpt::Create(SmallConfig(), 1, 4, 1);
+  auto gpt = engine::cpu::Gpt::Create(SmallConfig(), 1, 4, 1);
   ASSERT_TRUE(gpt.ok());
   for (int stage : {0, 4, -1}) {
     ZeroOptions o;

@@ -1,0 +1,71 @@
+// The final weights file: round trip, and refusals of wrong sizes, missing,
+// corrupt, truncated and foreign files.
+#include "worker/checkpoint/weights_file.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/model/config.h"
+#include "common/model/param_layout.h"
+
+namespace shardtrain::checkpoint {
+namespace {
+namespace fs = std::filesystem;
+
+model::GptConfig Tiny() { return *model::MakeGptConfig(2, 4, 32, 16, 100); }
+
+class WeightsFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("shardtrain_weights_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  fs::path dir_;
+};
+
+TEST_F(WeightsFileTest, RoundTripAndErrors) {
+  const model::GptConfig cfg = Tiny();
+  std::vector<float> params(model::ParamLayout(cfg).num_params());
+  for (size_t i = 0; i < params.size(); ++i) params[i] = 0.001f * float(i % 997) - 0.5f;
+  const std::string path = (dir_ / "w.bin").string();
+  ASSERT_TRUE(SaveWeights(path, cfg, absl::MakeConstSpan(params)).ok());
+  EXPECT_FALSE(fs::exists(path + ".tmp." + std::to_string(::getpid())));
+  auto w = LoadWeights(path);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->config, cfg);
+  EXPECT_TRUE(std::equal(w->params.begin(), w->params.end(), params.begin()));
+
+  EXPECT_EQ(SaveWeights(path, cfg, absl::MakeConstSpan(w->params.data(), 10)).code(),
+            absl::StatusCode::kInvalidArgument);
+  auto missing = LoadWeights((dir_ / "none.bin").string());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("none.bin"), std::string::npos);
+  // Corrupt one parameter byte: checksum.
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    f.put('\x7f');
+  }
+  auto corrupt = LoadWeights(path);
+  EXPECT_EQ(corrupt.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(corrupt.status().message().find("checksum"), std::string::npos);
+  // Truncate.
+  fs::resize_file(path, 100);
+  EXPECT_EQ(LoadWeights(path).status().code(), absl::StatusCode::kDataLoss);
+  std::ofstream(path) << std::string(4096, 'x');  // long enough for a header
+  auto magic = LoadWeights(path);
+  EXPECT_EQ(magic.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(magic.status().message().find("magic"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardtrain::checkpoint

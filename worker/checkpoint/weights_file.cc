@@ -1,0 +1,109 @@
+#include "worker/checkpoint/weights_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/param_layout.h"
+#include "common/process.h"
+
+namespace shardtrain::checkpoint {
+namespace {
+
+constexpr char kMagic[8] = {'S', 'T', 'W', 'G', 'H', 'T', 'S', '\0'};
+
+struct Header {
+  char magic[8];
+  uint32_t version;
+  int32_t cfg[6];
+  uint64_t num_params;
+  uint64_t fingerprint;
+};
+
+uint64_t Fnv1a(const void* data, size_t n) {
+  const auto* b = static_cast<const unsigned char*>(data);
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+absl::Status SaveWeights(const std::string& path, const model::GptConfig& config,
+                         absl::Span<const float> params) {
+  if (auto s = model::ValidateGptConfig(config); !s.ok()) return s;
+  const model::ParamLayout layout(config);
+  if (params.size() != layout.num_params()) {
+    return absl::InvalidArgumentError(absl::StrCat("SaveWeights(", path, "): ", params.size(),
+                                                   " params, layout of ", ToString(config), " has ",
+                                                   layout.num_params()));
+  }
+  Header h{};
+  std::memcpy(h.magic, kMagic, sizeof kMagic);
+  h.version = kWeightsVersion;
+  const int32_t cfg[6] = {config.layers,  config.heads, config.dim,
+                          config.context, config.vocab, config.padded_vocab};
+  std::memcpy(h.cfg, cfg, sizeof cfg);
+  h.num_params = params.size();
+  h.fingerprint = layout.Fingerprint();
+  const uint64_t checksum = Fnv1a(params.data(), params.size() * sizeof(float));
+
+  const std::string_view pieces[] = {
+      {reinterpret_cast<const char*>(&h), sizeof h},
+      {reinterpret_cast<const char*>(params.data()), params.size() * sizeof(float)},
+      {reinterpret_cast<const char*>(&checksum), sizeof checksum}};
+  return WriteFileAtomically(path, pieces);
+}
+
+absl::StatusOr<LoadedWeights> LoadWeights(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot open weights file ", path, ": ", std::strerror(errno)));
+  }
+  struct Closer {
+    std::FILE* f;
+    ~Closer() { std::fclose(f); }
+  } closer{f};
+  Header h{};
+  if (std::fread(&h, sizeof h, 1, f) != 1) {
+    return absl::DataLossError(absl::StrCat("weights file ", path, " is truncated (no header)"));
+  }
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) {
+    return absl::DataLossError(absl::StrCat("weights file ", path, " has wrong magic"));
+  }
+  if (h.version != kWeightsVersion) {
+    return absl::DataLossError(
+        absl::StrCat("weights file ", path, " has unsupported version ", h.version));
+  }
+  LoadedWeights out;
+  out.config = model::GptConfig{h.cfg[0], h.cfg[1], h.cfg[2], h.cfg[3], h.cfg[4], h.cfg[5]};
+  if (auto s = model::ValidateGptConfig(out.config); !s.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("weights file ", path, " has an invalid config: ", s.message()));
+  }
+  const model::ParamLayout layout(out.config);
+  if (h.num_params != layout.num_params() || h.fingerprint != layout.Fingerprint()) {
+    return absl::DataLossError(absl::StrCat(
+        "weights file ", path, " does not match the parameter layout of ", ToString(out.config),
+        " (", h.num_params, " params stored, ", layout.num_params(), " expected)"));
+  }
+  out.params.resize(h.num_params);
+  uint64_t checksum = 0;
+  if (std::fread(out.params.data(), sizeof(float), h.num_params, f) != h.num_params ||
+      std::fread(&checksum, sizeof checksum, 1, f) != 1) {
+    return absl::DataLossError(absl::StrCat("weights file ", path, " is truncated"));
+  }
+  if (checksum != Fnv1a(out.params.data(), out.params.size() * sizeof(float))) {
+    return absl::DataLossError(
+        absl::StrCat("weights file ", path, " fails its checksum (corrupted)"));
+  }
+  return out;
+}
+
+}  // namespace shardtrain::checkpoint

@@ -1,0 +1,42 @@
+// A small binary weights file: the model config, a layout fingerprint and
+// the flat fp32 parameter buffer, with a checksum.
+//
+// Format (little-endian):
+//   char[8]  "STWGHTS\0"        uint32 version = 1
+//   int32    layers, heads, dim, context, vocab, padded_vocab
+//   uint64   num_params         uint64 layout fingerprint (ParamLayout)
+//   float    params[num_params]
+//   uint64   FNV-1a 64 checksum of the params bytes
+#ifndef SHARDTRAIN_WORKER_CHECKPOINT_WEIGHTS_FILE_H_
+#define SHARDTRAIN_WORKER_CHECKPOINT_WEIGHTS_FILE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/model/config.h"
+
+namespace shardtrain::checkpoint {
+
+inline constexpr uint32_t kWeightsVersion = 1;
+
+// Writes atomically: path.tmp.<pid> → fsync → rename → fsync(directory).
+// InvalidArgument if params.size() != ParamLayout(config).num_params();
+// Unavailable/DataLoss on I/O errors (naming the path).
+absl::Status SaveWeights(const std::string& path, const model::GptConfig& config,
+                         absl::Span<const float> params);
+
+struct LoadedWeights {
+  model::GptConfig config;
+  std::vector<float> params;
+};
+
+// NotFound (missing), DataLoss (bad magic/version, truncated, layout
+// mismatch, checksum mismatch, invalid config), each naming the path.
+absl::StatusOr<LoadedWeights> LoadWeights(const std::string& path);
+
+}  // namespace shardtrain::checkpoint
+
+#endif  // SHARDTRAIN_WORKER_CHECKPOINT_WEIGHTS_FILE_H_

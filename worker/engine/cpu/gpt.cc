@@ -1,0 +1,402 @@
+#include "worker/engine/cpu/gpt.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/rng.h"
+#include "worker/engine/cpu/layers.h"
+
+namespace shardtrain::engine::cpu {
+
+using model::BlockTensor;
+using model::GptConfig;
+using model::kAttnProjB, model::kAttnProjW, model::kFcB, model::kFcProjB, model::kFcProjW,
+    model::kFcW, model::kLn1B, model::kLn1W, model::kLn2B, model::kLn2W, model::kQkvB, model::kQkvW;
+using model::TensorInfo;
+using model::ValidateGptConfig;
+
+namespace {
+
+// Standard normal from a 64-bit counter-based key (Box-Muller, one output).
+inline float NormalFromKey(uint64_t key) {
+  const uint64_t bits = SplitMix64(key);
+  const double u1 = (static_cast<double>(bits >> 40) + 0.5) / 16777216.0;
+  const double u2 = static_cast<double>(bits & 0xFFFFFF) / 16777216.0;
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+// Times a phase into `slot` when profiling.
+class PhaseTimer {
+ public:
+  PhaseTimer(bool on, double* slot) : on_(on), slot_(slot) {
+    if (on_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~PhaseTimer() {
+    if (on_) {
+      *slot_ +=
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+    }
+  }
+
+ private:
+  bool on_;
+  double* slot_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+}  // namespace
+
+class Gpt::UnitScope {
+ public:
+  UnitScope(const Gpt& gpt, int tensor)
+      : hook_(gpt.param_hook_), unit_(gpt.layout_.tensors()[tensor].unit) {
+    if (hook_) hook_(unit_, true);
+  }
+  ~UnitScope() {
+    if (hook_) hook_(unit_, false);
+  }
+  UnitScope(const UnitScope&) = delete;
+  UnitScope& operator=(const UnitScope&) = delete;
+
+ private:
+  const std::function<void(int, bool)>& hook_;
+  const int unit_;
+};
+
+absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(const GptConfig& config, int B, int T,
+                                                 int threads) {
+  if (auto s = ValidateGptConfig(config); !s.ok()) return s;
+  if (B < 1) return absl::InvalidArgumentError(absl::StrCat("batch size must be >= 1, got ", B));
+  if (T < 1 || T > config.context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence length must be in [1, model.context=", config.context, "], got ", T));
+  }
+  if (threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", threads));
+  }
+  return std::unique_ptr<Gpt>(new Gpt(config, B, T, threads));
+}
+
+Gpt::Gpt(const GptConfig& config, int B, int T, int threads)
+    : layout_(config), B_(B), T_(T), pool_(threads) {
+  // The pool drives OpenBLAS: one BLAS thread per pool thread (process-wide).
+  openblas_set_num_threads(1);
+  const int64_t L = config.layers, C = config.dim, NH = config.heads;
+  const int64_t Vp = config.padded_vocab, BT = int64_t{B} * T;
+  params_ = PageBuffer(layout_.num_params());
+  grads_ = PageBuffer(layout_.num_params());
+
+  const int64_t per_layer = BT * C /*ln1*/ + 2 * BT + BT * 3 * C /*qkv*/ + BT * C /*atty*/ +
+                            B * NH * T * T /*att*/ + BT * C /*res2*/ + BT * C /*ln2*/ + 2 * BT +
+                            2 * BT * 4 * C /*fch, gelu*/ + BT * C /*res3*/;
+  const int64_t total = L * per_layer + BT * C /*encoded*/ + BT * C /*lnf*/ + 2 * BT +
+                        BT * Vp /*logits*/ + 2 * BT /*losses, lse*/ + BT * C /*proj_out*/;
+  acts_.assign(total, 0.0f);
+  float* p = acts_.data();
+  auto take = [&p](int64_t n) {
+    float* r = p;
+    p += n;
+    return r;
+  };
+  layer_acts_.resize(L);
+  for (auto& a : layer_acts_) {
+    a.ln1 = take(BT * C);
+    a.ln1_mean = take(BT);
+    a.ln1_rstd = take(BT);
+    a.qkv = take(BT * 3 * C);
+    a.atty = take(BT * C);
+    a.att = take(B * NH * T * T);
+    a.residual2 = take(BT * C);
+    a.ln2 = take(BT * C);
+    a.ln2_mean = take(BT);
+    a.ln2_rstd = take(BT);
+    a.fch = take(BT * 4 * C);
+    a.fch_gelu = take(BT * 4 * C);
+    a.residual3 = take(BT * C);
+  }
+  encoded_ = take(BT * C);
+  lnf_ = take(BT * C);
+  lnf_mean_ = take(BT);
+  lnf_rstd_ = take(BT);
+  logits_ = take(BT * Vp);
+  losses_ = take(BT);
+  lse_ = take(BT);
+  proj_out_ = take(BT * C);
+
+  scratch_.assign(BT * C * 3 + BT * 3 * C + BT * 4 * C * 2 + B * NH * T * T, 0.0f);
+  p = scratch_.data();
+  dresidual_ = take(BT * C);
+  dln_ = take(BT * C);
+  datty_ = take(BT * C);
+  dqkv_ = take(BT * 3 * C);
+  dfch_ = take(BT * 4 * C);
+  dfch_gelu_ = take(BT * 4 * C);
+  att_scratch_ = take(B * NH * T * T);
+  tokens_.assign(BT, 0);
+  targets_.assign(BT, 0);
+}
+
+void Gpt::InitParams(uint64_t seed) { InitParams(seed, 0, layout_.num_params()); }
+
+void Gpt::InitParams(uint64_t seed, size_t begin, size_t end) {
+  InitParamsInto(seed, begin, end, params_.data() + begin);
+}
+
+void Gpt::InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) {
+  const GptConfig& cfg = config();
+  const float residual_std = 0.02f / std::sqrt(2.0f * cfg.layers);
+  const auto& tensors = layout_.tensors();
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const TensorInfo& t = tensors[k];
+    // The part [i0, i1) of this tensor inside [begin, end).
+    const size_t i0 = std::max(begin, t.offset) - t.offset;
+    const size_t i1 = std::min(end, t.offset + t.numel);
+    if (t.offset + i0 >= i1) continue;
+    const size_t stop = i1 - t.offset;
+    float* w = out + (t.offset + i0 - begin);  // w[i - i0]: element i of the tensor
+    const bool is_ln_weight = t.name.find("ln") != std::string::npos && t.name.size() >= 6 &&
+                              t.name.compare(t.name.size() - 6, 6, "weight") == 0;
+    if (t.shape.size() == 1) {  // biases 0, LayerNorm weights 1
+      std::fill(w, w + (stop - i0), is_ln_weight ? 1.0f : 0.0f);
+      continue;
+    }
+    const bool residual_proj = t.name.find("attn.proj.weight") != std::string::npos ||
+                               t.name.find("mlp.proj.weight") != std::string::npos;
+    const float std_dev = residual_proj ? residual_std : 0.02f;
+    // wte: only the first vocab rows are real; padded rows stay 0.
+    const size_t n =
+        static_cast<int>(k) == layout_.wte() ? static_cast<size_t>(cfg.vocab) * cfg.dim : t.numel;
+    const uint64_t key = SplitMix64(seed ^ SplitMix64(k + 1));
+    const size_t real_end = std::min(n, stop);
+    if (i0 < real_end) {
+      pool_.ParallelFor(
+          static_cast<int64_t>(real_end - i0),
+          [&](int64_t j0, int64_t j1) {
+            for (int64_t j = j0; j < j1; ++j) {
+              const uint64_t i = i0 + static_cast<uint64_t>(j);
+              w[j] = std_dev * NormalFromKey(key + i * 0x9E3779B97F4A7C15ull);
+            }
+          },
+          4096);
+    }
+    if (std::max(n, i0) < stop) std::fill(w + (std::max(n, i0) - i0), w + (stop - i0), 0.0f);
+  }
+}
+
+void Gpt::ZeroGrad() {
+  float* g = grads_.data();
+  pool_.ParallelFor(
+      static_cast<int64_t>(grads_.size()),
+      [&](int64_t i0, int64_t i1) { std::memset(g + i0, 0, sizeof(float) * (i1 - i0)); }, 1 << 16);
+}
+
+float Gpt::Forward(const int* tokens, const int* targets) {
+  return Forward(tokens, targets, B_, T_);
+}
+
+float Gpt::Forward(const int* tokens, const int* targets, int b, int t) {
+  const GptConfig& cfg = config();
+  const int C = cfg.dim, NH = cfg.heads, V = cfg.vocab, Vp = cfg.padded_vocab;
+  const int N = b * t;
+  // Preconditions (programming errors, not data errors: the token readers
+  // and Generate() validate their input): fail loudly, never corrupt memory.
+  if (b < 1 || b > B_ || t < 1 || t > T_) {
+    std::fprintf(stderr, "Gpt::Forward: (b=%d, t=%d) outside (1..%d, 1..%d)\n", b, t, B_, T_);
+    std::abort();
+  }
+  for (int i = 0; i < N; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= V ||
+        (targets != nullptr && (targets[i] < 0 || targets[i] >= V))) {
+      std::fprintf(stderr, "Gpt::Forward: token/target at %d outside [0, %d)\n", i, V);
+      std::abort();
+    }
+  }
+  ThreadPool* pool = &pool_;
+  last_b_ = b;
+  last_t_ = t;
+  have_targets_ = targets != nullptr;
+  std::memcpy(tokens_.data(), tokens, sizeof(int) * N);
+  if (targets != nullptr) std::memcpy(targets_.data(), targets, sizeof(int) * N);
+  if (profiling_) timing_ = Timing{};
+
+  {
+    UnitScope use(*this, layout_.wte());
+    PhaseTimer tm(profiling_, &timing_.encoder);
+    EncoderForward(encoded_, tokens_.data(), param(layout_.wte()), param(layout_.wpe()), b, t, C,
+                   pool);
+  }
+  const float* residual = encoded_;
+  for (int l = 0; l < cfg.layers; ++l) {
+    UnitScope use(*this, layout_.block_tensor(l, kLn1W));
+    LayerActs& a = layer_acts_[l];
+    auto w = [&](BlockTensor bt) { return param(layout_.block_tensor(l, bt)); };
+    {
+      PhaseTimer tm(profiling_, &timing_.layernorm);
+      LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w(kLn1W), w(kLn1B), N, C, pool);
+    }
+    {
+      PhaseTimer tm(profiling_, &timing_.matmul);
+      MatmulForward(a.qkv, a.ln1, w(kQkvW), w(kQkvB), N, C, 3 * C, 3 * C, pool);
+    }
+    {
+      PhaseTimer tm(profiling_, &timing_.attention);
+      AttentionForward(a.atty, a.att, a.qkv, b, t, C, NH, pool);
+    }
+    {
+      PhaseTimer tm(profiling_, &timing_.matmul);
+      MatmulForward(proj_out_, a.atty, w(kAttnProjW), w(kAttnProjB), N, C, C, C, pool);
+    }
+    {
+      PhaseTimer tm(profiling_, &timing_.residual);
+      ResidualForward(a.residual2, residual, proj_out_, int64_t{N} * C, pool);
+    }
+    {
+      PhaseTimer tm(profiling_, &timing_.layernorm);
+      LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w(kLn2W), w(kLn2B), N, C, pool);
+    }
+    {
+      PhaseTimer tm(profiling_, &timing_.matmul);
+      MatmulForward(a.fch, a.ln2, w(kFcW), w(kFcB), N, C, 4 * C, 4 * C, pool);
+    }
+    {
+      PhaseTimer tm(profiling_, &timing_.gelu);
+      GeluForward(a.fch_gelu, a.fch, int64_t{N} * 4 * C, pool);
+    }
+    {
+      PhaseTimer tm(profiling_, &timing_.matmul);
+      MatmulForward(proj_out_, a.fch_gelu, w(kFcProjW), w(kFcProjB), N, 4 * C, C, C, pool);
+    }
+    {
+      PhaseTimer tm(profiling_, &timing_.residual);
+      ResidualForward(a.residual3, a.residual2, proj_out_, int64_t{N} * C, pool);
+    }
+    residual = a.residual3;
+  }
+  {
+    UnitScope use(*this, layout_.lnf_w());
+    PhaseTimer tm(profiling_, &timing_.layernorm);
+    LayerNormForward(lnf_, lnf_mean_, lnf_rstd_, residual, param(layout_.lnf_w()),
+                     param(layout_.lnf_b()), N, C, pool);
+  }
+  {
+    // LM head tied to wte; only the V real columns are computed.
+    UnitScope use(*this, layout_.wte());
+    PhaseTimer tm(profiling_, &timing_.lm_head);
+    MatmulForward(logits_, lnf_, param(layout_.wte()), static_cast<const float*>(nullptr), N, C, V,
+                  Vp, pool);
+  }
+  if (targets == nullptr) return 0.0f;
+  PhaseTimer tm(profiling_, &timing_.softmax_ce);
+  CrossEntropyForward(losses_, lse_, logits_, targets_.data(), N, V, Vp, pool);
+  double sum = 0;
+  for (int i = 0; i < N; ++i) sum += losses_[i];
+  return static_cast<float>(sum / N);
+}
+
+void Gpt::Backward(float loss_scale) {
+  if (!have_targets_) {  // precondition: a Forward with targets, not yet backpropagated
+    std::fprintf(stderr, "Gpt::Backward: no preceding Forward with targets\n");
+    std::abort();
+  }
+  const GptConfig& cfg = config();
+  const int C = cfg.dim, NH = cfg.heads, V = cfg.vocab, Vp = cfg.padded_vocab;
+  const int b = last_b_, t = last_t_, N = b * t;
+  const int64_t NC = int64_t{N} * C;
+  ThreadPool* pool = &pool_;
+  auto zero = [&](float* p, int64_t n) {
+    pool->ParallelFor(
+        n, [&](int64_t i0, int64_t i1) { std::memset(p + i0, 0, sizeof(float) * (i1 - i0)); },
+        1 << 14);
+  };
+
+  {
+    PhaseTimer tm(profiling_, &timing_.softmax_ce);
+    CrossEntropyBackwardInPlace(logits_, lse_, targets_.data(), loss_scale / static_cast<float>(N),
+                                N, V, Vp, pool);
+  }
+  zero(dresidual_, NC);
+  zero(dln_, NC);
+  {
+    UnitScope use(*this, layout_.wte());
+    PhaseTimer tm(profiling_, &timing_.lm_head);
+    MatmulBackward(dln_, grad(layout_.wte()), static_cast<float*>(nullptr), logits_, Vp, lnf_,
+                   param(layout_.wte()), N, C, V, pool);
+  }
+  const float* final_residual = layer_acts_.back().residual3;
+  {
+    UnitScope use(*this, layout_.lnf_w());
+    PhaseTimer tm(profiling_, &timing_.layernorm);
+    LayerNormBackward(dresidual_, grad(layout_.lnf_w()), grad(layout_.lnf_b()), dln_,
+                      final_residual, param(layout_.lnf_w()), lnf_mean_, lnf_rstd_, N, C, pool);
+  }
+  if (grads_ready_) grads_ready_(layout_.offset(layout_.lnf_w()));
+  for (int l = cfg.layers - 1; l >= 0; --l) {
+    LayerActs& a = layer_acts_[l];
+    std::optional<UnitScope> use(std::in_place, *this, layout_.block_tensor(l, kLn1W));
+    const float* residual = l == 0 ? encoded_ : layer_acts_[l - 1].residual3;
+    auto w = [&](BlockTensor bt) { return param(layout_.block_tensor(l, bt)); };
+    auto dw = [&](BlockTensor bt) { return grad(layout_.block_tensor(l, bt)); };
+    // residual3 = residual2 + fcproj: both receive dresidual (in place).
+    zero(dfch_gelu_, NC * 4);
+    zero(dfch_, NC * 4);
+    {
+      PhaseTimer tm(profiling_, &timing_.matmul);
+      MatmulBackward(dfch_gelu_, dw(kFcProjW), dw(kFcProjB), dresidual_, C, a.fch_gelu, w(kFcProjW),
+                     N, 4 * C, C, pool);
+    }
+    {
+      PhaseTimer tm(profiling_, &timing_.gelu);
+      GeluBackward(dfch_, a.fch, dfch_gelu_, NC * 4, pool);
+    }
+    zero(dln_, NC);
+    {
+      PhaseTimer tm(profiling_, &timing_.matmul);
+      MatmulBackward(dln_, dw(kFcW), dw(kFcB), dfch_, 4 * C, a.ln2, w(kFcW), N, C, 4 * C, pool);
+    }
+    {
+      PhaseTimer tm(profiling_, &timing_.layernorm);
+      LayerNormBackward(dresidual_, dw(kLn2W), dw(kLn2B), dln_, a.residual2, w(kLn2W), a.ln2_mean,
+                        a.ln2_rstd, N, C, pool);
+    }
+    // residual2 = residual + attproj: both receive dresidual (in place).
+    zero(datty_, NC);
+    zero(dqkv_, NC * 3);
+    {
+      PhaseTimer tm(profiling_, &timing_.matmul);
+      MatmulBackward(datty_, dw(kAttnProjW), dw(kAttnProjB), dresidual_, C, a.atty, w(kAttnProjW),
+                     N, C, C, pool);
+    }
+    {
+      PhaseTimer tm(profiling_, &timing_.attention);
+      AttentionBackward(dqkv_, datty_, a.qkv, a.att, att_scratch_, b, t, C, NH, pool);
+    }
+    zero(dln_, NC);
+    {
+      PhaseTimer tm(profiling_, &timing_.matmul);
+      MatmulBackward(dln_, dw(kQkvW), dw(kQkvB), dqkv_, 3 * C, a.ln1, w(kQkvW), N, C, 3 * C, pool);
+    }
+    {
+      PhaseTimer tm(profiling_, &timing_.layernorm);
+      LayerNormBackward(dresidual_, dw(kLn1W), dw(kLn1B), dln_, residual, w(kLn1W), a.ln1_mean,
+                        a.ln1_rstd, N, C, pool);
+    }
+    use.reset();  // the block's parameters are no longer read
+    if (grads_ready_) grads_ready_(layout_.offset(layout_.block_tensor(l, BlockTensor(0))));
+  }
+  {
+    PhaseTimer tm(profiling_, &timing_.encoder);
+    EncoderBackward(grad(layout_.wte()), grad(layout_.wpe()), dresidual_, tokens_.data(), b, t, C);
+  }
+  have_targets_ = false;
+  if (grads_ready_) grads_ready_(0);
+}
+
+}  // namespace shardtrain::engine::cpu

@@ -1,0 +1,100 @@
+// The GPT layers as free functions over explicit buffers, forward and backward
+// side by side (llm.c style). Shape letters: see common/model/config.h; N is
+// the number of rows (N = B*T). Unless stated, buffers are row-major and
+// contiguous, backward functions ACCUMULATE (+=) into every gradient output,
+// and `pool` may be null (serial).
+//
+// Every kernel is a template on the float type F; float is the engine, double
+// is instantiated for the finite-difference tests.
+#ifndef SHARDTRAIN_WORKER_ENGINE_CPU_LAYERS_H_
+#define SHARDTRAIN_WORKER_ENGINE_CPU_LAYERS_H_
+
+#include <cstdint>
+
+#include "worker/engine/thread_pool.h"
+
+namespace shardtrain::engine::cpu {
+
+// C (M,N) = alpha * op(A) · op(B) + beta * C, row-major, op(X) = X or X^T,
+// with leading dimensions lda/ldb/ldc. Splits the larger of M and N across
+// the pool; each thread calls a single-threaded OpenBLAS gemm.
+template <typename F>
+void Gemm(bool trans_a, bool trans_b, int M, int N, int K, F alpha, const F* A, int lda, const F* B,
+          int ldb, F beta, F* C, int ldc, ThreadPool* pool);
+
+// ---- encoder: token + position embedding ----
+// inp (B,T) token ids in [0,V); wte (Vp,C); wpe (context,C); out (B,T,C).
+template <typename F>
+void EncoderForward(F* out, const int* inp, const F* wte, const F* wpe, int B, int T, int C,
+                    ThreadPool* pool);
+// dwte (Vp,C) += scatter of dout rows; dwpe (context,C) += sum over B.
+// Serial (token ids may repeat).
+template <typename F>
+void EncoderBackward(F* dwte, F* dwpe, const F* dout, const int* inp, int B, int T, int C);
+
+// ---- layernorm over the last dim, eps 1e-5 ----
+// inp, out (N,C); weight, bias (C); saves mean, rstd (N) for backward.
+template <typename F>
+void LayerNormForward(F* out, F* mean, F* rstd, const F* inp, const F* weight, const F* bias, int N,
+                      int C, ThreadPool* pool);
+// dinp (N,C), dweight, dbias (C) += ; uses inp, weight, mean, rstd.
+template <typename F>
+void LayerNormBackward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight,
+                       const F* mean, const F* rstd, int N, int C, ThreadPool* pool);
+
+// ---- matmul (torch.nn.Linear) ----
+// out (N,OC) with row stride ld_out = inp (N,C) · weight(OC,C)^T + bias (OC);
+// bias may be null. Saves nothing (backward needs inp and weight).
+template <typename F>
+void MatmulForward(F* out, const F* inp, const F* weight, const F* bias, int N, int C, int OC,
+                   int ld_out, ThreadPool* pool);
+// dinp (N,C) += dout · weight; dweight (OC,C) += dout^T · inp;
+// dbias (OC) += column sums of dout (dbias may be null). dout (N,OC) has row
+// stride ld_dout.
+template <typename F>
+void MatmulBackward(F* dinp, F* dweight, F* dbias, const F* dout, int ld_dout, const F* inp,
+                    const F* weight, int N, int C, int OC, ThreadPool* pool);
+
+// ---- causal multi-head self-attention ----
+// qkv (B,T,3C) = [Q | K | V], head h uses channels [h*hs, (h+1)*hs) of each.
+// out (B,T,C); saves att (B,NH,T,T) = softmax(Q K^T / sqrt(hs)) with zeros
+// above the diagonal.
+template <typename F>
+void AttentionForward(F* out, F* att, const F* qkv, int B, int T, int C, int NH, ThreadPool* pool);
+// dqkv (B,T,3C) += ; uses qkv and att. scratch: B*NH*T*T elements (no
+// per-call allocation).
+template <typename F>
+void AttentionBackward(F* dqkv, const F* dout, const F* qkv, const F* att, F* scratch, int B, int T,
+                       int C, int NH, ThreadPool* pool);
+
+// ---- GELU, tanh approximation (GPT-2; torch approximate='tanh') ----
+// inp, out (N). Backward uses inp.
+template <typename F>
+void GeluForward(F* out, const F* inp, int64_t N, ThreadPool* pool);
+template <typename F>
+void GeluBackward(F* dinp, const F* inp, const F* dout, int64_t N, ThreadPool* pool);
+
+// ---- residual add ----
+// out = inp1 + inp2, all (N). Backward: dinp1 += dout, dinp2 += dout.
+template <typename F>
+void ResidualForward(F* out, const F* inp1, const F* inp2, int64_t N, ThreadPool* pool);
+template <typename F>
+void ResidualBackward(F* dinp1, F* dinp2, const F* dout, int64_t N, ThreadPool* pool);
+
+// ---- fused softmax + cross-entropy over the real vocab ----
+// logits (N,Vp) row stride Vp; only columns [0,V) are read (padding is never
+// part of the softmax). targets (N). Writes losses (N) = lse - logit[target]
+// and saves lse (N) = log-sum-exp of each row for backward.
+template <typename F>
+void CrossEntropyForward(F* losses, F* lse, const F* logits, const int* targets, int N, int V,
+                         int Vp, ThreadPool* pool);
+// In place: logits[i][j] becomes dL/dlogit = (softmax_j - 1{j==t_i}) * dloss
+// for j < V, where L = dloss * sum_i losses[i]. Columns >= V are untouched.
+// This OVERWRITES (does not accumulate) the logits.
+template <typename F>
+void CrossEntropyBackwardInPlace(F* logits, const F* lse, const int* targets, F dloss, int N, int V,
+                                 int Vp, ThreadPool* pool);
+
+}  // namespace shardtrain::engine::cpu
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_CPU_LAYERS_H_
