@@ -393,21 +393,8 @@ absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpe
       ReadBool(n, "parallel", "reshard_after_forward", &p->reshard_after_forward));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "bucket_mb", 1, &p->bucket_mb));
 
-  if (int64_t{p->dp} * p->tp * p->pp > INT_MAX / 2) {
-    return FieldError("parallel", "dp × tp × pp = ", int64_t{p->dp} * p->tp * p->pp,
-                      " is too large");
-  }
-  if (model.heads % p->tp != 0) {
-    return FieldError("parallel.tp", p->tp, " does not divide model.heads: ", model.heads);
-  }
-  if ((int64_t{4} * model.dim) % p->tp != 0) {
-    return FieldError("parallel.tp", p->tp,
-                      " does not divide the MLP width 4 × model.dim: ", int64_t{4} * model.dim);
-  }
-  if (p->pp > model.layers) {
-    return FieldError("parallel.pp", p->pp, " exceeds model.layers: ", model.layers);
-  }
-  return absl::OkStatus();
+  SHARDTRAIN_ASSIGN_OR_RETURN(ParallelDims dims, ParallelDims::Create(p->dp, p->tp, p->pp));
+  return dims.CheckModelFits(model.layers, model.heads, model.dim);
 }
 
 absl::Status ParseBatch(const Node& root, const ModelSpec& model, const ParallelSpec& par,
@@ -423,13 +410,7 @@ absl::Status ParseBatch(const Node& root, const ModelSpec& model, const Parallel
   if (b->seq_len > model.context) {
     return FieldError("batch.seq_len", b->seq_len, " exceeds model.context: ", model.context);
   }
-  int64_t per_step = int64_t{b->micro} * par.dp;
-  if (b->global % per_step != 0) {
-    return FieldError("batch.global", b->global,
-                      " is not divisible by batch.micro × parallel.dp = ", b->micro, " × ", par.dp,
-                      " = ", per_step, " (global = micro × dp × gradient accumulation steps)");
-  }
-  return absl::OkStatus();
+  return SplitBatch(b->global, b->micro, par.dp).status();
 }
 
 absl::Status ParseOptimizer(const Node& root, OptimizerSpec* o) {
@@ -538,6 +519,14 @@ absl::Status ParseAll(const Node& root, JobSpec* spec) {
 }
 
 }  // namespace
+
+absl::StatusOr<ParallelDims> JobSpec::Dims() const {
+  return ParallelDims::Create(parallel.dp, parallel.tp, parallel.pp);
+}
+
+absl::StatusOr<BatchSplit> JobSpec::Split() const {
+  return SplitBatch(batch.global, batch.micro, parallel.dp);
+}
 
 absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text,
                                      const std::vector<std::string>& overrides) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/parallel_dims.h"
 
 namespace shardtrain {
 
@@ -75,7 +76,7 @@ struct BatchSpec {
 
 struct ParallelSpec {
   int dp = 1;    // data-parallel degree
-  int tp = 1;    // tensor-parallel degree; divides model.heads (and 4·dim)
+  int tp = 1;    // tensor-parallel degree; divides model.heads and 4·dim
   int pp = 1;    // pipeline stages; <= model.layers
   int zero = 0;  // ZeRO stage 0..3
   OffloadMode offload = OffloadMode::kNone;
@@ -129,9 +130,12 @@ struct JobSpec {
 
   // Ranks the job needs: dp · tp · pp.
   int World() const { return parallel.dp * parallel.tp * parallel.pp; }
-  // Micro-batches per optimizer step on each data-parallel replica:
-  // global / (micro · dp). For pipelines, the number of micro-batches m.
-  int GradAccumSteps() const { return batch.global / (batch.micro * parallel.dp); }
+  // Its mesh and its batch split (common/parallel_dims.h), which
+  // ParseJobSpec has checked; a spec made by hand may hold errors.
+  // Split().accum is the number of micro-batches per optimizer step on each
+  // data-parallel replica (for pipelines, m).
+  absl::StatusOr<ParallelDims> Dims() const;
+  absl::StatusOr<BatchSplit> Split() const;
 };
 
 bool operator==(const ModelSpec& a, const ModelSpec& b);

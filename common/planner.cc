@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/model/config.h"
 #include "common/model/param_layout.h"
+#include "common/parallel_dims.h"
 #include "common/shard_range.h"
 
 namespace shardtrain {
@@ -28,55 +29,41 @@ int64_t ComputeBytes(Precision p) { return IsMixed(p) ? 2 : 4; }
 
 bool IsBlock(const std::string& unit) { return unit.rfind("block.", 0) == 0; }
 
-// Every problem that makes the layout impossible, each naming its factors.
+// Every problem that makes the layout impossible, each naming its factors:
+// the same rules, in the same words, as the job spec (ParallelDims,
+// SplitBatch, the model config), since a spec need not come from
+// ParseJobSpec and `plan --world` may ask for another world.
 std::vector<std::string> LayoutProblems(const JobSpec& spec, int world) {
   const ParallelSpec& par = spec.parallel;
   const ModelSpec& m = spec.model;
   const BatchSpec& b = spec.batch;
   std::vector<std::string> problems;
+  auto add = [&problems](const absl::Status& s) {
+    if (!s.ok()) problems.emplace_back(s.message());
+  };
   if (world < 1) problems.push_back(absl::StrCat("world: ", world, " must be >= 1"));
-  bool factors_ok = true;
-  for (auto [field, v] : {std::pair<const char*, int>{"parallel.dp", par.dp},
-                          {"parallel.tp", par.tp},
-                          {"parallel.pp", par.pp}}) {
-    if (v < 1) {
-      problems.push_back(absl::StrCat(field, ": ", v, " must be >= 1"));
-      factors_ok = false;
-    }
-  }
-  if (factors_ok && int64_t{par.dp} * par.tp * par.pp != world) {
-    problems.push_back(absl::StrCat("dp·tp·pp = ", par.dp, "·", par.tp, "·", par.pp, " = ",
-                                    int64_t{par.dp} * par.tp * par.pp, " ≠ world ", world));
-  }
+  // The factors, then the world (checked apart so that the model's fit is
+  // reported too when only the world is wrong).
+  const absl::StatusOr<ParallelDims> dims = ParallelDims::Create(par.dp, par.tp, par.pp);
+  add(dims.status());
+  if (dims.ok() && world >= 1) add(ParallelDims::Create(par.dp, par.tp, par.pp, world).status());
+  const absl::Status config =
+      model::MakeGptConfig(m.layers, m.heads, m.dim, m.context, m.vocab).status();
+  add(config);
+  if (dims.ok() && config.ok()) add(dims->CheckModelFits(m.layers, m.heads, m.dim));
   if (par.zero < 0 || par.zero > 3) {
     problems.push_back(absl::StrCat("parallel.zero: ", par.zero, " is not a ZeRO stage 0..3"));
   }
   if (par.bucket_mb < 1) {
     problems.push_back(absl::StrCat("parallel.bucket_mb: ", par.bucket_mb, " must be >= 1"));
   }
-  auto config = model::MakeGptConfig(m.layers, m.heads, m.dim, m.context, m.vocab);
-  if (!config.ok()) problems.push_back(std::string(config.status().message()));
-  if (par.tp >= 1 && m.heads >= 1 && m.heads % par.tp != 0) {
-    problems.push_back(
-        absl::StrCat("model.heads: ", m.heads, " is not divisible by parallel.tp: ", par.tp));
-  }
-  if (par.pp >= 1 && m.layers >= 1 && m.layers < par.pp) {
-    problems.push_back(absl::StrCat("model.layers: ", m.layers, " < parallel.pp: ", par.pp));
-  }
-  if (b.micro < 1) problems.push_back(absl::StrCat("batch.micro: ", b.micro, " must be >= 1"));
   if (b.seq_len < 1) {
     problems.push_back(absl::StrCat("batch.seq_len: ", b.seq_len, " must be >= 1"));
   } else if (m.context >= 1 && b.seq_len > m.context) {
-    problems.push_back(absl::StrCat("batch.seq_len: ", b.seq_len, " > model.context: ", m.context));
+    problems.push_back(
+        absl::StrCat("batch.seq_len: ", b.seq_len, " exceeds model.context: ", m.context));
   }
-  if (b.micro >= 1 && par.dp >= 1) {
-    const int64_t per_pass = int64_t{b.micro} * par.dp;
-    if (b.global < 1 || b.global % per_pass != 0) {
-      problems.push_back(absl::StrCat("batch.global: ", b.global,
-                                      " is not a positive multiple of batch.micro·parallel.dp = ",
-                                      b.micro, "·", par.dp, " = ", per_pass));
-    }
-  }
+  add(SplitBatch(b.global, b.micro, par.dp).status());
   return problems;
 }
 
@@ -367,8 +354,9 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
   const model::GptConfig cfg = *model::MakeGptConfig(
       spec.model.layers, spec.model.heads, spec.model.dim, spec.model.context, spec.model.vocab);
   const model::ParamLayout layout(cfg);
-  const int m = spec.GradAccumSteps();
-  const int64_t per_dp = spec.batch.global / dp;
+  const ParallelDims dims = *ParallelDims::Create(dp, tp, pp, world);
+  const BatchSplit split = *spec.Split();
+  const int m = split.accum;
 
   v1::Plan plan;
   plan.set_world(world);
@@ -386,40 +374,25 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
   // allocated, sharded and communicated like any other parameter.
   plan.set_num_params(static_cast<int64_t>(layout.num_params()));
 
-  auto rank_of = [&](int dp_i, int tp_i, int pp_i) { return (pp_i * dp + dp_i) * tp + tp_i; };
   for (int r = 0; r < world; ++r) {
+    const MeshCoord c = dims.Coord(r);
     v1::RankPlan* rp = plan.add_ranks();
     rp->set_rank(r);
-    rp->set_tp(r % tp);
-    rp->set_dp((r / tp) % dp);
-    rp->set_pp(r / (tp * dp));
-    rp->set_first_sample(rp->dp() * per_dp);
-    rp->set_num_samples(per_dp);
+    rp->set_tp(c.tp);
+    rp->set_dp(c.dp);
+    rp->set_pp(c.pp);
+    rp->set_first_sample(split.first_sample(c.dp));
+    rp->set_num_samples(split.per_replica());
   }
 
-  // Groups, each kind's lines numbered in rank order of their first member.
-  for (int pp_i = 0, index = 0; pp_i < pp; ++pp_i) {
-    for (int tp_i = 0; tp_i < tp; ++tp_i, ++index) {
+  // Groups, each kind's numbered in rank order of their first member.
+  for (GroupKind kind : {GroupKind::kDp, GroupKind::kTp, GroupKind::kPp}) {
+    int index = 0;
+    for (const std::vector<int>& ranks : dims.Groups(kind)) {
       v1::Group* g = plan.add_groups();
-      g->set_kind("dp");
-      g->set_index(index);
-      for (int dp_i = 0; dp_i < dp; ++dp_i) g->add_ranks(rank_of(dp_i, tp_i, pp_i));
-    }
-  }
-  for (int pp_i = 0, index = 0; pp_i < pp; ++pp_i) {
-    for (int dp_i = 0; dp_i < dp; ++dp_i, ++index) {
-      v1::Group* g = plan.add_groups();
-      g->set_kind("tp");
-      g->set_index(index);
-      for (int tp_i = 0; tp_i < tp; ++tp_i) g->add_ranks(rank_of(dp_i, tp_i, pp_i));
-    }
-  }
-  for (int dp_i = 0, index = 0; dp_i < dp; ++dp_i) {
-    for (int tp_i = 0; tp_i < tp; ++tp_i, ++index) {
-      v1::Group* g = plan.add_groups();
-      g->set_kind("pp");
-      g->set_index(index);
-      for (int pp_i = 0; pp_i < pp; ++pp_i) g->add_ranks(rank_of(dp_i, tp_i, pp_i));
+      g->set_kind(std::string(GroupKindName(kind)));
+      g->set_index(index++);
+      for (int r : ranks) g->add_ranks(r);
     }
   }
 

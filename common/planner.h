@@ -6,16 +6,14 @@
 // job and `shardtrain plan` prints it.
 //
 // What a plan fixes (see shardtrain::v1::Plan in proto/shardtrain/v1/types.proto):
-//   - rank -> (dp, tp, pp) coordinates, Megatron order: tp fastest, then dp,
-//     then pp: rank = (pp_i·dp + dp_i)·tp + tp_i;
-//   - the dp, tp and pp communication groups (lines of that mesh);
+//   - rank -> (dp, tp, pp) coordinates and the dp, tp and pp groups, as
+//     ParallelDims lays them out (common/parallel_dims.h), and each rank's
+//     share of the batch (SplitBatch);
 //   - the parameter layout (common/model/param_layout.h) and, per shard unit,
-//     each dp rank's element range: the unit is padded to padded_numel (a
-//     multiple of dp) and split evenly, dp rank i owning padded elements
-//     [i·s, (i+1)·s) with s = padded_numel/dp; shard_offsets/shard_sizes give
-//     the real (unpadded) part of it, so the last rank(s) may own fewer or 0
-//     elements (an empty shard's offset is numel). The ranges are contiguous
-//     in rank order, disjoint, and cover [0, numel);
+//     each dp rank's element range, as the workers split it
+//     (common/shard_range.h: floor(numel/dp) each, the last rank also the
+//     remainder). The ranges are contiguous in rank order, disjoint, and
+//     cover [0, numel);
 //   - pipeline stages (layers split as evenly as possible, first stages get
 //     the extra layer), micro-batch count and bubble fraction;
 //   - predicted memory per rank and bytes sent per rank per optimizer step.
@@ -37,8 +35,8 @@ namespace shardtrain {
 //   fp32 (mixed = false): params 4, grads 4, Adam m + v 8 bytes per element;
 //   mixed precision (bf16/fp16): params 2, grads 2, fp32 master + m + v 12.
 // Stage 1 shards the optimizer state over dp, 2 also the gradients, 3 also
-// the parameters; a sharded part holds ceil(num_params / dp) elements (the
-// padding of ShardUnit::padded_numel). So with mixed precision, per element:
+// the parameters; a sharded part holds the busiest (last) dp rank's share,
+// floor(num_params / dp) + num_params mod dp. So with mixed precision, per element:
 // Z0 16, Z1 4 + 12/dp, Z2 2 + 14/dp, Z3 16/dp.
 // MakePlan applies it per shard unit (so the rounding is per unit).
 // Preconditions: num_params >= 0, dp >= 1, 0 <= stage <= 3.
@@ -53,11 +51,12 @@ ModelStateBytes ZeroMemoryBytes(int64_t num_params, int dp, int stage, bool mixe
 // The plan of `spec` on `world` ranks.
 //
 // Returns INVALID_ARGUMENT when the layout is impossible, naming every
-// factor, all problems joined by "; ", e.g.
-//   "dp·tp·pp = 2·1·3 = 6 ≠ world 4"
-//   "model.heads: 4 is not divisible by parallel.tp: 3"
-//   "model.layers: 2 < parallel.pp: 3"
-//   "batch.global: 30 is not divisible by batch.micro·parallel.dp = 8·4 = 32"
+// factor, all problems joined by "; ", in the job spec's words (the rules
+// of common/parallel_dims.h and the model config), e.g.
+//   "parallel.dp × parallel.tp × parallel.pp = 2 × 1 × 3 = 6 ≠ world 4"
+//   "parallel.tp: 3 does not divide model.heads: 4"
+//   "parallel.pp: 3 exceeds model.layers: 2"
+//   "batch.global: 30 is not divisible by batch.micro × parallel.dp = 8 × 4 = 32 (...)"
 // The spec need not come from ParseJobSpec: everything the plan depends on
 // is checked again here. job_id, generation and RankPlan::worker_id are left
 // empty (the coordinator fills them in).

@@ -46,16 +46,16 @@ int64_t IdNumber(const std::string& id) {
 
 // Smaller gang sizes a recovering job accepts, largest first: dp-only jobs
 // with resources.min_workers below their world, keeping the global batch
-// fixed, so only sizes dividing global / micro (whole micro-batches per rank
-// per step) qualify. 4 ranks with global/micro = 4 and min 2 shrink to 2,
-// not 3: 3 ranks cannot split 4 micro-batches evenly.
+// fixed, so only data-parallel degrees the batch splits over (SplitBatch:
+// whole micro-batches per replica per step) qualify. 4 ranks with
+// global/micro = 4 and min 2 shrink to 2, not 3: 3 replicas cannot split 4
+// micro-batches evenly.
 std::vector<int> ElasticWorlds(const v1::Job& job) {
   absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_yaml());
   std::vector<int> out;
   if (!spec.ok() || spec->parallel.tp != 1 || spec->parallel.pp != 1) return out;
-  const int micros = spec->batch.global / spec->batch.micro;
   for (int w = spec->World() - 1; w >= spec->resources.min_workers && w >= 1; --w) {
-    if (micros % w == 0) out.push_back(w);
+    if (SplitBatch(spec->batch.global, spec->batch.micro, w).ok()) out.push_back(w);
   }
   return out;
 }

@@ -237,14 +237,21 @@ absl::Status CheckPlan(const v1::Plan& plan, const JobSpec& spec, const v1::RunA
                                            plan.world(), ") does not match the assignment (",
                                            a.generation(), ", world ", a.world(), ")"));
   }
+  // The spec was validated: its mesh and batch split exist.
+  const absl::StatusOr<ParallelDims> dims = spec.Dims();
+  const absl::StatusOr<BatchSplit> split = spec.Split();
+  if (!dims.ok() || !split.ok() || dims->world() != a.world()) {
+    return absl::InternalError(absl::StrCat("spec's mesh does not fit the assignment's world ",
+                                            a.world(), ": ", dims.status().ToString()));
+  }
   const v1::RankPlan& r = plan.ranks(a.rank());
-  const int64_t per_dp = spec.batch.global / spec.parallel.dp;
-  const bool dp_only = spec.parallel.tp == 1 && spec.parallel.pp == 1;
-  if ((dp_only && r.dp() != a.rank()) || r.first_sample() != r.dp() * per_dp ||
-      plan.grad_accum_steps() != spec.GradAccumSteps()) {
-    return absl::InternalError(absl::StrCat("plan disagrees with the trainer for rank ", a.rank(),
-                                            ": dp ", r.dp(), ", first sample ", r.first_sample(),
-                                            ", accumulation ", plan.grad_accum_steps()));
+  const MeshCoord c = dims->Coord(a.rank());
+  if (r.dp() != c.dp || r.tp() != c.tp || r.pp() != c.pp ||
+      r.first_sample() != split->first_sample(c.dp) || plan.grad_accum_steps() != split->accum) {
+    return absl::InternalError(absl::StrCat(
+        "plan disagrees with the trainer for rank ", a.rank(), ": (dp, tp, pp) (", r.dp(), ", ",
+        r.tp(), ", ", r.pp(), ") vs (", c.dp, ", ", c.tp, ", ", c.pp, "), first sample ",
+        r.first_sample(), ", accumulation ", plan.grad_accum_steps()));
   }
   return absl::OkStatus();
 }

@@ -9,27 +9,13 @@
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/data/tokens.h"
+#include "worker/optim/lr_schedule.h"
 
 namespace shardtrain::worker {
 namespace {
 
 double MsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-}
-
-// The spec's schedule at 0-based step `s`: linear warmup, then cosine or
-// linear decay to min_lr, or constant.
-double ScheduledLr(const OptimizerSpec& o, int64_t s, int64_t total) {
-  if (o.schedule == LrSchedule::kCosine) {
-    return optim::LearningRate(s, static_cast<float>(o.lr), static_cast<float>(o.min_lr),
-                               o.warmup_steps, total);
-  }
-  if (s < o.warmup_steps) return o.lr * double(s + 1) / o.warmup_steps;
-  if (o.schedule == LrSchedule::kConstant) return o.lr;
-  const double r = total > o.warmup_steps
-                       ? std::min(1.0, double(s - o.warmup_steps) / (total - o.warmup_steps))
-                       : 1.0;
-  return o.min_lr + (1.0 - r) * (o.lr - o.min_lr);
 }
 
 }  // namespace
@@ -58,7 +44,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   if (spec.parallel.dp > 1 && (!comm || comm->size() != spec.parallel.dp)) {
     return absl::InvalidArgumentError("data-parallel job without a communicator of size dp");
   }
+  absl::StatusOr<ParallelDims> dims = spec.Dims();
+  if (!dims.ok()) return dims.status();
+  absl::StatusOr<BatchSplit> split = spec.Split();
+  if (!split.ok()) return split.status();
+  if (rank < 0 || rank >= dims->world()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " outside the job's world ", dims->world()));
+  }
   std::unique_ptr<Trainer> t(new Trainer(spec, rank, comm));
+  t->split_ = *split;
+  t->dp_rank_ = dims->Coord(rank).dp;
   auto config = model::MakeGptConfig(spec.model.layers, spec.model.heads, spec.model.dim,
                                      spec.model.context, spec.model.vocab);
   if (!config.ok()) return config.status();
@@ -145,14 +141,15 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   StepResult r;
   r.step = step;
   const int dp = spec_.parallel.dp, B = spec_.batch.micro, T = spec_.batch.seq_len;
-  const int accum = spec_.GradAccumSteps();
+  const int accum = split_.accum;
   // ZeRO-2/3 leave the model's gradients zero after reducing them.
   if (!zero_ || zero_->stage() == 1) model_->ZeroGrad();
   double loss = 0;
   const bool ddp = !zero_ && comm_ && comm_->size() > 1;
   for (int m = 0; m < accum; ++m) {
-    // The sampler's step is 0-based; the local rank within dp is rank_ (tp = pp = 1).
-    if (absl::Status s = sampler_->Fill(step - 1, m, rank_, dp, B, inputs_.data(), targets_.data());
+    // The sampler's step is 0-based; this replica's index is its dp coordinate.
+    if (absl::Status s =
+            sampler_->Fill(step - 1, m, dp_rank_, dp, B, inputs_.data(), targets_.data());
         !s.ok()) {
       return s;
     }
@@ -177,7 +174,7 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   if (ddp) {
     if (absl::Status s = FinishAllReduce(&r); !s.ok()) return s;
   }
-  r.lr = ScheduledLr(spec_.optimizer, step - 1, spec_.steps);
+  r.lr = optim::LearningRate(spec_.optimizer, step - 1, spec_.steps);
   if (zero_) {
     // Averaging over dp, clipping, the sharded step and (1-2) the all-gather.
     const auto t0 = std::chrono::steady_clock::now();

@@ -114,6 +114,8 @@ class Trainer {
   const JobSpec spec_;
   const int rank_;
   comm::Communicator* const comm_;
+  BatchSplit split_;  // of spec_.batch over dp
+  int dp_rank_ = 0;   // this rank's dp coordinate
   std::vector<uint16_t> tokens_;
   std::unique_ptr<data::BatchSampler> sampler_;
   std::unique_ptr<engine::cpu::Gpt> model_;

@@ -116,24 +116,14 @@ void ScaleGrads(absl::Span<float> grads, float scale, engine::ThreadPool* pool) 
       1 << 14);
 }
 
-float ClipGradNorm(absl::Span<float> grads, float max_norm, engine::ThreadPool* pool) {
-  const float norm = static_cast<float>(std::sqrt(GradSquaredNorm(grads, pool)));
-  if (max_norm > 0 && norm > max_norm) {
-    ScaleGrads(grads, max_norm / (norm + 1e-6f), pool);
-  }
-  return norm;
+float ClipScale(float norm, float max_norm) {
+  return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6f) : 1.0f;
 }
 
-float LearningRate(int64_t step, float max_lr, float min_lr, int64_t warmup_steps,
-                   int64_t total_steps) {
-  if (step < warmup_steps) {
-    return max_lr * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
-  }
-  if (step >= total_steps || total_steps <= warmup_steps) return min_lr;
-  const double r =
-      static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
-  const double coeff = 0.5 * (1.0 + std::cos(3.14159265358979323846 * r));
-  return static_cast<float>(min_lr + coeff * (max_lr - min_lr));
+float ClipGradNorm(absl::Span<float> grads, float max_norm, engine::ThreadPool* pool) {
+  const float norm = static_cast<float>(std::sqrt(GradSquaredNorm(grads, pool)));
+  if (const float scale = ClipScale(norm, max_norm); scale != 1.0f) ScaleGrads(grads, scale, pool);
+  return norm;
 }
 
 }  // namespace shardtrain::optim

@@ -1,4 +1,5 @@
-// AdamW (decoupled weight decay), gradient clipping and the LR schedule.
+// AdamW (decoupled weight decay) and gradient clipping; the learning-rate
+// schedule is in lr_schedule.h.
 //
 // Weight-decay rule (from ParamLayout, TensorInfo::decay): decay applies only
 // to 2-D tensors (matmul weights and the wte/wpe embeddings), never to
@@ -84,18 +85,15 @@ double GradSquaredNorm(absl::Span<const float> grads, engine::ThreadPool* pool);
 // Scales grads in place by `scale`.
 void ScaleGrads(absl::Span<float> grads, float scale, engine::ThreadPool* pool);
 
-// Global-norm clipping of a whole gradient buffer: computes the L2 norm and,
-// if max_norm > 0 and norm > max_norm, scales grads by max_norm / (norm +
-// 1e-6) (torch.nn.utils.clip_grad_norm_). Returns the norm before clipping.
-float ClipGradNorm(absl::Span<float> grads, float max_norm, engine::ThreadPool* pool);
+// The factor global-norm clipping scales every gradient by, given the global
+// norm: max_norm / (norm + 1e-6) when max_norm > 0 and norm > max_norm, else
+// 1 (torch.nn.utils.clip_grad_norm_). Sharded strategies compute the norm
+// over ranks and apply this to their shard.
+float ClipScale(float norm, float max_norm);
 
-// Linear warmup then cosine decay to min_lr (llm.c / nanoGPT), step 0-based:
-//   step < warmup:        max_lr * (step + 1) / warmup
-//   step >= total_steps:  min_lr
-//   otherwise:            min_lr + 0.5 (1 + cos(pi r)) (max_lr - min_lr),
-//                         r = (step - warmup) / (total_steps - warmup)
-float LearningRate(int64_t step, float max_lr, float min_lr, int64_t warmup_steps,
-                   int64_t total_steps);
+// Global-norm clipping of a whole gradient buffer: computes the L2 norm and
+// scales grads by ClipScale(norm, max_norm). Returns the norm before clipping.
+float ClipGradNorm(absl::Span<float> grads, float max_norm, engine::ThreadPool* pool);
 
 }  // namespace shardtrain::optim
 

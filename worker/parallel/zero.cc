@@ -358,11 +358,11 @@ absl::StatusOr<double> Zero::Step(float lr, float max_norm) {
   auto total = SumOverRanks(squared);
   if (!total.ok()) return total.status();
   const float norm = static_cast<float>(std::sqrt(*total));
-  const bool clip = max_norm > 0 && norm > max_norm;
+  const float clip = optim::ClipScale(norm, max_norm);
   for (size_t k = 0; k < units_.size(); ++k) {
     Unit& u = units_[k];
     absl::Span<float> g = ShardGrad(u);
-    if (clip) optim::ScaleGrads(g, max_norm / (norm + 1e-6f), pool);
+    if (clip != 1.0f) optim::ScaleGrads(g, clip, pool);
     adamw_[k].Step(absl::MakeSpan(ShardParamPtr(u), u.own.size()), g, lr, pool);
   }
   if (options_.stage < 3) {

@@ -101,12 +101,11 @@ class Zero {
   absl::Status EndMicroBatch();
 
   // The optimizer step after the last EndMicroBatch of a step: the gradient
-  // averaged over dp, global-norm clipping (max_norm > 0: scale max_norm /
-  // (norm + 1e-6) when norm > max_norm, as optim::ClipGradNorm), AdamW with
-  // `lr` on the shard, and (stages 1-2) the all-gather of the updated
-  // params. Returns the global gradient norm before clipping, identical on
-  // every rank. Stages 1: the model's grads are zeroed by the caller
-  // (Gpt::ZeroGrad) before the next step; 2-3 leave them zero themselves.
+  // averaged over dp, global-norm clipping (optim::ClipScale of the norm
+  // over all ranks), AdamW with `lr` on the shard, and (stages 1-2) the
+  // all-gather of the updated params. Returns the global gradient norm before clipping, identical
+  // on every rank. Stages 1: the model's grads are zeroed by the caller (Gpt::ZeroGrad) before the
+  // next step; 2-3 leave them zero themselves.
   absl::StatusOr<double> Step(float lr, float max_norm);
 
   // Makes the model's parameter buffer hold the whole, current parameters on

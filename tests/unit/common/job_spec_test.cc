@@ -107,7 +107,7 @@ TEST(JobSpecTest, MinimalSpecGetsDefaults) {
   EXPECT_EQ(spec->max_restarts, 3);
   EXPECT_EQ(spec->timeouts.collective_s, 60);
   EXPECT_EQ(spec->World(), 1);
-  EXPECT_EQ(spec->GradAccumSteps(), 2);
+  EXPECT_EQ(spec->Split()->accum, 2);
 }
 
 TEST(JobSpecTest, MinLrDefaultsToATenthOfLr) {
@@ -123,7 +123,7 @@ TEST(JobSpecTest, WorldAndWorkerDefaults) {
                          {"parallel", "{dp: 3, tp: 2, pp: 2}"}}));
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->World(), 12);
-  EXPECT_EQ(spec->GradAccumSteps(), 2);
+  EXPECT_EQ(spec->Split()->accum, 2);
   EXPECT_EQ(spec->resources.min_workers, 12);
   EXPECT_EQ(spec->resources.max_workers, 12);
 }
@@ -170,7 +170,7 @@ TEST(JobSpecTest, ExampleValues) {
   EXPECT_EQ(tiny->model.dim, 128);
   EXPECT_EQ(tiny->data.train, "data/fortunes.txt");
   EXPECT_EQ(tiny->World(), 1);
-  EXPECT_EQ(tiny->GradAccumSteps(), 1);
+  EXPECT_EQ(tiny->Split()->accum, 1);
   EXPECT_DOUBLE_EQ(tiny->optimizer.lr, 3e-3);
   EXPECT_DOUBLE_EQ(tiny->optimizer.weight_decay, 0.1);
   EXPECT_EQ(tiny->optimizer.warmup_steps, 20);
@@ -180,7 +180,7 @@ TEST(JobSpecTest, ExampleValues) {
   auto ddp = ParseJobSpec(ReadFile(kSourceDir + "/examples/fortunes-ddp.yaml"));
   ASSERT_TRUE(ddp.ok()) << ddp.status();
   EXPECT_EQ(ddp->World(), 4);
-  EXPECT_EQ(ddp->GradAccumSteps(), 1);
+  EXPECT_EQ(ddp->Split()->accum, 1);
   EXPECT_EQ(ddp->steps, 600);
 
   auto big = ParseJobSpec(ReadFile(kSourceDir + "/examples/gpt2-124m-zero3.yaml"));
@@ -244,7 +244,7 @@ timeouts: {collective_s: 5}
   EXPECT_EQ(spec->optimizer.betas, (std::vector<double>{0.8, 0.999}));
   EXPECT_EQ(spec->seed, 18446744073u);
   EXPECT_EQ(spec->World(), 16);
-  EXPECT_EQ(spec->GradAccumSteps(), 12);
+  EXPECT_EQ(spec->Split()->accum, 12);
   ExpectRoundTrip(text, "every field");
   // Doubles survive exactly, not just approximately.
   auto again = ParseJobSpec(JobSpecToYaml(*spec));

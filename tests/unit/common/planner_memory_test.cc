@@ -185,7 +185,7 @@ TEST(PlanMemoryTest, PipelineKeepsOnlyItsStageAndSchedulesDiffer) {
 
 TEST(PlanMemoryTest, AccumulationAddsAShardBufferToZero2And3) {
   JobSpec s = SmallSpec(2, 1, 1);  // global 48 = micro 2 × dp 2 × 12 micro-batches
-  ASSERT_GT(s.GradAccumSteps(), 1);
+  ASSERT_GT(s.Split()->accum, 1);
   s.resources.device = DeviceKind::kCuda;  // no Gloo scratch: the shard buffer alone
   for (int zero = 0; zero <= 3; ++zero) {
     s.parallel.zero = zero;

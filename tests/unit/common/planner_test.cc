@@ -21,7 +21,7 @@ struct Reference {
 Reference ReferenceFor(const JobSpec& s, const v1::Plan& plan, int stage) {
   const model::ParamLayout layout = LayoutOf(s);
   const int dp = s.parallel.dp, tp = s.parallel.tp, pp = s.parallel.pp, zero = s.parallel.zero;
-  const int m = s.GradAccumSteps();
+  const int m = s.Split()->accum;
   const bool mixed = s.precision != Precision::kFp32;
   const int64_t pb = mixed ? 2 : 4, ob = mixed ? 12 : 8, ab = pb, gb = pb;
   const v1::PipelineStage& st = plan.stages(stage);
@@ -361,27 +361,28 @@ std::string Error(const JobSpec& s, int world) {
 TEST(PlanErrorsTest, WorldMismatchNamesEveryFactor) {
   JobSpec s = SmallSpec(2, 1, 3);
   s.batch.global = 4;
-  EXPECT_EQ(Error(s, 4), "dp·tp·pp = 2·1·3 = 6 ≠ world 4");
+  EXPECT_EQ(Error(s, 4), "parallel.dp × parallel.tp × parallel.pp = 2 × 1 × 3 = 6 ≠ world 4");
   EXPECT_NE(Error(s, 0).find("world: 0 must be >= 1"), std::string::npos);
 }
 
 TEST(PlanErrorsTest, HeadsNotDivisibleByTp) {
   JobSpec s = SmallSpec(1, 3, 1);
   s.model.heads = 4;
-  EXPECT_EQ(Error(s, 3), "model.heads: 4 is not divisible by parallel.tp: 3");
+  EXPECT_EQ(Error(s, 3), "parallel.tp: 3 does not divide model.heads: 4");
 }
 
 TEST(PlanErrorsTest, FewerLayersThanStages) {
   JobSpec s = SmallSpec(1, 1, 3);
   s.model.layers = 2;
-  EXPECT_EQ(Error(s, 3), "model.layers: 2 < parallel.pp: 3");
+  EXPECT_EQ(Error(s, 3), "parallel.pp: 3 exceeds model.layers: 2");
 }
 
 TEST(PlanErrorsTest, GlobalBatchNotDivisible) {
   JobSpec s = SmallSpec(4, 1, 1);
   s.batch = {30, 8, 16};
   EXPECT_EQ(Error(s, 4),
-            "batch.global: 30 is not a positive multiple of batch.micro·parallel.dp = 8·4 = 32");
+            "batch.global: 30 is not divisible by batch.micro × parallel.dp = 8 × 4 = 32 (global = "
+            "micro × dp × gradient accumulation steps)");
 }
 
 TEST(PlanErrorsTest, EveryProblemIsReported) {
@@ -392,16 +393,17 @@ TEST(PlanErrorsTest, EveryProblemIsReported) {
   s.batch = {6, 2, 32};  // seq_len > context 16 too
   const std::string e = Error(s, 4);
   for (const char* part :
-       {"dp·tp·pp = 2·3·3 = 18 ≠ world 4", "model.heads: 4 is not divisible by parallel.tp: 3",
-        "model.layers: 2 < parallel.pp: 3", "batch.seq_len: 32 > model.context: 16",
-        "batch.global: 6 is not a positive multiple of batch.micro·parallel.dp"}) {
+       {"parallel.dp × parallel.tp × parallel.pp = 2 × 3 × 3 = 18 ≠ world 4",
+        "parallel.tp: 3 does not divide model.heads: 4", "parallel.pp: 3 exceeds model.layers: 2",
+        "batch.seq_len: 32 exceeds model.context: 16",
+        "batch.global: 6 is not divisible by batch.micro × parallel.dp"}) {
     EXPECT_NE(e.find(part), std::string::npos) << part << "\nin: " << e;
   }
 }
 
 TEST(PlanErrorsTest, BadFactorsAndModel) {
   JobSpec s = SmallSpec(0, 1, 1);
-  EXPECT_NE(Error(s, 1).find("parallel.dp: 0 must be >= 1"), std::string::npos);
+  EXPECT_NE(Error(s, 1).find("parallel.dp: must be >= 1, got 0"), std::string::npos);
   s = SmallSpec(1, 1, 1);
   s.parallel.zero = 4;
   EXPECT_NE(Error(s, 1).find("parallel.zero: 4"), std::string::npos);

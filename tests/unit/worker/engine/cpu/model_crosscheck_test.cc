@@ -16,6 +16,7 @@
 
 #include "worker/engine/cpu/gpt.h"
 #include "worker/optim/adamw.h"
+#include "worker/optim/lr_schedule.h"
 
 #ifndef SHARDTRAIN_TORCH_CROSSCHECK_SCRIPT
 #error "SHARDTRAIN_TORCH_CROSSCHECK_SCRIPT must be defined by CMake"
@@ -163,9 +164,13 @@ TEST_F(CrossCheckTest, AdamWMatchesTorchAndShardsMatchWhole) {
   const size_t n = model_->params().size();
   std::string extra = "steps " + std::to_string(kSteps) + "\nbeta1 0.9\nbeta2 0.95\n" +
                       "eps 1e-8\nweight_decay 0.1\n";
+  OptimizerSpec schedule;  // warmup 3 steps to 1e-2, cosine to 1e-3
+  schedule.lr = 1e-2;
+  schedule.min_lr = 1e-3;
+  schedule.warmup_steps = 3;
   std::vector<float> lrs;
   for (int s = 0; s < kSteps; ++s) {
-    lrs.push_back(optim::LearningRate(s, 1e-2f, 1e-3f, 3, kSteps));
+    lrs.push_back(static_cast<float>(optim::LearningRate(schedule, s, kSteps)));
     char buf[64];
     std::snprintf(buf, sizeof buf, "lr_%d %.9g\n", s, lrs.back());
     extra += buf;

@@ -14,6 +14,7 @@
 #include "worker/engine/cpu/gpt.h"
 #include "worker/engine/generate.h"
 #include "worker/optim/adamw.h"
+#include "worker/optim/lr_schedule.h"
 
 #ifndef SHARDTRAIN_FORTUNES_PATH
 #error "SHARDTRAIN_FORTUNES_PATH must be defined by CMake"
@@ -41,6 +42,10 @@ TEST(TrainTest, FortunesLossDropsBelow2p5In300Steps) {
   auto adam = optim::AdamW::Create(gpt.layout(), 0, gpt.params().size(), opt);
   ASSERT_TRUE(adam.ok());
 
+  OptimizerSpec schedule;  // warmup 20 steps to 3e-3, cosine to 3e-4
+  schedule.lr = 3e-3;
+  schedule.min_lr = 3e-4;
+  schedule.warmup_steps = 20;
   std::vector<int> in(kB * kT), tg(kB * kT);
   std::vector<float> losses;
   const auto t0 = std::chrono::steady_clock::now();
@@ -50,7 +55,7 @@ TEST(TrainTest, FortunesLossDropsBelow2p5In300Steps) {
     const float loss = gpt.Forward(in.data(), tg.data());
     gpt.Backward();
     const float norm = optim::ClipGradNorm(gpt.grads(), 1.0f, gpt.pool());
-    const float lr = optim::LearningRate(step, 3e-3f, 3e-4f, 20, kSteps);
+    const float lr = static_cast<float>(optim::LearningRate(schedule, step, kSteps));
     adam->Step(gpt.params(), gpt.grads(), lr, gpt.pool());
     losses.push_back(loss);
     ASSERT_TRUE(std::isfinite(loss)) << "step " << step;

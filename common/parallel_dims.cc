@@ -1,0 +1,119 @@
+#include "common/parallel_dims.h"
+
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace shardtrain {
+
+bool operator==(const MeshCoord& a, const MeshCoord& b) {
+  return a.dp == b.dp && a.tp == b.tp && a.pp == b.pp;
+}
+
+std::string_view GroupKindName(GroupKind kind) {
+  switch (kind) {
+    case GroupKind::kDp:
+      return "dp";
+    case GroupKind::kTp:
+      return "tp";
+    case GroupKind::kPp:
+      return "pp";
+  }
+  return "?";
+}
+
+absl::StatusOr<ParallelDims> ParallelDims::Create(int dp, int tp, int pp, int world) {
+  std::vector<std::string> problems;
+  for (auto [field, v] :
+       {std::pair<const char*, int>{"parallel.dp", dp}, {"parallel.tp", tp}, {"parallel.pp", pp}}) {
+    if (v < 1) problems.push_back(absl::StrCat(field, ": must be >= 1, got ", v));
+  }
+  const int64_t product = int64_t{dp} * tp * pp;
+  if (problems.empty() && product > INT_MAX / 2) {
+    problems.push_back(absl::StrCat("parallel.dp × parallel.tp × parallel.pp = ", dp, " × ", tp,
+                                    " × ", pp, " = ", product, " is too large"));
+  } else if (problems.empty() && product != world) {
+    problems.push_back(absl::StrCat("parallel.dp × parallel.tp × parallel.pp = ", dp, " × ", tp,
+                                    " × ", pp, " = ", product, " ≠ world ", world));
+  }
+  if (!problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems, "; "));
+  return ParallelDims(dp, tp, pp);
+}
+
+absl::StatusOr<ParallelDims> ParallelDims::Create(int dp, int tp, int pp) {
+  const int64_t product = int64_t{dp} * tp * pp;
+  return Create(dp, tp, pp, product > INT_MAX ? INT_MAX : static_cast<int>(product));
+}
+
+MeshCoord ParallelDims::Coord(int rank) const {
+  if (rank < 0 || rank >= world()) {
+    std::fprintf(stderr, "ParallelDims: rank %d outside world %d\n", rank, world());
+    std::abort();
+  }
+  return MeshCoord{(rank / tp_) % dp_, rank % tp_, rank / (tp_ * dp_)};
+}
+
+int ParallelDims::Rank(const MeshCoord& c) const { return (c.pp * dp_ + c.dp) * tp_ + c.tp; }
+
+std::vector<int> ParallelDims::Group(GroupKind kind, int rank) const {
+  MeshCoord c = Coord(rank);
+  std::vector<int> out;
+  const int n = kind == GroupKind::kDp ? dp_ : kind == GroupKind::kTp ? tp_ : pp_;
+  for (int i = 0; i < n; ++i) {
+    (kind == GroupKind::kDp ? c.dp : kind == GroupKind::kTp ? c.tp : c.pp) = i;
+    out.push_back(Rank(c));
+  }
+  return out;
+}
+
+std::vector<std::vector<int>> ParallelDims::Groups(GroupKind kind) const {
+  std::vector<std::vector<int>> out;
+  for (int r = 0; r < world(); ++r) {
+    std::vector<int> g = Group(kind, r);
+    if (g.front() == r) out.push_back(std::move(g));  // each group once, at its first member
+  }
+  return out;
+}
+
+bool ParallelDims::SpeaksForReplica(int rank) const {
+  const MeshCoord c = Coord(rank);
+  return c.pp == pp_ - 1 && c.tp == 0;
+}
+
+absl::Status ParallelDims::CheckModelFits(int layers, int heads, int dim) const {
+  std::vector<std::string> problems;
+  if (heads % tp_ != 0) {
+    problems.push_back(absl::StrCat("parallel.tp: ", tp_, " does not divide model.heads: ", heads));
+  }
+  if ((int64_t{4} * dim) % tp_ != 0) {
+    problems.push_back(absl::StrCat(
+        "parallel.tp: ", tp_, " does not divide the MLP width 4 × model.dim: ", int64_t{4} * dim));
+  }
+  if (pp_ > layers) {
+    problems.push_back(absl::StrCat("parallel.pp: ", pp_, " exceeds model.layers: ", layers));
+  }
+  if (problems.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(problems, "; "));
+}
+
+absl::StatusOr<BatchSplit> SplitBatch(int global, int micro, int dp) {
+  for (auto [field, v] : {std::pair<const char*, int>{"batch.global", global},
+                          {"batch.micro", micro},
+                          {"parallel.dp", dp}}) {
+    if (v < 1) return absl::InvalidArgumentError(absl::StrCat(field, ": must be >= 1, got ", v));
+  }
+  const int64_t per_pass = int64_t{micro} * dp;
+  if (global % per_pass != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch.global: ", global, " is not divisible by batch.micro × parallel.dp = ", micro, " × ",
+        dp, " = ", per_pass, " (global = micro × dp × gradient accumulation steps)"));
+  }
+  return BatchSplit{global, micro, dp, static_cast<int>(global / per_pass)};
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,107 @@
+// ParallelDims: the data × tensor × pipeline mesh of a job, as one validated
+// value (torchtitan's ParallelDims): dp · tp · pp == world, each factor >= 1,
+// checked once where the value is made, with errors naming every factor.
+// Everything that needs a rank's place in the mesh or the members of its
+// groups — the planner, the scheduler, the job runner, step aggregation —
+// asks this value instead of recomputing the layout.
+//
+// Layout (Megatron's order): tp fastest, then dp, then pp:
+//   rank = (pp_i · dp + dp_i) · tp + tp_i
+// so a tensor-parallel group is contiguous, a data-parallel group strides by
+// tp, and a pipeline group by tp · dp.
+//
+// Also here, the rules that tie the mesh to a model and to a batch:
+//   CheckModelFits   tp divides model.heads and the MLP width 4·dim; pp <=
+//                    model.layers;
+//   SplitBatch       global = micro × dp × accumulation.
+//
+// Thread-compatible: an immutable value.
+#ifndef SHARDTRAIN_COMMON_PARALLEL_DIMS_H_
+#define SHARDTRAIN_COMMON_PARALLEL_DIMS_H_
+
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace shardtrain {
+
+// A rank's coordinates in the mesh.
+struct MeshCoord {
+  int dp = 0, tp = 0, pp = 0;
+};
+bool operator==(const MeshCoord& a, const MeshCoord& b);
+
+// The kinds of group a rank belongs to: the ranks that differ from it only
+// in that coordinate.
+enum class GroupKind { kDp, kTp, kPp };
+std::string_view GroupKindName(GroupKind kind);  // "dp", "tp", "pp"
+
+class ParallelDims {
+ public:
+  // INVALID_ARGUMENT when a factor is < 1 ("parallel.tp: must be >= 1, got
+  // 0") or the product is not `world` ("parallel.dp × parallel.tp ×
+  // parallel.pp = 2 × 1 × 3 = 6 ≠ world 4"); every problem found, joined by
+  // "; ".
+  static absl::StatusOr<ParallelDims> Create(int dp, int tp, int pp, int world);
+  // The mesh of a job that takes exactly dp · tp · pp ranks.
+  static absl::StatusOr<ParallelDims> Create(int dp, int tp, int pp);
+
+  int dp() const { return dp_; }
+  int tp() const { return tp_; }
+  int pp() const { return pp_; }
+  int world() const { return dp_ * tp_ * pp_; }
+
+  // Precondition: 0 <= rank < world() (aborts otherwise: a programming error).
+  MeshCoord Coord(int rank) const;
+  // Precondition: each coordinate within its factor.
+  int Rank(const MeshCoord& c) const;
+
+  // The ranks of `rank`'s group of `kind`, in the order of that coordinate
+  // (so a rank's index in its dp group is its dp coordinate).
+  std::vector<int> Group(GroupKind kind, int rank) const;
+  // Every group of `kind`, numbered in rank order of their first members.
+  std::vector<std::vector<int>> Groups(GroupKind kind) const;
+
+  bool IsFirstStage(int rank) const { return Coord(rank).pp == 0; }
+  bool IsLastStage(int rank) const { return Coord(rank).pp == pp_ - 1; }
+  // True for the one rank per data-parallel replica that speaks for it in
+  // step reports: the loss is computed on the last pipeline stage (and
+  // identical across its tp ranks), so the rank with tp = 0 there.
+  bool SpeaksForReplica(int rank) const;
+
+  // The mesh against a model's shape: tp divides model.heads and the MLP
+  // width 4·dim; pp does not exceed model.layers. INVALID_ARGUMENT naming
+  // the field first ("parallel.tp: 3 does not divide model.heads: 4"),
+  // every problem found joined by "; ".
+  absl::Status CheckModelFits(int layers, int heads, int dim) const;
+
+  // The same mesh with another data-parallel degree (elastic recovery).
+  absl::StatusOr<ParallelDims> WithDp(int dp) const { return Create(dp, tp_, pp_); }
+
+ private:
+  ParallelDims(int dp, int tp, int pp) : dp_(dp), tp_(tp), pp_(pp) {}
+  int dp_, tp_, pp_;
+};
+
+// How one optimizer step's batch is split: global = micro × dp × accum.
+struct BatchSplit {
+  int global = 0;  // sequences per optimizer step
+  int micro = 0;   // sequences per forward/backward on one rank
+  int dp = 0;      // data-parallel replicas
+  int accum = 0;   // micro-batches per step on each replica (gradient accumulation)
+
+  // Sequences one replica processes per step, and the first of them within
+  // the step's global batch (replica d owns [d·per_replica, (d+1)·per_replica)).
+  int per_replica() const { return micro * accum; }
+  int first_sample(int dp_rank) const { return dp_rank * per_replica(); }
+};
+// INVALID_ARGUMENT naming the fields ("batch.global: 12 is not divisible by
+// batch.micro × parallel.dp = 2 × 4 = 8 (global = micro × dp × gradient
+// accumulation steps)") unless each is >= 1 and global % (micro·dp) == 0.
+absl::StatusOr<BatchSplit> SplitBatch(int global, int micro, int dp);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_COMMON_PARALLEL_DIMS_H_

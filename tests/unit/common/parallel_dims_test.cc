@@ -1,0 +1,116 @@
+// ParallelDims (the dp × tp × pp mesh) and SplitBatch: the layout by hand,
+// groups that partition the world, and every refusal naming its fields.
+#include "common/parallel_dims.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+namespace shardtrain {
+namespace {
+
+std::string Message(const absl::Status& s) { return std::string(s.message()); }
+
+TEST(ParallelDimsTest, MegatronOrderByHand) {
+  // dp 2, tp 2, pp 2: tp fastest, then dp, then pp.
+  const ParallelDims d = *ParallelDims::Create(2, 2, 2, 8);
+  EXPECT_EQ(d.world(), 8);
+  const MeshCoord want[8] = {{0, 0, 0}, {0, 1, 0}, {1, 0, 0}, {1, 1, 0},
+                             {0, 0, 1}, {0, 1, 1}, {1, 0, 1}, {1, 1, 1}};
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(d.Coord(r), want[r]) << r;
+    EXPECT_EQ(d.Rank(want[r]), r);
+  }
+  EXPECT_EQ(d.Group(GroupKind::kTp, 5), (std::vector<int>{4, 5}));
+  EXPECT_EQ(d.Group(GroupKind::kDp, 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(d.Group(GroupKind::kPp, 5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(d.Groups(GroupKind::kDp),
+            (std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(d.Groups(GroupKind::kPp),
+            (std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  // The loss of replica dp is reported by its last stage's tp rank 0.
+  std::vector<int> speakers;
+  for (int r = 0; r < 8; ++r) {
+    if (d.SpeaksForReplica(r)) speakers.push_back(r);
+  }
+  EXPECT_EQ(speakers, (std::vector<int>{4, 6}));
+  EXPECT_TRUE(d.IsFirstStage(3));
+  EXPECT_TRUE(d.IsLastStage(4));
+}
+
+// Every mesh up to 4 × 4 × 4: coordinates round-trip, each group kind
+// partitions the world, a group's members differ only in its coordinate and
+// are listed in that coordinate's order.
+TEST(ParallelDimsTest, GroupsPartitionTheWorld) {
+  for (int dp = 1; dp <= 4; ++dp) {
+    for (int tp = 1; tp <= 4; ++tp) {
+      for (int pp = 1; pp <= 4; ++pp) {
+        SCOPED_TRACE(testing::Message() << dp << "x" << tp << "x" << pp);
+        const ParallelDims d = *ParallelDims::Create(dp, tp, pp);
+        ASSERT_EQ(d.world(), dp * tp * pp);
+        for (int r = 0; r < d.world(); ++r) ASSERT_EQ(d.Rank(d.Coord(r)), r);
+        for (GroupKind kind : {GroupKind::kDp, GroupKind::kTp, GroupKind::kPp}) {
+          const int size = kind == GroupKind::kDp ? dp : kind == GroupKind::kTp ? tp : pp;
+          std::set<int> seen;
+          const auto groups = d.Groups(kind);
+          ASSERT_EQ(int(groups.size()), d.world() / size);
+          for (const std::vector<int>& g : groups) {
+            ASSERT_EQ(int(g.size()), size);
+            for (int i = 0; i < size; ++i) {
+              ASSERT_TRUE(seen.insert(g[i]).second) << "rank in two groups";
+              const MeshCoord a = d.Coord(g[0]), b = d.Coord(g[i]);
+              const int index = kind == GroupKind::kDp   ? b.dp
+                                : kind == GroupKind::kTp ? b.tp
+                                                         : b.pp;
+              ASSERT_EQ(index, i);
+              ASSERT_EQ(kind == GroupKind::kDp || a.dp == b.dp, true);
+              ASSERT_EQ(kind == GroupKind::kTp || a.tp == b.tp, true);
+              ASSERT_EQ(kind == GroupKind::kPp || a.pp == b.pp, true);
+              ASSERT_EQ(d.Group(kind, g[i]), g);
+            }
+          }
+          ASSERT_EQ(int(seen.size()), d.world());
+        }
+      }
+    }
+  }
+}
+
+TEST(ParallelDimsTest, RefusalsNameEveryFactor) {
+  EXPECT_EQ(Message(ParallelDims::Create(2, 1, 3, 4).status()),
+            "parallel.dp × parallel.tp × parallel.pp = 2 × 1 × 3 = 6 ≠ world 4");
+  EXPECT_EQ(Message(ParallelDims::Create(0, 1, -2, 4).status()),
+            "parallel.dp: must be >= 1, got 0; parallel.pp: must be >= 1, got -2");
+  EXPECT_NE(Message(ParallelDims::Create(1 << 20, 1 << 20, 1).status()).find("is too large"),
+            std::string::npos);
+  EXPECT_EQ(ParallelDims::Create(2, 1, 3, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParallelDims::Create(2, 2, 1)->WithDp(3)->world(), 6);
+}
+
+TEST(ParallelDimsTest, ModelFit) {
+  const ParallelDims d = *ParallelDims::Create(1, 3, 5);
+  EXPECT_TRUE(ParallelDims::Create(1, 4, 2)->CheckModelFits(2, 4, 8).ok());
+  // heads 4, dim 10 (MLP 40), layers 4: all three problems, each by its field.
+  EXPECT_EQ(Message(d.CheckModelFits(4, 4, 10)),
+            "parallel.tp: 3 does not divide model.heads: 4; parallel.tp: 3 does not divide the MLP "
+            "width 4 × model.dim: 40; parallel.pp: 5 exceeds model.layers: 4");
+  EXPECT_TRUE(d.CheckModelFits(5, 6, 6).ok());
+}
+
+TEST(SplitBatchTest, GlobalIsMicroTimesDpTimesAccumulation) {
+  const BatchSplit s = *SplitBatch(24, 2, 3);
+  EXPECT_EQ(s.accum, 4);
+  EXPECT_EQ(s.per_replica(), 8);
+  EXPECT_EQ(s.first_sample(0), 0);
+  EXPECT_EQ(s.first_sample(2), 16);
+  EXPECT_EQ(Message(SplitBatch(12, 2, 4).status()),
+            "batch.global: 12 is not divisible by batch.micro × parallel.dp = 2 × 4 = 8 (global = "
+            "micro × dp × gradient accumulation steps)");
+  EXPECT_EQ(Message(SplitBatch(12, 0, 4).status()), "batch.micro: must be >= 1, got 0");
+  EXPECT_EQ(Message(SplitBatch(12, 2, 0).status()), "parallel.dp: must be >= 1, got 0");
+}
+
+}  // namespace
+}  // namespace shardtrain
