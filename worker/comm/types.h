@@ -1,5 +1,6 @@
-// Element types, reduction ops and op kinds shared by every collective
-// backend, plus host-side fp16/bf16 <-> fp32 conversion.
+// Reduction ops and op kinds shared by every collective backend; the
+// element types and their host conversions are common/dtype.h's, named here
+// too for the collectives' code.
 #ifndef SHARDTRAIN_WORKER_COMM_TYPES_H_
 #define SHARDTRAIN_WORKER_COMM_TYPES_H_
 
@@ -7,10 +8,20 @@
 #include <cstdint>
 
 #include "absl/strings/string_view.h"
+#include "common/dtype.h"
 
 namespace shardtrain::comm {
 
-enum class DataType { kFloat32, kBFloat16, kFloat16 };
+using ::shardtrain::BFloat16ToFloat;
+using ::shardtrain::DataType;
+using ::shardtrain::DataTypeName;
+using ::shardtrain::DataTypeSize;
+using ::shardtrain::FloatToBFloat16;
+using ::shardtrain::FloatToHalf;
+using ::shardtrain::FromFloat32;
+using ::shardtrain::HalfToFloat;
+using ::shardtrain::ToFloat32;
+
 enum class ReduceOp { kSum, kAvg, kMax };
 enum class OpType {
   kAllReduce,
@@ -24,21 +35,8 @@ enum class OpType {
   kBarrier,
 };
 
-size_t DataTypeSize(DataType dtype);
-absl::string_view DataTypeName(DataType dtype);
 absl::string_view ReduceOpName(ReduceOp op);
 absl::string_view OpTypeName(OpType op);
-
-// Round-to-nearest-even conversions; NaN stays NaN, overflow goes to inf.
-uint16_t FloatToBFloat16(float f);
-float BFloat16ToFloat(uint16_t h);
-uint16_t FloatToHalf(float f);
-float HalfToFloat(uint16_t h);
-
-// Converts `count` elements of `dtype` at `src` to fp32 at `dst`, and back.
-// For kFloat32 these are memcpy.
-void ToFloat32(DataType dtype, const void* src, float* dst, size_t count);
-void FromFloat32(DataType dtype, const float* src, void* dst, size_t count);
 
 }  // namespace shardtrain::comm
 
