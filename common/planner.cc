@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/model/activations.h"
 #include "common/model/config.h"
 #include "common/model/param_layout.h"
 #include "common/parallel_dims.h"
@@ -167,9 +168,8 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   const int64_t gb = pb;                            // grads are in the compute dtype too
   // Activations are stored in the compute dtype (as llm.c's floatX).
   const int64_t ab = ComputeBytes(spec.precision);
-  const int64_t B = spec.batch.micro, T = spec.batch.seq_len, C = cfg.dim;
-  const int64_t NH = cfg.heads / tp, Vp = cfg.padded_vocab, Ls = shape.num_layers;
-  const int64_t BT = B * T, BTC = BT * C;
+  const int64_t BTC = int64_t{spec.batch.micro} * spec.batch.seq_len * cfg.dim;
+  const int64_t Ls = shape.num_layers;
   const bool first = s == 0, last = s == pp - 1;
   const bool reshard = spec.parallel.reshard_after_forward;
 
@@ -186,29 +186,24 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
     if (IsBlock(names[i])) largest_block = std::max(largest_block, n);
   }
 
-  // Activations and backward scratch of one micro-batch: the CPU engine's
-  // buffers exactly (worker/engine/cpu/gpt.cc), in elements:
-  //   per block   16·BTC + 4·BT + B·NH·T·T   ln1, qkv, atty, att (softmax),
-  //                                          residual2, ln2, fch, fch_gelu,
-  //                                          residual3; LayerNorm mean/rstd
-  //   first stage BTC                        encoder output
-  //   last stage  BTC + 4·BT + BT·Vp         lnf, its mean/rstd, logits, losses
-  //   every stage BTC + 14·BTC + B·NH·T·T    projection output; backward
-  //                                          scratch (dresidual, dln, datty,
-  //                                          dqkv, dfch, dfch_gelu, attention)
-  // times ab bytes. With tp, each rank keeps NH/tp heads of attention scores;
-  // the BTC terms are counted unsplit (an over-estimate).
-  // Micro-batches alive at once: 1 without a pipeline; with one, GPipe keeps
-  // all m forwards before the first backward, 1F1B at most pp - s on stage s.
-  const int64_t per_mb = Ls * (16 * BTC + 4 * BT + B * NH * T * T) + (first ? BTC : 0) +
-                         (last ? BTC + 4 * BT + BT * Vp : 0);
-  const int64_t scratch = BTC + 14 * BTC + B * NH * T * T;
+  // Activations and backward scratch: the engine's own table for this
+  // stage's slice of the model (common/model/activations.h), its saved
+  // tensors once per micro-batch alive at once: 1 without a pipeline; with
+  // one, GPipe keeps all m forwards before the first backward, 1F1B at most
+  // pp - s on stage s.
+  model::ModelSlice slice;
+  slice.first_layer = shape.first_layer;
+  slice.num_layers = shape.num_layers;
+  slice.first_stage = first;
+  slice.last_stage = last;
+  slice.tp = tp;
+  const model::ActivationTable acts(cfg, spec.batch.micro, spec.batch.seq_len, slice);
   int64_t in_flight = 1;
   if (pp > 1) {
     in_flight =
         spec.parallel.schedule == PipelineSchedule::kGpipe ? m : std::min<int64_t>(pp - s, m);
   }
-  mem.set_activations_bytes((per_mb * in_flight + scratch) * ab);
+  mem.set_activations_bytes((acts.saved_numel() * in_flight + acts.scratch_numel()) * ab);
 
   // Working set of ZeRO-2/3 (parallel::Zero): whole-unit gradients alive in
   // backward — the tied embeddings' from the LM head to the end, the unit

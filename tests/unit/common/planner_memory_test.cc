@@ -39,15 +39,8 @@ TEST(PlanMemoryTest, ZeroStagesOnDataParallelOnly) {
         }
         EXPECT_EQ(mem.params_bytes() + mem.grads_bytes() + mem.optimizer_bytes(), helper);
 
-        // Activations: the CPU engine's buffers for one micro-batch (B=2,
-        // T=16, C=96, NH=12, L=5, Vp=128): per block 16·BTC + 4·BT + B·NH·T·T;
-        // encoder, lnf, projection output 3·BTC; lnf stats and losses 4·BT;
-        // logits BT·Vp; backward scratch 14·BTC + B·NH·T·T.
-        const int64_t B = 2, T = 16, C = 96, NH = 12, L = 5, Vp = 128, ab = pb;
-        const int64_t BT = B * T, BTC = BT * C;
-        EXPECT_EQ(mem.activations_bytes(), (L * (16 * BTC + 4 * BT + B * NH * T * T) + 3 * BTC +
-                                            4 * BT + BT * Vp + 14 * BTC + B * NH * T * T) *
-                                               ab);
+        // Activations: the engine's table for one micro-batch, whole model.
+        EXPECT_EQ(mem.activations_bytes(), ActivationsOf(s).total_numel() * pb);
         // Collectives run in place; without accumulation the only buffers
         // are the Gloo backend's fp32 scratch (CPU): all-reduce one block
         // (+1) of the whole gradient (< 25 MiB, one bucket) or of the
@@ -104,9 +97,7 @@ TEST(PlanMemoryTest, FortunesDdpByHand) {
   EXPECT_EQ(p.memory_per_rank().params_bytes(), 4 * n);
   EXPECT_EQ(p.memory_per_rank().grads_bytes(), 4 * n);
   EXPECT_EQ(p.memory_per_rank().optimizer_bytes(), 8 * n);
-  const int64_t BT = 8 * 64, BTC = BT * 128, att = 8 * 4 * 64 * 64;
-  EXPECT_EQ(p.memory_per_rank().activations_bytes(),
-            (4 * (16 * BTC + 4 * BT + att) + 3 * BTC + 4 * BT + BT * 256 + 14 * BTC + att) * 4);
+  EXPECT_EQ(p.memory_per_rank().activations_bytes(), ActivationsOf(s).total_numel() * 4);
   EXPECT_EQ(p.comm_bytes_per_step(), 2 * 3 * n);  // all-reduce: 2·(3/4)·4n bytes, n % 4 == 0
 }
 
@@ -168,12 +159,15 @@ TEST(PlanMemoryTest, PipelineKeepsOnlyItsStageAndSchedulesDiffer) {
   const int64_t emb = layout.units()[0].numel, blk = layout.units()[1].numel,
                 fin = layout.units().back().numel;
   EXPECT_GT(gpipe.memory_per_rank().activations_bytes(), one.memory_per_rank().activations_bytes());
-  const int64_t B = 2, T = 16, C = 96, NH = 12, Vp = 128, BT = B * T, BTC = BT * C;
-  const int64_t per_layer = (16 * BTC + 4 * BT + B * NH * T * T) * 4;
-  const int64_t scratch = (15 * BTC + B * NH * T * T) * 4;  // backward buffers, once
+  // The engine's table for each stage's two layers: saved tensors per
+  // micro-batch, scratch once.
+  const model::ActivationTable first = ActivationsOf(s, {0, 2, true, false, 1});
+  const model::ActivationTable last = ActivationsOf(s, {2, 2, false, true, 1});
+  ASSERT_EQ(first.scratch_numel(), last.scratch_numel());
+  const int64_t scratch = first.scratch_numel() * 4;
   // GPipe: stage 1 (logits) keeps 8 micro-batches; 1F1B: stage 0 keeps 2, stage 1 keeps 1.
-  const int64_t last_mb = 2 * per_layer + (BTC + 4 * BT + BT * Vp) * 4;
-  const int64_t first_mb = 2 * per_layer + BTC * 4;
+  const int64_t last_mb = last.saved_numel() * 4;
+  const int64_t first_mb = first.saved_numel() * 4;
   EXPECT_EQ(gpipe.memory_per_rank().activations_bytes(), 8 * last_mb + scratch);
   const int64_t stage0 = 4 * 4 * (emb + 2 * blk) + 2 * first_mb + scratch;
   const int64_t stage1 = 4 * 4 * (emb + 2 * blk + fin) + last_mb + scratch;

@@ -57,17 +57,13 @@ Reference ReferenceFor(const JobSpec& s, const v1::Plan& plan, int stage) {
     sent_grads_rs += (dp - 1) * body * gb + (rem ? 2 * (dp - 1) * rem * gb / dp : 0);
     sent_grads_ar += 2 * (dp - 1) * n * gb / dp;
   }
-  const int64_t B = s.batch.micro, T = s.batch.seq_len, C = s.model.dim;
-  const int64_t NH = s.model.heads / tp, BT = B * T, BTC = BT * C;
-  const int64_t Vp = model::PaddedVocab(s.model.vocab), L = st.num_layers();
-  int64_t per_mb = L * (16 * BTC + 4 * BT + B * NH * T * T);
-  if (last) per_mb += BTC + 4 * BT + BT * Vp;
-  if (first) per_mb += BTC;
+  const model::ActivationTable acts =
+      ActivationsOf(s, {st.first_layer(), st.num_layers(), first, last, tp});
   int64_t alive = 1;
   if (pp > 1) {
     alive = s.parallel.schedule == PipelineSchedule::kGpipe ? m : std::min<int64_t>(pp - stage, m);
   }
-  r.activations = (per_mb * alive + 15 * BTC + B * NH * T * T) * ab;
+  r.activations = (acts.saved_numel() * alive + acts.scratch_numel()) * ab;
   if (dp > 1) {
     // A shard to receive reduce-scatters into when accumulating; on CPU the
     // Gloo backend's fp32 scratch: all-reduce one block (+1) of its largest
@@ -99,6 +95,7 @@ Reference ReferenceFor(const JobSpec& s, const v1::Plan& plan, int stage) {
     }
     if (zero >= 1) r.comm += (dp - 1) * 8;  // the gradient norm's all-gather
   }
+  const int64_t L = st.num_layers(), BTC = int64_t{s.batch.micro} * s.batch.seq_len * s.model.dim;
   if (tp > 1) r.comm += m * L * 4 * 2 * (tp - 1) * CeilDiv(BTC, tp) * ab;
   r.comm += m * ((last ? 0 : 1) + (first ? 0 : 1)) * BTC * ab;
   return r;

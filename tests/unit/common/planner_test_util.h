@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/model/activations.h"
 #include "common/model/config.h"
 #include "common/model/param_layout.h"
 #include "common/planner.h"
@@ -50,6 +51,16 @@ inline model::ParamLayout LayoutOf(const JobSpec& s) {
 }
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The engine's activation table (common/model/activations.h) for a slice of
+// the spec's model: the one definition of activation sizes, which the
+// engine allocates from (tests/unit/worker/plan_memory_test.cc checks the
+// plan against what the engine really holds).
+inline model::ActivationTable ActivationsOf(const JobSpec& s, const model::ModelSlice& slice = {}) {
+  return model::ActivationTable(*model::MakeGptConfig(s.model.layers, s.model.heads, s.model.dim,
+                                                      s.model.context, s.model.vocab),
+                                s.batch.micro, s.batch.seq_len, slice);
+}
 
 }  // namespace shardtrain
 

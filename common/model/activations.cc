@@ -1,0 +1,65 @@
+#include "common/model/activations.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain::model {
+
+ActivationTable::ActivationTable(const GptConfig& config, int B, int T, const ModelSlice& slice) {
+  const int64_t BT = int64_t{B} * T, C = config.dim, Vp = config.padded_vocab;
+  const int64_t att = int64_t{B} * (config.heads / slice.tp) * T * T;
+  const int last = slice.num_layers < 0 ? config.layers : slice.first_layer + slice.num_layers;
+  constexpr ActivationKind kSaved = ActivationKind::kSaved, kScratch = ActivationKind::kScratch;
+  for (int l = slice.first_layer; l < last; ++l) {
+    const std::string b = absl::StrCat("block.", l, ".");
+    Add(b + "ln1", BT * C, kSaved);
+    Add(b + "ln1_mean", BT, kSaved);
+    Add(b + "ln1_rstd", BT, kSaved);
+    Add(b + "qkv", BT * 3 * C, kSaved);
+    Add(b + "atty", BT * C, kSaved);
+    Add(b + "att", att, kSaved);
+    Add(b + "residual2", BT * C, kSaved);
+    Add(b + "ln2", BT * C, kSaved);
+    Add(b + "ln2_mean", BT, kSaved);
+    Add(b + "ln2_rstd", BT, kSaved);
+    Add(b + "fch", BT * 4 * C, kSaved);
+    Add(b + "fch_gelu", BT * 4 * C, kSaved);
+    Add(b + "residual3", BT * C, kSaved);
+  }
+  if (slice.first_stage) Add("encoded", BT * C, kSaved);
+  if (slice.last_stage) {
+    Add("lnf", BT * C, kSaved);
+    Add("lnf_mean", BT, kSaved);
+    Add("lnf_rstd", BT, kSaved);
+    Add("logits", BT * Vp, kSaved);
+    Add("losses", BT, kSaved);
+    Add("lse", BT, kSaved);
+  }
+  Add("proj_out", BT * C, kScratch);
+  Add("dresidual", BT * C, kScratch);
+  Add("dln", BT * C, kScratch);
+  Add("datty", BT * C, kScratch);
+  Add("dqkv", BT * 3 * C, kScratch);
+  Add("dfch", BT * 4 * C, kScratch);
+  Add("dfch_gelu", BT * 4 * C, kScratch);
+  Add("att_scratch", att, kScratch);
+}
+
+void ActivationTable::Add(std::string name, int64_t numel, ActivationKind kind) {
+  int64_t& end = kind == ActivationKind::kSaved ? saved_ : scratch_;
+  tensors_.push_back({std::move(name), numel, kind, end});
+  end += numel;
+}
+
+const ActivationTensor& ActivationTable::at(const std::string& name) const {
+  for (const ActivationTensor& t : tensors_) {
+    if (t.name == name) return t;
+  }
+  std::fprintf(stderr, "ActivationTable: no tensor \"%s\"\n", name.c_str());
+  std::abort();
+}
+
+}  // namespace shardtrain::model
