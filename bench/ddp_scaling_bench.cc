@@ -169,7 +169,7 @@ int RunRank(const JobSpec& spec, int rank, int threads, const std::string& store
   }
   if (comm) {
     // The whole gradient once, in the trainer's buckets, all in flight; median of 3.
-    std::vector<float> buf((*trainer)->model().grads().size(), 1.0f);
+    std::vector<float> buf((*trainer)->engine().grads().count, 1.0f);
     const size_t bucket = size_t(spec.parallel.bucket_mb) * 1024 * 1024 / sizeof(float);
     std::vector<double> ms;
     for (int rep = 0; rep < 3; ++rep) {

@@ -74,7 +74,7 @@ Result RunEngine(const BenchConfig& bc, const Options& opt) {
   }
   engine::cpu::Gpt& gpt = **m;
   gpt.InitParams(1337);
-  auto adam = optim::AdamW::Create(gpt.layout(), 0, gpt.params().size(), {});
+  auto adam = optim::AdamW::Create(gpt.layout(), 0, gpt.params().f32().size(), {});
   std::mt19937 rng(1);
   std::vector<int> in(bc.B * bc.T), tg(bc.B * bc.T);
   for (size_t i = 0; i < in.size(); ++i) {
@@ -121,7 +121,7 @@ Result RunEngine(const BenchConfig& bc, const Options& opt) {
     }
     gpt.set_profiling(false);
     const auto t2 = Clock::now();
-    adam->StepAndZeroGrads(gpt.params(), gpt.grads(), 1e-4f, gpt.pool());
+    adam->StepAndZeroGrads(gpt.params().f32(), gpt.grads().f32(), 1e-4f, gpt.pool());
     const auto t3 = Clock::now();
     if (measure) {
       total += Ms(t0, t3);

@@ -63,7 +63,7 @@ int Sample(const GlobalFlags& g, const SampleOptions& o) {
   const int T = weights->config.context;
   auto model = engine::cpu::Gpt::Create(weights->config, 1, T, o.threads);
   if (!model.ok()) return ReportError(g, model.status());
-  std::copy(weights->params.begin(), weights->params.end(), (*model)->params().begin());
+  std::copy(weights->params.begin(), weights->params.end(), (*model)->params().f32().begin());
   engine::GenerateOptions go;
   go.max_new_tokens = o.tokens;
   go.temperature = static_cast<float>(o.temperature);

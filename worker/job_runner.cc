@@ -355,8 +355,8 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   if (a.rank() == 0 && !(output = FinalWeightsPath(*spec)).empty()) {
     std::error_code ec;
     std::filesystem::create_directories(spec->checkpoint.dir, ec);
-    const engine::cpu::Gpt& m = (*trainer)->model();
-    if (absl::Status s = checkpoint::SaveWeights(output, m.config(), m.params()); !s.ok()) {
+    engine::Engine& m = (*trainer)->engine();
+    if (absl::Status s = checkpoint::SaveWeights(output, m.config(), m.params().f32()); !s.ok()) {
       return report.Failure(s, spec->steps, comm.get());
     }
     report.Log("saved final weights to " + output);

@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/dtype.h"
 #include "common/job_spec.h"
 
@@ -59,6 +60,20 @@ class Event {
   virtual void* native() const = 0;
 };
 
+// A flat array on a device as the optimizer, data-parallel strategies and
+// checkpoints see it: pointer, element count and type, and where it lives.
+struct FlatView {
+  void* data = nullptr;
+  size_t count = 0;
+  DataType dtype = DataType::kFloat32;
+  DeviceKind device = DeviceKind::kCpu;
+
+  size_t bytes() const { return count * DataTypeSize(dtype); }
+  // The elements as host fp32. Precondition: dtype is kFloat32 and the memory
+  // is the host's (aborts with a message otherwise: a programming error).
+  absl::Span<float> f32() const;
+};
+
 class Buffer {
  public:
   virtual ~Buffer() = default;
@@ -68,7 +83,9 @@ class Buffer {
   void* data() const { return data_; }
   size_t count() const { return count_; }  // elements
   DataType dtype() const { return dtype_; }
+  DeviceKind device() const { return device_; }
   size_t bytes() const { return count_ * DataTypeSize(dtype_); }
+  FlatView view() const { return FlatView{data_, count_, dtype_, device_}; }
   // The elements as T. Precondition: sizeof(T) == DataTypeSize(dtype());
   // dereferencing needs host-addressable memory.
   template <typename T>
@@ -89,12 +106,14 @@ class Buffer {
   virtual void SetReleaseBoundary(size_t offset) = 0;
 
  protected:
-  Buffer(void* data, size_t count, DataType dtype) : data_(data), count_(count), dtype_(dtype) {}
+  Buffer(void* data, size_t count, DataType dtype, DeviceKind device)
+      : data_(data), count_(count), dtype_(dtype), device_(device) {}
 
  private:
   void* const data_;
   const size_t count_;
   const DataType dtype_;
+  const DeviceKind device_;
 };
 
 class Device {

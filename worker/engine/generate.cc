@@ -1,14 +1,15 @@
 #include "worker/engine/generate.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 
 namespace shardtrain::engine {
 
-absl::StatusOr<std::vector<int>> Generate(cpu::Gpt& model, const std::vector<int>& prompt,
+absl::StatusOr<std::vector<int>> Generate(Engine& model, const std::vector<int>& prompt,
                                           const GenerateOptions& options) {
-  const int V = model.config().vocab, Vp = model.config().padded_vocab;
+  const int V = model.config().vocab;
   if (prompt.empty()) return absl::InvalidArgumentError("generate: empty prompt");
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= V) {
@@ -20,11 +21,13 @@ absl::StatusOr<std::vector<int>> Generate(cpu::Gpt& model, const std::vector<int
   const int window = model.max_seq_len();
   uint64_t rng = options.seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
   std::vector<double> probs(V);
+  std::vector<float> logits(V);
+  const float* row = logits.data();
   for (int n = 0; n < options.max_new_tokens; ++n) {
     const int t = std::min<int>(static_cast<int>(seq.size()), window);
     const int* ctx = seq.data() + seq.size() - t;
     model.Forward(ctx, nullptr, 1, t);
-    const float* row = model.logits() + static_cast<int64_t>(t - 1) * Vp;
+    model.ReadLogits(t - 1, logits.data());
     int next = 0;
     if (options.temperature <= 0.0f) {
       for (int j = 1; j < V; ++j)

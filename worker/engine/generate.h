@@ -1,4 +1,4 @@
-// Autoregressive text generation with a Gpt.
+// Autoregressive text generation with any engine.
 #ifndef SHARDTRAIN_WORKER_ENGINE_GENERATE_H_
 #define SHARDTRAIN_WORKER_ENGINE_GENERATE_H_
 
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/engine/cpu/gpt.h"
+#include "worker/engine/engine.h"
 
 namespace shardtrain::engine {
 
@@ -24,7 +24,7 @@ struct GenerateOptions {
 // last max_seq_len() tokens are fed (sliding window). InvalidArgument for an
 // empty prompt or a token outside [0, vocab). Overwrites the model's
 // activations (not its parameters or gradients).
-absl::StatusOr<std::vector<int>> Generate(cpu::Gpt& model, const std::vector<int>& prompt,
+absl::StatusOr<std::vector<int>> Generate(Engine& model, const std::vector<int>& prompt,
                                           const GenerateOptions& options);
 
 }  // namespace shardtrain::engine

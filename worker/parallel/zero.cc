@@ -1,6 +1,7 @@
 #include "worker/parallel/zero.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -25,16 +26,17 @@ void Accumulate(float* dst, const float* src, size_t n, bool add) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
-                                                   engine::cpu::Gpt* model,
+                                                   engine::Engine* engine,
                                                    const optim::AdamWOptions& adamw,
                                                    comm::Communicator* comm) {
   if (options.stage < 1 || options.stage > 3) {
     return absl::InvalidArgumentError(absl::StrCat("parallel.zero: ", options.stage,
                                                    " — Zero handles stages 1..3 (0 is plain DDP)"));
   }
-  if (model == nullptr) return absl::InvalidArgumentError("Zero: null model");
-  std::unique_ptr<Zero> z(new Zero(options, model, comm));
-  const model::ParamLayout& layout = model->layout();
+  if (engine == nullptr) return absl::InvalidArgumentError("Zero: null engine");
+  if (auto s = CheckHostFp32(*engine, "ZeRO"); !s.ok()) return s;
+  std::unique_ptr<Zero> z(new Zero(options, engine, comm));
+  const model::ParamLayout& layout = engine->layout();
   for (const model::UnitInfo& info : layout.units()) {
     Unit u;
     u.offset = info.offset;
@@ -63,25 +65,25 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
   // two of them, or releasing one would leave part of a neighbour's page
   // resident (and gathering one would commit part of a released neighbour).
   for (const Unit& u : z->units_) {
-    model->param_buffer().NoHugePagesAt(u.offset);
-    model->grad_buffer().NoHugePagesAt(u.offset);
+    engine->param_buffer().SetReleaseBoundary(u.offset);
+    engine->grad_buffer().SetReleaseBoundary(u.offset);
   }
   if (options.stage >= 2) {
     z->shard_grads_.assign(z->shard_size_, 0.0f);
-    model->grad_buffer().ReleaseAll();
+    engine->grad_buffer().ReleaseAll();
   }
   if (options.stage == 3) {
     z->shard_params_.assign(z->shard_size_, 0.0f);
-    model->param_buffer().ReleaseAll();
+    engine->param_buffer().ReleaseAll();
   } else {
     z->live_param_elems_ = z->peak_live_param_elems_ = layout.num_params();
   }
   return z;
 }
 
-Zero::Zero(const ZeroOptions& options, engine::cpu::Gpt* model, comm::Communicator* comm)
+Zero::Zero(const ZeroOptions& options, engine::Engine* engine, comm::Communicator* comm)
     : options_(options),
-      model_(model),
+      engine_(engine),
       comm_(comm != nullptr && comm->size() > 1 ? comm : nullptr),
       dp_(comm_ == nullptr ? 1 : comm_->size()),
       rank_(comm_ == nullptr ? 0 : comm_->rank()) {}
@@ -90,8 +92,8 @@ Zero::~Zero() {
   // Never leave an op writing into buffers that are about to be freed.
   for (Unit& u : units_) Wait(u.gather);
   for (Reduction& r : reductions_) Wait(r.works);
-  model_->set_param_hook(nullptr);
-  model_->set_grads_ready_hook(nullptr);
+  engine_->set_param_hook(nullptr);
+  engine_->set_grads_ready_hook(nullptr);
 }
 
 void Zero::Keep(absl::Status s) {
@@ -114,13 +116,13 @@ int64_t Zero::TakeCommBytes() { return std::exchange(comm_bytes_, 0); }
 
 void Zero::InitParams(uint64_t seed) {
   if (options_.stage < 3) {
-    model_->InitParams(seed);
+    engine_->InitParams(seed);
     return;
   }
   for (Unit& u : units_) {
     const size_t begin = u.offset + u.own.begin;
-    model_->InitParamsInto(seed, begin, begin + u.own.size(),
-                           shard_params_.data() + u.shard_offset);
+    engine_->InitParamsInto(seed, begin, begin + u.own.size(),
+                            shard_params_.data() + u.shard_offset);
   }
 }
 
@@ -134,6 +136,8 @@ absl::Status Zero::GatherWholeModel() {
 }
 
 void Zero::BeginMicroBatch(int micro, int accum) {
+  // Stage 1 accumulates into the whole gradient buffer; 2-3 leave it zero.
+  if (micro == 0 && options_.stage == 1) engine_->ZeroGrad();
   micro_ = micro;
   cursor_ = 0;
   for (Unit& u : units_) {  // after GatherWholeModel
@@ -143,17 +147,17 @@ void Zero::BeginMicroBatch(int micro, int accum) {
     reduce_scratch_.assign(shard_size_, 0.0f);
   }
   if (options_.stage == 3) {
-    model_->set_param_hook([this](int unit, bool begin) { OnParamUse(unit, begin); });
+    engine_->set_param_hook([this](int unit, bool begin) { OnParamUse(unit, begin); });
   }
   // Stage 1 accumulates locally and reduces during the last backward only.
   if (options_.stage >= 2 || (micro == accum - 1 && comm_ != nullptr)) {
-    model_->set_grads_ready_hook([this](size_t offset) { OnGradsReady(offset); });
+    engine_->set_grads_ready_hook([this](size_t offset) { OnGradsReady(offset); });
   }
 }
 
 absl::Status Zero::EndMicroBatch() {
-  model_->set_param_hook(nullptr);
-  model_->set_grads_ready_hook(nullptr);
+  engine_->set_param_hook(nullptr);
+  engine_->set_grads_ready_hook(nullptr);
   while (!reductions_.empty()) {
     CompleteReduction(reductions_.front());
     reductions_.pop_front();
@@ -196,7 +200,7 @@ void Zero::Gather(Unit& u) {
   u.state = Unit::State::kGathering;
   live_param_elems_ += u.numel;
   peak_live_param_elems_ = std::max(peak_live_param_elems_, live_param_elems_);
-  float* out = model_->param_buffer().data() + u.offset;
+  float* out = engine_->param_buffer().as<float>() + u.offset;
   const float* mine = shard_params_.data() + u.shard_offset;
   if (comm_ == nullptr) {
     std::memcpy(out, mine, u.numel * sizeof(float));
@@ -224,7 +228,7 @@ void Zero::WaitGathered(Unit& u) {
 
 void Zero::ReleaseParams(Unit& u) {
   WaitGathered(u);  // never free memory an op is still writing
-  model_->param_buffer().Release(u.offset, u.numel);
+  engine_->param_buffer().Release(u.offset, u.numel);
   u.state = Unit::State::kReleased;
   live_param_elems_ -= u.numel;
 }
@@ -260,7 +264,7 @@ void Zero::OnGradsReady(size_t offset) {
 void Zero::LaunchReduction(int unit) {
   Unit& u = units_[unit];
   Reduction r{unit, {}};
-  float* g = model_->grad_buffer().data() + u.offset;
+  float* g = engine_->grad_buffer().as<float>() + u.offset;
   if (comm_ != nullptr) {
     const size_t body = u.body * dp_, tail = u.numel - body;
     if (options_.stage == 1) {
@@ -288,7 +292,7 @@ void Zero::CompleteReduction(Reduction& r) {
   Wait(r.works);
   if (options_.stage == 1) return;  // the all-reduced gradient stays in place
   Unit& u = units_[r.unit];
-  const float* g = model_->grad_buffer().data() + u.offset;
+  const float* g = engine_->grad_buffer().as<float>() + u.offset;
   float* dst = shard_grads_.data() + u.shard_offset;
   const bool add = micro_ > 0;
   if (comm_ == nullptr) {
@@ -300,29 +304,29 @@ void Zero::CompleteReduction(Reduction& r) {
   }
   // The unit's full gradient is no longer needed: zero it for the next
   // backward and give its pages back.
-  model_->grad_buffer().Release(u.offset, u.numel);
+  engine_->grad_buffer().Release(u.offset, u.numel);
 }
 
 void Zero::Sample() {
   if (!measure_) return;
   if (options_.stage == 3) {
-    peak_gathered_bytes_ = std::max(peak_gathered_bytes_, model_->param_buffer().ResidentBytes());
+    peak_gathered_bytes_ = std::max(peak_gathered_bytes_, engine_->param_buffer().ResidentBytes());
   }
   if (options_.stage >= 2) {
-    peak_unit_grad_bytes_ = std::max(peak_unit_grad_bytes_, model_->grad_buffer().ResidentBytes());
+    peak_unit_grad_bytes_ = std::max(peak_unit_grad_bytes_, engine_->grad_buffer().ResidentBytes());
   }
 }
 
 absl::Span<float> Zero::ShardGrad(const Unit& u) {
   if (options_.stage == 1) {
-    return model_->grads().subspan(u.offset + u.own.begin, u.own.size());
+    return engine_->grads().f32().subspan(u.offset + u.own.begin, u.own.size());
   }
   return absl::MakeSpan(shard_grads_).subspan(u.shard_offset, u.own.size());
 }
 
 float* Zero::ShardParamPtr(Unit& u) {
   if (options_.stage == 3) return shard_params_.data() + u.shard_offset;
-  return model_->param_buffer().data() + u.offset + u.own.begin;
+  return engine_->param_buffer().as<float>() + u.offset + u.own.begin;
 }
 
 absl::StatusOr<double> Zero::SumOverRanks(double local) {
@@ -345,9 +349,23 @@ absl::StatusOr<double> Zero::SumOverRanks(double local) {
   return total;
 }
 
-absl::StatusOr<double> Zero::Step(float lr, float max_norm) {
+absl::StatusOr<StepStats> Zero::Step(float lr, float max_norm) {
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<double> norm = StepShard(lr, max_norm);
+  if (!norm.ok()) return norm.status();
+  StepStats stats;
+  stats.grad_norm = *norm;
+  if (dp_ > 1) {
+    stats.comm_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  stats.comm_bytes = TakeCommBytes();
+  return stats;
+}
+
+absl::StatusOr<double> Zero::StepShard(float lr, float max_norm) {
   if (!status_.ok()) return status_;
-  engine::ThreadPool* pool = model_->pool();
+  engine::ThreadPool* pool = engine_->host_pool();
   // Summed over dp; the mean gradient of the global batch is sum / dp.
   double squared = 0;
   for (Unit& u : units_) {
@@ -374,7 +392,7 @@ absl::StatusOr<double> Zero::Step(float lr, float max_norm) {
 absl::Status Zero::GatherAllParams() {
   if (comm_ == nullptr) return absl::OkStatus();
   std::vector<std::shared_ptr<comm::Work>> works;
-  float* params = model_->param_buffer().data();
+  float* params = engine_->param_buffer().as<float>();
   for (Unit& u : units_) {
     float* out = params + u.offset;
     const size_t body = u.body * dp_, tail = u.numel - body;
@@ -393,7 +411,7 @@ absl::Status Zero::GatherAllParams() {
   return status_;
 }
 
-std::vector<std::pair<size_t, size_t>> Zero::FlatRanges() const {
+FlatRanges Zero::SaveRanges() const {
   std::vector<std::pair<size_t, size_t>> out;
   for (const Unit& u : units_) {
     if (u.own.size() > 0) out.emplace_back(u.offset + u.own.begin, u.offset + u.own.end);
@@ -401,33 +419,33 @@ std::vector<std::pair<size_t, size_t>> Zero::FlatRanges() const {
   return out;
 }
 
-std::vector<float> Zero::ShardParams() const {
+std::vector<float> Zero::SaveParams() const {
   if (options_.stage == 3) return shard_params_;
   std::vector<float> out;
   out.reserve(shard_size_);
-  const float* p = model_->params().data();
+  const float* p = engine_->params().f32().data();
   for (const Unit& u : units_) {
     out.insert(out.end(), p + u.offset + u.own.begin, p + u.offset + u.own.end);
   }
   return out;
 }
 
-std::vector<float> Zero::ShardM() const {
+std::vector<float> Zero::SaveM() const {
   return ConcatState([](const optim::AdamW& a) { return a.m(); });
 }
 
-std::vector<float> Zero::ShardV() const {
+std::vector<float> Zero::SaveV() const {
   return ConcatState([](const optim::AdamW& a) { return a.v(); });
 }
 
 int64_t Zero::optimizer_step() const { return adamw_.empty() ? 0 : adamw_.front().step(); }
 
-absl::Status Zero::RestoreShard(absl::Span<const float> params, absl::Span<const float> m,
-                                absl::Span<const float> v, int64_t step) {
+absl::Status Zero::Restore(absl::Span<const float> params, absl::Span<const float> m,
+                           absl::Span<const float> v, int64_t step) {
   if (params.size() != shard_size_ || m.size() != shard_size_ || v.size() != shard_size_) {
-    return absl::InvalidArgumentError(absl::StrCat("Zero::RestoreShard: ", params.size(), "/",
-                                                   m.size(), "/", v.size(),
-                                                   " elements for a shard of ", shard_size_));
+    return absl::InvalidArgumentError(absl::StrCat("Zero::Restore: ", params.size(), "/", m.size(),
+                                                   "/", v.size(), " elements for a shard of ",
+                                                   shard_size_));
   }
   for (size_t k = 0; k < units_.size(); ++k) {
     Unit& u = units_[k];
@@ -440,13 +458,16 @@ absl::Status Zero::RestoreShard(absl::Span<const float> params, absl::Span<const
   return options_.stage < 3 ? GatherAllParams() : absl::OkStatus();
 }
 
-ZeroMemory Zero::memory() const {
+ZeroMemory Zero::zero_memory() const {
+  // The buffers this rank really holds: the engine's whole-model buffers
+  // where the stage keeps them whole, else the shard vectors; m and v of
+  // every unit's optimizer.
   ZeroMemory z;
-  const int64_t n = static_cast<int64_t>(model_->layout().num_params());
-  const int64_t shard = static_cast<int64_t>(shard_size_);
-  z.params = (options_.stage == 3 ? shard : n) * kF32;
-  z.grads = (options_.stage >= 2 ? shard : n) * kF32;
-  z.optimizer = 2 * shard * kF32;
+  z.params = options_.stage == 3 ? int64_t(shard_params_.size()) * kF32
+                                 : int64_t(engine_->param_buffer().bytes());
+  z.grads = options_.stage >= 2 ? int64_t(shard_grads_.size()) * kF32
+                                : int64_t(engine_->grad_buffer().bytes());
+  for (const optim::AdamW& a : adamw_) z.optimizer += int64_t(a.m().size() + a.v().size()) * kF32;
   z.comm_buffers = static_cast<int64_t>(reduce_scratch_.size()) * kF32;
   if (options_.stage == 3) {
     z.gathered = measure_ ? peak_gathered_bytes_ : int64_t(peak_live_param_elems_) * kF32;
@@ -456,6 +477,18 @@ ZeroMemory Zero::memory() const {
   }
   z.optimizer_on_host = options_.offload_optimizer;
   return z;
+}
+
+ModelStateMemory Zero::memory() const {
+  const ZeroMemory z = zero_memory();
+  ModelStateMemory m;
+  m.params = z.params;
+  m.grads = z.grads;
+  m.optimizer = z.optimizer;
+  m.comm_buffers = z.comm_buffers;
+  m.working = z.gathered + z.unit_grads;
+  m.optimizer_on_host = z.optimizer_on_host;
+  return m;
 }
 
 }  // namespace shardtrain::parallel

@@ -17,7 +17,7 @@
 //            backward). Step and all-gather as stage 1.
 //   stage 3  parameters sharded too: the rank keeps its parameter shard
 //            separately; a unit's parameters are all-gathered into the
-//            model's buffer right before it is used (Gpt::set_param_hook)
+//            engine's buffer right before it is used (Engine::set_param_hook)
 //            and the next use's unit is prefetched (its all-gather is issued
 //            while this one computes); a unit is released after its use
 //            unless the next use is the same unit. With
@@ -36,7 +36,8 @@
 // pass finishes on stale data and EndMicroBatch() returns the first error;
 // the communicator is poisoned by then, so nothing waits.
 //
-// Not thread-safe: one caller; the model's hooks run on the caller's thread.
+// A DataParallel strategy (data_parallel.h). Not thread-safe: one caller;
+// the engine's hooks run on the caller's thread.
 #ifndef SHARDTRAIN_WORKER_PARALLEL_ZERO_H_
 #define SHARDTRAIN_WORKER_PARALLEL_ZERO_H_
 
@@ -51,8 +52,8 @@
 #include "absl/types/span.h"
 #include "common/shard_range.h"
 #include "worker/comm/communicator.h"
-#include "worker/engine/cpu/gpt.h"
 #include "worker/optim/adamw.h"
+#include "worker/parallel/data_parallel.h"
 
 namespace shardtrain::parallel {
 
@@ -77,71 +78,73 @@ struct ZeroMemory {
   bool optimizer_on_host = false;
 };
 
-class Zero {
+class Zero final : public DataParallel {
  public:
-  // model and comm must outlive the Zero; comm null means dp = 1 (the same
+  // engine and comm must outlive the Zero; comm null means dp = 1 (the same
   // code path with local copies instead of collectives). InvalidArgument for
-  // a stage outside 1..3. Stage 3 releases the model's parameters (call
-  // InitParams or RestoreShard next); stages 2-3 release its gradients.
+  // a stage outside 1..3; UNIMPLEMENTED unless the engine's buffers are host
+  // fp32. Stage 3 releases the engine's parameters (call InitParams or
+  // Restore next); stages 2-3 release its gradients.
   static absl::StatusOr<std::unique_ptr<Zero>> Create(const ZeroOptions& options,
-                                                      engine::cpu::Gpt* model,
+                                                      engine::Engine* engine,
                                                       const optim::AdamWOptions& adamw,
                                                       comm::Communicator* comm);
-  ~Zero();
+  ~Zero() override;
 
-  // The model's initial parameters (Gpt::InitParams(seed)): stages 1-2 on
-  // the whole buffer, stage 3 only over this rank's shard. No communication.
-  void InitParams(uint64_t seed);
+  // The engine's initial parameters (Engine::InitParams(seed)): stages 1-2
+  // on the whole buffer, stage 3 only over this rank's shard. No
+  // communication.
+  void InitParams(uint64_t seed) override;
 
   // Around each micro-batch (0-based `micro` of `accum`): Begin installs the
-  // model's hooks; End (after the Backward) waits for this micro-batch's
-  // gradient reduction, removes the hooks and returns the first
-  // communication error of the pass, if any.
-  void BeginMicroBatch(int micro, int accum);
-  absl::Status EndMicroBatch();
+  // engine's hooks (and, stage 1, zeroes the gradients at micro 0; stages
+  // 2-3 keep them zero themselves); End (after the Backward) waits for this
+  // micro-batch's gradient reduction, removes the hooks and returns the
+  // first communication error of the pass, if any.
+  void BeginMicroBatch(int micro, int accum) override;
+  absl::Status EndMicroBatch() override;
 
   // The optimizer step after the last EndMicroBatch of a step: the gradient
   // averaged over dp, global-norm clipping (optim::ClipScale of the norm
   // over all ranks), AdamW with `lr` on the shard, and (stages 1-2) the
-  // all-gather of the updated params. Returns the global gradient norm before clipping, identical
-  // on every rank. Stages 1: the model's grads are zeroed by the caller (Gpt::ZeroGrad) before the
-  // next step; 2-3 leave them zero themselves.
-  absl::StatusOr<double> Step(float lr, float max_norm);
+  // all-gather of the updated params. The norm before clipping is identical
+  // on every rank; comm_ms is the whole step's time when dp > 1.
+  absl::StatusOr<StepStats> Step(float lr, float max_norm) override;
 
-  // Makes the model's parameter buffer hold the whole, current parameters on
+  // Makes the engine's parameter buffer hold the whole, current parameters on
   // every rank (stage 3 all-gathers every unit; 1-2 hold them already), for
   // exporting weights. Collective. The next BeginMicroBatch frees them again.
-  absl::Status GatherWholeModel();
+  absl::Status GatherWholeModel() override;
 
-  // ---- Checkpoints: this rank's shard.
+  // ---- Checkpoints: this rank's shard, which it both writes and reads.
   // Flat ranges [unit.offset + begin, unit.offset + end) of the rank's
   // shard, in unit order (sorted, disjoint; empty ranges left out).
-  std::vector<std::pair<size_t, size_t>> FlatRanges() const;
-  // Params, m and v of the shard, concatenated in FlatRanges() order.
-  std::vector<float> ShardParams() const;
-  std::vector<float> ShardM() const;
-  std::vector<float> ShardV() const;
-  int64_t optimizer_step() const;
-  // Sets the shard from a checkpoint (each vector holds the FlatRanges()
+  FlatRanges SaveRanges() const override;
+  FlatRanges LoadRanges() const override { return SaveRanges(); }
+  // Params, m and v of the shard, concatenated in SaveRanges() order.
+  std::vector<float> SaveParams() const override;
+  std::vector<float> SaveM() const override;
+  std::vector<float> SaveV() const override;
+  int64_t optimizer_step() const override;
+  // Sets the shard from a checkpoint (each vector holds the ranges'
   // elements in order) and, stages 1-2, all-gathers the params so that every
   // rank holds the whole model again (collective). InvalidArgument for sizes.
-  absl::Status RestoreShard(absl::Span<const float> params, absl::Span<const float> m,
-                            absl::Span<const float> v, int64_t step);
+  absl::Status Restore(absl::Span<const float> params, absl::Span<const float> m,
+                       absl::Span<const float> v, int64_t step) override;
 
   // ---- Accounting.
-  // Bytes this rank sent in the collectives since the last call (ring model
-  // of each op actually issued: all-gather and reduce-scatter (dp-1)·count,
-  // all-reduce 2(dp-1)/dp·count, broadcast (dp-1)/dp·count elements).
-  int64_t TakeCommBytes();
-  // Elements of the model's parameter buffer currently gathered (stage 3:
+  // Elements of the engine's parameter buffer currently gathered (stage 3:
   // the units this rank holds whole right now; otherwise all).
   size_t live_param_elems() const { return live_param_elems_; }
   size_t peak_live_param_elems() const { return peak_live_param_elems_; }
-  // Turns on sampling of the model buffers' resident bytes (mincore) at
+  // Turns on sampling of the engine buffers' resident bytes (mincore) at
   // every unit use and gradient completion, for memory(); off by default
   // (it costs a syscall per use).
-  void set_measure(bool on) { measure_ = on; }
-  ZeroMemory memory() const;
+  void set_measure(bool on) override { measure_ = on; }
+  // By kind, ZeRO's own detail, and as every strategy reports it (working =
+  // gathered + unit_grads).
+  ZeroMemory zero_memory() const;
+  ModelStateMemory memory() const override;
 
   int stage() const { return options_.stage; }
   int dp() const { return dp_; }
@@ -162,7 +165,12 @@ class Zero {
     std::vector<std::shared_ptr<comm::Work>> works;
   };
 
-  Zero(const ZeroOptions& options, engine::cpu::Gpt* model, comm::Communicator* comm);
+  Zero(const ZeroOptions& options, engine::Engine* engine, comm::Communicator* comm);
+  // Bytes sent in the collectives since the last call (ring model of each
+  // op actually issued: all-gather and reduce-scatter (dp-1)·count,
+  // all-reduce 2(dp-1)/dp·count, broadcast (dp-1)/dp·count elements).
+  int64_t TakeCommBytes();
+  absl::StatusOr<double> StepShard(float lr, float max_norm);
 
   void OnParamUse(int unit, bool begin);
   void OnGradsReady(size_t offset);
@@ -193,7 +201,7 @@ class Zero {
   }
 
   const ZeroOptions options_;
-  engine::cpu::Gpt* const model_;
+  engine::Engine* const engine_;
   comm::Communicator* const comm_;  // null when dp == 1
   const int dp_, rank_;
   std::vector<Unit> units_;
@@ -203,7 +211,7 @@ class Zero {
   std::vector<float> shard_grads_;     // stages 2-3
   std::vector<float> reduce_scratch_;  // stages 2-3 with accumulation > 1
   std::vector<float> norm_scratch_;
-  std::vector<int> uses_;  // the order of Gpt::set_param_hook calls of one micro-batch
+  std::vector<int> uses_;  // the order of Engine::set_param_hook calls of one micro-batch
   size_t forward_uses_ = 0;
   size_t cursor_ = 0;
   int micro_ = 0;

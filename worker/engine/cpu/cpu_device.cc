@@ -27,7 +27,8 @@ class HostEvent final : public Event {
 class HostBuffer final : public Buffer {
  public:
   explicit HostBuffer(PageBuffer pages)
-      : Buffer(pages.data(), pages.size(), DataType::kFloat32), pages_(std::move(pages)) {}
+      : Buffer(pages.data(), pages.size(), DataType::kFloat32, DeviceKind::kCpu),
+        pages_(std::move(pages)) {}
   void Release(size_t begin, size_t n) override { pages_.Release(begin, n); }
   int64_t ResidentBytes(size_t begin, size_t n) const override {
     return pages_.ResidentBytes(begin, n);

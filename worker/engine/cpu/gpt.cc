@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/rng.h"
@@ -86,68 +87,61 @@ absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(const GptConfig& config, int B,
 }
 
 Gpt::Gpt(const GptConfig& config, int B, int T, int threads)
-    : layout_(config), B_(B), T_(T), pool_(threads) {
+    : layout_(config), B_(B), T_(T), pool_(threads), table_(config, B, T) {
   // The pool drives OpenBLAS: one BLAS thread per pool thread (process-wide).
   openblas_set_num_threads(1);
-  const int64_t L = config.layers, C = config.dim, NH = config.heads;
-  const int64_t Vp = config.padded_vocab, BT = int64_t{B} * T;
-  params_ = PageBuffer(layout_.num_params());
-  grads_ = PageBuffer(layout_.num_params());
+  const size_t n = layout_.num_params();
+  // The CPU device holds fp32: allocating fp32 cannot fail but by aborting.
+  params_ = *device_.Allocate(n, DataType::kFloat32);
+  grads_ = *device_.Allocate(n, DataType::kFloat32);
+  param_data_ = params_->as<float>();
+  grad_data_ = grads_->as<float>();
 
-  const int64_t per_layer = BT * C /*ln1*/ + 2 * BT + BT * 3 * C /*qkv*/ + BT * C /*atty*/ +
-                            B * NH * T * T /*att*/ + BT * C /*res2*/ + BT * C /*ln2*/ + 2 * BT +
-                            2 * BT * 4 * C /*fch, gelu*/ + BT * C /*res3*/;
-  const int64_t total = L * per_layer + BT * C /*encoded*/ + BT * C /*lnf*/ + 2 * BT +
-                        BT * Vp /*logits*/ + 2 * BT /*losses, lse*/ + BT * C /*proj_out*/;
-  acts_.assign(total, 0.0f);
-  float* p = acts_.data();
-  auto take = [&p](int64_t n) {
-    float* r = p;
-    p += n;
-    return r;
+  // Every activation and scratch tensor where the model's table puts it:
+  // the saved tensors, then the scratch ones, in one buffer.
+  acts_ = *device_.Allocate(static_cast<size_t>(table_.total_numel()), DataType::kFloat32);
+  float* const saved = acts_->as<float>();
+  float* const scratch = saved + table_.saved_numel();
+  auto take = [&](const std::string& name) {
+    const model::ActivationTensor& t = table_.at(name);
+    return (t.kind == model::ActivationKind::kSaved ? saved : scratch) + t.offset;
   };
-  layer_acts_.resize(L);
-  for (auto& a : layer_acts_) {
-    a.ln1 = take(BT * C);
-    a.ln1_mean = take(BT);
-    a.ln1_rstd = take(BT);
-    a.qkv = take(BT * 3 * C);
-    a.atty = take(BT * C);
-    a.att = take(B * NH * T * T);
-    a.residual2 = take(BT * C);
-    a.ln2 = take(BT * C);
-    a.ln2_mean = take(BT);
-    a.ln2_rstd = take(BT);
-    a.fch = take(BT * 4 * C);
-    a.fch_gelu = take(BT * 4 * C);
-    a.residual3 = take(BT * C);
+  layer_acts_.resize(config.layers);
+  for (int l = 0; l < config.layers; ++l) {
+    LayerActs& a = layer_acts_[l];
+    const std::string b = absl::StrCat("block.", l, ".");
+    a.ln1 = take(b + "ln1");
+    a.ln1_mean = take(b + "ln1_mean");
+    a.ln1_rstd = take(b + "ln1_rstd");
+    a.qkv = take(b + "qkv");
+    a.atty = take(b + "atty");
+    a.att = take(b + "att");
+    a.residual2 = take(b + "residual2");
+    a.ln2 = take(b + "ln2");
+    a.ln2_mean = take(b + "ln2_mean");
+    a.ln2_rstd = take(b + "ln2_rstd");
+    a.fch = take(b + "fch");
+    a.fch_gelu = take(b + "fch_gelu");
+    a.residual3 = take(b + "residual3");
   }
-  encoded_ = take(BT * C);
-  lnf_ = take(BT * C);
-  lnf_mean_ = take(BT);
-  lnf_rstd_ = take(BT);
-  logits_ = take(BT * Vp);
-  losses_ = take(BT);
-  lse_ = take(BT);
-  proj_out_ = take(BT * C);
-
-  scratch_.assign(BT * C * 3 + BT * 3 * C + BT * 4 * C * 2 + B * NH * T * T, 0.0f);
-  p = scratch_.data();
-  dresidual_ = take(BT * C);
-  dln_ = take(BT * C);
-  datty_ = take(BT * C);
-  dqkv_ = take(BT * 3 * C);
-  dfch_ = take(BT * 4 * C);
-  dfch_gelu_ = take(BT * 4 * C);
-  att_scratch_ = take(B * NH * T * T);
+  encoded_ = take("encoded");
+  lnf_ = take("lnf");
+  lnf_mean_ = take("lnf_mean");
+  lnf_rstd_ = take("lnf_rstd");
+  logits_ = take("logits");
+  losses_ = take("losses");
+  lse_ = take("lse");
+  proj_out_ = take("proj_out");
+  dresidual_ = take("dresidual");
+  dln_ = take("dln");
+  datty_ = take("datty");
+  dqkv_ = take("dqkv");
+  dfch_ = take("dfch");
+  dfch_gelu_ = take("dfch_gelu");
+  att_scratch_ = take("att_scratch");
+  const int64_t BT = int64_t{B} * T;
   tokens_.assign(BT, 0);
   targets_.assign(BT, 0);
-}
-
-void Gpt::InitParams(uint64_t seed) { InitParams(seed, 0, layout_.num_params()); }
-
-void Gpt::InitParams(uint64_t seed, size_t begin, size_t end) {
-  InitParamsInto(seed, begin, end, params_.data() + begin);
 }
 
 void Gpt::InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) {
@@ -191,15 +185,15 @@ void Gpt::InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) {
   }
 }
 
-void Gpt::ZeroGrad() {
-  float* g = grads_.data();
-  pool_.ParallelFor(
-      static_cast<int64_t>(grads_.size()),
-      [&](int64_t i0, int64_t i1) { std::memset(g + i0, 0, sizeof(float) * (i1 - i0)); }, 1 << 16);
+void Gpt::ReadLogits(int row, float* out) const {
+  std::memcpy(out, logits_ + int64_t{row} * config().padded_vocab, sizeof(float) * config().vocab);
 }
 
-float Gpt::Forward(const int* tokens, const int* targets) {
-  return Forward(tokens, targets, B_, T_);
+void Gpt::ZeroGrad() {
+  float* g = grad_data_;
+  pool_.ParallelFor(
+      static_cast<int64_t>(grads_->count()),
+      [&](int64_t i0, int64_t i1) { std::memset(g + i0, 0, sizeof(float) * (i1 - i0)); }, 1 << 16);
 }
 
 float Gpt::Forward(const int* tokens, const int* targets, int b, int t) {

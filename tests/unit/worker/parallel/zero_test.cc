@@ -97,10 +97,10 @@ Trace Reference(int dp, int accum) {
       m.Backward(1.0f / accum);
     }
     run.losses.push_back(loss / accum);
-    run.norms.push_back(optim::ClipGradNorm(m.grads(), kMaxNorm, nullptr));
-    adamw->Step(m.params(), m.grads(), Lr(step), nullptr);
+    run.norms.push_back(optim::ClipGradNorm(m.grads().f32(), kMaxNorm, nullptr));
+    adamw->Step(m.params().f32(), m.grads().f32(), Lr(step), nullptr);
   }
-  run.params.assign(m.params().begin(), m.params().end());
+  run.params.assign(m.params().f32().begin(), m.params().f32().end());
   return run;
 }
 
@@ -131,7 +131,6 @@ void RankRun(comm::Communicator& comm, const Variant& v, Trace* run) {
   z.InitParams(kSeed);
   std::vector<int> in, tgt;
   for (int step = 0; step < kSteps; ++step) {
-    if (v.stage == 1) m.ZeroGrad();
     double loss = 0;
     for (int micro = 0; micro < v.accum; ++micro) {
       Batch(step, micro, rank * kB, kB, m.config().vocab, &in, &tgt);
@@ -149,16 +148,16 @@ void RankRun(comm::Communicator& comm, const Variant& v, Trace* run) {
     run->losses.push_back(sum / dp);
     auto norm = z.Step(Lr(step), kMaxNorm);
     ASSERT_TRUE(norm.ok()) << norm.status();
-    run->norms.push_back(*norm);
+    run->norms.push_back(norm->grad_norm);
   }
-  run->params = z.ShardParams();
-  run->ranges = z.FlatRanges();
+  run->params = z.SaveParams();
+  run->ranges = z.SaveRanges();
   EXPECT_EQ(z.memory().optimizer_on_host, v.offload);
   if (v.stage < 3) {  // every rank holds the whole, identical model again
-    std::vector<float> whole(m.params().begin(), m.params().end());
+    std::vector<float> whole(m.params().f32().begin(), m.params().f32().end());
     ASSERT_TRUE(comm.Broadcast(whole.data(), whole.size(), comm::DataType::kFloat32, 0).ok());
     for (size_t i = 0; i < whole.size(); ++i) {
-      ASSERT_EQ(whole[i], m.params()[i]) << "rank " << rank << " element " << i;
+      ASSERT_EQ(whole[i], m.params().f32()[i]) << "rank " << rank << " element " << i;
     }
   }
 }
@@ -257,7 +256,7 @@ TEST(ZeroLiveBytesTest, Stage3FreesGatheredUnitsAfterUse) {
         ASSERT_TRUE(z.Step(1e-3f, 1.0f).ok());
       }
       EXPECT_EQ(z.peak_live_param_elems(), expected_peak);
-      const ZeroMemory mem = z.memory();
+      const ZeroMemory mem = z.zero_memory();
       const int64_t want = int64_t(expected_peak * sizeof(float));
       EXPECT_GE(mem.gathered, want - int64_t(2 * page));
       EXPECT_LE(mem.gathered, want + edge_slack);

@@ -34,14 +34,15 @@ TEST(GptTest, InitIsDeterministicWithGpt2Statistics) {
   ASSERT_TRUE(a.ok() && b.ok());
   (*a)->InitParams(7);
   (*b)->InitParams(7);
-  ASSERT_TRUE(std::equal((*a)->params().begin(), (*a)->params().end(), (*b)->params().begin()))
+  ASSERT_TRUE(std::equal((*a)->params().f32().begin(), (*a)->params().f32().end(),
+                         (*b)->params().f32().begin()))
       << "init depends on the thread count";
   const ParamLayout& layout = (*a)->layout();
   auto stddev = [&](int tensor) {
     const TensorInfo& t = layout.tensors()[tensor];
     double s = 0, s2 = 0;
     for (size_t i = 0; i < t.numel; ++i) {
-      const double x = (*a)->params()[t.offset + i];
+      const double x = (*a)->params().f32()[t.offset + i];
       s += x;
       s2 += x * x;
     }
@@ -50,10 +51,10 @@ TEST(GptTest, InitIsDeterministicWithGpt2Statistics) {
   EXPECT_NEAR(stddev(layout.wte()), 0.02, 0.001);
   EXPECT_NEAR(stddev(layout.block_tensor(0, kFcW)), 0.02, 0.001);
   EXPECT_NEAR(stddev(layout.block_tensor(0, kFcProjW)), 0.02 / std::sqrt(8.0), 0.0005);
-  EXPECT_EQ((*a)->params()[layout.offset(layout.block_tensor(0, kLn1W))], 1.0f);
-  EXPECT_EQ((*a)->params()[layout.offset(layout.block_tensor(0, kQkvB))], 0.0f);
+  EXPECT_EQ((*a)->params().f32()[layout.offset(layout.block_tensor(0, kLn1W))], 1.0f);
+  EXPECT_EQ((*a)->params().f32()[layout.offset(layout.block_tensor(0, kQkvB))], 0.0f);
   (*b)->InitParams(8);
-  EXPECT_NE((*a)->params()[5], (*b)->params()[5]);
+  EXPECT_NE((*a)->params().f32()[5], (*b)->params().f32()[5]);
 }
 
 TEST(GptTest, CreateValidates) {
@@ -90,7 +91,7 @@ TEST(GptTest, GradientAccumulation) {
   g.ZeroGrad();
   const float full_loss = g.Forward(tok.data(), tgt.data());
   g.Backward();
-  std::vector<float> full(g.grads().begin(), g.grads().end());
+  std::vector<float> full(g.grads().f32().begin(), g.grads().f32().end());
   g.ZeroGrad();
   const float l0 = g.Forward(tok.data(), tgt.data(), 2, 8);
   g.Backward(0.5f);
@@ -99,7 +100,7 @@ TEST(GptTest, GradientAccumulation) {
   EXPECT_NEAR((l0 + l1) / 2, full_loss, 1e-5);
   double diff = 0, scale = 0;
   for (size_t i = 0; i < full.size(); ++i) {
-    diff = std::max(diff, double(std::abs(full[i] - g.grads()[i])));
+    diff = std::max(diff, double(std::abs(full[i] - g.grads().f32()[i])));
     scale = std::max(scale, double(std::abs(full[i])));
   }
   std::printf("[accumulation] max rel diff %.3e\n", diff / scale);

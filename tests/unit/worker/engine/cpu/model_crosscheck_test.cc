@@ -97,7 +97,7 @@ class CrossCheckTest : public ::testing::Test {
       for (int64_t d : t.shape) l << " " << d;
       l << "\n";
     }
-    WriteBin(dir_ / "params.bin", model_->params().data(), model_->params().size());
+    WriteBin(dir_ / "params.bin", model_->params().f32().data(), model_->params().f32().size());
   }
 
   int RunTorch(const std::string& mode) {
@@ -134,7 +134,7 @@ TEST_F(CrossCheckTest, LossAndGradientsMatchTorch) {
   std::printf("[torch] loss ours %.7f torch %.7f rel diff %.3e\n", loss, torch_loss, loss_rel);
   EXPECT_LT(loss_rel, kTol);
 
-  const auto& grads = model_->grads();
+  const auto& grads = model_->grads().f32();
   const std::vector<float> ref = ReadFloats(dir_ / "grads.bin", grads.size());
   double worst = 0;
   std::string worst_name;
@@ -161,7 +161,7 @@ TEST_F(CrossCheckTest, AdamWMatchesTorchAndShardsMatchWhole) {
   opt.beta2 = 0.95f;
   opt.eps = 1e-8f;
   opt.weight_decay = 0.1f;
-  const size_t n = model_->params().size();
+  const size_t n = model_->params().f32().size();
   std::string extra = "steps " + std::to_string(kSteps) + "\nbeta1 0.9\nbeta2 0.95\n" +
                       "eps 1e-8\nweight_decay 0.1\n";
   OptimizerSpec schedule;  // warmup 3 steps to 1e-2, cosine to 1e-3
@@ -179,7 +179,7 @@ TEST_F(CrossCheckTest, AdamWMatchesTorchAndShardsMatchWhole) {
 
   // Whole-buffer optimizer, and the same buffer stepped as two shards split
   // inside a tensor (ZeRO-1 style): must be bitwise equal.
-  std::vector<float> whole(model_->params().begin(), model_->params().end());
+  std::vector<float> whole(model_->params().f32().begin(), model_->params().f32().end());
   std::vector<float> sharded = whole;
   auto full = optim::AdamW::Create(model_->layout(), 0, n, opt);
   ASSERT_TRUE(full.ok()) << full.status();

@@ -39,7 +39,7 @@ TEST(TrainTest, FortunesLossDropsBelow2p5In300Steps) {
   gpt.InitParams(1337);
   std::printf("[train] %zu params, %zu tokens\n", gpt.layout().num_params(), tokens->size());
   optim::AdamWOptions opt;  // betas (0.9, 0.95), eps 1e-8, wd 0.1
-  auto adam = optim::AdamW::Create(gpt.layout(), 0, gpt.params().size(), opt);
+  auto adam = optim::AdamW::Create(gpt.layout(), 0, gpt.params().f32().size(), opt);
   ASSERT_TRUE(adam.ok());
 
   OptimizerSpec schedule;  // warmup 20 steps to 3e-3, cosine to 3e-4
@@ -54,9 +54,9 @@ TEST(TrainTest, FortunesLossDropsBelow2p5In300Steps) {
     gpt.ZeroGrad();
     const float loss = gpt.Forward(in.data(), tg.data());
     gpt.Backward();
-    const float norm = optim::ClipGradNorm(gpt.grads(), 1.0f, gpt.pool());
+    const float norm = optim::ClipGradNorm(gpt.grads().f32(), 1.0f, gpt.pool());
     const float lr = static_cast<float>(optim::LearningRate(schedule, step, kSteps));
-    adam->Step(gpt.params(), gpt.grads(), lr, gpt.pool());
+    adam->Step(gpt.params().f32(), gpt.grads().f32(), lr, gpt.pool());
     losses.push_back(loss);
     ASSERT_TRUE(std::isfinite(loss)) << "step " << step;
     if (step % 50 == 0 || step == kSteps - 1) {

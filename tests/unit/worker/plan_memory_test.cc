@@ -1,0 +1,127 @@
+// The planner's memory per rank against what the worker really holds: for
+// three model shapes and ZeRO stages 0-3 on dp = 2 (thread ranks, each a real
+// Trainer — CPU engine, DDP or ZeRO, Gloo over 127.0.0.1), after two steps
+// the busiest rank's measured memory (Trainer::memory() with measuring on:
+// resident pages of the engine's activation, parameter and gradient
+// buffers; the strategy's shard and optimizer vectors) is within 5% of
+// MakePlan's activations and model state (params + grads + optimizer).
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/job_spec.h"
+#include "common/planner.h"
+#include "gtest/gtest.h"
+#include "tests/unit/worker/comm/test_util.h"
+#include "worker/trainer.h"
+
+namespace shardtrain::worker {
+namespace {
+namespace fs = std::filesystem;
+
+struct Shape {
+  const char* name;
+  int layers, heads, dim, context, vocab;
+  int micro, seq_len;
+};
+constexpr Shape kShapes[] = {
+    {"tiny", 2, 2, 32, 32, 256, 4, 32},
+    {"fortunes", 4, 4, 128, 64, 256, 8, 64},
+    {"wide", 3, 6, 192, 128, 512, 2, 128},
+};
+
+class PlanMemoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("shardtrain_plan_memory_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    std::ofstream f(dir_ / "text.txt");
+    for (int i = 0; i < 2000; ++i)
+      f << "The quick brown fox " << i << " jumps over the lazy dog.\n";
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  JobSpec Spec(const Shape& s, int zero) const {
+    const std::string yaml =
+        "name: plan-memory\n"
+        "model: {layers: " +
+        std::to_string(s.layers) + ", heads: " + std::to_string(s.heads) +
+        ", dim: " + std::to_string(s.dim) + ", context: " + std::to_string(s.context) +
+        ", vocab: " + std::to_string(s.vocab) +
+        "}\n"
+        "data: {train: " +
+        (dir_ / "text.txt").string() +
+        "}\n"
+        "batch: {global: " +
+        std::to_string(2 * s.micro) + ", micro: " + std::to_string(s.micro) +
+        ", seq_len: " + std::to_string(s.seq_len) +
+        "}\n"
+        "parallel: {dp: 2, zero: " +
+        std::to_string(zero) +
+        "}\n"
+        "steps: 2\n";
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    return *spec;
+  }
+  fs::path dir_;
+};
+
+double RelDiff(int64_t got, int64_t want) {
+  return want == 0 ? (got == 0 ? 0.0 : 1.0) : std::abs(double(got - want)) / double(want);
+}
+
+TEST_F(PlanMemoryTest, PlanMatchesWhatTheTrainerHoldsWithin5Percent) {
+  std::printf("%-9s %4s  %14s %14s %6s  %14s %14s %6s\n", "shape", "zero", "plan acts",
+              "measured acts", "diff", "plan state", "measured state", "diff");
+  for (const Shape& shape : kShapes) {
+    for (int zero = 0; zero <= 3; ++zero) {
+      SCOPED_TRACE(testing::Message() << shape.name << " zero " << zero);
+      const JobSpec spec = Spec(shape, zero);
+      absl::StatusOr<v1::Plan> plan = MakePlan(spec, 2);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      const v1::MemoryEstimate& want = plan->memory_per_rank();
+      MemoryUse busiest;  // the last dp rank's, which the plan reports
+      std::mutex mu;
+      comm::testing::RunRanks(2, [&](comm::Communicator& comm) {
+        auto trainer = Trainer::Create(spec, comm.rank(), /*threads=*/1, &comm);
+        ASSERT_TRUE(trainer.ok()) << trainer.status();
+        (*trainer)->set_measure_memory(true);
+        for (int step = 1; step <= 2; ++step) {
+          absl::StatusOr<StepResult> r = (*trainer)->Step(step);
+          ASSERT_TRUE(r.ok()) << r.status();
+          ASSERT_TRUE(std::isfinite(r->loss));
+        }
+        if (comm.rank() == 1) {
+          std::lock_guard<std::mutex> lock(mu);
+          busiest = (*trainer)->memory();
+        }
+      });
+      const int64_t plan_state = want.params_bytes() + want.grads_bytes() + want.optimizer_bytes();
+      const int64_t got_state = busiest.params + busiest.grads + busiest.optimizer;
+      std::printf("%-9s %4d  %14lld %14lld %5.2f%%  %14lld %14lld %5.2f%%\n", shape.name, zero,
+                  static_cast<long long>(want.activations_bytes()),
+                  static_cast<long long>(busiest.activations),
+                  100 * RelDiff(busiest.activations, want.activations_bytes()),
+                  static_cast<long long>(plan_state), static_cast<long long>(got_state),
+                  100 * RelDiff(got_state, plan_state));
+      EXPECT_LE(RelDiff(busiest.activations, want.activations_bytes()), 0.05);
+      EXPECT_LE(RelDiff(got_state, plan_state), 0.05);
+      // Each kind on its own too: the plan shards what the strategy shards.
+      EXPECT_LE(RelDiff(busiest.params, want.params_bytes()), 0.05);
+      EXPECT_LE(RelDiff(busiest.grads, want.grads_bytes()), 0.05);
+      EXPECT_LE(RelDiff(busiest.optimizer, want.optimizer_bytes()), 0.05);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain::worker

@@ -1,0 +1,107 @@
+// Engine: the GPT's forward and backward on one device, as the rest of the
+// worker sees it — the trainer, the data-parallel strategies (DDP, ZeRO),
+// checkpoints and generation. Implementations: engine/cpu (fp32, OpenBLAS);
+// a GPU engine slots in beside it.
+//
+// What every engine promises:
+//   - parameters and gradients are one flat buffer each on device(), laid
+//     out by layout() (common/model/param_layout.h), so strategies and
+//     checkpoints work on ranges of them;
+//   - activations are allocated once, from activations() (the table the
+//     planner accounts with), for micro-batches of up to (max_batch(),
+//     max_seq_len()); Forward/Backward allocate nothing;
+//   - the hooks below are called on the caller's thread, in the documented
+//     order, so ZeRO can gather parameters before a unit is used and reduce
+//     gradients as soon as a unit's are final.
+//
+// Not thread-safe: one caller at a time.
+#ifndef SHARDTRAIN_WORKER_ENGINE_ENGINE_H_
+#define SHARDTRAIN_WORKER_ENGINE_ENGINE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "common/model/activations.h"
+#include "common/model/config.h"
+#include "common/model/param_layout.h"
+#include "worker/engine/device.h"
+#include "worker/engine/thread_pool.h"
+
+namespace shardtrain::engine {
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  virtual const model::ParamLayout& layout() const = 0;
+  const model::GptConfig& config() const { return layout().config(); }
+  virtual int max_batch() const = 0;    // B
+  virtual int max_seq_len() const = 0;  // T
+  virtual Device& device() = 0;
+
+  // The flat parameter and gradient buffers (layout() order).
+  virtual Buffer& param_buffer() = 0;
+  virtual Buffer& grad_buffer() = 0;
+  FlatView params() { return param_buffer().view(); }
+  FlatView grads() { return grad_buffer().view(); }
+
+  // The table the activation buffers were allocated from, and those
+  // buffers' bytes: allocated, and held now (measured where the device can).
+  virtual const model::ActivationTable& activations() const = 0;
+  virtual int64_t activation_bytes() const = 0;
+  virtual int64_t ResidentActivationBytes() const = 0;
+
+  // Host threads for host-side math over the flat buffers (the optimizer
+  // step, gradient norms).
+  virtual ThreadPool* host_pool() = 0;
+
+  // GPT-2 init, a pure function of (seed, layout): weights N(0, 0.02), the
+  // residual projections N(0, 0.02 / sqrt(2L)), biases 0, LayerNorm weights
+  // 1, padded wte rows 0. Element i of tensor k depends only on (seed, k, i),
+  // so every rank and every shard computes the same values. Writes the fp32
+  // values of flat elements [begin, end) to out[0, end - begin) (memory of
+  // device()); InitParams writes the whole parameter buffer.
+  virtual void InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) = 0;
+  void InitParams(uint64_t seed) {
+    InitParamsInto(seed, 0, layout().num_params(), params().f32().data());
+  }
+
+  // Forward over b sequences of t tokens. tokens, targets: (b, t) row-major
+  // host arrays of ids in [0, vocab); 1 <= b <= max_batch(), 1 <= t <=
+  // max_seq_len() (violations are programming errors: the engine aborts with
+  // a message). Returns the mean cross-entropy loss, or 0 when targets is
+  // null (inference: only the logits are meaningful).
+  virtual float Forward(const int* tokens, const int* targets, int b, int t) = 0;
+  float Forward(const int* tokens, const int* targets) {
+    return Forward(tokens, targets, max_batch(), max_seq_len());
+  }
+  // Backward of the last Forward, which must have had targets and not been
+  // backpropagated yet. ACCUMULATES dL/dparams · loss_scale into the
+  // gradients (1/accumulation for gradient accumulation).
+  virtual void Backward(float loss_scale = 1.0f) = 0;
+  // Sets every gradient to 0.
+  virtual void ZeroGrad() = 0;
+  // The logits of position `row` (= b·t index) of the last Forward into
+  // host memory out[0, vocab).
+  virtual void ReadLogits(int row, float* out) const = 0;
+
+  // Called by Backward each time the gradients of a whole unit became final,
+  // with the unit's first element `offset`: every gradient in [offset,
+  // num_params) is final. Units finish in reverse layout order (final,
+  // block.L-1, ..., block.0, then embeddings at offset 0, since wte also
+  // collects the LM head's gradient). Null: off.
+  virtual void set_grads_ready_hook(std::function<void(size_t offset)> hook) = 0;
+  // Called around every computation that reads a unit's parameters:
+  // hook(unit, true) before, hook(unit, false) after (unit indexes
+  // layout().units()). Order — Forward: embeddings (encoder), block.0 ..
+  // block.L-1, final, embeddings (the LM head, tied to wte); Backward:
+  // embeddings (LM head), final, block.L-1 .. block.0 (the encoder's
+  // backward reads no parameter); the same as parallel::UnitUseOrder
+  // (common/shard_range.h). Null: off.
+  virtual void set_param_hook(std::function<void(int unit, bool begin)> hook) = 0;
+};
+
+}  // namespace shardtrain::engine
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_ENGINE_H_

@@ -1,0 +1,37 @@
+#include "worker/parallel/data_parallel.h"
+
+#include "absl/strings/str_cat.h"
+#include "worker/parallel/ddp.h"
+#include "worker/parallel/zero.h"
+
+namespace shardtrain::parallel {
+
+absl::Status CheckHostFp32(engine::Engine& engine, const char* who) {
+  const engine::FlatView p = engine.params();
+  if (p.dtype != DataType::kFloat32 || p.device != DeviceKind::kCpu) {
+    return absl::UnimplementedError(absl::StrCat(
+        who, " keeps host fp32 parameters; this engine's are ", DataTypeName(p.dtype), " on ",
+        std::string(EnumName(p.device)), " (GPU data parallelism arrives with the GPU engine)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<DataParallel>> MakeDataParallel(const ParallelSpec& parallel,
+                                                               engine::Engine* engine,
+                                                               const optim::AdamWOptions& adamw,
+                                                               comm::Communicator* comm) {
+  if (parallel.zero == 0) {
+    auto ddp = Ddp::Create(engine, adamw, comm, size_t(parallel.bucket_mb) << 20);
+    if (!ddp.ok()) return ddp.status();
+    return std::unique_ptr<DataParallel>(*std::move(ddp));
+  }
+  ZeroOptions o;
+  o.stage = parallel.zero;
+  o.reshard_after_forward = parallel.reshard_after_forward;
+  o.offload_optimizer = parallel.offload == OffloadMode::kOptimizer;
+  auto zero = Zero::Create(o, engine, adamw, comm);
+  if (!zero.ok()) return zero.status();
+  return std::unique_ptr<DataParallel>(*std::move(zero));
+}
+
+}  // namespace shardtrain::parallel

@@ -1,0 +1,121 @@
+// DataParallel: how one data-parallel group of ranks keeps the model's
+// parameters, gradients and optimizer state and turns each rank's gradient
+// into one optimizer step — DDP (ddp.h: every rank holds everything, one
+// bucketed all-reduce) or ZeRO stages 1-3 (zero.h: sharded per unit). The
+// trainer drives every strategy the same way, per optimizer step:
+//
+//   for each micro-batch m of accum:
+//     BeginMicroBatch(m, accum)   installs the engine's hooks (m = 0 also
+//                                 starts the step's gradients from zero)
+//     engine.Forward / Backward   the hooks gather parameters and launch
+//                                 gradient reductions as units finish
+//     EndMicroBatch()             waits for what this micro-batch must finish
+//   Step(lr, max_norm)            the mean gradient over dp, clipping by the
+//                                 global norm, AdamW, parameters made whole
+//
+// Collective: every rank of the group runs the same micro-batches and steps.
+// Not thread-safe: one caller; the engine's hooks run on the caller's thread.
+#ifndef SHARDTRAIN_WORKER_PARALLEL_DATA_PARALLEL_H_
+#define SHARDTRAIN_WORKER_PARALLEL_DATA_PARALLEL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/job_spec.h"
+#include "worker/comm/communicator.h"
+#include "worker/engine/engine.h"
+#include "worker/optim/adamw.h"
+
+namespace shardtrain::parallel {
+
+// What one optimizer step cost in communication on this rank.
+struct StepStats {
+  double grad_norm = 0;      // global norm before clipping (identical on every rank)
+  double comm_ms = 0;        // time Step() was blocked on or ran collectives (exposed)
+  double collective_ms = 0;  // time the gradient collectives ran (flight recorder), where
+                             // known: 1 - exposed/collective is the part hidden by backward
+  int64_t comm_bytes = 0;    // bytes this rank sent since the last Step (ring model of the
+                             // ops issued)
+};
+
+// Bytes of model state one rank holds, by kind.
+struct ModelStateMemory {
+  int64_t params = 0;        // parameters kept between steps (ZeRO-3: the shard)
+  int64_t grads = 0;         // gradients kept (ZeRO-2/3: the shard)
+  int64_t optimizer = 0;     // AdamW m and v (offload: in host memory)
+  int64_t comm_buffers = 0;  // buffers only communication needs
+  int64_t working = 0;       // ZeRO-2/3 peak of whole units alive at once: gathered
+                             // params (3) and full-unit gradients in backward
+  bool optimizer_on_host = false;
+};
+
+// Flat element ranges [first, second) of the parameter layout.
+using FlatRanges = std::vector<std::pair<size_t, size_t>>;
+
+class DataParallel {
+ public:
+  virtual ~DataParallel() = default;
+
+  // The model's initial parameters, the engine's InitParams(seed) values,
+  // where this strategy keeps them. No communication.
+  virtual void InitParams(uint64_t seed) = 0;
+
+  virtual void BeginMicroBatch(int micro, int accum) = 0;
+  // Returns the first communication error of the pass, if any (hooks cannot
+  // return errors: the pass finishes on stale data and the error surfaces
+  // here; the communicator is poisoned by then, so nothing waits).
+  virtual absl::Status EndMicroBatch() = 0;
+  // After the last EndMicroBatch of a step.
+  virtual absl::StatusOr<StepStats> Step(float lr, float max_norm) = 0;
+
+  // Makes the engine's parameter buffer hold the whole, current parameters
+  // on every rank (for exporting weights). Collective where parameters are
+  // sharded.
+  virtual absl::Status GatherWholeModel() = 0;
+
+  // ---- Checkpoints.
+  // What this rank writes: the ranges of its shard (sorted, disjoint,
+  // non-empty), and the parameters, AdamW m and v of them, concatenated in
+  // that order.
+  virtual FlatRanges SaveRanges() const = 0;
+  virtual std::vector<float> SaveParams() const = 0;
+  virtual std::vector<float> SaveM() const = 0;
+  virtual std::vector<float> SaveV() const = 0;
+  virtual int64_t optimizer_step() const = 0;
+  // What this rank reads back (from a checkpoint of any world and strategy):
+  // the ranges whose state it keeps, and the state itself, each vector
+  // holding the LoadRanges() elements in order; collective where
+  // parameters must be made whole again. InvalidArgument for sizes.
+  virtual FlatRanges LoadRanges() const = 0;
+  virtual absl::Status Restore(absl::Span<const float> params, absl::Span<const float> m,
+                               absl::Span<const float> v, int64_t optimizer_step) = 0;
+
+  // ---- Accounting.
+  virtual ModelStateMemory memory() const = 0;
+  // Measure resident memory (mincore) in memory() instead of counting
+  // buffers; off by default (it costs a syscall per use).
+  virtual void set_measure(bool on) = 0;
+};
+
+// OK when the engine's parameters are host fp32, which DDP and ZeRO step on
+// the host today; UNIMPLEMENTED naming `who` and the engine's type and device
+// otherwise.
+absl::Status CheckHostFp32(engine::Engine& engine, const char* who);
+
+// The strategy a job's parallel section asks for (zero 0: DDP, 1-3: ZeRO)
+// over `comm` (the data-parallel group; null or of size 1 when dp == 1).
+// engine and comm must outlive the result.
+absl::StatusOr<std::unique_ptr<DataParallel>> MakeDataParallel(const ParallelSpec& parallel,
+                                                               engine::Engine* engine,
+                                                               const optim::AdamWOptions& adamw,
+                                                               comm::Communicator* comm);
+
+}  // namespace shardtrain::parallel
+
+#endif  // SHARDTRAIN_WORKER_PARALLEL_DATA_PARALLEL_H_

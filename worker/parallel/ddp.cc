@@ -1,0 +1,149 @@
+#include "worker/parallel/ddp.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/checkpoint/shard_file.h"
+
+namespace shardtrain::parallel {
+namespace {
+
+double MsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+int GroupSize(const comm::Communicator* comm) { return comm == nullptr ? 1 : comm->size(); }
+int GroupRank(const comm::Communicator* comm) { return comm == nullptr ? 0 : comm->rank(); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(engine::Engine* engine,
+                                                 const optim::AdamWOptions& adamw,
+                                                 comm::Communicator* comm, size_t bucket_bytes) {
+  if (engine == nullptr) return absl::InvalidArgumentError("Ddp: null engine");
+  if (auto s = CheckHostFp32(*engine, "DDP"); !s.ok()) return s;
+  if (bucket_bytes == 0) return absl::InvalidArgumentError("parallel.bucket_mb: must be >= 1");
+  auto a = optim::AdamW::Create(engine->layout(), 0, engine->layout().num_params(), adamw);
+  if (!a.ok()) return a.status();
+  const size_t bucket_elems = std::max<size_t>(1, bucket_bytes / sizeof(float));
+  return std::unique_ptr<Ddp>(
+      new Ddp(engine, *std::move(a), GroupSize(comm) > 1 ? comm : nullptr, bucket_elems));
+}
+
+Ddp::Ddp(engine::Engine* engine, optim::AdamW adamw, comm::Communicator* comm, size_t bucket_elems)
+    : engine_(engine), adamw_(std::move(adamw)), comm_(comm), bucket_elems_(bucket_elems) {}
+
+Ddp::~Ddp() {
+  // Never leave an all-reduce writing into a buffer that is about to go.
+  for (auto& w : inflight_) w->Wait().IgnoreError();
+  engine_->set_grads_ready_hook(nullptr);
+}
+
+void Ddp::BeginMicroBatch(int micro, int accum) {
+  if (micro == 0) engine_->ZeroGrad();
+  // Gradient accumulation: no communication until the last micro-batch,
+  // whose backward launches the buckets as they become final.
+  if (comm_ != nullptr && micro == accum - 1) {
+    unlaunched_end_ = engine_->grads().count;
+    engine_->set_grads_ready_hook([this](size_t offset) { LaunchBuckets(offset, false); });
+  }
+}
+
+absl::Status Ddp::EndMicroBatch() {
+  engine_->set_grads_ready_hook(nullptr);
+  return absl::OkStatus();
+}
+
+void Ddp::LaunchBuckets(size_t offset, bool flush) {
+  float* grads = engine_->grads().f32().data();
+  while (unlaunched_end_ > offset && (flush || unlaunched_end_ - offset >= bucket_elems_)) {
+    const size_t n = std::min(bucket_elems_, unlaunched_end_ - offset);
+    unlaunched_end_ -= n;
+    inflight_.push_back(comm_->AllReduceAsync(grads + unlaunched_end_, n, comm::DataType::kFloat32,
+                                              comm::ReduceOp::kSum));
+  }
+}
+
+absl::Status Ddp::FinishAllReduce(StepStats* stats) {
+  LaunchBuckets(0, /*flush=*/true);
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status status;
+  for (auto& w : inflight_) {
+    if (absl::Status s = w->Wait(); !s.ok() && status.ok()) status = s;
+  }
+  stats->comm_ms += MsSince(t0);
+  if (!status.ok()) {
+    inflight_.clear();
+    return status;
+  }
+  const uint64_t first = inflight_.front()->seq(), last = inflight_.back()->seq();
+  for (const comm::FlightRecord& f : comm_->flight_recorder().Dump()) {
+    if (f.seq >= first && f.seq <= last && f.state == comm::OpState::kDone) {
+      stats->collective_ms += absl::ToDoubleMilliseconds(f.end_time - f.start_time);
+    }
+  }
+  inflight_.clear();
+  const absl::Span<float> grads = engine_->grads().f32();
+  const int n = comm_->size();
+  stats->comm_bytes += int64_t(grads.size() * sizeof(float)) * 2 * (n - 1) / n;
+  // Summed over dp; the mean gradient of the global batch is sum / dp.
+  optim::ScaleGrads(grads, 1.0f / n, engine_->host_pool());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm) {
+  StepStats stats;
+  if (comm_ != nullptr) {
+    if (absl::Status s = FinishAllReduce(&stats); !s.ok()) return s;
+  }
+  const absl::Span<float> grads = engine_->grads().f32();
+  stats.grad_norm = optim::ClipGradNorm(grads, max_norm, engine_->host_pool());
+  adamw_.Step(engine_->params().f32(), grads, lr, engine_->host_pool());
+  return stats;
+}
+
+FlatRanges Ddp::SaveRanges() const {
+  const checkpoint::FlatRange r =
+      checkpoint::EvenSplit(engine_->layout().num_params(), GroupSize(comm_), GroupRank(comm_));
+  return {{r.begin, r.end}};
+}
+
+std::vector<float> Ddp::Slice(absl::Span<const float> all) const {
+  const auto [begin, end] = SaveRanges().front();
+  return std::vector<float>(all.begin() + begin, all.begin() + end);
+}
+
+std::vector<float> Ddp::SaveParams() const { return Slice(engine_->params().f32()); }
+std::vector<float> Ddp::SaveM() const { return Slice(adamw_.m()); }
+std::vector<float> Ddp::SaveV() const { return Slice(adamw_.v()); }
+
+FlatRanges Ddp::LoadRanges() const { return {{0, engine_->layout().num_params()}}; }
+
+absl::Status Ddp::Restore(absl::Span<const float> params, absl::Span<const float> m,
+                          absl::Span<const float> v, int64_t optimizer_step) {
+  const size_t n = engine_->layout().num_params();
+  if (params.size() != n || m.size() != n || v.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("Ddp::Restore: ", params.size(), "/", m.size(),
+                                                   "/", v.size(), " elements for ", n,
+                                                   " parameters"));
+  }
+  std::copy(params.begin(), params.end(), engine_->params().f32().begin());
+  std::copy(m.begin(), m.end(), adamw_.m().begin());
+  std::copy(v.begin(), v.end(), adamw_.v().begin());
+  adamw_.set_step(optimizer_step);
+  return absl::OkStatus();
+}
+
+ModelStateMemory Ddp::memory() const {
+  ModelStateMemory mem;
+  engine::Buffer& params = engine_->param_buffer();
+  engine::Buffer& grads = engine_->grad_buffer();
+  mem.params = measure_ ? params.ResidentBytes() : int64_t(params.bytes());
+  mem.grads = measure_ ? grads.ResidentBytes() : int64_t(grads.bytes());
+  mem.optimizer = int64_t((adamw_.m().size() + adamw_.v().size()) * sizeof(float));
+  return mem;  // the all-reduces run in place on the gradient buffer
+}
+
+}  // namespace shardtrain::parallel

@@ -1,0 +1,76 @@
+// Ddp: plain data parallelism (ZeRO stage 0). Every rank holds the whole
+// model, gradients and AdamW state. Gradients accumulate locally over the
+// micro-batches; during the last micro-batch's backward they are all-reduced
+// in buckets of `bucket_bytes` from the end of the buffer, each launched as
+// soon as the engine reports its gradients final (the grads-ready hook), so
+// communication overlaps with the rest of the backward. Step() waits for the
+// buckets, averages (sum then scale by 1/dp, so N ranks give the 1-rank
+// gradient), clips by the global norm and steps AdamW — identically on
+// every rank.
+//
+// Checkpoints: a rank writes the dp-th even split of the flat buffer
+// (checkpoint::EvenSplit) and reads everything back (it holds all).
+//
+// Not thread-safe: one caller (see data_parallel.h).
+#ifndef SHARDTRAIN_WORKER_PARALLEL_DDP_H_
+#define SHARDTRAIN_WORKER_PARALLEL_DDP_H_
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "worker/optim/adamw.h"
+#include "worker/parallel/data_parallel.h"
+
+namespace shardtrain::parallel {
+
+class Ddp final : public DataParallel {
+ public:
+  // engine and comm must outlive the Ddp; comm null (or of size 1) means
+  // dp = 1. The engine's buffers must be host fp32 (UNIMPLEMENTED
+  // otherwise). bucket_bytes > 0.
+  static absl::StatusOr<std::unique_ptr<Ddp>> Create(engine::Engine* engine,
+                                                     const optim::AdamWOptions& adamw,
+                                                     comm::Communicator* comm, size_t bucket_bytes);
+  ~Ddp() override;
+
+  void InitParams(uint64_t seed) override { engine_->InitParams(seed); }
+  void BeginMicroBatch(int micro, int accum) override;
+  absl::Status EndMicroBatch() override;
+  absl::StatusOr<StepStats> Step(float lr, float max_norm) override;
+  absl::Status GatherWholeModel() override { return absl::OkStatus(); }
+
+  FlatRanges SaveRanges() const override;
+  std::vector<float> SaveParams() const override;
+  std::vector<float> SaveM() const override;
+  std::vector<float> SaveV() const override;
+  int64_t optimizer_step() const override { return adamw_.step(); }
+  FlatRanges LoadRanges() const override;
+  absl::Status Restore(absl::Span<const float> params, absl::Span<const float> m,
+                       absl::Span<const float> v, int64_t optimizer_step) override;
+
+  ModelStateMemory memory() const override;
+  void set_measure(bool on) override { measure_ = on; }
+
+ private:
+  Ddp(engine::Engine* engine, optim::AdamW adamw, comm::Communicator* comm, size_t bucket_elems);
+  // Launches all-reduces of whole buckets of [offset, unlaunched_end_)
+  // (from the end of the buffer); with `flush`, also the remainder.
+  void LaunchBuckets(size_t offset, bool flush);
+  // Waits for the launched buckets, then averages over dp.
+  absl::Status FinishAllReduce(StepStats* stats);
+  // The elements of SaveRanges() of a whole-buffer span.
+  std::vector<float> Slice(absl::Span<const float> all) const;
+
+  engine::Engine* const engine_;
+  optim::AdamW adamw_;              // the whole buffer
+  comm::Communicator* const comm_;  // null when dp == 1
+  const size_t bucket_elems_;
+  size_t unlaunched_end_ = 0;  // gradients [unlaunched_end_, end) are in flight
+  std::vector<std::shared_ptr<comm::Work>> inflight_;
+  bool measure_ = false;
+};
+
+}  // namespace shardtrain::parallel
+
+#endif  // SHARDTRAIN_WORKER_PARALLEL_DDP_H_
