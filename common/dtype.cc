@@ -3,20 +3,16 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/enum_names.h"
+
 namespace shardtrain {
 
 size_t DataTypeSize(DataType dtype) { return dtype == DataType::kFloat32 ? 4 : 2; }
 
 absl::string_view DataTypeName(DataType dtype) {
-  switch (dtype) {
-    case DataType::kFloat32:
-      return "fp32";
-    case DataType::kBFloat16:
-      return "bf16";
-    case DataType::kFloat16:
-      return "fp16";
-  }
-  return "?";
+  static constexpr std::string_view kNames[] = {"fp32", "bf16", "fp16"};
+  const std::string_view name = NameIn(kNames, dtype);
+  return absl::string_view(name.data(), name.size());
 }
 
 uint16_t FloatToBFloat16(float f) {

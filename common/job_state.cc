@@ -2,6 +2,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/enum_names.h"
 
 namespace shardtrain {
 namespace {
@@ -46,23 +47,9 @@ absl::Status CheckTransition(JobState from, JobState to) {
 }
 
 std::string_view JobStateName(JobState state) {
-  switch (state) {
-    case JobState::kPending:
-      return "PENDING";
-    case JobState::kScheduled:
-      return "SCHEDULED";
-    case JobState::kRunning:
-      return "RUNNING";
-    case JobState::kRecovering:
-      return "RECOVERING";
-    case JobState::kSucceeded:
-      return "SUCCEEDED";
-    case JobState::kFailed:
-      return "FAILED";
-    case JobState::kCancelled:
-      return "CANCELLED";
-  }
-  return "UNKNOWN";
+  static constexpr std::string_view kNames[] = {"PENDING",   "SCHEDULED", "RUNNING",  "RECOVERING",
+                                                "SUCCEEDED", "FAILED",    "CANCELLED"};
+  return NameIn(kNames, state, "UNKNOWN");
 }
 
 absl::StatusOr<JobState> ParseJobState(std::string_view name) {

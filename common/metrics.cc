@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/enum_names.h"
 
 namespace shardtrain {
 namespace {
@@ -60,16 +61,9 @@ std::string EscapeHelp(const std::string& help) {
   return out;
 }
 
-const char* TypeName(MetricType t) {
-  switch (t) {
-    case MetricType::kCounter:
-      return "counter";
-    case MetricType::kGauge:
-      return "gauge";
-    case MetricType::kHistogram:
-      return "histogram";
-  }
-  return "untyped";
+std::string_view TypeName(MetricType t) {
+  static constexpr std::string_view kNames[] = {"counter", "gauge", "histogram"};
+  return NameIn(kNames, t, "untyped");
 }
 
 // `{a="x",b="y"}` (with `extra` appended as a last, pre-escaped pair), or ""
@@ -327,7 +321,7 @@ std::string MetricsRegistry::Serialize() {
         break;
     }
     absl::StrAppend(&out, "# HELP ", name, " ", EscapeHelp(*help), "\n");
-    absl::StrAppend(&out, "# TYPE ", name, " ", TypeName(e.type), "\n");
+    absl::StrAppend(&out, "# TYPE ", name, " ", std::string(TypeName(e.type)), "\n");
     auto scalar = [&](const std::vector<std::string>& labels, double value) {
       absl::StrAppend(&out, name, LabelText(*label_names, labels), " ", FormatMetricValue(value),
                       "\n");

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/enum_names.h"
 
 namespace shardtrain {
 
@@ -16,15 +17,8 @@ bool operator==(const MeshCoord& a, const MeshCoord& b) {
 }
 
 std::string_view GroupKindName(GroupKind kind) {
-  switch (kind) {
-    case GroupKind::kDp:
-      return "dp";
-    case GroupKind::kTp:
-      return "tp";
-    case GroupKind::kPp:
-      return "pp";
-  }
-  return "?";
+  static constexpr std::string_view kNames[] = {"dp", "tp", "pp"};
+  return NameIn(kNames, kind);
 }
 
 absl::StatusOr<ParallelDims> ParallelDims::Create(int dp, int tp, int pp, int world) {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/rng.h"
@@ -106,39 +107,29 @@ Gpt::Gpt(const GptConfig& config, int B, int T, int threads)
     const model::ActivationTensor& t = table_.at(name);
     return (t.kind == model::ActivationKind::kSaved ? saved : scratch) + t.offset;
   };
+  // Per block: the table's "block.<l>.<name>" tensors; then the model's ends
+  // and the scratch tensors, by name.
+  // clang-format off
+  static constexpr std::pair<const char*, float* LayerActs::*> kLayer[] = {
+      {"ln1", &LayerActs::ln1}, {"ln1_mean", &LayerActs::ln1_mean},
+      {"ln1_rstd", &LayerActs::ln1_rstd}, {"qkv", &LayerActs::qkv}, {"atty", &LayerActs::atty},
+      {"att", &LayerActs::att}, {"residual2", &LayerActs::residual2}, {"ln2", &LayerActs::ln2},
+      {"ln2_mean", &LayerActs::ln2_mean}, {"ln2_rstd", &LayerActs::ln2_rstd},
+      {"fch", &LayerActs::fch}, {"fch_gelu", &LayerActs::fch_gelu},
+      {"residual3", &LayerActs::residual3}};
+  const std::pair<const char*, float**> kModel[] = {
+      {"encoded", &encoded_}, {"lnf", &lnf_}, {"lnf_mean", &lnf_mean_}, {"lnf_rstd", &lnf_rstd_},
+      {"logits", &logits_}, {"losses", &losses_}, {"lse", &lse_}, {"proj_out", &proj_out_},
+      {"dresidual", &dresidual_}, {"dln", &dln_}, {"datty", &datty_}, {"dqkv", &dqkv_},
+      {"dfch", &dfch_}, {"dfch_gelu", &dfch_gelu_}, {"att_scratch", &att_scratch_}};
+  // clang-format on
   layer_acts_.resize(config.layers);
   for (int l = 0; l < config.layers; ++l) {
-    LayerActs& a = layer_acts_[l];
-    const std::string b = absl::StrCat("block.", l, ".");
-    a.ln1 = take(b + "ln1");
-    a.ln1_mean = take(b + "ln1_mean");
-    a.ln1_rstd = take(b + "ln1_rstd");
-    a.qkv = take(b + "qkv");
-    a.atty = take(b + "atty");
-    a.att = take(b + "att");
-    a.residual2 = take(b + "residual2");
-    a.ln2 = take(b + "ln2");
-    a.ln2_mean = take(b + "ln2_mean");
-    a.ln2_rstd = take(b + "ln2_rstd");
-    a.fch = take(b + "fch");
-    a.fch_gelu = take(b + "fch_gelu");
-    a.residual3 = take(b + "residual3");
+    for (const auto& [name, member] : kLayer) {
+      layer_acts_[l].*member = take(absl::StrCat("block.", l, ".", name));
+    }
   }
-  encoded_ = take("encoded");
-  lnf_ = take("lnf");
-  lnf_mean_ = take("lnf_mean");
-  lnf_rstd_ = take("lnf_rstd");
-  logits_ = take("logits");
-  losses_ = take("losses");
-  lse_ = take("lse");
-  proj_out_ = take("proj_out");
-  dresidual_ = take("dresidual");
-  dln_ = take("dln");
-  datty_ = take("datty");
-  dqkv_ = take("dqkv");
-  dfch_ = take("dfch");
-  dfch_gelu_ = take("dfch_gelu");
-  att_scratch_ = take("att_scratch");
+  for (const auto& [name, ptr] : kModel) *ptr = take(name);
   const int64_t BT = int64_t{B} * T;
   tokens_.assign(BT, 0);
   targets_.assign(BT, 0);
