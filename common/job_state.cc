@@ -21,7 +21,7 @@ absl::Status CheckTransition(JobState from, JobState to) {
   bool allowed = false;
   switch (from) {
     case S::kPending:
-      allowed = to == S::kScheduled || to == S::kCancelled;
+      allowed = to == S::kScheduled || to == S::kFailed || to == S::kCancelled;
       break;
     case S::kScheduled:
       // PENDING: a worker died before training started, so the job re-queues.

@@ -10,7 +10,10 @@
 //         │            │         ▼
 //         │            │     RECOVERING ──► SCHEDULED (re-gang, new generation)
 //         ▼            ▼         └────────► FAILED | CANCELLED
-//     CANCELLED   FAILED | CANCELLED
+//   FAILED | CANCELLED  FAILED | CANCELLED
+//
+// PENDING -> FAILED: a queued job that can never run (its stored spec no
+// longer validates when the coordinator restarts).
 //
 // Terminal states (SUCCEEDED, FAILED, CANCELLED) have no way out; no state
 // moves to itself. Thread-compatible: everything here is a pure function.
@@ -29,7 +32,7 @@ enum class JobState {
   kRunning,     // all ranks started training
   kRecovering,  // a rank failed; waiting to re-gang from the last checkpoint
   kSucceeded,   // all steps done
-  kFailed,      // gave up (error, or max_restarts exhausted)
+  kFailed,      // gave up (error, invalid stored spec, or max_restarts exhausted)
   kCancelled,   // cancelled by a user
 };
 
