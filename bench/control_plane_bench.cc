@@ -62,7 +62,7 @@
 #include "coordinator/clock.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/service.h"
-#include "coordinator/spec_summary.h"
+#include "coordinator/spec_validator.h"
 #include "coordinator/state_store.h"
 #include "shardtrain/v1/coordinator.grpc.pb.h"
 
@@ -468,7 +468,7 @@ void PrintJson(const std::vector<Row>& rows, const Row& base) {
 
 int Run(const Config& cfg) {
   auto spec = ValidateSpec(kSpec, {});
-  if (!spec.ok() || spec->world != 1) {
+  if (!spec.ok() || spec->World() != 1) {
     std::cerr << "control_plane_bench: bench spec invalid: "
               << (spec.ok() ? "world != 1" : spec.status().ToString()) << "\n";
     return 1;

@@ -14,15 +14,14 @@ namespace shardtrain::coordinator {
 
 CheckpointCommitter NewFileCheckpointCommitter() {
   auto storage = std::make_shared<checkpoint::FileCheckpointStorage>();
-  return [storage](const v1::Job& job, int64_t step, const std::vector<v1::CheckpointShard>& shards,
+  return [storage](const v1::Job& job, const JobSpec& spec, int64_t step,
+                   const std::vector<v1::CheckpointShard>& shards,
                    std::vector<int64_t>* pruned) -> absl::StatusOr<v1::CheckpointInfo> {
-    absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_yaml());
-    if (!spec.ok()) return spec.status();
-    auto config = model::MakeGptConfig(spec->model.layers, spec->model.heads, spec->model.dim,
-                                       spec->model.context, spec->model.vocab);
+    auto config = model::MakeGptConfig(spec.model.layers, spec.model.heads, spec.model.dim,
+                                       spec.model.context, spec.model.vocab);
     if (!config.ok()) return config.status();
     const model::ParamLayout layout(*config);
-    const std::string step_dir = checkpoint::StepDir(spec->checkpoint.dir, step);
+    const std::string step_dir = checkpoint::StepDir(spec.checkpoint.dir, step);
     std::vector<checkpoint::ShardFileInfo> infos;
     int64_t bytes = 0;
     for (const v1::CheckpointShard& s : shards) {
@@ -42,11 +41,11 @@ CheckpointCommitter NewFileCheckpointCommitter() {
       infos.push_back(std::move(info));
     }
     auto manifest =
-        checkpoint::MakeManifest(layout, step, job.world(), spec->parallel.zero, std::move(infos));
+        checkpoint::MakeManifest(layout, step, job.world(), spec.parallel.zero, std::move(infos));
     if (!manifest.ok()) return manifest.status();
     const std::string path = checkpoint::ManifestPath(step_dir);
     if (auto s = checkpoint::WriteManifest(*storage, path, *manifest); !s.ok()) return s;
-    auto removed = checkpoint::PruneOld(*storage, spec->checkpoint.dir, spec->checkpoint.keep);
+    auto removed = checkpoint::PruneOld(*storage, spec.checkpoint.dir, spec.checkpoint.keep);
     if (removed.ok()) {
       for (const std::string& dir : *removed) {
         const size_t slash = dir.find_last_of('/');

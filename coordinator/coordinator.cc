@@ -50,12 +50,15 @@ int64_t IdNumber(const std::string& id) {
 // whole micro-batches per replica per step) qualify. 4 ranks with
 // global/micro = 4 and min 2 shrink to 2, not 3: 3 replicas cannot split 4
 // micro-batches evenly.
-std::vector<int> ElasticWorlds(const v1::Job& job) {
-  absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_yaml());
+std::vector<int> ElasticWorlds(const JobSpec& spec, const ParallelDims& dims) {
   std::vector<int> out;
-  if (!spec.ok() || spec->parallel.tp != 1 || spec->parallel.pp != 1) return out;
-  for (int w = spec->World() - 1; w >= spec->resources.min_workers && w >= 1; --w) {
-    if (SplitBatch(spec->batch.global, spec->batch.micro, w).ok()) out.push_back(w);
+  if (dims.tp() != 1 || dims.pp() != 1) return out;
+  for (int dp = dims.dp() - 1; dp >= 1; --dp) {
+    absl::StatusOr<ParallelDims> shrunk = dims.WithDp(dp);
+    if (!shrunk.ok() || shrunk->world() < spec.resources.min_workers) break;
+    if (SplitBatch(spec.batch.global, spec.batch.micro, shrunk->dp()).ok()) {
+      out.push_back(shrunk->world());
+    }
   }
   return out;
 }
@@ -118,6 +121,27 @@ absl::Status Coordinator::Load() {
     if (JobEntry* e = FindJob(p.job_id())) {
       e->plan = std::move(p);
       e->has_plan = true;
+    }
+  }
+  // Each stored spec is validated once, here. One the validator refuses now
+  // (a field since removed, a stricter rule) fails its job instead of
+  // stopping the coordinator; a store that refuses to record that does stop
+  // it, so every job that can still run has its spec.
+  for (const std::string& id : job_order_) {
+    JobEntry& e = jobs_.at(id);
+    absl::StatusOr<ValidSpec> valid = Validate(e.job.spec_yaml(), {});
+    if (valid.ok()) {
+      e.valid = *std::move(valid);
+      continue;
+    }
+    if (IsTerminal(e.job.state())) continue;
+    const std::string why =
+        absl::StrCat("stored spec no longer validates: ", valid.status().message());
+    const v1::Job before = e.job;
+    e.job.set_failure_reason(why);
+    if (auto s = Transition(e, v1::JOB_STATE_FAILED, why); !s.ok()) {
+      e.job = before;
+      return s;
     }
   }
   // Re-derive assignments from the jobs that still hold workers.
@@ -271,35 +295,40 @@ void Coordinator::Tick() {
 
 absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& req) {
   std::vector<std::string> overrides(req.overrides().begin(), req.overrides().end());
-  absl::StatusOr<SpecSummary> spec = validator_(req.spec_yaml(), overrides);
-  if (!spec.ok()) return spec.status();
+  absl::StatusOr<ValidSpec> valid = Validate(req.spec_yaml(), overrides);
+  if (!valid.ok()) return valid.status();
+  const JobSpec& spec = valid->spec;
+  const ParallelDims& dims = valid->dims;
+  const std::string device(EnumName(spec.resources.device));
+  const std::string canonical_yaml = JobSpecToYaml(spec);
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
   const int64_t now = clock_->NowMs();
   v1::Job job;
   job.set_job_id(absl::StrFormat("j-%06d", next_job_));
-  job.set_name(spec->name);
+  job.set_name(spec.name);
   job.set_state(v1::JOB_STATE_PENDING);
-  job.set_spec_yaml(spec->canonical_yaml);
-  job.set_world(spec->world);
+  job.set_spec_yaml(canonical_yaml);
+  job.set_world(dims.world());
   job.set_submitted_ms(now);
   job.set_updated_ms(now);
   job.set_resume_from(req.resume_from());
-  job.set_device(spec->device);
-  job.mutable_progress()->set_total_steps(spec->steps);
+  job.set_device(device);
+  job.mutable_progress()->set_total_steps(spec.steps);
   v1::JobEvent ev;
   ev.set_job_id(job.job_id());
   ev.set_seq(1);
   ev.set_time_ms(now);
   ev.set_kind(v1::EVENT_KIND_STATE);
   ev.set_state(v1::JOB_STATE_PENDING);
-  ev.set_message(absl::StrCat("submitted: ", spec->name, ", world ", spec->world, " (dp ", spec->dp,
-                              " tp ", spec->tp, " pp ", spec->pp, "), ", spec->steps, " steps on ",
-                              spec->device));
+  ev.set_message(absl::StrCat("submitted: ", spec.name, ", world ", dims.world(), " (dp ",
+                              dims.dp(), " tp ", dims.tp(), " pp ", dims.pp(), "), ", spec.steps,
+                              " steps on ", device));
   if (auto s = store_->PutJobWithEvent(job, ev); !s.ok()) return s;  // durable before OK
   ++next_job_;
   JobEntry& e = jobs_[job.job_id()];
   e.job = job;
+  e.valid = *std::move(valid);
   e.events.push_back(std::move(ev));
   job_order_.push_back(job.job_id());
   events_cv_.notify_all();
@@ -384,6 +413,15 @@ absl::StatusOr<v1::Plan> Coordinator::GetPlan(const std::string& job_id) const {
 
 // ------------------------------------------------------------------ internals
 
+absl::StatusOr<Coordinator::ValidSpec> Coordinator::Validate(
+    const std::string& yaml, const std::vector<std::string>& overrides) const {
+  absl::StatusOr<JobSpec> spec = validator_(yaml, overrides);
+  if (!spec.ok()) return spec.status();
+  absl::StatusOr<ParallelDims> dims = spec->Dims();
+  if (!dims.ok()) return dims.status();
+  return ValidSpec{*std::move(spec), *dims};
+}
+
 Coordinator::JobEntry* Coordinator::FindJob(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   return it == jobs_.end() ? nullptr : &it->second;
@@ -442,7 +480,9 @@ void Coordinator::ScheduleLocked() {
     const v1::Job& j = jobs_.at(id).job;
     if (j.state() == v1::JOB_STATE_PENDING) fifo.push_back({id, j.world(), j.device(), {}});
     if (j.state() == v1::JOB_STATE_RECOVERING) {
-      fifo.push_back({id, j.world(), j.device(), ElasticWorlds(j)});
+      const std::optional<ValidSpec>& v = jobs_.at(id).valid;
+      fifo.push_back(
+          {id, j.world(), j.device(), v ? ElasticWorlds(v->spec, v->dims) : std::vector<int>{}});
     }
   }
   if (fifo.empty()) return;
@@ -462,20 +502,25 @@ void Coordinator::ScheduleLocked() {
   });
   for (const Placement& p : ScheduleGangs(fifo, free)) {
     JobEntry& e = jobs_.at(p.job_id);
+    if (!e.valid) continue;  // not reached: only terminal jobs lack a spec
     const v1::Job before = e.job;
+    std::optional<ValidSpec> shrunk;
     std::string elastic;
     if (static_cast<int>(p.workers.size()) != e.job.world()) {
       // Elastic recovery on fewer workers: the same global batch over a
       // smaller dp, with more accumulation (the sampler makes it the same
       // batch, so the loss curve continues).
-      const int dp = static_cast<int>(p.workers.size());
-      absl::StatusOr<JobSpec> shrunk =
-          ParseJobSpec(e.job.spec_yaml(), {absl::StrCat("parallel.dp=", dp)});
-      if (!shrunk.ok()) continue;
-      elastic = absl::StrCat(" (elastic: world ", e.job.world(), " -> ", dp, ")");
-      e.job.set_spec_yaml(JobSpecToYaml(*shrunk));
-      e.job.set_world(dp);
+      const ParallelDims& dims = e.valid->dims;
+      const int dp = static_cast<int>(p.workers.size()) / (dims.tp() * dims.pp());
+      absl::StatusOr<ValidSpec> v =
+          Validate(JobSpecToYaml(e.valid->spec), {absl::StrCat("parallel.dp=", dp)});
+      if (!v.ok() || v->dims.world() != static_cast<int>(p.workers.size())) continue;
+      elastic = absl::StrCat(" (elastic: world ", e.job.world(), " -> ", v->dims.world(), ")");
+      e.job.set_spec_yaml(JobSpecToYaml(v->spec));
+      e.job.set_world(v->dims.world());
+      shrunk = *std::move(v);
     }
+    const JobSpec& spec = shrunk ? shrunk->spec : e.valid->spec;
     e.job.set_generation(e.job.generation() + 1);
     e.job.clear_ranks();
     e.job.clear_done_ranks();
@@ -485,9 +530,7 @@ void Coordinator::ScheduleLocked() {
       a->set_worker_id(p.workers[r]);
       a->set_collective_address(workers_.at(p.workers[r]).info.collective_address());
     }
-    absl::StatusOr<JobSpec> spec = ParseJobSpec(e.job.spec_yaml());
-    absl::StatusOr<v1::Plan> plan =
-        spec.ok() ? MakePlan(*spec, e.job.world()) : absl::StatusOr<v1::Plan>(spec.status());
+    absl::StatusOr<v1::Plan> plan = MakePlan(spec, e.job.world());
     if (plan.ok()) {
       plan->set_job_id(e.job.job_id());
       plan->set_generation(e.job.generation());
@@ -501,6 +544,7 @@ void Coordinator::ScheduleLocked() {
       e.job = before;  // try again at the next scheduling pass
       continue;
     }
+    if (shrunk) e.valid = *std::move(shrunk);
     e.plan = *std::move(plan);
     e.has_plan = true;
     e.started.clear();

@@ -21,12 +21,15 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/job_spec.h"
+#include "common/parallel_dims.h"
 #include "coordinator/clock.h"
 #include "coordinator/rendezvous_kv.h"
 #include "coordinator/state_store.h"
@@ -34,19 +37,15 @@
 
 namespace shardtrain::coordinator {
 
-// What the core needs to know of a validated spec.
-struct SpecSummary {
-  std::string canonical_yaml;  // what is stored and shipped to workers
-  std::string name;
-  int world = 0;
-  int dp = 1, tp = 1, pp = 1;
-  std::string device;  // "cpu" or "cuda"
-  int64_t steps = 0;
-};
-
-// Validates a spec (YAML text + "key=value" overrides). INVALID_ARGUMENT
-// naming the field on any mistake.
-using SpecValidator = std::function<absl::StatusOr<SpecSummary>(
+// Validates a spec (YAML text + "key=value" overrides) and returns it with
+// every field resolved (the default: ValidateSpec in spec_validator.h).
+// INVALID_ARGUMENT naming the field on any mistake. The coordinator stores
+// and ships JobSpecToYaml of what it returns, and keeps the value with the
+// job: it validates a submitted spec once, each stored job's spec once when
+// it loads, and a recovering job's spec once more per elastic shrink (with
+// the override "parallel.dp=N"); nothing else parses a spec. Must be
+// thread-safe and must not call the coordinator (it may run under its lock).
+using SpecValidator = std::function<absl::StatusOr<JobSpec>(
     const std::string& yaml, const std::vector<std::string>& overrides)>;
 
 struct CoordinatorOptions {
@@ -55,16 +54,20 @@ struct CoordinatorOptions {
 
 // Commits checkpoint `step` of `job` once every rank reported its shard:
 // writes the manifest (the commit point) and prunes old checkpoints beyond
-// the spec's `keep`. Returns what was committed; *pruned gets the steps
-// removed. Errors leave the checkpoint uncommitted.
+// the spec's `keep`. `spec` is the job's validated spec (what
+// job.spec_yaml() says). Returns what was committed; *pruned gets the steps
+// removed. Errors leave the checkpoint uncommitted. Called under the
+// coordinator's lock.
 using CheckpointCommitter = std::function<absl::StatusOr<v1::CheckpointInfo>(
-    const v1::Job& job, int64_t step, const std::vector<v1::CheckpointShard>& shards,
-    std::vector<int64_t>* pruned)>;
+    const v1::Job& job, const JobSpec& spec, int64_t step,
+    const std::vector<v1::CheckpointShard>& shards, std::vector<int64_t>* pruned)>;
 
 class Coordinator {
  public:
   // Loads the stored state. Workers found there get a fresh lease (a grace
-  // period to re-attach); jobs keep their states.
+  // period to re-attach); jobs keep their states, except that a job whose
+  // stored spec the validator now refuses is FAILED with its message (if not
+  // already terminal). Errors: the store's.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(CoordinatorOptions options,
                                                              std::unique_ptr<StateStore> store,
                                                              SpecValidator validator,
@@ -126,8 +129,17 @@ class Coordinator {
   struct StepAgg {  // reports of one step from the ranks so far
     std::map<int, v1::StepReport> by_rank;
   };
+  // A spec the validator accepted, and its mesh.
+  struct ValidSpec {
+    JobSpec spec;
+    ParallelDims dims;
+  };
   struct JobEntry {
     v1::Job job;
+    // job.spec_yaml() validated once: at SubmitJob, at Load, and again by an
+    // elastic shrink (which replaces both). Absent only for a terminal job
+    // whose stored spec no longer validates.
+    std::optional<ValidSpec> valid;
     std::vector<v1::JobEvent> events;
     std::map<int64_t, v1::StepReport> history;  // step -> aggregated report
     std::map<int64_t, StepAgg> partial;         // steps not yet reported by every rank
@@ -140,6 +152,10 @@ class Coordinator {
   Coordinator(CoordinatorOptions options, std::unique_ptr<StateStore> store,
               SpecValidator validator, const Clock* clock);
   absl::Status Load();
+  // validator_ on (yaml, overrides), with the spec's mesh. The validator's
+  // errors; INVALID_ARGUMENT when the spec it returns has no valid mesh.
+  absl::StatusOr<ValidSpec> Validate(const std::string& yaml,
+                                     const std::vector<std::string>& overrides) const;
 
   // All below require mu_ held.
   JobEntry* FindJob(const std::string& job_id);

@@ -19,7 +19,7 @@
 #include "coordinator/checkpoint_committer.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/service.h"
-#include "coordinator/spec_summary.h"
+#include "coordinator/spec_validator.h"
 #include "coordinator/state_store.h"
 
 namespace {

@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/job_spec.h"
 #include "coordinator/coordinator.h"
 
 namespace shardtrain::coordinator {
@@ -128,8 +127,10 @@ absl::StatusOr<bool> Coordinator::ReportCheckpoint(const v1::ReportCheckpointReq
   std::vector<v1::CheckpointShard> all;
   for (auto& [rank, s] : ranks) all.push_back(s);
   e->shards.erase(shard.step());
+  if (!e->valid) return absl::FailedPreconditionError("job has no valid spec");  // not reached
   std::vector<int64_t> pruned;
-  absl::StatusOr<v1::CheckpointInfo> info = committer_(e->job, shard.step(), all, &pruned);
+  absl::StatusOr<v1::CheckpointInfo> info =
+      committer_(e->job, e->valid->spec, shard.step(), all, &pruned);
   if (!info.ok()) {
     AppendEvent(
         *e, v1::EVENT_KIND_CHECKPOINT,
@@ -202,8 +203,7 @@ absl::Status Coordinator::ReportFailure(const v1::ReportFailureRequest& req) {
 
 void Coordinator::FailOrRecover(JobEntry& e, const std::string& reason) {
   e.job.set_failure_reason(reason);
-  absl::StatusOr<JobSpec> spec = ParseJobSpec(e.job.spec_yaml());
-  const int max_restarts = spec.ok() ? spec->max_restarts : 0;
+  const int max_restarts = e.valid ? e.valid->spec.max_restarts : 0;
   if (e.job.restarts() >= max_restarts) {
     std::string why = absl::StrCat(reason, " (no restarts left: max_restarts ", max_restarts, ")");
     e.job.set_failure_reason(why);

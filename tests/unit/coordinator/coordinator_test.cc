@@ -6,7 +6,7 @@
 
 #include <filesystem>
 
-#include "coordinator/spec_summary.h"
+#include "coordinator/spec_validator.h"
 
 namespace shardtrain::coordinator {
 namespace {
@@ -227,7 +227,7 @@ TEST_F(CoordinatorTest, FailureReportFailsTheJobWithRankAndReason) {
 
 TEST_F(CoordinatorTest, FailedRankRecoversFromTheLastCommittedCheckpoint) {
   std::vector<v1::CheckpointShard> seen;
-  core_->set_checkpoint_committer([&](const v1::Job& job, int64_t step,
+  core_->set_checkpoint_committer([&](const v1::Job& job, const JobSpec&, int64_t step,
                                       const std::vector<v1::CheckpointShard>& shards,
                                       std::vector<int64_t>*) -> absl::StatusOr<v1::CheckpointInfo> {
     seen = shards;
