@@ -169,6 +169,8 @@ class Coordinator {
   void ScheduleLocked();
   absl::Status CheckRank(const JobEntry& e, int64_t generation, int rank,
                          const std::string& worker_id) const;
+  // Every rank reported `step`: aggregates the reports by the plan's mesh
+  // (rules in reports.cc) into the job's history, progress and events.
   void FinishStep(JobEntry& e, int64_t step);
   // A rank of `e` failed: RECOVERING (re-gang from the last committed
   // checkpoint) while restarts remain, FAILED otherwise.

@@ -2,9 +2,11 @@
 // checkpoints, failures) and what a failure does to its job (recovery or
 // failure). Part 1, membership, jobs and scheduling, is coordinator.cc.
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/parallel_dims.h"
 #include "coordinator/coordinator.h"
 
 namespace shardtrain::coordinator {
@@ -53,17 +55,35 @@ absl::StatusOr<v1::ReportStepResponse> Coordinator::ReportStep(const v1::ReportS
   return resp;
 }
 
-// Combines the ranks' reports of one step: loss, grad norm and lr averaged
-// (every dp rank holds the same after the all-reduce; tp/pp ranks the same
-// value), tokens/s summed, times and memory the worst rank's.
-void Coordinator::FinishStep(JobEntry& e, int64_t step) {
-  const auto& by_rank = e.partial[step].by_rank;
+namespace {
+
+// The job's report of one step, from every rank's (by_rank: rank -> its
+// report; one from each rank of `dims`). Each field has one rule, by the
+// ranks' places in the mesh:
+//   loss           the mean over the ranks that speak for a data-parallel
+//                  replica (ParallelDims::SpeaksForReplica: last pipeline
+//                  stage, tp rank 0); the other ranks' losses are ignored
+//                  (with pipelines only the last stage computes one);
+//   tokens_per_s   the sum over those same ranks: each replica's tokens
+//                  once, not once per tp or pp rank that also saw them;
+//   grad_norm      the max over all ranks: every rank holds the same global
+//                  norm, so a disagreement shows as the larger value;
+//   lr             rank 0's (every rank runs the same schedule), as are mfu
+//                  and loss_scale;
+//   step_ms, comm_ms, peak_rss_bytes, comm_bytes, time_ms: the worst
+//                  (largest) over all ranks.
+v1::StepReport AggregateStep(const ParallelDims& dims,
+                             const std::map<int, v1::StepReport>& by_rank) {
   v1::StepReport agg = by_rank.begin()->second;
   double loss = 0, norm = 0, tps = 0;
+  int speakers = 0;
   for (const auto& [rank, r] : by_rank) {
-    loss += r.loss();
+    if (dims.SpeaksForReplica(rank)) {
+      loss += r.loss();
+      tps += r.tokens_per_s();
+      ++speakers;
+    }
     norm = std::max(norm, r.grad_norm());
-    tps += r.tokens_per_s();
     agg.set_step_ms(std::max(agg.step_ms(), r.step_ms()));
     agg.set_comm_ms(std::max(agg.comm_ms(), r.comm_ms()));
     agg.set_peak_rss_bytes(std::max(agg.peak_rss_bytes(), r.peak_rss_bytes()));
@@ -71,9 +91,22 @@ void Coordinator::FinishStep(JobEntry& e, int64_t step) {
     agg.set_time_ms(std::max(agg.time_ms(), r.time_ms()));
   }
   agg.set_rank(0);
-  agg.set_loss(loss / by_rank.size());
+  agg.set_loss(speakers > 0 ? loss / speakers : 0);
   agg.set_grad_norm(norm);
   agg.set_tokens_per_s(tps);
+  return agg;
+}
+
+}  // namespace
+
+void Coordinator::FinishStep(JobEntry& e, int64_t step) {
+  // The reports are of the current generation, laid out by its plan. A plan
+  // whose mesh does not match the job (not made by MakePlan for it) counts
+  // every rank as its own replica.
+  absl::StatusOr<ParallelDims> dims =
+      ParallelDims::Create(e.plan.dp(), e.plan.tp(), e.plan.pp(), e.job.world());
+  if (!dims.ok()) dims = ParallelDims::Create(e.job.world(), 1, 1);
+  const v1::StepReport agg = AggregateStep(*dims, e.partial[step].by_rank);
   e.partial.erase(step);
   if (!store_->PutStep(agg).ok()) return;  // history is best effort; the job goes on
   e.history[step] = agg;
