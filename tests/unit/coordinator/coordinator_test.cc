@@ -24,10 +24,16 @@ class CoordinatorTest : public ::testing::Test {
  protected:
   void SetUp() override { Open(NewMemoryStateStore()); }
 
+  // The core validates through ValidateSpec, counting the calls in
+  // validations_.
   void Open(std::unique_ptr<StateStore> store) {
     CoordinatorOptions o;
     o.lease_ms = 1000;
-    auto c = Coordinator::Create(o, std::move(store), ValidateSpec, &clock_);
+    auto counting = [this](const std::string& yaml, const std::vector<std::string>& overrides) {
+      ++validations_;
+      return ValidateSpec(yaml, overrides);
+    };
+    auto c = Coordinator::Create(o, std::move(store), counting, &clock_);
     ASSERT_TRUE(c.ok()) << c.status();
     core_ = *std::move(c);
   }
@@ -43,9 +49,11 @@ class CoordinatorTest : public ::testing::Test {
     return resp.ok() ? resp->worker_id() : "";
   }
 
-  v1::Job Submit(int dp, int steps = 3, int max_restarts = 0) {
+  v1::Job Submit(int dp, int steps = 3, int max_restarts = 0,
+                 const std::vector<std::string>& overrides = {}) {
     v1::SubmitJobRequest r;
     r.set_spec_yaml(Spec(dp, steps, max_restarts));
+    for (const std::string& o : overrides) r.add_overrides(o);
     auto job = core_->SubmitJob(r);
     EXPECT_TRUE(job.ok()) << job.status();
     return job.ok() ? *job : v1::Job();
@@ -74,7 +82,50 @@ class CoordinatorTest : public ::testing::Test {
     }
   }
 
+  // Step `step` from every rank of the job's current generation, each rank
+  // with its own values, so the aggregate shows which ranks each field came
+  // from: rank r reports loss r+1, tokens/s 100·(r+1), lr 0.001·(r+1),
+  // peak RSS 1000·(r+1); grad norm 0.5 except 9 on rank 1; step time 10+r
+  // except 70 on rank 2.
+  void ReportFromEveryRank(const std::string& job_id, int64_t step) {
+    const v1::Job job = *core_->GetJob(job_id);
+    for (const v1::RankAssignment& a : job.ranks()) {
+      v1::ReportStepRequest r;
+      r.set_worker_id(a.worker_id());
+      v1::StepReport* s = r.mutable_report();
+      s->set_job_id(job_id);
+      s->set_generation(job.generation());
+      s->set_rank(a.rank());
+      s->set_step(step);
+      const int k = a.rank() + 1;
+      s->set_loss(k);
+      s->set_tokens_per_s(100.0 * k);
+      s->set_lr(0.001 * k);
+      s->set_peak_rss_bytes(1000 * k);
+      s->set_grad_norm(a.rank() == 1 ? 9.0 : 0.5);
+      s->set_step_ms(a.rank() == 2 ? 70 : 10 + a.rank());
+      auto resp = core_->ReportStep(r);
+      ASSERT_TRUE(resp.ok()) << resp.status();
+    }
+  }
+
+  // Every rank of the job's current generation reports its shard of `step`.
+  void CheckpointFromEveryRank(const std::string& job_id, int64_t step) {
+    const v1::Job job = *core_->GetJob(job_id);
+    for (const v1::RankAssignment& a : job.ranks()) {
+      v1::ReportCheckpointRequest r;
+      r.set_worker_id(a.worker_id());
+      r.mutable_shard()->set_job_id(job_id);
+      r.mutable_shard()->set_generation(job.generation());
+      r.mutable_shard()->set_rank(a.rank());
+      r.mutable_shard()->set_step(step);
+      auto committed = core_->ReportCheckpoint(r);
+      ASSERT_TRUE(committed.ok()) << committed.status();
+    }
+  }
+
   FakeClock clock_;
+  int validations_ = 0;  // calls of the injected validator
   std::unique_ptr<Coordinator> core_;
 };
 
@@ -207,6 +258,115 @@ TEST_F(CoordinatorTest, StepsAggregateOverRanksAndDoneSucceeds) {
   for (size_t i = 0; i < events->size(); ++i) EXPECT_EQ((*events)[i].seq(), int64_t(i + 1));
 }
 
+TEST_F(CoordinatorTest, StepOfATpPpJobAggregatesOverTheRanksThatSpeakForAReplica) {
+  for (int i = 0; i < 8; ++i) Register();
+  // dp 2 × tp 2 × pp 2: rank = (pp·2 + dp)·2 + tp, so the replicas' last
+  // stage, tp 0, is ranks 4 (dp 0) and 6 (dp 1).
+  v1::Job job = Submit(2, /*steps=*/3, /*max_restarts=*/0, {"parallel.tp=2", "parallel.pp=2"});
+  ASSERT_EQ(job.world(), 8);
+  auto plan = core_->GetPlan(job.job_id());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->dp(), 2);
+  EXPECT_EQ(plan->tp(), 2);
+  EXPECT_EQ(plan->pp(), 2);
+  StartAll(job);
+  ReportFromEveryRank(job.job_id(), 1);
+  auto history = core_->GetHistory(job.job_id());
+  ASSERT_TRUE(history.ok());
+  ASSERT_EQ(history->steps_size(), 1);
+  const v1::StepReport& agg = history->steps(0);
+  EXPECT_DOUBLE_EQ(agg.loss(), (5.0 + 7.0) / 2);      // ranks 4 and 6 only
+  EXPECT_DOUBLE_EQ(agg.tokens_per_s(), 500.0 + 700);  // each replica's tokens once
+  EXPECT_DOUBLE_EQ(agg.grad_norm(), 9.0);             // the max over all ranks
+  EXPECT_DOUBLE_EQ(agg.lr(), 0.001);                  // rank 0's
+  EXPECT_DOUBLE_EQ(agg.step_ms(), 70);                // the slowest rank
+  EXPECT_EQ(agg.peak_rss_bytes(), 8000);              // the largest
+  EXPECT_EQ(agg.step(), 1);
+  EXPECT_DOUBLE_EQ(core_->GetJob(job.job_id())->progress().loss(), 6.0);
+}
+
+TEST_F(CoordinatorTest, StepOfADpOnlyJobAggregatesOverEveryRank) {
+  for (int i = 0; i < 4; ++i) Register();
+  v1::Job job = Submit(4);
+  StartAll(job);
+  ReportFromEveryRank(job.job_id(), 1);
+  auto history = core_->GetHistory(job.job_id());
+  ASSERT_TRUE(history.ok());
+  ASSERT_EQ(history->steps_size(), 1);
+  const v1::StepReport& agg = history->steps(0);
+  EXPECT_DOUBLE_EQ(agg.loss(), (1.0 + 2 + 3 + 4) / 4);  // every rank is a replica
+  EXPECT_DOUBLE_EQ(agg.tokens_per_s(), 100.0 + 200 + 300 + 400);
+  EXPECT_DOUBLE_EQ(agg.grad_norm(), 9.0);
+  EXPECT_DOUBLE_EQ(agg.lr(), 0.001);
+  EXPECT_DOUBLE_EQ(agg.step_ms(), 70);
+  EXPECT_EQ(agg.peak_rss_bytes(), 4000);
+}
+
+TEST_F(CoordinatorTest, SpecIsValidatedOnceAtSubmitAndOnceMorePerElasticShrink) {
+  std::vector<JobSpec> committed;  // the spec each commit was handed
+  core_->set_checkpoint_committer([&](const v1::Job& job, const JobSpec& spec, int64_t step,
+                                      const std::vector<v1::CheckpointShard>&,
+                                      std::vector<int64_t>*) -> absl::StatusOr<v1::CheckpointInfo> {
+    committed.push_back(spec);
+    v1::CheckpointInfo info;
+    info.set_step(step);
+    info.set_dir("/ckpt/step-" + std::to_string(step));
+    info.set_world(job.world());
+    return info;
+  });
+  std::string a = Register(), b = Register();
+  v1::Job job = Submit(2, /*steps=*/10, /*max_restarts=*/2, {"resources.min_workers=1"});
+  EXPECT_EQ(validations_, 1);  // submitting
+  EXPECT_EQ(State(job.job_id()), v1::JOB_STATE_SCHEDULED);
+  StartAll(job);
+  ReportFromEveryRank(job.job_id(), 1);
+  CheckpointFromEveryRank(job.job_id(), 1);
+  ASSERT_EQ(committed.size(), 1u);
+  EXPECT_EQ(committed[0].parallel.dp, 2);
+  EXPECT_EQ(committed[0].checkpoint.dir, "/tmp/ckpt-t");
+  EXPECT_EQ(validations_, 1);  // scheduling, a step, a commit: none
+
+  // b dies while a is not healthy (silent for over half a lease): the job
+  // waits, then re-gangs at full size when c joins.
+  clock_.AdvanceMs(600);
+  Beat(a, job.job_id(), 1);
+  clock_.AdvanceMs(600);
+  core_->Tick();
+  EXPECT_EQ(State(job.job_id()), v1::JOB_STATE_RECOVERING);
+  Beat(a, job.job_id(), 1);
+  Register();
+  v1::Job again = *core_->GetJob(job.job_id());
+  EXPECT_EQ(again.state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(again.world(), 2);
+  EXPECT_EQ(validations_, 1);  // a failure and a recovery at the same size: none
+
+  // c dies and only a is left: an elastic shrink to one worker.
+  StartAll(again);
+  clock_.AdvanceMs(600);
+  Beat(a, job.job_id(), 2);
+  clock_.AdvanceMs(600);
+  core_->Tick();
+  EXPECT_EQ(State(job.job_id()), v1::JOB_STATE_RECOVERING);
+  Beat(a, job.job_id(), 2);
+  core_->Tick();
+  v1::Job shrunk = *core_->GetJob(job.job_id());
+  EXPECT_EQ(shrunk.state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(shrunk.world(), 1);
+  EXPECT_EQ(validations_, 2);  // the shrink, once
+  auto stored = ValidateSpec(shrunk.spec_yaml(), {});
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->parallel.dp, 1);
+  EXPECT_EQ(stored->batch.global, 4);  // the same global batch
+  EXPECT_EQ(core_->GetPlan(job.job_id())->world(), 1);
+
+  // The shrunk spec is the one kept: the next commit is handed dp 1.
+  StartAll(shrunk);
+  CheckpointFromEveryRank(job.job_id(), 2);
+  ASSERT_EQ(committed.size(), 2u);
+  EXPECT_EQ(committed[1].parallel.dp, 1);
+  EXPECT_EQ(validations_, 2);
+}
+
 TEST_F(CoordinatorTest, FailureReportFailsTheJobWithRankAndReason) {
   std::string a = Register();
   v1::Job job = Submit(1);
@@ -333,6 +493,102 @@ TEST(CoordinatorRestartTest, SqliteStateSurvivesAndWorkersRejoinWithTheirIds) {
   s.set_spec_yaml(Spec(1));
   EXPECT_EQ(core->SubmitJob(s)->job_id(), "j-000003");
   std::filesystem::remove_all(dir);
+}
+
+// A store holding three jobs, written by a coordinator that accepted their
+// specs: one SCHEDULED on the one worker, one PENDING (world 2), one
+// CANCELLED.
+struct StoredJobs {
+  std::string dir, worker, scheduled, pending, cancelled;
+};
+StoredJobs StoreThreeJobs(const Clock* clock) {
+  char tmpl[] = "/tmp/st-coord-XXXXXX";
+  EXPECT_NE(mkdtemp(tmpl), nullptr);
+  StoredJobs out;
+  out.dir = tmpl;
+  auto core = *Coordinator::Create({}, *OpenSqliteStateStore(out.dir), ValidateSpec, clock);
+  v1::RegisterWorkerRequest r;
+  r.set_collective_address("127.0.0.1");
+  r.add_devices()->set_kind("cpu");
+  out.worker = core->RegisterWorker(r)->worker_id();
+  v1::SubmitJobRequest s;
+  s.set_spec_yaml(Spec(1));
+  out.scheduled = core->SubmitJob(s)->job_id();
+  s.set_spec_yaml(Spec(2));
+  out.pending = core->SubmitJob(s)->job_id();
+  s.set_spec_yaml(Spec(1));
+  out.cancelled = core->SubmitJob(s)->job_id();
+  EXPECT_TRUE(core->CancelJob(out.cancelled, "").ok());
+  EXPECT_EQ(core->GetJob(out.scheduled)->state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(core->GetJob(out.pending)->state(), v1::JOB_STATE_PENDING);
+  return out;
+}
+
+TEST(CoordinatorRestartTest, LoadValidatesEachStoredSpecOnce) {
+  FakeClock clock;
+  const StoredJobs stored = StoreThreeJobs(&clock);
+  int validations = 0;
+  auto counting = [&](const std::string& yaml, const std::vector<std::string>& overrides) {
+    ++validations;
+    return ValidateSpec(yaml, overrides);
+  };
+  auto core = Coordinator::Create({}, *OpenSqliteStateStore(stored.dir), counting, &clock);
+  ASSERT_TRUE(core.ok()) << core.status();
+  EXPECT_EQ(validations, 3);
+  EXPECT_EQ((*core)->GetJob(stored.scheduled)->state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ((*core)->GetJob(stored.pending)->state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ((*core)->GetJob(stored.cancelled)->state(), v1::JOB_STATE_CANCELLED);
+  // Handing the worker its job back parses nothing more.
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(stored.worker);
+  auto resp = (*core)->Heartbeat(hb);
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  ASSERT_EQ(resp->commands_size(), 1);
+  EXPECT_EQ(resp->commands(0).run().job_id(), stored.scheduled);
+  EXPECT_EQ(validations, 3);
+  core->reset();
+  std::filesystem::remove_all(stored.dir);
+}
+
+TEST(CoordinatorRestartTest, StoredSpecTheValidatorNowRefusesFailsItsJob) {
+  FakeClock clock;
+  const StoredJobs stored = StoreThreeJobs(&clock);
+  const std::string refusal = "model.attention: unknown key";
+  auto refusing = [&](const std::string&,
+                      const std::vector<std::string>&) -> absl::StatusOr<JobSpec> {
+    return absl::InvalidArgumentError(refusal);
+  };
+  {
+    auto core = Coordinator::Create({}, *OpenSqliteStateStore(stored.dir), refusing, &clock);
+    ASSERT_TRUE(core.ok()) << core.status();
+    for (const std::string& id : {stored.scheduled, stored.pending}) {
+      v1::Job job = *(*core)->GetJob(id);
+      EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED) << id;
+      EXPECT_NE(job.failure_reason().find(refusal), std::string::npos) << job.failure_reason();
+      bool ended = false;
+      auto events = (*core)->WaitEvents(id, 0, 0, &ended);
+      ASSERT_TRUE(events.ok());
+      EXPECT_TRUE(ended);
+      EXPECT_NE(events->back().message().find(refusal), std::string::npos);
+    }
+    EXPECT_EQ((*core)->GetJob(stored.cancelled)->state(), v1::JOB_STATE_CANCELLED);
+    // The worker is free: told to abort the failed job, given nothing to run.
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id(stored.worker);
+    hb.set_job_id(stored.scheduled);
+    hb.set_generation(1);
+    auto resp = (*core)->Heartbeat(hb);
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    ASSERT_EQ(resp->commands_size(), 1);
+    EXPECT_TRUE(resp->commands(0).has_abort());
+  }
+  // The failures are durable.
+  auto core = Coordinator::Create({}, *OpenSqliteStateStore(stored.dir), ValidateSpec, &clock);
+  ASSERT_TRUE(core.ok()) << core.status();
+  EXPECT_EQ((*core)->GetJob(stored.scheduled)->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ((*core)->GetJob(stored.pending)->state(), v1::JOB_STATE_FAILED);
+  core->reset();
+  std::filesystem::remove_all(stored.dir);
 }
 
 }  // namespace
