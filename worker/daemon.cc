@@ -23,10 +23,11 @@ void SleepFor(int64_t ms, const std::atomic<bool>& shutdown) {
 
 }  // namespace
 
-WorkerDaemon::WorkerDaemon(WorkerOptions options, JobRunner runner, MetricsRegistry* registry)
+WorkerDaemon::WorkerDaemon(WorkerOptions options, CoordinatorApi* coordinator, JobRunner runner,
+                           MetricsRegistry* registry)
     : options_(std::move(options)),
       runner_(std::move(runner)),
-      client_(options_.coordinator),
+      client_(coordinator),
       heartbeats_(registry
                       ->AddCounter("shardtrain_worker_heartbeats_total",
                                    "Heartbeats the coordinator answered.")
@@ -51,7 +52,7 @@ absl::Status WorkerDaemon::Register() {
   req.set_threads(options_.threads);
   req.set_metrics_address(options_.metrics_address);
   req.set_previous_worker_id(worker_id());
-  auto resp = client_.RegisterWorker(req);
+  auto resp = client_->RegisterWorker(req);
   if (!resp.ok()) return resp.status();
   std::lock_guard<std::mutex> lock(mu_);
   if (worker_id_ != resp->worker_id()) {
@@ -82,7 +83,7 @@ void WorkerDaemon::Run(const std::atomic<bool>& shutdown) {
           hb.set_generation(current_.generation());
         }
       }
-      auto resp = client_.Heartbeat(hb);
+      auto resp = client_->Heartbeat(hb);
       status = resp.status();
       if (resp.ok()) {
         heartbeats_.Increment();
@@ -144,7 +145,7 @@ void WorkerDaemon::StartJob(const v1::RunAssignment& a) {
   std::atomic<bool>* stop = job_stop_.get();
   std::atomic<bool>* finished = job_finished_.get();
   job_thread_ = std::thread([this, a, id, stop, finished] {
-    RunContext ctx{&a, id, &client_, &options_, stop};
+    RunContext ctx{&a, id, client_, &options_, stop};
     runner_(ctx);
     *finished = true;
   });

@@ -19,12 +19,12 @@
 #include "absl/status/status.h"
 #include "common/metrics.h"
 #include "shardtrain/v1/coordinator.pb.h"
-#include "worker/coordinator_client.h"
+#include "worker/coordinator_api.h"
 
 namespace shardtrain::worker {
 
 struct WorkerOptions {
-  std::string coordinator;                       // HOST:PORT
+  std::string coordinator;                       // HOST:PORT, as logs name it
   v1::Device device;                             // what this worker drives
   int threads = 1;                               // compute threads
   std::string collective_address = "127.0.0.1";  // where peers reach our collectives
@@ -36,7 +36,7 @@ struct WorkerOptions {
 struct RunContext {
   const v1::RunAssignment* assignment;
   std::string worker_id;
-  CoordinatorClient* client;
+  CoordinatorApi* client;  // the daemon's; outlives the run
   const WorkerOptions* options;
   const std::atomic<bool>* stop;  // set when the job must end now (abort, shutdown)
 };
@@ -45,9 +45,14 @@ struct RunContext {
 // completion and failure to the coordinator itself. Called on its own thread.
 using JobRunner = std::function<void(const RunContext& ctx)>;
 
+// Thread-compatible: Run is called once, from one thread; worker_id() may be
+// called from any thread.
 class WorkerDaemon {
  public:
-  WorkerDaemon(WorkerOptions options, JobRunner runner, MetricsRegistry* registry);
+  // `coordinator` (the real CoordinatorClient, or a fake in tests) and
+  // `registry` must outlive the daemon.
+  WorkerDaemon(WorkerOptions options, CoordinatorApi* coordinator, JobRunner runner,
+               MetricsRegistry* registry);
   ~WorkerDaemon();
 
   // Registers, then heartbeats until *shutdown; retries an unreachable
@@ -65,7 +70,7 @@ class WorkerDaemon {
 
   const WorkerOptions options_;
   const JobRunner runner_;
-  CoordinatorClient client_;
+  CoordinatorApi* const client_;
   Counter& heartbeats_;
   Counter& assignments_;
 

@@ -4,8 +4,7 @@
 
 namespace shardtrain::worker {
 
-KvRendezvousStore::KvRendezvousStore(CoordinatorClient* client, std::string job_id,
-                                     int64_t generation)
+KvRendezvousStore::KvRendezvousStore(CoordinatorApi* client, std::string job_id, int64_t generation)
     : client_(client), job_id_(std::move(job_id)), generation_(generation) {}
 
 absl::Status KvRendezvousStore::Set(absl::string_view key, absl::string_view value) {

@@ -9,21 +9,21 @@
 #include <string>
 
 #include "worker/comm/rendezvous_store.h"
-#include "worker/coordinator_client.h"
+#include "worker/coordinator_api.h"
 
 namespace shardtrain::worker {
 
 class KvRendezvousStore final : public comm::RendezvousStore {
  public:
   // `client` must outlive the store.
-  KvRendezvousStore(CoordinatorClient* client, std::string job_id, int64_t generation);
+  KvRendezvousStore(CoordinatorApi* client, std::string job_id, int64_t generation);
 
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
 
  private:
-  CoordinatorClient* const client_;
+  CoordinatorApi* const client_;
   const std::string job_id_;
   const int64_t generation_;
 };

@@ -10,6 +10,7 @@
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/process.h"
+#include "worker/coordinator_client.h"
 #include "worker/daemon.h"
 #include "worker/job_runner.h"
 
@@ -79,7 +80,8 @@ int main(int argc, char** argv) {
               << std::endl;
   }
 
-  WorkerDaemon daemon(options, NewJobRunner(&registry), &registry);
+  CoordinatorClient client(options.coordinator);
+  WorkerDaemon daemon(options, &client, NewJobRunner(&registry), &registry);
   std::atomic<bool> shutdown{false};
   std::thread signals([&] {
     WaitForTerminationSignal();
