@@ -1,0 +1,212 @@
+#include "tests/unit/worker/fake_coordinator.h"
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/planner.h"
+
+namespace shardtrain::worker {
+
+// Records the request into `field` and returns the scripted error, if any;
+// leaves mu_ held (as `lock`) for the rest of the call. Waiters woken by the
+// notification see the call's effects: they need mu_, held until it returns.
+#define FAKE_RECORD(rpc, field, r)                                  \
+  std::unique_lock<std::mutex> lock(mu_);                           \
+  calls_.field.push_back(r);                                        \
+  changed_.notify_all();                                            \
+  if (absl::Status injected = InjectedError(rpc); !injected.ok()) { \
+    return injected;                                                \
+  }
+
+void FakeCoordinator::set_lease_ms(int64_t ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  lease_ms_ = ms;
+}
+
+void FakeCoordinator::QueueHeartbeat(absl::StatusOr<v1::HeartbeatResponse> answer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  heartbeat_script_.push_back(std::move(answer));
+}
+
+void FakeCoordinator::Assign(std::optional<v1::RunAssignment> assignment, std::string reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  assigned_ = std::move(assignment);
+  unassign_reason_ = std::move(reason);
+}
+
+void FakeCoordinator::FailNext(Rpc rpc, absl::Status error, int times) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int i = 0; i < times; ++i) errors_[rpc].push_back(error);
+}
+
+void FakeCoordinator::SetOutage(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  outage_ = on;
+}
+
+absl::StatusOr<v1::Plan> FakeCoordinator::PlanJob(const std::string& job_id, int64_t generation,
+                                                  const JobSpec& spec, int world) {
+  absl::StatusOr<v1::Plan> plan = MakePlan(spec, world);
+  if (!plan.ok()) return plan.status();
+  plan->set_job_id(job_id);
+  plan->set_generation(generation);
+  SetPlan(*plan);
+  return plan;
+}
+
+void FakeCoordinator::SetPlan(const v1::Plan& plan) {
+  std::lock_guard<std::mutex> lock(mu_);
+  plans_[plan.job_id()] = plan;
+}
+
+void FakeCoordinator::AbortAtStep(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  abort_at_step_ = step;
+}
+
+void FakeCoordinator::set_on_step(std::function<void(const v1::ReportStepRequest&)> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_step_ = std::move(fn);
+}
+
+FakeCoordinator::Calls FakeCoordinator::calls() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return calls_;
+}
+
+bool FakeCoordinator::WaitFor(const std::function<bool(const Calls&)>& pred,
+                              absl::Duration timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return changed_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] { return pred(calls_); });
+}
+
+absl::Status FakeCoordinator::InjectedError(Rpc rpc) {
+  if (outage_) return absl::UnavailableError("fake coordinator: outage");
+  auto it = errors_.find(rpc);
+  if (it == errors_.end() || it->second.empty()) return absl::OkStatus();
+  absl::Status error = std::move(it->second.front());
+  it->second.pop_front();
+  return error;
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> FakeCoordinator::RegisterWorker(
+    const v1::RegisterWorkerRequest& r) {
+  FAKE_RECORD(Rpc::kRegisterWorker, registers, r);
+  v1::RegisterWorkerResponse resp;
+  resp.set_worker_id(r.previous_worker_id().empty() ? absl::StrCat("w-", next_worker_++)
+                                                    : r.previous_worker_id());
+  resp.set_lease_ms(lease_ms_);
+  return resp;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> FakeCoordinator::Heartbeat(const v1::HeartbeatRequest& r) {
+  std::unique_lock<std::mutex> lock(mu_);
+  calls_.heartbeats.push_back(r);
+  calls_.heartbeat_times.push_back(Calls::Clock::now());
+  changed_.notify_all();
+  if (absl::Status injected = InjectedError(Rpc::kHeartbeat); !injected.ok()) {
+    calls_.heartbeat_answers.push_back(injected);
+    return injected;
+  }
+  if (!heartbeat_script_.empty()) {
+    absl::StatusOr<v1::HeartbeatResponse> answer = std::move(heartbeat_script_.front());
+    heartbeat_script_.pop_front();
+    calls_.heartbeat_answers.push_back(answer);
+    return answer;
+  }
+  v1::HeartbeatResponse resp;
+  resp.set_lease_ms(lease_ms_);
+  const bool runs_assigned =
+      assigned_ && r.job_id() == assigned_->job_id() && r.generation() == assigned_->generation();
+  if (!r.job_id().empty() && !runs_assigned) {
+    v1::AbortJob* abort = resp.add_commands()->mutable_abort();
+    abort->set_job_id(r.job_id());
+    abort->set_generation(r.generation());
+    abort->set_reason(unassign_reason_);
+  }
+  if (assigned_ && !runs_assigned) *resp.add_commands()->mutable_run() = *assigned_;
+  calls_.heartbeat_answers.push_back(resp);
+  return resp;
+}
+
+absl::StatusOr<v1::Plan> FakeCoordinator::GetPlan(const std::string& job_id) {
+  FAKE_RECORD(Rpc::kGetPlan, plan_requests, job_id);
+  auto it = plans_.find(job_id);
+  if (it == plans_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " has no plan"));
+  return it->second;
+}
+
+absl::StatusOr<v1::ReportStepResponse> FakeCoordinator::ReportStep(const v1::ReportStepRequest& r) {
+  v1::ReportStepResponse resp;
+  std::function<void(const v1::ReportStepRequest&)> on_step;
+  {
+    FAKE_RECORD(Rpc::kReportStep, steps, r);
+    resp.set_abort(abort_at_step_ > 0 && r.report().step() >= abort_at_step_);
+    on_step = on_step_;
+  }
+  if (on_step) on_step(r);
+  return resp;
+}
+
+absl::Status FakeCoordinator::ReportDone(const v1::ReportDoneRequest& r) {
+  FAKE_RECORD(Rpc::kReportDone, dones, r);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ReportCheckpointResponse> FakeCoordinator::ReportCheckpoint(
+    const v1::ReportCheckpointRequest& r) {
+  FAKE_RECORD(Rpc::kReportCheckpoint, checkpoints, r);
+  return v1::ReportCheckpointResponse();
+}
+
+absl::Status FakeCoordinator::ReportFailure(const v1::ReportFailureRequest& r) {
+  FAKE_RECORD(Rpc::kReportFailure, failures, r);
+  return absl::OkStatus();
+}
+
+absl::Status FakeCoordinator::ReportEvent(const v1::ReportEventRequest& r) {
+  FAKE_RECORD(Rpc::kReportEvent, events, r);
+  return absl::OkStatus();
+}
+
+absl::Status FakeCoordinator::KvSet(const v1::KvSetRequest& r) {
+  std::unique_lock<std::mutex> lock(mu_);
+  ++calls_.kv_calls;
+  changed_.notify_all();
+  if (absl::Status injected = InjectedError(Rpc::kKvSet); !injected.ok()) return injected;
+  kv_[{r.job_id(), r.generation(), r.key()}] = r.value();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> FakeCoordinator::KvGet(const v1::KvGetRequest& r) {
+  std::unique_lock<std::mutex> lock(mu_);
+  ++calls_.kv_calls;
+  changed_.notify_all();
+  if (absl::Status injected = InjectedError(Rpc::kKvGet); !injected.ok()) return injected;
+  const auto key = std::make_tuple(r.job_id(), r.generation(), r.key());
+  const bool found = changed_.wait_for(lock, std::chrono::milliseconds(r.wait_ms()),
+                                       [&] { return kv_.count(key) > 0; });
+  if (found) return kv_.at(key);
+  if (r.wait_ms() == 0) return absl::NotFoundError(absl::StrCat("key ", r.key(), " is not set"));
+  return absl::DeadlineExceededError(
+      absl::StrCat("key ", r.key(), " not set within ", r.wait_ms(), " ms"));
+}
+
+absl::StatusOr<int64_t> FakeCoordinator::KvAdd(const v1::KvAddRequest& r) {
+  std::unique_lock<std::mutex> lock(mu_);
+  ++calls_.kv_calls;
+  changed_.notify_all();
+  if (absl::Status injected = InjectedError(Rpc::kKvAdd); !injected.ok()) return injected;
+  std::string& value = kv_[{r.job_id(), r.generation(), r.key()}];
+  int64_t current = 0;
+  if (!value.empty() && !absl::SimpleAtoi(value, &current)) {
+    return absl::InvalidArgumentError(absl::StrCat("key ", r.key(), " holds a non-integer value"));
+  }
+  value = absl::StrCat(current + r.delta());
+  return current + r.delta();
+}
+
+#undef FAKE_RECORD
+
+}  // namespace shardtrain::worker

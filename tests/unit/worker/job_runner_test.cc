@@ -1,0 +1,313 @@
+// The job runner against the in-memory coordinator: the real Trainer on a
+// tiny model and a small text file, world 1, CPU, one thread. What the runner
+// reports is compared with a Trainer driven directly over the same spec.
+#include "worker/job_runner.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "common/job_spec.h"
+#include "common/metrics.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/worker/fake_coordinator.h"
+#include "worker/checkpoint/weights_file.h"
+#include "worker/trainer.h"
+
+namespace shardtrain::worker {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using Rpc = FakeCoordinator::Rpc;
+
+constexpr char kJob[] = "job-1";
+
+class JobRunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::path(::testing::TempDir()) / "job_runner_test-XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    data_ = (dir_ / "train.txt").string();
+    std::ofstream out(data_);
+    for (int i = 0; i < 20; ++i) out << "A fortune favours the bold; a byte favours the model. ";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A 3-step job on the tiny model; `extra` lines are appended (later keys
+  // must not repeat earlier ones).
+  std::string Yaml(const std::string& extra = "") const {
+    return absl::StrCat(
+        "name: t\n"
+        "model: {layers: 1, heads: 2, dim: 16, context: 16, vocab: 256}\n"
+        "data: {train: ",
+        data_,
+        ", format: text, tokenizer: byte}\n"
+        "batch: {global: 2, micro: 2, seq_len: 8}\n"
+        "steps: 3\n"
+        "seed: 7\n",
+        extra);
+  }
+  std::string CheckpointYaml(int every) const {
+    return absl::StrCat("checkpoint: {every: ", every, ", dir: ", (dir_ / "ckpt").string(), "}\n");
+  }
+
+  JobSpec Spec(const std::string& yaml) const {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    return spec.ok() ? *spec : JobSpec();
+  }
+
+  // Plans the job in the fake (generation 1, world 1), as the coordinator
+  // would when it schedules it.
+  void Schedule(const std::string& yaml) {
+    ASSERT_TRUE(coordinator_.PlanJob(kJob, 1, Spec(yaml), 1).ok());
+  }
+
+  // Runs `yaml` as rank 0 of generation 1 to its end, on this thread.
+  void RunJob(const std::string& yaml) {
+    v1::RunAssignment a;
+    a.set_job_id(kJob);
+    a.set_generation(1);
+    a.set_rank(0);
+    a.set_world(1);
+    a.set_spec_yaml(yaml);
+    WorkerOptions options;
+    options.threads = 1;
+    RunContext ctx{&a, "w-1", &coordinator_, &options, &stop_};
+    NewJobRunner (&registry_)(ctx);
+  }
+
+  FakeCoordinator coordinator_;
+  MetricsRegistry registry_;
+  std::atomic<bool> stop_{false};
+  fs::path dir_;
+  std::string data_;
+};
+
+std::vector<int64_t> StepNumbers(const FakeCoordinator::Calls& c) {
+  std::vector<int64_t> out;
+  for (const v1::ReportStepRequest& r : c.steps) out.push_back(r.report().step());
+  return out;
+}
+
+TEST_F(JobRunnerTest, ReportsEachStepOfTheTrainerThenDone) {
+  const std::string yaml = Yaml();
+  Schedule(yaml);
+  RunJob(yaml);
+
+  // The same spec driven directly: the runner must report its numbers.
+  auto trainer = Trainer::Create(Spec(yaml), 0, 1, nullptr);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  const FakeCoordinator::Calls c = coordinator_.calls();
+  EXPECT_TRUE(c.failures.empty()) << c.failures[0].reason();
+  EXPECT_EQ(c.plan_requests, std::vector<std::string>{kJob});
+  ASSERT_EQ(StepNumbers(c), (std::vector<int64_t>{1, 2, 3}));
+  for (const v1::ReportStepRequest& r : c.steps) {
+    auto want = (*trainer)->Step(r.report().step());
+    ASSERT_TRUE(want.ok()) << want.status();
+    const v1::StepReport& s = r.report();
+    EXPECT_EQ(r.worker_id(), "w-1");
+    EXPECT_EQ(s.job_id(), kJob);
+    EXPECT_EQ(s.generation(), 1);
+    EXPECT_EQ(s.rank(), 0);
+    EXPECT_TRUE(std::isfinite(s.loss())) << "step " << s.step();
+    EXPECT_EQ(s.loss(), want->loss) << "step " << s.step();
+    EXPECT_EQ(s.grad_norm(), want->grad_norm) << "step " << s.step();
+    EXPECT_EQ(s.lr(), want->lr) << "step " << s.step();
+  }
+  // A byte model starts near uniform: ln 256 = 5.55.
+  EXPECT_NEAR(c.steps[0].report().loss(), std::log(256.0), 0.5);
+  ASSERT_EQ(c.dones.size(), 1u);
+  EXPECT_EQ(c.dones[0].job_id(), kJob);
+  EXPECT_EQ(c.dones[0].generation(), 1);
+  EXPECT_EQ(c.dones[0].rank(), 0);
+  EXPECT_EQ(c.dones[0].worker_id(), "w-1");
+  EXPECT_EQ(c.dones[0].steps(), 3);
+  EXPECT_EQ(c.dones[0].output(), "");  // no checkpoint.dir: no weights saved
+  EXPECT_TRUE(c.checkpoints.empty());
+}
+
+TEST_F(JobRunnerTest, SavesTheFinalWeightsAndReportsWhere) {
+  const std::string yaml = Yaml(CheckpointYaml(0));
+  Schedule(yaml);
+  RunJob(yaml);
+  const FakeCoordinator::Calls c = coordinator_.calls();
+  ASSERT_TRUE(c.failures.empty()) << c.failures[0].reason();
+  ASSERT_EQ(StepNumbers(c), (std::vector<int64_t>{1, 2, 3}));
+  ASSERT_EQ(c.dones.size(), 1u);
+  EXPECT_EQ(c.dones[0].output(), (dir_ / "ckpt" / "final.weights").string());
+  EXPECT_TRUE(c.checkpoints.empty());  // every: 0
+
+  auto trainer = Trainer::Create(Spec(yaml), 0, 1, nullptr);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  for (int step = 1; step <= 3; ++step) ASSERT_TRUE((*trainer)->Step(step).ok());
+  absl::StatusOr<checkpoint::LoadedWeights> saved = checkpoint::LoadWeights(c.dones[0].output());
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  const absl::Span<const float> want = (*trainer)->model().params();
+  ASSERT_EQ(saved->params.size(), want.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < want.size(); ++i) differ += saved->params[i] != want[i];
+  EXPECT_EQ(differ, 0u) << "of " << want.size() << " parameters";
+}
+
+TEST_F(JobRunnerTest, CheckpointsEveryStepBeforeTheLast) {
+  const std::string yaml = Yaml(CheckpointYaml(1));
+  Schedule(yaml);
+  RunJob(yaml);
+  const FakeCoordinator::Calls c = coordinator_.calls();
+  ASSERT_TRUE(c.failures.empty()) << c.failures[0].reason();
+  ASSERT_EQ(StepNumbers(c), (std::vector<int64_t>{1, 2, 3}));
+  ASSERT_EQ(c.dones.size(), 1u);
+  const int64_t num_params = coordinator_.GetPlan(kJob)->num_params();
+  ASSERT_GT(num_params, 0);
+  ASSERT_EQ(c.checkpoints.size(), 2u);  // steps 1 and 2; the last step ends in final weights
+  for (size_t i = 0; i < c.checkpoints.size(); ++i) {
+    const v1::CheckpointShard& s = c.checkpoints[i].shard();
+    EXPECT_EQ(c.checkpoints[i].worker_id(), "w-1");
+    EXPECT_EQ(s.job_id(), kJob);
+    EXPECT_EQ(s.generation(), 1);
+    EXPECT_EQ(s.rank(), 0);
+    EXPECT_EQ(s.step(), int64_t(i) + 1);
+    ASSERT_TRUE(fs::exists(s.path())) << s.path();
+    EXPECT_EQ(int64_t(fs::file_size(s.path())), s.bytes());
+    EXPECT_NE(s.crc64(), 0u);
+    // World 1: this rank's ranges cover every parameter once, in order.
+    int64_t next = 0;
+    for (const v1::FlatRange& r : s.ranges()) {
+      EXPECT_EQ(r.begin(), next);
+      EXPECT_GT(r.end(), r.begin());
+      next = r.end();
+    }
+    EXPECT_EQ(next, num_params) << "step " << s.step();
+  }
+}
+
+TEST_F(JobRunnerTest, PlanWithOtherAccumulationFailsBeforeTraining) {
+  const std::string yaml = Yaml();
+  Schedule(yaml);
+  v1::Plan plan = *coordinator_.GetPlan(kJob);
+  ASSERT_EQ(plan.grad_accum_steps(), 1);
+  plan.set_grad_accum_steps(2);
+  coordinator_.SetPlan(plan);
+  RunJob(yaml);
+  const FakeCoordinator::Calls c = coordinator_.calls();
+  ASSERT_EQ(c.failures.size(), 1u);
+  EXPECT_THAT(c.failures[0].reason(), HasSubstr("plan disagrees"));
+  EXPECT_THAT(c.failures[0].reason(), HasSubstr("accumulation 2"));
+  EXPECT_EQ(c.failures[0].step(), 0);
+  EXPECT_EQ(c.failures[0].job_id(), kJob);
+  EXPECT_TRUE(c.steps.empty());
+  EXPECT_TRUE(c.dones.empty());
+}
+
+TEST_F(JobRunnerTest, PlanOfAnotherGenerationFailsBeforeTraining) {
+  const std::string yaml = Yaml();
+  ASSERT_TRUE(coordinator_.PlanJob(kJob, /*generation=*/2, Spec(yaml), 1).ok());
+  RunJob(yaml);  // generation 1
+  const FakeCoordinator::Calls c = coordinator_.calls();
+  ASSERT_EQ(c.failures.size(), 1u);
+  EXPECT_THAT(c.failures[0].reason(), HasSubstr("ABORTED"));
+  EXPECT_THAT(c.failures[0].reason(), HasSubstr("plan of generation 2"));
+  EXPECT_TRUE(c.steps.empty());
+  EXPECT_TRUE(c.dones.empty());
+}
+
+TEST_F(JobRunnerTest, MissingPlanFails) {
+  RunJob(Yaml());  // nothing scheduled: GetPlan answers NOT_FOUND
+  const FakeCoordinator::Calls c = coordinator_.calls();
+  ASSERT_EQ(c.failures.size(), 1u);
+  EXPECT_THAT(c.failures[0].reason(), HasSubstr("NOT_FOUND"));
+  EXPECT_TRUE(c.steps.empty());
+}
+
+TEST_F(JobRunnerTest, MissingDataFileFailsNamingIt) {
+  const std::string missing = (dir_ / "no-such.txt").string();
+  const std::string yaml = absl::StrReplaceAll(Yaml(), {{data_, missing}});
+  Schedule(yaml);
+  RunJob(yaml);
+  const FakeCoordinator::Calls c = coordinator_.calls();
+  ASSERT_EQ(c.failures.size(), 1u);
+  EXPECT_THAT(c.failures[0].reason(), HasSubstr(missing));
+  EXPECT_THAT(c.failures[0].reason(), HasSubstr("data.train"));
+  EXPECT_EQ(c.failures[0].step(), 0);
+  EXPECT_TRUE(c.steps.empty());
+  EXPECT_TRUE(c.dones.empty());
+}
+
+TEST_F(JobRunnerTest, InvalidSpecFailsNamingTheField) {
+  RunJob(Yaml("steps2: 4\n"));
+  const FakeCoordinator::Calls c = coordinator_.calls();
+  ASSERT_EQ(c.failures.size(), 1u);
+  EXPECT_THAT(c.failures[0].reason(), HasSubstr("INVALID_ARGUMENT"));
+  EXPECT_THAT(c.failures[0].reason(), HasSubstr("steps2"));
+  EXPECT_TRUE(c.plan_requests.empty());
+  EXPECT_TRUE(c.steps.empty());
+}
+
+TEST_F(JobRunnerTest, StopFlagEndsTheRunWithoutDone) {
+  const std::string yaml = Yaml();
+  Schedule(yaml);
+  coordinator_.set_on_step([this](const v1::ReportStepRequest& r) {
+    if (r.report().step() == 2) stop_ = true;  // e.g. the daemon was told to abort
+  });
+  RunJob(yaml);
+  const FakeCoordinator::Calls c = coordinator_.calls();
+  EXPECT_EQ(StepNumbers(c), (std::vector<int64_t>{1, 2}));
+  EXPECT_TRUE(c.dones.empty());
+  EXPECT_TRUE(c.failures.empty());
+}
+
+TEST_F(JobRunnerTest, StepAnsweredWithAbortEndsTheRun) {
+  const std::string yaml = Yaml();
+  Schedule(yaml);
+  coordinator_.AbortAtStep(2);  // e.g. the job was cancelled
+  RunJob(yaml);
+  const FakeCoordinator::Calls c = coordinator_.calls();
+  EXPECT_EQ(StepNumbers(c), (std::vector<int64_t>{1, 2}));
+  EXPECT_TRUE(c.dones.empty());
+  EXPECT_TRUE(c.failures.empty());
+}
+
+TEST_F(JobRunnerTest, StaleGenerationOnStepReportEndsTheRun) {
+  const std::string yaml = Yaml();
+  Schedule(yaml);
+  coordinator_.FailNext(Rpc::kReportStep, absl::AbortedError("generation 1 is stale"));
+  RunJob(yaml);
+  const FakeCoordinator::Calls c = coordinator_.calls();
+  EXPECT_EQ(StepNumbers(c), (std::vector<int64_t>{1}));
+  EXPECT_TRUE(c.dones.empty());
+}
+
+TEST_F(JobRunnerTest, UnreachableCoordinatorOnStepReportDoesNotStopTraining) {
+  const std::string yaml = Yaml();
+  Schedule(yaml);
+  coordinator_.FailNext(Rpc::kReportStep, absl::UnavailableError("connection refused"));
+  RunJob(yaml);
+  const FakeCoordinator::Calls c = coordinator_.calls();
+  EXPECT_EQ(StepNumbers(c), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(c.dones.size(), 1u);
+}
+
+TEST_F(JobRunnerTest, DoneIsRetriedWhileTheCoordinatorIsUnreachable) {
+  const std::string yaml = Yaml();
+  Schedule(yaml);
+  coordinator_.FailNext(Rpc::kReportDone, absl::UnavailableError("connection refused"), 2);
+  RunJob(yaml);
+  const FakeCoordinator::Calls c = coordinator_.calls();
+  EXPECT_EQ(c.dones.size(), 3u);  // two refused, the third answered
+  for (const v1::ReportDoneRequest& d : c.dones) EXPECT_EQ(d.steps(), 3);
+}
+
+}  // namespace
+}  // namespace shardtrain::worker
