@@ -22,8 +22,8 @@ using Calls = FakeCoordinator::Calls;
 using Rpc = FakeCoordinator::Rpc;
 using std::chrono::milliseconds;
 
-// A JobRunner that records every run and runs until *ctx.stop, or returns
-// at once when finish_at_once is set.
+// A JobRunner that records every run and runs until *ctx.stop, or, when
+// finish_at_once is set, reports done at once and returns.
 class FakeRunner {
  public:
   struct Run {
@@ -44,6 +44,14 @@ class FakeRunner {
         changed_.notify_all();
       }
       while (!*ctx.stop && !finish_at_once) std::this_thread::sleep_for(milliseconds(1));
+      if (finish_at_once) {
+        v1::ReportDoneRequest done;
+        done.set_job_id(ctx.assignment->job_id());
+        done.set_generation(ctx.assignment->generation());
+        done.set_rank(ctx.assignment->rank());
+        done.set_worker_id(ctx.worker_id);
+        EXPECT_TRUE(ctx.client->ReportDone(done).ok());
+      }
       std::lock_guard<std::mutex> lock(mu_);
       runs_[i].returned = true;
       runs_[i].stopped = *ctx.stop;
@@ -262,20 +270,29 @@ TEST_F(DaemonTest, NewGenerationStopsTheOldRunThenStartsTheNew) {
 }
 
 TEST_F(DaemonTest, JobThatEndsByItselfIsNoLongerReported) {
-  runner_.finish_at_once = true;
-  v1::Command run;
-  *run.mutable_run() = Assignment();
-  coordinator_.QueueHeartbeat(With(run));  // once; then the fake has nothing assigned
+  runner_.finish_at_once = true;  // reports done, then returns
+  coordinator_.Assign(Assignment());
   Start();
-  ASSERT_TRUE(
-      runner_.WaitFor([](const auto& runs) { return runs.size() == 1 && runs[0].returned; }));
-  const size_t after = coordinator_.calls().heartbeats.size();
-  ASSERT_TRUE(coordinator_.WaitFor([&](const Calls& c) { return CountFrom(c, after) >= 2; }));
+  ASSERT_TRUE(runner_.WaitFor([](const auto& runs) { return runs.size() == 1; }));
+  // Once the runner has returned, every heartbeat says the worker is idle
+  // (the fake neither re-runs nor aborts a rank that reported done).
+  size_t idle = 0;
+  ASSERT_TRUE(coordinator_.WaitFor([&](const Calls& c) {
+    for (idle = 1; idle < c.heartbeats.size(); ++idle) {
+      if (c.heartbeats[idle].job_id().empty()) return true;
+    }
+    return false;
+  }));
+  ASSERT_TRUE(coordinator_.WaitFor([&](const Calls& c) { return CountFrom(c, idle) >= 3; }));
   const Calls c = coordinator_.calls();
-  EXPECT_EQ(c.heartbeats.back().job_id(), "");
-  // Without a job it reports, the fake never aborts anything.
+  for (size_t i = idle; i < c.heartbeats.size(); ++i) {
+    EXPECT_EQ(c.heartbeats[i].job_id(), "") << "heartbeat " << i;
+  }
   EXPECT_EQ(AnsweredWith(c, v1::Command::kAbort), -1);
-  EXPECT_FALSE(runner_.runs()[0].stopped);
+  const std::vector<FakeRunner::Run> runs = runner_.runs();
+  ASSERT_EQ(runs.size(), 1u);  // not started again
+  EXPECT_TRUE(runs[0].returned);
+  EXPECT_FALSE(runs[0].stopped);
 }
 
 TEST_F(DaemonTest, HeartbeatNotFoundRegistersAgainWithThePreviousId) {

@@ -117,15 +117,21 @@ absl::StatusOr<v1::HeartbeatResponse> FakeCoordinator::Heartbeat(const v1::Heart
   }
   v1::HeartbeatResponse resp;
   resp.set_lease_ms(lease_ms_);
+  bool rank_done = false;
+  for (const v1::ReportDoneRequest& d : calls_.dones) {
+    rank_done |= assigned_ && d.job_id() == assigned_->job_id() &&
+                 d.generation() == assigned_->generation() && d.rank() == assigned_->rank();
+  }
+  const bool want_run = assigned_ && !rank_done;
   const bool runs_assigned =
-      assigned_ && r.job_id() == assigned_->job_id() && r.generation() == assigned_->generation();
-  if (!r.job_id().empty() && !runs_assigned) {
+      want_run && r.job_id() == assigned_->job_id() && r.generation() == assigned_->generation();
+  if (!r.job_id().empty() && !runs_assigned && !(rank_done && r.job_id() == assigned_->job_id())) {
     v1::AbortJob* abort = resp.add_commands()->mutable_abort();
     abort->set_job_id(r.job_id());
     abort->set_generation(r.generation());
     abort->set_reason(unassign_reason_);
   }
-  if (assigned_ && !runs_assigned) *resp.add_commands()->mutable_run() = *assigned_;
+  if (want_run && !runs_assigned) *resp.add_commands()->mutable_run() = *assigned_;
   calls_.heartbeat_answers.push_back(resp);
   return resp;
 }

@@ -8,7 +8,8 @@
 //   Heartbeat       scripted answers (QueueHeartbeat) first, in order; then
 //                   it reconciles like the coordinator does: an abort for a
 //                   reported job that is not the assigned one (Assign), a run
-//                   of the assigned one when the worker does not report it.
+//                   of the assigned one when the worker does not report it,
+//                   neither once the assigned rank has reported done.
 //   GetPlan         the plan set by PlanJob / SetPlan for that job, else
 //                   NOT_FOUND.
 //   ReportStep      abort = true from step AbortAtStep(n) on.
@@ -81,8 +82,9 @@ class FakeCoordinator final : public CoordinatorApi {
   // The next heartbeats answer these, in order, before reconciling again.
   void QueueHeartbeat(absl::StatusOr<v1::HeartbeatResponse> answer);
   // The job the worker should run: heartbeats that do not report it get a run
-  // command (and an abort for the job they report instead). std::nullopt:
-  // none, so a reported job gets an abort with `reason`.
+  // command (and an abort for the job they report instead) until ReportDone
+  // for its (job, generation, rank). std::nullopt: none, so a reported job
+  // gets an abort with `reason`.
   void Assign(std::optional<v1::RunAssignment> assignment, std::string reason = "stale assignment");
   // The next `times` calls of `rpc` answer `error` (recorded all the same).
   void FailNext(Rpc rpc, absl::Status error, int times = 1);
