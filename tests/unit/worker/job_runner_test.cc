@@ -154,7 +154,7 @@ TEST_F(JobRunnerTest, SavesTheFinalWeightsAndReportsWhere) {
   for (int step = 1; step <= 3; ++step) ASSERT_TRUE((*trainer)->Step(step).ok());
   absl::StatusOr<checkpoint::LoadedWeights> saved = checkpoint::LoadWeights(c.dones[0].output());
   ASSERT_TRUE(saved.ok()) << saved.status();
-  const absl::Span<const float> want = (*trainer)->model().params();
+  const absl::Span<const float> want = (*trainer)->engine().params().f32();
   ASSERT_EQ(saved->params.size(), want.size());
   size_t differ = 0;
   for (size_t i = 0; i < want.size(); ++i) differ += saved->params[i] != want[i];
