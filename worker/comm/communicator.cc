@@ -21,6 +21,8 @@ class DoneWork final : public Work {
 
 }  // namespace
 
+absl::Status Work::BlockStream(engine::Stream&) { return Wait(absl::InfiniteDuration()); }
+
 std::shared_ptr<Work> CompletedWork(uint64_t seq, absl::Status status) {
   return std::make_shared<DoneWork>(seq, std::move(status));
 }
@@ -119,13 +121,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::NewGroup(
 #define SHARDTRAIN_WAIT(expr) return (expr)->Wait(absl::InfiniteDuration())
 
 std::shared_ptr<Work> Communicator::AllReduceAsync(void* data, size_t count, DataType dtype,
-                                                   ReduceOp op) {
+                                                   ReduceOp op, const engine::Event* after) {
   OpArgs a;
   a.type = OpType::kAllReduce;
   a.output = data;
   a.count = count;
   a.dtype = dtype;
   a.reduce = op;
+  a.after = after;
   return Submit(a);
 }
 absl::Status Communicator::AllReduce(void* data, size_t count, DataType dtype, ReduceOp op) {
@@ -133,13 +136,14 @@ absl::Status Communicator::AllReduce(void* data, size_t count, DataType dtype, R
 }
 
 std::shared_ptr<Work> Communicator::BroadcastAsync(void* data, size_t count, DataType dtype,
-                                                   int root) {
+                                                   int root, const engine::Event* after) {
   OpArgs a;
   a.type = OpType::kBroadcast;
   a.output = data;
   a.count = count;
   a.dtype = dtype;
   a.root = root;
+  a.after = after;
   return Submit(a);
 }
 absl::Status Communicator::Broadcast(void* data, size_t count, DataType dtype, int root) {
@@ -147,7 +151,7 @@ absl::Status Communicator::Broadcast(void* data, size_t count, DataType dtype, i
 }
 
 std::shared_ptr<Work> Communicator::ReduceAsync(void* data, size_t count, DataType dtype,
-                                                ReduceOp op, int root) {
+                                                ReduceOp op, int root, const engine::Event* after) {
   OpArgs a;
   a.type = OpType::kReduce;
   a.output = data;
@@ -155,6 +159,7 @@ std::shared_ptr<Work> Communicator::ReduceAsync(void* data, size_t count, DataTy
   a.dtype = dtype;
   a.reduce = op;
   a.root = root;
+  a.after = after;
   return Submit(a);
 }
 absl::Status Communicator::Reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root) {
@@ -162,13 +167,14 @@ absl::Status Communicator::Reduce(void* data, size_t count, DataType dtype, Redu
 }
 
 std::shared_ptr<Work> Communicator::AllGatherAsync(const void* input, void* output, size_t count,
-                                                   DataType dtype) {
+                                                   DataType dtype, const engine::Event* after) {
   OpArgs a;
   a.type = OpType::kAllGather;
   a.input = input;
   a.output = output;
   a.count = count;
   a.dtype = dtype;
+  a.after = after;
   return Submit(a);
 }
 absl::Status Communicator::AllGather(const void* input, void* output, size_t count,
@@ -177,7 +183,8 @@ absl::Status Communicator::AllGather(const void* input, void* output, size_t cou
 }
 
 std::shared_ptr<Work> Communicator::ReduceScatterAsync(const void* input, void* output,
-                                                       size_t count, DataType dtype, ReduceOp op) {
+                                                       size_t count, DataType dtype, ReduceOp op,
+                                                       const engine::Event* after) {
   OpArgs a;
   a.type = OpType::kReduceScatter;
   a.input = input;
@@ -185,6 +192,7 @@ std::shared_ptr<Work> Communicator::ReduceScatterAsync(const void* input, void* 
   a.count = count;
   a.dtype = dtype;
   a.reduce = op;
+  a.after = after;
   return Submit(a);
 }
 absl::Status Communicator::ReduceScatter(const void* input, void* output, size_t count,
@@ -193,7 +201,7 @@ absl::Status Communicator::ReduceScatter(const void* input, void* output, size_t
 }
 
 std::shared_ptr<Work> Communicator::SendAsync(const void* data, size_t count, DataType dtype,
-                                              int peer, uint32_t tag) {
+                                              int peer, uint32_t tag, const engine::Event* after) {
   OpArgs a;
   a.type = OpType::kSend;
   a.input = data;
@@ -201,6 +209,7 @@ std::shared_ptr<Work> Communicator::SendAsync(const void* data, size_t count, Da
   a.dtype = dtype;
   a.peer = peer;
   a.tag = tag;
+  a.after = after;
   return Submit(a);
 }
 absl::Status Communicator::Send(const void* data, size_t count, DataType dtype, int peer,
@@ -209,7 +218,7 @@ absl::Status Communicator::Send(const void* data, size_t count, DataType dtype, 
 }
 
 std::shared_ptr<Work> Communicator::RecvAsync(void* data, size_t count, DataType dtype, int peer,
-                                              uint32_t tag) {
+                                              uint32_t tag, const engine::Event* after) {
   OpArgs a;
   a.type = OpType::kRecv;
   a.output = data;
@@ -217,6 +226,7 @@ std::shared_ptr<Work> Communicator::RecvAsync(void* data, size_t count, DataType
   a.dtype = dtype;
   a.peer = peer;
   a.tag = tag;
+  a.after = after;
   return Submit(a);
 }
 absl::Status Communicator::Recv(void* data, size_t count, DataType dtype, int peer, uint32_t tag) {

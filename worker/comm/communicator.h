@@ -9,6 +9,10 @@
 //    numbers count submissions on this rank, from 1.
 //  * Buffers are contiguous arrays of `dtype`; they must stay valid and
 //    untouched until the op's Work completes.
+//  * Ordering with device work: OpArgs::after makes an op wait for an
+//    engine::Event (work that produces its input) and Work::BlockStream
+//    makes an engine::Stream wait for the op (work that consumes its
+//    output); on NCCL neither blocks the host.
 //  * Every op has a timeout (the backend's default unless OpArgs::timeout is
 //    set). An op that does not finish in time fails with DEADLINE_EXCEEDED,
 //    naming the op, its seq, the group, and the ranks that had not arrived.
@@ -35,6 +39,7 @@
 #include "absl/time/time.h"
 #include "worker/comm/flight_recorder.h"
 #include "worker/comm/types.h"
+#include "worker/engine/device.h"
 
 namespace shardtrain::comm {
 
@@ -50,6 +55,15 @@ class Work {
   // True once the op finished (successfully or not).
   virtual bool Done() const = 0;
   virtual uint64_t seq() const = 0;
+  // Orders `stream` after the op: work issued to `stream` after this call
+  // starts only once the op finished. Returns the op's error if it is
+  // already known to have failed (then nothing is ordered: do not use its
+  // output); an op that fails later reports it through Wait().
+  // This default waits on the host (Wait()), which is right for host
+  // streams and for host backends such as Gloo. Backends that run on a
+  // device (NCCL) override it to make `stream` wait for the op on the device
+  // without blocking the host.
+  virtual absl::Status BlockStream(engine::Stream& stream);
 };
 
 // A fully described op. Element counts are in elements of `dtype`.
@@ -67,6 +81,21 @@ class Work {
 //                  from `recv_peer` (use it for exchanges that would deadlock
 //                  as a Send followed by a Recv on both sides).
 //   kBarrier       no buffers.
+//
+// `after` (optional) orders the op after device work, typically the kernels
+// or copies that produce its input: the op reads no input and writes no
+// output before `after` completed. It must stay valid, and must not be
+// recorded again, until the op's Work completes.
+//   Gloo: the op thread waits for the event on the host (polling
+//     after->Query(), then after->Synchronize() for its status) before
+//     running the op, within the op's timeout (the wait counts towards it,
+//     and a peer's failure aborts it). An error from the event, or the
+//     timeout, fails the op like any other error: the communicator is
+//     poisoned.
+//   NCCL: Submit makes the communicator's stream wait for the event on the
+//     device (cudaStreamWaitEvent on after->native()), so the host never
+//     blocks; a host event (native() == nullptr) is waited for on the host
+//     by Submit. A CUDA error there fails the op and poisons.
 struct OpArgs {
   OpType type = OpType::kBarrier;
   DataType dtype = DataType::kFloat32;
@@ -80,6 +109,7 @@ struct OpArgs {
   size_t recv_count = 0;  // kSendRecv
   uint32_t tag = 0;       // Send/Recv matching: pairs match per (peer, tag), in order
   absl::Duration timeout = absl::ZeroDuration();  // zero: communicator default
+  const engine::Event* after = nullptr;           // see above; null: no wait
 };
 
 class Communicator {
@@ -120,32 +150,35 @@ class Communicator {
   virtual const FlightRecorder& flight_recorder() const = 0;
 
   // ---- Convenience wrappers: the *Async forms return the Work; the plain
-  // forms wait for it.
-  std::shared_ptr<Work> AllReduceAsync(void* data, size_t count, DataType dtype, ReduceOp op);
+  // forms wait for it. `after` is OpArgs::after.
+  std::shared_ptr<Work> AllReduceAsync(void* data, size_t count, DataType dtype, ReduceOp op,
+                                       const engine::Event* after = nullptr);
   absl::Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op);
 
-  std::shared_ptr<Work> BroadcastAsync(void* data, size_t count, DataType dtype, int root);
+  std::shared_ptr<Work> BroadcastAsync(void* data, size_t count, DataType dtype, int root,
+                                       const engine::Event* after = nullptr);
   absl::Status Broadcast(void* data, size_t count, DataType dtype, int root);
 
-  std::shared_ptr<Work> ReduceAsync(void* data, size_t count, DataType dtype, ReduceOp op,
-                                    int root);
+  std::shared_ptr<Work> ReduceAsync(void* data, size_t count, DataType dtype, ReduceOp op, int root,
+                                    const engine::Event* after = nullptr);
   absl::Status Reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root);
 
   std::shared_ptr<Work> AllGatherAsync(const void* input, void* output, size_t count,
-                                       DataType dtype);
+                                       DataType dtype, const engine::Event* after = nullptr);
   absl::Status AllGather(const void* input, void* output, size_t count, DataType dtype);
 
   std::shared_ptr<Work> ReduceScatterAsync(const void* input, void* output, size_t count,
-                                           DataType dtype, ReduceOp op);
+                                           DataType dtype, ReduceOp op,
+                                           const engine::Event* after = nullptr);
   absl::Status ReduceScatter(const void* input, void* output, size_t count, DataType dtype,
                              ReduceOp op);
 
   std::shared_ptr<Work> SendAsync(const void* data, size_t count, DataType dtype, int peer,
-                                  uint32_t tag = 0);
+                                  uint32_t tag = 0, const engine::Event* after = nullptr);
   absl::Status Send(const void* data, size_t count, DataType dtype, int peer, uint32_t tag = 0);
 
   std::shared_ptr<Work> RecvAsync(void* data, size_t count, DataType dtype, int peer,
-                                  uint32_t tag = 0);
+                                  uint32_t tag = 0, const engine::Event* after = nullptr);
   absl::Status Recv(void* data, size_t count, DataType dtype, int peer, uint32_t tag = 0);
 
   absl::Status SendRecv(const void* send_data, size_t send_count, int send_peer, void* recv_data,
@@ -156,12 +189,13 @@ class Communicator {
 };
 
 // A Work that is already complete with `status` (used for argument errors and
-// poisoned communicators).
+// poisoned communicators). BlockStream returns `status` at once.
 std::shared_ptr<Work> CompletedWork(uint64_t seq, absl::Status status);
 
 // A Work that a backend completes later, from its own thread: Complete() once
 // with the op's status; Wait() blocks until then (or returns DEADLINE_EXCEEDED
-// after `timeout`, the op still running). Thread-safe.
+// after `timeout`, the op still running); BlockStream is the host wait of
+// Work. Thread-safe.
 class PendingWork final : public Work {
  public:
   explicit PendingWork(uint64_t seq) : seq_(seq) {}

@@ -221,7 +221,9 @@ class GlooCommunicator final : public Communicator {
         absl::MutexLock lock(&abort_mu_);
         running_since_ = start;
       }
-      absl::Status s = Execute(item.args);
+      const absl::Time deadline = start + OpTimeout(item.args);
+      absl::Status s = AwaitAfter(item.args, deadline);
+      if (s.ok()) s = Execute(item.args, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
       {
         absl::MutexLock lock(&abort_mu_);
         running_since_ = absl::InfiniteFuture();
@@ -236,8 +238,42 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
-  absl::Status Execute(const OpArgs& a) {
-    const absl::Duration timeout = a.timeout > absl::ZeroDuration() ? a.timeout : options_.timeout;
+  absl::Duration OpTimeout(const OpArgs& a) const {
+    return a.timeout > absl::ZeroDuration() ? a.timeout : options_.timeout;
+  }
+
+  // Waits on the host until `a.after` completed (OpArgs::after), until
+  // `deadline` at most; another rank's failure aborts the wait. Polls
+  // Query() rather than blocking in Synchronize() so that an event that
+  // never completes fails the op at its timeout instead of hanging this
+  // thread (and Shutdown) for good.
+  absl::Status AwaitAfter(const OpArgs& a, absl::Time deadline) {
+    if (a.after == nullptr) return absl::OkStatus();
+    absl::Duration backoff = absl::Microseconds(20);
+    while (!a.after->Query()) {
+      {
+        absl::MutexLock lock(&abort_mu_);
+        if (!peer_failure_.empty()) {
+          return absl::AbortedError(
+              absl::StrCat("aborted while waiting for its OpArgs::after event: ", peer_failure_));
+        }
+      }
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("Timed out waiting ",
+                                                        absl::FormatDuration(OpTimeout(a)),
+                                                        " for its OpArgs::after event"));
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Milliseconds(1));
+    }
+    if (absl::Status s = a.after->Synchronize(); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("its OpArgs::after event failed: ", s.message()));
+    }
+    return absl::OkStatus();
+  }
+
+  // Runs the op; `timeout` is what is left of its deadline.
+  absl::Status Execute(const OpArgs& a, absl::Duration timeout) {
     try {
       if (size_ == 1) {
         ExecuteLocal(a);

@@ -6,7 +6,9 @@
 //
 // Execution: one communication thread per communicator runs ops in FIFO
 // order (deterministic; async ops overlap with the caller's compute). Every
-// op carries a timeout.
+// op carries a timeout. An op with OpArgs::after first waits for that event
+// on this thread (its timeout covers the wait); Work::BlockStream is a host
+// wait (the default of Work).
 //
 // Algorithms:
 //   AllReduce     ring reduce-scatter + ring all-gather over unbound buffers
