@@ -76,6 +76,42 @@ absl::Status WaitNotInProgress(ncclComm_t comm, absl::Time deadline, absl::strin
   }
 }
 
+// Handle of an NCCL op. Owns the CUDA event recorded on the communicator's
+// stream right after the op, which the watchdog polls to complete it and
+// BlockStream hands to other streams; the event lives as long as the handle
+// (so it may outlive the communicator).
+class NcclWork final : public Work {
+ public:
+  NcclWork(uint64_t seq, cudaEvent_t event) : pending_(seq), event_(event) {}
+  ~NcclWork() override {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+  absl::Status Wait(absl::Duration timeout) override { return pending_.Wait(timeout); }
+  bool Done() const override { return pending_.Done(); }
+  uint64_t seq() const override { return pending_.seq(); }
+
+  // Device-side: `stream` waits for the event, the host does not. A host
+  // stream (native() == nullptr) falls back to a host wait.
+  absl::Status BlockStream(engine::Stream& stream) override {
+    // Finished (the watchdog saw the event complete) or failed: nothing is
+    // left to order; report the status.
+    if (Done()) return Wait(absl::ZeroDuration());
+    if (stream.native() == nullptr) return Wait(absl::InfiniteDuration());
+    // Not done means Submit recorded the event (a failed launch completes
+    // the work before Submit returns).
+    cudaError_t e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream.native()), event_, 0);
+    if (e != cudaSuccess) return CudaStatus(e, "cudaStreamWaitEvent (Work::BlockStream)");
+    return absl::OkStatus();
+  }
+
+  void Complete(absl::Status status) { pending_.Complete(std::move(status)); }
+  cudaEvent_t event() const { return event_; }
+
+ private:
+  PendingWork pending_;
+  const cudaEvent_t event_;  // null only if creating it failed (then failed)
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(std::shared_ptr<RendezvousStore> store, int rank, int size, NcclOptions options,
@@ -114,6 +150,11 @@ class NcclCommunicator final : public Communicator {
     if (absl::Status s = ValidateOpArgs(args, rank_, size_); !s.ok()) {
       return CompletedWork(0, s);
     }
+    // A host event (no CUDA handle) is waited for on the host, before taking
+    // the lock so that the watchdog keeps completing earlier ops meanwhile.
+    const bool device_after = args.after != nullptr && args.after->native() != nullptr;
+    absl::Status host_after;
+    if (args.after != nullptr && !device_after) host_after = args.after->Synchronize();
     absl::MutexLock lock(&mu_);
     if (!poison_.ok()) {
       return CompletedWork(0, absl::FailedPreconditionError(absl::StrCat(
@@ -125,7 +166,6 @@ class NcclCommunicator final : public Communicator {
                                   absl::StrCat("communicator ", key_prefix_, " is shut down")));
     }
     const uint64_t seq = ++next_seq_;
-    auto work = std::make_shared<PendingWork>(seq);
     FlightRecord rec;
     rec.seq = seq;
     rec.op = args.type;
@@ -138,15 +178,29 @@ class NcclCommunicator final : public Communicator {
     recorder_.Queued(rec);
     const absl::Duration timeout =
         args.timeout > absl::ZeroDuration() ? args.timeout : options_.timeout;
-    Pending p{seq, args, nullptr, absl::Now(), absl::Now() + timeout, work};
     cudaSetDevice(options_.device);
-    absl::Status launched = Launch(args);
+    cudaEvent_t event = nullptr;
+    cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (e != cudaSuccess) event = nullptr;
+    auto work = std::make_shared<NcclWork>(seq, event);
+    Pending p{seq, args, absl::Now(), absl::Now() + timeout, work};
+    p.args.after = nullptr;  // only valid during Submit
+    absl::Status launched =
+        e == cudaSuccess ? absl::OkStatus() : CudaStatus(e, "cudaEventCreateWithFlags");
+    if (launched.ok() && !host_after.ok()) {
+      launched = absl::Status(host_after.code(), absl::StrCat("its OpArgs::after event failed: ",
+                                                              host_after.message()));
+    }
+    if (launched.ok() && device_after) {
+      e = cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(args.after->native()), 0);
+      if (e != cudaSuccess) launched = CudaStatus(e, "cudaStreamWaitEvent (OpArgs::after)");
+    }
+    if (launched.ok()) launched = Launch(args);
     if (launched.ok()) {
       launched = WaitNotInProgress(comm_, p.deadline, OpTypeName(args.type));
     }
     if (launched.ok()) {
-      cudaError_t e = cudaEventCreateWithFlags(&p.event, cudaEventDisableTiming);
-      if (e == cudaSuccess) e = cudaEventRecord(p.event, stream_);
+      e = cudaEventRecord(event, stream_);
       if (e != cudaSuccess) launched = CudaStatus(e, "cudaEventRecord");
     }
     recorder_.Running(seq);
@@ -227,10 +281,9 @@ class NcclCommunicator final : public Communicator {
   struct Pending {
     uint64_t seq;
     OpArgs args;
-    cudaEvent_t event;
     absl::Time start;
     absl::Time deadline;
-    std::shared_ptr<PendingWork> work;
+    std::shared_ptr<NcclWork> work;  // owns the completion event
   };
 
   absl::Status Launch(const OpArgs& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -284,11 +337,10 @@ class NcclCommunicator final : public Communicator {
         if (stop_ && pending_.empty()) return;
         while (!pending_.empty()) {
           Pending& p = pending_.front();
-          cudaError_t e = cudaEventQuery(p.event);
+          cudaError_t e = cudaEventQuery(p.work->event());
           if (e == cudaSuccess) {
             recorder_.Done(p.seq);
             p.work->Complete(absl::OkStatus());
-            cudaEventDestroy(p.event);
             pending_.pop_front();
             continue;
           }
@@ -328,7 +380,6 @@ class NcclCommunicator final : public Communicator {
                                               p.args.dtype, absl::Now() - p.start, cause, reports);
     recorder_.Failed(p.seq, status.message());
     p.work->Complete(status);
-    if (p.event != nullptr) cudaEventDestroy(p.event);
     poison_ = status;
     for (Pending& q : pending_) {
       absl::Status s = absl::AbortedError(absl::StrCat(OpTypeName(q.args.type), " seq=", q.seq,
@@ -336,7 +387,6 @@ class NcclCommunicator final : public Communicator {
                                                        " was poisoned by: ", status.message()));
       recorder_.Failed(q.seq, s.message());
       q.work->Complete(s);
-      cudaEventDestroy(q.event);
     }
     pending_.clear();
     if (options_.dump_on_failure) {

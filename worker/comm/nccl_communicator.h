@@ -9,6 +9,9 @@
 //
 // Execution: Submit launches the NCCL call on the communicator's stream at
 // once (ops run in submission order on that stream) and records a CUDA event.
+// OpArgs::after becomes a cudaStreamWaitEvent on that stream before the call,
+// and Work::BlockStream a cudaStreamWaitEvent of the caller's stream on the
+// op's event: neither blocks the host.
 // A watchdog thread polls every outstanding event and ncclCommGetAsyncError
 // every 1 ms: an op still running at its deadline, or an asynchronous NCCL
 // error (a peer died), makes it call ncclCommAbort, exchange failure reports
