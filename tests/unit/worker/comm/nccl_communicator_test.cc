@@ -5,7 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/worker/comm/test_util.h"
 #include "worker/comm/rendezvous_store.h"
+#include "worker/engine/cuda/cuda_device.h"
 
 namespace shardtrain::comm {
 namespace {
@@ -155,6 +158,77 @@ TEST(NcclCommunicatorTest, CollectivesMatchReference) {
       ASSERT_TRUE(comm.Barrier().ok());
     });
   }
+}
+
+void CUDART_CB Sleep1s(void*) { std::this_thread::sleep_for(std::chrono::seconds(1)); }
+
+// OpArgs::after and Work::BlockStream with a CudaDevice, world 1. A host
+// function holds the compute stream for 1 s, then the inputs are copied
+// in and an event is recorded. The ops wait for that event on the device:
+// Submit and BlockStream return at once and the ops are not done. The copy
+// of the outputs to the host, issued to the compute stream after
+// BlockStream, must see the results: the all-gather (out of place) copies
+// what was there only after the event, zeros before it.
+TEST(NcclCommunicatorTest, OrderedAfterAnEventAndBeforeAStream) {
+  if (DeviceCount() < 1) GTEST_SKIP() << "no CUDA device";
+  auto dev = engine::cuda::CudaDevice::Create(0);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  RunNcclRanks(1, [&](Communicator& comm) {
+    engine::Stream& compute = (*dev)->compute_stream();
+    cudaStream_t cs = static_cast<cudaStream_t>(compute.native());
+    const size_t n = 1 << 20, bytes = n * sizeof(float);
+    auto in = (*dev)->Allocate(n, DataType::kFloat32);
+    auto out = (*dev)->Allocate(n, DataType::kFloat32);
+    auto data = (*dev)->Allocate(n, DataType::kFloat32);
+    auto ready = (*dev)->NewEvent();
+    ASSERT_TRUE(in.ok() && out.ok() && data.ok() && ready.ok());
+    float *h_in = nullptr, *h_out = nullptr, *h_data = nullptr;
+    ASSERT_EQ(cudaMallocHost(&h_in, bytes), cudaSuccess);
+    ASSERT_EQ(cudaMallocHost(&h_out, bytes), cudaSuccess);
+    ASSERT_EQ(cudaMallocHost(&h_data, bytes), cudaSuccess);
+    for (size_t i = 0; i < n; ++i) h_in[i] = TestValue(0, i) + 100.0f;
+    std::memset(h_out, 0, bytes);
+    std::memset(h_data, 0, bytes);
+
+    // Warm-up, so that first-launch costs do not count below.
+    ASSERT_TRUE(comm.AllGather((*in)->data(), (*out)->data(), n, DataType::kFloat32).ok());
+    ASSERT_TRUE(comm.AllReduce((*data)->data(), n, DataType::kFloat32, ReduceOp::kSum).ok());
+
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(cudaLaunchHostFunc(cs, Sleep1s, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync((*in)->data(), h_in, bytes, cudaMemcpyHostToDevice, cs), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync((*data)->data(), h_in, bytes, cudaMemcpyHostToDevice, cs),
+              cudaSuccess);
+    ASSERT_TRUE((*ready)->Record(compute).ok());
+    auto gather =
+        comm.AllGatherAsync((*in)->data(), (*out)->data(), n, DataType::kFloat32, ready->get());
+    auto reduce =
+        comm.AllReduceAsync((*data)->data(), n, DataType::kFloat32, ReduceOp::kSum, ready->get());
+    EXPECT_FALSE(gather->Done()) << "the op finished before its event";
+    EXPECT_FALSE(reduce->Done()) << "the op finished before its event";
+    ASSERT_TRUE(gather->BlockStream(compute).ok());
+    ASSERT_TRUE(reduce->BlockStream(compute).ok());
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500))
+        << "Submit or BlockStream blocked the host";
+    ASSERT_EQ(cudaMemcpyAsync(h_out, (*out)->data(), bytes, cudaMemcpyDeviceToHost, cs),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(h_data, (*data)->data(), bytes, cudaMemcpyDeviceToHost, cs),
+              cudaSuccess);
+    ASSERT_TRUE(compute.Synchronize().ok());
+    EXPECT_TRUE(gather->Wait(absl::Seconds(10)).ok());
+    EXPECT_TRUE(reduce->Wait(absl::Seconds(10)).ok());
+    size_t wrong_out = 0, wrong_data = 0;
+    for (size_t i = 0; i < n; ++i) {
+      wrong_out += h_out[i] != h_in[i];
+      wrong_data += h_data[i] != h_in[i];
+    }
+    EXPECT_EQ(wrong_out, 0u) << "all-gather output, e.g. [0] = " << h_out[0] << " want " << h_in[0];
+    EXPECT_EQ(wrong_data, 0u) << "all-reduce output, e.g. [0] = " << h_data[0] << " want "
+                              << h_in[0];
+    cudaFreeHost(h_in);
+    cudaFreeHost(h_out);
+    cudaFreeHost(h_data);
+  });
 }
 
 TEST(NcclCommunicatorTest, MissingRankTimesOutAndPoisons) {
