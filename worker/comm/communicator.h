@@ -194,8 +194,8 @@ std::shared_ptr<Work> CompletedWork(uint64_t seq, absl::Status status);
 
 // A Work that a backend completes later, from its own thread: Complete() once
 // with the op's status; Wait() blocks until then (or returns DEADLINE_EXCEEDED
-// after `timeout`, the op still running); BlockStream is the host wait of
-// Work. Thread-safe.
+// after `timeout`, the op still running); BlockStream waits on the host
+// (Work's default). Thread-safe.
 class PendingWork final : public Work {
  public:
   explicit PendingWork(uint64_t seq) : seq_(seq) {}
