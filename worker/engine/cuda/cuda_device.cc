@@ -103,7 +103,9 @@ class CudaBuffer final : public Buffer {
  public:
   CudaBuffer(void* data, size_t count, DataType dtype, int ordinal,
              std::shared_ptr<CudaStream> compute)
-      : Buffer(data, count, dtype), ordinal_(ordinal), compute_(std::move(compute)) {}
+      : Buffer(data, count, dtype, DeviceKind::kCuda),
+        ordinal_(ordinal),
+        compute_(std::move(compute)) {}
   ~CudaBuffer() override {
     if (data() == nullptr) return;
     cudaSetDevice(ordinal_);
