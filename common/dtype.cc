@@ -10,9 +10,8 @@ namespace shardtrain {
 size_t DataTypeSize(DataType dtype) { return dtype == DataType::kFloat32 ? 4 : 2; }
 
 absl::string_view DataTypeName(DataType dtype) {
-  static constexpr std::string_view kNames[] = {"fp32", "bf16", "fp16"};
-  const std::string_view name = NameIn(kNames, dtype);
-  return absl::string_view(name.data(), name.size());
+  static constexpr absl::string_view kNames[] = {"fp32", "bf16", "fp16"};
+  return NameIn(kNames, dtype);
 }
 
 uint16_t FloatToBFloat16(float f) {

@@ -9,10 +9,10 @@
 
 namespace shardtrain {
 
-// names[v], or `fallback` for a value outside the table.
-template <typename E, size_t N>
-constexpr std::string_view NameIn(const std::string_view (&names)[N], E v,
-                                  std::string_view fallback = "?") {
+// names[v], or `fallback` for a value outside the table. S is the table's
+// string-view type (std:: or absl::, which differ in Debian's abseil).
+template <typename S, typename E, size_t N>
+constexpr S NameIn(const S (&names)[N], E v, S fallback = "?") {
   const auto i = static_cast<size_t>(v);
   return i < N ? names[i] : fallback;
 }

@@ -49,7 +49,7 @@ absl::Status CheckTransition(JobState from, JobState to) {
 std::string_view JobStateName(JobState state) {
   static constexpr std::string_view kNames[] = {"PENDING",   "SCHEDULED", "RUNNING",  "RECOVERING",
                                                 "SUCCEEDED", "FAILED",    "CANCELLED"};
-  return NameIn(kNames, state, "UNKNOWN");
+  return NameIn(kNames, state, std::string_view("UNKNOWN"));
 }
 
 absl::StatusOr<JobState> ParseJobState(std::string_view name) {

@@ -63,7 +63,7 @@ std::string EscapeHelp(const std::string& help) {
 
 std::string_view TypeName(MetricType t) {
   static constexpr std::string_view kNames[] = {"counter", "gauge", "histogram"};
-  return NameIn(kNames, t, "untyped");
+  return NameIn(kNames, t, std::string_view("untyped"));
 }
 
 // `{a="x",b="y"}` (with `extra` appended as a last, pre-escaped pair), or ""

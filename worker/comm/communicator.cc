@@ -118,144 +118,116 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::NewGroup(
   return Split(0, static_cast<int>(it - ranks.begin()));
 }
 
-#define SHARDTRAIN_WAIT(expr) return (expr)->Wait(absl::InfiniteDuration())
+namespace {
+
+// The fields every wrapper sets; each adds its own (reduce op, root, peer).
+OpArgs Op(OpType type, DataType dtype, const void* input, void* output, size_t count,
+          const engine::Event* after) {
+  OpArgs a;
+  a.type = type;
+  a.dtype = dtype;
+  a.input = input;
+  a.output = output;
+  a.count = count;
+  a.after = after;
+  return a;
+}
+
+absl::Status Finish(const std::shared_ptr<Work>& work) {
+  return work->Wait(absl::InfiniteDuration());
+}
+
+}  // namespace
 
 std::shared_ptr<Work> Communicator::AllReduceAsync(void* data, size_t count, DataType dtype,
                                                    ReduceOp op, const engine::Event* after) {
-  OpArgs a;
-  a.type = OpType::kAllReduce;
-  a.output = data;
-  a.count = count;
-  a.dtype = dtype;
+  OpArgs a = Op(OpType::kAllReduce, dtype, nullptr, data, count, after);
   a.reduce = op;
-  a.after = after;
   return Submit(a);
 }
 absl::Status Communicator::AllReduce(void* data, size_t count, DataType dtype, ReduceOp op) {
-  SHARDTRAIN_WAIT(AllReduceAsync(data, count, dtype, op));
+  return Finish(AllReduceAsync(data, count, dtype, op));
 }
 
 std::shared_ptr<Work> Communicator::BroadcastAsync(void* data, size_t count, DataType dtype,
                                                    int root, const engine::Event* after) {
-  OpArgs a;
-  a.type = OpType::kBroadcast;
-  a.output = data;
-  a.count = count;
-  a.dtype = dtype;
+  OpArgs a = Op(OpType::kBroadcast, dtype, nullptr, data, count, after);
   a.root = root;
-  a.after = after;
   return Submit(a);
 }
 absl::Status Communicator::Broadcast(void* data, size_t count, DataType dtype, int root) {
-  SHARDTRAIN_WAIT(BroadcastAsync(data, count, dtype, root));
+  return Finish(BroadcastAsync(data, count, dtype, root));
 }
 
 std::shared_ptr<Work> Communicator::ReduceAsync(void* data, size_t count, DataType dtype,
                                                 ReduceOp op, int root, const engine::Event* after) {
-  OpArgs a;
-  a.type = OpType::kReduce;
-  a.output = data;
-  a.count = count;
-  a.dtype = dtype;
+  OpArgs a = Op(OpType::kReduce, dtype, nullptr, data, count, after);
   a.reduce = op;
   a.root = root;
-  a.after = after;
   return Submit(a);
 }
 absl::Status Communicator::Reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root) {
-  SHARDTRAIN_WAIT(ReduceAsync(data, count, dtype, op, root));
+  return Finish(ReduceAsync(data, count, dtype, op, root));
 }
 
 std::shared_ptr<Work> Communicator::AllGatherAsync(const void* input, void* output, size_t count,
                                                    DataType dtype, const engine::Event* after) {
-  OpArgs a;
-  a.type = OpType::kAllGather;
-  a.input = input;
-  a.output = output;
-  a.count = count;
-  a.dtype = dtype;
-  a.after = after;
-  return Submit(a);
+  return Submit(Op(OpType::kAllGather, dtype, input, output, count, after));
 }
 absl::Status Communicator::AllGather(const void* input, void* output, size_t count,
                                      DataType dtype) {
-  SHARDTRAIN_WAIT(AllGatherAsync(input, output, count, dtype));
+  return Finish(AllGatherAsync(input, output, count, dtype));
 }
 
 std::shared_ptr<Work> Communicator::ReduceScatterAsync(const void* input, void* output,
                                                        size_t count, DataType dtype, ReduceOp op,
                                                        const engine::Event* after) {
-  OpArgs a;
-  a.type = OpType::kReduceScatter;
-  a.input = input;
-  a.output = output;
-  a.count = count;
-  a.dtype = dtype;
+  OpArgs a = Op(OpType::kReduceScatter, dtype, input, output, count, after);
   a.reduce = op;
-  a.after = after;
   return Submit(a);
 }
 absl::Status Communicator::ReduceScatter(const void* input, void* output, size_t count,
                                          DataType dtype, ReduceOp op) {
-  SHARDTRAIN_WAIT(ReduceScatterAsync(input, output, count, dtype, op));
+  return Finish(ReduceScatterAsync(input, output, count, dtype, op));
 }
 
 std::shared_ptr<Work> Communicator::SendAsync(const void* data, size_t count, DataType dtype,
                                               int peer, uint32_t tag, const engine::Event* after) {
-  OpArgs a;
-  a.type = OpType::kSend;
-  a.input = data;
-  a.count = count;
-  a.dtype = dtype;
+  OpArgs a = Op(OpType::kSend, dtype, data, nullptr, count, after);
   a.peer = peer;
   a.tag = tag;
-  a.after = after;
   return Submit(a);
 }
 absl::Status Communicator::Send(const void* data, size_t count, DataType dtype, int peer,
                                 uint32_t tag) {
-  SHARDTRAIN_WAIT(SendAsync(data, count, dtype, peer, tag));
+  return Finish(SendAsync(data, count, dtype, peer, tag));
 }
 
 std::shared_ptr<Work> Communicator::RecvAsync(void* data, size_t count, DataType dtype, int peer,
                                               uint32_t tag, const engine::Event* after) {
-  OpArgs a;
-  a.type = OpType::kRecv;
-  a.output = data;
-  a.count = count;
-  a.dtype = dtype;
+  OpArgs a = Op(OpType::kRecv, dtype, nullptr, data, count, after);
   a.peer = peer;
   a.tag = tag;
-  a.after = after;
   return Submit(a);
 }
 absl::Status Communicator::Recv(void* data, size_t count, DataType dtype, int peer, uint32_t tag) {
-  SHARDTRAIN_WAIT(RecvAsync(data, count, dtype, peer, tag));
+  return Finish(RecvAsync(data, count, dtype, peer, tag));
 }
 
 absl::Status Communicator::SendRecv(const void* send_data, size_t send_count, int send_peer,
                                     void* recv_data, size_t recv_count, int recv_peer,
                                     DataType dtype, uint32_t tag) {
-  OpArgs a;
-  a.type = OpType::kSendRecv;
-  a.input = send_data;
-  a.count = send_count;
+  OpArgs a = Op(OpType::kSendRecv, dtype, send_data, recv_data, send_count, nullptr);
   a.peer = send_peer;
-  a.output = recv_data;
   a.recv_count = recv_count;
   a.recv_peer = recv_peer;
-  a.dtype = dtype;
   a.tag = tag;
-  SHARDTRAIN_WAIT(Submit(a));
+  return Finish(Submit(a));
 }
 
 std::shared_ptr<Work> Communicator::BarrierAsync() {
-  OpArgs a;
-  a.type = OpType::kBarrier;
-  return Submit(a);
+  return Submit(Op(OpType::kBarrier, DataType::kFloat32, nullptr, nullptr, 0, nullptr));
 }
-absl::Status Communicator::Barrier() { SHARDTRAIN_WAIT(BarrierAsync()); }
-
-#undef SHARDTRAIN_WAIT
+absl::Status Communicator::Barrier() { return Finish(BarrierAsync()); }
 
 }  // namespace shardtrain::comm

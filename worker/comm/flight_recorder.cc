@@ -2,21 +2,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/enum_names.h"
 
 namespace shardtrain::comm {
 
 absl::string_view OpStateName(OpState state) {
-  switch (state) {
-    case OpState::kQueued:
-      return "queued";
-    case OpState::kRunning:
-      return "running";
-    case OpState::kDone:
-      return "done";
-    case OpState::kFailed:
-      return "failed";
-  }
-  return "?";
+  static constexpr absl::string_view kNames[] = {"queued", "running", "done", "failed"};
+  return NameIn(kNames, state);
 }
 
 FlightRecorder::FlightRecorder(size_t capacity) : capacity_(capacity == 0 ? 1 : capacity) {

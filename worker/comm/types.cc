@@ -1,41 +1,19 @@
 #include "worker/comm/types.h"
 
+#include "common/enum_names.h"
+
 namespace shardtrain::comm {
 
 absl::string_view ReduceOpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kAvg:
-      return "avg";
-    case ReduceOp::kMax:
-      return "max";
-  }
-  return "?";
+  static constexpr absl::string_view kNames[] = {"sum", "avg", "max"};
+  return NameIn(kNames, op);
 }
 
 absl::string_view OpTypeName(OpType op) {
-  switch (op) {
-    case OpType::kAllReduce:
-      return "AllReduce";
-    case OpType::kBroadcast:
-      return "Broadcast";
-    case OpType::kReduce:
-      return "Reduce";
-    case OpType::kAllGather:
-      return "AllGather";
-    case OpType::kReduceScatter:
-      return "ReduceScatter";
-    case OpType::kSend:
-      return "Send";
-    case OpType::kRecv:
-      return "Recv";
-    case OpType::kSendRecv:
-      return "SendRecv";
-    case OpType::kBarrier:
-      return "Barrier";
-  }
-  return "?";
+  static constexpr absl::string_view kNames[] = {"AllReduce", "Broadcast",     "Reduce",
+                                                 "AllGather", "ReduceScatter", "Send",
+                                                 "Recv",      "SendRecv",      "Barrier"};
+  return NameIn(kNames, op);
 }
 
 }  // namespace shardtrain::comm

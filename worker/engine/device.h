@@ -54,7 +54,9 @@ class Event {
   virtual absl::Status Record(Stream& stream) = 0;
   // Blocks the host until the event completed.
   virtual absl::Status Synchronize() const = 0;
-  // True once the event completed (a never-recorded event counts as done).
+  // True once the event completed or failed (Synchronize then returns the
+  // failure); a never-recorded event counts as done. Callers that must not
+  // block (the Gloo backend's op thread) poll this, then Synchronize.
   virtual bool Query() const = 0;
   // The backend's handle (a cudaEvent_t), or nullptr for a host event.
   virtual void* native() const = 0;
