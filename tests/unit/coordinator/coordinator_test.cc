@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 
 #include "coordinator/spec_validator.h"
 
@@ -70,6 +71,34 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   v1::JobState State(const std::string& job) { return core_->GetJob(job)->state(); }
+
+  // The job's history, which must hold exactly one step.
+  v1::StepReport OnlyStep(const std::string& job) {
+    auto history = core_->GetHistory(job);
+    EXPECT_TRUE(history.ok()) << history.status();
+    if (!history.ok() || history->steps_size() != 1) {
+      ADD_FAILURE() << "want exactly one step in the history";
+      return {};
+    }
+    return history->steps(0);
+  }
+
+  // A committer that commits every checkpoint (nothing written), first
+  // handing the spec and shards it was given to `seen`.
+  void CommitEverything(
+      std::function<void(const JobSpec&, const std::vector<v1::CheckpointShard>&)> seen) {
+    core_->set_checkpoint_committer(
+        [seen](const v1::Job& job, const JobSpec& spec, int64_t step,
+               const std::vector<v1::CheckpointShard>& shards,
+               std::vector<int64_t>*) -> absl::StatusOr<v1::CheckpointInfo> {
+          seen(spec, shards);
+          v1::CheckpointInfo info;
+          info.set_step(step);
+          info.set_dir("/ckpt/step-" + std::to_string(step));
+          info.set_world(job.world());
+          return info;
+        });
+  }
 
   // Each worker acknowledges its assignment, as the daemon does.
   void StartAll(const v1::Job& job) {
@@ -271,10 +300,7 @@ TEST_F(CoordinatorTest, StepOfATpPpJobAggregatesOverTheRanksThatSpeakForAReplica
   EXPECT_EQ(plan->pp(), 2);
   StartAll(job);
   ReportFromEveryRank(job.job_id(), 1);
-  auto history = core_->GetHistory(job.job_id());
-  ASSERT_TRUE(history.ok());
-  ASSERT_EQ(history->steps_size(), 1);
-  const v1::StepReport& agg = history->steps(0);
+  const v1::StepReport agg = OnlyStep(job.job_id());
   EXPECT_DOUBLE_EQ(agg.loss(), (5.0 + 7.0) / 2);      // ranks 4 and 6 only
   EXPECT_DOUBLE_EQ(agg.tokens_per_s(), 500.0 + 700);  // each replica's tokens once
   EXPECT_DOUBLE_EQ(agg.grad_norm(), 9.0);             // the max over all ranks
@@ -290,10 +316,7 @@ TEST_F(CoordinatorTest, StepOfADpOnlyJobAggregatesOverEveryRank) {
   v1::Job job = Submit(4);
   StartAll(job);
   ReportFromEveryRank(job.job_id(), 1);
-  auto history = core_->GetHistory(job.job_id());
-  ASSERT_TRUE(history.ok());
-  ASSERT_EQ(history->steps_size(), 1);
-  const v1::StepReport& agg = history->steps(0);
+  const v1::StepReport agg = OnlyStep(job.job_id());
   EXPECT_DOUBLE_EQ(agg.loss(), (1.0 + 2 + 3 + 4) / 4);  // every rank is a replica
   EXPECT_DOUBLE_EQ(agg.tokens_per_s(), 100.0 + 200 + 300 + 400);
   EXPECT_DOUBLE_EQ(agg.grad_norm(), 9.0);
@@ -304,16 +327,7 @@ TEST_F(CoordinatorTest, StepOfADpOnlyJobAggregatesOverEveryRank) {
 
 TEST_F(CoordinatorTest, SpecIsValidatedOnceAtSubmitAndOnceMorePerElasticShrink) {
   std::vector<JobSpec> committed;  // the spec each commit was handed
-  core_->set_checkpoint_committer([&](const v1::Job& job, const JobSpec& spec, int64_t step,
-                                      const std::vector<v1::CheckpointShard>&,
-                                      std::vector<int64_t>*) -> absl::StatusOr<v1::CheckpointInfo> {
-    committed.push_back(spec);
-    v1::CheckpointInfo info;
-    info.set_step(step);
-    info.set_dir("/ckpt/step-" + std::to_string(step));
-    info.set_world(job.world());
-    return info;
-  });
+  CommitEverything([&](const JobSpec& spec, const auto&) { committed.push_back(spec); });
   std::string a = Register(), b = Register();
   v1::Job job = Submit(2, /*steps=*/10, /*max_restarts=*/2, {"resources.min_workers=1"});
   EXPECT_EQ(validations_, 1);  // submitting
@@ -387,16 +401,7 @@ TEST_F(CoordinatorTest, FailureReportFailsTheJobWithRankAndReason) {
 
 TEST_F(CoordinatorTest, FailedRankRecoversFromTheLastCommittedCheckpoint) {
   std::vector<v1::CheckpointShard> seen;
-  core_->set_checkpoint_committer([&](const v1::Job& job, const JobSpec&, int64_t step,
-                                      const std::vector<v1::CheckpointShard>& shards,
-                                      std::vector<int64_t>*) -> absl::StatusOr<v1::CheckpointInfo> {
-    seen = shards;
-    v1::CheckpointInfo info;
-    info.set_step(step);
-    info.set_dir("/ckpt/step-" + std::to_string(step));
-    info.set_world(job.world());
-    return info;
-  });
+  CommitEverything([&](const JobSpec&, const auto& shards) { seen = shards; });
   std::string a = Register(), b = Register();
   v1::Job job = Submit(2, /*steps=*/10, /*max_restarts=*/1);
   StartAll(job);

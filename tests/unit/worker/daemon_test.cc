@@ -144,6 +144,22 @@ class DaemonTest : public ::testing::Test {
     ASSERT_TRUE(coordinator_.WaitFor([](const Calls& c) { return Reported(c, 0, "job-1"); }));
   }
 
+  // Answers a heartbeat with `command`, waits for two more heartbeats, and
+  // checks that job-1 still runs: reported, started once, not returned.
+  void ExpectStillRunningAfter(const v1::Command& command) {
+    coordinator_.QueueHeartbeat(With(command));
+    const v1::Command::CommandCase kind = command.command_case();
+    ASSERT_TRUE(coordinator_.WaitFor([kind](const Calls& c) {
+      const int i = AnsweredWith(c, kind);
+      return i >= 0 && c.heartbeats.size() > size_t(i) + 2;
+    }));
+    const Calls c = coordinator_.calls();
+    EXPECT_EQ(c.heartbeats.back().job_id(), "job-1");
+    const std::vector<FakeRunner::Run> runs = runner_.runs();
+    ASSERT_EQ(runs.size(), 1u);
+    EXPECT_FALSE(runs[0].returned);
+  }
+
   double HeartbeatsCounted() {
     return registry_
         .AddCounter("shardtrain_worker_heartbeats_total", "Heartbeats the coordinator answered.")
@@ -242,16 +258,7 @@ TEST_F(DaemonTest, AbortOfAnotherJobIsIgnored) {
   v1::Command abort;
   abort.mutable_abort()->set_job_id("job-2");
   abort.mutable_abort()->set_generation(1);
-  coordinator_.QueueHeartbeat(With(abort));
-  ASSERT_TRUE(coordinator_.WaitFor([](const Calls& c) {
-    const int i = AnsweredWith(c, v1::Command::kAbort);
-    return i >= 0 && c.heartbeats.size() > size_t(i) + 2;
-  }));
-  const Calls c = coordinator_.calls();
-  EXPECT_EQ(c.heartbeats.back().job_id(), "job-1");
-  const std::vector<FakeRunner::Run> runs = runner_.runs();
-  ASSERT_EQ(runs.size(), 1u);
-  EXPECT_FALSE(runs[0].returned);
+  ExpectStillRunningAfter(abort);
 }
 
 TEST_F(DaemonTest, NewGenerationStopsTheOldRunThenStartsTheNew) {
@@ -361,16 +368,7 @@ TEST_F(DaemonTest, DrainLeavesTheRunningJobAlone) {
   WaitRunning();
   v1::Command drain;
   drain.mutable_drain()->set_reason("worker is draining");
-  coordinator_.QueueHeartbeat(With(drain));
-  ASSERT_TRUE(coordinator_.WaitFor([](const Calls& c) {
-    const int i = AnsweredWith(c, v1::Command::kDrain);
-    return i >= 0 && c.heartbeats.size() > size_t(i) + 2;
-  }));
-  const Calls c = coordinator_.calls();
-  EXPECT_EQ(c.heartbeats.back().job_id(), "job-1");
-  const std::vector<FakeRunner::Run> runs = runner_.runs();
-  ASSERT_EQ(runs.size(), 1u);
-  EXPECT_FALSE(runs[0].returned);
+  ExpectStillRunningAfter(drain);
 }
 
 TEST_F(DaemonTest, ShutdownStopsAndJoinsTheRunningJob) {

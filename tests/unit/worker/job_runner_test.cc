@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,12 @@ using ::testing::HasSubstr;
 using Rpc = FakeCoordinator::Rpc;
 
 constexpr char kJob[] = "job-1";
+
+std::vector<int64_t> StepNumbers(const FakeCoordinator::Calls& c) {
+  std::vector<int64_t> out;
+  for (const v1::ReportStepRequest& r : c.steps) out.push_back(r.report().step());
+  return out;
+}
 
 class JobRunnerTest : public ::testing::Test {
  protected:
@@ -88,18 +95,47 @@ class JobRunnerTest : public ::testing::Test {
     NewJobRunner (&registry_)(ctx);
   }
 
+  // Runs the job and checks it stopped after step 2 without reporting done
+  // or a failure (the daemon's stop flag, the coordinator's abort).
+  void ExpectStoppedQuietlyAfterStep2(const std::string& yaml) {
+    RunJob(yaml);
+    const FakeCoordinator::Calls c = coordinator_.calls();
+    EXPECT_EQ(StepNumbers(c), (std::vector<int64_t>{1, 2}));
+    EXPECT_TRUE(c.dones.empty());
+    EXPECT_TRUE(c.failures.empty());
+  }
+
+  // Schedules and runs the 3-step job `yaml`, which must report its three
+  // steps and no failure; returns what the coordinator heard.
+  FakeCoordinator::Calls RunToTheEnd(const std::string& yaml) {
+    Schedule(yaml);
+    RunJob(yaml);
+    FakeCoordinator::Calls c = coordinator_.calls();
+    EXPECT_TRUE(c.failures.empty()) << c.failures[0].reason();
+    EXPECT_EQ(StepNumbers(c), (std::vector<int64_t>{1, 2, 3}));
+    return c;
+  }
+
+  // The run's one failure report, before any step or done: it must say each
+  // of `parts`.
+  v1::ReportFailureRequest FailedBeforeTraining(std::initializer_list<const char*> parts) {
+    const FakeCoordinator::Calls c = coordinator_.calls();
+    EXPECT_TRUE(c.steps.empty());
+    EXPECT_TRUE(c.dones.empty());
+    if (c.failures.size() != 1) {
+      ADD_FAILURE() << c.failures.size() << " failure reports, want 1";
+      return {};
+    }
+    for (const char* part : parts) EXPECT_THAT(c.failures[0].reason(), HasSubstr(part));
+    return c.failures[0];
+  }
+
   FakeCoordinator coordinator_;
   MetricsRegistry registry_;
   std::atomic<bool> stop_{false};
   fs::path dir_;
   std::string data_;
 };
-
-std::vector<int64_t> StepNumbers(const FakeCoordinator::Calls& c) {
-  std::vector<int64_t> out;
-  for (const v1::ReportStepRequest& r : c.steps) out.push_back(r.report().step());
-  return out;
-}
 
 TEST_F(JobRunnerTest, ReportsEachStepOfTheTrainerThenDone) {
   const std::string yaml = Yaml();
@@ -140,11 +176,7 @@ TEST_F(JobRunnerTest, ReportsEachStepOfTheTrainerThenDone) {
 
 TEST_F(JobRunnerTest, SavesTheFinalWeightsAndReportsWhere) {
   const std::string yaml = Yaml(CheckpointYaml(0));
-  Schedule(yaml);
-  RunJob(yaml);
-  const FakeCoordinator::Calls c = coordinator_.calls();
-  ASSERT_TRUE(c.failures.empty()) << c.failures[0].reason();
-  ASSERT_EQ(StepNumbers(c), (std::vector<int64_t>{1, 2, 3}));
+  const FakeCoordinator::Calls c = RunToTheEnd(yaml);
   ASSERT_EQ(c.dones.size(), 1u);
   EXPECT_EQ(c.dones[0].output(), (dir_ / "ckpt" / "final.weights").string());
   EXPECT_TRUE(c.checkpoints.empty());  // every: 0
@@ -163,11 +195,7 @@ TEST_F(JobRunnerTest, SavesTheFinalWeightsAndReportsWhere) {
 
 TEST_F(JobRunnerTest, CheckpointsEveryStepBeforeTheLast) {
   const std::string yaml = Yaml(CheckpointYaml(1));
-  Schedule(yaml);
-  RunJob(yaml);
-  const FakeCoordinator::Calls c = coordinator_.calls();
-  ASSERT_TRUE(c.failures.empty()) << c.failures[0].reason();
-  ASSERT_EQ(StepNumbers(c), (std::vector<int64_t>{1, 2, 3}));
+  const FakeCoordinator::Calls c = RunToTheEnd(yaml);
   ASSERT_EQ(c.dones.size(), 1u);
   const int64_t num_params = coordinator_.GetPlan(kJob)->num_params();
   ASSERT_GT(num_params, 0);
@@ -215,20 +243,12 @@ TEST_F(JobRunnerTest, PlanOfAnotherGenerationFailsBeforeTraining) {
   const std::string yaml = Yaml();
   ASSERT_TRUE(coordinator_.PlanJob(kJob, /*generation=*/2, Spec(yaml), 1).ok());
   RunJob(yaml);  // generation 1
-  const FakeCoordinator::Calls c = coordinator_.calls();
-  ASSERT_EQ(c.failures.size(), 1u);
-  EXPECT_THAT(c.failures[0].reason(), HasSubstr("ABORTED"));
-  EXPECT_THAT(c.failures[0].reason(), HasSubstr("plan of generation 2"));
-  EXPECT_TRUE(c.steps.empty());
-  EXPECT_TRUE(c.dones.empty());
+  FailedBeforeTraining({"ABORTED", "plan of generation 2"});
 }
 
 TEST_F(JobRunnerTest, MissingPlanFails) {
   RunJob(Yaml());  // nothing scheduled: GetPlan answers NOT_FOUND
-  const FakeCoordinator::Calls c = coordinator_.calls();
-  ASSERT_EQ(c.failures.size(), 1u);
-  EXPECT_THAT(c.failures[0].reason(), HasSubstr("NOT_FOUND"));
-  EXPECT_TRUE(c.steps.empty());
+  FailedBeforeTraining({"NOT_FOUND"});
 }
 
 TEST_F(JobRunnerTest, MissingDataFileFailsNamingIt) {
@@ -236,23 +256,13 @@ TEST_F(JobRunnerTest, MissingDataFileFailsNamingIt) {
   const std::string yaml = absl::StrReplaceAll(Yaml(), {{data_, missing}});
   Schedule(yaml);
   RunJob(yaml);
-  const FakeCoordinator::Calls c = coordinator_.calls();
-  ASSERT_EQ(c.failures.size(), 1u);
-  EXPECT_THAT(c.failures[0].reason(), HasSubstr(missing));
-  EXPECT_THAT(c.failures[0].reason(), HasSubstr("data.train"));
-  EXPECT_EQ(c.failures[0].step(), 0);
-  EXPECT_TRUE(c.steps.empty());
-  EXPECT_TRUE(c.dones.empty());
+  EXPECT_EQ(FailedBeforeTraining({missing.c_str(), "data.train"}).step(), 0);
 }
 
 TEST_F(JobRunnerTest, InvalidSpecFailsNamingTheField) {
   RunJob(Yaml("steps2: 4\n"));
-  const FakeCoordinator::Calls c = coordinator_.calls();
-  ASSERT_EQ(c.failures.size(), 1u);
-  EXPECT_THAT(c.failures[0].reason(), HasSubstr("INVALID_ARGUMENT"));
-  EXPECT_THAT(c.failures[0].reason(), HasSubstr("steps2"));
-  EXPECT_TRUE(c.plan_requests.empty());
-  EXPECT_TRUE(c.steps.empty());
+  FailedBeforeTraining({"INVALID_ARGUMENT", "steps2"});
+  EXPECT_TRUE(coordinator_.calls().plan_requests.empty());
 }
 
 TEST_F(JobRunnerTest, StopFlagEndsTheRunWithoutDone) {
@@ -261,22 +271,14 @@ TEST_F(JobRunnerTest, StopFlagEndsTheRunWithoutDone) {
   coordinator_.set_on_step([this](const v1::ReportStepRequest& r) {
     if (r.report().step() == 2) stop_ = true;  // e.g. the daemon was told to abort
   });
-  RunJob(yaml);
-  const FakeCoordinator::Calls c = coordinator_.calls();
-  EXPECT_EQ(StepNumbers(c), (std::vector<int64_t>{1, 2}));
-  EXPECT_TRUE(c.dones.empty());
-  EXPECT_TRUE(c.failures.empty());
+  ExpectStoppedQuietlyAfterStep2(yaml);
 }
 
 TEST_F(JobRunnerTest, StepAnsweredWithAbortEndsTheRun) {
   const std::string yaml = Yaml();
   Schedule(yaml);
   coordinator_.AbortAtStep(2);  // e.g. the job was cancelled
-  RunJob(yaml);
-  const FakeCoordinator::Calls c = coordinator_.calls();
-  EXPECT_EQ(StepNumbers(c), (std::vector<int64_t>{1, 2}));
-  EXPECT_TRUE(c.dones.empty());
-  EXPECT_TRUE(c.failures.empty());
+  ExpectStoppedQuietlyAfterStep2(yaml);
 }
 
 TEST_F(JobRunnerTest, StaleGenerationOnStepReportEndsTheRun) {
