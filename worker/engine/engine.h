@@ -61,10 +61,11 @@ class Engine {
   // 1, padded wte rows 0. Element i of tensor k depends only on (seed, k, i),
   // so every rank and every shard computes the same values. Writes the fp32
   // values of flat elements [begin, end) to out[0, end - begin) (memory of
-  // device()); InitParams writes the whole parameter buffer.
+  // device()); InitParams writes the whole parameter buffer, which holds the
+  // fp32 values (the master copy, also under mixed precision).
   virtual void InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) = 0;
   void InitParams(uint64_t seed) {
-    InitParamsInto(seed, 0, layout().num_params(), params().f32().data());
+    InitParamsInto(seed, 0, layout().num_params(), param_buffer().as<float>());
   }
 
   // Forward over b sequences of t tokens. tokens, targets: (b, t) row-major
