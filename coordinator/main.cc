@@ -13,9 +13,11 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "common/address.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/process.h"
+#include "common/version.h"
 #include "coordinator/checkpoint_committer.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/service.h"
@@ -37,6 +39,12 @@ int Fail(const std::string& msg) {
   return 1;
 }
 
+// Usage errors exit 2, as the CLI's do.
+int UsageError(const absl::Status& s) {
+  std::cerr << "shardtrain-coordinator: " << s.message() << "\n";
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -50,21 +58,35 @@ int main(int argc, char** argv) {
       "Holds worker membership (leases), the job queue with gang scheduling, every job's\n"
       "plan, the rendezvous key-value store workers bootstrap collectives with, and the\n"
       "durable state (SQLite in --state-dir). Stop it with SIGTERM or Ctrl-C."};
-  app.add_option("--listen", flags.listen, "gRPC address HOST:PORT; port 0 picks a free port")
+  app.set_version_flag("--version", VersionLine("shardtrain-coordinator"));
+  app.add_option(
+         "--listen", flags.listen,
+         "gRPC address: " + AddressForms(AddressUse::kListen) + "; port 0 picks a free port")
       ->capture_default_str();
   app.add_option("--state-dir", flags.state_dir,
                  "directory of the durable state (created if absent); a restart on the same "
                  "directory keeps every acknowledged job")
       ->required();
   app.add_option("--metrics-listen", flags.metrics_listen,
-                 "HTTP address for /metrics and /healthz (e.g. 127.0.0.1:9090; port 0 allowed); "
-                 "off when empty");
+                 "HTTP address for /metrics and /healthz, HOST:PORT (e.g. 127.0.0.1:9090; port 0 "
+                 "allowed); off when empty");
   app.add_option("--port-file", flags.port_file,
                  "write the chosen gRPC port (line 1) and metrics port (line 2, if any) here");
   app.add_option("--lease-ms", flags.lease_ms, "a worker silent for this long is declared DEAD")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}));
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help and --version exit 0
+  }
+  if (auto s = CheckAddressFlag("--listen", flags.listen, AddressUse::kListen); !s.ok()) {
+    return UsageError(s);
+  }
+  if (!flags.metrics_listen.empty()) {
+    auto s = CheckAddressFlag("--metrics-listen", flags.metrics_listen, AddressUse::kListen);
+    if (!s.ok()) return UsageError(s);
+  }
 
   auto store = OpenSqliteStateStore(flags.state_dir);
   if (!store.ok()) return Fail(std::string(store.status().message()));
@@ -86,7 +108,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
     return Fail(absl::StrCat("cannot listen on ", flags.listen,
-                             " (address in use or malformed? try --listen 127.0.0.1:0)"));
+                             " (address in use, or not this machine's? try --listen 127.0.0.1:0)"));
   }
   const std::string host = flags.listen.substr(0, flags.listen.rfind(':'));
 

@@ -13,4 +13,4 @@ target_link_libraries(shardtrain_worker_core PUBLIC
   absl::status absl::statusor absl::strings Threads::Threads)
 
 add_executable(shardtrain-worker ${CMAKE_CURRENT_LIST_DIR}/main.cc)
-target_link_libraries(shardtrain-worker PRIVATE shardtrain_worker_core CLI11::CLI11)
+target_link_libraries(shardtrain-worker PRIVATE shardtrain_worker_core shardtrain_version CLI11::CLI11)

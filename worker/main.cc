@@ -7,9 +7,11 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "common/address.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/process.h"
+#include "common/version.h"
 #include "worker/coordinator_client.h"
 #include "worker/daemon.h"
 #include "worker/job_runner.h"
@@ -31,26 +33,43 @@ int main(int argc, char** argv) {
       "shardtrain-worker: runs the ranks a shardtrain coordinator assigns to this process.\n"
       "It registers its device, renews its lease with heartbeats, and trains the jobs it is\n"
       "given, talking to its peers directly (Gloo on CPU). Stop it with SIGTERM or Ctrl-C."};
+  app.set_version_flag("--version", VersionLine("shardtrain-worker"));
   app.add_option("--coordinator", coordinator,
-                 "coordinator address HOST:PORT (default: $SHARDTRAIN_COORDINATOR)");
+                 "coordinator address: " + AddressForms(AddressUse::kDial) +
+                     " (default: $SHARDTRAIN_COORDINATOR)");
   app.add_option("--device", device, "device this worker drives: cpu or cuda:N")
       ->capture_default_str();
   app.add_option("--threads", threads, "compute threads (BLAS and kernels)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   app.add_option("--metrics-listen", metrics_listen,
-                 "HTTP address for /metrics and /healthz (port 0 allowed); off when empty");
+                 "HTTP address for /metrics and /healthz, HOST:PORT (port 0 allowed); off when "
+                 "empty");
   app.add_option("--heartbeat-ms", heartbeat_ms, "heartbeat period (at most lease/3)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{10}, int64_t{60'000}));
   app.add_option("--collective-address", collective_address,
                  "address peers use to reach this worker's collectives")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help and --version exit 0; usage errors 2
+  }
 
   if (coordinator.empty()) {
     std::cerr << "shardtrain-worker: no coordinator: pass --coordinator HOST:PORT or set "
                  "SHARDTRAIN_COORDINATOR\n";
+    return 2;
+  }
+  absl::Status usage =
+      CheckAddressFlag(app.count("--coordinator") ? "--coordinator" : "SHARDTRAIN_COORDINATOR",
+                       coordinator, AddressUse::kDial);
+  if (usage.ok() && !metrics_listen.empty()) {
+    usage = CheckAddressFlag("--metrics-listen", metrics_listen, AddressUse::kListen);
+  }
+  if (!usage.ok()) {
+    std::cerr << "shardtrain-worker: " << usage.message() << "\n";
     return 2;
   }
   WorkerOptions options;
