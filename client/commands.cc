@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/errors.h"
 #include "client/output.h"
 #include "common/grpc_status.h"
 #include "common/job_spec.h"
@@ -27,9 +28,11 @@ std::unique_ptr<grpc::ClientContext> Ctx(const GlobalFlags& g) {
   return ctx;
 }
 
+// One unary call with the --timeout-ms deadline. `what`, when set, prefixes
+// the error message (the spec file a refusal is about).
 template <typename Req, typename Resp, typename Method>
 absl::Status Call(const GlobalFlags& g, Method method, const Req& req, Resp* resp,
-                  const char* what) {
+                  const std::string& what = "") {
   CoordinatorClient client(g.coordinator, g.timeout_ms);
   auto ctx = Ctx(g);
   return FromGrpcStatus((client.stub().*method)(ctx.get(), req, resp), what);
@@ -39,22 +42,20 @@ absl::StatusOr<v1::Job> GetJob(const GlobalFlags& g, const std::string& id) {
   v1::GetJobRequest req;
   req.set_job_id(id);
   v1::Job job;
-  if (auto s = Call(g, &v1::Coordinator::Stub::GetJob, req, &job, "GetJob"); !s.ok()) return s;
+  if (auto s = Call(g, &v1::Coordinator::Stub::GetJob, req, &job); !s.ok()) return s;
   return job;
 }
 
 }  // namespace
 
 int ReportError(const GlobalFlags& g, const absl::Status& s) {
-  std::cerr << "shardtrain: " << s.message() << "\n";
-  if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
-    std::cerr << "shardtrain: cannot reach the coordinator at " << g.coordinator
-              << ". Start one (shardtrain-coordinator --state-dir DIR), or point at it with "
-                 "--coordinator HOST:PORT or SHARDTRAIN_COORDINATOR.\n";
-    return 1;
+  const CliError e = Describe(s, g.coordinator, g.timeout_ms);
+  if (g.output == "json") {
+    std::cerr << ErrorJson(e) << std::endl;
+  } else {
+    std::cerr << ErrorText(e, g.verbose) << std::flush;
   }
-  if (absl::IsInvalidArgument(s) || absl::IsNotFound(s)) return 2;
-  return 1;
+  return ExitCodeFor(s.code());
 }
 
 absl::Status ReadSpec(const std::string& path, std::string* text) {
@@ -70,7 +71,7 @@ int Submit(const GlobalFlags& g, const std::string& spec_path, const std::vector
   for (const auto& kv : sets) req.add_overrides(kv);
   req.set_resume_from(resume_from);
   v1::SubmitJobResponse resp;
-  if (auto s = Call(g, &v1::Coordinator::Stub::SubmitJob, req, &resp, spec_path.c_str()); !s.ok()) {
+  if (auto s = Call(g, &v1::Coordinator::Stub::SubmitJob, req, &resp, spec_path); !s.ok()) {
     return ReportError(g, s);
   }
   if (g.output == "json") {
@@ -83,8 +84,7 @@ int Submit(const GlobalFlags& g, const std::string& spec_path, const std::vector
 
 int List(const GlobalFlags& g) {
   v1::ListJobsResponse resp;
-  if (auto s = Call(g, &v1::Coordinator::Stub::ListJobs, v1::ListJobsRequest(), &resp, "ListJobs");
-      !s.ok()) {
+  if (auto s = Call(g, &v1::Coordinator::Stub::ListJobs, v1::ListJobsRequest(), &resp); !s.ok()) {
     return ReportError(g, s);
   }
   if (g.output == "json") {
@@ -147,7 +147,7 @@ int Watch(const GlobalFlags& g, const std::string& job_id) {
   }
   job = GetJob(g, job_id);
   if (!job.ok()) return ReportError(g, job.status());
-  return job->state() == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
+  return job->state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitFailed;
 }
 
 int Cancel(const GlobalFlags& g, const std::string& job_id) {
@@ -155,7 +155,7 @@ int Cancel(const GlobalFlags& g, const std::string& job_id) {
   req.set_job_id(job_id);
   req.set_reason("shardtrain cancel");
   v1::Job job;
-  if (auto s = Call(g, &v1::Coordinator::Stub::CancelJob, req, &job, "CancelJob"); !s.ok()) {
+  if (auto s = Call(g, &v1::Coordinator::Stub::CancelJob, req, &job); !s.ok()) {
     return ReportError(g, s);
   }
   std::cout << (g.output == "json" ? JobJson(job) : job.job_id() + " " + StateName(job.state()))
@@ -165,8 +165,7 @@ int Cancel(const GlobalFlags& g, const std::string& job_id) {
 
 int Workers(const GlobalFlags& g) {
   v1::ListWorkersResponse resp;
-  if (auto s = Call(g, &v1::Coordinator::Stub::ListWorkers, v1::ListWorkersRequest(), &resp,
-                    "ListWorkers");
+  if (auto s = Call(g, &v1::Coordinator::Stub::ListWorkers, v1::ListWorkersRequest(), &resp);
       !s.ok()) {
     return ReportError(g, s);
   }
@@ -196,7 +195,7 @@ int History(const GlobalFlags& g, const std::string& job_id) {
   v1::GetHistoryRequest req;
   req.set_job_id(job_id);
   v1::GetHistoryResponse resp;
-  if (auto s = Call(g, &v1::Coordinator::Stub::GetHistory, req, &resp, "GetHistory"); !s.ok()) {
+  if (auto s = Call(g, &v1::Coordinator::Stub::GetHistory, req, &resp); !s.ok()) {
     return ReportError(g, s);
   }
   if (g.output == "json") {
@@ -226,8 +225,7 @@ int Checkpoints(const GlobalFlags& g, const std::string& job_id) {
   v1::ListCheckpointsRequest req;
   req.set_job_id(job_id);
   v1::ListCheckpointsResponse resp;
-  if (auto s = Call(g, &v1::Coordinator::Stub::ListCheckpoints, req, &resp, "ListCheckpoints");
-      !s.ok()) {
+  if (auto s = Call(g, &v1::Coordinator::Stub::ListCheckpoints, req, &resp); !s.ok()) {
     return ReportError(g, s);
   }
   if (g.output == "json") {

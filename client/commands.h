@@ -1,6 +1,7 @@
-// The `shardtrain` CLI's commands, each returning the process exit code:
-// 0 on success, 1 when the operation failed (or the job did not succeed),
-// 2 for bad input (spec errors, unknown ids, bad flags).
+// The `shardtrain` CLI's commands, each returning the process exit code
+// (client/errors.h: 0 on success, 1 when the operation failed or the job did
+// not succeed, 2 for bad input, 3 for unknown ids, 4 when the coordinator
+// does not answer).
 #ifndef SHARDTRAIN_CLIENT_COMMANDS_H_
 #define SHARDTRAIN_CLIENT_COMMANDS_H_
 
@@ -15,6 +16,7 @@ struct GlobalFlags {
   std::string coordinator = "127.0.0.1:7070";  // --coordinator / $SHARDTRAIN_COORDINATOR
   std::string output = "table";                // table | json (csv for history)
   int64_t timeout_ms = 10'000;                 // per RPC
+  bool verbose = false;                        // -v: errors also print their raw cause
 };
 
 int Submit(const GlobalFlags& g, const std::string& spec_path, const std::vector<std::string>& sets,
@@ -30,8 +32,10 @@ int Checkpoints(const GlobalFlags& g, const std::string& job_id);
 int Plan(const GlobalFlags& g, const std::string& spec_path, const std::vector<std::string>& sets,
          int world);
 
-// Prints `s` as "shardtrain: <message>" with advice for the common causes
-// (an unreachable coordinator names its address) and maps it to an exit code.
+// Prints `s` on stderr, as text ("shardtrain: <message>") or, with --output
+// json, as one JSON object (client/errors.h), with advice for the common
+// causes (an unreachable coordinator names its address), and returns its exit
+// code.
 int ReportError(const GlobalFlags& g, const absl::Status& s);
 // Reads a spec file; the error names the path.
 absl::Status ReadSpec(const std::string& path, std::string* text);

@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/errors.h"
 #include "client/output.h"
 #include "common/grpc_status.h"
 #include "common/job_spec.h"
@@ -182,12 +183,18 @@ class LocalRun {
     return absl::UnavailableError("the local coordinator did not start");
   }
 
+  // Reports `s` with the tail of every child's log (in JSON: as the detail).
   int Failed(const absl::Status& s) {
-    std::cerr << "shardtrain: " << s.message() << "\n";
+    std::string logs;
     for (const auto& c : children_) {
-      std::cerr << "  " << c.name << " log (" << c.log << "):\n" << Tail(c.log, 8);
+      absl::StrAppend(&logs, "  ", c.name, " log (", c.log, "):\n", Tail(c.log, 8));
     }
-    return 1;
+    if (g_.output == "json") {
+      std::cerr << ErrorJson({s.code(), std::string(s.message()), logs}) << std::endl;
+    } else {
+      std::cerr << "shardtrain: " << s.message() << "\n" << logs << std::flush;
+    }
+    return ExitCodeFor(s.code());
   }
 
   int SubmitAndWatch(const GlobalFlags& g, const std::string& text) {
@@ -235,9 +242,8 @@ class LocalRun {
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
       v1::Job ignored;
       client.stub().CancelJob(&ctx, c, &ignored);
-      std::cerr << "shardtrain: interrupted; job " << job.job_id() << " cancelled, cluster stopped"
-                << std::endl;
-      return 130;
+      return ReportError(g, absl::CancelledError(absl::StrCat("interrupted; job ", job.job_id(),
+                                                              " cancelled, cluster stopped")));
     }
     if (!ws.ok()) return Failed(FromGrpcStatus(ws, "WatchJob"));
 
@@ -276,7 +282,7 @@ class LocalRun {
         std::cerr << "  " << c.name << " log:\n" << Tail(c.log, 5);
       }
     }
-    return ok ? 0 : 1;
+    return ok ? kExitOk : kExitFailed;
   }
 
   const GlobalFlags g_;

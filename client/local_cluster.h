@@ -23,7 +23,8 @@ struct LocalOptions {
   std::string resume_from;  // checkpoint dir (or one step-N dir) to start from
 };
 
-// Exit code: 0 when the job SUCCEEDED, 1 otherwise, 2 for bad input.
+// Exit code (client/errors.h): 0 when the job SUCCEEDED, 1 when it did not or
+// the cluster failed, 2 for bad input, 130 when interrupted.
 int Local(const GlobalFlags& g, const LocalOptions& o);
 
 }  // namespace shardtrain::client

@@ -6,9 +6,12 @@
 
 #include "CLI/CLI.hpp"
 #include "client/commands.h"
+#include "client/errors.h"
 #include "client/local_cluster.h"
 #include "client/sample.h"
+#include "common/address.h"
 #include "common/process.h"
+#include "common/version.h"
 
 int main(int argc, char** argv) {
   using namespace shardtrain::client;
@@ -20,10 +23,19 @@ int main(int argc, char** argv) {
       "Run a whole cluster on this machine with `shardtrain local JOB.yaml`."};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "help for every command");
+  app.set_version_flag("--version", shardtrain::VersionLine("shardtrain"));
+  app.footer(ExitCodeHelp() +
+             "\nWith --output json, an error is one JSON object on stderr,\n"
+             "  {\"error\": {\"code\": \"NOT_FOUND\", \"message\": \"job j-9 not found\"}}\n"
+             "(with \"detail\" when there is a raw cause), and stdout holds only data.\n"
+             "-v shows the raw cause in text mode.");
   auto add_common = [&](CLI::App* cmd, bool remote, const char* outputs) {
+    cmd->add_flag("-v,--verbose", g.verbose, "errors also print their raw cause (gRPC's message)");
     if (remote) {
-      cmd->add_option("--coordinator", g.coordinator,
-                      "coordinator HOST:PORT (env SHARDTRAIN_COORDINATOR)")
+      cmd->add_option(
+             "--coordinator", g.coordinator,
+             "coordinator address: " + shardtrain::AddressForms(shardtrain::AddressUse::kDial) +
+                 " (env SHARDTRAIN_COORDINATOR)")
           ->capture_default_str();
       cmd->add_option("--timeout-ms", g.timeout_ms, "deadline of each call to the coordinator")
           ->capture_default_str();
@@ -121,7 +133,26 @@ int main(int argc, char** argv) {
   sample->add_option("--threads", sample_opts.threads, "compute threads")->capture_default_str();
   add_common(sample, false, "table|json");
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    if (!WantsJson(argc, argv)) {
+      app.exit(e);  // the message and "Run with --help ..."
+      return kExitUsage;
+    }
+    g.output = "json";
+    return ReportError(g, absl::InvalidArgumentError(e.what()));
+  }
+  // A bad address is a usage error before any call (gRPC would read
+  // "HOST:notaport" as port 0 and fail to connect).
+  CLI::App* cmd = app.get_subcommands().front();
+  if (cmd->get_option_no_throw("--coordinator") != nullptr) {
+    const char* source =
+        cmd->count("--coordinator") > 0 ? "--coordinator" : "SHARDTRAIN_COORDINATOR";
+    auto s = shardtrain::CheckAddressFlag(source, g.coordinator, shardtrain::AddressUse::kDial);
+    if (!s.ok()) return ReportError(g, s);
+  }
 
   if (*submit) return Submit(g, spec_path, sets, resume_from, wait);
   if (*list) return List(g);
@@ -137,5 +168,5 @@ int main(int argc, char** argv) {
     shardtrain::BlockTerminationSignals();
     return Local(g, local);
   }
-  return 2;
+  return kExitUsage;
 }

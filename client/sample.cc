@@ -54,7 +54,12 @@ absl::StatusOr<checkpoint::LoadedWeights> LoadAny(const std::string& path, std::
 int Sample(const GlobalFlags& g, const SampleOptions& o) {
   std::string path;
   auto weights = LoadAny(o.checkpoint, &path);
-  if (!weights.ok()) return ReportError(g, absl::InvalidArgumentError(weights.status().message()));
+  if (!weights.ok()) {
+    // Missing weights: not found (3); unreadable ones: a bad argument (2).
+    return ReportError(g, absl::IsNotFound(weights.status())
+                              ? weights.status()
+                              : absl::InvalidArgumentError(weights.status().message()));
+  }
   if (weights->config.vocab != 256) {
     return ReportError(g, absl::InvalidArgumentError(absl::StrCat(
                               path, ": vocab ", weights->config.vocab,

@@ -232,9 +232,93 @@ TEST(ControlPlaneTest, InvalidSpecsAreRefusedNamingTheFieldAndNothingIsStored) {
 
 TEST(ControlPlaneTest, UnreachableCoordinatorSaysWhereAndWhatToDo) {
   CommandResult r = Cli({"list", "--timeout-ms", "2000"}, "127.0.0.1:1");
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 4);
   EXPECT_NE(r.err.find("127.0.0.1:1"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("shardtrain-coordinator"), std::string::npos) << r.err;
+  // The hint alone; gRPC's own line only with -v, or as the JSON's detail.
+  EXPECT_EQ(r.err.find("failed to connect"), std::string::npos) << r.err;
+  CommandResult v = Cli({"list", "--timeout-ms", "2000", "-v"}, "127.0.0.1:1");
+  EXPECT_EQ(v.exit_code, 4);
+  EXPECT_NE(v.err.find("shardtrain: detail: failed to connect"), std::string::npos) << v.err;
+  CommandResult j = Cli({"list", "--timeout-ms", "2000", "-o", "json"}, "127.0.0.1:1");
+  EXPECT_EQ(j.exit_code, 4);
+  EXPECT_EQ(j.out, "");
+  EXPECT_TRUE(std::regex_match(j.err, std::regex(R"(\{"error": \{"code": "UNAVAILABLE", )"
+                                                 R"("message": "cannot reach the coordinator at )"
+                                                 R"(127\.0\.0\.1:1\. [^\n]*", )"
+                                                 R"("detail": "failed to connect[^\n]*"\}\}\n)")))
+      << j.err;
+}
+
+TEST(ControlPlaneTest, EveryProgramPrintsItsVersion) {
+  for (const std::string& bin :
+       {std::string(SHARDTRAIN_CLI_BIN), std::string(SHARDTRAIN_COORDINATOR_BIN),
+        std::string(SHARDTRAIN_WORKER_BIN)}) {
+    CommandResult r = RunCommand({bin, "--version"});
+    const std::string name = std::filesystem::path(bin).filename().string();
+    EXPECT_EQ(r.exit_code, 0) << name << ": " << r.err;
+    EXPECT_TRUE(std::regex_match(
+        r.out, std::regex(name + R"( \d+\.\d+\.\d+ \(git ([0-9a-f]{7,}(\+dirty)?|unknown)\)\n)")))
+        << r.out;
+  }
+}
+
+TEST(ControlPlaneTest, BadAddressesAreUsageErrorsNamingTheFlagAndTheValue) {
+  struct Case {
+    std::vector<std::string> argv;
+    std::string expect;
+  };
+  const std::string kNotAPort = "port \"notaport\" is not a number";
+  const std::vector<Case> cases = {
+      {{SHARDTRAIN_CLI_BIN, "list", "--coordinator", "127.0.0.1:notaport"},
+       "shardtrain: --coordinator \"127.0.0.1:notaport\": " + kNotAPort},
+      {{SHARDTRAIN_CLI_BIN, "status", "j-1", "--coordinator", "::1:7070"},
+       "--coordinator \"::1:7070\": an IPv6 address needs brackets"},
+      {{SHARDTRAIN_WORKER_BIN, "--coordinator", "127.0.0.1:notaport"},
+       "shardtrain-worker: --coordinator \"127.0.0.1:notaport\": " + kNotAPort},
+      {{SHARDTRAIN_COORDINATOR_BIN, "--listen", "127.0.0.1:notaport", "--state-dir",
+        "/nonexistent"},
+       "shardtrain-coordinator: --listen \"127.0.0.1:notaport\": " + kNotAPort},
+      {{SHARDTRAIN_COORDINATOR_BIN, "--metrics-listen", "127.0.0.1:70000", "--state-dir",
+        "/nonexistent"},
+       "--metrics-listen \"127.0.0.1:70000\": port 70000 is out of range (0-65535)"},
+  };
+  for (const Case& c : cases) {
+    CommandResult r = RunCommand(c.argv, seconds(10));
+    EXPECT_EQ(r.exit_code, 2) << c.argv[0] << ": " << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos)
+        << "want: " << c.expect << "\ngot: " << r.err;
+  }
+  // In JSON mode the same error is one JSON object; stdout stays empty.
+  CommandResult j = Cli({"list", "-o", "json", "--coordinator", "127.0.0.1:notaport"});
+  EXPECT_EQ(j.exit_code, 2);
+  EXPECT_EQ(j.out, "");
+  EXPECT_EQ(j.err.rfind(R"({"error": {"code": "INVALID_ARGUMENT", "message": "--coordinator )", 0),
+            0u)
+      << j.err;
+}
+
+TEST(ControlPlaneTest, UnknownJobExitsThreeInTableAndJson) {
+  TempDir dir;
+  Coordinator c = StartCoordinator(dir.path(), 10'000);
+  ASSERT_GT(c.port, 0) << c.process.Log();
+  for (const char* command : {"status", "watch", "cancel", "history", "checkpoints"}) {
+    CommandResult t = Cli({command, "j-9"}, c.address());
+    EXPECT_EQ(t.exit_code, 3) << command << ": " << t.err;
+    EXPECT_EQ(t.out, "") << command;
+    EXPECT_EQ(t.err, "shardtrain: job j-9 not found\n") << command;
+    CommandResult j = Cli({command, "j-9", "-o", "json"}, c.address());
+    EXPECT_EQ(j.exit_code, 3) << command << ": " << j.err;
+    EXPECT_EQ(j.out, "") << command;
+    EXPECT_EQ(j.err, R"({"error": {"code": "NOT_FOUND", "message": "job j-9 not found"}})"
+                     "\n")
+        << command;
+  }
+  // A parse error in JSON mode is JSON too, with the usage exit code.
+  CommandResult p = Cli({"status", "-o", "json"}, c.address());
+  EXPECT_EQ(p.exit_code, 2);
+  EXPECT_EQ(p.err, R"({"error": {"code": "INVALID_ARGUMENT", "message": "job is required"}})"
+                   "\n");
 }
 
 TEST(ControlPlaneTest, MetricsPassPromtool) {
