@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/errors.h"
+#include "client/eta.h"
 #include "client/output.h"
 #include "common/grpc_status.h"
 #include "common/job_spec.h"
@@ -117,6 +118,7 @@ int Watch(const GlobalFlags& g, const std::string& job_id) {
   if (!job.ok()) return ReportError(g, job.status());
   const int64_t total = job->progress().total_steps();
   CoordinatorClient client(g.coordinator, g.timeout_ms);
+  EtaEstimator eta;
   int64_t after = 0;
   // The stream ends when the job does; a broken stream is resumed from the
   // last event seen, so a coordinator restart costs a pause, not the watch.
@@ -137,7 +139,7 @@ int Watch(const GlobalFlags& g, const std::string& job_id) {
                   << (ev.has_step() ? ", \"step\": " + StepJson(ev.step()) : "") << "}"
                   << std::endl;
       } else {
-        std::cout << EventLine(ev, total) << std::endl;
+        std::cout << EventLine(ev, total, &eta) << std::endl;
       }
     }
     grpc::Status s = reader->Finish();

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/errors.h"
+#include "client/eta.h"
 #include "client/output.h"
 #include "common/grpc_status.h"
 #include "common/job_spec.h"
@@ -230,8 +231,11 @@ class LocalRun {
     wreq.set_job_id(job.job_id());
     auto reader = client.stub().WatchJob(&watch_ctx, wreq);
     v1::JobEvent ev;
+    EtaEstimator eta;
     while (reader->Read(&ev)) {
-      if (g.output != "json") std::cout << EventLine(ev, job.progress().total_steps()) << std::endl;
+      if (g.output != "json") {
+        std::cout << EventLine(ev, job.progress().total_steps(), &eta) << std::endl;
+      }
     }
     grpc::Status ws = reader->Finish();
     if (interrupted) {

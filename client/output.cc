@@ -187,8 +187,7 @@ std::string JobText(const v1::Job& j) {
   return out;
 }
 
-std::string StepLine(const v1::StepReport& s, int64_t total_steps) {
-  const double eta_s = s.step_ms() * std::max<int64_t>(0, total_steps - s.step()) / 1000.0;
+std::string StepLine(const v1::StepReport& s, int64_t total_steps, double eta_s) {
   std::string line =
       absl::StrFormat("step %*d/%d  loss %.4f  %8.0f tok/s  %7.1f ms/step  ETA %s",
                       static_cast<int>(absl::StrCat(total_steps).size()), s.step(), total_steps,
@@ -198,8 +197,11 @@ std::string StepLine(const v1::StepReport& s, int64_t total_steps) {
   return line;
 }
 
-std::string EventLine(const v1::JobEvent& e, int64_t total_steps) {
-  if (e.kind() == v1::EVENT_KIND_STEP) return StepLine(e.step(), total_steps);
+std::string EventLine(const v1::JobEvent& e, int64_t total_steps, EtaEstimator* eta) {
+  if (e.kind() == v1::EVENT_KIND_STEP) {
+    eta->Add(e.step().step(), e.step().step_ms());
+    return StepLine(e.step(), total_steps, eta->RemainingSeconds(e.step().step(), total_steps));
+  }
   return absl::StrCat("[", StateName(e.state()), "] ", e.message());
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "client/eta.h"
 #include "shardtrain/v1/coordinator.pb.h"
 
 namespace shardtrain::client {
@@ -30,10 +31,12 @@ std::string WorkerStateName(v1::WorkerState s);
 std::string FormatDuration(double seconds);
 // Human text of a job for `status`.
 std::string JobText(const v1::Job& job);
-// One progress line for a step event: step, loss, tok/s, ms/step, ETA.
-std::string StepLine(const v1::StepReport& s, int64_t total_steps);
-// One line for any event (state changes, failures, steps).
-std::string EventLine(const v1::JobEvent& e, int64_t total_steps);
+// One progress line for a step event: step, loss, tok/s, ms/step, and the
+// ETA `eta_s` (NaN prints "?").
+std::string StepLine(const v1::StepReport& s, int64_t total_steps, double eta_s);
+// One line for any event (state changes, failures, steps); step events feed
+// `eta`, which gives their ETA.
+std::string EventLine(const v1::JobEvent& e, int64_t total_steps, EtaEstimator* eta);
 
 }  // namespace shardtrain::client
 
