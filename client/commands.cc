@@ -59,6 +59,20 @@ int ReportError(const GlobalFlags& g, const absl::Status& s) {
   return ExitCodeFor(s.code());
 }
 
+void Warn(const GlobalFlags& g, const std::string& message) {
+  if (g.output == "json") {
+    std::cerr << WarningJson(message) << std::endl;
+  } else {
+    std::cerr << "shardtrain: warning: " << message << std::endl;
+  }
+}
+
+std::string CheckpointDirWarning(const JobSpec& spec) {
+  if (!spec.checkpoint.dir.empty()) return "";
+  return "no checkpoint.dir: the trained weights will not be saved; set checkpoint.dir (or "
+         "--set checkpoint.dir=DIR) to keep them";
+}
+
 absl::Status ReadSpec(const std::string& path, std::string* text) {
   absl::Status s = ReadFile(path, text);
   if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("spec file: ", s.message()));
@@ -79,6 +93,10 @@ int Submit(const GlobalFlags& g, const std::string& spec_path, const std::vector
     std::cout << JobJson(resp.job()) << std::endl;
   } else {
     std::cout << resp.job().job_id() << std::endl;
+  }
+  // The coordinator accepted the spec, so it parses here too.
+  if (auto spec = ParseJobSpec(req.spec_yaml(), sets); spec.ok()) {
+    if (std::string w = CheckpointDirWarning(*spec); !w.empty()) Warn(g, w);
   }
   return wait ? Watch(g, resp.job().job_id()) : 0;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/job_spec.h"
 
 namespace shardtrain::client {
 
@@ -37,6 +38,12 @@ int Plan(const GlobalFlags& g, const std::string& spec_path, const std::vector<s
 // causes (an unreachable coordinator names its address), and returns its exit
 // code.
 int ReportError(const GlobalFlags& g, const absl::Status& s);
+// Prints a warning on stderr: "shardtrain: warning: <message>", or one JSON
+// object with --output json.
+void Warn(const GlobalFlags& g, const std::string& message);
+// The warning for a spec without checkpoint.dir, whose trained weights are
+// dropped at the end; empty when the spec has a checkpoint.dir.
+std::string CheckpointDirWarning(const JobSpec& spec);
 // Reads a spec file; the error names the path.
 absl::Status ReadSpec(const std::string& path, std::string* text);
 

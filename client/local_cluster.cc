@@ -124,6 +124,7 @@ class LocalRun {
     if (auto s = ReadSpec(o_.spec_path, &text); !s.ok()) return ReportError(g_, s);
     absl::StatusOr<JobSpec> spec = ParseJobSpec(text, o_.sets);
     if (!spec.ok()) return ReportError(g_, spec.status());
+    if (std::string w = CheckpointDirWarning(*spec); !w.empty()) Warn(g_, w);
     const int workers = o_.workers > 0 ? o_.workers : spec->World();
     if (workers < spec->World()) {
       return ReportError(g_, absl::InvalidArgumentError(absl::StrFormat(
@@ -279,6 +280,8 @@ class LocalRun {
                                      final_job.progress().step(), final_job.progress().loss());
       }
       if (!final_job.failure_reason().empty()) std::cout << ": " << final_job.failure_reason();
+      // The SUCCEEDED event said where the weights are, when they were saved.
+      if (ok && final_job.output().empty()) std::cout << "; weights not saved (no checkpoint.dir)";
       std::cout << std::endl;
     }
     if (!ok && g.output != "json") {

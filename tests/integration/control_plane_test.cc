@@ -321,6 +321,25 @@ TEST(ControlPlaneTest, UnknownJobExitsThreeInTableAndJson) {
                    "\n");
 }
 
+TEST(ControlPlaneTest, SubmitWithoutCheckpointDirSaysTheWeightsAreNotKept) {
+  TempDir dir;
+  Coordinator c = StartCoordinator(dir.path(), 10'000);
+  ASSERT_GT(c.port, 0) << c.process.Log();
+  const std::string warning = "no checkpoint.dir: the trained weights will not be saved";
+  CommandResult none = Cli({"submit", kTinySpec}, c.address());  // tiny.yaml has no checkpoint
+  EXPECT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_EQ(none.out.rfind("j-", 0), 0u) << none.out;
+  EXPECT_EQ(none.err.rfind("shardtrain: warning: " + warning, 0), 0u) << none.err;
+  CommandResult json = Cli({"submit", kTinySpec, "-o", "json"}, c.address());
+  EXPECT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_EQ(json.out.rfind("{\"job_id\": ", 0), 0u) << json.out;
+  EXPECT_EQ(json.err.rfind("{\"warning\": {\"message\": \"" + warning, 0), 0u) << json.err;
+  CommandResult kept =
+      Cli({"submit", kTinySpec, "--set", "checkpoint.dir=" + dir.path() + "/ckpt"}, c.address());
+  EXPECT_EQ(kept.exit_code, 0) << kept.err;
+  EXPECT_EQ(kept.err, "");
+}
+
 TEST(ControlPlaneTest, MetricsPassPromtool) {
   if (!std::filesystem::exists("/usr/bin/promtool")) GTEST_SKIP() << "promtool not installed";
   TempDir dir;
