@@ -14,7 +14,7 @@
 namespace shardtrain::client {
 namespace {
 
-TEST(EtaEstimatorTest, UnknownDuringWarmupThenRemainingStepsTimesStepTime) {
+TEST(CliEtaTest, UnknownDuringWarmupThenRemainingStepsTimesStepTime) {
   EtaEstimator eta;  // 2 warm-up steps
   eta.Add(1, 900);   // first steps: allocation, several times slower
   EXPECT_TRUE(std::isnan(eta.RemainingSeconds(1, 100)));
@@ -28,7 +28,7 @@ TEST(EtaEstimatorTest, UnknownDuringWarmupThenRemainingStepsTimesStepTime) {
   EXPECT_EQ(eta.RemainingSeconds(101, 100), 0);
 }
 
-TEST(EtaEstimatorTest, MeanOfTheFirstStepsThenMovingAverage) {
+TEST(CliEtaTest, MeanOfTheFirstStepsThenMovingAverage) {
   EtaEstimator eta({/*warmup_steps=*/0, /*alpha=*/0.25});
   eta.Add(1, 100);
   eta.Add(2, 200);
@@ -40,7 +40,7 @@ TEST(EtaEstimatorTest, MeanOfTheFirstStepsThenMovingAverage) {
   EXPECT_DOUBLE_EQ(eta.StepMs(), 250 + 0.25 * (650 - 250));  // alpha from here on
 }
 
-TEST(EtaEstimatorTest, OneSlowStepMovesTheEtaByAlphaOfItsExcess) {
+TEST(CliEtaTest, OneSlowStepMovesTheEtaByAlphaOfItsExcess) {
   EtaEstimator eta;  // alpha 0.1
   int64_t step = 0;
   for (; step < 50; ++step) eta.Add(step + 1, 200);
@@ -52,7 +52,7 @@ TEST(EtaEstimatorTest, OneSlowStepMovesTheEtaByAlphaOfItsExcess) {
   EXPECT_LT(after / before, 1.25) << before << " s -> " << after << " s";
 }
 
-TEST(EtaEstimatorTest, NoisyStepsGiveASteadyEta) {
+TEST(CliEtaTest, NoisyStepsGiveASteadyEta) {
   // Alternating fast and slow steps (a shared machine): the raw estimate
   // jumps by 3x every line; the smoothed one moves by a few percent.
   EtaEstimator eta;
@@ -67,7 +67,7 @@ TEST(EtaEstimatorTest, NoisyStepsGiveASteadyEta) {
   EXPECT_LT(largest_change, 0.12) << "largest change between lines: " << largest_change;
 }
 
-TEST(EtaEstimatorTest, ARestartStartsOver) {
+TEST(CliEtaTest, ARestartStartsOver) {
   EtaEstimator eta;
   for (int64_t step = 1; step <= 20; ++step) eta.Add(step, 100);
   EXPECT_DOUBLE_EQ(eta.StepMs(), 100);
@@ -79,7 +79,7 @@ TEST(EtaEstimatorTest, ARestartStartsOver) {
   EXPECT_DOUBLE_EQ(eta.StepMs(), 400);
 }
 
-TEST(EtaEstimatorTest, IgnoresStepTimesThatAreNotTimes) {
+TEST(CliEtaTest, IgnoresStepTimesThatAreNotTimes) {
   EtaEstimator eta({0, 0.1});
   eta.Add(1, 100);
   eta.Add(2, NAN);
@@ -88,7 +88,7 @@ TEST(EtaEstimatorTest, IgnoresStepTimesThatAreNotTimes) {
   EXPECT_DOUBLE_EQ(eta.StepMs(), 100);
 }
 
-TEST(EtaEstimatorTest, ProgressLinesShowTheSmoothedEta) {
+TEST(CliEtaTest, ProgressLinesShowTheSmoothedEta) {
   EtaEstimator eta;
   std::vector<std::string> etas;
   const double step_ms[] = {750, 230, 200, 400, 200};
