@@ -114,6 +114,19 @@ absl::StatusOr<std::vector<std::string>> PruneOld(CheckpointStorage& storage,
   return removed;
 }
 
+absl::StatusOr<std::vector<std::string>> RemoveStepDirsBelow(CheckpointStorage& storage,
+                                                             const std::string& dir, int64_t step) {
+  auto dirs = StepDirs(storage, dir);
+  if (!dirs.ok()) return dirs.status();
+  std::vector<std::string> removed;
+  for (auto it = dirs->rbegin(); it != dirs->rend() && it->first < step; ++it) {
+    if (absl::Status s = storage.RemoveAll(ManifestPath(it->second)); !s.ok()) return s;
+    if (absl::Status s = storage.RemoveAll(it->second); !s.ok()) return s;
+    removed.push_back(it->second);
+  }
+  return removed;
+}
+
 absl::StatusOr<LatestValidResult> LatestValid(CheckpointStorage& storage, const std::string& dir) {
   auto dirs = StepDirs(storage, dir);
   if (!dirs.ok()) return dirs.status();

@@ -50,6 +50,16 @@ absl::StatusOr<std::vector<CommittedCheckpoint>> ListCommitted(CheckpointStorage
 absl::StatusOr<std::vector<std::string>> PruneOld(CheckpointStorage& storage,
                                                   const std::string& dir, int keep);
 
+// Removes every step directory under `dir` whose step is below `step`,
+// committed or not: what rank 0 does with the oldest step the coordinator
+// still records (CommitCheckpoint's keep_from_step). Oldest first, and a
+// manifest before the rest of its directory, so a removal cut short keeps
+// the newest ones and never leaves a manifest whose shards are gone. Does
+// not read manifests or shards. Returns the removed step directories,
+// oldest first. Unavailable on I/O errors.
+absl::StatusOr<std::vector<std::string>> RemoveStepDirsBelow(CheckpointStorage& storage,
+                                                             const std::string& dir, int64_t step);
+
 struct SkippedCheckpoint {
   std::string step_dir;
   absl::Status reason;  // NotFound: no manifest (uncommitted); DataLoss: corrupt, naming the file
