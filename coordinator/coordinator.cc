@@ -180,6 +180,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   info.set_host_memory_bytes(req.host_memory_bytes());
   info.set_threads(req.threads());
   info.set_metrics_address(req.metrics_address());
+  info.set_checkpoint_root(req.checkpoint_root());
   info.set_state(v1::WORKER_STATE_ALIVE);
   info.set_last_heartbeat_ms(now);
   if (!rejoin) info.set_registered_ms(now);
@@ -456,6 +457,7 @@ absl::Status Coordinator::Transition(JobEntry& e, v1::JobState to, const std::st
     e.job = before;  // not durable: not changed
     return s;
   }
+  shards_cv_.notify_all();  // a generation may have ended: its waits must see it
   if (IsTerminal(to)) {
     ReleaseWorkers(e);
     e.partial.clear();
@@ -548,6 +550,7 @@ void Coordinator::ScheduleLocked() {
     e.plan = *std::move(plan);
     e.has_plan = true;
     e.started.clear();
+    e.shards.clear();  // reports of an earlier generation never count for this one
     for (size_t r = 0; r < p.workers.size(); ++r) {
       WorkerEntry& w = workers_.at(p.workers[r]);
       w.info.set_job_id(p.job_id);
@@ -562,6 +565,7 @@ void Coordinator::Shutdown() {
     shutdown_ = true;
   }
   events_cv_.notify_all();
+  shards_cv_.notify_all();
   kv_.Shutdown();
 }
 

@@ -52,16 +52,6 @@ struct CoordinatorOptions {
   int64_t lease_ms = 10'000;  // a worker silent this long is DEAD
 };
 
-// Commits checkpoint `step` of `job` once every rank reported its shard:
-// writes the manifest (the commit point) and prunes old checkpoints beyond
-// the spec's `keep`. `spec` is the job's validated spec (what
-// job.spec_yaml() says). Returns what was committed; *pruned gets the steps
-// removed. Errors leave the checkpoint uncommitted. Called under the
-// coordinator's lock.
-using CheckpointCommitter = std::function<absl::StatusOr<v1::CheckpointInfo>(
-    const v1::Job& job, const JobSpec& spec, int64_t step,
-    const std::vector<v1::CheckpointShard>& shards, std::vector<int64_t>* pruned)>;
-
 class Coordinator {
  public:
   // Loads the stored state. Workers found there get a fresh lease (a grace
@@ -102,19 +92,36 @@ class Coordinator {
   // is not the caller's; FAILED_PRECONDITION when the job is not active.
   absl::StatusOr<v1::ReportStepResponse> ReportStep(const v1::ReportStepRequest& req);
   absl::Status ReportDone(const v1::ReportDoneRequest& req);
-  // Records a rank's shard of checkpoint `step`; the last rank's report
-  // commits it (through the committer). Returns whether it committed.
+  // Checkpoints (checkpoints.cc). The coordinator keeps the record of
+  // commits; rank 0 writes manifests and deletes pruned steps on the volume
+  // the ranks share. Besides the codes above, ABORTED when the job is
+  // RECOVERING: a failed generation commits nothing.
+  //
+  // Records a rank's shard of checkpoint `step` (in memory only: a restart
+  // loses it, and the step is then never committed). Returns whether every
+  // rank of the generation has now reported the step.
   absl::StatusOr<bool> ReportCheckpoint(const v1::ReportCheckpointRequest& req);
+  // Waits up to wait_ms for every rank's report of the step, then returns
+  // them in rank order. DEADLINE_EXCEEDED naming how many reported.
+  absl::StatusOr<v1::WaitCheckpointShardsResponse> WaitCheckpointShards(
+      const v1::WaitCheckpointShardsRequest& req);
+  // Rank 0's commit of a step whose manifest it wrote: recorded durably
+  // (with its event) before OK, which is the commit point; the answer says
+  // which commits fell beyond the spec's `keep` (RecordCommit). INVALID_ARGUMENT
+  // for another rank or a missing dir; FAILED_PRECONDITION when not every
+  // rank's report of the step is held. A step this generation already
+  // committed answers OK again (a retry whose first answer was lost).
+  absl::StatusOr<v1::CommitCheckpointResponse> CommitCheckpoint(
+      const v1::CommitCheckpointRequest& req);
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id) const;
-  // Without a committer, checkpoint reports are refused (FAILED_PRECONDITION).
-  void set_checkpoint_committer(CheckpointCommitter committer);
   absl::Status ReportFailure(const v1::ReportFailureRequest& req);
   absl::Status ReportEvent(const v1::ReportEventRequest& req);
 
   // ---- rendezvous
   RendezvousKv& kv() { return kv_; }
 
-  // Ends every blocking call (WaitEvents, KvGet) with UNAVAILABLE.
+  // Ends every blocking call (WaitEvents, WaitCheckpointShards, KvGet) with
+  // UNAVAILABLE.
   void Shutdown();
 
   // Counts for /metrics.
@@ -144,7 +151,9 @@ class Coordinator {
     std::map<int64_t, v1::StepReport> history;  // step -> aggregated report
     std::map<int64_t, StepAgg> partial;         // steps not yet reported by every rank
     std::set<int> started;                      // ranks that acknowledged the generation
-    std::map<int64_t, std::map<int, v1::CheckpointShard>> shards;  // step -> rank -> shard
+    // This generation's checkpoint shard reports not yet committed:
+    // step -> rank -> shard. Cleared when the generation ends.
+    std::map<int64_t, std::map<int, v1::CheckpointShard>> shards;
     bool has_plan = false;
     v1::Plan plan;
   };
@@ -169,6 +178,10 @@ class Coordinator {
   void ScheduleLocked();
   absl::Status CheckRank(const JobEntry& e, int64_t generation, int rank,
                          const std::string& worker_id) const;
+  // CheckRank, and ABORTED while the job is RECOVERING: checkpoints of a
+  // generation that failed are never committed.
+  absl::Status CheckCheckpointRank(const JobEntry& e, int64_t generation, int rank,
+                                   const std::string& worker_id) const;
   // Every rank reported `step`: aggregates the reports by the plan's mesh
   // (rules in reports.cc) into the job's history, progress and events.
   void FinishStep(JobEntry& e, int64_t step);
@@ -179,12 +192,14 @@ class Coordinator {
   const CoordinatorOptions options_;
   const std::unique_ptr<StateStore> store_;
   const SpecValidator validator_;
-  CheckpointCommitter committer_;  // GUARDED_BY(mu_)
   const Clock* const clock_;
   RendezvousKv kv_;
 
   mutable std::mutex mu_;
   std::condition_variable events_cv_;
+  // Notified on every checkpoint report and job state change (a generation
+  // ending), for WaitCheckpointShards.
+  std::condition_variable shards_cv_;
   std::map<std::string, WorkerEntry> workers_;  // GUARDED_BY(mu_)
   std::map<std::string, JobEntry> jobs_;        // GUARDED_BY(mu_)
   std::vector<std::string> job_order_;          // GUARDED_BY(mu_), submission order

@@ -18,7 +18,6 @@
 #include "common/metrics_http.h"
 #include "common/process.h"
 #include "common/version.h"
-#include "coordinator/checkpoint_committer.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/service.h"
 #include "coordinator/spec_validator.h"
@@ -96,7 +95,6 @@ int main(int argc, char** argv) {
   auto core = Coordinator::Create(options, *std::move(store), ValidateSpec, &clock);
   if (!core.ok()) return Fail(std::string((core.status().message())));
 
-  (*core)->set_checkpoint_committer(NewFileCheckpointCommitter());
   MetricsRegistry registry;
   RegisterCoordinatorMetrics(core->get(), &registry);
   CoordinatorService service(core->get(), &registry);

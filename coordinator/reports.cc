@@ -1,6 +1,7 @@
 // The coordinator core, part 2: what ranks report (steps, completion,
-// checkpoints, failures) and what a failure does to its job (recovery or
-// failure). Part 1, membership, jobs and scheduling, is coordinator.cc.
+// failures, events) and what a failure does to its job (recovery or
+// failure). Part 1, membership, jobs and scheduling, is coordinator.cc;
+// part 3, checkpoint commits, is checkpoints.cc.
 #include <algorithm>
 #include <map>
 
@@ -140,67 +141,6 @@ absl::Status Coordinator::ReportDone(const v1::ReportDoneRequest& req) {
                    e->job.output().empty() ? "" : absl::StrCat("; weights in ", e->job.output())));
   ScheduleLocked();
   return s;
-}
-
-void Coordinator::set_checkpoint_committer(CheckpointCommitter committer) {
-  std::lock_guard<std::mutex> lock(mu_);
-  committer_ = std::move(committer);
-}
-
-absl::StatusOr<bool> Coordinator::ReportCheckpoint(const v1::ReportCheckpointRequest& req) {
-  const v1::CheckpointShard& shard = req.shard();
-  std::lock_guard<std::mutex> lock(mu_);
-  JobEntry* e = FindJob(shard.job_id());
-  if (!e) return absl::NotFoundError(absl::StrCat("job ", shard.job_id(), " not found"));
-  if (auto s = CheckRank(*e, shard.generation(), shard.rank(), req.worker_id()); !s.ok()) return s;
-  if (!committer_) return absl::FailedPreconditionError("this coordinator commits no checkpoints");
-  auto& ranks = e->shards[shard.step()];
-  ranks[shard.rank()] = shard;
-  if (static_cast<int>(ranks.size()) < e->job.world()) return false;
-  std::vector<v1::CheckpointShard> all;
-  for (auto& [rank, s] : ranks) all.push_back(s);
-  e->shards.erase(shard.step());
-  if (!e->valid) return absl::FailedPreconditionError("job has no valid spec");  // not reached
-  std::vector<int64_t> pruned;
-  absl::StatusOr<v1::CheckpointInfo> info =
-      committer_(e->job, e->valid->spec, shard.step(), all, &pruned);
-  if (!info.ok()) {
-    AppendEvent(
-        *e, v1::EVENT_KIND_CHECKPOINT,
-        absl::StrCat("checkpoint step ", shard.step(), " NOT committed: ", info.status().message()),
-        nullptr)
-        .IgnoreError();
-    return info.status();
-  }
-  const v1::Job before = e->job;
-  auto* list = e->job.mutable_checkpoints();
-  for (int i = list->size() - 1; i >= 0; --i) {
-    if (std::count(pruned.begin(), pruned.end(), list->Get(i).step()) > 0)
-      list->DeleteSubrange(i, 1);
-  }
-  *list->Add() = *info;
-  e->job.mutable_progress()->set_last_committed_checkpoint_step(info->step());
-  if (auto s = AppendEvent(*e, v1::EVENT_KIND_CHECKPOINT,
-                           absl::StrCat("checkpoint step ", info->step(), " committed (",
-                                        info->bytes(), " bytes in ", info->world(), " shards)"),
-                           nullptr);
-      !s.ok()) {
-    e->job = before;  // not durable: the job does not know it
-    return s;
-  }
-  return true;
-}
-
-absl::StatusOr<v1::ListCheckpointsResponse> Coordinator::ListCheckpoints(
-    const std::string& job_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  const JobEntry* e = FindJob(job_id);
-  if (!e) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
-  v1::ListCheckpointsResponse resp;
-  for (auto it = e->job.checkpoints().rbegin(); it != e->job.checkpoints().rend(); ++it) {
-    *resp.add_checkpoints() = *it;
-  }
-  return resp;
 }
 
 absl::Status Coordinator::ReportEvent(const v1::ReportEventRequest& req) {

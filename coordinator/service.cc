@@ -10,6 +10,9 @@
 namespace shardtrain::coordinator {
 namespace {
 
+// The longest a long-polling call may hold a request (WaitCheckpointShards).
+constexpr int64_t kMaxWaitMs = 60'000;
+
 absl::Status RequireId(const std::string& value, const char* field) {
   if (value.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": must not be empty"));
   return absl::OkStatus();
@@ -163,10 +166,32 @@ grpc::Status CoordinatorService::ReportCheckpoint(grpc::ServerContext*,
                                                   v1::ReportCheckpointResponse* resp) {
   return Handle("ReportCheckpoint", [&]() -> absl::Status {
     if (auto s = RequireId(req->shard().job_id(), "shard.job_id"); !s.ok()) return s;
-    absl::StatusOr<bool> committed = core_->ReportCheckpoint(*req);
-    if (!committed.ok()) return committed.status();
-    resp->set_committed(*committed);
+    absl::StatusOr<bool> complete = core_->ReportCheckpoint(*req);
+    if (!complete.ok()) return complete.status();
+    resp->set_complete(*complete);
     return absl::OkStatus();
+  });
+}
+
+grpc::Status CoordinatorService::WaitCheckpointShards(grpc::ServerContext*,
+                                                      const v1::WaitCheckpointShardsRequest* req,
+                                                      v1::WaitCheckpointShardsResponse* resp) {
+  return Handle("WaitCheckpointShards", [&]() -> absl::Status {
+    if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
+    if (req->wait_ms() < 0 || req->wait_ms() > kMaxWaitMs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("wait_ms: ", req->wait_ms(), " is outside 0..", kMaxWaitMs));
+    }
+    return Fill(core_->WaitCheckpointShards(*req), resp);
+  });
+}
+
+grpc::Status CoordinatorService::CommitCheckpoint(grpc::ServerContext*,
+                                                  const v1::CommitCheckpointRequest* req,
+                                                  v1::CommitCheckpointResponse* resp) {
+  return Handle("CommitCheckpoint", [&]() -> absl::Status {
+    if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
+    return Fill(core_->CommitCheckpoint(*req), resp);
   });
 }
 

@@ -44,6 +44,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
                           v1::ReportStepResponse*) override;
   grpc::Status ReportCheckpoint(grpc::ServerContext*, const v1::ReportCheckpointRequest*,
                                 v1::ReportCheckpointResponse*) override;
+  grpc::Status WaitCheckpointShards(grpc::ServerContext*, const v1::WaitCheckpointShardsRequest*,
+                                    v1::WaitCheckpointShardsResponse*) override;
+  grpc::Status CommitCheckpoint(grpc::ServerContext*, const v1::CommitCheckpointRequest*,
+                                v1::CommitCheckpointResponse*) override;
   grpc::Status ReportDone(grpc::ServerContext*, const v1::ReportDoneRequest*,
                           v1::ReportDoneResponse*) override;
   grpc::Status ReportFailure(grpc::ServerContext*, const v1::ReportFailureRequest*,

@@ -70,6 +70,22 @@ absl::StatusOr<v1::ReportCheckpointResponse> CoordinatorClient::ReportCheckpoint
   return resp;
 }
 
+absl::StatusOr<v1::WaitCheckpointShardsResponse> CoordinatorClient::WaitCheckpointShards(
+    const v1::WaitCheckpointShardsRequest& r) {
+  v1::WaitCheckpointShardsResponse resp;
+  auto ctx = Context(r.wait_ms());  // the server waits up to wait_ms before answering
+  grpc::Status s = stub_->WaitCheckpointShards(ctx.get(), r, &resp);
+  if (!s.ok()) return FromGrpcStatus(s, "WaitCheckpointShards to " + address_);
+  return resp;
+}
+
+absl::StatusOr<v1::CommitCheckpointResponse> CoordinatorClient::CommitCheckpoint(
+    const v1::CommitCheckpointRequest& r) {
+  v1::CommitCheckpointResponse resp;
+  SHARDTRAIN_UNARY(CommitCheckpoint, r, &resp);
+  return resp;
+}
+
 absl::Status CoordinatorClient::ReportFailure(const v1::ReportFailureRequest& r) {
   v1::ReportFailureResponse resp;
   SHARDTRAIN_UNARY(ReportFailure, r, &resp);

@@ -21,7 +21,8 @@ namespace shardtrain::worker {
 class CoordinatorClient final : public CoordinatorApi {
  public:
   // `address` is HOST:PORT. Connecting is lazy: errors show up on calls.
-  // `rpc_timeout_ms` bounds every unary call (KvGet adds its own wait).
+  // `rpc_timeout_ms` bounds every unary call (KvGet and
+  // WaitCheckpointShards add their own wait).
   explicit CoordinatorClient(const std::string& address, int64_t rpc_timeout_ms = 10'000);
 
   const std::string& address() const { return address_; }
@@ -35,6 +36,10 @@ class CoordinatorClient final : public CoordinatorApi {
   absl::Status ReportDone(const v1::ReportDoneRequest& r) override;
   absl::StatusOr<v1::ReportCheckpointResponse> ReportCheckpoint(
       const v1::ReportCheckpointRequest& r) override;
+  absl::StatusOr<v1::WaitCheckpointShardsResponse> WaitCheckpointShards(
+      const v1::WaitCheckpointShardsRequest& r) override;
+  absl::StatusOr<v1::CommitCheckpointResponse> CommitCheckpoint(
+      const v1::CommitCheckpointRequest& r) override;
   absl::Status ReportFailure(const v1::ReportFailureRequest& r) override;
   absl::Status ReportEvent(const v1::ReportEventRequest& r) override;
   absl::Status KvSet(const v1::KvSetRequest& r) override;

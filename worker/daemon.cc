@@ -51,13 +51,15 @@ absl::Status WorkerDaemon::Register() {
   req.set_host_memory_bytes(TotalMemoryBytes());
   req.set_threads(options_.threads);
   req.set_metrics_address(options_.metrics_address);
+  req.set_checkpoint_root(options_.checkpoint_root);
   req.set_previous_worker_id(worker_id());
   auto resp = client_->RegisterWorker(req);
   if (!resp.ok()) return resp.status();
   std::lock_guard<std::mutex> lock(mu_);
   if (worker_id_ != resp->worker_id()) {
     Log(resp->worker_id(), "registered with coordinator " + options_.coordinator + " as " +
-                               resp->worker_id() + " (device " + options_.device.name() + ")");
+                               resp->worker_id() + " (device " + options_.device.name() +
+                               ", checkpoint root " + options_.checkpoint_root + ")");
   }
   worker_id_ = resp->worker_id();
   lease_ms_ = resp->lease_ms();

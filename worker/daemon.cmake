@@ -1,5 +1,6 @@
 # The worker daemon: control loop, coordinator client, job runner.
 add_library(shardtrain_worker_core STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/checkpoint_commit.cc
   ${CMAKE_CURRENT_LIST_DIR}/coordinator_client.cc
   ${CMAKE_CURRENT_LIST_DIR}/daemon.cc
   ${CMAKE_CURRENT_LIST_DIR}/job_runner.cc

@@ -30,6 +30,11 @@ struct WorkerOptions {
   std::string collective_address = "127.0.0.1";  // where peers reach our collectives
   std::string metrics_address;                   // HOST:PORT of our /metrics, if served
   int64_t heartbeat_ms = 1000;                   // upper bound; lease/3 if shorter
+  // Absolute directory a job's relative checkpoint.dir (and a relative
+  // resume_from) resolves against; reported at registration. All ranks of a
+  // job must reach the same checkpoint files through it. Empty: relative
+  // paths stay relative to the working directory.
+  std::string checkpoint_root;
 };
 
 // Where a running job learns who it is and reports back.

@@ -14,6 +14,7 @@
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/storage.h"
 #include "worker/checkpoint/weights_file.h"
+#include "worker/checkpoint_commit.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/kv_rendezvous_store.h"
 #include "worker/trainer.h"
@@ -116,6 +117,19 @@ class Reporter {
       std::this_thread::sleep_for(std::chrono::milliseconds(250));
     }
     return resp.status();
+  }
+
+  // Logs rank 0's commit of `step` (CommitCheckpoint); a step it could not
+  // commit, and a cleanup cut short, are job events too. Training goes on
+  // either way: an uncommitted step is never resumed from.
+  void Commit(const absl::StatusOr<CommitResult>& r, int64_t step) const {
+    const std::string what = "checkpoint step " + std::to_string(step);
+    if (!r.ok()) return Event(what + " not committed: " + r.status().ToString());
+    Log(what + " committed as " + r->commit.checkpoint().dir() + "; " +
+        std::to_string(r->removed.size()) + " older step directories removed");
+    if (!r->cleanup.ok()) {
+      Event(what + " committed, but removing older steps stopped: " + r->cleanup.ToString());
+    }
   }
 
   void Done(int64_t steps, const std::string& output) {
@@ -269,6 +283,11 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   Reporter report(ctx);
   absl::StatusOr<JobSpec> spec = ParseJobSpec(a.spec_yaml());
   if (!spec.ok()) return report.Failure(spec.status(), 0, nullptr);
+  // Checkpoint paths as the spec and the coordinator's record name them; this
+  // worker reaches them under its checkpoint root (relative ones only).
+  const std::string& root = ctx.options->checkpoint_root;
+  const std::string recorded_dir = spec->checkpoint.dir;
+  spec->checkpoint.dir = ResolveCheckpointPath(root, recorded_dir);
 
   // The plan is the coordinator's word on this rank's place in the mesh and
   // its share of the batch; the trainer derives the same from the spec, and
@@ -296,7 +315,8 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   checkpoint::FileCheckpointStorage storage;
   int64_t first = 1;
   if (!a.resume_from().empty()) {
-    absl::StatusOr<std::string> step_dir = ResolveCheckpoint(storage, a.resume_from(), report);
+    absl::StatusOr<std::string> step_dir =
+        ResolveCheckpoint(storage, ResolveCheckpointPath(root, a.resume_from()), report);
     if (!step_dir.ok()) return report.Failure(step_dir.status(), 0, comm.get());
     absl::StatusOr<int64_t> done = (*trainer)->Restore(storage, *step_dir);
     if (!done.ok()) return report.Failure(done.status(), 0, comm.get());
@@ -343,6 +363,20 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
         report.Log("checkpoint step " + std::to_string(step) + " not reported: " + s.ToString());
       } else if (!s.ok()) {
         return report.Failure(s, step, comm.get());
+      } else if (a.rank() == 0) {
+        CommitTarget target;
+        target.job_id = a.job_id();
+        target.generation = a.generation();
+        target.worker_id = ctx.worker_id;
+        target.world = a.world();
+        target.zero_stage = spec->parallel.zero;
+        target.dir = recorded_dir;
+        target.local_dir = spec->checkpoint.dir;
+        // The other ranks wait in the next step's collectives meanwhile.
+        target.wait = absl::Seconds(spec->timeouts.collective_s) / 2;
+        report.Commit(CommitCheckpoint(*ctx.client, storage, (*trainer)->engine().layout(), target,
+                                       step, *ctx.stop),
+                      step);
       }
     }
   }

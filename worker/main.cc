@@ -1,6 +1,7 @@
 // shardtrain-worker: attaches one device (the CPU, or one GPU) to a
 // shardtrain coordinator and runs the ranks it is assigned.
 #include <atomic>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
   std::string metrics_listen;
   int64_t heartbeat_ms = 1000;
   std::string collective_address = "127.0.0.1";
+  std::string checkpoint_root;
 
   CLI::App app{
       "shardtrain-worker: runs the ranks a shardtrain coordinator assigns to this process.\n"
@@ -51,6 +53,10 @@ int main(int argc, char** argv) {
   app.add_option("--collective-address", collective_address,
                  "address peers use to reach this worker's collectives")
       ->capture_default_str();
+  app.add_option("--checkpoint-root", checkpoint_root,
+                 "directory a job's relative checkpoint.dir (and --resume-from) resolves "
+                 "against; every rank of a job must see the same checkpoint files through it "
+                 "(a shared volume) (default: the working directory)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -77,6 +83,18 @@ int main(int argc, char** argv) {
   options.threads = threads;
   options.heartbeat_ms = heartbeat_ms;
   options.collective_address = collective_address;
+  std::error_code ec;
+  std::filesystem::path root = checkpoint_root.empty() ? std::filesystem::current_path(ec)
+                                                       : std::filesystem::path(checkpoint_root);
+  if (!ec) root = std::filesystem::absolute(root, ec).lexically_normal();
+  if (ec) {
+    std::cerr << "shardtrain-worker: --checkpoint-root: " << ec.message() << "\n";
+    return 2;
+  }
+  options.checkpoint_root = root.string();
+  if (options.checkpoint_root.size() > 1 && options.checkpoint_root.back() == '/') {
+    options.checkpoint_root.pop_back();
+  }
   if (auto d = ProbeDevice(device, threads); d.ok()) {
     options.device = *d;
   } else {

@@ -92,28 +92,6 @@ absl::StatusOr<std::vector<CommittedCheckpoint>> ListCommitted(CheckpointStorage
   return out;
 }
 
-absl::StatusOr<std::vector<std::string>> PruneOld(CheckpointStorage& storage,
-                                                  const std::string& dir, int keep) {
-  if (keep < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("PruneOld(", dir, "): keep ", keep, " < 1"));
-  }
-  auto dirs = StepDirs(storage, dir);
-  if (!dirs.ok()) return dirs.status();
-  auto committed = ListCommitted(storage, dir);
-  if (!committed.ok()) return committed.status();
-  std::vector<std::string> removed;
-  if (committed->size() <= static_cast<size_t>(keep)) return removed;
-  const int64_t oldest_kept = (*committed)[keep - 1].step;
-  // Oldest first, so a prune cut short keeps the newest ones.
-  for (auto it = dirs->rbegin(); it != dirs->rend(); ++it) {
-    if (it->first >= oldest_kept) break;
-    if (absl::Status s = storage.RemoveAll(ManifestPath(it->second)); !s.ok()) return s;
-    if (absl::Status s = storage.RemoveAll(it->second); !s.ok()) return s;
-    removed.push_back(it->second);
-  }
-  return removed;
-}
-
 absl::StatusOr<std::vector<std::string>> RemoveStepDirsBelow(CheckpointStorage& storage,
                                                              const std::string& dir, int64_t step) {
   auto dirs = StepDirs(storage, dir);

@@ -1,12 +1,16 @@
 // Directory policy of a job's checkpoint dir:
 //   <dir>/step-<N>/rank-<R>.shard ...   written by every rank
-//   <dir>/step-<N>/manifest.txt         written last, by the coordinator
-// A step directory is *committed* iff its manifest exists and parses
-// (ReadManifest) with step == N. One without (a save cut short, e.g. a rank
-// SIGKILLed mid-write, or a rank that failed) is never committed.
+//   <dir>/step-<N>/manifest.txt         written last, by rank 0
+// A step directory is *complete* iff its manifest exists and parses
+// (ReadManifest) with step == N: rank 0 writes it only once every rank
+// reported its shard. One without (a save cut short, e.g. a rank SIGKILLed
+// mid-write, or a rank that failed) is never loaded. The job's *committed*
+// checkpoints are those the coordinator recorded after the manifest was
+// written (what recovery resumes from); the functions here, which see only
+// files, call complete step directories "committed".
 //
 // Thread-compatible; concurrent writers into the same step directory are the
-// caller's business (the coordinator commits each step once).
+// caller's business (rank 0 writes each manifest).
 #ifndef SHARDTRAIN_WORKER_CHECKPOINT_DIRECTORY_H_
 #define SHARDTRAIN_WORKER_CHECKPOINT_DIRECTORY_H_
 
@@ -38,17 +42,6 @@ struct CommittedCheckpoint {
 // not read. An absent `dir` gives an empty list; Unavailable on I/O errors.
 absl::StatusOr<std::vector<CommittedCheckpoint>> ListCommitted(CheckpointStorage& storage,
                                                                const std::string& dir);
-
-// Removes all but the newest `keep` committed checkpoints, and uncommitted
-// step directories older than the oldest one kept (abandoned saves; a newer
-// uncommitted one may still be being written and is left alone). A manifest
-// is removed before the rest of its directory, so a crash mid-prune leaves an
-// uncommitted directory, never a committed one with missing shards. Prune
-// counts manifests only: it does not read shards (LatestValid does).
-// Returns the removed step directories, oldest first.
-// InvalidArgument if keep < 1; Unavailable on I/O errors.
-absl::StatusOr<std::vector<std::string>> PruneOld(CheckpointStorage& storage,
-                                                  const std::string& dir, int keep);
 
 // Removes every step directory under `dir` whose step is below `step`,
 // committed or not: what rank 0 does with the oldest step the coordinator

@@ -1,6 +1,7 @@
 // The manifest of a checkpoint, dir/step-N/manifest.txt. Its presence is
-// what makes a step directory *committed*: the coordinator writes it
-// (atomically) only after every rank reported its shard (ShardFileInfo).
+// what makes a step directory complete: rank 0 writes it (atomically) only
+// after every rank reported its shard (ShardFileInfo), then asks the
+// coordinator to record the commit.
 // It records everything needed to load the checkpoint under any world size
 // and ZeRO stage: the model config, the layout (tensor names, global shapes,
 // flat offsets), and for each rank its file, flat ranges, size and checksum.
@@ -57,7 +58,7 @@ struct Manifest {
   std::vector<ShardFileInfo> shards;  // shards[r] is rank r's
 };
 
-// Builds the manifest the coordinator writes once all ranks reported.
+// Builds the manifest rank 0 writes once all ranks reported.
 // `shards` may come in any order. InvalidArgument unless there is exactly
 // one shard per rank in [0, world), the file names are plain distinct names,
 // and the ranges of all shards together cover [0, num_params) exactly once.

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <functional>
 
 #include "coordinator/spec_validator.h"
 
@@ -83,23 +82,6 @@ class CoordinatorTest : public ::testing::Test {
     return history->steps(0);
   }
 
-  // A committer that commits every checkpoint (nothing written), first
-  // handing the spec and shards it was given to `seen`.
-  void CommitEverything(
-      std::function<void(const JobSpec&, const std::vector<v1::CheckpointShard>&)> seen) {
-    core_->set_checkpoint_committer(
-        [seen](const v1::Job& job, const JobSpec& spec, int64_t step,
-               const std::vector<v1::CheckpointShard>& shards,
-               std::vector<int64_t>*) -> absl::StatusOr<v1::CheckpointInfo> {
-          seen(spec, shards);
-          v1::CheckpointInfo info;
-          info.set_step(step);
-          info.set_dir("/ckpt/step-" + std::to_string(step));
-          info.set_world(job.world());
-          return info;
-        });
-  }
-
   // Each worker acknowledges its assignment, as the daemon does.
   void StartAll(const v1::Job& job) {
     const v1::Job current = *core_->GetJob(job.job_id());
@@ -138,8 +120,10 @@ class CoordinatorTest : public ::testing::Test {
     }
   }
 
-  // Every rank of the job's current generation reports its shard of `step`.
-  void CheckpointFromEveryRank(const std::string& job_id, int64_t step) {
+  // Every rank of the job's current generation reports its shard of `step`
+  // (the last one completing the set), then rank 0 commits it as
+  // /tmp/ckpt-t/step-<step>; returns the commit's answer.
+  v1::CommitCheckpointResponse CheckpointFromEveryRank(const std::string& job_id, int64_t step) {
     const v1::Job job = *core_->GetJob(job_id);
     for (const v1::RankAssignment& a : job.ranks()) {
       v1::ReportCheckpointRequest r;
@@ -148,9 +132,20 @@ class CoordinatorTest : public ::testing::Test {
       r.mutable_shard()->set_generation(job.generation());
       r.mutable_shard()->set_rank(a.rank());
       r.mutable_shard()->set_step(step);
-      auto committed = core_->ReportCheckpoint(r);
-      ASSERT_TRUE(committed.ok()) << committed.status();
+      auto complete = core_->ReportCheckpoint(r);
+      EXPECT_TRUE(complete.ok()) << complete.status();
+      EXPECT_EQ(complete.value_or(false), a.rank() == job.world() - 1) << "rank " << a.rank();
     }
+    v1::CommitCheckpointRequest c;
+    c.set_job_id(job_id);
+    c.set_generation(job.generation());
+    c.set_rank(0);
+    c.set_worker_id(job.ranks(0).worker_id());
+    c.set_step(step);
+    c.set_dir("/tmp/ckpt-t/step-" + std::to_string(step));
+    auto committed = core_->CommitCheckpoint(c);
+    EXPECT_TRUE(committed.ok()) << committed.status();
+    return committed.value_or(v1::CommitCheckpointResponse());
   }
 
   FakeClock clock_;
@@ -326,18 +321,13 @@ TEST_F(CoordinatorTest, StepOfADpOnlyJobAggregatesOverEveryRank) {
 }
 
 TEST_F(CoordinatorTest, SpecIsValidatedOnceAtSubmitAndOnceMorePerElasticShrink) {
-  std::vector<JobSpec> committed;  // the spec each commit was handed
-  CommitEverything([&](const JobSpec& spec, const auto&) { committed.push_back(spec); });
   std::string a = Register(), b = Register();
   v1::Job job = Submit(2, /*steps=*/10, /*max_restarts=*/2, {"resources.min_workers=1"});
   EXPECT_EQ(validations_, 1);  // submitting
   EXPECT_EQ(State(job.job_id()), v1::JOB_STATE_SCHEDULED);
   StartAll(job);
   ReportFromEveryRank(job.job_id(), 1);
-  CheckpointFromEveryRank(job.job_id(), 1);
-  ASSERT_EQ(committed.size(), 1u);
-  EXPECT_EQ(committed[0].parallel.dp, 2);
-  EXPECT_EQ(committed[0].checkpoint.dir, "/tmp/ckpt-t");
+  EXPECT_EQ(CheckpointFromEveryRank(job.job_id(), 1).checkpoint().world(), 2);
   EXPECT_EQ(validations_, 1);  // scheduling, a step, a commit: none
 
   // b dies while a is not healthy (silent for over half a lease): the job
@@ -373,11 +363,9 @@ TEST_F(CoordinatorTest, SpecIsValidatedOnceAtSubmitAndOnceMorePerElasticShrink) 
   EXPECT_EQ(stored->batch.global, 4);  // the same global batch
   EXPECT_EQ(core_->GetPlan(job.job_id())->world(), 1);
 
-  // The shrunk spec is the one kept: the next commit is handed dp 1.
+  // The shrunk job commits with its one rank, validating nothing more.
   StartAll(shrunk);
-  CheckpointFromEveryRank(job.job_id(), 2);
-  ASSERT_EQ(committed.size(), 2u);
-  EXPECT_EQ(committed[1].parallel.dp, 1);
+  EXPECT_EQ(CheckpointFromEveryRank(job.job_id(), 2).checkpoint().world(), 1);
   EXPECT_EQ(validations_, 2);
 }
 
@@ -400,23 +388,10 @@ TEST_F(CoordinatorTest, FailureReportFailsTheJobWithRankAndReason) {
 }
 
 TEST_F(CoordinatorTest, FailedRankRecoversFromTheLastCommittedCheckpoint) {
-  std::vector<v1::CheckpointShard> seen;
-  CommitEverything([&](const JobSpec&, const auto& shards) { seen = shards; });
   std::string a = Register(), b = Register();
   v1::Job job = Submit(2, /*steps=*/10, /*max_restarts=*/1);
   StartAll(job);
-  for (int rank = 0; rank < 2; ++rank) {
-    v1::ReportCheckpointRequest r;
-    r.set_worker_id(rank == 0 ? a : b);
-    r.mutable_shard()->set_job_id(job.job_id());
-    r.mutable_shard()->set_generation(1);
-    r.mutable_shard()->set_rank(rank);
-    r.mutable_shard()->set_step(4);
-    auto committed = core_->ReportCheckpoint(r);
-    ASSERT_TRUE(committed.ok()) << committed.status();
-    EXPECT_EQ(*committed, rank == 1);  // the last rank's report commits
-  }
-  EXPECT_EQ(seen.size(), 2u);
+  CheckpointFromEveryRank(job.job_id(), 4);
   EXPECT_EQ(core_->ListCheckpoints(job.job_id())->checkpoints(0).step(), 4);
 
   // b dies: RECOVERING, and with no spare worker it waits.
@@ -438,7 +413,7 @@ TEST_F(CoordinatorTest, FailedRankRecoversFromTheLastCommittedCheckpoint) {
   EXPECT_EQ(again.generation(), 2);
   auto resp = Beat(c);
   ASSERT_EQ(resp.commands_size(), 1);
-  EXPECT_EQ(resp.commands(0).run().resume_from(), "/ckpt/step-4");
+  EXPECT_EQ(resp.commands(0).run().resume_from(), "/tmp/ckpt-t/step-4");
   EXPECT_EQ(resp.commands(0).run().resume_step(), 4);
   // A stale report of generation 1 is refused; the old survivor is told to abort.
   v1::ReportStepRequest stale;

@@ -1,5 +1,6 @@
 #include "tests/unit/worker/fake_coordinator.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -65,6 +66,11 @@ void FakeCoordinator::AbortAtStep(int64_t step) {
   abort_at_step_ = step;
 }
 
+void FakeCoordinator::set_checkpoint_keep(int keep) {
+  std::lock_guard<std::mutex> lock(mu_);
+  checkpoint_keep_ = std::max(keep, 1);
+}
+
 void FakeCoordinator::set_on_step(std::function<void(const v1::ReportStepRequest&)> fn) {
   std::lock_guard<std::mutex> lock(mu_);
   on_step_ = std::move(fn);
@@ -73,6 +79,12 @@ void FakeCoordinator::set_on_step(std::function<void(const v1::ReportStepRequest
 FakeCoordinator::Calls FakeCoordinator::calls() const {
   std::lock_guard<std::mutex> lock(mu_);
   return calls_;
+}
+
+std::vector<v1::CheckpointInfo> FakeCoordinator::Committed(const std::string& job_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = committed_.find(job_id);
+  return it == committed_.end() ? std::vector<v1::CheckpointInfo>{} : it->second;
 }
 
 bool FakeCoordinator::WaitFor(const std::function<bool(const Calls&)>& pred,
@@ -160,10 +172,87 @@ absl::Status FakeCoordinator::ReportDone(const v1::ReportDoneRequest& r) {
   return absl::OkStatus();
 }
 
+std::map<int, v1::CheckpointShard> FakeCoordinator::ReportedShards(const std::string& job_id,
+                                                                   int64_t generation, int64_t step,
+                                                                   bool* complete) const {
+  std::map<int, v1::CheckpointShard> by_rank;
+  for (const v1::ReportCheckpointRequest& c : calls_.checkpoints) {
+    const v1::CheckpointShard& s = c.shard();
+    if (s.job_id() == job_id && s.generation() == generation && s.step() == step) {
+      by_rank[s.rank()] = s;
+    }
+  }
+  auto plan = plans_.find(job_id);
+  const int world = plan == plans_.end() ? 1 : plan->second.world();
+  *complete = static_cast<int>(by_rank.size()) == world;
+  return by_rank;
+}
+
 absl::StatusOr<v1::ReportCheckpointResponse> FakeCoordinator::ReportCheckpoint(
     const v1::ReportCheckpointRequest& r) {
   FAKE_RECORD(Rpc::kReportCheckpoint, checkpoints, r);
-  return v1::ReportCheckpointResponse();
+  v1::ReportCheckpointResponse resp;
+  bool complete = false;
+  ReportedShards(r.shard().job_id(), r.shard().generation(), r.shard().step(), &complete);
+  resp.set_complete(complete);
+  return resp;
+}
+
+absl::StatusOr<v1::WaitCheckpointShardsResponse> FakeCoordinator::WaitCheckpointShards(
+    const v1::WaitCheckpointShardsRequest& r) {
+  FAKE_RECORD(Rpc::kWaitCheckpointShards, shard_waits, r);
+  std::map<int, v1::CheckpointShard> shards;
+  const bool complete = changed_.wait_for(lock, std::chrono::milliseconds(r.wait_ms()), [&] {
+    bool done = false;
+    shards = ReportedShards(r.job_id(), r.generation(), r.step(), &done);
+    return done;
+  });
+  if (!complete) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("checkpoint step ", r.step(), ": ", shards.size(), " ranks reported"));
+  }
+  v1::WaitCheckpointShardsResponse resp;
+  for (const auto& [rank, shard] : shards) *resp.add_shards() = shard;
+  return resp;
+}
+
+absl::StatusOr<v1::CommitCheckpointResponse> FakeCoordinator::CommitCheckpoint(
+    const v1::CommitCheckpointRequest& r) {
+  FAKE_RECORD(Rpc::kCommitCheckpoint, commits, r);
+  if (r.rank() != 0) return absl::InvalidArgumentError("rank: only rank 0 commits");
+  std::vector<v1::CheckpointInfo>& record = committed_[r.job_id()];
+  v1::CommitCheckpointResponse resp;
+  for (const v1::CheckpointInfo& c : record) {
+    if (c.step() == r.step() && c.generation() == r.generation()) {
+      *resp.mutable_checkpoint() = c;
+      resp.set_keep_from_step(record.front().step());
+      return resp;
+    }
+  }
+  bool complete = false;
+  const std::map<int, v1::CheckpointShard> shards =
+      ReportedShards(r.job_id(), r.generation(), r.step(), &complete);
+  if (!complete) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint step ", r.step(), ": not every rank reported"));
+  }
+  v1::CheckpointInfo info;
+  info.set_job_id(r.job_id());
+  info.set_step(r.step());
+  info.set_dir(r.dir());
+  info.set_manifest_path(r.manifest_path());
+  info.set_world(static_cast<int>(shards.size()));
+  info.set_generation(r.generation());
+  for (const auto& [rank, shard] : shards) info.set_bytes(info.bytes() + shard.bytes());
+  while (!record.empty() && record.back().step() >= r.step()) record.pop_back();
+  record.push_back(info);
+  while (static_cast<int>(record.size()) > checkpoint_keep_) {
+    *resp.add_pruned() = record.front();
+    record.erase(record.begin());
+  }
+  *resp.mutable_checkpoint() = info;
+  resp.set_keep_from_step(record.front().step());
+  return resp;
 }
 
 absl::Status FakeCoordinator::ReportFailure(const v1::ReportFailureRequest& r) {

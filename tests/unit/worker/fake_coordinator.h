@@ -13,7 +13,17 @@
 //   GetPlan         the plan set by PlanJob / SetPlan for that job, else
 //                   NOT_FOUND.
 //   ReportStep      abort = true from step AbortAtStep(n) on.
-//   Report*         OK.
+//   Report*         OK (ReportCheckpoint: complete when every rank reported).
+//   WaitCheckpointShards  the reports of (job, generation, step), rank order,
+//                   once there is one per rank of the job's plan (world 1
+//                   without a plan); waits up to wait_ms, then
+//                   DEADLINE_EXCEEDED.
+//   CommitCheckpoint like the coordinator: INVALID_ARGUMENT for a rank but 0,
+//                   FAILED_PRECONDITION unless every rank reported the step;
+//                   then records the commit (replacing the step and newer
+//                   ones), keeps the newest set_checkpoint_keep(k) (default
+//                   3) and answers the oldest kept step. A step already
+//                   committed by that generation is answered again.
 //   Kv*             an in-memory store per (job, generation); KvGet waits.
 // Errors: SetOutage(true) makes every call answer UNAVAILABLE (recorded all
 // the same); FailNext makes the next calls of one RPC answer an error.
@@ -52,6 +62,8 @@ class FakeCoordinator final : public CoordinatorApi {
     kReportStep,
     kReportDone,
     kReportCheckpoint,
+    kWaitCheckpointShards,
+    kCommitCheckpoint,
     kReportFailure,
     kReportEvent,
     kKvSet,
@@ -70,6 +82,8 @@ class FakeCoordinator final : public CoordinatorApi {
     std::vector<v1::ReportStepRequest> steps;
     std::vector<v1::ReportDoneRequest> dones;
     std::vector<v1::ReportCheckpointRequest> checkpoints;
+    std::vector<v1::WaitCheckpointShardsRequest> shard_waits;
+    std::vector<v1::CommitCheckpointRequest> commits;
     std::vector<v1::ReportFailureRequest> failures;
     std::vector<v1::ReportEventRequest> events;
     int kv_calls = 0;
@@ -98,12 +112,16 @@ class FakeCoordinator final : public CoordinatorApi {
   void SetPlan(const v1::Plan& plan);
   // ReportStep answers abort = true for steps >= `step` (0: never).
   void AbortAtStep(int64_t step);
+  // Commits CommitCheckpoint keeps per job (>= 1).
+  void set_checkpoint_keep(int keep);
   // Called (outside the fake's lock) after each ReportStep is recorded.
   void set_on_step(std::function<void(const v1::ReportStepRequest&)> fn);
 
   // ---- what happened
 
   Calls calls() const;
+  // The job's recorded commits, ascending step.
+  std::vector<v1::CheckpointInfo> Committed(const std::string& job_id) const;
   // Waits until `pred(calls)` holds (re-checked after every call the fake
   // receives); false when `timeout` passes first.
   bool WaitFor(const std::function<bool(const Calls&)>& pred,
@@ -119,6 +137,10 @@ class FakeCoordinator final : public CoordinatorApi {
   absl::Status ReportDone(const v1::ReportDoneRequest& r) override;
   absl::StatusOr<v1::ReportCheckpointResponse> ReportCheckpoint(
       const v1::ReportCheckpointRequest& r) override;
+  absl::StatusOr<v1::WaitCheckpointShardsResponse> WaitCheckpointShards(
+      const v1::WaitCheckpointShardsRequest& r) override;
+  absl::StatusOr<v1::CommitCheckpointResponse> CommitCheckpoint(
+      const v1::CommitCheckpointRequest& r) override;
   absl::Status ReportFailure(const v1::ReportFailureRequest& r) override;
   absl::Status ReportEvent(const v1::ReportEventRequest& r) override;
   absl::Status KvSet(const v1::KvSetRequest& r) override;
@@ -129,6 +151,10 @@ class FakeCoordinator final : public CoordinatorApi {
   // The scripted error for a call of `rpc`, if any (consumes one FailNext).
   // Requires mu_ held.
   absl::Status InjectedError(Rpc rpc);
+  // The reported shards of (job, generation, step) by rank, and whether
+  // there is one per rank of the job. Requires mu_ held.
+  std::map<int, v1::CheckpointShard> ReportedShards(const std::string& job_id, int64_t generation,
+                                                    int64_t step, bool* complete) const;
 
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;                             // notified after every call
@@ -142,6 +168,8 @@ class FakeCoordinator final : public CoordinatorApi {
   bool outage_ = false;                                                 // GUARDED_BY(mu_)
   std::map<std::string, v1::Plan> plans_;                               // GUARDED_BY(mu_)
   int64_t abort_at_step_ = 0;                                           // GUARDED_BY(mu_)
+  int checkpoint_keep_ = 3;                                             // GUARDED_BY(mu_)
+  std::map<std::string, std::vector<v1::CheckpointInfo>> committed_;    // GUARDED_BY(mu_)
   std::function<void(const v1::ReportStepRequest&)> on_step_;           // GUARDED_BY(mu_)
   std::map<std::tuple<std::string, int64_t, std::string>, std::string> kv_;  // GUARDED_BY(mu_)
 };

@@ -21,6 +21,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/fake_coordinator.h"
+#include "worker/checkpoint/loader.h"
+#include "worker/checkpoint/manifest.h"
+#include "worker/checkpoint/storage.h"
 #include "worker/checkpoint/weights_file.h"
 #include "worker/trainer.h"
 
@@ -65,8 +68,9 @@ class JobRunnerTest : public ::testing::Test {
         "seed: 7\n",
         extra);
   }
-  std::string CheckpointYaml(int every) const {
-    return absl::StrCat("checkpoint: {every: ", every, ", dir: ", (dir_ / "ckpt").string(), "}\n");
+  std::string CheckpointYaml(int every, const std::string& dir = "") const {
+    return absl::StrCat("checkpoint: {every: ", every,
+                        ", dir: ", dir.empty() ? (dir_ / "ckpt").string() : dir, "}\n");
   }
 
   JobSpec Spec(const std::string& yaml) const {
@@ -81,16 +85,19 @@ class JobRunnerTest : public ::testing::Test {
     ASSERT_TRUE(coordinator_.PlanJob(kJob, 1, Spec(yaml), 1).ok());
   }
 
-  // Runs `yaml` as rank 0 of generation 1 to its end, on this thread.
-  void RunJob(const std::string& yaml) {
+  // Runs `yaml` as rank 0 of generation 1 to its end, on this thread, on a
+  // worker whose checkpoint root is checkpoint_root_.
+  void RunJob(const std::string& yaml, const std::string& resume_from = "") {
     v1::RunAssignment a;
     a.set_job_id(kJob);
     a.set_generation(1);
     a.set_rank(0);
     a.set_world(1);
     a.set_spec_yaml(yaml);
+    a.set_resume_from(resume_from);
     WorkerOptions options;
     options.threads = 1;
+    options.checkpoint_root = checkpoint_root_;
     RunContext ctx{&a, "w-1", &coordinator_, &options, &stop_};
     NewJobRunner (&registry_)(ctx);
   }
@@ -133,6 +140,7 @@ class JobRunnerTest : public ::testing::Test {
   FakeCoordinator coordinator_;
   MetricsRegistry registry_;
   std::atomic<bool> stop_{false};
+  std::string checkpoint_root_;
   fs::path dir_;
   std::string data_;
 };
@@ -219,6 +227,88 @@ TEST_F(JobRunnerTest, CheckpointsEveryStepBeforeTheLast) {
     }
     EXPECT_EQ(next, num_params) << "step " << s.step();
   }
+}
+
+// Rank 0 commits each checkpoint itself: the manifest next to its shard, the
+// commit at the coordinator, then the steps below the oldest kept one go.
+TEST_F(JobRunnerTest, Rank0WritesTheManifestCommitsAndRemovesOlderSteps) {
+  coordinator_.set_checkpoint_keep(1);
+  const FakeCoordinator::Calls c = RunToTheEnd(Yaml(CheckpointYaml(1)));
+  ASSERT_EQ(c.dones.size(), 1u);
+  ASSERT_EQ(c.commits.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const std::string step_dir = (dir_ / "ckpt" / ("step-" + std::to_string(i + 1))).string();
+    EXPECT_EQ(c.commits[i].step(), i + 1);
+    EXPECT_EQ(c.commits[i].rank(), 0);
+    EXPECT_EQ(c.commits[i].generation(), 1);
+    EXPECT_EQ(c.commits[i].dir(), step_dir);
+    EXPECT_EQ(c.commits[i].manifest_path(), step_dir + "/manifest.txt");
+  }
+  const std::vector<v1::CheckpointInfo> record = coordinator_.Committed(kJob);
+  ASSERT_EQ(record.size(), 1u);
+  EXPECT_EQ(record[0].step(), 2);
+  // keep 1: step 1 was removed by the commit of step 2; final.weights stays.
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir_ / "ckpt")) left.push_back(e.path().filename());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"final.weights", "step-2"}));
+  checkpoint::FileCheckpointStorage storage;
+  const std::string step2 = (dir_ / "ckpt" / "step-2").string();
+  absl::StatusOr<checkpoint::Manifest> m =
+      checkpoint::ReadManifest(storage, checkpoint::ManifestPath(step2));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->step, 2);
+  EXPECT_EQ(m->world, 1);
+  EXPECT_TRUE(checkpoint::VerifyShards(storage, step2, *m).ok());
+  EXPECT_TRUE(c.events.empty()) << c.events[0].message();
+}
+
+// A relative checkpoint.dir lands under the worker's checkpoint root; the
+// coordinator is told the step as the spec names it, and a relative
+// resume_from (what recovery hands out) resolves there too.
+TEST_F(JobRunnerTest, RelativeCheckpointDirResolvesAgainstTheCheckpointRoot) {
+  checkpoint_root_ = (dir_ / "volume").string();
+  const std::string yaml = Yaml(CheckpointYaml(1, "ckpt/rel"));
+  const FakeCoordinator::Calls c = RunToTheEnd(yaml);
+  ASSERT_EQ(c.commits.size(), 2u);
+  EXPECT_EQ(c.commits[1].dir(), "ckpt/rel/step-2");
+  EXPECT_EQ(c.checkpoints[1].shard().path(), checkpoint_root_ + "/ckpt/rel/step-2/rank-0.shard");
+  EXPECT_TRUE(fs::exists(checkpoint_root_ + "/ckpt/rel/step-2/manifest.txt"));
+  ASSERT_EQ(c.dones.size(), 1u);
+  EXPECT_EQ(c.dones[0].output(), checkpoint_root_ + "/ckpt/rel/final.weights");
+  EXPECT_FALSE(fs::exists(dir_ / "ckpt"));
+
+  RunJob(yaml, "ckpt/rel/step-2");
+  const FakeCoordinator::Calls again = coordinator_.calls();
+  EXPECT_TRUE(again.failures.empty()) << again.failures[0].reason();
+  ASSERT_EQ(again.steps.size(), 4u);  // 1, 2, 3, then only 3 again
+  EXPECT_EQ(again.steps[3].report().step(), 3);
+  EXPECT_EQ(again.steps[3].report().loss(), c.steps[2].report().loss());
+  ASSERT_FALSE(again.events.empty());
+  EXPECT_THAT(again.events.back().message(),
+              HasSubstr("resumed from " + checkpoint_root_ + "/ckpt/rel/step-2"));
+}
+
+// No rank's report within the wait (a rank died, the coordinator restarted):
+// nothing is committed, nothing removed, the job hears why, training goes on.
+TEST_F(JobRunnerTest, CommitThatCannotCompleteLeavesTheStepUncommittedAndTrainingGoesOn) {
+  coordinator_.set_checkpoint_keep(1);
+  coordinator_.FailNext(Rpc::kWaitCheckpointShards,
+                        absl::DeadlineExceededError("0 of 1 ranks reported"), 1);
+  coordinator_.FailNext(Rpc::kCommitCheckpoint,
+                        absl::FailedPreconditionError("the coordinator holds 0 of 1 reports"), 1);
+  const FakeCoordinator::Calls c =
+      RunToTheEnd(Yaml("timeouts: {collective_s: 2}\n" + CheckpointYaml(1)));
+  EXPECT_EQ(c.dones.size(), 1u);
+  EXPECT_TRUE(coordinator_.Committed(kJob).empty());
+  EXPECT_FALSE(fs::exists(dir_ / "ckpt" / "step-1" / "manifest.txt"));  // the wait ran out
+  EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "step-2" / "manifest.txt"));   // written, then refused
+  EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "step-1" / "rank-0.shard"));
+  ASSERT_EQ(c.events.size(), 2u);
+  EXPECT_THAT(c.events[0].message(),
+              HasSubstr("checkpoint step 1 not committed: DEADLINE_EXCEEDED"));
+  EXPECT_THAT(c.events[1].message(),
+              HasSubstr("checkpoint step 2 not committed: FAILED_PRECONDITION"));
 }
 
 TEST_F(JobRunnerTest, PlanWithOtherAccumulationFailsBeforeTraining) {

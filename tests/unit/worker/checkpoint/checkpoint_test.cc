@@ -247,34 +247,6 @@ TEST_P(StorageTest, DirectoryWithoutManifestIsNeverCommitted) {
   EXPECT_TRUE(absl::IsNotFound(latest->skipped[0].reason)) << latest->skipped[0].reason;
 }
 
-TEST_P(StorageTest, PruneKeepsNewestCommitted) {
-  const FlatState state = MakeFlatState(layout_.num_params(), 41);
-  ASSERT_TRUE(SaveCheckpoint(storage(), dir_, layout_, 5, 2, 0, state, /*commit=*/false).ok());
-  for (int64_t step : {10, 20, 30, 40, 50}) {
-    ASSERT_TRUE(SaveCheckpoint(storage(), dir_, layout_, step, 2, 0, state).ok());
-  }
-  ASSERT_TRUE(SaveCheckpoint(storage(), dir_, layout_, 35, 2, 0, state, /*commit=*/false).ok());
-  ASSERT_TRUE(SaveCheckpoint(storage(), dir_, layout_, 60, 2, 0, state, /*commit=*/false).ok());
-  EXPECT_TRUE(absl::IsInvalidArgument(PruneOld(storage(), dir_, 0).status()));
-
-  absl::StatusOr<std::vector<std::string>> removed = PruneOld(storage(), dir_, 2);
-  ASSERT_TRUE(removed.ok()) << removed.status();
-  EXPECT_EQ(*removed,
-            (std::vector<std::string>{StepDir(dir_, 5), StepDir(dir_, 10), StepDir(dir_, 20),
-                                      StepDir(dir_, 30), StepDir(dir_, 35)}));
-  // Kept: the two newest committed and the (possibly in-progress) newer partial.
-  EXPECT_EQ(*storage().List(dir_), (std::vector<std::string>{"step-40", "step-50", "step-60"}));
-  absl::StatusOr<std::vector<CommittedCheckpoint>> committed = ListCommitted(storage(), dir_);
-  ASSERT_TRUE(committed.ok());
-  ASSERT_EQ(committed->size(), 2u);
-  EXPECT_EQ((*committed)[0].step, 50);
-  EXPECT_EQ((*committed)[1].step, 40);
-  EXPECT_TRUE(LoadAll(storage(), (*committed)[1].step_dir, (*committed)[1].manifest).ok());
-  // Idempotent; keep larger than what exists removes nothing.
-  EXPECT_TRUE(PruneOld(storage(), dir_, 2)->empty());
-  EXPECT_TRUE(PruneOld(storage(), dir_, 10)->empty());
-}
-
 TEST_P(StorageTest, RemoveStepDirsBelowRemovesOlderStepsCommittedOrNot) {
   const FlatState state = MakeFlatState(layout_.num_params(), 41);
   ASSERT_TRUE(SaveCheckpoint(storage(), dir_, layout_, 5, 2, 0, state, /*commit=*/false).ok());

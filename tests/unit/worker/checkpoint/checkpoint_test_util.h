@@ -129,8 +129,8 @@ inline ShardContents MakeShard(const model::ParamLayout& layout, int64_t step, i
   return c;
 }
 
-// What every rank and then the coordinator do to save step `step`: each rank
-// writes its shard, the coordinator writes the manifest once all succeeded.
+// What every rank and then rank 0 do to save step `step`: each rank writes
+// its shard, rank 0 writes the manifest once all succeeded.
 inline absl::Status SaveCheckpoint(CheckpointStorage& storage, const std::string& dir,
                                    const model::ParamLayout& layout, int64_t step, int world,
                                    int zero, const FlatState& state, bool commit = true) {
