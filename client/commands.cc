@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <iostream>
+#include <map>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -37,6 +39,39 @@ absl::Status Call(const GlobalFlags& g, Method method, const Req& req, Resp* res
   CoordinatorClient client(g.coordinator, g.timeout_ms);
   auto ctx = Ctx(g);
   return FromGrpcStatus((client.stub().*method)(ctx.get(), req, resp), what);
+}
+
+// Warns (Warn: stderr, JSON with -o json) when `job`'s checkpoint.dir is relative while the alive
+// workers resolve relative dirs against different checkpoint roots: its
+// ranks would then write to different places and recovery would not find
+// their checkpoints. Best effort: silent when the workers cannot be listed.
+void WarnOnSplitCheckpointRoots(const GlobalFlags& g, const v1::Job& job) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_yaml());
+  if (!spec.ok() || spec->checkpoint.dir.empty() || spec->checkpoint.dir.front() == '/') return;
+  v1::ListWorkersResponse resp;
+  if (!Call(g, &v1::Coordinator::Stub::ListWorkers, v1::ListWorkersRequest(), &resp, "ListWorkers")
+           .ok()) {
+    return;
+  }
+  std::map<std::string, std::vector<std::string>> by_root;  // root -> worker ids
+  for (const v1::WorkerInfo& w : resp.workers()) {
+    if (w.state() == v1::WORKER_STATE_ALIVE && !w.checkpoint_root().empty()) {
+      by_root[w.checkpoint_root()].push_back(w.worker_id());
+    }
+  }
+  if (by_root.size() < 2) return;
+  std::vector<std::string> groups;
+  for (const auto& [root, ids] : by_root) {
+    groups.push_back(absl::StrCat(absl::StrJoin(ids, ", "), ": ", root));
+  }
+  Warn(g, absl::StrCat("checkpoint.dir ", spec->checkpoint.dir,
+                       " is relative, and the alive workers resolve it against different "
+                       "checkpoint roots (",
+                       absl::StrJoin(groups, "; "),
+                       "). All ranks of a job must see one checkpoint.dir, or recovery cannot "
+                       "find their checkpoints: start the workers with one --checkpoint-root on "
+                       "a shared volume, or give an absolute checkpoint.dir that every worker "
+                       "mounts."));
 }
 
 absl::StatusOr<v1::Job> GetJob(const GlobalFlags& g, const std::string& id) {
@@ -98,6 +133,7 @@ int Submit(const GlobalFlags& g, const std::string& spec_path, const std::vector
   if (auto spec = ParseJobSpec(req.spec_yaml(), sets); spec.ok()) {
     if (std::string w = CheckpointDirWarning(*spec); !w.empty()) Warn(g, w);
   }
+  WarnOnSplitCheckpointRoots(g, resp.job());
   return wait ? Watch(g, resp.job().job_id()) : 0;
 }
 

@@ -2,7 +2,8 @@
 // on 127.0.0.1 (port 0). Issue acceptance: gang scheduling with distinct
 // ranks, kill -9 + restart keeps every acknowledged job, PENDING until enough
 // workers, DEAD within lease + 2 s, invalid specs refused by field with
-// nothing stored, /metrics accepted by promtool.
+// nothing stored, /metrics accepted by promtool, a warning when workers see
+// different checkpoint roots.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -186,6 +187,44 @@ TEST(ControlPlaneTest, PendingUntilEnoughWorkersAndDeadWithinLease) {
           std::regex(R"(ranks not arrived \(dead, hung or behind\): \[([0-9,]*)\])")) &&
       std::regex_search(missing[1].str(), std::regex(R"((^|,)2(,|$))"));
   EXPECT_TRUE(lease || peer) << st.out;
+}
+
+// Workers that resolve relative checkpoint dirs against different roots
+// cannot share a job's checkpoints: submit says so for a relative
+// checkpoint.dir (and still submits), not for an absolute one.
+TEST(ControlPlaneTest, SubmitWarnsWhenWorkersHaveDifferentCheckpointRoots) {
+  TempDir dir;
+  Coordinator c = StartCoordinator(dir.path(), 10'000);
+  ASSERT_GT(c.port, 0) << c.process.Log();
+  std::vector<Process> workers;
+  for (int i = 0; i < 2; ++i) {
+    workers.push_back(StartWorker(dir.path(), c.address(), i,
+                                  {"--checkpoint-root", dir.path() + "/root" + std::to_string(i)}));
+  }
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const std::string w = Cli({"workers", "-o", "json"}, c.address()).out;
+        return w.find(dir.path() + "/root0") != std::string::npos &&
+               w.find(dir.path() + "/root1") != std::string::npos;
+      },
+      seconds(10)))
+      << Cli({"workers", "-o", "json"}, c.address()).out;
+  // World 4 on 2 workers: the jobs stay PENDING, nothing trains.
+  CommandResult relative = Cli({"submit", kTinySpec, "--set", kData, "--set", "checkpoint.every=1",
+                                "--set", "checkpoint.dir=ckpt/t"},
+                               c.address());
+  EXPECT_EQ(relative.exit_code, 0) << relative.err;
+  EXPECT_EQ(Trim(relative.out).rfind("j-", 0), 0u) << relative.out;
+  EXPECT_NE(relative.err.find("warning: checkpoint.dir ckpt/t is relative"), std::string::npos)
+      << relative.err;
+  EXPECT_NE(relative.err.find(": " + dir.path() + "/root0"), std::string::npos) << relative.err;
+  EXPECT_NE(relative.err.find(": " + dir.path() + "/root1"), std::string::npos) << relative.err;
+  CommandResult absolute = Cli({"submit", kTinySpec, "--set", kData, "--set", "checkpoint.every=1",
+                                "--set", "checkpoint.dir=" + dir.path() + "/ckpt"},
+                               c.address());
+  EXPECT_EQ(absolute.exit_code, 0) << absolute.err;
+  EXPECT_EQ(absolute.err, "");
+  EXPECT_EQ(CountJobs(c.address()), 2);
 }
 
 TEST(ControlPlaneTest, InvalidSpecsAreRefusedNamingTheFieldAndNothingIsStored) {
