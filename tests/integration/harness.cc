@@ -16,11 +16,12 @@
 namespace shardtrain::testing {
 namespace {
 
-pid_t SpawnTo(const std::vector<std::string>& argv, const std::string& out,
-              const std::string& err) {
+pid_t SpawnTo(const std::vector<std::string>& argv, const std::string& out, const std::string& err,
+              const std::string& cwd = "") {
   pid_t pid = fork();
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
     int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     int e = err == out ? o : open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(o, 1);
@@ -45,8 +46,9 @@ std::string ReadAll(const std::string& path) {
 
 std::string SourceDir() { return SHARDTRAIN_SOURCE_DIR; }
 
-Process::Process(std::vector<std::string> argv, std::string log_path) : log_(std::move(log_path)) {
-  pid_ = SpawnTo(argv, log_, log_);
+Process::Process(std::vector<std::string> argv, std::string log_path, const std::string& cwd)
+    : log_(std::move(log_path)) {
+  pid_ = SpawnTo(argv, log_, log_, cwd);
 }
 Process::Process(Process&& o) noexcept : pid_(o.pid_), log_(std::move(o.log_)) { o.pid_ = -1; }
 Process& Process::operator=(Process&& o) noexcept {
@@ -130,14 +132,15 @@ bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeou
   return pred();
 }
 
-Coordinator StartCoordinator(const std::string& dir, int64_t lease_ms, const std::string& listen) {
+Coordinator StartCoordinator(const std::string& dir, int64_t lease_ms, const std::string& listen,
+                             const std::string& cwd) {
   Coordinator c;
   const std::string port_file = dir + "/coordinator.port";
   std::filesystem::remove(port_file);
   c.process = Process(
       {SHARDTRAIN_COORDINATOR_BIN, "--listen", listen, "--state-dir", dir + "/state", "--port-file",
        port_file, "--metrics-listen", "127.0.0.1:0", "--lease-ms", std::to_string(lease_ms)},
-      dir + "/coordinator.log");
+      dir + "/coordinator.log", cwd);
   WaitFor(
       [&] {
         std::ifstream in(port_file);
@@ -148,7 +151,7 @@ Coordinator StartCoordinator(const std::string& dir, int64_t lease_ms, const std
 }
 
 Process StartWorker(const std::string& dir, const std::string& coordinator, int index,
-                    const std::vector<std::string>& extra) {
+                    const std::vector<std::string>& extra, const std::string& cwd) {
   std::vector<std::string> argv = {SHARDTRAIN_WORKER_BIN,
                                    "--coordinator",
                                    coordinator,
@@ -157,7 +160,7 @@ Process StartWorker(const std::string& dir, const std::string& coordinator, int 
                                    "--threads",
                                    "1"};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  return Process(argv, dir + "/worker-" + std::to_string(index) + ".log");
+  return Process(argv, dir + "/worker-" + std::to_string(index) + ".log", cwd);
 }
 
 CommandResult Cli(const std::vector<std::string>& args, const std::string& coordinator) {

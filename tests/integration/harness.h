@@ -17,7 +17,9 @@ namespace shardtrain::testing {
 class Process {
  public:
   Process() = default;
-  Process(std::vector<std::string> argv, std::string log_path);
+  // Runs argv (stdout and stderr to `log_path`) in `cwd`, or in the test's
+  // working directory when it is empty.
+  Process(std::vector<std::string> argv, std::string log_path, const std::string& cwd = "");
   Process(Process&& o) noexcept;
   Process& operator=(Process&& o) noexcept;
   ~Process();
@@ -68,11 +70,13 @@ struct Coordinator {
 };
 
 // Starts shardtrain-coordinator on `listen` (default port 0) with its state
-// in `state_dir`, and waits for its port file.
+// in `state_dir`, and waits for its port file. `cwd`: its working directory
+// (default: the test's).
 Coordinator StartCoordinator(const std::string& dir, int64_t lease_ms,
-                             const std::string& listen = "127.0.0.1:0");
+                             const std::string& listen = "127.0.0.1:0",
+                             const std::string& cwd = "");
 Process StartWorker(const std::string& dir, const std::string& coordinator, int index,
-                    const std::vector<std::string>& extra = {});
+                    const std::vector<std::string>& extra = {}, const std::string& cwd = "");
 // Runs `shardtrain ARGS... --coordinator ADDR` (when `coordinator` is set).
 CommandResult Cli(const std::vector<std::string>& args, const std::string& coordinator = "");
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -165,6 +166,99 @@ TEST_F(ClusterTest, KilledRankRecoversFromTheLastCommitAndMatchesAnUninterrupted
     EXPECT_LE(rel, 1e-6) << "step " << s + 1;
   }
   std::cout << "max relative loss difference after recovery: " << worst << std::endl;
+}
+
+// Issue #17: the coordinator and the workers share no filesystem. The
+// coordinator runs in a directory of its own; workers 0-2 run in the shared
+// volume's directory (their default checkpoint root), workers 3-4 elsewhere
+// with --checkpoint-root pointing at it. Every rank resolves the relative
+// checkpoint.dir on the volume: a SIGKILLed rank recovers from the last
+// commit and the losses match an uninterrupted run, keep: 2 leaves exactly
+// two step directories, and the coordinator's directory holds nothing.
+TEST_F(ClusterTest, CheckpointsLiveOnTheWorkersVolumeAloneAndRecoveryFindsThem) {
+  namespace fs = std::filesystem;
+  const std::vector<std::string> sets = {"steps=40", "checkpoint.every=10", "checkpoint.keep=2",
+                                         "optimizer.lr=1e-3"};
+  CommandResult straight = RunLocal(sets, dir_.path() + "/straight");
+  ASSERT_EQ(straight.exit_code, 0) << straight.out << straight.err;
+  const std::vector<double> expected = Losses(straight.out);
+  ASSERT_EQ(expected.size(), 40u);
+
+  const std::string coordinator_cwd = dir_.path() + "/coordinator-cwd";
+  const std::string volume = dir_.path() + "/volume";
+  const std::string elsewhere = dir_.path() + "/elsewhere";
+  for (const std::string& d : {coordinator_cwd, volume, elsewhere}) fs::create_directories(d);
+  c_ = StartCoordinator(dir_.path(), /*lease_ms=*/2000, "127.0.0.1:0", coordinator_cwd);
+  ASSERT_GT(c_.port, 0) << c_.process.Log();
+  for (int i = 0; i < 5; ++i) {  // 5 workers for a job of 4: one spare
+    workers_.push_back(i < 3 ? StartWorker(dir_.path(), c_.address(), i, {}, volume)
+                             : StartWorker(dir_.path(), c_.address(), i,
+                                           {"--checkpoint-root", volume}, elsewhere));
+  }
+  std::vector<std::string> args = {
+      "submit", kDdpSpec, "--set", "data.train=" + kData, "--set", "checkpoint.dir=ckpt/split"};
+  for (const std::string& set : sets) args.insert(args.end(), {"--set", set});
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const std::string w = Cli({"workers", "-o", "json"}, c_.address()).out;
+        return std::count(w.begin(), w.end(), '{') >= 6;  // the list and 5 workers
+      },
+      seconds(20)));
+  CommandResult sub = Cli(args, c_.address());
+  ASSERT_EQ(sub.exit_code, 0) << sub.err;
+  EXPECT_EQ(sub.err.find("warning"), std::string::npos) << sub.err;  // one root: nothing to say
+  std::string job = sub.out;
+  while (!job.empty() && job.back() == '\n') job.pop_back();
+
+  ASSERT_TRUE(WaitFor([&] { return Step(job) >= 22; }, seconds(120))) << Status(job);
+  ASSERT_FALSE(KillRank(job, 2).empty()) << Status(job);
+  ASSERT_TRUE(WaitFor([&] { return State(job) == "SUCCEEDED"; }, seconds(180))) << Status(job);
+  const std::string done = Status(job);
+  EXPECT_NE(done.find("\"restarts\": 1"), std::string::npos) << done;
+  EXPECT_EQ(Field(done, "output"), volume + "/ckpt/split/final.weights") << done;
+  CommandResult watch = Cli({"watch", job}, c_.address());
+  EXPECT_NE(watch.out.find("resuming from committed step 20"), std::string::npos) << watch.out;
+
+  const std::vector<double> got = Losses(Cli({"history", job, "-o", "json"}, c_.address()).out);
+  ASSERT_EQ(got.size(), 40u);
+  double worst = 0;
+  for (int s = 0; s < 40; ++s) {
+    const double rel = std::abs(got[s] - expected[s]) / std::abs(expected[s]);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, 1e-6) << "step " << s + 1;
+  }
+  std::cout << "separate coordinator and worker directories: max relative loss difference "
+               "after recovery "
+            << worst << std::endl;
+
+  // The record: the two newest commits, named as the spec names them.
+  CommandResult ckpts = Cli({"checkpoints", job, "-o", "json"}, c_.address());
+  std::cout << ckpts.out;
+  EXPECT_NE(ckpts.out.find("\"step\": 30, \"dir\": \"ckpt/split/step-30\""), std::string::npos)
+      << ckpts.out;
+  EXPECT_NE(ckpts.out.find("\"step\": 20, \"dir\": \"ckpt/split/step-20\""), std::string::npos)
+      << ckpts.out;
+  EXPECT_EQ(ckpts.out.find("step-10"), std::string::npos) << ckpts.out;
+  // The volume: exactly keep = 2 step directories and the final weights; the
+  // newest commit verifies.
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(volume + "/ckpt/split")) {
+    left.push_back(e.path().filename());
+  }
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"final.weights", "step-20", "step-30"}));
+  checkpoint::FileCheckpointStorage storage;
+  auto manifest = checkpoint::ReadManifest(storage, volume + "/ckpt/split/step-30/manifest.txt");
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->world, 4);
+  EXPECT_TRUE(checkpoint::VerifyShards(storage, volume + "/ckpt/split/step-30", *manifest).ok());
+  // No checkpoint file anywhere else: not where the coordinator runs, not in
+  // the other workers' working directory.
+  std::vector<std::string> stray;
+  for (const std::string& d : {coordinator_cwd, elsewhere}) {
+    for (const auto& e : fs::recursive_directory_iterator(d)) stray.push_back(e.path());
+  }
+  EXPECT_TRUE(stray.empty()) << stray.front();
 }
 
 // kill -9 of the coordinator at random points, 5 times, while one job trains
