@@ -30,8 +30,8 @@ namespace si = spec_internal;  // enum spellings and number format, shared with 
 // Schema: the keys each level of the document may hold.
 
 const std::vector<absl::string_view> kTopKeys = {
-    "name",  "model",      "data", "batch",     "parallel",     "precision", "optimizer",
-    "steps", "checkpoint", "seed", "resources", "max_restarts", "timeouts"};
+    "name",  "model",      "data", "batch", "parallel",  "precision",    "optimizer",
+    "steps", "checkpoint", "eval", "seed",  "resources", "max_restarts", "timeouts"};
 const std::vector<absl::string_view> kModelKeys = {"preset", "layers",  "heads",
                                                    "dim",    "context", "vocab"};
 const std::vector<absl::string_view> kDataKeys = {"train", "val", "format", "tokenizer"};
@@ -42,6 +42,7 @@ const std::vector<absl::string_view> kOptimizerKeys = {"name",         "lr",    
                                                        "betas",        "eps",      "weight_decay",
                                                        "warmup_steps", "schedule", "grad_clip"};
 const std::vector<absl::string_view> kCheckpointKeys = {"every", "dir", "keep"};
+const std::vector<absl::string_view> kEvalKeys = {"every", "batches"};
 const std::vector<absl::string_view> kResourcesKeys = {"device", "min_workers", "max_workers"};
 const std::vector<absl::string_view> kTimeoutsKeys = {"collective_s"};
 
@@ -53,6 +54,7 @@ const std::vector<absl::string_view>* SectionKeys(absl::string_view key) {
   if (key == "parallel") return &kParallelKeys;
   if (key == "optimizer") return &kOptimizerKeys;
   if (key == "checkpoint") return &kCheckpointKeys;
+  if (key == "eval") return &kEvalKeys;
   if (key == "resources") return &kResourcesKeys;
   if (key == "timeouts") return &kTimeoutsKeys;
   return nullptr;
@@ -462,6 +464,16 @@ absl::Status ParseCheckpoint(const Node& root, CheckpointSpec* c) {
   return absl::OkStatus();
 }
 
+absl::Status ParseEval(const Node& root, const DataSpec& data, EvalSpec* e) {
+  SHARDTRAIN_ASSIGN_OR_RETURN(Node n, Section(root, "eval"));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "eval", "every", 0, &e->every));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "eval", "batches", 1, &e->batches));
+  if (e->every > 0 && data.val.empty()) {
+    return FieldError("data.val", "required when eval.every > 0 (every: ", e->every, ")");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseResources(const Node& root, const ParallelSpec& par, ResourcesSpec* r) {
   SHARDTRAIN_ASSIGN_OR_RETURN(Node n, Section(root, "resources"));
   SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "resources", "device", si::kDevices, &r->device));
@@ -505,6 +517,7 @@ absl::Status ParseAll(const Node& root, JobSpec* spec) {
   SHARDTRAIN_RETURN_IF_ERROR(Require(root, "", "steps"));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(root, "", "steps", 1, &spec->steps));
   SHARDTRAIN_RETURN_IF_ERROR(ParseCheckpoint(root, &spec->checkpoint));
+  SHARDTRAIN_RETURN_IF_ERROR(ParseEval(root, spec->data, &spec->eval));
   if (Present(root, "seed")) {
     SHARDTRAIN_ASSIGN_OR_RETURN(int64_t seed, ParseInt(root["seed"], "seed"));
     if (seed < 0) return FieldError("seed", "must be >= 0, got ", seed);

@@ -61,7 +61,7 @@ struct ModelSpec {
 
 struct DataSpec {
   std::string train;  // required: a path as the workers see it
-  std::string val;    // optional ("" = none)
+  std::string val;    // optional ("" = none): validation data for eval, same format
   DataFormat format = DataFormat::kText;
   // Default: byte for text, gpt2 for llmc. Text data needs the byte tokenizer;
   // gpt2 is accepted only with llmc (its token files are pre-tokenized).
@@ -103,6 +103,17 @@ struct CheckpointSpec {
   int keep = 3;     // committed checkpoints kept, >= 1
 };
 
+// Validation loss: every `every` steps, and after the last step, the job
+// evaluates a fixed set of eval.batches × batch.global validation windows of
+// batch.seq_len tokens from data.val, forward only: each data-parallel
+// replica its 1/dp share, in micro-batches. Counted in global batches, the
+// set is the same whatever dp and batch.micro (as a step's batch is), so the
+// job's val_loss, their mean token loss, is too (worker/trainer.h).
+struct EvalSpec {
+  int every = 0;    // steps between evaluations, >= 0 (0 = never); > 0 requires data.val
+  int batches = 2;  // batches of batch.global sequences per evaluation, >= 1
+};
+
 struct ResourcesSpec {
   DeviceKind device = DeviceKind::kCpu;
   int min_workers = 0;  // default World(); 1 <= min_workers <= World()
@@ -123,6 +134,7 @@ struct JobSpec {
   OptimizerSpec optimizer;
   int steps = 0;  // required, > 0
   CheckpointSpec checkpoint;
+  EvalSpec eval;
   uint64_t seed = 1337;
   ResourcesSpec resources;
   int max_restarts = 3;  // recoveries before the job fails, >= 0
@@ -144,6 +156,7 @@ bool operator==(const BatchSpec& a, const BatchSpec& b);
 bool operator==(const ParallelSpec& a, const ParallelSpec& b);
 bool operator==(const OptimizerSpec& a, const OptimizerSpec& b);
 bool operator==(const CheckpointSpec& a, const CheckpointSpec& b);
+bool operator==(const EvalSpec& a, const EvalSpec& b);
 bool operator==(const ResourcesSpec& a, const ResourcesSpec& b);
 bool operator==(const TimeoutsSpec& a, const TimeoutsSpec& b);
 bool operator==(const JobSpec& a, const JobSpec& b);

@@ -62,6 +62,9 @@ bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
 bool operator==(const CheckpointSpec& a, const CheckpointSpec& b) {
   return std::tie(a.every, a.dir, a.keep) == std::tie(b.every, b.dir, b.keep);
 }
+bool operator==(const EvalSpec& a, const EvalSpec& b) {
+  return std::tie(a.every, a.batches) == std::tie(b.every, b.batches);
+}
 bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) {
   return std::tie(a.device, a.min_workers, a.max_workers) ==
          std::tie(b.device, b.min_workers, b.max_workers);
@@ -71,9 +74,9 @@ bool operator==(const TimeoutsSpec& a, const TimeoutsSpec& b) {
 }
 bool operator==(const JobSpec& a, const JobSpec& b) {
   return std::tie(a.name, a.model, a.data, a.batch, a.parallel, a.precision, a.optimizer, a.steps,
-                  a.checkpoint, a.seed, a.resources, a.max_restarts, a.timeouts) ==
+                  a.checkpoint, a.eval, a.seed, a.resources, a.max_restarts, a.timeouts) ==
          std::tie(b.name, b.model, b.data, b.batch, b.parallel, b.precision, b.optimizer, b.steps,
-                  b.checkpoint, b.seed, b.resources, b.max_restarts, b.timeouts);
+                  b.checkpoint, b.eval, b.seed, b.resources, b.max_restarts, b.timeouts);
 }
 
 std::string JobSpecToYaml(const JobSpec& s) {
@@ -139,6 +142,11 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "every" << YAML::Value << s.checkpoint.every;
   out << YAML::Key << "dir" << YAML::Value << s.checkpoint.dir;
   out << YAML::Key << "keep" << YAML::Value << s.checkpoint.keep;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "eval" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "every" << YAML::Value << s.eval.every;
+  out << YAML::Key << "batches" << YAML::Value << s.eval.batches;
   out << YAML::EndMap;
 
   out << YAML::Key << "seed" << YAML::Value << std::to_string(s.seed);

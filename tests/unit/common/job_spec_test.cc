@@ -100,6 +100,8 @@ TEST(JobSpecTest, MinimalSpecGetsDefaults) {
   EXPECT_EQ(spec->checkpoint.every, 0);
   EXPECT_EQ(spec->checkpoint.dir, "");
   EXPECT_EQ(spec->checkpoint.keep, 3);
+  EXPECT_EQ(spec->eval.every, 0);  // no validation loss unless asked for
+  EXPECT_EQ(spec->eval.batches, 2);
   EXPECT_EQ(spec->seed, 1337u);
   EXPECT_EQ(spec->resources.device, DeviceKind::kCpu);
   EXPECT_EQ(spec->resources.min_workers, 1);
@@ -228,6 +230,7 @@ optimizer: {name: adamw, lr: 0.0007, min_lr: 1.2345678901234567e-5, betas: [0.8,
             eps: 1e-6, weight_decay: 0.01, warmup_steps: 13, schedule: linear, grad_clip: 0}
 steps: 77
 checkpoint: {every: 5, dir: "/tmp/ck pt", keep: 1}
+eval: {every: 11, batches: 3}
 seed: 18446744073
 resources: {device: cuda, min_workers: 8, max_workers: 32}
 max_restarts: 0
@@ -243,6 +246,8 @@ timeouts: {collective_s: 5}
   EXPECT_DOUBLE_EQ(spec->optimizer.grad_clip, 0.0);
   EXPECT_EQ(spec->optimizer.betas, (std::vector<double>{0.8, 0.999}));
   EXPECT_EQ(spec->seed, 18446744073u);
+  EXPECT_EQ(spec->eval.every, 11);
+  EXPECT_EQ(spec->eval.batches, 3);
   EXPECT_EQ(spec->World(), 16);
   EXPECT_EQ(spec->Split()->accum, 12);
   ExpectRoundTrip(text, "every field");
@@ -282,6 +287,29 @@ TEST(JobSpecTest, OverridesApplyBeforeValidation) {
   EXPECT_EQ(broken.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(broken.status().message().rfind("parallel.tp: 3 does not divide model.heads: 2", 0), 0u)
       << broken.status();
+}
+
+TEST(JobSpecTest, EvalNeedsValidationData) {
+  auto spec = ParseJobSpec(Make({{"data", "{train: d.txt, val: v.txt}"}, {"eval", "{every: 5}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data.val, "v.txt");
+  EXPECT_EQ(spec->eval.every, 5);
+  EXPECT_EQ(spec->eval.batches, 2);
+  // data.val with eval.every 0 is allowed (nothing evaluates), and so is
+  // eval.every 0 without data.val.
+  auto off = ParseJobSpec(
+      Make({{"data", "{train: d.txt, val: v.txt}"}, {"eval", "{every: 0, batches: 5}"}}));
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->eval.batches, 5);
+  EXPECT_TRUE(ParseJobSpec(Make({{"eval", "{every: 0}"}})).ok());
+  auto set = ParseJobSpec(Make(), {"data.val=v.txt", "eval.every=4", "eval.batches=1"});
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->eval.every, 4);
+  EXPECT_EQ(set->eval.batches, 1);
+  ExpectRoundTrip(JobSpecToYaml(*set), "eval overrides");
+  EXPECT_NE(JobSpecToYaml(*set).find("eval:\n  every: 4\n  batches: 1\n"), std::string::npos)
+      << JobSpecToYaml(*set);
+  EXPECT_FALSE(*set == *off);
 }
 
 struct BadOverride {
@@ -399,6 +427,18 @@ TEST(JobSpecTest, BadSpecsNameTheirField) {
        "data.format: expected one of text, llmc, got \"csv\""},
       {"checkpoint every without dir", Make({{"checkpoint", "{every: 10}"}}),
        "checkpoint.dir: required when checkpoint.every > 0"},
+      {"eval every without val", Make({{"eval", "{every: 20}"}}),
+       "data.val: required when eval.every > 0 (every: 20)"},
+      {"eval every without val, by override",
+       Make({{"data", "{train: d.txt, val: \"\"}"}}) + "eval: {every: 3}\n",
+       "data.val: required when eval.every > 0 (every: 3)"},
+      {"eval every negative", Make({{"eval", "{every: -1}"}}), "eval.every: must be >= 0, got -1"},
+      {"eval batches 0", Make({{"eval", "{batches: 0}"}}), "eval.batches: must be >= 1, got 0"},
+      {"eval batches fractional", Make({{"eval", "{batches: 2.5}"}}),
+       "eval.batches: expected an integer, got \"2.5\""},
+      {"unknown eval key", Make({{"eval", "{evry: 5}"}}),
+       "eval.evry: unknown key (did you mean every?)"},
+      {"eval not a map", Make({{"eval", "10"}}), "eval: expected a map of fields, got \"10\""},
       {"checkpoint keep 0", Make({{"checkpoint", "{keep: 0}"}}),
        "checkpoint.keep: must be >= 1, got 0"},
       {"negative weight decay", Make({{"optimizer", "{weight_decay: -0.1}"}}),
