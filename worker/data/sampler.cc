@@ -54,4 +54,44 @@ absl::Status BatchSampler::Fill(int64_t step, int micro, int rank, int world, in
   return absl::OkStatus();
 }
 
+absl::StatusOr<EvalSampler> EvalSampler::Create(const std::vector<uint16_t>* tokens, int64_t count,
+                                                int T) {
+  if (tokens == nullptr) return absl::InvalidArgumentError("eval sampler: no tokens");
+  if (T < 1) return absl::InvalidArgumentError(absl::StrCat("batch.seq_len must be >= 1, got ", T));
+  if (count < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("eval: ", count, " windows, need at least 1"));
+  }
+  if (static_cast<int64_t>(tokens->size()) < int64_t{T} + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("validation data has ", tokens->size(),
+                                                   " tokens, need at least seq_len + 1 = ", T + 1));
+  }
+  return EvalSampler(tokens, count, T);
+}
+
+std::pair<int64_t, int64_t> EvalSampler::Share(int64_t count, int rank, int world) {
+  return {count * rank / world, count * (rank + 1) / world};
+}
+
+int64_t EvalSampler::Start(int64_t index) const {
+  if (count_ == 1) return 0;
+  const auto last_start = static_cast<unsigned __int128>(tokens_->size() - T_ - 1);
+  return static_cast<int64_t>(last_start * static_cast<uint64_t>(index) /
+                              static_cast<uint64_t>(count_ - 1));
+}
+
+absl::Status EvalSampler::Fill(int64_t first, int b, int* inputs, int* targets) const {
+  if (b < 1 || first < 0 || first + b > count_) {
+    return absl::InvalidArgumentError(absl::StrCat("eval sampler: windows [", first, ", ",
+                                                   first + b, ") outside [0, ", count_, ")"));
+  }
+  for (int i = 0; i < b; ++i) {
+    const uint16_t* w = tokens_->data() + Start(first + i);
+    for (int t = 0; t < T_; ++t) {
+      inputs[int64_t{i} * T_ + t] = w[t];
+      targets[int64_t{i} * T_ + t] = w[t + 1];
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace shardtrain::data

@@ -200,5 +200,74 @@ TEST(SamplerTest, UnionOverRanksIsWorldSizeIndependent) {
             absl::StatusCode::kInvalidArgument);  // rank out of range
 }
 
+// Validation windows are spread evenly: the first starts at token 0, the last
+// ends at the last token, and the starts do not depend on anything but
+// (n, count, T).
+TEST(EvalSamplerTest, WindowsSpanTheDataEvenly) {
+  std::vector<uint16_t> tokens(1000);
+  for (int i = 0; i < 1000; ++i) tokens[i] = static_cast<uint16_t>((i * 31) % 256);
+  auto s = EvalSampler::Create(&tokens, 5, 16);
+  ASSERT_TRUE(s.ok()) << s.status();
+  // Last start n - T - 1 = 983; starts j * 983 / 4.
+  const std::vector<int64_t> want = {0, 245, 491, 737, 983};
+  for (int j = 0; j < 5; ++j) EXPECT_EQ(s->Start(j), want[j]) << "window " << j;
+  std::vector<int> in(2 * 16), tg(2 * 16);
+  ASSERT_TRUE(s->Fill(3, 2, in.data(), tg.data()).ok());
+  for (int b = 0; b < 2; ++b) {
+    for (int t = 0; t < 16; ++t) {
+      EXPECT_EQ(in[b * 16 + t], tokens[want[3 + b] + t]);
+      EXPECT_EQ(tg[b * 16 + t], tokens[want[3 + b] + t + 1]);
+    }
+  }
+  EXPECT_EQ(tg.back(), tokens.back());  // the last window ends at the last token
+  auto one = EvalSampler::Create(&tokens, 1, 16);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->Start(0), 0);
+  // Errors: a range outside the windows, too little data, no windows.
+  EXPECT_EQ(s->Fill(4, 2, in.data(), tg.data()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->Fill(-1, 1, in.data(), tg.data()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->Fill(0, 0, in.data(), tg.data()).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<uint16_t> short_data(16, 1);
+  EXPECT_EQ(EvalSampler::Create(&short_data, 4, 16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EvalSampler::Create(&tokens, 0, 16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// The replicas' shares, each filled in micro-batches of up to B windows and
+// put together in rank order, are the 1-rank set of windows for every world
+// size (dividing the count or not), and shares differ by at most one window.
+TEST(EvalSamplerTest, UnionOverReplicasIsWorldSizeIndependent) {
+  std::vector<uint16_t> tokens(3000);
+  for (int i = 0; i < 3000; ++i) tokens[i] = static_cast<uint16_t>((i * 7919) % 50257);
+  const int T = 8;
+  for (int64_t count : {1, 5, 12, 13}) {
+    auto s = EvalSampler::Create(&tokens, count, T);
+    ASSERT_TRUE(s.ok());
+    std::vector<int> ref_in(count * T), ref_tg(count * T);
+    ASSERT_TRUE(s->Fill(0, static_cast<int>(count), ref_in.data(), ref_tg.data()).ok());
+    for (int world : {1, 2, 3, 4, 5}) {
+      for (int B : {1, 2, 4}) {
+        std::vector<int> all_in, all_tg, in(B * T), tg(B * T);
+        int64_t smallest = count, largest = 0;
+        for (int r = 0; r < world; ++r) {
+          const auto [first, last] = EvalSampler::Share(count, r, world);
+          smallest = std::min(smallest, last - first);
+          largest = std::max(largest, last - first);
+          for (int64_t at = first; at < last; at += B) {
+            const int b = static_cast<int>(std::min<int64_t>(B, last - at));
+            ASSERT_TRUE(s->Fill(at, b, in.data(), tg.data()).ok());
+            all_in.insert(all_in.end(), in.begin(), in.begin() + b * T);
+            all_tg.insert(all_tg.end(), tg.begin(), tg.begin() + b * T);
+          }
+        }
+        EXPECT_EQ(all_in, ref_in) << "count " << count << " world " << world << " B " << B;
+        EXPECT_EQ(all_tg, ref_tg) << "count " << count << " world " << world << " B " << B;
+        EXPECT_LE(largest - smallest, 1) << "count " << count << " world " << world;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardtrain::data
