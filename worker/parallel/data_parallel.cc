@@ -1,5 +1,8 @@
 #include "worker/parallel/data_parallel.h"
 
+#include <cstring>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "worker/parallel/ddp.h"
 #include "worker/parallel/zero.h"
@@ -14,6 +17,25 @@ absl::Status CheckHostFp32(engine::Engine& engine, const char* who) {
         std::string(EnumName(p.device)), " (GPU data parallelism arrives with the GPU engine)"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<double> SumOverGroup(comm::Communicator* comm, double local) {
+  static_assert(sizeof(double) == 2 * sizeof(float));
+  if (comm == nullptr || comm->size() == 1) return local;
+  // AllGather moves fp32 bytes unchanged, so the doubles arrive bit-exact.
+  float mine[2];
+  std::memcpy(mine, &local, sizeof(local));
+  std::vector<float> all(2 * size_t(comm->size()));
+  if (absl::Status s = comm->AllGather(mine, all.data(), 2, comm::DataType::kFloat32); !s.ok()) {
+    return s;
+  }
+  double total = 0;
+  for (int r = 0; r < comm->size(); ++r) {
+    double v;
+    std::memcpy(&v, &all[2 * size_t(r)], sizeof(v));
+    total += v;
+  }
+  return total;
 }
 
 absl::StatusOr<std::unique_ptr<DataParallel>> MakeDataParallel(const ParallelSpec& parallel,

@@ -13,7 +13,16 @@
 //   Step(lr, max_norm)            the mean gradient over dp, clipping by the
 //                                 global norm, AdamW, parameters made whole
 //
-// Collective: every rank of the group runs the same micro-batches and steps.
+// and, between steps, forward-only passes (the validation loss):
+//
+//   BeginEval()                   installs what forwards need (ZeRO-3: the
+//                                 gathering hook, in forward order only)
+//   engine.Forward ...            any number, each with targets; no Backward
+//   EndEval(loss_sum)             releases what the passes gathered and sums
+//                                 loss_sum over the dp group
+//
+// Collective: every rank of the group runs the same micro-batches and steps,
+// and the same number of forwards between BeginEval and EndEval.
 // Not thread-safe: one caller; the engine's hooks run on the caller's thread.
 #ifndef SHARDTRAIN_WORKER_PARALLEL_DATA_PARALLEL_H_
 #define SHARDTRAIN_WORKER_PARALLEL_DATA_PARALLEL_H_
@@ -74,6 +83,15 @@ class DataParallel {
   // After the last EndMicroBatch of a step.
   virtual absl::StatusOr<StepStats> Step(float lr, float max_norm) = 0;
 
+  // Brackets forward-only passes between steps (not within one): they read
+  // the current parameters and touch no gradient, optimizer state or step
+  // statistic (their traffic is not counted in the next Step's comm_bytes).
+  // EndEval returns the sum of `loss_sum` over the dp group, identical on
+  // every rank (rank order, bit-exact doubles), or the first communication
+  // error of the passes. Collective.
+  virtual void BeginEval() = 0;
+  virtual absl::StatusOr<double> EndEval(double loss_sum) = 0;
+
   // Makes the engine's parameter buffer hold the whole, current parameters
   // on every rank (for exporting weights). Collective where parameters are
   // sharded.
@@ -102,6 +120,11 @@ class DataParallel {
   // buffers; off by default (it costs a syscall per use).
   virtual void set_measure(bool on) = 0;
 };
+
+// The sum of `local` over the ranks of `comm` (null: local alone), added in
+// rank order from bit-exact copies, so every rank gets the same double.
+// Collective.
+absl::StatusOr<double> SumOverGroup(comm::Communicator* comm, double local);
 
 // OK when the engine's parameters are host fp32, which DDP and ZeRO step on
 // the host today; UNIMPLEMENTED naming `who` and the engine's type and device

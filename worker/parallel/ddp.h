@@ -8,6 +8,9 @@
 // gradient), clips by the global norm and steps AdamW — identically on
 // every rank.
 //
+// Evaluation needs nothing of it: every rank holds the whole model, so a
+// forward-only pass just runs; EndEval sums the losses over dp.
+//
 // Checkpoints: a rank writes the dp-th even split of the flat buffer
 // (checkpoint::EvenSplit) and reads everything back (it holds all).
 //
@@ -38,6 +41,8 @@ class Ddp final : public DataParallel {
   void BeginMicroBatch(int micro, int accum) override;
   absl::Status EndMicroBatch() override;
   absl::StatusOr<StepStats> Step(float lr, float max_norm) override;
+  void BeginEval() override {}
+  absl::StatusOr<double> EndEval(double loss_sum) override { return SumOverGroup(comm_, loss_sum); }
   absl::Status GatherWholeModel() override { return absl::OkStatus(); }
 
   FlatRanges SaveRanges() const override;

@@ -170,13 +170,41 @@ absl::Status Zero::EndMicroBatch() {
   return status_;
 }
 
+void Zero::BeginEval() {
+  eval_ = true;
+  cursor_ = 0;
+  comm_bytes_eval_ = comm_bytes_;
+  if (options_.stage < 3) return;
+  for (Unit& u : units_) {  // after GatherWholeModel
+    if (u.state != Unit::State::kReleased) ReleaseParams(u);
+  }
+  engine_->set_param_hook([this](int unit, bool begin) { OnParamUse(unit, begin); });
+}
+
+absl::StatusOr<double> Zero::EndEval(double loss_sum) {
+  engine_->set_param_hook(nullptr);
+  for (Unit& u : units_) {
+    if (options_.stage == 3 && u.state != Unit::State::kReleased) ReleaseParams(u);
+  }
+  eval_ = false;
+  cursor_ = 0;
+  if (!status_.ok()) return status_;
+  absl::StatusOr<double> total = SumOverRanks(loss_sum);
+  comm_bytes_ = comm_bytes_eval_;
+  return total;
+}
+
 void Zero::OnParamUse(int unit, bool begin) {
-  if (cursor_ >= uses_.size() || uses_[cursor_] != unit) {
-    std::fprintf(stderr, "Zero: unit %d used out of the expected order (use %zu)\n", unit, cursor_);
+  // Evaluation repeats the forward part of the use order, pass after pass.
+  const size_t uses = eval_ ? forward_uses_ : uses_.size();
+  if (cursor_ >= uses || uses_[cursor_] != unit) {
+    std::fprintf(stderr, "Zero: unit %d used out of the expected order (use %zu%s)\n", unit,
+                 cursor_, eval_ ? " of a forward-only pass" : "");
     std::abort();
   }
   Unit& u = units_[unit];
-  const int next = cursor_ + 1 < uses_.size() ? uses_[cursor_ + 1] : -1;
+  const size_t after = eval_ && cursor_ + 1 == uses ? 0 : cursor_ + 1;
+  const int next = after < uses ? uses_[after] : -1;
   if (begin) {
     if (u.state == Unit::State::kReleased) Gather(u);
     WaitGathered(u);
@@ -191,9 +219,10 @@ void Zero::OnParamUse(int unit, bool begin) {
     if (next >= 0) WaitGathered(units_[next]);
     Sample();
   }
-  const bool keep = next == unit || (!options_.reshard_after_forward && cursor_ < forward_uses_);
+  const bool keep =
+      next == unit || (!eval_ && !options_.reshard_after_forward && cursor_ < forward_uses_);
   if (!keep) ReleaseParams(u);
-  ++cursor_;
+  cursor_ = after;
 }
 
 void Zero::Gather(Unit& u) {

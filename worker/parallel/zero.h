@@ -25,6 +25,13 @@
 //            stay gathered until their backward (ZeRO-2's parameter memory,
 //            one all-gather per micro-batch instead of two). Gradients as
 //            stage 2. Step updates the shards only.
+//   eval     (BeginEval/EndEval: forward-only passes between steps) stage 3
+//            gathers each unit for its uses in the forward part of the use
+//            order, pass after pass (prefetching the next as in training),
+//            and releases it after, keeping it only when the next use is the
+//            same unit (the LM head's embeddings stay for the next pass's
+//            encoder); EndEval releases the rest. No gradient is reduced.
+//            Stages 1-2 hold the whole parameters: nothing to gather.
 //   offload  (offload_optimizer) the optimizer state and step live in host
 //            memory. On a CPU worker that is where they are anyway: the
 //            option changes only the accounting (memory().host_bytes), the
@@ -110,6 +117,13 @@ class Zero final : public DataParallel {
   // all-gather of the updated params. The norm before clipping is identical
   // on every rank; comm_ms is the whole step's time when dp > 1.
   absl::StatusOr<StepStats> Step(float lr, float max_norm) override;
+
+  // Forward-only passes between steps (see the header comment, eval).
+  // EndEval returns the sum of loss_sum over dp, or the first communication
+  // error of the passes; the passes' traffic is not counted in Step's
+  // comm_bytes.
+  void BeginEval() override;
+  absl::StatusOr<double> EndEval(double loss_sum) override;
 
   // Makes the engine's parameter buffer hold the whole, current parameters on
   // every rank (stage 3 all-gathers every unit; 1-2 hold them already), for
@@ -214,6 +228,8 @@ class Zero final : public DataParallel {
   std::vector<int> uses_;  // the order of Engine::set_param_hook calls of one micro-batch
   size_t forward_uses_ = 0;
   size_t cursor_ = 0;
+  bool eval_ = false;            // between BeginEval and EndEval: forward uses only
+  int64_t comm_bytes_eval_ = 0;  // comm_bytes_ at BeginEval
   int micro_ = 0;
   std::deque<Reduction> reductions_;
   absl::Status status_;

@@ -81,6 +81,12 @@ class FakeStrategy final : public parallel::DataParallel {
     if (!step_status.ok()) return step_status;
     return stats;
   }
+  void BeginEval() override { calls_->push_back("eval begin"); }
+  absl::StatusOr<double> EndEval(double loss_sum) override {
+    calls_->push_back(absl::StrCat("eval end ", loss_sum));
+    if (!eval_status.ok()) return eval_status;
+    return loss_sum * eval_replicas;  // as if every replica had this sum
+  }
   absl::Status GatherWholeModel() override { return absl::OkStatus(); }
   parallel::FlatRanges SaveRanges() const override { return {{2, 5}, {9, 10}}; }
   std::vector<float> SaveParams() const override { return {1, 2, 3, 4}; }
@@ -104,7 +110,8 @@ class FakeStrategy final : public parallel::DataParallel {
   void set_measure(bool on) override { measure = on; }
 
   parallel::StepStats stats;
-  absl::Status end_status, step_status;
+  absl::Status end_status, step_status, eval_status;
+  double eval_replicas = 1;
   bool measure = false;
 
  private:
