@@ -47,7 +47,24 @@ optim::AdamWOptions AdamWOptionsOf(const OptimizerSpec& o) {
   return a;
 }
 
+// A token file of the spec's format, its errors prefixed with `field`.
+absl::StatusOr<std::vector<uint16_t>> LoadData(const JobSpec& spec, const char* field,
+                                               const std::string& path) {
+  const auto format =
+      spec.data.format == DataFormat::kLlmc ? data::TokenFormat::kLlmc : data::TokenFormat::kText;
+  auto tokens = data::LoadTokens(path, format, spec.model.vocab, spec.batch.seq_len + 1);
+  if (!tokens.ok()) {
+    return absl::Status(tokens.status().code(),
+                        absl::StrCat(field, ": ", tokens.status().message()));
+  }
+  return tokens;
+}
+
 }  // namespace
+
+bool EvalDue(const JobSpec& spec, int64_t step) {
+  return spec.eval.every > 0 && (step % spec.eval.every == 0 || step == spec.steps);
+}
 
 std::string FinalWeightsPath(const JobSpec& spec) {
   return spec.checkpoint.dir.empty() ? "" : spec.checkpoint.dir + "/final.weights";
@@ -62,12 +79,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   auto config = model::MakeGptConfig(spec.model.layers, spec.model.heads, spec.model.dim,
                                      spec.model.context, spec.model.vocab);
   if (!config.ok()) return config.status();
-  const auto format =
-      spec.data.format == DataFormat::kLlmc ? data::TokenFormat::kLlmc : data::TokenFormat::kText;
-  auto tokens = data::LoadTokens(spec.data.train, format, spec.model.vocab, spec.batch.seq_len + 1);
-  if (!tokens.ok()) {
-    return absl::Status(tokens.status().code(),
-                        absl::StrCat("data.train: ", tokens.status().message()));
+  auto tokens = LoadData(spec, "data.train", spec.data.train);
+  if (!tokens.ok()) return tokens.status();
+  std::vector<uint16_t> val_tokens;
+  if (spec.eval.every > 0) {
+    auto val = LoadData(spec, "data.val", spec.data.val);
+    if (!val.ok()) return val.status();
+    val_tokens = *std::move(val);
   }
   auto engine = engine::cpu::Gpt::Create(*config, spec.batch.micro, spec.batch.seq_len, threads);
   if (!engine.ok()) return engine.status();
@@ -75,13 +93,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   return Compose(
       spec, rank, *std::move(engine),
       [&](engine::Engine* e) { return parallel::MakeDataParallel(spec.parallel, e, adamw, comm); },
-      *std::move(tokens));
+      *std::move(tokens), std::move(val_tokens));
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Compose(const JobSpec& spec, int rank,
                                                           std::unique_ptr<engine::Engine> engine,
                                                           const StrategyFactory& make_strategy,
-                                                          std::vector<uint16_t> tokens) {
+                                                          std::vector<uint16_t> tokens,
+                                                          std::vector<uint16_t> val_tokens) {
   absl::StatusOr<ParallelDims> dims = spec.Dims();
   if (!dims.ok()) return dims.status();
   absl::StatusOr<BatchSplit> split = spec.Split();
@@ -104,6 +123,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Compose(const JobSpec& spec, i
       data::BatchSampler::Create(&t->tokens_, spec.seed, spec.batch.global, spec.batch.seq_len);
   if (!sampler.ok()) return sampler.status();
   t->sampler_ = std::make_unique<data::BatchSampler>(*std::move(sampler));
+  if (spec.eval.every > 0) {
+    t->val_tokens_ = std::move(val_tokens);
+    auto eval = data::EvalSampler::Create(
+        &t->val_tokens_, int64_t(spec.eval.batches) * spec.batch.global, spec.batch.seq_len);
+    if (!eval.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("data.val: ", eval.status().message()));
+    }
+    t->eval_sampler_ = std::make_unique<data::EvalSampler>(*std::move(eval));
+  }
   t->engine_ = std::move(engine);
   auto strategy = make_strategy(t->engine_.get());
   if (!strategy.ok()) return strategy.status();
@@ -147,7 +175,36 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   r.comm_bytes = stats->comm_bytes;
   r.tokens = int64_t(accum) * B * T;
   r.step_ms = MsSince(start);
+  if (EvalDue(spec_, step)) {
+    const auto eval_start = std::chrono::steady_clock::now();
+    absl::StatusOr<double> val = Evaluate();
+    if (!val.ok()) return val.status();
+    r.val_loss = *val;
+    r.eval_ms = MsSince(eval_start);
+  }
   return r;
+}
+
+absl::StatusOr<double> Trainer::Evaluate() {
+  if (eval_sampler_ == nullptr) {
+    return absl::FailedPreconditionError("eval: no validation data (data.val, eval.every > 0)");
+  }
+  const int B = spec_.batch.micro, T = spec_.batch.seq_len;
+  const int64_t count = eval_sampler_->count();  // eval.batches × global: B · dp divides it
+  const auto [first, last] = data::EvalSampler::Share(count, dp_rank_, split_.dp);
+  strategy_->BeginEval();
+  double loss_sum = 0;  // over this replica's windows: each forward's mean token loss × B
+  for (int64_t at = first; at < last; at += B) {
+    // Cannot fail (the share lies within the windows); were it to, the
+    // trainer is done with and the strategy's destructor removes its hooks.
+    if (absl::Status s = eval_sampler_->Fill(at, B, inputs_.data(), targets_.data()); !s.ok()) {
+      return s;
+    }
+    loss_sum += double(engine_->Forward(inputs_.data(), targets_.data(), B, T)) * B;
+  }
+  absl::StatusOr<double> total = strategy_->EndEval(loss_sum);
+  if (!total.ok()) return total.status();
+  return *total / double(count);
 }
 
 MemoryUse Trainer::memory() const {

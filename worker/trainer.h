@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,7 +47,16 @@ struct StepResult {
                             // known; 1 - comm/allreduce is the fraction hidden by backward
   int64_t comm_bytes = 0;   // bytes this rank sent (ring model of the ops issued)
   int64_t tokens = 0;       // tokens this rank processed
+  // Set on evaluation steps only (EvalDue): the validation loss of the
+  // parameters after this step's update (Evaluate), and the time it took
+  // (not part of step_ms).
+  std::optional<double> val_loss;
+  double eval_ms = 0;
 };
+
+// Whether step `step` (1-based) ends with an evaluation: eval.every > 0 and
+// it divides the step, or the step is the last one.
+bool EvalDue(const JobSpec& spec, int64_t step);
 
 // Bytes one rank holds, by kind: the strategy's model state and the
 // engine's activations.
@@ -69,21 +79,35 @@ class Trainer {
   // The real parts for `spec`: the CPU engine with `threads` threads, the
   // strategy parallel.zero asks for over `comm` (the data-parallel group of
   // size dp; null when dp == 1; it must outlive the trainer), the training
-  // tokens of data.train (errors name the file).
+  // tokens of data.train and, when eval.every > 0, of data.val (errors name
+  // the field and the file).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec, int rank, int threads,
                                                          comm::Communicator* comm);
   // Composes a trainer from given parts (tests pass fakes). `make_strategy`
   // builds the data-parallel strategy over the engine. Initialises the
-  // parameters from spec.seed through the strategy.
+  // parameters from spec.seed through the strategy. `val_tokens` is
+  // data.val's, required (InvalidArgument naming data.val) when
+  // eval.every > 0.
   using StrategyFactory = std::function<absl::StatusOr<std::unique_ptr<parallel::DataParallel>>(
       engine::Engine* engine)>;
   static absl::StatusOr<std::unique_ptr<Trainer>> Compose(const JobSpec& spec, int rank,
                                                           std::unique_ptr<engine::Engine> engine,
                                                           const StrategyFactory& make_strategy,
-                                                          std::vector<uint16_t> tokens);
+                                                          std::vector<uint16_t> tokens,
+                                                          std::vector<uint16_t> val_tokens = {});
 
-  // Runs optimizer step `step` (1-based). Collective when dp > 1.
+  // Runs optimizer step `step` (1-based), then Evaluate() when EvalDue.
+  // Collective when dp > 1.
   absl::StatusOr<StepResult> Step(int64_t step);
+
+  // The validation loss of the current parameters: the mean token loss over
+  // the eval.batches × batch.global windows of data.val
+  // (data::EvalSampler), of which this replica runs its 1/dp share
+  // (EvalSampler::Share; eval.batches × accumulation micro-batches) forward
+  // only, inside the strategy's BeginEval/EndEval. The result is identical
+  // on every rank and, to rounding, the same whatever dp and batch.micro.
+  // FailedPrecondition without validation data. Collective when dp > 1.
+  absl::StatusOr<double> Evaluate();
 
   // Writes this rank's shard of the state after `step` (the strategy's save
   // ranges of params, AdamW m and v, and the scalars) to
@@ -123,6 +147,8 @@ class Trainer {
   int dp_rank_ = 0;   // this rank's dp coordinate
   std::vector<uint16_t> tokens_;
   std::unique_ptr<data::BatchSampler> sampler_;
+  std::vector<uint16_t> val_tokens_;
+  std::unique_ptr<data::EvalSampler> eval_sampler_;  // null when eval.every == 0
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<parallel::DataParallel> strategy_;  // after engine_: destroyed first
   std::vector<int> inputs_, targets_;

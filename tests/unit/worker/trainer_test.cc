@@ -6,6 +6,8 @@
 // together, errors passed through, and what a checkpoint shard holds.
 #include "worker/trainer.h"
 
+#include <algorithm>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -146,7 +148,8 @@ struct Parts {
   std::unique_ptr<Trainer> trainer;
 };
 
-void Compose(Parts* p, const JobSpec& spec = Spec(), int rank = 1) {
+void Compose(Parts* p, const JobSpec& spec = Spec(), int rank = 1,
+             std::vector<uint16_t> val_tokens = {}) {
   auto engine = std::make_unique<FakeEngine>(
       *model::MakeGptConfig(spec.model.layers, spec.model.heads, spec.model.dim, spec.model.context,
                             spec.model.vocab),
@@ -159,9 +162,16 @@ void Compose(Parts* p, const JobSpec& spec = Spec(), int rank = 1) {
         p->strategy = s.get();
         return std::unique_ptr<parallel::DataParallel>(std::move(s));
       },
-      Tokens());
+      Tokens(), std::move(val_tokens));
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   p->trainer = *std::move(trainer);
+}
+
+// Validation data distinct from Tokens(): 300 tokens.
+std::vector<uint16_t> ValTokens() {
+  std::vector<uint16_t> t(300);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint16_t>((i * 11 + 5) % 256);
+  return t;
 }
 
 TEST(TrainerTest, OneStepCallsTheStrategyAroundEveryMicroBatch) {
@@ -205,6 +215,92 @@ TEST(TrainerTest, FeedsTheReplicasWindows) {
     EXPECT_EQ(p.engine->fed[m], in) << "micro-batch " << m;
     EXPECT_EQ(p.engine->targets_fed[m], tgt) << "micro-batch " << m;
   }
+}
+
+TEST(TrainerTest, EvaluatesEveryNStepsAndAfterTheLast) {
+  JobSpec spec = Spec();  // steps: 10
+  spec.eval.every = 4;
+  for (int64_t step = 1; step <= 10; ++step) {
+    EXPECT_EQ(EvalDue(spec, step), step == 4 || step == 8 || step == 10) << step;
+  }
+  spec.eval.every = 0;
+  for (int64_t step = 1; step <= 10; ++step) EXPECT_FALSE(EvalDue(spec, step)) << step;
+}
+
+// dp 2, eval.batches 1 × global 8 = 8 windows: replica 1 evaluates windows
+// [4, 8) in two forwards of micro 2 after the step's update, inside the
+// strategy's eval bracket; the loss is the strategy's sum over dp / 8.
+TEST(TrainerTest, EvaluationStepsRunTheReplicasShareForwardOnly) {
+  JobSpec spec = Spec();
+  spec.data.val = "val.txt";
+  spec.eval.every = 2;
+  spec.eval.batches = 1;
+  Parts p;
+  Compose(&p, spec, /*rank=*/1, ValTokens());
+  p.strategy->eval_replicas = 2;
+  absl::StatusOr<StepResult> r = p.trainer->Step(1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->val_loss.has_value());
+  EXPECT_EQ(std::count(p.calls.begin(), p.calls.end(), "eval begin"), 0);
+  p.calls.clear();
+  p.engine->fed.clear();
+  p.engine->targets_fed.clear();
+  r = p.trainer->Step(2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->val_loss.has_value());
+  ASSERT_EQ(p.engine->fed.size(), 4u);  // 2 training micro-batches, then 2 forwards
+  const double sum = 2.0 * (p.engine->fed[2][0] / 100.0f) + 2.0 * (p.engine->fed[3][0] / 100.0f);
+  const float lr = static_cast<float>(optim::LearningRate(spec.optimizer, 1, 10));
+  EXPECT_EQ(p.calls,
+            (Calls{"begin 0/2", "forward 2x4", "backward 0.5", "end", "begin 1/2", "forward 2x4",
+                   "backward 0.5", "end", absl::StrCat("step lr ", lr, " clip ", 0.5f),
+                   "eval begin", "forward 2x4", "forward 2x4", absl::StrCat("eval end ", sum)}));
+  EXPECT_NEAR(*r->val_loss, sum * 2 / 8, 1e-6);
+  EXPECT_GE(r->eval_ms, 0);
+  const std::vector<uint16_t> val = ValTokens();
+  auto windows = data::EvalSampler::Create(&val, 8, 4);
+  ASSERT_TRUE(windows.ok());
+  std::vector<int> in(4 * 4), tgt(4 * 4);
+  ASSERT_TRUE(windows->Fill(4, 4, in.data(), tgt.data()).ok());
+  std::vector<int> fed = p.engine->fed[2], fed_tgt = p.engine->targets_fed[2];
+  fed.insert(fed.end(), p.engine->fed[3].begin(), p.engine->fed[3].end());
+  fed_tgt.insert(fed_tgt.end(), p.engine->targets_fed[3].begin(), p.engine->targets_fed[3].end());
+  EXPECT_EQ(fed, in);
+  EXPECT_EQ(fed_tgt, tgt);
+  // An evaluation error fails the step.
+  p.strategy->eval_status = absl::DeadlineExceededError("all-gather timed out");
+  EXPECT_EQ(p.trainer->Step(4).status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(TrainerTest, EvaluationNeedsValidationData) {
+  JobSpec spec = Spec();
+  spec.data.val = "val.txt";
+  spec.eval.every = 2;
+  const model::GptConfig cfg = *model::MakeGptConfig(1, 2, 8, 8, 256);
+  Calls calls;
+  auto factory =
+      [&calls](engine::Engine*) -> absl::StatusOr<std::unique_ptr<parallel::DataParallel>> {
+    return std::unique_ptr<parallel::DataParallel>(std::make_unique<FakeStrategy>(&calls));
+  };
+  auto no_val = Trainer::Compose(spec, 0, std::make_unique<FakeEngine>(cfg, 2, 4, &calls), factory,
+                                 Tokens(), /*val_tokens=*/{});
+  EXPECT_EQ(no_val.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(no_val.status().message().rfind("data.val: ", 0), 0u) << no_val.status();
+  // The real parts load data.val like data.train, errors naming the field.
+  const std::string dir = ::testing::TempDir();
+  {
+    std::ofstream f(dir + "/trainer_test_train.txt");
+    f << std::string(200, 'a');
+  }
+  spec.parallel.dp = 1;
+  spec.batch.global = 4;
+  spec.data.train = dir + "/trainer_test_train.txt";
+  spec.data.val = dir + "/trainer_test_missing_val.txt";
+  auto missing = Trainer::Create(spec, 0, 1, nullptr);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  EXPECT_EQ(missing.status().message().rfind("data.val: ", 0), 0u) << missing.status();
+  spec.eval.every = 0;  // not evaluating: data.val is not read
+  EXPECT_TRUE(Trainer::Create(spec, 0, 1, nullptr).ok());
 }
 
 TEST(TrainerTest, StrategyErrorsStopTheStep) {
