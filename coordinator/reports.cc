@@ -2,6 +2,8 @@
 // failures, events) and what a failure does to its job (recovery or
 // failure). Part 1, membership, jobs and scheduling, is coordinator.cc;
 // part 3, checkpoint commits, is checkpoints.cc.
+#include "coordinator/reports.h"
+
 #include <algorithm>
 #include <map>
 
@@ -56,8 +58,6 @@ absl::StatusOr<v1::ReportStepResponse> Coordinator::ReportStep(const v1::ReportS
   return resp;
 }
 
-namespace {
-
 // The job's report of one step, from every rank's (by_rank: rank -> its
 // report; one from each rank of `dims`). Each field has one rule, by the
 // ranks' places in the mesh:
@@ -65,6 +65,9 @@ namespace {
 //                  replica (ParallelDims::SpeaksForReplica: last pipeline
 //                  stage, tp rank 0); the other ranks' losses are ignored
 //                  (with pipelines only the last stage computes one);
+//   val_loss       the same rule as loss, over those of the speaking ranks
+//                  whose report carries one (every replica evaluates on the
+//                  same steps, so that is all or none); absent when none does;
 //   tokens_per_s   the sum over those same ranks: each replica's tokens
 //                  once, not once per tp or pp rank that also saw them;
 //   grad_norm      the max over all ranks: every rank holds the same global
@@ -76,13 +79,17 @@ namespace {
 v1::StepReport AggregateStep(const ParallelDims& dims,
                              const std::map<int, v1::StepReport>& by_rank) {
   v1::StepReport agg = by_rank.begin()->second;
-  double loss = 0, norm = 0, tps = 0;
-  int speakers = 0;
+  double loss = 0, norm = 0, tps = 0, val_loss = 0;
+  int speakers = 0, evaluated = 0;
   for (const auto& [rank, r] : by_rank) {
     if (dims.SpeaksForReplica(rank)) {
       loss += r.loss();
       tps += r.tokens_per_s();
       ++speakers;
+      if (r.has_val_loss()) {
+        val_loss += r.val_loss();
+        ++evaluated;
+      }
     }
     norm = std::max(norm, r.grad_norm());
     agg.set_step_ms(std::max(agg.step_ms(), r.step_ms()));
@@ -93,12 +100,12 @@ v1::StepReport AggregateStep(const ParallelDims& dims,
   }
   agg.set_rank(0);
   agg.set_loss(speakers > 0 ? loss / speakers : 0);
+  agg.clear_val_loss();
+  if (evaluated > 0) agg.set_val_loss(val_loss / evaluated);
   agg.set_grad_norm(norm);
   agg.set_tokens_per_s(tps);
   return agg;
 }
-
-}  // namespace
 
 void Coordinator::FinishStep(JobEntry& e, int64_t step) {
   // The reports are of the current generation, laid out by its plan. A plan

@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/job_spec.h"
 #include "common/process.h"
 #include "worker/checkpoint/directory.h"
@@ -39,6 +40,10 @@ struct TrainingMetrics {
                                  "Bytes this rank sent in collectives.", {"job", "rank"})),
         loss(r->AddGauge("shardtrain_worker_loss", "Loss of the last step on this rank.",
                          {"job", "rank"})),
+        val_loss(r->AddGauge("shardtrain_worker_val_loss",
+                             "Validation loss of the last evaluation (eval.every), the job's "
+                             "mean over its validation windows (the same on every rank).",
+                             {"job", "rank"})),
         memory(r->AddGauge("shardtrain_worker_memory_bytes",
                            "Bytes this rank holds by kind (params, grads, optimizer, "
                            "activations, comm_buffers, working: ZeRO-2/3 whole units alive); "
@@ -54,6 +59,7 @@ struct TrainingMetrics {
   Family<Counter>& collective_seconds;
   Family<Counter>& sent_bytes;
   Family<Gauge>& loss;
+  Family<Gauge>& val_loss;
   Family<Gauge>& memory;
   Gauge& peak_rss;
 };
@@ -73,6 +79,7 @@ class Reporter {
     s->set_rank(a_.rank());
     s->set_step(r.step);
     s->set_loss(r.loss);
+    if (r.val_loss) s->set_val_loss(*r.val_loss);
     s->set_grad_norm(r.grad_norm);
     s->set_lr(r.lr);
     s->set_tokens_per_s(r.step_ms > 0 ? r.tokens * 1000.0 / r.step_ms : 0);
@@ -339,6 +346,11 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
     allreduce_seconds.Increment(r->comm_ms / 1000.0);
     sent.Increment(double(r->comm_bytes));
     loss.Set(r->loss);
+    if (r->val_loss) {
+      metrics->val_loss.WithLabels(labels).Set(*r->val_loss);
+      report.Log(absl::StrFormat("step %d: validation loss %.4f (evaluated in %.0f ms)", step,
+                                 *r->val_loss, r->eval_ms));
+    }
     metrics->peak_rss.Set(double(PeakRssBytes()));
     const MemoryUse mem = (*trainer)->memory();
     for (auto [kind, bytes] : {std::pair<const char*, int64_t>{"params", mem.params},

@@ -182,6 +182,36 @@ TEST_F(JobRunnerTest, ReportsEachStepOfTheTrainerThenDone) {
   EXPECT_TRUE(c.checkpoints.empty());
 }
 
+// eval.every 2 of 3 steps: steps 2 and 3 (the last) carry the trainer's
+// validation loss, step 1 none; the worker's gauge holds the last one.
+TEST_F(JobRunnerTest, ReportsTheValidationLossOnEvaluationSteps) {
+  const std::string val = (dir_ / "val.txt").string();
+  {
+    std::ofstream out(val);
+    for (int i = 0; i < 5; ++i) out << "Held-out text the model never trains on. ";
+  }
+  const std::string yaml =
+      absl::StrReplaceAll(Yaml("eval: {every: 2, batches: 2}\n"),
+                          {{", format: text", absl::StrCat(", val: ", val, ", format: text")}});
+  const FakeCoordinator::Calls c = RunToTheEnd(yaml);
+  auto trainer = Trainer::Create(Spec(yaml), 0, 1, nullptr);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  double last = 0;
+  for (const v1::ReportStepRequest& r : c.steps) {
+    auto want = (*trainer)->Step(r.report().step());
+    ASSERT_TRUE(want.ok()) << want.status();
+    const v1::StepReport& s = r.report();
+    ASSERT_EQ(s.has_val_loss(), s.step() != 1) << "step " << s.step();
+    if (!s.has_val_loss()) continue;
+    EXPECT_EQ(s.val_loss(), *want->val_loss) << "step " << s.step();
+    EXPECT_NEAR(s.val_loss(), std::log(256.0), 1.0) << "step " << s.step();
+    last = s.val_loss();
+  }
+  EXPECT_THAT(registry_.Serialize(),
+              HasSubstr(absl::StrCat("shardtrain_worker_val_loss{job=\"", kJob, "\",rank=\"0\"} ",
+                                     FormatMetricValue(last), "\n")));
+}
+
 TEST_F(JobRunnerTest, SavesTheFinalWeightsAndReportsWhere) {
   const std::string yaml = Yaml(CheckpointYaml(0));
   const FakeCoordinator::Calls c = RunToTheEnd(yaml);
