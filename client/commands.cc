@@ -258,22 +258,7 @@ int History(const GlobalFlags& g, const std::string& job_id) {
     std::cout << StepsJson(resp) << std::endl;
     return 0;
   }
-  const bool csv = g.output == "csv";
-  std::vector<std::string> header = {"step",         "loss",    "grad_norm", "lr",
-                                     "tokens_per_s", "step_ms", "comm_ms"};
-  std::vector<std::vector<std::string>> rows;
-  for (const auto& s : resp.steps()) {
-    rows.push_back({absl::StrCat(s.step()), absl::StrFormat("%.6g", s.loss()),
-                    absl::StrFormat("%.6g", s.grad_norm()), absl::StrFormat("%.6g", s.lr()),
-                    absl::StrFormat("%.1f", s.tokens_per_s()), absl::StrFormat("%.2f", s.step_ms()),
-                    absl::StrFormat("%.2f", s.comm_ms())});
-  }
-  if (csv) {
-    std::cout << absl::StrJoin(header, ",") << "\n";
-    for (const auto& r : rows) std::cout << absl::StrJoin(r, ",") << "\n";
-  } else {
-    std::cout << FormatTable(header, rows);
-  }
+  std::cout << HistoryText(resp, g.output == "csv");
   return 0;
 }
 

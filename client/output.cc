@@ -100,7 +100,10 @@ std::string JobJson(const v1::Job& j) {
 }
 
 std::string StepJson(const v1::StepReport& s) {
-  return absl::StrCat("{\"step\": ", s.step(), ", \"loss\": ", Num(s.loss()),
+  // val_loss only on the steps that evaluated (eval.every).
+  const std::string val =
+      s.has_val_loss() ? absl::StrCat(", \"val_loss\": ", Num(s.val_loss())) : "";
+  return absl::StrCat("{\"step\": ", s.step(), ", \"loss\": ", Num(s.loss()), val,
                       ", \"grad_norm\": ", Num(s.grad_norm()), ", \"lr\": ", Num(s.lr()),
                       ", \"tokens_per_s\": ", Num(s.tokens_per_s()),
                       ", \"step_ms\": ", Num(s.step_ms()), ", \"comm_ms\": ", Num(s.comm_ms()),
@@ -112,6 +115,24 @@ std::string StepsJson(const v1::GetHistoryResponse& h) {
   std::vector<std::string> steps;
   for (const auto& s : h.steps()) steps.push_back(StepJson(s));
   return absl::StrCat("{\"steps\": [", absl::StrJoin(steps, ", "), "]}");
+}
+
+std::string HistoryText(const v1::GetHistoryResponse& h, bool csv) {
+  const std::vector<std::string> header = {"step", "loss",         "val_loss", "grad_norm",
+                                           "lr",   "tokens_per_s", "step_ms",  "comm_ms"};
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& s : h.steps()) {
+    // No validation loss: an empty CSV field, "-" in the table.
+    std::string val = s.has_val_loss() ? absl::StrFormat("%.6g", s.val_loss()) : csv ? "" : "-";
+    rows.push_back({absl::StrCat(s.step()), absl::StrFormat("%.6g", s.loss()), val,
+                    absl::StrFormat("%.6g", s.grad_norm()), absl::StrFormat("%.6g", s.lr()),
+                    absl::StrFormat("%.1f", s.tokens_per_s()), absl::StrFormat("%.2f", s.step_ms()),
+                    absl::StrFormat("%.2f", s.comm_ms())});
+  }
+  if (!csv) return FormatTable(header, rows);
+  std::string out = absl::StrJoin(header, ",") + "\n";
+  for (const auto& r : rows) absl::StrAppend(&out, absl::StrJoin(r, ","), "\n");
+  return out;
 }
 
 std::string WorkerJson(const v1::WorkerInfo& w) {
@@ -195,6 +216,9 @@ std::string StepLine(const v1::StepReport& s, int64_t total_steps, double eta_s)
                       s.loss(), s.tokens_per_s(), s.step_ms(), FormatDuration(eta_s));
   // Bytes the busiest rank sent in the step (the plan predicts it: `plan`).
   if (s.comm_bytes() > 0) absl::StrAppendFormat(&line, "  sent %.1f MB", s.comm_bytes() / 1e6);
+  // At the end, so that the other columns stay aligned with the lines
+  // of steps that did not evaluate.
+  if (s.has_val_loss()) absl::StrAppendFormat(&line, "  val %.4f", s.val_loss());
   return line;
 }
 

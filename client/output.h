@@ -20,7 +20,12 @@ std::string FormatTable(const std::vector<std::string>& header,
 std::string JsonString(const std::string& s);  // quoted and escaped
 std::string JobJson(const v1::Job& job);
 std::string StepJson(const v1::StepReport& s);
+// "val_loss" appears only in the steps that evaluated.
 std::string StepsJson(const v1::GetHistoryResponse& h);  // {"steps": [...]}
+// `history` for people (an aligned table) or, with csv, a header line and one
+// line per step; steps without a validation loss show "-" (table) or an
+// empty field (csv).
+std::string HistoryText(const v1::GetHistoryResponse& h, bool csv);
 std::string WorkerJson(const v1::WorkerInfo& w);
 std::string PlanJson(const v1::Plan& plan);
 
@@ -31,8 +36,9 @@ std::string WorkerStateName(v1::WorkerState s);
 std::string FormatDuration(double seconds);
 // Human text of a job for `status`.
 std::string JobText(const v1::Job& job);
-// One progress line for a step event: step, loss, tok/s, ms/step, and the
-// ETA `eta_s` (NaN prints "?").
+// One progress line for a step event: step, loss, tok/s, ms/step, the ETA
+// `eta_s` (NaN prints "?"), and on steps that evaluated the validation loss
+// ("val 2.3100") at the end.
 std::string StepLine(const v1::StepReport& s, int64_t total_steps, double eta_s);
 // One line for any event (state changes, failures, steps); step events feed
 // `eta`, which gives their ETA.

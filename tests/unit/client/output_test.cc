@@ -1,0 +1,82 @@
+// The CLI's rendering of step reports: history as JSON, table and CSV, and
+// the progress lines of local / watch / submit --wait. The validation loss
+// appears exactly on the steps that carry one.
+#include "client/output.h"
+
+#include <limits>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace shardtrain::client {
+namespace {
+
+v1::StepReport Step(int64_t step, double loss) {
+  v1::StepReport s;
+  s.set_step(step);
+  s.set_loss(loss);
+  s.set_grad_norm(0.5);
+  s.set_lr(0.001);
+  s.set_tokens_per_s(1000);
+  s.set_step_ms(20);
+  s.set_comm_ms(2);
+  return s;
+}
+
+// Step 1 did not evaluate; step 2 did.
+v1::GetHistoryResponse History() {
+  v1::GetHistoryResponse h;
+  *h.add_steps() = Step(1, 2.5);
+  v1::StepReport evaluated = Step(2, 2.25);
+  evaluated.set_val_loss(2.3125);
+  *h.add_steps() = evaluated;
+  return h;
+}
+
+TEST(OutputTest, StepsJsonCarriesValLossOnlyOnEvaluatedSteps) {
+  EXPECT_EQ(
+      StepsJson(History()),
+      "{\"steps\": ["
+      "{\"step\": 1, \"loss\": 2.5, \"grad_norm\": 0.5, \"lr\": 0.001, \"tokens_per_s\": 1000, "
+      "\"step_ms\": 20, \"comm_ms\": 2, \"comm_bytes\": 0, \"peak_rss_bytes\": 0}, "
+      "{\"step\": 2, \"loss\": 2.25, \"val_loss\": 2.3125, \"grad_norm\": 0.5, \"lr\": 0.001, "
+      "\"tokens_per_s\": 1000, \"step_ms\": 20, \"comm_ms\": 2, \"comm_bytes\": 0, "
+      "\"peak_rss_bytes\": 0}]}");
+  // A NaN loss (a diverged run) stays valid JSON.
+  v1::StepReport nan = Step(3, 1.0);
+  nan.set_val_loss(std::numeric_limits<double>::quiet_NaN());
+  EXPECT_NE(StepJson(nan).find("\"val_loss\": null"), std::string::npos) << StepJson(nan);
+}
+
+TEST(OutputTest, HistoryTableAndCsvHaveAValLossColumn) {
+  EXPECT_EQ(HistoryText(History(), /*csv=*/true),
+            "step,loss,val_loss,grad_norm,lr,tokens_per_s,step_ms,comm_ms\n"
+            "1,2.5,,0.5,0.001,1000.0,20.00,2.00\n"
+            "2,2.25,2.3125,0.5,0.001,1000.0,20.00,2.00\n");
+  EXPECT_EQ(HistoryText(History(), /*csv=*/false),
+            "step  loss  val_loss  grad_norm  lr     tokens_per_s  step_ms  comm_ms\n"
+            "1     2.5   -         0.5        0.001  1000.0        20.00    2.00\n"
+            "2     2.25  2.3125    0.5        0.001  1000.0        20.00    2.00\n");
+}
+
+TEST(OutputTest, ProgressLinesShowValLossOnEvaluatedSteps) {
+  const v1::GetHistoryResponse h = History();
+  EXPECT_EQ(StepLine(h.steps(0), 60, 1.2),
+            "step  1/60  loss 2.5000      1000 tok/s     20.0 ms/step  ETA 1s");
+  EXPECT_EQ(StepLine(h.steps(1), 60, 1.2),
+            "step  2/60  loss 2.2500      1000 tok/s     20.0 ms/step  ETA 1s  val 2.3125");
+  // Watch and local print step events through EventLine.
+  v1::JobEvent e;
+  e.set_kind(v1::EVENT_KIND_STEP);
+  *e.mutable_step() = h.steps(1);
+  EtaEstimator eta;
+  EXPECT_NE(EventLine(e, 60, &eta).find("ms/step  ETA "), std::string::npos);
+  EXPECT_NE(EventLine(e, 60, &eta).find("  val 2.3125"), std::string::npos);
+  v1::StepReport sent = h.steps(1);
+  sent.set_comm_bytes(2500000);
+  EXPECT_NE(StepLine(sent, 60, 1.2).find("sent 2.5 MB  val 2.3125"), std::string::npos)
+      << StepLine(sent, 60, 1.2);
+}
+
+}  // namespace
+}  // namespace shardtrain::client
