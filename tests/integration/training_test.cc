@@ -27,21 +27,36 @@ using std::chrono::seconds;
 // that for elements whose gradient is near zero; at the example's lr 3e-3 the
 // 30-step drift reaches ~1.3e-5, at 1e-3 it stays below 1e-6. 1 MiB buckets
 // make the 0.84M-param model's gradient 4 buckets, so overlap is exercised.
+// The validation loss (every 10 steps, 1 global batch of the first 64 KiB of
+// the corpus) matches too: the same windows whatever dp and batch.micro.
 TEST_F(TrainingTest, DdpOn1And2And4WorkersMatchesStepByStep) {
   TempDir dir;
   const int steps = 30;
+  const std::string val = dir.path() + "/val.txt";
+  {
+    std::ifstream in(kData);
+    std::string head(64 << 10, '\0');
+    in.read(head.data(), std::streamsize(head.size()));
+    std::ofstream(val) << head;
+  }
   std::map<int, std::vector<double>> losses;
+  std::map<int, std::map<int, double>> val_losses;
   std::map<int, std::vector<float>> weights;
   for (int dp : {1, 2, 4}) {
     const std::string ckpt = dir.path() + "/dp" + std::to_string(dp);
     CommandResult r =
         RunLocal({"parallel.dp=" + std::to_string(dp), "batch.micro=" + std::to_string(32 / dp),
-                  "steps=" + std::to_string(steps), "optimizer.lr=1e-3", "parallel.bucket_mb=1"},
+                  "steps=" + std::to_string(steps), "optimizer.lr=1e-3", "parallel.bucket_mb=1",
+                  "data.val=" + val, "eval.every=10", "eval.batches=1"},
                  ckpt);
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     EXPECT_EQ(Field(r.out, "state"), "SUCCEEDED");
     losses[dp] = Losses(r.out);
     ASSERT_EQ(losses[dp].size(), size_t(steps)) << r.out;
+    val_losses[dp] = ValLosses(r.out);
+    ASSERT_EQ(val_losses[dp].size(), 3u) << r.out;  // steps 10, 20, 30 only
+    for (int s : {10, 20, 30})
+      EXPECT_EQ(val_losses[dp].count(s), 1u) << "dp " << dp << " step " << s;
     auto w = checkpoint::LoadWeights(ckpt + "/final.weights");
     ASSERT_TRUE(w.ok()) << w.status();
     weights[dp] = w->params;
@@ -58,17 +73,26 @@ TEST_F(TrainingTest, DdpOn1And2And4WorkersMatchesStepByStep) {
       EXPECT_LE(rel, 1e-5) << "dp " << dp << " step " << s + 1 << ": " << losses[dp][s] << " vs "
                            << losses[1][s];
     }
+    for (const auto& [s, v] : val_losses[1]) {
+      const double rel = std::abs(val_losses[dp][s] - v) / v;
+      worst_loss = std::max(worst_loss, rel);
+      EXPECT_LE(rel, 1e-5) << "val_loss, dp " << dp << " step " << s;
+    }
     ASSERT_EQ(weights[dp].size(), weights[1].size());
     for (size_t i = 0; i < weights[1].size(); ++i) {
       const double diff = std::abs(double(weights[dp][i]) - weights[1][i]);
       worst_param = std::max(worst_param, diff);
     }
   }
-  std::cout << "DDP equivalence over " << steps << " steps: max relative loss difference "
-            << worst_loss << ", max absolute final-parameter difference " << worst_param
-            << "; loss " << losses[1].front() << " -> " << losses[1].back() << std::endl;
+  std::cout << "DDP equivalence over " << steps
+            << " steps: max relative (training or validation) loss difference " << worst_loss
+            << ", max absolute final-parameter difference " << worst_param << "; loss "
+            << losses[1].front() << " -> " << losses[1].back() << std::endl;
   EXPECT_LE(worst_param, 1e-5);
   EXPECT_LT(losses[1].back(), losses[1].front() - 0.5);  // it learned
+  EXPECT_LT(val_losses[1][30], val_losses[1][10]);       // and generalised a little
+  std::cout << "val_loss (1 rank): step 10 " << val_losses[1][10] << ", 20 " << val_losses[1][20]
+            << ", 30 " << val_losses[1][30] << std::endl;
 }
 
 // Every ZeRO stage (0 = DDP, 1, 2, 3, 3 without resharding after forward,

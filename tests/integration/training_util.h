@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -36,6 +37,17 @@ inline std::vector<double> Losses(const std::string& json) {
   return out;
 }
 
+// step -> val_loss of the steps of that array which evaluated.
+inline std::map<int, double> ValLosses(const std::string& json) {
+  std::map<int, double> out;
+  static const std::regex re("\"step\": (\\d+), \"loss\": [^,]+, \"val_loss\": ([-0-9.e+]+)");
+  for (auto it = std::sregex_iterator(json.begin(), json.end(), re); it != std::sregex_iterator();
+       ++it) {
+    out[std::stoi((*it)[1])] = std::stod((*it)[2]);
+  }
+  return out;
+}
+
 inline std::string Field(const std::string& json, const std::string& key) {
   std::smatch m;
   std::regex re("\"" + key + "\": \"([^\"]*)\"");
@@ -51,7 +63,9 @@ class TrainingTest : public ::testing::Test {
 
 // `shardtrain local` on the example DDP spec over the corpus, with `sets`
 // overrides, checkpoints in `ckpt`, 1 thread per worker, JSON output (or the
-// human one), and `extra` arguments.
+// human one), and `extra` arguments. No validation loss unless `sets` asks
+// (eval.every, data.val): the example's data.val is a path relative to the
+// source tree.
 inline CommandResult RunLocal(const std::vector<std::string>& sets, const std::string& ckpt,
                               const std::vector<std::string>& extra = {}, bool json = true) {
   std::vector<std::string> args = {SHARDTRAIN_CLI_BIN,
@@ -64,7 +78,9 @@ inline CommandResult RunLocal(const std::vector<std::string>& sets, const std::s
                                    "--set",
                                    "data.train=" + kData,
                                    "--set",
-                                   "checkpoint.dir=" + ckpt};
+                                   "checkpoint.dir=" + ckpt,
+                                   "--set",
+                                   "eval.every=0"};
   for (const auto& s : sets) args.insert(args.end(), {"--set", s});
   args.insert(args.end(), extra.begin(), extra.end());
   return RunCommand(args, std::chrono::seconds(300));
@@ -80,7 +96,8 @@ class ClusterTest : public TrainingTest {
   std::string Submit(const std::vector<std::string>& sets) {
     std::vector<std::string> args = {"submit", kDdpSpec,
                                      "--set",  "data.train=" + kData,
-                                     "--set",  "checkpoint.dir=" + dir_.path() + "/ckpt"};
+                                     "--set",  "checkpoint.dir=" + dir_.path() + "/ckpt",
+                                     "--set",  "eval.every=0"};
     for (const auto& s : sets) {
       args.push_back("--set");
       args.push_back(s);

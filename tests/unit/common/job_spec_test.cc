@@ -184,6 +184,9 @@ TEST(JobSpecTest, ExampleValues) {
   EXPECT_EQ(ddp->World(), 4);
   EXPECT_EQ(ddp->Split()->accum, 1);
   EXPECT_EQ(ddp->steps, 600);
+  EXPECT_EQ(ddp->data.val, "data/fortunes-val.txt");
+  EXPECT_EQ(ddp->eval.every, 50);
+  EXPECT_EQ(ddp->eval.batches, 2);
 
   auto big = ParseJobSpec(ReadFile(kSourceDir + "/examples/gpt2-124m-zero3.yaml"));
   ASSERT_TRUE(big.ok()) << big.status();
