@@ -844,7 +844,7 @@ def check_dockerfile(text, dockerignore, where):
         chain = ops + (stages.get(st["base"]) or {}).get("ops", [])
         body = "\n".join(r for _, r in chain)
         for path in ("/srv/shardtrain", "/var/lib/shardtrain", "/opt/shardtrain/examples",
-                     "/opt/shardtrain/data/fortunes.txt"):
+                     "/src/data/fortunes.txt", "/src/data/fortunes-val.txt", "/opt/shardtrain/data/"):
             if path not in body:
                 problems.append(f"{where}: target {final} does not create {path}, which the deployments use")
         if f"{IMAGE_UID}:{IMAGE_UID} /var/lib/shardtrain /srv/shardtrain" not in body and \
