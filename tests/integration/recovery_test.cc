@@ -196,7 +196,8 @@ TEST_F(ClusterTest, CheckpointsLiveOnTheWorkersVolumeAloneAndRecoveryFindsThem) 
                                            {"--checkpoint-root", volume}, elsewhere));
   }
   std::vector<std::string> args = {
-      "submit", kDdpSpec, "--set", "data.train=" + kData, "--set", "checkpoint.dir=ckpt/split"};
+      "submit", kDdpSpec,      "--set", "data.train=" + kData, "--set", "checkpoint.dir=ckpt/split",
+      "--set",  "eval.every=0"};
   for (const std::string& set : sets) args.insert(args.end(), {"--set", set});
   ASSERT_TRUE(WaitFor(
       [&] {
