@@ -143,7 +143,8 @@ std::string WorkerJson(const v1::WorkerInfo& w) {
       ", \"job_id\": ", JsonString(w.job_id()),
       ", \"rank\": ", w.job_id().empty() ? "null" : absl::StrCat(w.rank()),
       ", \"threads\": ", w.threads(), ", \"last_heartbeat_ms\": ", w.last_heartbeat_ms(),
-      ", \"checkpoint_root\": ", JsonString(w.checkpoint_root()), "}");
+      ", \"checkpoint_root\": ", JsonString(w.checkpoint_root()),
+      ", \"data_root\": ", JsonString(w.data_root()), "}");
 }
 
 std::string PlanJson(const v1::Plan& p) {

@@ -10,6 +10,7 @@
 #include "common/job_spec.h"
 #include "common/job_state.h"
 #include "common/planner.h"
+#include "common/spec_paths.h"
 #include "coordinator/scheduler.h"
 
 namespace shardtrain::coordinator {
@@ -181,6 +182,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   info.set_threads(req.threads());
   info.set_metrics_address(req.metrics_address());
   info.set_checkpoint_root(req.checkpoint_root());
+  info.set_data_root(req.data_root());
   info.set_state(v1::WORKER_STATE_ALIVE);
   info.set_last_heartbeat_ms(now);
   if (!rejoin) info.set_registered_ms(now);
@@ -193,6 +195,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   }
   e.info = std::move(info);
   e.lease_until = now + options_.lease_ms;
+  e.awaiting_heartbeat = false;
   ScheduleLocked();
   v1::RegisterWorkerResponse resp;
   resp.set_worker_id(id);
@@ -210,6 +213,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   WorkerEntry& w = it->second;
   const int64_t now = clock_->NowMs();
   w.lease_until = now + options_.lease_ms;
+  w.awaiting_heartbeat = false;
   w.info.set_last_heartbeat_ms(now);
 
   v1::HeartbeatResponse resp;
@@ -298,6 +302,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& req) 
   std::vector<std::string> overrides(req.overrides().begin(), req.overrides().end());
   absl::StatusOr<ValidSpec> valid = Validate(req.spec_yaml(), overrides);
   if (!valid.ok()) return valid.status();
+  if (auto s = CheckRelativePathStaysInside("resume_from", req.resume_from()); !s.ok()) return s;
   const JobSpec& spec = valid->spec;
   const ParallelDims& dims = valid->dims;
   const std::string device(EnumName(spec.resources.device));
@@ -482,22 +487,17 @@ void Coordinator::ScheduleLocked() {
     const v1::Job& j = jobs_.at(id).job;
     if (j.state() == v1::JOB_STATE_PENDING) fifo.push_back({id, j.world(), j.device(), {}});
     if (j.state() == v1::JOB_STATE_RECOVERING) {
-      const std::optional<ValidSpec>& v = jobs_.at(id).valid;
-      fifo.push_back(
-          {id, j.world(), j.device(), v ? ElasticWorlds(v->spec, v->dims) : std::vector<int>{}});
+      const JobEntry& e = jobs_.at(id);
+      const bool shrink = e.valid && !AwaitingFormerRanks(e, clock_->NowMs());
+      fifo.push_back({id, j.world(), j.device(),
+                      shrink ? ElasticWorlds(e.valid->spec, e.valid->dims) : std::vector<int>{}});
     }
   }
   if (fifo.empty()) return;
   std::vector<FreeWorker> free;
-  // Healthy: alive, free, and heard from within half a lease (workers beat
-  // at least every lease/3), so a worker that just died with its job is not
-  // handed the job's next generation before its lease runs out.
   const int64_t now = clock_->NowMs();
   for (const auto& [id, w] : workers_) {
-    if (w.info.state() == v1::WORKER_STATE_ALIVE && w.info.job_id().empty() &&
-        now - w.info.last_heartbeat_ms() <= options_.lease_ms / 2) {
-      free.push_back({id, w.info.device().kind()});
-    }
+    if (Schedulable(w, now)) free.push_back({id, w.info.device().kind()});
   }
   std::sort(free.begin(), free.end(), [](const FreeWorker& a, const FreeWorker& b) {
     return WorkerIdLess(a.worker_id, b.worker_id);

@@ -132,6 +132,10 @@ class Coordinator {
   struct WorkerEntry {
     v1::WorkerInfo info;      // job_id/rank derived from jobs
     int64_t lease_until = 0;  // ms
+    // Set when a generation it ran failed (it may be the rank that died);
+    // cleared by its next heartbeat or registration. Not schedulable while
+    // set, so a dead worker whose lease has not run out yet is never ganged.
+    bool awaiting_heartbeat = false;
   };
   struct StepAgg {  // reports of one step from the ranks so far
     std::map<int, v1::StepReport> by_rank;
@@ -186,8 +190,20 @@ class Coordinator {
   // (rules in reports.cc) into the job's history, progress and events.
   void FinishStep(JobEntry& e, int64_t step);
   // A rank of `e` failed: RECOVERING (re-gang from the last committed
-  // checkpoint) while restarts remain, FAILED otherwise.
-  void FailOrRecover(JobEntry& e, const std::string& reason);
+  // checkpoint) while restarts remain, FAILED otherwise, and FAILED at once
+  // when the failure is `permanent` (a retry cannot fix it). Either way the
+  // generation's workers wait for their next heartbeat (HoldForHeartbeat).
+  void FailOrRecover(JobEntry& e, const std::string& reason, bool permanent = false);
+  // Recovery rules (recovery.cc). Marks every worker of e's current
+  // generation awaiting_heartbeat.
+  void HoldForHeartbeat(const JobEntry& e);
+  // Alive, free, heard from within half a lease and since any failure of a
+  // generation it ran: the scheduler may gang it.
+  bool Schedulable(const WorkerEntry& w, int64_t now) const;
+  // Whether a worker of e's last generation may still come back (it awaits
+  // its heartbeat and its lease has not run out): an elastic job does not
+  // shrink meanwhile.
+  bool AwaitingFormerRanks(const JobEntry& e, int64_t now) const;
 
   const CoordinatorOptions options_;
   const std::unique_ptr<StateStore> store_;

@@ -176,14 +176,21 @@ absl::Status Coordinator::ReportFailure(const v1::ReportFailureRequest& req) {
                       c.state());
     }
   }
-  FailOrRecover(*e, reason);
+  FailOrRecover(*e, reason, req.permanent());
   ScheduleLocked();
   return absl::OkStatus();
 }
 
-void Coordinator::FailOrRecover(JobEntry& e, const std::string& reason) {
+void Coordinator::FailOrRecover(JobEntry& e, const std::string& reason, bool permanent) {
+  HoldForHeartbeat(e);
   e.job.set_failure_reason(reason);
   const int max_restarts = e.valid ? e.valid->spec.max_restarts : 0;
+  if (permanent) {
+    std::string why = absl::StrCat(reason, " (permanent: a retry cannot fix it; not restarted)");
+    e.job.set_failure_reason(why);
+    Transition(e, v1::JOB_STATE_FAILED, why).IgnoreError();
+    return;
+  }
   if (e.job.restarts() >= max_restarts) {
     std::string why = absl::StrCat(reason, " (no restarts left: max_restarts ", max_restarts, ")");
     e.job.set_failure_reason(why);

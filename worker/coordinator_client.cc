@@ -8,9 +8,11 @@
 
 namespace shardtrain::worker {
 
-CoordinatorClient::CoordinatorClient(const std::string& address, int64_t rpc_timeout_ms)
+CoordinatorClient::CoordinatorClient(const std::string& address, int64_t rpc_timeout_ms,
+                                     int64_t heartbeat_timeout_ms)
     : address_(address),
       rpc_timeout_ms_(rpc_timeout_ms),
+      heartbeat_timeout_ms_(heartbeat_timeout_ms),
       channel_(grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
       stub_(v1::Coordinator::NewStub(channel_)) {}
 
@@ -38,7 +40,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorClient::RegisterWorker(
 
 absl::StatusOr<v1::HeartbeatResponse> CoordinatorClient::Heartbeat(const v1::HeartbeatRequest& r) {
   v1::HeartbeatResponse resp;
-  SHARDTRAIN_UNARY(Heartbeat, r, &resp);
+  auto ctx = Context(heartbeat_timeout_ms_ - rpc_timeout_ms_);  // its own, shorter deadline
+  grpc::Status s = stub_->Heartbeat(ctx.get(), r, &resp);
+  if (!s.ok()) return FromGrpcStatus(s, "Heartbeat to " + address_);
   return resp;
 }
 

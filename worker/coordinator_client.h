@@ -22,8 +22,11 @@ class CoordinatorClient final : public CoordinatorApi {
  public:
   // `address` is HOST:PORT. Connecting is lazy: errors show up on calls.
   // `rpc_timeout_ms` bounds every unary call (KvGet and
-  // WaitCheckpointShards add their own wait).
-  explicit CoordinatorClient(const std::string& address, int64_t rpc_timeout_ms = 10'000);
+  // WaitCheckpointShards add their own wait) except Heartbeat, which has
+  // its own, shorter `heartbeat_timeout_ms`: a heartbeat that cannot
+  // answer soon is retried by the next one, well inside the lease.
+  explicit CoordinatorClient(const std::string& address, int64_t rpc_timeout_ms = 10'000,
+                             int64_t heartbeat_timeout_ms = 2'000);
 
   const std::string& address() const { return address_; }
   v1::Coordinator::Stub& stub() { return *stub_; }
@@ -52,6 +55,7 @@ class CoordinatorClient final : public CoordinatorApi {
 
   const std::string address_;
   const int64_t rpc_timeout_ms_;
+  const int64_t heartbeat_timeout_ms_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };

@@ -36,7 +36,10 @@ WorkerDaemon::WorkerDaemon(WorkerOptions options, CoordinatorApi* coordinator, J
           registry->AddCounter("shardtrain_worker_assignments_total", "Job assignments received.")
               .WithLabels({})) {}
 
-WorkerDaemon::~WorkerDaemon() { StopJob("worker shutting down"); }
+WorkerDaemon::~WorkerDaemon() {
+  StopJob("worker shutting down");
+  JoinRetired(/*all=*/true);
+}
 
 std::string WorkerDaemon::worker_id() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -52,6 +55,7 @@ absl::Status WorkerDaemon::Register() {
   req.set_threads(options_.threads);
   req.set_metrics_address(options_.metrics_address);
   req.set_checkpoint_root(options_.checkpoint_root);
+  req.set_data_root(options_.data_root);
   req.set_previous_worker_id(worker_id());
   auto resp = client_->RegisterWorker(req);
   if (!resp.ok()) return resp.status();
@@ -59,7 +63,8 @@ absl::Status WorkerDaemon::Register() {
   if (worker_id_ != resp->worker_id()) {
     Log(resp->worker_id(), "registered with coordinator " + options_.coordinator + " as " +
                                resp->worker_id() + " (device " + options_.device.name() +
-                               ", checkpoint root " + options_.checkpoint_root + ")");
+                               ", checkpoint root " + options_.checkpoint_root + ", data root " +
+                               options_.data_root + ")");
   }
   worker_id_ = resp->worker_id();
   lease_ms_ = resp->lease_ms();
@@ -69,6 +74,7 @@ absl::Status WorkerDaemon::Register() {
 void WorkerDaemon::Run(const std::atomic<bool>& shutdown) {
   bool registered = false, outage_logged = false;
   while (!shutdown) {
+    JoinRetired(/*all=*/false);
     absl::Status status;
     if (!registered) {
       status = Register();
@@ -113,6 +119,7 @@ void WorkerDaemon::Run(const std::atomic<bool>& shutdown) {
     SleepFor(std::max<int64_t>(10, std::min(options_.heartbeat_ms, lease / 3)), shutdown);
   }
   StopJob("worker shutting down");
+  JoinRetired(/*all=*/true);
 }
 
 void WorkerDaemon::Apply(const v1::HeartbeatResponse& resp) {
@@ -154,17 +161,28 @@ void WorkerDaemon::StartJob(const v1::RunAssignment& a) {
 }
 
 void WorkerDaemon::StopJob(const std::string& reason) {
-  std::thread t;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!job_thread_.joinable()) return;
+  if (!*job_finished_) Log(worker_id_, "stopping job " + current_.job_id() + ": " + reason);
+  *job_stop_ = true;
+  retired_.push_back({std::move(job_thread_), std::move(job_stop_), std::move(job_finished_)});
+  current_.Clear();
+}
+
+void WorkerDaemon::JoinRetired(bool all) {
+  std::vector<Retired> done;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!job_thread_.joinable()) return;
-    if (!*job_finished_) Log(worker_id_, "stopping job " + current_.job_id() + ": " + reason);
-    *job_stop_ = true;
-    t = std::move(job_thread_);
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      if (all || *it->finished) {
+        done.push_back(std::move(*it));
+        it = retired_.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
-  t.join();
-  std::lock_guard<std::mutex> lock(mu_);
-  current_.Clear();
+  for (Retired& r : done) r.thread.join();  // outside mu_: the runner may need it
 }
 
 }  // namespace shardtrain::worker

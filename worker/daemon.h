@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/metrics.h"
@@ -35,6 +36,15 @@ struct WorkerOptions {
   // job must reach the same checkpoint files through it. Empty: relative
   // paths stay relative to the working directory.
   std::string checkpoint_root;
+  // Absolute directory a job's relative data.train and data.val resolve
+  // against; reported at registration. Empty: the working directory.
+  std::string data_root;
+  // Whether a spec path must stay inside its root (data paths under
+  // data_root, checkpoint paths under checkpoint_root): set when the root
+  // was given by flag. A path that escapes is a permanent failure naming
+  // the field.
+  bool confine_data = false;
+  bool confine_checkpoints = false;
 };
 
 // Where a running job learns who it is and reports back.
@@ -52,6 +62,12 @@ using JobRunner = std::function<void(const RunContext& ctx)>;
 
 // Thread-compatible: Run is called once, from one thread; worker_id() may be
 // called from any thread.
+//
+// The heartbeat loop (Run's thread) never waits on a job: stopping a job sets
+// its stop flag and hands its thread to a list that is joined once it has
+// ended, so a rank stuck in a rendezvous or a collective (each bounded by its
+// own timeout) cannot make this worker miss its lease. A new assignment
+// starts at once, even while a stopped one is still winding down.
 class WorkerDaemon {
  public:
   // `coordinator` (the real CoordinatorClient, or a fake in tests) and
@@ -71,7 +87,10 @@ class WorkerDaemon {
   absl::Status Register();
   void Apply(const v1::HeartbeatResponse& resp);
   void StartJob(const v1::RunAssignment& a);
+  // Asks the running job to stop and retires its thread; never blocks.
   void StopJob(const std::string& reason);
+  // Joins retired job threads: those that have ended, or all when `all`.
+  void JoinRetired(bool all);
 
   const WorkerOptions options_;
   const JobRunner runner_;
@@ -86,6 +105,12 @@ class WorkerDaemon {
   std::unique_ptr<std::atomic<bool>> job_stop_;
   std::unique_ptr<std::atomic<bool>> job_finished_;
   std::thread job_thread_;
+  // Stopped jobs whose threads have not been joined yet.
+  struct Retired {
+    std::thread thread;
+    std::unique_ptr<std::atomic<bool>> stop, finished;
+  };
+  std::vector<Retired> retired_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace shardtrain::worker

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/job_spec.h"
 #include "common/process.h"
+#include "common/spec_paths.h"
 #include "worker/checkpoint/directory.h"
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
@@ -150,8 +151,11 @@ class Reporter {
     Retry("ReportDone", [&] { return ctx_.client->ReportDone(req); });
   }
 
-  void Failure(const absl::Status& error, int64_t step, comm::Communicator* comm) {
-    Log("rank " + std::to_string(a_.rank()) + " failed: " + error.ToString());
+  // `permanent`: a retry cannot help (see ReportFailureRequest.permanent).
+  void Failure(const absl::Status& error, int64_t step, comm::Communicator* comm,
+               bool permanent = false) {
+    Log("rank " + std::to_string(a_.rank()) + (permanent ? " failed for good: " : " failed: ") +
+        error.ToString());
     v1::ReportFailureRequest req;
     req.set_job_id(a_.job_id());
     req.set_generation(a_.generation());
@@ -159,6 +163,7 @@ class Reporter {
     req.set_worker_id(ctx_.worker_id);
     req.set_reason(error.ToString());
     req.set_step(step);
+    req.set_permanent(permanent);
     if (comm) {
       for (const comm::FlightRecord& f : comm->flight_recorder().Dump()) {
         v1::CollectiveRecord* c = req.add_recent_collectives();
@@ -277,6 +282,33 @@ absl::Status CheckPlan(const v1::Plan& plan, const JobSpec& spec, const v1::RunA
   return absl::OkStatus();
 }
 
+// Whether an error building the rank's trainer is one a retry cannot fix:
+// the spec asks for what this worker cannot do (unsupported precision or
+// parallelism: FAILED_PRECONDITION), a value is bad (INVALID_ARGUMENT), or a
+// data file is missing (NOT_FOUND). Collective and RPC errors, which a new
+// generation can get past, never carry these codes from Trainer::Create.
+bool PermanentTrainerError(const absl::Status& s) {
+  return absl::IsInvalidArgument(s) || absl::IsNotFound(s) || absl::IsFailedPrecondition(s) ||
+         absl::IsUnimplemented(s);
+}
+
+// Rewrites the spec's paths to where this worker opens them (data under its
+// data root, checkpoints under its checkpoint root); INVALID_ARGUMENT naming
+// the field for a path that escapes its root.
+absl::Status ResolvePaths(const WorkerOptions& o, JobSpec& spec) {
+  for (auto [field, path] : {std::pair<const char*, std::string*>{"data.train", &spec.data.train},
+                             {"data.val", &spec.data.val}}) {
+    absl::StatusOr<std::string> p = ResolveSpecPath(field, o.data_root, *path, o.confine_data);
+    if (!p.ok()) return p.status();
+    *path = *std::move(p);
+  }
+  absl::StatusOr<std::string> dir = ResolveSpecPath("checkpoint.dir", o.checkpoint_root,
+                                                    spec.checkpoint.dir, o.confine_checkpoints);
+  if (!dir.ok()) return dir.status();
+  spec.checkpoint.dir = *std::move(dir);
+  return absl::OkStatus();
+}
+
 void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   const v1::RunAssignment& a = *ctx.assignment;
   const std::vector<std::string> labels = {a.job_id(), std::to_string(a.rank())};
@@ -289,12 +321,15 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   Gauge& loss = metrics->loss.WithLabels(labels);
   Reporter report(ctx);
   absl::StatusOr<JobSpec> spec = ParseJobSpec(a.spec_yaml());
-  if (!spec.ok()) return report.Failure(spec.status(), 0, nullptr);
+  if (!spec.ok()) return report.Failure(spec.status(), 0, nullptr, /*permanent=*/true);
   // Checkpoint paths as the spec and the coordinator's record name them; this
-  // worker reaches them under its checkpoint root (relative ones only).
-  const std::string& root = ctx.options->checkpoint_root;
+  // worker reaches them (and the data) under its roots.
+  const WorkerOptions& opts = *ctx.options;
   const std::string recorded_dir = spec->checkpoint.dir;
-  spec->checkpoint.dir = ResolveCheckpointPath(root, recorded_dir);
+  absl::StatusOr<std::string> resume_from = ResolveSpecPath(
+      "resume_from", opts.checkpoint_root, a.resume_from(), opts.confine_checkpoints);
+  absl::Status paths = resume_from.ok() ? ResolvePaths(opts, *spec) : resume_from.status();
+  if (!paths.ok()) return report.Failure(paths, 0, nullptr, /*permanent=*/true);
 
   // The plan is the coordinator's word on this rank's place in the mesh and
   // its share of the batch; the trainer derives the same from the spec, and
@@ -318,12 +353,13 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
     comm = *std::move(c);
   }
   auto trainer = Trainer::Create(*spec, a.rank(), ctx.options->threads, comm.get());
-  if (!trainer.ok()) return report.Failure(trainer.status(), 0, comm.get());
+  if (!trainer.ok()) {
+    return report.Failure(trainer.status(), 0, comm.get(), PermanentTrainerError(trainer.status()));
+  }
   checkpoint::FileCheckpointStorage storage;
   int64_t first = 1;
-  if (!a.resume_from().empty()) {
-    absl::StatusOr<std::string> step_dir =
-        ResolveCheckpoint(storage, ResolveCheckpointPath(root, a.resume_from()), report);
+  if (!resume_from->empty()) {
+    absl::StatusOr<std::string> step_dir = ResolveCheckpoint(storage, *resume_from, report);
     if (!step_dir.ok()) return report.Failure(step_dir.status(), 0, comm.get());
     absl::StatusOr<int64_t> done = (*trainer)->Restore(storage, *step_dir);
     if (!done.ok()) return report.Failure(done.status(), 0, comm.get());

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   int64_t heartbeat_ms = 1000;
   std::string collective_address = "127.0.0.1";
   std::string checkpoint_root;
+  std::string data_root;
 
   CLI::App app{
       "shardtrain-worker: runs the ranks a shardtrain coordinator assigns to this process.\n"
@@ -56,7 +57,13 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-root", checkpoint_root,
                  "directory a job's relative checkpoint.dir (and --resume-from) resolves "
                  "against; every rank of a job must see the same checkpoint files through it "
-                 "(a shared volume) (default: the working directory)");
+                 "(a shared volume) (default: the working directory). When given, a spec's "
+                 "checkpoint.dir and --resume-from must lie under it: one outside (absolute, or "
+                 "escaping with ..) fails the job at once, naming the field");
+  app.add_option("--data-root", data_root,
+                 "directory a job's relative data.train and data.val resolve against (default: "
+                 "the working directory). When given, data paths must lie under it: one outside "
+                 "(absolute, or escaping with ..) fails the job at once, naming the field");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -83,18 +90,27 @@ int main(int argc, char** argv) {
   options.threads = threads;
   options.heartbeat_ms = heartbeat_ms;
   options.collective_address = collective_address;
-  std::error_code ec;
-  std::filesystem::path root = checkpoint_root.empty() ? std::filesystem::current_path(ec)
-                                                       : std::filesystem::path(checkpoint_root);
-  if (!ec) root = std::filesystem::absolute(root, ec).lexically_normal();
-  if (ec) {
-    std::cerr << "shardtrain-worker: --checkpoint-root: " << ec.message() << "\n";
+  // A root as an absolute, normal path without a trailing '/' (the working
+  // directory when the flag is empty); false after printing a usage error.
+  auto absolute_root = [](const char* flag, const std::string& given, std::string* out) {
+    std::error_code ec;
+    std::filesystem::path root =
+        given.empty() ? std::filesystem::current_path(ec) : std::filesystem::path(given);
+    if (!ec) root = std::filesystem::absolute(root, ec).lexically_normal();
+    if (ec) {
+      std::cerr << "shardtrain-worker: " << flag << ": " << ec.message() << "\n";
+      return false;
+    }
+    *out = root.string();
+    if (out->size() > 1 && out->back() == '/') out->pop_back();
+    return true;
+  };
+  if (!absolute_root("--checkpoint-root", checkpoint_root, &options.checkpoint_root) ||
+      !absolute_root("--data-root", data_root, &options.data_root)) {
     return 2;
   }
-  options.checkpoint_root = root.string();
-  if (options.checkpoint_root.size() > 1 && options.checkpoint_root.back() == '/') {
-    options.checkpoint_root.pop_back();
-  }
+  options.confine_checkpoints = !checkpoint_root.empty();
+  options.confine_data = !data_root.empty();
   if (auto d = ProbeDevice(device, threads); d.ok()) {
     options.device = *d;
   } else {

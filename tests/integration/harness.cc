@@ -137,10 +137,17 @@ Coordinator StartCoordinator(const std::string& dir, int64_t lease_ms, const std
   Coordinator c;
   const std::string port_file = dir + "/coordinator.port";
   std::filesystem::remove(port_file);
-  c.process = Process(
-      {SHARDTRAIN_COORDINATOR_BIN, "--listen", listen, "--state-dir", dir + "/state", "--port-file",
-       port_file, "--metrics-listen", "127.0.0.1:0", "--lease-ms", std::to_string(lease_ms)},
-      dir + "/coordinator.log", cwd);
+  std::vector<std::string> argv = {SHARDTRAIN_COORDINATOR_BIN,
+                                   "--listen",
+                                   listen,
+                                   "--state-dir",
+                                   dir + "/state",
+                                   "--port-file",
+                                   port_file,
+                                   "--metrics-listen",
+                                   "127.0.0.1:0"};
+  if (lease_ms > 0) argv.insert(argv.end(), {"--lease-ms", std::to_string(lease_ms)});
+  c.process = Process(argv, dir + "/coordinator.log", cwd);
   WaitFor(
       [&] {
         std::ifstream in(port_file);
