@@ -200,9 +200,10 @@ class CheckpointCommitTest : public ::testing::Test {
     return out;
   }
 
-  // Rank 1 reports a failure: the job recovers and, its two workers being
-  // free and healthy, re-gangs on them at once as the next generation;
-  // returns the run command rank 1 then receives.
+  // Rank 1 reports a failure: the job recovers, and once its two workers
+  // have heartbeaten after the failure (a worker of a failed generation may
+  // be the dead one) it re-gangs on them as the next generation; returns
+  // the run command rank 1 then receives.
   v1::RunAssignment FailRank1AndRecover() {
     const v1::Job job = Job();
     v1::ReportFailureRequest f;
@@ -212,6 +213,14 @@ class CheckpointCommitTest : public ::testing::Test {
     f.set_worker_id(job.ranks(1).worker_id());
     f.set_reason("killed");
     EXPECT_TRUE(core_->ReportFailure(f).ok());
+    core_->Tick();
+    EXPECT_EQ(Job().state(), v1::JOB_STATE_RECOVERING) << "ganged before a heartbeat";
+    for (const v1::RankAssignment& r : job.ranks()) {
+      v1::HeartbeatRequest beat;
+      beat.set_worker_id(r.worker_id());
+      EXPECT_TRUE(core_->Heartbeat(beat).ok());
+    }
+    core_->Tick();
     const v1::Job again = Job();
     EXPECT_EQ(again.state(), v1::JOB_STATE_SCHEDULED);
     EXPECT_EQ(again.generation(), job.generation() + 1);

@@ -43,7 +43,9 @@ class FakeRunner {
         i = runs_.size() - 1;
         changed_.notify_all();
       }
-      while (!*ctx.stop && !finish_at_once) std::this_thread::sleep_for(milliseconds(1));
+      // `hold` keeps a stopped run from returning, as a rank stuck in a
+      // rendezvous or a collective until its timeout would.
+      while ((!*ctx.stop || hold) && !finish_at_once) std::this_thread::sleep_for(milliseconds(1));
       if (finish_at_once) {
         v1::ReportDoneRequest done;
         done.set_job_id(ctx.assignment->job_id());
@@ -70,6 +72,7 @@ class FakeRunner {
   }
 
   std::atomic<bool> finish_at_once{false};
+  std::atomic<bool> hold{false};
 
  private:
   mutable std::mutex mu_;
@@ -245,10 +248,40 @@ TEST_F(DaemonTest, AbortStopsAndJoinsTheJobAndTheNextHeartbeatIsIdle) {
   EXPECT_EQ(c.heartbeats[i].job_id(), "job-1");
   EXPECT_EQ(c.heartbeats[i + 1].job_id(), "");
   EXPECT_EQ(c.heartbeats[i + 1].generation(), 0);
+  // The daemon does not wait for the run (see HeartbeatsGoOnWhileAStopped...),
+  // but the run ends promptly once told to stop.
+  ASSERT_TRUE(runner_.WaitFor([](const auto& runs) { return runs[0].returned; }));
   const std::vector<FakeRunner::Run> runs = runner_.runs();
   ASSERT_EQ(runs.size(), 1u);
-  EXPECT_TRUE(runs[0].returned);  // joined before the daemon went on
   EXPECT_TRUE(runs[0].stopped);
+}
+
+// Issue #15: a stopped run that does not return yet (stuck in a rendezvous
+// or collective) must not hold up heartbeats, nor the next generation.
+TEST_F(DaemonTest, HeartbeatsGoOnWhileAStoppedRunIsStillWindingDown) {
+  coordinator_.Assign(Assignment(/*generation=*/1));
+  Start();
+  WaitRunning();
+  runner_.hold = true;
+  coordinator_.Assign(std::nullopt, "stale assignment");  // abort generation 1
+  ASSERT_TRUE(coordinator_.WaitFor([](const Calls& c) {
+    const int i = AnsweredWith(c, v1::Command::kAbort);
+    return i >= 0 && c.heartbeats.size() > size_t(i) + 5;
+  }));
+  const Calls c = coordinator_.calls();
+  const int i = AnsweredWith(c, v1::Command::kAbort);
+  for (size_t k = i + 1; k < c.heartbeats.size(); ++k) {
+    EXPECT_EQ(c.heartbeats[k].job_id(), "") << "heartbeat " << k;  // stopped: not reported
+  }
+  EXPECT_FALSE(runner_.runs()[0].returned) << "the held run cannot have returned";
+  coordinator_.Assign(Assignment(/*generation=*/2));
+  ASSERT_TRUE(runner_.WaitFor([](const auto& runs) { return runs.size() == 2; }));
+  ASSERT_TRUE(coordinator_.WaitFor([](const Calls& c) { return Reported(c, 0, "job-1", 2); }));
+  EXPECT_FALSE(runner_.runs()[0].returned);
+  runner_.hold = false;
+  ASSERT_TRUE(runner_.WaitFor([](const auto& runs) { return runs[0].returned; }));
+  EXPECT_TRUE(runner_.runs()[0].stopped);
+  EXPECT_FALSE(runner_.runs()[1].returned);
 }
 
 TEST_F(DaemonTest, AbortOfAnotherJobIsIgnored) {
@@ -268,9 +301,9 @@ TEST_F(DaemonTest, NewGenerationStopsTheOldRunThenStartsTheNew) {
   coordinator_.Assign(Assignment(/*generation=*/2));  // abort gen 1 + run gen 2
   ASSERT_TRUE(runner_.WaitFor([](const auto& runs) { return runs.size() == 2; }));
   ASSERT_TRUE(coordinator_.WaitFor([](const Calls& c) { return Reported(c, 0, "job-1", 2); }));
+  ASSERT_TRUE(runner_.WaitFor([](const auto& runs) { return runs[0].returned; }));
   const std::vector<FakeRunner::Run> runs = runner_.runs();
   EXPECT_EQ(runs[0].assignment.generation(), 1);
-  EXPECT_TRUE(runs[0].returned);
   EXPECT_TRUE(runs[0].stopped);
   EXPECT_EQ(runs[1].assignment.generation(), 2);
   EXPECT_FALSE(runs[1].returned);

@@ -98,6 +98,8 @@ class JobRunnerTest : public ::testing::Test {
     WorkerOptions options;
     options.threads = 1;
     options.checkpoint_root = checkpoint_root_;
+    options.data_root = data_root_;
+    options.confine_data = !data_root_.empty();
     RunContext ctx{&a, "w-1", &coordinator_, &options, &stop_};
     NewJobRunner (&registry_)(ctx);
   }
@@ -141,6 +143,7 @@ class JobRunnerTest : public ::testing::Test {
   MetricsRegistry registry_;
   std::atomic<bool> stop_{false};
   std::string checkpoint_root_;
+  std::string data_root_;  // when set, the worker's --data-root (confining)
   fs::path dir_;
   std::string data_;
 };
@@ -363,12 +366,12 @@ TEST_F(JobRunnerTest, PlanOfAnotherGenerationFailsBeforeTraining) {
   const std::string yaml = Yaml();
   ASSERT_TRUE(coordinator_.PlanJob(kJob, /*generation=*/2, Spec(yaml), 1).ok());
   RunJob(yaml);  // generation 1
-  FailedBeforeTraining({"ABORTED", "plan of generation 2"});
+  EXPECT_FALSE(FailedBeforeTraining({"ABORTED", "plan of generation 2"}).permanent());
 }
 
 TEST_F(JobRunnerTest, MissingPlanFails) {
   RunJob(Yaml());  // nothing scheduled: GetPlan answers NOT_FOUND
-  FailedBeforeTraining({"NOT_FOUND"});
+  EXPECT_FALSE(FailedBeforeTraining({"NOT_FOUND"}).permanent()) << "the plan may come later";
 }
 
 TEST_F(JobRunnerTest, MissingDataFileFailsNamingIt) {
@@ -376,12 +379,39 @@ TEST_F(JobRunnerTest, MissingDataFileFailsNamingIt) {
   const std::string yaml = absl::StrReplaceAll(Yaml(), {{data_, missing}});
   Schedule(yaml);
   RunJob(yaml);
-  EXPECT_EQ(FailedBeforeTraining({missing.c_str(), "data.train"}).step(), 0);
+  const v1::ReportFailureRequest f = FailedBeforeTraining({missing.c_str(), "data.train"});
+  EXPECT_EQ(f.step(), 0);
+  EXPECT_TRUE(f.permanent()) << "a retry cannot make the file appear";
+}
+
+// With --data-root, an absolute data path outside it fails for good, naming
+// the field, before anything is opened; a relative one resolves under it.
+TEST_F(JobRunnerTest, DataPathOutsideTheDataRootFailsForGood) {
+  data_root_ = (dir_ / "data").string();
+  const std::string yaml = Yaml();  // data.train is dir_/train.txt: outside
+  Schedule(yaml);
+  RunJob(yaml);
+  const v1::ReportFailureRequest f = FailedBeforeTraining(
+      {"INVALID_ARGUMENT", ("data.train: '" + data_ + "' is outside this worker's root").c_str()});
+  EXPECT_TRUE(f.permanent());
+  EXPECT_TRUE(coordinator_.calls().plan_requests.empty()) << "refused before the rendezvous";
+}
+
+TEST_F(JobRunnerTest, RelativeDataPathResolvesUnderTheDataRoot) {
+  data_root_ = (dir_ / "data").string();
+  fs::create_directories(data_root_);
+  fs::copy_file(data_, data_root_ + "/train.txt");
+  fs::remove(data_);  // only the copy under the root exists
+  const std::string relative = absl::StrReplaceAll(Yaml(), {{data_, "train.txt"}});
+  Schedule(relative);
+  RunJob(relative);
+  EXPECT_TRUE(coordinator_.calls().failures.empty());
+  EXPECT_EQ(coordinator_.calls().dones.size(), 1u);
 }
 
 TEST_F(JobRunnerTest, InvalidSpecFailsNamingTheField) {
   RunJob(Yaml("steps2: 4\n"));
-  FailedBeforeTraining({"INVALID_ARGUMENT", "steps2"});
+  EXPECT_TRUE(FailedBeforeTraining({"INVALID_ARGUMENT", "steps2"}).permanent());
   EXPECT_TRUE(coordinator_.calls().plan_requests.empty());
 }
 
