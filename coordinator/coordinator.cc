@@ -11,6 +11,7 @@
 #include "common/job_state.h"
 #include "common/planner.h"
 #include "common/spec_paths.h"
+#include "common/text_bounds.h"
 #include "coordinator/scheduler.h"
 
 namespace shardtrain::coordinator {
@@ -43,25 +44,6 @@ std::string StripPrefix(const std::string& name, const std::string& prefix) {
 int64_t IdNumber(const std::string& id) {
   long long n = 0;
   return std::sscanf(id.c_str(), "%*c-%lld", &n) == 1 ? n : 0;
-}
-
-// Smaller gang sizes a recovering job accepts, largest first: dp-only jobs
-// with resources.min_workers below their world, keeping the global batch
-// fixed, so only data-parallel degrees the batch splits over (SplitBatch:
-// whole micro-batches per replica per step) qualify. 4 ranks with
-// global/micro = 4 and min 2 shrink to 2, not 3: 3 replicas cannot split 4
-// micro-batches evenly.
-std::vector<int> ElasticWorlds(const JobSpec& spec, const ParallelDims& dims) {
-  std::vector<int> out;
-  if (dims.tp() != 1 || dims.pp() != 1) return out;
-  for (int dp = dims.dp() - 1; dp >= 1; --dp) {
-    absl::StatusOr<ParallelDims> shrunk = dims.WithDp(dp);
-    if (!shrunk.ok() || shrunk->world() < spec.resources.min_workers) break;
-    if (SplitBatch(spec.batch.global, spec.batch.micro, shrunk->dp()).ok()) {
-      out.push_back(shrunk->world());
-    }
-  }
-  return out;
 }
 
 }  // namespace
@@ -299,6 +281,12 @@ void Coordinator::Tick() {
 // ------------------------------------------------------------------ jobs
 
 absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& req) {
+  if (auto s = CheckSubmitRequest(req, options_.limits); !s.ok()) return s;
+  if (!req.idempotency_key().empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = submit_keys_.find(req.idempotency_key());
+    if (it != submit_keys_.end()) return jobs_.at(it->second).job;  // a retry
+  }
   std::vector<std::string> overrides(req.overrides().begin(), req.overrides().end());
   absl::StatusOr<ValidSpec> valid = Validate(req.spec_yaml(), overrides);
   if (!valid.ok()) return valid.status();
@@ -309,6 +297,11 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& req) 
   const std::string canonical_yaml = JobSpecToYaml(spec);
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  if (auto it = submit_keys_.find(req.idempotency_key());
+      !req.idempotency_key().empty() && it != submit_keys_.end()) {
+    return jobs_.at(it->second).job;  // a concurrent retry won
+  }
+  if (auto s = CheckRunnable(spec); !s.ok()) return s;
   const int64_t now = clock_->NowMs();
   v1::Job job;
   job.set_job_id(absl::StrFormat("j-%06d", next_job_));
@@ -337,6 +330,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& req) 
   e.valid = *std::move(valid);
   e.events.push_back(std::move(ev));
   job_order_.push_back(job.job_id());
+  if (!req.idempotency_key().empty()) submit_keys_[req.idempotency_key()] = job.job_id();
   events_cv_.notify_all();
   ScheduleLocked();
   return e.job;
@@ -347,20 +341,6 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) const {
   const JobEntry* e = FindJob(job_id);
   if (!e) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
   return e->job;
-}
-
-v1::ListJobsResponse Coordinator::ListJobs(const v1::ListJobsRequest& req) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  v1::ListJobsResponse resp;
-  for (const std::string& id : job_order_) {
-    const v1::Job& j = jobs_.at(id).job;
-    if (req.states_size() > 0 &&
-        std::find(req.states().begin(), req.states().end(), j.state()) == req.states().end()) {
-      continue;
-    }
-    *resp.add_jobs() = j;
-  }
-  return resp;
 }
 
 absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id,
@@ -425,6 +405,7 @@ absl::StatusOr<Coordinator::ValidSpec> Coordinator::Validate(
   if (!spec.ok()) return spec.status();
   absl::StatusOr<ParallelDims> dims = spec->Dims();
   if (!dims.ok()) return dims.status();
+  if (auto s = CheckSpecLimits(*spec, *dims, options_.limits); !s.ok()) return s;
   return ValidSpec{*std::move(spec), *dims};
 }
 
@@ -445,7 +426,7 @@ absl::Status Coordinator::AppendEvent(JobEntry& e, v1::EventKind kind, const std
   ev.set_time_ms(clock_->NowMs());
   ev.set_kind(kind);
   ev.set_state(e.job.state());
-  ev.set_message(message);
+  ev.set_message(SanitizeLine(message));
   if (step) *ev.mutable_step() = *step;
   if (auto s = store_->PutJobWithEvent(e.job, ev); !s.ok()) return s;
   e.events.push_back(std::move(ev));
@@ -477,84 +458,6 @@ void Coordinator::ReleaseWorkers(JobEntry& e) {
     if (it != workers_.end() && it->second.info.job_id() == e.job.job_id()) {
       it->second.info.clear_job_id();
       it->second.info.set_rank(0);
-    }
-  }
-}
-
-void Coordinator::ScheduleLocked() {
-  std::vector<PendingJob> fifo;
-  for (const std::string& id : job_order_) {
-    const v1::Job& j = jobs_.at(id).job;
-    if (j.state() == v1::JOB_STATE_PENDING) fifo.push_back({id, j.world(), j.device(), {}});
-    if (j.state() == v1::JOB_STATE_RECOVERING) {
-      const JobEntry& e = jobs_.at(id);
-      const bool shrink = e.valid && !AwaitingFormerRanks(e, clock_->NowMs());
-      fifo.push_back({id, j.world(), j.device(),
-                      shrink ? ElasticWorlds(e.valid->spec, e.valid->dims) : std::vector<int>{}});
-    }
-  }
-  if (fifo.empty()) return;
-  std::vector<FreeWorker> free;
-  const int64_t now = clock_->NowMs();
-  for (const auto& [id, w] : workers_) {
-    if (Schedulable(w, now)) free.push_back({id, w.info.device().kind()});
-  }
-  std::sort(free.begin(), free.end(), [](const FreeWorker& a, const FreeWorker& b) {
-    return WorkerIdLess(a.worker_id, b.worker_id);
-  });
-  for (const Placement& p : ScheduleGangs(fifo, free)) {
-    JobEntry& e = jobs_.at(p.job_id);
-    if (!e.valid) continue;  // not reached: only terminal jobs lack a spec
-    const v1::Job before = e.job;
-    std::optional<ValidSpec> shrunk;
-    std::string elastic;
-    if (static_cast<int>(p.workers.size()) != e.job.world()) {
-      // Elastic recovery on fewer workers: the same global batch over a
-      // smaller dp, with more accumulation (the sampler makes it the same
-      // batch, so the loss curve continues).
-      const ParallelDims& dims = e.valid->dims;
-      const int dp = static_cast<int>(p.workers.size()) / (dims.tp() * dims.pp());
-      absl::StatusOr<ValidSpec> v =
-          Validate(JobSpecToYaml(e.valid->spec), {absl::StrCat("parallel.dp=", dp)});
-      if (!v.ok() || v->dims.world() != static_cast<int>(p.workers.size())) continue;
-      elastic = absl::StrCat(" (elastic: world ", e.job.world(), " -> ", v->dims.world(), ")");
-      e.job.set_spec_yaml(JobSpecToYaml(v->spec));
-      e.job.set_world(v->dims.world());
-      shrunk = *std::move(v);
-    }
-    const JobSpec& spec = shrunk ? shrunk->spec : e.valid->spec;
-    e.job.set_generation(e.job.generation() + 1);
-    e.job.clear_ranks();
-    e.job.clear_done_ranks();
-    for (size_t r = 0; r < p.workers.size(); ++r) {
-      v1::RankAssignment* a = e.job.add_ranks();
-      a->set_rank(static_cast<int>(r));
-      a->set_worker_id(p.workers[r]);
-      a->set_collective_address(workers_.at(p.workers[r]).info.collective_address());
-    }
-    absl::StatusOr<v1::Plan> plan = MakePlan(spec, e.job.world());
-    if (plan.ok()) {
-      plan->set_job_id(e.job.job_id());
-      plan->set_generation(e.job.generation());
-      for (v1::RankPlan& r : *plan->mutable_ranks()) r.set_worker_id(p.workers[r.rank()]);
-    }
-    if (!plan.ok() || !store_->PutPlan(*plan).ok() ||
-        !Transition(e, v1::JOB_STATE_SCHEDULED,
-                    absl::StrCat("generation ", e.job.generation(), " on ", p.workers.size(),
-                                 " workers", elastic))
-             .ok()) {
-      e.job = before;  // try again at the next scheduling pass
-      continue;
-    }
-    if (shrunk) e.valid = *std::move(shrunk);
-    e.plan = *std::move(plan);
-    e.has_plan = true;
-    e.started.clear();
-    e.shards.clear();  // reports of an earlier generation never count for this one
-    for (size_t r = 0; r < p.workers.size(); ++r) {
-      WorkerEntry& w = workers_.at(p.workers[r]);
-      w.info.set_job_id(p.job_id);
-      w.info.set_rank(static_cast<int>(r));
     }
   }
 }

@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "common/job_spec.h"
 #include "common/parallel_dims.h"
+#include "coordinator/admission.h"
 #include "coordinator/clock.h"
 #include "coordinator/rendezvous_kv.h"
 #include "coordinator/state_store.h"
@@ -50,6 +51,10 @@ using SpecValidator = std::function<absl::StatusOr<JobSpec>(
 
 struct CoordinatorOptions {
   int64_t lease_ms = 10'000;  // a worker silent this long is DEAD
+  AdmissionLimits limits;     // bounds a job must meet at submit (admission.h)
+  // Scheduling passes a waiting job may be overtaken (backfilled past) by
+  // later jobs before it reserves its device kind (scheduler.h).
+  int reserve_after = 3;
 };
 
 class Coordinator {
@@ -74,9 +79,16 @@ class Coordinator {
   void Tick();
 
   // ---- jobs
+  // Checks the request against options.limits (INVALID_ARGUMENT naming the
+  // field and the limit) and the spec; FAILED_PRECONDITION when the cluster
+  // has workers and none that ever registered can run the job's device and
+  // precision (with no worker registered yet, the job waits PENDING). A
+  // request repeating an idempotency_key returns the job that key created.
   absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& req);
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
-  v1::ListJobsResponse ListJobs(const v1::ListJobsRequest& req) const;
+  // One page of job summaries (listing.cc). INVALID_ARGUMENT for a
+  // page_token this coordinator did not hand out.
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& req) const;
   // FAILED_PRECONDITION when the job already ended.
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
   // Events of the job with seq > after_seq; waits up to wait_ms for one when
@@ -119,6 +131,10 @@ class Coordinator {
 
   // ---- rendezvous
   RendezvousKv& kv() { return kv_; }
+  // Whether (job_id, generation) may use the KV now (listing.cc): NOT_FOUND
+  // for an unknown job, FAILED_PRECONDITION for one not SCHEDULED or
+  // RUNNING, ABORTED for another generation than the current one.
+  absl::Status CheckKvAccess(const std::string& job_id, int64_t generation) const;
 
   // Ends every blocking call (WaitEvents, WaitCheckpointShards, KvGet) with
   // UNAVAILABLE.
@@ -160,6 +176,7 @@ class Coordinator {
     std::map<int64_t, std::map<int, v1::CheckpointShard>> shards;
     bool has_plan = false;
     v1::Plan plan;
+    int passed_over = 0;  // scheduling passes later jobs overtook it (not stored)
   };
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<StateStore> store,
@@ -179,7 +196,13 @@ class Coordinator {
   absl::Status AppendEvent(JobEntry& e, v1::EventKind kind, const std::string& message,
                            const v1::StepReport* step);
   void ReleaseWorkers(JobEntry& e);
+  // One scheduling pass (scheduling.cc): starts the jobs that fit, records
+  // why the others wait (job.pending_reason), fails jobs that cannot be
+  // planned.
   void ScheduleLocked();
+  // OK when some registered worker can run the spec or none registered yet;
+  // FAILED_PRECONDITION naming the field otherwise (scheduling.cc).
+  absl::Status CheckRunnable(const JobSpec& spec) const;
   absl::Status CheckRank(const JobEntry& e, int64_t generation, int rank,
                          const std::string& worker_id) const;
   // CheckRank, and ABORTED while the job is RECOVERING: checkpoints of a
@@ -222,6 +245,8 @@ class Coordinator {
   int64_t next_worker_ = 1;                     // GUARDED_BY(mu_)
   int64_t next_job_ = 1;                        // GUARDED_BY(mu_)
   bool shutdown_ = false;                       // GUARDED_BY(mu_)
+  // SubmitJobRequest.idempotency_key -> job id, for this process's life.
+  std::map<std::string, std::string> submit_keys_;  // GUARDED_BY(mu_)
 };
 
 // "JOB_STATE_RUNNING" -> "RUNNING".

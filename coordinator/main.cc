@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -31,6 +32,8 @@ struct Flags {
   std::string metrics_listen;
   std::string port_file;
   int64_t lease_ms = 10'000;
+  shardtrain::coordinator::AdmissionLimits limits;
+  int reserve_after = shardtrain::coordinator::CoordinatorOptions().reserve_after;
 };
 
 int Fail(const std::string& msg) {
@@ -74,6 +77,30 @@ int main(int argc, char** argv) {
   app.add_option("--lease-ms", flags.lease_ms, "a worker silent for this long is declared DEAD")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}));
+  app.add_option("--max-world", flags.limits.max_world,
+                 "refuse at submit a job of more ranks (dp x tp x pp) than this")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-params", flags.limits.max_params,
+                 "refuse at submit a model of more parameters than this")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-plan-bytes", flags.limits.max_plan_bytes,
+                 "refuse at submit a job whose plan (layout, shards; ~80 bytes per tensor, "
+                 "12 tensors per layer) would be larger than this; GetPlan answers must fit "
+                 "gRPC's 4 MiB")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-spec-bytes", flags.limits.max_spec_bytes,
+                 "refuse at submit a spec (YAML and overrides together) larger than this")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--reserve-after", flags.reserve_after,
+                 "backfill: a waiting job that later, smaller jobs have overtaken this many "
+                 "times reserves the free workers of its device kind until it starts (0 = "
+                 "strict FIFO)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -92,6 +119,8 @@ int main(int argc, char** argv) {
   RealClock clock;
   CoordinatorOptions options;
   options.lease_ms = flags.lease_ms;
+  options.limits = flags.limits;
+  options.reserve_after = flags.reserve_after;
   auto core = Coordinator::Create(options, *std::move(store), ValidateSpec, &clock);
   if (!core.ok()) return Fail(std::string((core.status().message())));
 
@@ -137,7 +166,15 @@ int main(int argc, char** argv) {
     std::unique_lock<std::mutex> lock(tick_mu);
     while (!tick_cv.wait_for(lock, period, [&] { return stopping; })) {
       lock.unlock();
-      (*core)->Tick();
+      try {
+        (*core)->Tick();
+      } catch (const std::exception& e) {
+        // The core turns what it can foresee into FAILED jobs; anything else
+        // is logged and the next tick tries again, the coordinator stays up.
+        std::cerr << "shardtrain-coordinator: scheduling pass threw: " << e.what() << std::endl;
+      } catch (...) {
+        std::cerr << "shardtrain-coordinator: scheduling pass threw" << std::endl;
+      }
       lock.lock();
     }
   });

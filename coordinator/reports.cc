@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/parallel_dims.h"
+#include "common/text_bounds.h"
 #include "coordinator/coordinator.h"
 
 namespace shardtrain::coordinator {
@@ -181,7 +182,9 @@ absl::Status Coordinator::ReportFailure(const v1::ReportFailureRequest& req) {
   return absl::OkStatus();
 }
 
-void Coordinator::FailOrRecover(JobEntry& e, const std::string& reason, bool permanent) {
+void Coordinator::FailOrRecover(JobEntry& e, const std::string& raw_reason, bool permanent) {
+  // Reasons come from reports: one bounded line, as events are.
+  const std::string reason = SanitizeLine(raw_reason);
   HoldForHeartbeat(e);
   e.job.set_failure_reason(reason);
   const int max_restarts = e.valid ? e.valid->spec.max_restarts : 0;

@@ -1,11 +1,15 @@
 #include "coordinator/service.h"
 
 #include <chrono>
+#include <exception>
+#include <iostream>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/text_bounds.h"
 
 namespace shardtrain::coordinator {
 namespace {
@@ -44,7 +48,22 @@ CoordinatorService::CoordinatorService(Coordinator* core, MetricsRegistry* regis
 template <typename Fn>
 grpc::Status CoordinatorService::Handle(const char* method, Fn&& fn) {
   const auto start = std::chrono::steady_clock::now();
-  absl::Status s = fn();
+  absl::Status s;
+  try {
+    s = fn();
+  } catch (const std::exception& e) {
+    // No exception leaves a gRPC thread: the call fails, the server stays.
+    std::cerr << "shardtrain-coordinator: " << method << " threw: " << e.what() << std::endl;
+    s = absl::InternalError(absl::StrCat(method, " failed: ", e.what()));
+  } catch (...) {
+    std::cerr << "shardtrain-coordinator: " << method << " threw" << std::endl;
+    s = absl::InternalError(absl::StrCat(method, " failed"));
+  }
+  // Errors may quote input (a key, a spec value): never echo more than a
+  // few hundred bytes of it.
+  if (!s.ok() && s.message().size() > 2 * kMaxEchoBytes) {
+    s = absl::Status(s.code(), Truncate(s.message(), 2 * kMaxEchoBytes));
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   rpcs_.WithLabels({method, std::string(absl::StatusCodeToString(s.code()))}).Increment();
@@ -95,10 +114,7 @@ grpc::Status CoordinatorService::GetJob(grpc::ServerContext*, const v1::GetJobRe
 
 grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req,
                                           v1::ListJobsResponse* resp) {
-  return Handle("ListJobs", [&] {
-    *resp = core_->ListJobs(*req);
-    return absl::OkStatus();
-  });
+  return Handle("ListJobs", [&] { return Fill(core_->ListJobs(*req), resp); });
 }
 
 grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req,
@@ -225,8 +241,8 @@ grpc::Status CoordinatorService::KvSet(grpc::ServerContext*, const v1::KvSetRequ
                                        v1::KvSetResponse*) {
   return Handle("KvSet", [&]() -> absl::Status {
     if (auto s = RequireKvKey(req->job_id(), req->key()); !s.ok()) return s;
-    core_->kv().Set(req->job_id(), req->generation(), req->key(), req->value());
-    return absl::OkStatus();
+    if (auto s = core_->CheckKvAccess(req->job_id(), req->generation()); !s.ok()) return s;
+    return core_->kv().Set(req->job_id(), req->generation(), req->key(), req->value());
   });
 }
 
@@ -234,6 +250,7 @@ grpc::Status CoordinatorService::KvGet(grpc::ServerContext*, const v1::KvGetRequ
                                        v1::KvGetResponse* resp) {
   return Handle("KvGet", [&]() -> absl::Status {
     if (auto s = RequireKvKey(req->job_id(), req->key()); !s.ok()) return s;
+    if (auto s = core_->CheckKvAccess(req->job_id(), req->generation()); !s.ok()) return s;
     auto v = core_->kv().Get(req->job_id(), req->generation(), req->key(), req->wait_ms());
     if (!v.ok()) return v.status();
     resp->set_value(*std::move(v));
@@ -245,6 +262,7 @@ grpc::Status CoordinatorService::KvAdd(grpc::ServerContext*, const v1::KvAddRequ
                                        v1::KvAddResponse* resp) {
   return Handle("KvAdd", [&]() -> absl::Status {
     if (auto s = RequireKvKey(req->job_id(), req->key()); !s.ok()) return s;
+    if (auto s = core_->CheckKvAccess(req->job_id(), req->generation()); !s.ok()) return s;
     auto v = core_->kv().Add(req->job_id(), req->generation(), req->key(), req->delta());
     if (!v.ok()) return v.status();
     resp->set_value(*v);
@@ -267,8 +285,16 @@ void RegisterCoordinatorMetrics(Coordinator* core, MetricsRegistry* registry) {
   registry->AddCollector([core, workers, jobs, step, total, loss] {
     for (const auto& [state, n] : core->WorkerCountsByState()) workers->WithLabels({state}).Set(n);
     for (const auto& [state, n] : core->JobCountsByState()) jobs->WithLabels({state}).Set(n);
-    const v1::ListJobsResponse all = core->ListJobs(v1::ListJobsRequest());
-    for (const v1::Job& j : all.jobs()) {
+    std::vector<v1::Job> all;
+    v1::ListJobsRequest page;
+    page.set_page_size(1000);
+    do {
+      absl::StatusOr<v1::ListJobsResponse> r = core->ListJobs(page);
+      if (!r.ok()) break;
+      all.insert(all.end(), r->jobs().begin(), r->jobs().end());
+      page.set_page_token(r->next_page_token());
+    } while (!page.page_token().empty());
+    for (const v1::Job& j : all) {
       // Only active jobs are exported, so the label set stays small.
       if (IsTerminal(j.state())) {
         step->Remove({j.job_id()});

@@ -454,6 +454,7 @@ absl::StatusOr<v1::Device> ProbeDevice(const std::string& name, int threads) {
   if (name == "cpu") {
     d.set_name("cpu");
     d.set_kind("cpu");
+    d.add_precisions("fp32");  // the CPU engine trains in fp32 only (trainer.cc)
     d.set_memory_bytes(TotalMemoryBytes());
     d.set_model(absl::StrCat("cpu, ", threads, " threads"));
     return d;

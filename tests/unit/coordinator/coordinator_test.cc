@@ -160,7 +160,7 @@ TEST_F(CoordinatorTest, BadSpecIsRefusedAndNothingStored) {
   auto job = core_->SubmitJob(r);
   ASSERT_TRUE(absl::IsInvalidArgument(job.status()));
   EXPECT_NE(job.status().message().find("parallel.tp"), absl::string_view::npos);
-  EXPECT_EQ(core_->ListJobs({}).jobs_size(), 0);
+  EXPECT_EQ(core_->ListJobs({})->jobs_size(), 0);
 }
 
 TEST_F(CoordinatorTest, GangWaitsForEnoughWorkersThenAssignsDistinctRanks) {
@@ -452,7 +452,7 @@ TEST(CoordinatorRestartTest, SqliteStateSurvivesAndWorkersRejoinWithTheirIds) {
     core->SubmitJob(s).IgnoreError();  // stays PENDING: one worker only
   }                                    // "crash": nothing else is flushed
   auto core = *Coordinator::Create(o, *OpenSqliteStateStore(dir), ValidateSpec, &clock);
-  auto jobs = core->ListJobs({});
+  auto jobs = *core->ListJobs({});
   ASSERT_EQ(jobs.jobs_size(), 2);
   EXPECT_EQ(jobs.jobs(0).job_id(), job_id);
   EXPECT_EQ(jobs.jobs(0).state(), v1::JOB_STATE_SCHEDULED);

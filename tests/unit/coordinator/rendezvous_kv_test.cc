@@ -10,7 +10,7 @@ namespace {
 
 TEST(RendezvousKvTest, SetGetIsNamespacedByJobAndGeneration) {
   RendezvousKv kv;
-  kv.Set("j1", 1, "rank_0", "addr-a");
+  ASSERT_TRUE(kv.Set("j1", 1, "rank_0", "addr-a").ok());
   EXPECT_EQ(*kv.Get("j1", 1, "rank_0", 0), "addr-a");
   EXPECT_TRUE(absl::IsNotFound(kv.Get("j1", 2, "rank_0", 0).status()));
   EXPECT_TRUE(absl::IsNotFound(kv.Get("j2", 1, "rank_0", 0).status()));
@@ -20,7 +20,7 @@ TEST(RendezvousKvTest, BlockingGetWakesWhenKeyIsSet) {
   RendezvousKv kv;
   std::thread setter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    kv.Set("j", 0, "k", "v");
+    ASSERT_TRUE(kv.Set("j", 0, "k", "v").ok());
   });
   auto start = std::chrono::steady_clock::now();
   auto v = kv.Get("j", 0, "k", 5000);
@@ -52,15 +52,15 @@ TEST(RendezvousKvTest, AddIsAtomicAcrossThreads) {
   for (auto& t : ts) t.join();
   EXPECT_EQ(*kv.Add("j", 0, "n", 0), 1000);
   EXPECT_EQ(*kv.Get("j", 0, "n", 0), "1000");
-  kv.Set("j", 0, "s", "abc");
+  ASSERT_TRUE(kv.Set("j", 0, "s", "abc").ok());
   EXPECT_TRUE(absl::IsInvalidArgument(kv.Add("j", 0, "s", 1).status()));
 }
 
 TEST(RendezvousKvTest, DropJobForgetsEveryGeneration) {
   RendezvousKv kv;
-  kv.Set("j1", 0, "a", "1");
-  kv.Set("j1", 1, "a", "1");
-  kv.Set("j2", 0, "a", "1");
+  ASSERT_TRUE(kv.Set("j1", 0, "a", "1").ok());
+  ASSERT_TRUE(kv.Set("j1", 1, "a", "1").ok());
+  ASSERT_TRUE(kv.Set("j2", 0, "a", "1").ok());
   kv.DropJob("j1");
   EXPECT_EQ(kv.Size(), 1u);
   EXPECT_TRUE(kv.Get("j2", 0, "a", 0).ok());
@@ -75,6 +75,35 @@ TEST(RendezvousKvTest, ShutdownWakesWaiters) {
   auto v = kv.Get("j", 0, "never", 60'000);
   t.join();
   EXPECT_TRUE(absl::IsUnavailable(v.status())) << v.status();
+}
+
+TEST(RendezvousKvTest, AddRefusesOverflowAndKeepsTheValue) {
+  RendezvousKv kv;
+  ASSERT_EQ(*kv.Add("j", 0, "n", INT64_MAX - 1), INT64_MAX - 1);
+  auto over = kv.Add("j", 0, "n", 2);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kOutOfRange) << over.status();
+  EXPECT_EQ(*kv.Get("j", 0, "n", 0), std::to_string(INT64_MAX - 1));
+  ASSERT_EQ(*kv.Add("j", 0, "m", INT64_MIN + 1), INT64_MIN + 1);
+  EXPECT_EQ(kv.Add("j", 0, "m", -2).status().code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST(RendezvousKvTest, ValueSizeKeysAndBytesPerJobAreBoundedUntilTheJobIsDropped) {
+  KvLimits limits;
+  limits.max_value_bytes = 10;
+  limits.max_keys_per_job = 3;
+  limits.max_bytes_per_job = 24;
+  RendezvousKv kv(limits);
+  EXPECT_TRUE(absl::IsInvalidArgument(kv.Set("j", 0, "k", std::string(11, 'v'))));
+  ASSERT_TRUE(kv.Set("j", 0, "a", "1234567").ok());                          // 8 bytes with the key
+  ASSERT_TRUE(kv.Set("j", 1, "b", "1234567").ok());                          // 16
+  EXPECT_TRUE(absl::IsResourceExhausted(kv.Set("j", 1, "c", "123456789")));  // 26 > 24
+  ASSERT_TRUE(kv.Set("j", 1, "b", "1").ok());                        // overwriting shrinks: 10
+  ASSERT_TRUE(kv.Set("j", 1, "c", "1").ok());                        // 12, 3 keys
+  EXPECT_TRUE(absl::IsResourceExhausted(kv.Set("j", 1, "d", "1")));  // a 4th key
+  ASSERT_TRUE(kv.Set("other", 0, "d", "1").ok());                    // per job
+  kv.DropJob("j");
+  ASSERT_TRUE(kv.Set("j", 2, "d", "1234567").ok());
+  EXPECT_EQ(kv.Size(), 2u);
 }
 
 }  // namespace

@@ -1,0 +1,84 @@
+#include "coordinator/admission.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/model/config.h"
+
+namespace shardtrain::coordinator {
+namespace {
+
+std::string Bytes(double b) {
+  if (b >= 1024.0 * 1024 * 1024) return absl::StrFormat("%.1f GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return absl::StrFormat("%.1f MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0) return absl::StrFormat("%.1f KiB", b / 1024.0);
+  return absl::StrFormat("%.0f bytes", b);
+}
+
+}  // namespace
+
+absl::Status CheckSubmitRequest(const v1::SubmitJobRequest& req, const AdmissionLimits& limits) {
+  double bytes = static_cast<double>(req.spec_yaml().size());
+  for (const std::string& o : req.overrides()) bytes += static_cast<double>(o.size());
+  if (bytes > static_cast<double>(limits.max_spec_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec: ", Bytes(bytes), " of spec and overrides, above the coordinator's limit of ",
+        Bytes(static_cast<double>(limits.max_spec_bytes)), " (--max-spec-bytes)"));
+  }
+  if (req.idempotency_key().size() > kMaxIdempotencyKeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("idempotency_key: ", req.idempotency_key().size(), " bytes, at most ",
+                     kMaxIdempotencyKeyBytes));
+  }
+  return absl::OkStatus();
+}
+
+double ModelParams(const ModelSpec& m) {
+  const double c = m.dim;
+  const double vp = m.vocab > 0 ? model::PaddedVocab(m.vocab) : 0;
+  return vp * c + static_cast<double>(m.context) * c +
+         static_cast<double>(m.layers) * (12.0 * c * c + 13.0 * c) + 2.0 * c;
+}
+
+double EstimatePlanBytes(const JobSpec& spec, int world) {
+  const double layers = spec.model.layers;
+  const double dp = spec.parallel.dp;
+  // ParamTensor: a name like "block.123.attn.proj.weight", a shape, an
+  // offset, a unit name; ~80 bytes with framing.
+  const double tensors = 12.0 * layers + 4.0;
+  // ShardUnit: a name, offset, numel and two int64 lists of dp entries.
+  const double units = layers + 2.0;
+  // RankPlan ~40 bytes; every rank is in three groups (~8 bytes each).
+  const double w = world;
+  const double stages = spec.parallel.pp;
+  return tensors * 80.0 + units * (40.0 + 22.0 * dp) + w * (40.0 + 3 * 8.0) + 3 * w * 12.0 +
+         stages * 16.0 + 256.0;
+}
+
+absl::Status CheckSpecLimits(const JobSpec& spec, const ParallelDims& dims,
+                             const AdmissionLimits& limits) {
+  if (dims.world() > limits.max_world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel: world ", dims.world(), " (dp ", dims.dp(), " x tp ", dims.tp(), " x pp ",
+        dims.pp(), ") is above the coordinator's limit of ", limits.max_world, " (--max-world)"));
+  }
+  const double params = ModelParams(spec.model);
+  if (params > static_cast<double>(limits.max_params)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "model: %.4g parameters (layers %d, dim %d, vocab %d, context %d), above the "
+        "coordinator's limit of %d (--max-params)",
+        params, spec.model.layers, spec.model.dim, spec.model.vocab, spec.model.context,
+        limits.max_params));
+  }
+  const double plan = EstimatePlanBytes(spec, dims.world());
+  if (plan > static_cast<double>(limits.max_plan_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan: model.layers ", spec.model.layers, " x parallel.dp ", dims.dp(),
+        " needs an estimated ", Bytes(plan), " plan, above the coordinator's limit of ",
+        Bytes(static_cast<double>(limits.max_plan_bytes)), " (--max-plan-bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardtrain::coordinator
