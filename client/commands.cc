@@ -5,6 +5,7 @@
 #include <chrono>
 #include <iostream>
 #include <map>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -24,6 +25,18 @@ namespace shardtrain::client {
 namespace {
 
 using worker::CoordinatorClient;
+
+// Submit attempts while the coordinator answers UNAVAILABLE (0.5 s, then
+// 1 s between them).
+constexpr int kSubmitAttempts = 3;
+
+// 128 random bits as hex: a SubmitJob idempotency key.
+std::string RandomIdempotencyKey() {
+  std::random_device rd;
+  std::string key;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&key, absl::Hex(rd(), absl::kZeroPad8));
+  return key;
+}
 
 std::unique_ptr<grpc::ClientContext> Ctx(const GlobalFlags& g) {
   auto ctx = std::make_unique<grpc::ClientContext>();
@@ -120,10 +133,17 @@ int Submit(const GlobalFlags& g, const std::string& spec_path, const std::vector
   if (auto s = ReadSpec(spec_path, req.mutable_spec_yaml()); !s.ok()) return ReportError(g, s);
   for (const auto& kv : sets) req.add_overrides(kv);
   req.set_resume_from(resume_from);
+  // One key per invocation: a retry after UNAVAILABLE (the answer may have
+  // been lost after the coordinator stored the job) returns the same job.
+  req.set_idempotency_key(RandomIdempotencyKey());
   v1::SubmitJobResponse resp;
-  if (auto s = Call(g, &v1::Coordinator::Stub::SubmitJob, req, &resp, spec_path); !s.ok()) {
-    return ReportError(g, s);
+  absl::Status s;
+  for (int attempt = 0; attempt < kSubmitAttempts; ++attempt) {
+    if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(500 << (attempt - 1)));
+    s = Call(g, &v1::Coordinator::Stub::SubmitJob, req, &resp, spec_path);
+    if (!absl::IsUnavailable(s)) break;
   }
+  if (!s.ok()) return ReportError(g, s);
   if (g.output == "json") {
     std::cout << JobJson(resp.job()) << std::endl;
   } else {
@@ -138,10 +158,18 @@ int Submit(const GlobalFlags& g, const std::string& spec_path, const std::vector
 }
 
 int List(const GlobalFlags& g) {
+  // Every page, in submission order.
   v1::ListJobsResponse resp;
-  if (auto s = Call(g, &v1::Coordinator::Stub::ListJobs, v1::ListJobsRequest(), &resp); !s.ok()) {
-    return ReportError(g, s);
-  }
+  v1::ListJobsRequest req;
+  req.set_page_size(500);
+  do {
+    v1::ListJobsResponse page;
+    if (auto s = Call(g, &v1::Coordinator::Stub::ListJobs, req, &page); !s.ok()) {
+      return ReportError(g, s);
+    }
+    for (v1::Job& j : *page.mutable_jobs()) *resp.add_jobs() = std::move(j);
+    req.set_page_token(page.next_page_token());
+  } while (!req.page_token().empty());
   if (g.output == "json") {
     std::string out = "{\"jobs\": [";
     for (int i = 0; i < resp.jobs_size(); ++i) {
@@ -154,9 +182,10 @@ int List(const GlobalFlags& g) {
   for (const auto& j : resp.jobs()) {
     rows.push_back({j.job_id(), j.name(), StateName(j.state()), absl::StrCat(j.world()),
                     absl::StrCat(j.progress().step(), "/", j.progress().total_steps()),
-                    j.progress().step() > 0 ? absl::StrFormat("%.4f", j.progress().loss()) : "-"});
+                    j.progress().step() > 0 ? absl::StrFormat("%.4f", j.progress().loss()) : "-",
+                    j.pending_reason().empty() ? "-" : j.pending_reason()});
   }
-  std::cout << FormatTable({"JOB", "NAME", "STATE", "WORLD", "STEP", "LOSS"}, rows);
+  std::cout << FormatTable({"JOB", "NAME", "STATE", "WORLD", "STEP", "LOSS", "WAITING"}, rows);
   return 0;
 }
 

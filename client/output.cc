@@ -96,6 +96,7 @@ std::string JobJson(const v1::Job& j) {
       ", \"tokens_per_s\": ", Num(p.tokens_per_s()), ", \"submitted_ms\": ", j.submitted_ms(),
       ", \"updated_ms\": ", j.updated_ms(),
       ", \"failure_reason\": ", JsonString(j.failure_reason()),
+      ", \"pending_reason\": ", JsonString(j.pending_reason()),
       ", \"output\": ", JsonString(j.output()), "}");
 }
 
@@ -196,6 +197,7 @@ std::string JobText(const v1::Job& j) {
   }
   absl::StrAppend(&out, "\n");
   if (!j.failure_reason().empty()) absl::StrAppend(&out, "reason   ", j.failure_reason(), "\n");
+  if (!j.pending_reason().empty()) absl::StrAppend(&out, "waiting  ", j.pending_reason(), "\n");
   if (!j.output().empty()) absl::StrAppend(&out, "output   ", j.output(), "\n");
   if (j.ranks_size() > 0) {
     std::vector<std::vector<std::string>> rows;

@@ -133,7 +133,7 @@ bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeou
 }
 
 Coordinator StartCoordinator(const std::string& dir, int64_t lease_ms, const std::string& listen,
-                             const std::string& cwd) {
+                             const std::string& cwd, const std::vector<std::string>& extra) {
   Coordinator c;
   const std::string port_file = dir + "/coordinator.port";
   std::filesystem::remove(port_file);
@@ -147,6 +147,7 @@ Coordinator StartCoordinator(const std::string& dir, int64_t lease_ms, const std
                                    "--metrics-listen",
                                    "127.0.0.1:0"};
   if (lease_ms > 0) argv.insert(argv.end(), {"--lease-ms", std::to_string(lease_ms)});
+  argv.insert(argv.end(), extra.begin(), extra.end());
   c.process = Process(argv, dir + "/coordinator.log", cwd);
   WaitFor(
       [&] {

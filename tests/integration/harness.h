@@ -71,11 +71,11 @@ struct Coordinator {
 
 // Starts shardtrain-coordinator on `listen` (default port 0) with its state
 // in `state_dir`, and waits for its port file. `lease_ms` 0: the default
-// lease (no --lease-ms). `cwd`: its working directory
-// (default: the test's).
+// lease (no --lease-ms). `cwd`: its working directory (default: the
+// test's). `extra`: more flags.
 Coordinator StartCoordinator(const std::string& dir, int64_t lease_ms,
-                             const std::string& listen = "127.0.0.1:0",
-                             const std::string& cwd = "");
+                             const std::string& listen = "127.0.0.1:0", const std::string& cwd = "",
+                             const std::vector<std::string>& extra = {});
 Process StartWorker(const std::string& dir, const std::string& coordinator, int index,
                     const std::vector<std::string>& extra = {}, const std::string& cwd = "");
 // Runs `shardtrain ARGS... --coordinator ADDR` (when `coordinator` is set).
