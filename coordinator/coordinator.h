@@ -61,8 +61,8 @@ class Coordinator {
  public:
   // Loads the stored state. Workers found there get a fresh lease (a grace
   // period to re-attach); jobs keep their states, except that a job whose
-  // stored spec the validator now refuses is FAILED with its message (if not
-  // already terminal). Errors: the store's.
+  // stored spec the validator or options.limits now refuse is FAILED with
+  // the message (if not already terminal). Errors: the store's.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(CoordinatorOptions options,
                                                              std::unique_ptr<StateStore> store,
                                                              SpecValidator validator,
