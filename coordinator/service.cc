@@ -62,7 +62,7 @@ grpc::Status CoordinatorService::Handle(const char* method, Fn&& fn) {
   // Errors may quote input (a key, a spec value): never echo more than a
   // few hundred bytes of it.
   if (!s.ok() && s.message().size() > 2 * kMaxEchoBytes) {
-    s = absl::Status(s.code(), Truncate(s.message(), 2 * kMaxEchoBytes));
+    s = absl::Status(s.code(), Truncate(std::string(s.message()), 2 * kMaxEchoBytes));
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
