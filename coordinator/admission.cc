@@ -1,6 +1,7 @@
 #include "coordinator/admission.h"
 
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -25,6 +26,10 @@ absl::Status CheckSubmitRequest(const v1::SubmitJobRequest& req, const Admission
     return absl::InvalidArgumentError(absl::StrCat(
         "spec: ", Bytes(bytes), " of spec and overrides, above the coordinator's limit of ",
         Bytes(static_cast<double>(limits.max_spec_bytes)), " (--max-spec-bytes)"));
+  }
+  if (req.resume_from().size() > kMaxPathBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resume_from: ", req.resume_from().size(), " bytes, at most ", kMaxPathBytes));
   }
   if (req.idempotency_key().size() > kMaxIdempotencyKeyBytes) {
     return absl::InvalidArgumentError(
@@ -54,6 +59,43 @@ double EstimatePlanBytes(const JobSpec& spec, int world) {
   const double stages = spec.parallel.pp;
   return tensors * 80.0 + units * (40.0 + 22.0 * dp) + w * (40.0 + 3 * 8.0) + 3 * w * 12.0 +
          stages * 16.0 + 256.0;
+}
+
+absl::Status CheckRegisterRequest(const v1::RegisterWorkerRequest& req) {
+  const std::pair<const char*, const std::string*> fields[] = {
+      {"host", &req.host()},
+      {"collective_address", &req.collective_address()},
+      {"metrics_address", &req.metrics_address()},
+      {"checkpoint_root", &req.checkpoint_root()},
+      {"previous_worker_id", &req.previous_worker_id()}};
+  for (const auto& [name, value] : fields) {
+    if (value->size() > kMaxPathBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": ", value->size(), " bytes, at most ", kMaxPathBytes));
+    }
+  }
+  for (const v1::Device& d : req.devices()) {
+    for (const std::string* v : {&d.name(), &d.kind(), &d.model()}) {
+      if (v->size() > kMaxPathBytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("devices: a field of ", v->size(), " bytes, at most ", kMaxPathBytes));
+      }
+    }
+    if (d.precisions_size() > 8) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("devices.precisions: ", d.precisions_size(), " entries, at most 8"));
+    }
+    for (const std::string& p : d.precisions()) {
+      if (p.size() > 16) {
+        return absl::InvalidArgumentError("devices.precisions: an entry over 16 bytes");
+      }
+    }
+  }
+  if (req.devices_size() > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("devices: ", req.devices_size(), " entries, at most 16"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckSpecLimits(const JobSpec& spec, const ParallelDims& dims,

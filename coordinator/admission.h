@@ -32,11 +32,19 @@ struct AdmissionLimits {
   int max_world = 1024;
 };
 
+// The longest path (resume_from, a worker's addresses and roots) accepted.
+inline constexpr size_t kMaxPathBytes = 4096;
 // The longest SubmitJobRequest.idempotency_key accepted.
 inline constexpr size_t kMaxIdempotencyKeyBytes = 128;
 
-// Checks what can be checked before parsing: spec bytes, the key's length.
+// Checks what can be checked before parsing: spec bytes, resume_from's and
+// the key's length.
 absl::Status CheckSubmitRequest(const v1::SubmitJobRequest& req, const AdmissionLimits& limits);
+
+// Bounds a registration's strings (kMaxPathBytes each), devices and
+// precisions, so that ListWorkers answers stay small. INVALID_ARGUMENT
+// naming the field.
+absl::Status CheckRegisterRequest(const v1::RegisterWorkerRequest& req);
 
 // Checks a validated spec: parameters, plan size, world.
 absl::Status CheckSpecLimits(const JobSpec& spec, const ParallelDims& dims,

@@ -145,6 +145,7 @@ absl::Status Coordinator::Load() {
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     const v1::RegisterWorkerRequest& req) {
   if (req.devices_size() == 0) return absl::InvalidArgumentError("devices: at least one needed");
+  if (auto s = CheckRegisterRequest(req); !s.ok()) return s;
   if (req.collective_address().empty()) {
     return absl::InvalidArgumentError("collective_address: must not be empty");
   }

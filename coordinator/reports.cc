@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/parallel_dims.h"
 #include "common/text_bounds.h"
+#include "coordinator/admission.h"
 #include "coordinator/coordinator.h"
 
 namespace shardtrain::coordinator {
@@ -139,7 +140,9 @@ absl::Status Coordinator::ReportDone(const v1::ReportDoneRequest& req) {
   const auto& done = e->job.done_ranks();
   if (std::count(done.begin(), done.end(), req.rank()) > 0) return absl::OkStatus();
   e->job.add_done_ranks(req.rank());
-  if (req.rank() == 0 && !req.output().empty()) e->job.set_output(req.output());
+  if (req.rank() == 0 && !req.output().empty()) {
+    e->job.set_output(Truncate(req.output(), kMaxPathBytes));
+  }
   if (e->job.done_ranks_size() < e->job.world()) {
     return store_->PutJob(e->job);
   }

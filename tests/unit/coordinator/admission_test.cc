@@ -94,6 +94,24 @@ TEST_F(AdmissionTest, EachLimitNamesItsFieldAndFlag) {
   EXPECT_LT(bytes.status().message().size(), 300u);
 }
 
+TEST_F(AdmissionTest, LongPathsAndRegistrationFieldsAreRefusedByName) {
+  v1::SubmitJobRequest submit;
+  submit.set_spec_yaml(Spec(1));
+  submit.set_resume_from(std::string(2'500'000, 'p'));  // the 2.5 MB path
+  auto job = core_->SubmitJob(submit);
+  ASSERT_TRUE(absl::IsInvalidArgument(job.status())) << job.status();
+  EXPECT_EQ(job.status().message(), "resume_from: 2500000 bytes, at most 4096");
+
+  v1::RegisterWorkerRequest reg;
+  reg.set_host(std::string(5000, 'h'));
+  reg.set_collective_address("127.0.0.1");
+  reg.add_devices()->set_kind("cpu");
+  auto w = core_->RegisterWorker(reg);
+  ASSERT_TRUE(absl::IsInvalidArgument(w.status())) << w.status();
+  EXPECT_EQ(w.status().message(), "host: 5000 bytes, at most 4096");
+  EXPECT_EQ(core_->ListWorkers().workers_size(), 0);
+}
+
 TEST_F(AdmissionTest, ParamsAndPlanEstimateMatchTheModel) {
   JobSpec spec = *ValidateSpec(
       Spec(1), {"model.preset=gpt2-124m", "model.layers=12", "model.heads=12", "model.dim=768",
