@@ -440,6 +440,9 @@ absl::Status Coordinator::Transition(JobEntry& e, v1::JobState to, const std::st
   const v1::Job before = e.job;
   e.job.set_state(to);
   e.job.set_updated_ms(clock_->NowMs());
+  if (to != v1::JOB_STATE_PENDING && to != v1::JOB_STATE_RECOVERING) {
+    e.job.clear_pending_reason();  // it waits no more
+  }
   if (auto s = AppendEvent(e, v1::EVENT_KIND_STATE, message, nullptr); !s.ok()) {
     e.job = before;  // not durable: not changed
     return s;

@@ -177,6 +177,8 @@ TEST_F(AdmissionTest, SmallJobBackfillsPastAnUnsatisfiableHeadWhichStillRunsFirs
   EXPECT_EQ(Job(head.job_id()).state(), v1::JOB_STATE_SCHEDULED);
   EXPECT_EQ(Job(later.job_id()).state(), v1::JOB_STATE_PENDING);
   EXPECT_EQ(Job(later.job_id()).pending_reason(), "waiting for 1 cpu workers, 0 free");
+  ASSERT_TRUE(core_->CancelJob(later.job_id(), "").ok());
+  EXPECT_EQ(Job(later.job_id()).pending_reason(), "");  // ended: waits no more
 }
 
 TEST_F(AdmissionTest, PrecisionOrDeviceNoRegisteredWorkerSupportsIsRefused) {
