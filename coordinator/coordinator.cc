@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -402,7 +403,14 @@ absl::StatusOr<v1::Plan> Coordinator::GetPlan(const std::string& job_id) const {
 
 absl::StatusOr<Coordinator::ValidSpec> Coordinator::Validate(
     const std::string& yaml, const std::vector<std::string>& overrides) const {
-  absl::StatusOr<JobSpec> spec = validator_(yaml, overrides);
+  absl::StatusOr<JobSpec> spec;
+  try {
+    spec = validator_(yaml, overrides);
+  } catch (const std::exception& e) {
+    // A spec must never take the coordinator down (at submit or at Load):
+    // it is refused, or its stored job FAILS, with the reason.
+    return absl::InvalidArgumentError(absl::StrCat("spec: validation failed: ", e.what()));
+  }
   if (!spec.ok()) return spec.status();
   absl::StatusOr<ParallelDims> dims = spec->Dims();
   if (!dims.ok()) return dims.status();

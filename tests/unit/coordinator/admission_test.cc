@@ -149,6 +149,21 @@ TEST(AdmissionRestartTest, StoredJobTooLargeToPlanFailsAtLoadAndTheCoordinatorSt
   }
 }
 
+TEST(AdmissionThrowTest, AValidatorThatThrowsRefusesTheSpecInsteadOfCrashing) {
+  FakeClock clock;
+  auto throwing = [](const std::string&,
+                     const std::vector<std::string>&) -> absl::StatusOr<JobSpec> {
+    throw std::bad_alloc();
+  };
+  auto core = Coordinator::Create(CoordinatorOptions(), NewMemoryStateStore(), throwing, &clock);
+  ASSERT_TRUE(core.ok()) << core.status();
+  v1::SubmitJobRequest r;
+  r.set_spec_yaml(Spec(1));
+  auto job = (*core)->SubmitJob(r);
+  ASSERT_TRUE(absl::IsInvalidArgument(job.status())) << job.status();
+  EXPECT_EQ(job.status().message().rfind("spec: validation failed: ", 0), 0u) << job.status();
+}
+
 TEST_F(AdmissionTest, SmallJobBackfillsPastAnUnsatisfiableHeadWhichStillRunsFirstLater) {
   CoordinatorOptions o;
   o.reserve_after = 1;
