@@ -18,6 +18,22 @@ bool CanRun(const FreeWorker& w, const std::string& device, const std::string& p
   return std::find(w.precisions.begin(), w.precisions.end(), precision) != w.precisions.end();
 }
 
+namespace {
+
+// The free workers able to run one (device, precision), and how many alive
+// ones could: built once per distinct pair in a pass, so a pass costs
+// O(jobs + workers) per pair, not O(jobs x workers).
+struct Pool {
+  std::string device;
+  std::string precision;
+  std::vector<const FreeWorker*> free;  // registration order
+  size_t next = 0;                      // free[0, next) are all taken
+  size_t taken = 0;                     // taken members of `free`
+  int capacity = 0;                     // alive workers able to run it
+};
+
+}  // namespace
+
 SchedulePass RunSchedulePass(const std::vector<PendingJob>& fifo,
                              const std::vector<FreeWorker>& free,
                              const std::vector<FreeWorker>& alive, int reserve_after) {
@@ -25,6 +41,19 @@ SchedulePass RunSchedulePass(const std::vector<PendingJob>& fifo,
   std::set<std::string> taken;                  // workers placed in this pass
   std::map<std::string, std::string> reserved;  // kind -> job holding it
   std::vector<size_t> unplaced;                 // fifo indices not placed, not reserving
+  std::map<std::pair<std::string, std::string>, Pool> pools;
+  auto pool_for = [&](const PendingJob& job) -> Pool& {
+    const auto key = std::make_pair(job.device, job.precision);
+    if (auto it = pools.find(key); it != pools.end()) return it->second;
+    Pool& p = pools[key];
+    p.device = job.device;
+    p.precision = job.precision;
+    for (const FreeWorker& w : free) {
+      if (!taken.count(w.worker_id) && CanRun(w, job.device, job.precision)) p.free.push_back(&w);
+    }
+    for (const FreeWorker& w : alive) p.capacity += CanRun(w, job.device, job.precision) ? 1 : 0;
+    return p;
+  };
   for (size_t i = 0; i < fifo.size(); ++i) {
     const PendingJob& job = fifo[i];
     if (job.world <= 0) continue;
@@ -36,15 +65,9 @@ SchedulePass RunSchedulePass(const std::vector<PendingJob>& fifo,
                        " workers until it starts");
       continue;
     }
-    std::vector<std::string> eligible;
-    for (const FreeWorker& w : free) {
-      if (!taken.count(w.worker_id) && CanRun(w, job.device, job.precision)) {
-        eligible.push_back(w.worker_id);
-      }
-    }
-    int capacity = 0;
-    for (const FreeWorker& w : alive) capacity += CanRun(w, job.device, job.precision) ? 1 : 0;
-    const size_t available = eligible.size();
+    Pool& pool = pool_for(job);
+    const int capacity = pool.capacity;
+    const size_t available = pool.free.size() - pool.taken;
     int size = available >= static_cast<size_t>(job.world) ? job.world : 0;
     int smallest = job.world;
     for (int w : job.fallback_worlds) {
@@ -53,8 +76,21 @@ SchedulePass RunSchedulePass(const std::vector<PendingJob>& fifo,
       if (size == 0 && static_cast<size_t>(w) <= available) size = w;
     }
     if (size > 0) {
-      Placement p{job.job_id, {eligible.begin(), eligible.begin() + size}};
-      taken.insert(p.workers.begin(), p.workers.end());
+      std::vector<const FreeWorker*> chosen;
+      for (size_t k = pool.next; k < pool.free.size() && chosen.size() < size_t(size); ++k) {
+        if (!taken.count(pool.free[k]->worker_id)) chosen.push_back(pool.free[k]);
+      }
+      Placement p{job.job_id, {}};
+      for (const FreeWorker* w : chosen) {
+        taken.insert(w->worker_id);
+        p.workers.push_back(w->worker_id);
+      }
+      for (auto& [key, other] : pools) {  // every pool the chosen workers were free in
+        for (const FreeWorker* w : chosen) other.taken += CanRun(*w, other.device, other.precision);
+        while (other.next < other.free.size() && taken.count(other.free[other.next]->worker_id)) {
+          ++other.next;
+        }
+      }
       out.placements.push_back(std::move(p));
       for (size_t u : unplaced) {
         if (fifo[u].device == job.device) out.passed_over.push_back(fifo[u].job_id);

@@ -102,6 +102,21 @@ TEST(SchedulerTest, PrecisionNeedsAWorkerThatSupportsIt) {
   EXPECT_EQ(pass.placements[0].workers, std::vector<std::string>{"w-2"});
 }
 
+TEST(SchedulerTest, AWorkerTakenForOnePrecisionIsNoLongerFreeForAnother) {
+  // w-1 trains fp32 and bf16, w-2 fp32 only. j1 (bf16, 2) cannot fit; j2
+  // (fp32) takes w-1, the first in order; then j3 (bf16) finds none free.
+  std::vector<FreeWorker> free = {{"w-1", "cpu", {"fp32", "bf16"}}, {"w-2", "cpu", {}}};
+  PendingJob j1{"j1", 2, "cpu"}, j2{"j2", 1, "cpu"}, j3{"j3", 1, "cpu"};
+  j1.precision = j3.precision = "bf16";
+  auto pass = RunSchedulePass({j1, j2, j3}, free, free, 5);
+  ASSERT_EQ(pass.placements.size(), 1u);
+  EXPECT_EQ(pass.placements[0].job_id, "j2");
+  EXPECT_EQ(pass.placements[0].workers, std::vector<std::string>{"w-1"});
+  EXPECT_EQ(pass.waiting.at("j1"),
+            "waiting for 2 cpu (bf16) workers, 1 free; only 1 alive can run it");
+  EXPECT_EQ(pass.waiting.at("j3"), "waiting for 1 cpu (bf16) workers, 0 free");
+}
+
 TEST(SchedulerTest, IgnoresOtherDevicesAndZeroWorld) {
   EXPECT_TRUE(Gangs({{"j1", 1, "cuda"}}, Cpus(3)).empty());
   EXPECT_TRUE(Gangs({{"j1", 0, "cpu"}}, Cpus(3)).empty());
