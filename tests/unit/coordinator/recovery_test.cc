@@ -161,7 +161,7 @@ TEST_F(RecoveryTest, SubmitRefusesRelativePathsEscapingWithDotDot) {
   auto resume = Submit(1, {}, "ckpt/../../elsewhere");
   EXPECT_TRUE(absl::IsInvalidArgument(resume.status())) << resume.status();
   EXPECT_NE(resume.status().message().find("resume_from: "), std::string::npos);
-  EXPECT_TRUE(core_->ListJobs({}).jobs().empty()) << "nothing stored";
+  EXPECT_TRUE(core_->ListJobs({})->jobs().empty()) << "nothing stored";
   // Staying inside, and absolute paths (each worker checks those against
   // its roots), are accepted.
   EXPECT_TRUE(Submit(1, {"data.train=a/../x.txt", "checkpoint.dir=/srv/ckpt"}).ok());
