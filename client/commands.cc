@@ -49,8 +49,9 @@ std::unique_ptr<grpc::ClientContext> Ctx(const GlobalFlags& g) {
 template <typename Req, typename Resp, typename Method>
 absl::Status Call(const GlobalFlags& g, Method method, const Req& req, Resp* resp,
                   const std::string& what = "") {
-  CoordinatorClient client(g.coordinator, g.timeout_ms);
+  CoordinatorClient client(g.coordinator, g.timeout_ms, g.connect);
   auto ctx = Ctx(g);
+  client.Authorize(ctx.get());
   return FromGrpcStatus((client.stub().*method)(ctx.get(), req, resp), what);
 }
 
@@ -200,13 +201,14 @@ int Watch(const GlobalFlags& g, const std::string& job_id) {
   auto job = GetJob(g, job_id);
   if (!job.ok()) return ReportError(g, job.status());
   const int64_t total = job->progress().total_steps();
-  CoordinatorClient client(g.coordinator, g.timeout_ms);
+  CoordinatorClient client(g.coordinator, g.timeout_ms, g.connect);
   EtaEstimator eta;
   int64_t after = 0;
   // The stream ends when the job does; a broken stream is resumed from the
   // last event seen, so a coordinator restart costs a pause, not the watch.
   for (int attempt = 0; attempt < 30; ++attempt) {
     grpc::ClientContext ctx;
+    client.Authorize(&ctx);
     v1::WatchJobRequest req;
     req.set_job_id(job_id);
     req.set_after_seq(after);

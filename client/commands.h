@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "common/job_spec.h"
+#include "worker/coordinator_client.h"
 
 namespace shardtrain::client {
 
@@ -18,6 +19,9 @@ struct GlobalFlags {
   std::string output = "table";                // table | json (csv for history)
   int64_t timeout_ms = 10'000;                 // per RPC
   bool verbose = false;                        // -v: errors also print their raw cause
+  // Token and TLS, read once from --token / --token-file / $SHARDTRAIN_TOKEN
+  // and --tls-ca / --tls-cert / --tls-key.
+  worker::ConnectOptions connect;
 };
 
 int Submit(const GlobalFlags& g, const std::string& spec_path, const std::vector<std::string>& sets,

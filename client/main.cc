@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
              "  {\"error\": {\"code\": \"NOT_FOUND\", \"message\": \"job j-9 not found\"}}\n"
              "(with \"detail\" when there is a raw cause), and stdout holds only data.\n"
              "-v shows the raw cause in text mode.");
+  std::string token, token_file, tls_ca, tls_cert, tls_key;
   auto add_common = [&](CLI::App* cmd, bool remote, const char* outputs) {
     cmd->add_flag("-v,--verbose", g.verbose, "errors also print their raw cause (gRPC's message)");
     if (remote) {
@@ -39,6 +40,13 @@ int main(int argc, char** argv) {
           ->capture_default_str();
       cmd->add_option("--timeout-ms", g.timeout_ms, "deadline of each call to the coordinator")
           ->capture_default_str();
+      cmd->add_option(
+          "--token", token,
+          "bearer token for a coordinator started with --tokens (env SHARDTRAIN_TOKEN)");
+      cmd->add_option("--token-file", token_file, "file holding the bearer token");
+      cmd->add_option("--tls-ca", tls_ca, "CA certificate (PEM) of a TLS coordinator: TLS on");
+      cmd->add_option("--tls-cert", tls_cert, "client certificate (PEM) for mutual TLS");
+      cmd->add_option("--tls-key", tls_key, "private key (PEM) of --tls-cert");
     }
     if (outputs) {
       cmd->add_option("--output,-o", g.output, std::string("output format: ") + outputs)
@@ -152,6 +160,11 @@ int main(int argc, char** argv) {
         cmd->count("--coordinator") > 0 ? "--coordinator" : "SHARDTRAIN_COORDINATOR";
     auto s = shardtrain::CheckAddressFlag(source, g.coordinator, shardtrain::AddressUse::kDial);
     if (!s.ok()) return ReportError(g, s);
+    const char* env_token = std::getenv("SHARDTRAIN_TOKEN");
+    auto connect = shardtrain::worker::ReadConnectOptions(
+        token, token_file, env_token ? env_token : "", tls_ca, tls_cert, tls_key);
+    if (!connect.ok()) return ReportError(g, connect.status());
+    g.connect = *std::move(connect);
   }
 
   if (*submit) return Submit(g, spec_path, sets, resume_from, wait);

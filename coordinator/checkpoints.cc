@@ -23,8 +23,9 @@ std::string Steps(const std::vector<v1::CheckpointInfo>& infos) {
 }  // namespace
 
 absl::Status Coordinator::CheckCheckpointRank(const JobEntry& e, int64_t generation, int rank,
-                                              const std::string& worker_id) const {
-  if (auto s = CheckRank(e, generation, rank, worker_id); !s.ok()) return s;
+                                              const std::string& worker_id,
+                                              const std::string& lease_token) const {
+  if (auto s = CheckRank(e, generation, rank, worker_id, lease_token); !s.ok()) return s;
   if (e.job.state() == v1::JOB_STATE_RECOVERING) {
     return absl::AbortedError(absl::StrCat("job ", e.job.job_id(), " is RECOVERING: generation ",
                                            generation, " failed and commits no checkpoint"));
@@ -37,7 +38,8 @@ absl::StatusOr<bool> Coordinator::ReportCheckpoint(const v1::ReportCheckpointReq
   std::lock_guard<std::mutex> lock(mu_);
   JobEntry* e = FindJob(shard.job_id());
   if (!e) return absl::NotFoundError(absl::StrCat("job ", shard.job_id(), " not found"));
-  if (auto s = CheckCheckpointRank(*e, shard.generation(), shard.rank(), req.worker_id());
+  if (auto s = CheckCheckpointRank(*e, shard.generation(), shard.rank(), req.worker_id(),
+                                   req.lease_token());
       !s.ok()) {
     return s;
   }
@@ -56,7 +58,9 @@ absl::StatusOr<v1::WaitCheckpointShardsResponse> Coordinator::WaitCheckpointShar
     if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
     const JobEntry* e = FindJob(req.job_id());
     if (!e) return absl::NotFoundError(absl::StrCat("job ", req.job_id(), " not found"));
-    if (auto s = CheckCheckpointRank(*e, req.generation(), req.rank(), req.worker_id()); !s.ok()) {
+    if (auto s = CheckCheckpointRank(*e, req.generation(), req.rank(), req.worker_id(),
+                                     req.lease_token());
+        !s.ok()) {
       return s;
     }
     auto it = e->shards.find(req.step());
@@ -80,7 +84,9 @@ absl::StatusOr<v1::CommitCheckpointResponse> Coordinator::CommitCheckpoint(
   std::lock_guard<std::mutex> lock(mu_);
   JobEntry* e = FindJob(req.job_id());
   if (!e) return absl::NotFoundError(absl::StrCat("job ", req.job_id(), " not found"));
-  if (auto s = CheckCheckpointRank(*e, req.generation(), req.rank(), req.worker_id()); !s.ok()) {
+  if (auto s =
+          CheckCheckpointRank(*e, req.generation(), req.rank(), req.worker_id(), req.lease_token());
+      !s.ok()) {
     return s;
   }
   if (req.rank() != 0) {

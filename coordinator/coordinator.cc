@@ -142,109 +142,7 @@ absl::Status Coordinator::Load() {
 }
 
 // ------------------------------------------------------------------ membership
-
-absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
-    const v1::RegisterWorkerRequest& req) {
-  if (req.devices_size() == 0) return absl::InvalidArgumentError("devices: at least one needed");
-  if (auto s = CheckRegisterRequest(req); !s.ok()) return s;
-  if (req.collective_address().empty()) {
-    return absl::InvalidArgumentError("collective_address: must not be empty");
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  const int64_t now = clock_->NowMs();
-  std::string id = req.previous_worker_id();
-  auto it = workers_.find(id);
-  const bool rejoin = it != workers_.end() && it->second.info.state() != v1::WORKER_STATE_DEAD;
-  if (!rejoin) id = absl::StrFormat("w-%04d", next_worker_++);
-  WorkerEntry& e = workers_[id];
-  v1::WorkerInfo info = e.info;
-  info.set_worker_id(id);
-  info.set_host(req.host());
-  info.set_collective_address(req.collective_address());
-  *info.mutable_device() = req.devices(0);
-  info.set_host_memory_bytes(req.host_memory_bytes());
-  info.set_threads(req.threads());
-  info.set_metrics_address(req.metrics_address());
-  info.set_checkpoint_root(req.checkpoint_root());
-  info.set_data_root(req.data_root());
-  info.set_state(v1::WORKER_STATE_ALIVE);
-  info.set_last_heartbeat_ms(now);
-  if (!rejoin) info.set_registered_ms(now);
-  v1::WorkerInfo durable = info;
-  durable.clear_job_id();
-  durable.set_rank(0);
-  if (auto s = store_->PutWorker(durable); !s.ok()) {
-    if (!rejoin) workers_.erase(id);
-    return s;
-  }
-  e.info = std::move(info);
-  e.lease_until = now + options_.lease_ms;
-  e.awaiting_heartbeat = false;
-  ScheduleLocked();
-  v1::RegisterWorkerResponse resp;
-  resp.set_worker_id(id);
-  resp.set_lease_ms(options_.lease_ms);
-  return resp;
-}
-
-absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& req) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = workers_.find(req.worker_id());
-  if (it == workers_.end() || it->second.info.state() == v1::WORKER_STATE_DEAD) {
-    return absl::NotFoundError(
-        absl::StrCat("worker ", req.worker_id(), " is not registered (or was declared DEAD)"));
-  }
-  WorkerEntry& w = it->second;
-  const int64_t now = clock_->NowMs();
-  w.lease_until = now + options_.lease_ms;
-  w.awaiting_heartbeat = false;
-  w.info.set_last_heartbeat_ms(now);
-
-  v1::HeartbeatResponse resp;
-  resp.set_lease_ms(options_.lease_ms);
-  const std::string& want_job = w.info.job_id();
-  JobEntry* e = want_job.empty() ? nullptr : FindJob(want_job);
-  const bool rank_done =
-      e && std::count(e->job.done_ranks().begin(), e->job.done_ranks().end(), w.info.rank()) > 0;
-  const bool want_run = e && !IsTerminal(e->job.state()) && !rank_done;
-  const bool runs_wanted =
-      want_run && req.job_id() == want_job && req.generation() == e->job.generation();
-  if (!req.job_id().empty() && !runs_wanted && !(rank_done && req.job_id() == want_job)) {
-    v1::AbortJob* abort = resp.add_commands()->mutable_abort();
-    abort->set_job_id(req.job_id());
-    abort->set_generation(req.generation());
-    const JobEntry* running = FindJob(req.job_id());
-    abort->set_reason(running && IsTerminal(running->job.state())
-                          ? absl::StrCat("job is ", JobStateLabel(running->job.state()))
-                          : "stale assignment");
-  }
-  if (want_run && !runs_wanted) {
-    v1::RunAssignment* run = resp.add_commands()->mutable_run();
-    run->set_job_id(want_job);
-    run->set_generation(e->job.generation());
-    run->set_rank(w.info.rank());
-    run->set_world(e->job.world());
-    run->set_spec_yaml(e->job.spec_yaml());
-    if (e->job.checkpoints_size() > 0) {
-      const v1::CheckpointInfo& last = *e->job.checkpoints().rbegin();
-      run->set_resume_from(last.dir());
-      run->set_resume_step(last.step());
-    } else {
-      run->set_resume_from(e->job.resume_from());
-    }
-  }
-  if (runs_wanted && e->job.state() == v1::JOB_STATE_SCHEDULED) {
-    e->started.insert(w.info.rank());
-    if (static_cast<int>(e->started.size()) == e->job.world()) {
-      // Every rank acknowledged the generation: the gang runs.
-      if (auto s = Transition(*e, v1::JOB_STATE_RUNNING, "all ranks started"); !s.ok()) return s;
-    }
-  }
-  if (w.info.state() == v1::WORKER_STATE_DRAINING && want_job.empty()) {
-    resp.add_commands()->mutable_drain()->set_reason("worker is draining");
-  }
-  return resp;
-}
+// RegisterWorker and Heartbeat: membership.cc.
 
 v1::ListWorkersResponse Coordinator::ListWorkers() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -282,7 +180,8 @@ void Coordinator::Tick() {
 
 // ------------------------------------------------------------------ jobs
 
-absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& req) {
+absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& req,
+                                               const std::string& owner) {
   if (auto s = CheckSubmitRequest(req, options_.limits); !s.ok()) return s;
   if (!req.idempotency_key().empty()) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -315,6 +214,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& req) 
   job.set_updated_ms(now);
   job.set_resume_from(req.resume_from());
   job.set_device(device);
+  job.set_owner(owner);
   job.mutable_progress()->set_total_steps(spec.steps);
   v1::JobEvent ev;
   ev.set_job_id(job.job_id());

@@ -32,6 +32,7 @@
 #include "common/parallel_dims.h"
 #include "coordinator/admission.h"
 #include "coordinator/clock.h"
+#include "coordinator/fencing.h"
 #include "coordinator/rendezvous_kv.h"
 #include "coordinator/state_store.h"
 #include "shardtrain/v1/coordinator.pb.h"
@@ -55,6 +56,9 @@ struct CoordinatorOptions {
   // Scheduling passes a waiting job may be overtaken (backfilled past) by
   // later jobs before it reserves its device kind (scheduler.h).
   int reserve_after = 3;
+  // Derives lease tokens and worker secrets (fencing.h). main() loads it from
+  // the state directory so a restart keeps running ranks' tokens valid.
+  FencingKey fencing_key = FencingKey::Random();
 };
 
 class Coordinator {
@@ -69,9 +73,13 @@ class Coordinator {
                                                              const Clock* clock);
   ~Coordinator();
 
-  // ---- membership
+  // ---- membership (membership.cc)
+  // The answer carries the secret bound to the id. PERMISSION_DENIED when
+  // previous_worker_id names a live worker and worker_secret is not its.
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::RegisterWorkerRequest& req);
-  // NOT_FOUND for an unknown or DEAD worker (it must register again).
+  // NOT_FOUND for an unknown or DEAD worker (it must register again);
+  // PERMISSION_DENIED without the worker's secret (nothing renewed). A run
+  // command carries the assignment's lease token.
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req);
   v1::ListWorkersResponse ListWorkers() const;
   // Marks workers whose lease ran out DEAD and fails their jobs; then
@@ -84,7 +92,8 @@ class Coordinator {
   // has workers and none that ever registered can run the job's device and
   // precision (with no worker registered yet, the job waits PENDING). A
   // request repeating an idempotency_key returns the job that key created.
-  absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& req);
+  // `owner`: the name of the caller's token, recorded as job.owner.
+  absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& req, const std::string& owner = "");
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
   // One page of job summaries (listing.cc). INVALID_ARGUMENT for a
   // page_token this coordinator did not hand out.
@@ -101,7 +110,9 @@ class Coordinator {
   absl::StatusOr<v1::Plan> GetPlan(const std::string& job_id) const;
 
   // ---- reports from ranks. ABORTED for a stale generation or a rank that
-  // is not the caller's; FAILED_PRECONDITION when the job is not active.
+  // is not the caller's; PERMISSION_DENIED without the generation's lease
+  // token; FAILED_PRECONDITION when the job is not active. A refused report
+  // changes nothing.
   absl::StatusOr<v1::ReportStepResponse> ReportStep(const v1::ReportStepRequest& req);
   absl::Status ReportDone(const v1::ReportDoneRequest& req);
   // Checkpoints (checkpoints.cc). The coordinator keeps the record of
@@ -135,6 +146,10 @@ class Coordinator {
   // for an unknown job, FAILED_PRECONDITION for one not SCHEDULED or
   // RUNNING, ABORTED for another generation than the current one.
   absl::Status CheckKvAccess(const std::string& job_id, int64_t generation) const;
+  // CheckKvAccess, then PERMISSION_DENIED unless `lease_token` is the one of
+  // `generation` of `job_id` (KV writes).
+  absl::Status CheckLease(const std::string& job_id, int64_t generation,
+                          const std::string& lease_token) const;
 
   // Ends every blocking call (WaitEvents, WaitCheckpointShards, KvGet) with
   // UNAVAILABLE.
@@ -204,11 +219,14 @@ class Coordinator {
   // FAILED_PRECONDITION naming the field otherwise (scheduling.cc).
   absl::Status CheckRunnable(const JobSpec& spec) const;
   absl::Status CheckRank(const JobEntry& e, int64_t generation, int rank,
-                         const std::string& worker_id) const;
+                         const std::string& worker_id, const std::string& lease_token) const;
+  // PERMISSION_DENIED unless `lease_token` is that of e's current generation.
+  absl::Status CheckLeaseToken(const JobEntry& e, const std::string& lease_token) const;
   // CheckRank, and ABORTED while the job is RECOVERING: checkpoints of a
   // generation that failed are never committed.
   absl::Status CheckCheckpointRank(const JobEntry& e, int64_t generation, int rank,
-                                   const std::string& worker_id) const;
+                                   const std::string& worker_id,
+                                   const std::string& lease_token) const;
   // Every rank reported `step`: aggregates the reports by the plan's mesh
   // (rules in reports.cc) into the job's history, progress and events.
   void FinishStep(JobEntry& e, int64_t step);

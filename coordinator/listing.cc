@@ -26,6 +26,7 @@ v1::Job Summary(const v1::Job& j) {
   s.set_output(Truncate(j.output()));
   s.set_pending_reason(Truncate(j.pending_reason()));
   s.set_device(Truncate(j.device()));
+  s.set_owner(Truncate(j.owner()));
   return s;
 }
 
@@ -59,6 +60,7 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
         std::find(req.states().begin(), req.states().end(), j.state()) == req.states().end()) {
       continue;
     }
+    if (!req.owner().empty() && j.owner() != req.owner()) continue;
     if (resp.jobs_size() == page_size) {
       resp.set_next_page_token(job_order_[i - 1]);
       break;

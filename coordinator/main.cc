@@ -19,7 +19,9 @@
 #include "common/metrics_http.h"
 #include "common/process.h"
 #include "common/version.h"
+#include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/fencing.h"
 #include "coordinator/service.h"
 #include "coordinator/spec_validator.h"
 #include "coordinator/state_store.h"
@@ -34,7 +36,27 @@ struct Flags {
   int64_t lease_ms = 10'000;
   shardtrain::coordinator::AdmissionLimits limits;
   int reserve_after = shardtrain::coordinator::CoordinatorOptions().reserve_after;
+  std::string tls_cert, tls_key, tls_ca;  // PEM files; TLS on when cert and key are set
+  std::string tokens;                     // token file; authentication on when set
+  bool insecure = false;                  // plaintext on a non-loopback address
 };
+
+// The credentials --tls-cert/--tls-key/--tls-ca ask for: TLS (mutual with a
+// CA: clients must present a certificate it signed), or plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const Flags& f) {
+  if (f.tls_cert.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions opts(
+      f.tls_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                       : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  if (auto s = shardtrain::ReadFile(f.tls_key, &pair.private_key); !s.ok()) return s;
+  if (auto s = shardtrain::ReadFile(f.tls_cert, &pair.cert_chain); !s.ok()) return s;
+  opts.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!f.tls_ca.empty()) {
+    if (auto s = shardtrain::ReadFile(f.tls_ca, &opts.pem_root_certs); !s.ok()) return s;
+  }
+  return grpc::SslServerCredentials(opts);
+}
 
 int Fail(const std::string& msg) {
   std::cerr << "shardtrain-coordinator: " << msg << "\n";
@@ -101,6 +123,18 @@ int main(int argc, char** argv) {
                  "strict FIFO)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--tls-cert", flags.tls_cert,
+                 "serve TLS with this certificate chain (PEM); needs --tls-key");
+  app.add_option("--tls-key", flags.tls_key, "private key (PEM) of --tls-cert");
+  app.add_option("--tls-ca", flags.tls_ca,
+                 "mutual TLS: clients must present a certificate this CA (PEM) signed");
+  app.add_option("--tokens", flags.tokens,
+                 "bearer tokens, one a line: TOKEN ROLE NAME (ROLE: worker, user, admin). "
+                 "Without it there is no authentication: anyone who reaches the port is an "
+                 "admin, which is allowed only on loopback or with --insecure");
+  app.add_flag("--insecure", flags.insecure,
+               "allow plaintext gRPC on a non-loopback --listen address (without TLS the "
+               "coordinator binds only 127.0.0.1/::1/localhost otherwise)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -114,6 +148,30 @@ int main(int argc, char** argv) {
     if (!s.ok()) return UsageError(s);
   }
 
+  if (flags.tls_cert.empty() != flags.tls_key.empty()) {
+    return UsageError(absl::InvalidArgumentError("--tls-cert and --tls-key go together"));
+  }
+  if (!flags.tls_ca.empty() && flags.tls_cert.empty()) {
+    return UsageError(absl::InvalidArgumentError("--tls-ca needs --tls-cert and --tls-key"));
+  }
+  if (flags.tls_cert.empty() && !flags.insecure) {
+    absl::StatusOr<HostPort> hp = ParseAddress(flags.listen, AddressUse::kListen);
+    if (hp.ok() && !IsLoopbackHost(hp->host)) {
+      return UsageError(absl::InvalidArgumentError(absl::StrCat(
+          "--listen ", flags.listen,
+          " is not a loopback address and there is no TLS: pass --tls-cert/--tls-key (and "
+          "--tokens), or --insecure to serve plaintext on it anyway")));
+    }
+  }
+  Authenticator auth;
+  if (!flags.tokens.empty()) {
+    absl::StatusOr<Authenticator> loaded = Authenticator::Load(flags.tokens);
+    if (!loaded.ok()) return UsageError(loaded.status());
+    auth = *std::move(loaded);
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = ServerCredentials(flags);
+  if (!creds.ok()) return UsageError(creds.status());
+
   auto store = OpenSqliteStateStore(flags.state_dir);
   if (!store.ok()) return Fail(std::string(store.status().message()));
   RealClock clock;
@@ -121,16 +179,21 @@ int main(int argc, char** argv) {
   options.lease_ms = flags.lease_ms;
   options.limits = flags.limits;
   options.reserve_after = flags.reserve_after;
+  // OpenSqliteStateStore created the directory. The key outlives restarts, so
+  // ranks that keep running across one keep valid lease tokens.
+  absl::StatusOr<FencingKey> key = FencingKey::LoadOrCreate(flags.state_dir + "/fencing.key");
+  if (!key.ok()) return Fail(std::string(key.status().message()));
+  options.fencing_key = *std::move(key);
   auto core = Coordinator::Create(options, *std::move(store), ValidateSpec, &clock);
   if (!core.ok()) return Fail(std::string((core.status().message())));
 
   MetricsRegistry registry;
   RegisterCoordinatorMetrics(core->get(), &registry);
-  CoordinatorService service(core->get(), &registry);
+  CoordinatorService service(core->get(), &registry, &auth);
 
   int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(flags.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(flags.listen, *creds, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
@@ -146,7 +209,11 @@ int main(int argc, char** argv) {
     http = *std::move(started);
   }
   std::cout << "shardtrain-coordinator listening on " << host << ":" << port << " (state "
-            << flags.state_dir << ", lease " << flags.lease_ms << " ms)";
+            << flags.state_dir << ", lease " << flags.lease_ms << " ms, "
+            << (flags.tls_cert.empty() ? "plaintext"
+                : flags.tls_ca.empty() ? "TLS"
+                                       : "mutual TLS")
+            << ", " << (auth.enabled() ? "tokens" : "no authentication") << ")";
   if (http) std::cout << "; metrics on http://" << host << ":" << http->port() << "/metrics";
   std::cout << std::endl;
   if (!flags.port_file.empty()) {

@@ -19,7 +19,8 @@ namespace shardtrain::coordinator {
 // ------------------------------------------------------------------ reports
 
 absl::Status Coordinator::CheckRank(const JobEntry& e, int64_t generation, int rank,
-                                    const std::string& worker_id) const {
+                                    const std::string& worker_id,
+                                    const std::string& lease_token) const {
   if (IsTerminal(e.job.state()) || e.job.state() == v1::JOB_STATE_PENDING) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job ", e.job.job_id(), " is ", JobStateLabel(e.job.state()), ", not running"));
@@ -28,6 +29,7 @@ absl::Status Coordinator::CheckRank(const JobEntry& e, int64_t generation, int r
     return absl::AbortedError(absl::StrCat("job ", e.job.job_id(), " is at generation ",
                                            e.job.generation(), ", report is for ", generation));
   }
+  if (auto s = CheckLeaseToken(e, lease_token); !s.ok()) return s;
   if (rank < 0 || rank >= e.job.ranks_size() || e.job.ranks(rank).worker_id() != worker_id) {
     return absl::AbortedError(
         absl::StrCat("rank ", rank, " of job ", e.job.job_id(), " is not held by ", worker_id));
@@ -45,7 +47,8 @@ absl::StatusOr<v1::ReportStepResponse> Coordinator::ReportStep(const v1::ReportS
     resp.set_abort(true);
     return resp;
   }
-  if (auto s = CheckRank(*e, r.generation(), r.rank(), req.worker_id()); !s.ok()) return s;
+  if (auto s = CheckRank(*e, r.generation(), r.rank(), req.worker_id(), req.lease_token()); !s.ok())
+    return s;
   if (r.step() < 1 || r.step() > e->job.progress().total_steps()) {
     return absl::InvalidArgumentError(
         absl::StrCat("step: ", r.step(), " is outside 1..", e->job.progress().total_steps()));
@@ -136,7 +139,9 @@ absl::Status Coordinator::ReportDone(const v1::ReportDoneRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
   JobEntry* e = FindJob(req.job_id());
   if (!e) return absl::NotFoundError(absl::StrCat("job ", req.job_id(), " not found"));
-  if (auto s = CheckRank(*e, req.generation(), req.rank(), req.worker_id()); !s.ok()) return s;
+  if (auto s = CheckRank(*e, req.generation(), req.rank(), req.worker_id(), req.lease_token());
+      !s.ok())
+    return s;
   const auto& done = e->job.done_ranks();
   if (std::count(done.begin(), done.end(), req.rank()) > 0) return absl::OkStatus();
   e->job.add_done_ranks(req.rank());
@@ -158,7 +163,9 @@ absl::Status Coordinator::ReportEvent(const v1::ReportEventRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
   JobEntry* e = FindJob(req.job_id());
   if (!e) return absl::NotFoundError(absl::StrCat("job ", req.job_id(), " not found"));
-  if (auto s = CheckRank(*e, req.generation(), req.rank(), req.worker_id()); !s.ok()) return s;
+  if (auto s = CheckRank(*e, req.generation(), req.rank(), req.worker_id(), req.lease_token());
+      !s.ok())
+    return s;
   return AppendEvent(*e, v1::EVENT_KIND_LOG, absl::StrCat("rank ", req.rank(), ": ", req.message()),
                      nullptr);
 }
@@ -170,7 +177,9 @@ absl::Status Coordinator::ReportFailure(const v1::ReportFailureRequest& req) {
   if (IsTerminal(e->job.state()) || e->job.state() == v1::JOB_STATE_RECOVERING) {
     return absl::OkStatus();  // already over, or already recovering from this generation
   }
-  if (auto s = CheckRank(*e, req.generation(), req.rank(), req.worker_id()); !s.ok()) return s;
+  if (auto s = CheckRank(*e, req.generation(), req.rank(), req.worker_id(), req.lease_token());
+      !s.ok())
+    return s;
   std::string reason =
       absl::StrCat("rank ", req.rank(), " (worker ", req.worker_id(), ")",
                    req.step() > 0 ? absl::StrCat(" at step ", req.step()) : "", ": ", req.reason());

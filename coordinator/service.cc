@@ -1,8 +1,11 @@
 #include "coordinator/service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <iostream>
+#include <cmath>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -37,8 +40,10 @@ absl::Status Fill(absl::StatusOr<T> result, T* out) {
 
 }  // namespace
 
-CoordinatorService::CoordinatorService(Coordinator* core, MetricsRegistry* registry)
+CoordinatorService::CoordinatorService(Coordinator* core, MetricsRegistry* registry,
+                                       const Authenticator* auth)
     : core_(core),
+      auth_(auth ? auth : &no_auth_),
       rpcs_(registry->AddCounter("shardtrain_coordinator_rpc_total",
                                  "RPCs handled, by method and status code.", {"method", "code"})),
       latency_(registry->AddHistogram("shardtrain_coordinator_rpc_latency_seconds",
@@ -46,11 +51,23 @@ CoordinatorService::CoordinatorService(Coordinator* core, MetricsRegistry* regis
                                       ExponentialBuckets(0.00005, 2, 18))) {}
 
 template <typename Fn>
-grpc::Status CoordinatorService::Handle(const char* method, Fn&& fn) {
+grpc::Status CoordinatorService::Handle(grpc::ServerContext* ctx, const char* method, Fn&& fn) {
   const auto start = std::chrono::steady_clock::now();
   absl::Status s;
   try {
-    s = fn();
+    s = [&]() -> absl::Status {
+      // Who is calling, and may that role call this at all: before anything
+      // else, so an unauthenticated caller learns nothing (not even NOT_FOUND).
+      absl::string_view authorization;
+      const auto& md = ctx->client_metadata();
+      if (auto it = md.find("authorization"); it != md.end()) {
+        authorization = absl::string_view(it->second.data(), it->second.size());
+      }
+      absl::StatusOr<Principal> who = auth_->Authenticate(authorization);
+      if (!who.ok()) return who.status();
+      if (auto a = Authorize(*who, method); !a.ok()) return a;
+      return fn(*who);
+    }();
   } catch (const std::exception& e) {
     // No exception leaves a gRPC thread: the call fails, the server stays.
     std::cerr << "shardtrain-coordinator: " << method << " threw: " << e.what() << std::endl;
@@ -71,64 +88,84 @@ grpc::Status CoordinatorService::Handle(const char* method, Fn&& fn) {
   return ToGrpcStatus(s);
 }
 
-grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext*,
-                                                const v1::RegisterWorkerRequest* req,
-                                                v1::RegisterWorkerResponse* resp) {
-  return Handle("RegisterWorker", [&] { return Fill(core_->RegisterWorker(*req), resp); });
+absl::Status CoordinatorService::CheckJobAccess(const Principal& who,
+                                                const std::string& job_id) const {
+  if (who.role != Role::kUser) return absl::OkStatus();
+  absl::StatusOr<v1::Job> job = core_->GetJob(job_id);
+  if (!job.ok()) return job.status();
+  return MayAccessJob(who, job_id, job->owner());
 }
 
-grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext* ctx,
+                                                const v1::RegisterWorkerRequest* req,
+                                                v1::RegisterWorkerResponse* resp) {
+  return Handle(ctx, "RegisterWorker", [&](const Principal& who) -> absl::Status {
+    return Fill(core_->RegisterWorker(*req), resp);
+  });
+}
+
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx,
+                                           const v1::HeartbeatRequest* req,
                                            v1::HeartbeatResponse* resp) {
-  return Handle("Heartbeat", [&]() -> absl::Status {
+  return Handle(ctx, "Heartbeat", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->worker_id(), "worker_id"); !s.ok()) return s;
     return Fill(core_->Heartbeat(*req), resp);
   });
 }
 
-grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext* ctx,
+                                             const v1::ListWorkersRequest*,
                                              v1::ListWorkersResponse* resp) {
-  return Handle("ListWorkers", [&] {
+  return Handle(ctx, "ListWorkers", [&](const Principal& who) -> absl::Status {
     *resp = core_->ListWorkers();
     return absl::OkStatus();
   });
 }
 
-grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx,
+                                           const v1::SubmitJobRequest* req,
                                            v1::SubmitJobResponse* resp) {
-  return Handle("SubmitJob", [&]() -> absl::Status {
+  return Handle(ctx, "SubmitJob", [&](const Principal& who) -> absl::Status {
     if (req->spec_yaml().empty()) return absl::InvalidArgumentError("spec: the spec is empty");
-    absl::StatusOr<v1::Job> job = core_->SubmitJob(*req);
+    absl::StatusOr<v1::Job> job = core_->SubmitJob(*req, who.name);
     if (!job.ok()) return job.status();
     *resp->mutable_job() = *std::move(job);
     return absl::OkStatus();
   });
 }
 
-grpc::Status CoordinatorService::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req,
+grpc::Status CoordinatorService::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                                         v1::Job* resp) {
-  return Handle("GetJob", [&]() -> absl::Status {
+  return Handle(ctx, "GetJob", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
+    if (auto s = CheckJobAccess(who, req->job_id()); !s.ok()) return s;
     return Fill(core_->GetJob(req->job_id()), resp);
   });
 }
 
-grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req,
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                                           v1::ListJobsResponse* resp) {
-  return Handle("ListJobs", [&] { return Fill(core_->ListJobs(*req), resp); });
+  return Handle(ctx, "ListJobs", [&](const Principal& who) -> absl::Status {
+    v1::ListJobsRequest mine = *req;
+    if (who.role == Role::kUser) mine.set_owner(who.name);  // a user lists its own jobs only
+    return Fill(core_->ListJobs(mine), resp);
+  });
 }
 
-grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req,
-                                           v1::Job* resp) {
-  return Handle("CancelJob", [&]() -> absl::Status {
+grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* ctx,
+                                           const v1::CancelJobRequest* req, v1::Job* resp) {
+  return Handle(ctx, "CancelJob", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
+    if (auto s = CheckJobAccess(who, req->job_id()); !s.ok()) return s;
     return Fill(core_->CancelJob(req->job_id(), req->reason()), resp);
   });
 }
 
 grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                                           grpc::ServerWriter<v1::JobEvent>* writer) {
-  return Handle("WatchJob", [&]() -> absl::Status {
+  return Handle(ctx, "WatchJob", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
+    if (auto s = CheckJobAccess(who, req->job_id()); !s.ok()) return s;
     int64_t after = req->after_seq();
     while (!ctx->IsCancelled()) {
       bool ended = false;
@@ -144,43 +181,48 @@ grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx, const v1::Wa
   });
 }
 
-grpc::Status CoordinatorService::GetHistory(grpc::ServerContext*, const v1::GetHistoryRequest* req,
+grpc::Status CoordinatorService::GetHistory(grpc::ServerContext* ctx,
+                                            const v1::GetHistoryRequest* req,
                                             v1::GetHistoryResponse* resp) {
-  return Handle("GetHistory", [&]() -> absl::Status {
+  return Handle(ctx, "GetHistory", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
+    if (auto s = CheckJobAccess(who, req->job_id()); !s.ok()) return s;
     return Fill(core_->GetHistory(req->job_id()), resp);
   });
 }
 
-grpc::Status CoordinatorService::GetPlan(grpc::ServerContext*, const v1::GetPlanRequest* req,
+grpc::Status CoordinatorService::GetPlan(grpc::ServerContext* ctx, const v1::GetPlanRequest* req,
                                          v1::Plan* resp) {
-  return Handle("GetPlan", [&]() -> absl::Status {
+  return Handle(ctx, "GetPlan", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
+    if (auto s = CheckJobAccess(who, req->job_id()); !s.ok()) return s;
     return Fill(core_->GetPlan(req->job_id()), resp);
   });
 }
 
-grpc::Status CoordinatorService::ListCheckpoints(grpc::ServerContext*,
+grpc::Status CoordinatorService::ListCheckpoints(grpc::ServerContext* ctx,
                                                  const v1::ListCheckpointsRequest* req,
                                                  v1::ListCheckpointsResponse* resp) {
-  return Handle("ListCheckpoints", [&]() -> absl::Status {
+  return Handle(ctx, "ListCheckpoints", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
+    if (auto s = CheckJobAccess(who, req->job_id()); !s.ok()) return s;
     return Fill(core_->ListCheckpoints(req->job_id()), resp);
   });
 }
 
-grpc::Status CoordinatorService::ReportStep(grpc::ServerContext*, const v1::ReportStepRequest* req,
+grpc::Status CoordinatorService::ReportStep(grpc::ServerContext* ctx,
+                                            const v1::ReportStepRequest* req,
                                             v1::ReportStepResponse* resp) {
-  return Handle("ReportStep", [&]() -> absl::Status {
+  return Handle(ctx, "ReportStep", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->report().job_id(), "report.job_id"); !s.ok()) return s;
     return Fill(core_->ReportStep(*req), resp);
   });
 }
 
-grpc::Status CoordinatorService::ReportCheckpoint(grpc::ServerContext*,
+grpc::Status CoordinatorService::ReportCheckpoint(grpc::ServerContext* ctx,
                                                   const v1::ReportCheckpointRequest* req,
                                                   v1::ReportCheckpointResponse* resp) {
-  return Handle("ReportCheckpoint", [&]() -> absl::Status {
+  return Handle(ctx, "ReportCheckpoint", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->shard().job_id(), "shard.job_id"); !s.ok()) return s;
     absl::StatusOr<bool> complete = core_->ReportCheckpoint(*req);
     if (!complete.ok()) return complete.status();
@@ -189,10 +231,10 @@ grpc::Status CoordinatorService::ReportCheckpoint(grpc::ServerContext*,
   });
 }
 
-grpc::Status CoordinatorService::WaitCheckpointShards(grpc::ServerContext*,
+grpc::Status CoordinatorService::WaitCheckpointShards(grpc::ServerContext* ctx,
                                                       const v1::WaitCheckpointShardsRequest* req,
                                                       v1::WaitCheckpointShardsResponse* resp) {
-  return Handle("WaitCheckpointShards", [&]() -> absl::Status {
+  return Handle(ctx, "WaitCheckpointShards", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
     if (req->wait_ms() < 0 || req->wait_ms() > kMaxWaitMs) {
       return absl::InvalidArgumentError(
@@ -202,53 +244,56 @@ grpc::Status CoordinatorService::WaitCheckpointShards(grpc::ServerContext*,
   });
 }
 
-grpc::Status CoordinatorService::CommitCheckpoint(grpc::ServerContext*,
+grpc::Status CoordinatorService::CommitCheckpoint(grpc::ServerContext* ctx,
                                                   const v1::CommitCheckpointRequest* req,
                                                   v1::CommitCheckpointResponse* resp) {
-  return Handle("CommitCheckpoint", [&]() -> absl::Status {
+  return Handle(ctx, "CommitCheckpoint", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
     return Fill(core_->CommitCheckpoint(*req), resp);
   });
 }
 
-grpc::Status CoordinatorService::ReportDone(grpc::ServerContext*, const v1::ReportDoneRequest* req,
+grpc::Status CoordinatorService::ReportDone(grpc::ServerContext* ctx,
+                                            const v1::ReportDoneRequest* req,
                                             v1::ReportDoneResponse*) {
-  return Handle("ReportDone", [&]() -> absl::Status {
+  return Handle(ctx, "ReportDone", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
     return core_->ReportDone(*req);
   });
 }
 
-grpc::Status CoordinatorService::ReportFailure(grpc::ServerContext*,
+grpc::Status CoordinatorService::ReportFailure(grpc::ServerContext* ctx,
                                                const v1::ReportFailureRequest* req,
                                                v1::ReportFailureResponse*) {
-  return Handle("ReportFailure", [&]() -> absl::Status {
+  return Handle(ctx, "ReportFailure", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
     return core_->ReportFailure(*req);
   });
 }
 
-grpc::Status CoordinatorService::ReportEvent(grpc::ServerContext*,
+grpc::Status CoordinatorService::ReportEvent(grpc::ServerContext* ctx,
                                              const v1::ReportEventRequest* req,
                                              v1::ReportEventResponse*) {
-  return Handle("ReportEvent", [&]() -> absl::Status {
+  return Handle(ctx, "ReportEvent", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
     return core_->ReportEvent(*req);
   });
 }
 
-grpc::Status CoordinatorService::KvSet(grpc::ServerContext*, const v1::KvSetRequest* req,
+grpc::Status CoordinatorService::KvSet(grpc::ServerContext* ctx, const v1::KvSetRequest* req,
                                        v1::KvSetResponse*) {
-  return Handle("KvSet", [&]() -> absl::Status {
+  return Handle(ctx, "KvSet", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireKvKey(req->job_id(), req->key()); !s.ok()) return s;
-    if (auto s = core_->CheckKvAccess(req->job_id(), req->generation()); !s.ok()) return s;
+    if (auto s = core_->CheckLease(req->job_id(), req->generation(), req->lease_token()); !s.ok()) {
+      return s;
+    }
     return core_->kv().Set(req->job_id(), req->generation(), req->key(), req->value());
   });
 }
 
-grpc::Status CoordinatorService::KvGet(grpc::ServerContext*, const v1::KvGetRequest* req,
+grpc::Status CoordinatorService::KvGet(grpc::ServerContext* ctx, const v1::KvGetRequest* req,
                                        v1::KvGetResponse* resp) {
-  return Handle("KvGet", [&]() -> absl::Status {
+  return Handle(ctx, "KvGet", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireKvKey(req->job_id(), req->key()); !s.ok()) return s;
     if (auto s = core_->CheckKvAccess(req->job_id(), req->generation()); !s.ok()) return s;
     auto v = core_->kv().Get(req->job_id(), req->generation(), req->key(), req->wait_ms());
@@ -258,11 +303,13 @@ grpc::Status CoordinatorService::KvGet(grpc::ServerContext*, const v1::KvGetRequ
   });
 }
 
-grpc::Status CoordinatorService::KvAdd(grpc::ServerContext*, const v1::KvAddRequest* req,
+grpc::Status CoordinatorService::KvAdd(grpc::ServerContext* ctx, const v1::KvAddRequest* req,
                                        v1::KvAddResponse* resp) {
-  return Handle("KvAdd", [&]() -> absl::Status {
+  return Handle(ctx, "KvAdd", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireKvKey(req->job_id(), req->key()); !s.ok()) return s;
-    if (auto s = core_->CheckKvAccess(req->job_id(), req->generation()); !s.ok()) return s;
+    if (auto s = core_->CheckLease(req->job_id(), req->generation(), req->lease_token()); !s.ok()) {
+      return s;
+    }
     auto v = core_->kv().Add(req->job_id(), req->generation(), req->key(), req->delta());
     if (!v.ok()) return v.status();
     resp->set_value(*v);
@@ -304,7 +351,13 @@ void RegisterCoordinatorMetrics(Coordinator* core, MetricsRegistry* registry) {
       }
       step->WithLabels({j.job_id()}).Set(j.progress().step());
       total->WithLabels({j.job_id()}).Set(j.progress().total_steps());
-      loss->WithLabels({j.job_id()}).Set(j.progress().loss());
+      // A loss that is not finite (a diverged run, or a forged report) is
+      // not a sample: the series is dropped rather than exported as NaN.
+      if (std::isfinite(j.progress().loss())) {
+        loss->WithLabels({j.job_id()}).Set(j.progress().loss());
+      } else {
+        loss->Remove({j.job_id()});
+      }
     }
   });
 }

@@ -1,5 +1,6 @@
 // The gRPC face of the coordinator. Every handler does three things:
-// validate the request's shape, call the core, translate the result
+// authenticate and authorize the caller (auth.h), validate the request's
+// shape, call the core, translate the result
 // (common/grpc_status.h is the only status conversion). It also counts RPCs
 // and their latency by method for /metrics.
 //
@@ -11,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "common/metrics.h"
+#include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
 #include "shardtrain/v1/coordinator.grpc.pb.h"
 
@@ -18,8 +20,10 @@ namespace shardtrain::coordinator {
 
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
-  // `core` and `registry` must outlive the service.
-  CoordinatorService(Coordinator* core, MetricsRegistry* registry);
+  // `core`, `registry` and `auth` must outlive the service. Without `auth`
+  // (nullptr) every caller is an admin: authentication off.
+  CoordinatorService(Coordinator* core, MetricsRegistry* registry,
+                     const Authenticator* auth = nullptr);
 
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse*) override;
@@ -59,11 +63,18 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status KvAdd(grpc::ServerContext*, const v1::KvAddRequest*, v1::KvAddResponse*) override;
 
  private:
-  // Runs `fn`, records the RPC's code and latency, converts the status.
+  // Authenticates the caller (UNAUTHENTICATED) and checks its role may call
+  // `method` (PERMISSION_DENIED), then runs fn(principal); records the RPC's
+  // code and latency, converts the status.
   template <typename Fn>
-  grpc::Status Handle(const char* method, Fn&& fn);
+  grpc::Status Handle(grpc::ServerContext* ctx, const char* method, Fn&& fn);
+  // PERMISSION_DENIED when `who` is a user and the job is another's;
+  // NOT_FOUND for an unknown job.
+  absl::Status CheckJobAccess(const Principal& who, const std::string& job_id) const;
 
   Coordinator* const core_;
+  const Authenticator no_auth_;
+  const Authenticator* const auth_;
   Family<Counter>& rpcs_;
   Family<Histogram>& latency_;
 };

@@ -26,6 +26,7 @@ absl::StatusOr<std::vector<v1::CheckpointShard>> WaitForShards(CoordinatorApi& c
     req.set_generation(t.generation);
     req.set_rank(0);
     req.set_worker_id(t.worker_id);
+    req.set_lease_token(t.lease_token);
     req.set_step(step);
     req.set_wait_ms(absl::ToInt64Milliseconds(std::min(left, kWaitSlice)));
     absl::StatusOr<v1::WaitCheckpointShardsResponse> resp = client.WaitCheckpointShards(req);
@@ -98,6 +99,7 @@ absl::StatusOr<CommitResult> CommitCheckpoint(CoordinatorApi& client,
   req.set_generation(t.generation);
   req.set_rank(0);
   req.set_worker_id(t.worker_id);
+  req.set_lease_token(t.lease_token);
   req.set_step(step);
   req.set_dir(checkpoint::StepDir(t.dir, step));
   req.set_manifest_path(checkpoint::ManifestPath(req.dir()));

@@ -33,6 +33,7 @@ struct CommitTarget {
   std::string job_id;
   int64_t generation = 0;
   std::string worker_id;
+  std::string lease_token;  // the assignment's (RunAssignment.lease_token)
   int world = 1;
   int zero_stage = 0;     // recorded in the manifest (informational)
   std::string dir;        // the job's checkpoint.dir as its spec says: what the coordinator records

@@ -4,20 +4,72 @@
 
 #include <chrono>
 
+#include "absl/strings/ascii.h"
 #include "common/grpc_status.h"
+#include "common/process.h"
 
 namespace shardtrain::worker {
 
+namespace {
+
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const ConnectOptions& c) {
+  if (c.tls_ca.empty()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions opts;
+  opts.pem_root_certs = c.tls_ca;
+  opts.pem_cert_chain = c.tls_cert;
+  opts.pem_private_key = c.tls_key;
+  return grpc::SslCredentials(opts);
+}
+
+absl::Status ReadIfSet(const std::string& path, std::string* out) {
+  if (path.empty()) return absl::OkStatus();
+  return ReadFile(path, out);
+}
+
+}  // namespace
+
+absl::StatusOr<ConnectOptions> ReadConnectOptions(
+    const std::string& token, const std::string& token_file, const std::string& env_token,
+    const std::string& tls_ca, const std::string& tls_cert, const std::string& tls_key) {
+  ConnectOptions c;
+  if (!token.empty()) {
+    c.token = token;
+  } else if (!token_file.empty()) {
+    if (auto s = ReadFile(token_file, &c.token); !s.ok()) return s;
+    c.token = std::string(absl::StripAsciiWhitespace(c.token));
+    if (c.token.empty())
+      return absl::InvalidArgumentError(token_file + ": the token file is empty");
+  } else {
+    c.token = env_token;
+  }
+  if (tls_ca.empty() && !(tls_cert.empty() && tls_key.empty())) {
+    return absl::InvalidArgumentError("--tls-cert/--tls-key need --tls-ca");
+  }
+  if (tls_cert.empty() != tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  if (auto s = ReadIfSet(tls_ca, &c.tls_ca); !s.ok()) return s;
+  if (auto s = ReadIfSet(tls_cert, &c.tls_cert); !s.ok()) return s;
+  if (auto s = ReadIfSet(tls_key, &c.tls_key); !s.ok()) return s;
+  return c;
+}
+
 CoordinatorClient::CoordinatorClient(const std::string& address, int64_t rpc_timeout_ms,
-                                     int64_t heartbeat_timeout_ms)
+                                     const ConnectOptions& connect, int64_t heartbeat_timeout_ms)
     : address_(address),
       rpc_timeout_ms_(rpc_timeout_ms),
       heartbeat_timeout_ms_(heartbeat_timeout_ms),
-      channel_(grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
+      authorization_(connect.token.empty() ? "" : "Bearer " + connect.token),
+      channel_(grpc::CreateChannel(address, ChannelCredentials(connect))),
       stub_(v1::Coordinator::NewStub(channel_)) {}
+
+void CoordinatorClient::Authorize(grpc::ClientContext* ctx) const {
+  if (!authorization_.empty()) ctx->AddMetadata("authorization", authorization_);
+}
 
 std::unique_ptr<grpc::ClientContext> CoordinatorClient::Context(int64_t extra_ms) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
+  Authorize(ctx.get());
   ctx->set_deadline(std::chrono::system_clock::now() +
                     std::chrono::milliseconds(rpc_timeout_ms_ + extra_ms));
   return ctx;

@@ -18,6 +18,23 @@
 
 namespace shardtrain::worker {
 
+// How to reach a coordinator that asks for TLS and tokens. Empty fields:
+// plaintext, no token.
+struct ConnectOptions {
+  std::string token;     // sent as "authorization: Bearer TOKEN" on every call
+  std::string tls_ca;    // PEM text of the CA that signed the coordinator's certificate: TLS on
+  std::string tls_cert;  // PEM text of this client's certificate chain (mutual TLS)
+  std::string tls_key;   // PEM text of its private key
+};
+
+// The token and TLS files the programs take (--token, --token-file,
+// $SHARDTRAIN_TOKEN; --tls-ca, --tls-cert, --tls-key), read into
+// ConnectOptions. The first of `token`, the contents of `token_file`
+// (whitespace trimmed) and `env_token` that is set wins. Errors name the file.
+absl::StatusOr<ConnectOptions> ReadConnectOptions(
+    const std::string& token, const std::string& token_file, const std::string& env_token,
+    const std::string& tls_ca, const std::string& tls_cert, const std::string& tls_key);
+
 class CoordinatorClient final : public CoordinatorApi {
  public:
   // `address` is HOST:PORT. Connecting is lazy: errors show up on calls.
@@ -25,8 +42,13 @@ class CoordinatorClient final : public CoordinatorApi {
   // WaitCheckpointShards add their own wait) except Heartbeat, which has
   // its own, shorter `heartbeat_timeout_ms`: a heartbeat that cannot
   // answer soon is retried by the next one, well inside the lease.
+  // `connect`: token and TLS (ReadConnectOptions).
   explicit CoordinatorClient(const std::string& address, int64_t rpc_timeout_ms = 10'000,
+                             const ConnectOptions& connect = {},
                              int64_t heartbeat_timeout_ms = 2'000);
+
+  // Adds the token (if any) to a context the caller made for stub() calls.
+  void Authorize(grpc::ClientContext* ctx) const;
 
   const std::string& address() const { return address_; }
   v1::Coordinator::Stub& stub() { return *stub_; }
@@ -56,6 +78,7 @@ class CoordinatorClient final : public CoordinatorApi {
   const std::string address_;
   const int64_t rpc_timeout_ms_;
   const int64_t heartbeat_timeout_ms_;
+  const std::string authorization_;  // "Bearer TOKEN", empty without a token
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };

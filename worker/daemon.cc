@@ -56,7 +56,11 @@ absl::Status WorkerDaemon::Register() {
   req.set_metrics_address(options_.metrics_address);
   req.set_checkpoint_root(options_.checkpoint_root);
   req.set_data_root(options_.data_root);
-  req.set_previous_worker_id(worker_id());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    req.set_previous_worker_id(worker_id_);
+    req.set_worker_secret(worker_secret_);  // keeps the id; nobody else can
+  }
   auto resp = client_->RegisterWorker(req);
   if (!resp.ok()) return resp.status();
   std::lock_guard<std::mutex> lock(mu_);
@@ -67,6 +71,7 @@ absl::Status WorkerDaemon::Register() {
                                options_.data_root + ")");
   }
   worker_id_ = resp->worker_id();
+  worker_secret_ = resp->worker_secret();
   lease_ms_ = resp->lease_ms();
   return absl::OkStatus();
 }
@@ -85,6 +90,7 @@ void WorkerDaemon::Run(const std::atomic<bool>& shutdown) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         hb.set_worker_id(worker_id_);
+        hb.set_worker_secret(worker_secret_);
         // A finished runner no longer counts as running its job.
         if (!current_.job_id().empty() && !(job_finished_ && *job_finished_)) {
           hb.set_job_id(current_.job_id());

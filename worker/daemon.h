@@ -100,6 +100,7 @@ class WorkerDaemon {
 
   mutable std::mutex mu_;
   std::string worker_id_;      // GUARDED_BY(mu_)
+  std::string worker_secret_;  // GUARDED_BY(mu_); bound to worker_id_ by the coordinator
   int64_t lease_ms_ = 10'000;  // GUARDED_BY(mu_)
   v1::RunAssignment current_;  // GUARDED_BY(mu_); job_id empty when idle
   std::unique_ptr<std::atomic<bool>> job_stop_;

@@ -74,6 +74,7 @@ class Reporter {
   bool Step(const StepResult& r) {
     v1::ReportStepRequest req;
     req.set_worker_id(ctx_.worker_id);
+    req.set_lease_token(a_.lease_token());
     v1::StepReport* s = req.mutable_report();
     s->set_job_id(a_.job_id());
     s->set_generation(a_.generation());
@@ -105,6 +106,7 @@ class Reporter {
                           int64_t step) {
     v1::ReportCheckpointRequest req;
     req.set_worker_id(ctx_.worker_id);
+    req.set_lease_token(a_.lease_token());
     v1::CheckpointShard* s = req.mutable_shard();
     s->set_job_id(a_.job_id());
     s->set_generation(a_.generation());
@@ -146,6 +148,7 @@ class Reporter {
     req.set_generation(a_.generation());
     req.set_rank(a_.rank());
     req.set_worker_id(ctx_.worker_id);
+    req.set_lease_token(a_.lease_token());
     req.set_steps(steps);
     req.set_output(output);
     Retry("ReportDone", [&] { return ctx_.client->ReportDone(req); });
@@ -161,6 +164,7 @@ class Reporter {
     req.set_generation(a_.generation());
     req.set_rank(a_.rank());
     req.set_worker_id(ctx_.worker_id);
+    req.set_lease_token(a_.lease_token());
     req.set_reason(error.ToString());
     req.set_step(step);
     req.set_permanent(permanent);
@@ -190,6 +194,7 @@ class Reporter {
     req.set_generation(a_.generation());
     req.set_rank(a_.rank());
     req.set_worker_id(ctx_.worker_id);
+    req.set_lease_token(a_.lease_token());
     req.set_message(msg);
     if (absl::Status s = ctx_.client->ReportEvent(req); !s.ok())
       Log("event not reported: " + s.ToString());
@@ -343,7 +348,8 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   std::shared_ptr<comm::RendezvousStore> store;
   std::unique_ptr<comm::Communicator> comm;
   if (a.world() > 1) {
-    store = std::make_shared<KvRendezvousStore>(ctx.client, a.job_id(), a.generation());
+    store = std::make_shared<KvRendezvousStore>(ctx.client, a.job_id(), a.generation(),
+                                                a.lease_token());
     comm::GlooOptions o;
     o.hostname = ctx.options->collective_address;
     o.timeout = absl::Seconds(spec->timeouts.collective_s);
@@ -416,6 +422,7 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
         target.job_id = a.job_id();
         target.generation = a.generation();
         target.worker_id = ctx.worker_id;
+        target.lease_token = a.lease_token();
         target.world = a.world();
         target.zero_stage = spec->parallel.zero;
         target.dir = recorded_dir;

@@ -4,8 +4,12 @@
 
 namespace shardtrain::worker {
 
-KvRendezvousStore::KvRendezvousStore(CoordinatorApi* client, std::string job_id, int64_t generation)
-    : client_(client), job_id_(std::move(job_id)), generation_(generation) {}
+KvRendezvousStore::KvRendezvousStore(CoordinatorApi* client, std::string job_id, int64_t generation,
+                                     std::string lease_token)
+    : client_(client),
+      job_id_(std::move(job_id)),
+      generation_(generation),
+      lease_token_(std::move(lease_token)) {}
 
 absl::Status KvRendezvousStore::Set(absl::string_view key, absl::string_view value) {
   v1::KvSetRequest r;
@@ -13,6 +17,7 @@ absl::Status KvRendezvousStore::Set(absl::string_view key, absl::string_view val
   r.set_generation(generation_);
   r.set_key(std::string(key));
   r.set_value(std::string(value));
+  r.set_lease_token(lease_token_);
   return client_->KvSet(r);
 }
 
@@ -36,6 +41,7 @@ absl::StatusOr<int64_t> KvRendezvousStore::Add(absl::string_view key, int64_t de
   r.set_generation(generation_);
   r.set_key(std::string(key));
   r.set_delta(delta);
+  r.set_lease_token(lease_token_);
   return client_->KvAdd(r);
 }
 

@@ -15,8 +15,10 @@ namespace shardtrain::worker {
 
 class KvRendezvousStore final : public comm::RendezvousStore {
  public:
-  // `client` must outlive the store.
-  KvRendezvousStore(CoordinatorApi* client, std::string job_id, int64_t generation);
+  // `client` must outlive the store. `lease_token`: the assignment's, which
+  // the coordinator asks of every KV write.
+  KvRendezvousStore(CoordinatorApi* client, std::string job_id, int64_t generation,
+                    std::string lease_token = "");
 
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
@@ -26,6 +28,7 @@ class KvRendezvousStore final : public comm::RendezvousStore {
   CoordinatorApi* const client_;
   const std::string job_id_;
   const int64_t generation_;
+  const std::string lease_token_;
 };
 
 }  // namespace shardtrain::worker

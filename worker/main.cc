@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   std::string collective_address = "127.0.0.1";
   std::string checkpoint_root;
   std::string data_root;
+  std::string token, token_file, tls_ca, tls_cert, tls_key;
 
   CLI::App app{
       "shardtrain-worker: runs the ranks a shardtrain coordinator assigns to this process.\n"
@@ -64,6 +65,14 @@ int main(int argc, char** argv) {
                  "directory a job's relative data.train and data.val resolve against (default: "
                  "the working directory). When given, data paths must lie under it: one outside "
                  "(absolute, or escaping with ..) fails the job at once, naming the field");
+  app.add_option("--token", token,
+                 "bearer token (role worker) for a coordinator started with --tokens; prefer "
+                 "--token-file or $SHARDTRAIN_TOKEN, which other users cannot see in ps");
+  app.add_option("--token-file", token_file,
+                 "file holding the bearer token (default: $SHARDTRAIN_TOKEN)");
+  app.add_option("--tls-ca", tls_ca, "CA certificate (PEM) of a TLS coordinator: TLS on");
+  app.add_option("--tls-cert", tls_cert, "client certificate (PEM) for mutual TLS");
+  app.add_option("--tls-key", tls_key, "private key (PEM) of --tls-cert");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -83,6 +92,13 @@ int main(int argc, char** argv) {
   }
   if (!usage.ok()) {
     std::cerr << "shardtrain-worker: " << usage.message() << "\n";
+    return 2;
+  }
+  const char* env_token = std::getenv("SHARDTRAIN_TOKEN");
+  absl::StatusOr<ConnectOptions> connect =
+      ReadConnectOptions(token, token_file, env_token ? env_token : "", tls_ca, tls_cert, tls_key);
+  if (!connect.ok()) {
+    std::cerr << "shardtrain-worker: " << connect.status().message() << "\n";
     return 2;
   }
   WorkerOptions options;
@@ -133,7 +149,7 @@ int main(int argc, char** argv) {
               << std::endl;
   }
 
-  CoordinatorClient client(options.coordinator);
+  CoordinatorClient client(options.coordinator, 10'000, *connect);
   WorkerDaemon daemon(options, &client, NewJobRunner(&registry), &registry);
   std::atomic<bool> shutdown{false};
   std::thread signals([&] {

@@ -13,6 +13,7 @@
 #include "coordinator/checkpoint_record.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/spec_validator.h"
+#include "tests/unit/coordinator/fenced.h"
 
 namespace shardtrain::coordinator {
 namespace {
@@ -103,7 +104,7 @@ class CheckpointCommitTest : public ::testing::Test {
   // (Re)opens the coordinator on the SQLite state in dir_: a restart.
   void Open() {
     core_.reset();
-    CoordinatorOptions o;
+    CoordinatorOptions o = TestOptions();
     o.lease_ms = 1000;
     auto store = OpenSqliteStateStore(dir_);
     ASSERT_TRUE(store.ok()) << store.status();
@@ -127,7 +128,7 @@ class CheckpointCommitTest : public ::testing::Test {
     v1::RegisterWorkerRequest r;
     r.set_collective_address("127.0.0.1");
     r.add_devices()->set_kind("cpu");
-    ASSERT_TRUE(core_->RegisterWorker(r).ok());
+    ASSERT_TRUE(core_->RegisterWorker(Fenced(r)).ok());
   }
 
   // Each rank of the current generation acknowledges it, as daemons do.
@@ -136,10 +137,10 @@ class CheckpointCommitTest : public ::testing::Test {
     for (const v1::RankAssignment& r : job.ranks()) {
       v1::HeartbeatRequest hb;
       hb.set_worker_id(r.worker_id());
-      ASSERT_TRUE(core_->Heartbeat(hb).ok());
+      ASSERT_TRUE(core_->Heartbeat(Fenced(hb)).ok());
       hb.set_job_id(job_);
       hb.set_generation(job.generation());
-      ASSERT_TRUE(core_->Heartbeat(hb).ok());
+      ASSERT_TRUE(core_->Heartbeat(Fenced(hb)).ok());
     }
   }
 
@@ -158,7 +159,7 @@ class CheckpointCommitTest : public ::testing::Test {
     s->set_rank(rank);
     s->set_step(step);
     s->set_bytes(1000 * (rank + 1));
-    return core_->ReportCheckpoint(r);
+    return core_->ReportCheckpoint(Fenced(r));
   }
   void ReportAll(int64_t step) {
     for (int rank = 0; rank < Job().world(); ++rank) ASSERT_TRUE(Report(rank, step).ok());
@@ -173,7 +174,7 @@ class CheckpointCommitTest : public ::testing::Test {
     w.set_worker_id(job.ranks(0).worker_id());
     w.set_step(step);
     w.set_wait_ms(wait_ms);
-    return w;
+    return Fenced(w);
   }
 
   // `rank` (0 unless a test says) commits `step` for the current generation.
@@ -187,7 +188,7 @@ class CheckpointCommitTest : public ::testing::Test {
     c.set_step(step);
     c.set_dir("ckpt/t/step-" + std::to_string(step));
     c.set_manifest_path(c.dir() + "/manifest.txt");
-    return core_->CommitCheckpoint(c);
+    return core_->CommitCheckpoint(Fenced(c));
   }
 
   std::vector<int64_t> Listed() {  // newest first, as `shardtrain checkpoints`
@@ -212,13 +213,13 @@ class CheckpointCommitTest : public ::testing::Test {
     f.set_rank(1);
     f.set_worker_id(job.ranks(1).worker_id());
     f.set_reason("killed");
-    EXPECT_TRUE(core_->ReportFailure(f).ok());
+    EXPECT_TRUE(core_->ReportFailure(Fenced(f)).ok());
     core_->Tick();
     EXPECT_EQ(Job().state(), v1::JOB_STATE_RECOVERING) << "ganged before a heartbeat";
     for (const v1::RankAssignment& r : job.ranks()) {
       v1::HeartbeatRequest beat;
       beat.set_worker_id(r.worker_id());
-      EXPECT_TRUE(core_->Heartbeat(beat).ok());
+      EXPECT_TRUE(core_->Heartbeat(Fenced(beat)).ok());
     }
     core_->Tick();
     const v1::Job again = Job();
@@ -226,7 +227,7 @@ class CheckpointCommitTest : public ::testing::Test {
     EXPECT_EQ(again.generation(), job.generation() + 1);
     v1::HeartbeatRequest hb;
     hb.set_worker_id(again.ranks(1).worker_id());
-    auto resp = core_->Heartbeat(hb);
+    auto resp = core_->Heartbeat(Fenced(hb));
     EXPECT_TRUE(resp.ok() && resp->commands_size() == 1 && resp->commands(0).has_run());
     StartAll();
     return resp.ok() && resp->commands_size() == 1 ? resp->commands(0).run() : v1::RunAssignment();
@@ -333,12 +334,12 @@ TEST_F(CheckpointCommitTest, FailedGenerationEndsTheWaitAndCommitsNothing) {
     hb.set_worker_id(WorkerOf(0));
     hb.set_job_id(job_);
     hb.set_generation(1);
-    ASSERT_TRUE(core_->Heartbeat(hb).ok());
+    ASSERT_TRUE(core_->Heartbeat(Fenced(hb)).ok());
     clock_.AdvanceMs(600);
     core_->Tick();
   });
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<v1::WaitCheckpointShardsResponse> r = core_->WaitCheckpointShards(wait);
+  absl::StatusOr<v1::WaitCheckpointShardsResponse> r = core_->WaitCheckpointShards(Fenced(wait));
   lease.join();
   EXPECT_TRUE(absl::IsAborted(r.status())) << r.status();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
@@ -368,7 +369,7 @@ TEST_F(CheckpointCommitTest, Rank0DyingBeforeTheCommitResumesFromThePreviousOne)
   const v1::RunAssignment run = FailRank1AndRecover();
   EXPECT_EQ(run.resume_from(), "ckpt/t/step-10");
   EXPECT_EQ(run.resume_step(), 10);
-  EXPECT_TRUE(absl::IsAborted(core_->CommitCheckpoint(stale).status()));
+  EXPECT_TRUE(absl::IsAborted(core_->CommitCheckpoint(Fenced(stale)).status()));
   // Generation 2's reports of step 20 alone complete the set.
   EXPECT_EQ(*Report(0, 20), false);
   EXPECT_EQ(*Report(1, 20), true);
@@ -406,13 +407,13 @@ TEST_F(CheckpointCommitTest, ReportsOfAnotherRankOrGenerationAreRefused) {
   r.mutable_shard()->set_generation(1);
   r.mutable_shard()->set_rank(1);
   r.mutable_shard()->set_step(10);
-  EXPECT_TRUE(absl::IsAborted(core_->ReportCheckpoint(r).status()));
+  EXPECT_TRUE(absl::IsAborted(core_->ReportCheckpoint(Fenced(r)).status()));
   r.set_worker_id(WorkerOf(1));
   r.mutable_shard()->set_generation(7);
-  EXPECT_TRUE(absl::IsAborted(core_->ReportCheckpoint(r).status()));
+  EXPECT_TRUE(absl::IsAborted(core_->ReportCheckpoint(Fenced(r)).status()));
   v1::WaitCheckpointShardsRequest w = WaitRequest(10, 0);
   w.set_generation(7);
-  EXPECT_TRUE(absl::IsAborted(core_->WaitCheckpointShards(w).status()));
+  EXPECT_TRUE(absl::IsAborted(core_->WaitCheckpointShards(Fenced(w)).status()));
   EXPECT_EQ(*Report(0, 10), false);  // neither counted
 }
 

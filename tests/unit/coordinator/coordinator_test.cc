@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "coordinator/spec_validator.h"
+#include "tests/unit/coordinator/fenced.h"
 
 namespace shardtrain::coordinator {
 namespace {
@@ -27,7 +28,7 @@ class CoordinatorTest : public ::testing::Test {
   // The core validates through ValidateSpec, counting the calls in
   // validations_.
   void Open(std::unique_ptr<StateStore> store) {
-    CoordinatorOptions o;
+    CoordinatorOptions o = TestOptions();
     o.lease_ms = 1000;
     auto counting = [this](const std::string& yaml, const std::vector<std::string>& overrides) {
       ++validations_;
@@ -44,7 +45,7 @@ class CoordinatorTest : public ::testing::Test {
     r.set_collective_address("127.0.0.1");
     r.add_devices()->set_kind("cpu");
     r.set_previous_worker_id(previous);
-    auto resp = core_->RegisterWorker(r);
+    auto resp = core_->RegisterWorker(Fenced(r));
     EXPECT_TRUE(resp.ok()) << resp.status();
     return resp.ok() ? resp->worker_id() : "";
   }
@@ -64,7 +65,7 @@ class CoordinatorTest : public ::testing::Test {
     r.set_worker_id(w);
     r.set_job_id(job);
     r.set_generation(gen);
-    auto resp = core_->Heartbeat(r);
+    auto resp = core_->Heartbeat(Fenced(r));
     EXPECT_TRUE(resp.ok()) << resp.status();
     return resp.ok() ? *resp : v1::HeartbeatResponse();
   }
@@ -115,7 +116,7 @@ class CoordinatorTest : public ::testing::Test {
       s->set_peak_rss_bytes(1000 * k);
       s->set_grad_norm(a.rank() == 1 ? 9.0 : 0.5);
       s->set_step_ms(a.rank() == 2 ? 70 : 10 + a.rank());
-      auto resp = core_->ReportStep(r);
+      auto resp = core_->ReportStep(Fenced(r));
       ASSERT_TRUE(resp.ok()) << resp.status();
     }
   }
@@ -132,7 +133,7 @@ class CoordinatorTest : public ::testing::Test {
       r.mutable_shard()->set_generation(job.generation());
       r.mutable_shard()->set_rank(a.rank());
       r.mutable_shard()->set_step(step);
-      auto complete = core_->ReportCheckpoint(r);
+      auto complete = core_->ReportCheckpoint(Fenced(r));
       EXPECT_TRUE(complete.ok()) << complete.status();
       EXPECT_EQ(complete.value_or(false), a.rank() == job.world() - 1) << "rank " << a.rank();
     }
@@ -143,7 +144,7 @@ class CoordinatorTest : public ::testing::Test {
     c.set_worker_id(job.ranks(0).worker_id());
     c.set_step(step);
     c.set_dir("/tmp/ckpt-t/step-" + std::to_string(step));
-    auto committed = core_->CommitCheckpoint(c);
+    auto committed = core_->CommitCheckpoint(Fenced(c));
     EXPECT_TRUE(committed.ok()) << committed.status();
     return committed.value_or(v1::CommitCheckpointResponse());
   }
@@ -224,7 +225,7 @@ TEST_F(CoordinatorTest, MissedLeaseMarksDeadAndFailsItsJob) {
   // A dead worker must register again and gets a new id.
   v1::HeartbeatRequest hb;
   hb.set_worker_id(b);
-  EXPECT_TRUE(absl::IsNotFound(core_->Heartbeat(hb).status()));
+  EXPECT_TRUE(absl::IsNotFound(core_->Heartbeat(Fenced(hb)).status()));
   EXPECT_NE(Register(b), b);
   // The survivor is told to abort the failed job.
   auto resp = Beat(a, job.job_id(), 1);
@@ -248,7 +249,7 @@ TEST_F(CoordinatorTest, StepsAggregateOverRanksAndDoneSucceeds) {
       s->set_loss(rank == 0 ? 4.0 : 6.0);
       s->set_tokens_per_s(100);
       s->set_step_ms(rank == 0 ? 10 : 20);
-      ASSERT_TRUE(core_->ReportStep(r).ok());
+      ASSERT_TRUE(core_->ReportStep(Fenced(r)).ok());
     }
   }
   auto history = core_->GetHistory(job.job_id());
@@ -262,7 +263,7 @@ TEST_F(CoordinatorTest, StepsAggregateOverRanksAndDoneSucceeds) {
   stale.mutable_report()->set_job_id(job.job_id());
   stale.mutable_report()->set_generation(7);
   stale.mutable_report()->set_step(1);
-  EXPECT_TRUE(absl::IsAborted(core_->ReportStep(stale).status()));
+  EXPECT_TRUE(absl::IsAborted(core_->ReportStep(Fenced(stale)).status()));
 
   for (int rank = 0; rank < 2; ++rank) {
     v1::ReportDoneRequest d;
@@ -271,7 +272,7 @@ TEST_F(CoordinatorTest, StepsAggregateOverRanksAndDoneSucceeds) {
     d.set_rank(rank);
     d.set_worker_id(rank == 0 ? a : b);
     d.set_steps(2);
-    ASSERT_TRUE(core_->ReportDone(d).ok());
+    ASSERT_TRUE(core_->ReportDone(Fenced(d)).ok());
     EXPECT_EQ(State(job.job_id()), rank == 0 ? v1::JOB_STATE_RUNNING : v1::JOB_STATE_SUCCEEDED);
   }
   bool ended = false;
@@ -380,7 +381,7 @@ TEST_F(CoordinatorTest, FailureReportFailsTheJobWithRankAndReason) {
   f.set_worker_id(a);
   f.set_reason("data: file missing.txt not found");
   f.set_step(3);
-  ASSERT_TRUE(core_->ReportFailure(f).ok());
+  ASSERT_TRUE(core_->ReportFailure(Fenced(f)).ok());
   v1::Job failed = *core_->GetJob(job.job_id());
   EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(failed.failure_reason().find("rank 0"), std::string::npos);
@@ -421,7 +422,7 @@ TEST_F(CoordinatorTest, FailedRankRecoversFromTheLastCommittedCheckpoint) {
   stale.mutable_report()->set_job_id(job.job_id());
   stale.mutable_report()->set_generation(1);
   stale.mutable_report()->set_step(5);
-  EXPECT_FALSE(core_->ReportStep(stale).ok());
+  EXPECT_FALSE(core_->ReportStep(Fenced(stale)).ok());
   // No restarts left: the next failure fails the job.
   StartAll(again);
   clock_.AdvanceMs(1200);
@@ -436,7 +437,7 @@ TEST(CoordinatorRestartTest, SqliteStateSurvivesAndWorkersRejoinWithTheirIds) {
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
   FakeClock clock;
-  CoordinatorOptions o;
+  CoordinatorOptions o = TestOptions();
   o.lease_ms = 1000;
   std::string w0, job_id;
   {
@@ -444,7 +445,7 @@ TEST(CoordinatorRestartTest, SqliteStateSurvivesAndWorkersRejoinWithTheirIds) {
     v1::RegisterWorkerRequest r;
     r.set_collective_address("127.0.0.1");
     r.add_devices()->set_kind("cpu");
-    w0 = core->RegisterWorker(r)->worker_id();
+    w0 = core->RegisterWorker(Fenced(r))->worker_id();
     v1::SubmitJobRequest s;
     s.set_spec_yaml(Spec(1));
     job_id = core->SubmitJob(s)->job_id();
@@ -460,7 +461,7 @@ TEST(CoordinatorRestartTest, SqliteStateSurvivesAndWorkersRejoinWithTheirIds) {
   // The known worker heartbeats straight away and gets its assignment back.
   v1::HeartbeatRequest hb;
   hb.set_worker_id(w0);
-  auto resp = core->Heartbeat(hb);
+  auto resp = core->Heartbeat(Fenced(hb));
   ASSERT_TRUE(resp.ok()) << resp.status();
   ASSERT_EQ(resp->commands_size(), 1);
   EXPECT_EQ(resp->commands(0).run().job_id(), job_id);
@@ -468,7 +469,7 @@ TEST(CoordinatorRestartTest, SqliteStateSurvivesAndWorkersRejoinWithTheirIds) {
   v1::RegisterWorkerRequest r;
   r.set_collective_address("127.0.0.1");
   r.add_devices()->set_kind("cpu");
-  EXPECT_EQ(core->RegisterWorker(r)->worker_id(), "w-0002");
+  EXPECT_EQ(core->RegisterWorker(Fenced(r))->worker_id(), "w-0002");
   v1::SubmitJobRequest s;
   s.set_spec_yaml(Spec(1));
   EXPECT_EQ(core->SubmitJob(s)->job_id(), "j-000003");
@@ -486,11 +487,12 @@ StoredJobs StoreThreeJobs(const Clock* clock) {
   EXPECT_NE(mkdtemp(tmpl), nullptr);
   StoredJobs out;
   out.dir = tmpl;
-  auto core = *Coordinator::Create({}, *OpenSqliteStateStore(out.dir), ValidateSpec, clock);
+  auto core =
+      *Coordinator::Create(TestOptions(), *OpenSqliteStateStore(out.dir), ValidateSpec, clock);
   v1::RegisterWorkerRequest r;
   r.set_collective_address("127.0.0.1");
   r.add_devices()->set_kind("cpu");
-  out.worker = core->RegisterWorker(r)->worker_id();
+  out.worker = core->RegisterWorker(Fenced(r))->worker_id();
   v1::SubmitJobRequest s;
   s.set_spec_yaml(Spec(1));
   out.scheduled = core->SubmitJob(s)->job_id();
@@ -512,7 +514,8 @@ TEST(CoordinatorRestartTest, LoadValidatesEachStoredSpecOnce) {
     ++validations;
     return ValidateSpec(yaml, overrides);
   };
-  auto core = Coordinator::Create({}, *OpenSqliteStateStore(stored.dir), counting, &clock);
+  auto core =
+      Coordinator::Create(TestOptions(), *OpenSqliteStateStore(stored.dir), counting, &clock);
   ASSERT_TRUE(core.ok()) << core.status();
   EXPECT_EQ(validations, 3);
   EXPECT_EQ((*core)->GetJob(stored.scheduled)->state(), v1::JOB_STATE_SCHEDULED);
@@ -521,7 +524,7 @@ TEST(CoordinatorRestartTest, LoadValidatesEachStoredSpecOnce) {
   // Handing the worker its job back parses nothing more.
   v1::HeartbeatRequest hb;
   hb.set_worker_id(stored.worker);
-  auto resp = (*core)->Heartbeat(hb);
+  auto resp = (*core)->Heartbeat(Fenced(hb));
   ASSERT_TRUE(resp.ok()) << resp.status();
   ASSERT_EQ(resp->commands_size(), 1);
   EXPECT_EQ(resp->commands(0).run().job_id(), stored.scheduled);
@@ -539,7 +542,8 @@ TEST(CoordinatorRestartTest, StoredSpecTheValidatorNowRefusesFailsItsJob) {
     return absl::InvalidArgumentError(refusal);
   };
   {
-    auto core = Coordinator::Create({}, *OpenSqliteStateStore(stored.dir), refusing, &clock);
+    auto core =
+        Coordinator::Create(TestOptions(), *OpenSqliteStateStore(stored.dir), refusing, &clock);
     ASSERT_TRUE(core.ok()) << core.status();
     for (const std::string& id : {stored.scheduled, stored.pending}) {
       v1::Job job = *(*core)->GetJob(id);
@@ -557,13 +561,14 @@ TEST(CoordinatorRestartTest, StoredSpecTheValidatorNowRefusesFailsItsJob) {
     hb.set_worker_id(stored.worker);
     hb.set_job_id(stored.scheduled);
     hb.set_generation(1);
-    auto resp = (*core)->Heartbeat(hb);
+    auto resp = (*core)->Heartbeat(Fenced(hb));
     ASSERT_TRUE(resp.ok()) << resp.status();
     ASSERT_EQ(resp->commands_size(), 1);
     EXPECT_TRUE(resp->commands(0).has_abort());
   }
   // The failures are durable.
-  auto core = Coordinator::Create({}, *OpenSqliteStateStore(stored.dir), ValidateSpec, &clock);
+  auto core =
+      Coordinator::Create(TestOptions(), *OpenSqliteStateStore(stored.dir), ValidateSpec, &clock);
   ASSERT_TRUE(core.ok()) << core.status();
   EXPECT_EQ((*core)->GetJob(stored.scheduled)->state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ((*core)->GetJob(stored.pending)->state(), v1::JOB_STATE_FAILED);
