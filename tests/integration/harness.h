@@ -72,7 +72,8 @@ struct Coordinator {
 // Starts shardtrain-coordinator on `listen` (default port 0) with its state
 // in `state_dir`, and waits for its port file. `lease_ms` 0: the default
 // lease (no --lease-ms). `cwd`: its working directory (default: the
-// test's). `extra`: more flags.
+// test's). `extra`: more flags
+// (--tokens, --tls-cert, ...).
 Coordinator StartCoordinator(const std::string& dir, int64_t lease_ms,
                              const std::string& listen = "127.0.0.1:0", const std::string& cwd = "",
                              const std::vector<std::string>& extra = {});
