@@ -313,7 +313,7 @@ struct LoadResult {
 // Heartbeats every worker in `ids` for cfg.seconds (paced or flood) while a
 // separate connection submits cfg.jobs jobs spread evenly over the window.
 LoadResult RunLoad(const std::string& address, const std::vector<std::string>& ids,
-                   const Config& cfg, bool paced) {
+                   const std::vector<std::string>& secrets, const Config& cfg, bool paced) {
   const int threads = cfg.client_threads;
   auto stubs = NewStubs(address, threads);
   auto submit_stub = v1::Coordinator::NewStub(NewChannel(address));
@@ -349,6 +349,7 @@ LoadResult RunLoad(const std::string& address, const std::vector<std::string>& i
           return;
         }
         req.set_worker_id(ids[k]);
+        req.set_worker_secret(secrets[k]);
         TimedCall([&](grpc::ClientContext* ctx) { return stub.Heartbeat(ctx, req, &resp); }, s);
       }
     }
@@ -366,7 +367,7 @@ absl::Status RunSize(int workers, const Config& cfg, std::vector<Row>* rows,
   const std::string address = (*coord)->address();
 
   // Register every simulated worker, client_threads registrations in flight.
-  std::vector<std::string> ids(workers);
+  std::vector<std::string> ids(workers), secrets(workers);  // Heartbeat needs both
   {
     auto stubs = NewStubs(address, cfg.client_threads);
     Samples s = RunThreads(cfg.client_threads, [&](int t, Samples* out) {
@@ -377,6 +378,7 @@ absl::Status RunSize(int workers, const Config& cfg, std::vector<Row>* rows,
                 [&](grpc::ClientContext* ctx) { return stubs[t]->RegisterWorker(ctx, req, &resp); },
                 out)) {
           ids[k] = resp.worker_id();
+          secrets[k] = resp.worker_secret();
         }
       }
     });
@@ -393,6 +395,7 @@ absl::Status RunSize(int workers, const Config& cfg, std::vector<Row>* rows,
     const auto t0 = SteadyClock::now();
     for (int i = 0; i < cfg.serial_calls; ++i) {
       req.set_worker_id(ids[static_cast<size_t>(i) % ids.size()]);
+      req.set_worker_secret(secrets[static_cast<size_t>(i) % ids.size()]);
       TimedCall([&](grpc::ClientContext* ctx) { return stub->Heartbeat(ctx, req, &resp); }, &s);
     }
     s.seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
@@ -405,7 +408,7 @@ absl::Status RunSize(int workers, const Config& cfg, std::vector<Row>* rows,
 
   for (const std::string& mode : cfg.modes) {
     const bool paced = mode == "paced";
-    LoadResult r = RunLoad(address, ids, cfg, paced);
+    LoadResult r = RunLoad(address, ids, secrets, cfg, paced);
     Row hb = MakeRow(absl::StrCat("heartbeat_", mode), workers, std::move(r.heartbeats));
     if (paced) {
       notes->push_back(absl::StrFormat(

@@ -81,7 +81,9 @@ int main(int argc, char** argv) {
       "shardtrain-coordinator: the control plane of a shardtrain cluster.\n"
       "Holds worker membership (leases), the job queue with gang scheduling, every job's\n"
       "plan, the rendezvous key-value store workers bootstrap collectives with, and the\n"
-      "durable state (SQLite in --state-dir). Stop it with SIGTERM or Ctrl-C."};
+      "durable state (SQLite in --state-dir). Stop it with SIGTERM or Ctrl-C.\n"
+      "Without --tokens there is no authentication (every caller is an admin), and without\n"
+      "--tls-cert it serves only loopback addresses unless --insecure is given."};
   app.set_version_flag("--version", VersionLine("shardtrain-coordinator"));
   app.add_option(
          "--listen", flags.listen,
