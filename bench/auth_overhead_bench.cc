@@ -251,7 +251,7 @@ int Run(const Config& cfg) {
       " && printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext"
       " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1"
       " -extfile san.ext -out server.pem";
-  if (std::system((pki + " >/dev/null 2>&1").c_str()) != 0) {
+  if (std::system(("(" + pki + ") >/dev/null 2>&1").c_str()) != 0) {
     std::cerr << "auth_overhead_bench: openssl could not make the test certificates\n";
     return 1;
   }

@@ -195,7 +195,8 @@ TEST_F(DaemonTest, RegistersOnceThenHeartbeatsEveryHeartbeatMs) {
   EXPECT_EQ(daemon_->worker_id(), "w-1");
   for (const v1::HeartbeatRequest& hb : c.heartbeats) {
     EXPECT_EQ(hb.worker_id(), "w-1");
-    EXPECT_EQ(hb.job_id(), "");  // idle
+    EXPECT_EQ(hb.worker_secret(), "secret-of-w-1");  // what registration answered
+    EXPECT_EQ(hb.job_id(), "");                      // idle
   }
   for (size_t i = 1; i < c.heartbeat_times.size(); ++i) {
     EXPECT_GE(c.heartbeat_times[i] - c.heartbeat_times[i - 1], milliseconds(30)) << "gap " << i;
@@ -345,6 +346,7 @@ TEST_F(DaemonTest, HeartbeatNotFoundRegistersAgainWithThePreviousId) {
   ASSERT_TRUE(coordinator_.WaitFor([&](const Calls& c) { return CountFrom(c, after) >= 2; }));
   const Calls c = coordinator_.calls();
   EXPECT_EQ(c.registers[1].previous_worker_id(), "w-1");
+  EXPECT_EQ(c.registers[1].worker_secret(), "secret-of-w-1");  // keeps its id: proves it is w-1
   for (size_t i = after; i < c.heartbeats.size(); ++i) {
     EXPECT_EQ(c.heartbeats[i].worker_id(), "w-1");
     EXPECT_EQ(c.heartbeats[i].job_id(), "job-1");  // the job ran on through it

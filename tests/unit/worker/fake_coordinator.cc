@@ -109,6 +109,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> FakeCoordinator::RegisterWorker(
   resp.set_worker_id(r.previous_worker_id().empty() ? absl::StrCat("w-", next_worker_++)
                                                     : r.previous_worker_id());
   resp.set_lease_ms(lease_ms_);
+  resp.set_worker_secret("secret-of-" + resp.worker_id());
   return resp;
 }
 

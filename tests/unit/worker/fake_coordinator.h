@@ -4,6 +4,7 @@
 //
 // Default answers:
 //   RegisterWorker  the previous_worker_id when given, else "w-1", "w-2", ...;
+//                   worker_secret "secret-of-<id>";
 //                   lease_ms() as the lease.
 //   Heartbeat       scripted answers (QueueHeartbeat) first, in order; then
 //                   it reconciles like the coordinator does: an abort for a

@@ -35,6 +35,7 @@ using ::testing::HasSubstr;
 using Rpc = FakeCoordinator::Rpc;
 
 constexpr char kJob[] = "job-1";
+constexpr char kLeaseToken[] = "0123456789abcdef0123456789abcdef";
 
 std::vector<int64_t> StepNumbers(const FakeCoordinator::Calls& c) {
   std::vector<int64_t> out;
@@ -95,6 +96,7 @@ class JobRunnerTest : public ::testing::Test {
     a.set_world(1);
     a.set_spec_yaml(yaml);
     a.set_resume_from(resume_from);
+    a.set_lease_token(kLeaseToken);
     WorkerOptions options;
     options.threads = 1;
     options.checkpoint_root = checkpoint_root_;
@@ -260,6 +262,22 @@ TEST_F(JobRunnerTest, CheckpointsEveryStepBeforeTheLast) {
     }
     EXPECT_EQ(next, num_params) << "step " << s.step();
   }
+}
+
+// Every call the rank makes for its job presents the assignment's lease
+// token: without it the coordinator refuses the call (coordinator/fencing.h).
+TEST_F(JobRunnerTest, EveryReportPresentsTheAssignmentsLeaseToken) {
+  const FakeCoordinator::Calls c = RunToTheEnd(Yaml(CheckpointYaml(1)));
+  ASSERT_EQ(c.steps.size(), 3u);
+  ASSERT_FALSE(c.checkpoints.empty());
+  ASSERT_FALSE(c.shard_waits.empty());
+  ASSERT_FALSE(c.commits.empty());
+  ASSERT_EQ(c.dones.size(), 1u);
+  for (const auto& r : c.steps) EXPECT_EQ(r.lease_token(), kLeaseToken);
+  for (const auto& r : c.checkpoints) EXPECT_EQ(r.lease_token(), kLeaseToken);
+  for (const auto& r : c.shard_waits) EXPECT_EQ(r.lease_token(), kLeaseToken);
+  for (const auto& r : c.commits) EXPECT_EQ(r.lease_token(), kLeaseToken);
+  EXPECT_EQ(c.dones[0].lease_token(), kLeaseToken);
 }
 
 // Rank 0 commits each checkpoint itself: the manifest next to its shard, the
