@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 
+#include "coordinator/fencing.h"
 #include "shardtrain/v1/coordinator.grpc.pb.h"
 #include "tests/integration/harness.h"
 
@@ -100,9 +101,16 @@ TEST_F(WireBoundsTest, KvOfARunningJobBoundsValuesAndRefusesOverflow) {
       seconds(30)))
       << v1::JobState_Name(job.state());
 
+  // The rank's lease token, as the coordinator derives it from the key in
+  // its state directory: KV writes need it (fencing).
+  absl::StatusOr<coordinator::FencingKey> key =
+      coordinator::FencingKey::LoadOrCreate(dir_.path() + "/state/fencing.key");
+  ASSERT_TRUE(key.ok()) << key.status();
+  const std::string token = key->LeaseToken(job.job_id(), job.generation());
   v1::KvSetRequest set;
   set.set_job_id(job.job_id());
   set.set_generation(job.generation());
+  set.set_lease_token(token);
   set.set_key("big");
   set.set_value(std::string(2 << 20, 'v'));
   v1::KvSetResponse set_resp;
@@ -116,6 +124,7 @@ TEST_F(WireBoundsTest, KvOfARunningJobBoundsValuesAndRefusesOverflow) {
   v1::KvAddRequest add;
   add.set_job_id(job.job_id());
   add.set_generation(job.generation());
+  add.set_lease_token(token);
   add.set_key("counter");
   add.set_delta(INT64_MAX);
   v1::KvAddResponse add_resp;

@@ -264,7 +264,7 @@ TEST_F(FencingTest, RegisteringUnderALiveWorkersIdIsNoTakeover) {
 
 TEST_F(FencingTest, SecretsAreNeverInListGetOrWatchAnswers) {
   std::string shown = core_->GetJob(job_)->SerializeAsString() +
-                      core_->ListJobs({}).SerializeAsString() +
+                      core_->ListJobs({})->SerializeAsString() +
                       core_->ListWorkers().SerializeAsString();
   bool ended = false;
   const std::vector<v1::JobEvent> events = *core_->WaitEvents(job_, 0, 0, &ended);

@@ -9,6 +9,7 @@
 
 #include "coordinator/coordinator.h"
 #include "coordinator/spec_validator.h"
+#include "tests/unit/coordinator/fenced.h"
 
 namespace shardtrain::coordinator {
 namespace {
@@ -23,7 +24,7 @@ std::string Spec(int dp) {
 class RecoveryTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    CoordinatorOptions o;
+    CoordinatorOptions o = TestOptions();
     o.lease_ms = 1000;
     auto c = Coordinator::Create(o, NewMemoryStateStore(), ValidateSpec, &clock_);
     ASSERT_TRUE(c.ok()) << c.status();
@@ -51,7 +52,7 @@ class RecoveryTest : public ::testing::Test {
     r.set_worker_id(w);
     r.set_job_id(job);
     r.set_generation(gen);
-    auto resp = core_->Heartbeat(r);
+    auto resp = core_->Heartbeat(Fenced(r));
     EXPECT_TRUE(resp.ok()) << resp.status();
     return resp.ok() ? *resp : v1::HeartbeatResponse();
   }
@@ -75,7 +76,7 @@ class RecoveryTest : public ::testing::Test {
     f.set_worker_id(job.ranks(rank).worker_id());
     f.set_reason("NOT_FOUND: data path data/x.txt does not exist");
     f.set_permanent(permanent);
-    return core_->ReportFailure(f);
+    return core_->ReportFailure(Fenced(f));
   }
   std::vector<std::string> Workers(const std::string& id) {
     std::vector<std::string> out;
