@@ -9,12 +9,12 @@
 //
 //   MetricsRegistry registry;
 //   auto& steps = registry.AddCounter("shardtrain_worker_steps_total",
-//                                     "Optimizer steps completed.", {"job", "rank"});
+//                                     "Optimizer steps completed.", {"job_id", "rank"});
 //   Counter* my_steps = &steps.WithLabels({"job-1", "0"});
 //   my_steps->Increment();
 //
 //   auto& step_s = registry.AddHistogram("shardtrain_worker_step_seconds",
-//       "Wall time of one optimizer step.", {"job"}, ExponentialBuckets(0.001, 2, 16));
+//       "Wall time of one optimizer step.", {"job_id"}, ExponentialBuckets(0.001, 2, 16));
 //   step_s.WithLabels({"job-1"}).Observe(0.25);
 //
 //   // Values computed when scraped (e.g. workers by state):

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <iostream>
-#include <cmath>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -324,11 +324,11 @@ void RegisterCoordinatorMetrics(Coordinator* core, MetricsRegistry* registry) {
       &registry->AddGauge("shardtrain_coordinator_jobs", "Jobs, by state.", {"state"});
   Family<Gauge>* step =
       &registry->AddGauge("shardtrain_coordinator_job_step",
-                          "Last step every rank of an active job reported.", {"job"});
+                          "Last step every rank of an active job reported.", {"job_id"});
   Family<Gauge>* total = &registry->AddGauge("shardtrain_coordinator_job_total_steps",
-                                             "Steps an active job trains for.", {"job"});
+                                             "Steps an active job trains for.", {"job_id"});
   Family<Gauge>* loss = &registry->AddGauge("shardtrain_coordinator_job_loss",
-                                            "Loss of an active job's last step.", {"job"});
+                                            "Loss of an active job's last step.", {"job_id"});
   registry->AddCollector([core, workers, jobs, step, total, loss] {
     for (const auto& [state, n] : core->WorkerCountsByState()) workers->WithLabels({state}).Set(n);
     for (const auto& [state, n] : core->JobCountsByState()) jobs->WithLabels({state}).Set(n);

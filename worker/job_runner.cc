@@ -1,6 +1,7 @@
 #include "worker/job_runner.h"
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <thread>
@@ -24,32 +25,33 @@
 namespace shardtrain::worker {
 namespace {
 
-// The worker's training metrics, labelled by job and rank (never by step).
+// The worker's training metrics, labelled by job_id and rank (never by step;
+// not `job`, which Prometheus keeps for the scrape target).
 struct TrainingMetrics {
   explicit TrainingMetrics(MetricsRegistry* r)
       : steps(r->AddCounter("shardtrain_worker_steps_total", "Optimizer steps completed.",
-                            {"job", "rank"})),
-        tokens(
-            r->AddCounter("shardtrain_worker_tokens_total", "Tokens trained on.", {"job", "rank"})),
+                            {"job_id", "rank"})),
+        tokens(r->AddCounter("shardtrain_worker_tokens_total", "Tokens trained on.",
+                             {"job_id", "rank"})),
         step_seconds(r->AddHistogram("shardtrain_worker_step_seconds",
-                                     "Wall time of one optimizer step.", {"job", "rank"},
+                                     "Wall time of one optimizer step.", {"job_id", "rank"},
                                      ExponentialBuckets(0.001, 2, 20))),
         collective_seconds(r->AddCounter("shardtrain_worker_collective_seconds_total",
                                          "Time blocked waiting for collectives, by op.",
-                                         {"job", "rank", "op"})),
+                                         {"job_id", "rank", "op"})),
         sent_bytes(r->AddCounter("shardtrain_worker_sent_bytes_total",
-                                 "Bytes this rank sent in collectives.", {"job", "rank"})),
+                                 "Bytes this rank sent in collectives.", {"job_id", "rank"})),
         loss(r->AddGauge("shardtrain_worker_loss", "Loss of the last step on this rank.",
-                         {"job", "rank"})),
+                         {"job_id", "rank"})),
         val_loss(r->AddGauge("shardtrain_worker_val_loss",
                              "Validation loss of the last evaluation (eval.every), the job's "
                              "mean over its validation windows (the same on every rank).",
-                             {"job", "rank"})),
+                             {"job_id", "rank"})),
         memory(r->AddGauge("shardtrain_worker_memory_bytes",
                            "Bytes this rank holds by kind (params, grads, optimizer, "
                            "activations, comm_buffers, working: ZeRO-2/3 whole units alive); "
                            "compare with `shardtrain plan`.",
-                           {"job", "rank", "kind"})),
+                           {"job_id", "rank", "kind"})),
         peak_rss(r->AddGauge("shardtrain_worker_peak_rss_bytes",
                              "Peak resident memory of the worker process.")
                      .WithLabels({})) {}
@@ -63,6 +65,23 @@ struct TrainingMetrics {
   Family<Gauge>& val_loss;
   Family<Gauge>& memory;
   Gauge& peak_rss;
+
+  // Stops exporting every series of (job_id, rank): the job ended on this
+  // worker (finished, failed, cancelled or re-ganged elsewhere).
+  void Drop(const std::string& job_id, const std::string& rank) {
+    const std::vector<std::string> labels = {job_id, rank};
+    steps.Remove(labels);
+    tokens.Remove(labels);
+    step_seconds.Remove(labels);
+    collective_seconds.Remove({job_id, rank, "allreduce"});
+    sent_bytes.Remove(labels);
+    loss.Remove(labels);
+    val_loss.Remove(labels);
+    for (const char* kind : kMemoryKinds) memory.Remove({job_id, rank, kind});
+  }
+
+  static constexpr const char* kMemoryKinds[] = {"params",      "grads",        "optimizer",
+                                                 "activations", "comm_buffers", "working"};
 };
 
 // Reports to the coordinator and tells the runner when to stop.
@@ -314,7 +333,8 @@ absl::Status ResolvePaths(const WorkerOptions& o, JobSpec& spec) {
   return absl::OkStatus();
 }
 
-void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
+// Trains one assignment to its end (or stop), reporting to the coordinator.
+void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   const v1::RunAssignment& a = *ctx.assignment;
   const std::vector<std::string> labels = {a.job_id(), std::to_string(a.rank())};
   Counter& steps = metrics->steps.WithLabels(labels);
@@ -387,9 +407,10 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
     step_seconds.Observe(r->step_ms / 1000.0);
     allreduce_seconds.Increment(r->comm_ms / 1000.0);
     sent.Increment(double(r->comm_bytes));
-    loss.Set(r->loss);
+    // A diverged step (NaN/inf) is reported to the coordinator, not exported.
+    if (std::isfinite(r->loss)) loss.Set(r->loss);
     if (r->val_loss) {
-      metrics->val_loss.WithLabels(labels).Set(*r->val_loss);
+      if (std::isfinite(*r->val_loss)) metrics->val_loss.WithLabels(labels).Set(*r->val_loss);
       report.Log(absl::StrFormat("step %d: validation loss %.4f (evaluated in %.0f ms)", step,
                                  *r->val_loss, r->eval_ms));
     }
@@ -452,6 +473,11 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   }
   if (comm) comm->Shutdown().IgnoreError();  // barrier: no peer is left mid-collective
   report.Done(spec->steps, output);
+}
+
+void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
+  TrainAssignment(ctx, metrics);
+  metrics->Drop(ctx.assignment->job_id(), std::to_string(ctx.assignment->rank()));
 }
 
 }  // namespace

@@ -239,6 +239,7 @@ def check_compose(raw, progs, source_dir, compose_path):
         problems.append(f"{where}: no Grafana service")
     else:
         problems += check_grafana(grafana, services, compose_dir, source_dir)
+    problems += job_label_uses(source_dir)
     return problems
 
 
@@ -247,11 +248,12 @@ def check_prometheus(cfg, services, info, coordinators, workers, where):
     scraped = {}  # service name -> port
     for sc in cfg.get("scrape_configs") or []:
         w = f"{where}: {sc.get('job_name')}"
-        relabels = sc.get("metric_relabel_configs") or []
-        if not any(r.get("source_labels") == ["exported_job"] and r.get("target_label") == "job_id"
-                   for r in relabels):
-            problems.append(f"{w}: no metric_relabel_configs storing the programs' job label "
-                            f"(exported_job) as job_id")
+        # The programs export `job_id` themselves: a rule about `exported_job`
+        # is stale (it matches nothing, or hides a program exporting `job`).
+        for r in sc.get("metric_relabel_configs") or []:
+            if "exported_job" in json.dumps(r):
+                problems.append(f"{w}: metric_relabel_configs rule {r} names exported_job; "
+                                f"the programs label a training job job_id")
         for st in sc.get("static_configs") or []:
             for t in st.get("targets") or []:
                 host, _, port = t.rpartition(":")
@@ -272,6 +274,23 @@ def check_prometheus(cfg, services, info, coordinators, workers, where):
             problems.append(f"{where}: service {s} is not scraped")
         elif scraped[s] != port:
             problems.append(f"{where}: service {s} scraped on port {scraped[s]}, serves metrics on {port}")
+    return problems
+
+
+def job_label_uses(source_dir):
+    """Metric registrations in the programs' sources that use the label `job`
+    (Prometheus keeps it for the scrape target and renames theirs)."""
+    problems = []
+    for path in glob.glob(os.path.join(source_dir, "**", "*.cc"), recursive=True):
+        if "/build" in path or "/tests/" in path:
+            continue
+        with open(path, errors="replace") as f:
+            text = f.read()
+        # Up to the first ')': the label list comes before any bucket arguments.
+        for m in re.finditer(r'Add(?:Counter|Gauge|Histogram)\(\s*"(shardtrain_[a-z0-9_]+)"([^)]*)\)', text):
+            if re.search(r'"job"', m.group(2)):
+                problems.append(f"{os.path.relpath(path, source_dir)}: {m.group(1)} has the label `job`; "
+                                f"use job_id")
     return problems
 
 

@@ -234,9 +234,10 @@ def check_k8s(objs, progs, source_dir):
             for s in chosen:
                 if ep.get("port") not in [p.get("name") for p in s["spec"].get("ports") or []]:
                     problems.append(f"{w}: Service/{s['metadata']['name']} has no port named {ep.get('port')}")
-            if not any(r.get("sourceLabels") == ["exported_job"] and r.get("targetLabel") == "job_id"
-                       for r in ep.get("metricRelabelings") or []):
-                problems.append(f"{w}: no metricRelabelings storing exported_job as job_id")
+            for r in ep.get("metricRelabelings") or []:
+                if "exported_job" in str(r):
+                    problems.append(f"{w}: metricRelabelings rule {r} names exported_job; "
+                                    f"the programs label a training job job_id")
         for s in chosen:
             covered = [p for p in pods if matches(s["spec"].get("selector"), p["labels"])]
             if not covered:

@@ -242,9 +242,9 @@ TEST_F(ClusterTest, WorkerMetricsDuringARunPassPromtool) {
   std::ifstream in(file);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   for (const std::string want :
-       {"shardtrain_worker_steps_total{job=\"" + job + "\",rank=\"0\"}",
-        "shardtrain_worker_step_seconds_bucket{job=\"" + job + "\",rank=\"0\",le=\"+Inf\"}",
-        "shardtrain_worker_tokens_total{job=\"" + job + "\"",
+       {"shardtrain_worker_steps_total{job_id=\"" + job + "\",rank=\"0\"}",
+        "shardtrain_worker_step_seconds_bucket{job_id=\"" + job + "\",rank=\"0\",le=\"+Inf\"}",
+        "shardtrain_worker_tokens_total{job_id=\"" + job + "\"",
         std::string("shardtrain_worker_peak_rss_bytes ")}) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
@@ -252,7 +252,17 @@ TEST_F(ClusterTest, WorkerMetricsDuringARunPassPromtool) {
     CommandResult check = RunCommand({"/bin/sh", "-c", "promtool check metrics < " + file});
     EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
   }
+  // Once the job ended on the worker, none of its series is exported.
   Cli({"cancel", job}, c_.address());
+  CommandResult after;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        after = RunCommand({"/usr/bin/curl", "-sf", m[1].str()});
+        return after.exit_code == 0 && after.out.find(job) == std::string::npos;
+      },
+      seconds(30)))
+      << after.out;
+  EXPECT_NE(after.out.find("shardtrain_worker_peak_rss_bytes "), std::string::npos) << after.out;
 }
 
 TEST_F(ClusterTest, MissingDataFailsTheJobNamingTheFile) {

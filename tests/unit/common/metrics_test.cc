@@ -24,16 +24,16 @@ namespace {
 TEST(MetricsTest, SerializesExactText) {
   MetricsRegistry registry;
   auto& steps = registry.AddCounter("shardtrain_worker_steps_total", "Optimizer steps done.",
-                                    {"job", "rank"});
+                                    {"job_id", "rank"});
   steps.WithLabels({"job-b", "1"}).Increment(2);
   steps.WithLabels({"job-a", "0"}).Increment();
   auto& up = registry.AddGauge("shardtrain_worker_up", "1 while the worker runs.");
   up.WithLabels({}).Set(1);
   auto& loss =
-      registry.AddGauge("shardtrain_worker_loss", "Latest training loss.\nPer job.", {"job"});
+      registry.AddGauge("shardtrain_worker_loss", "Latest training loss.\nPer job.", {"job_id"});
   loss.WithLabels({"we\"ird\\na\nme"}).Set(5.5);
-  auto& step_s = registry.AddHistogram("shardtrain_worker_step_seconds", "Step wall time.", {"job"},
-                                       {0.1, 0.5, 1});
+  auto& step_s = registry.AddHistogram("shardtrain_worker_step_seconds", "Step wall time.",
+                                       {"job_id"}, {0.1, 0.5, 1});
   Histogram& h = step_s.WithLabels({"job-a"});
   h.Observe(0.05);
   h.Observe(0.1);  // le is inclusive
@@ -51,19 +51,19 @@ TEST(MetricsTest, SerializesExactText) {
       "shardtrain_a_bytes_count 0\n"
       "# HELP shardtrain_worker_loss Latest training loss.\\nPer job.\n"
       "# TYPE shardtrain_worker_loss gauge\n"
-      "shardtrain_worker_loss{job=\"we\\\"ird\\\\na\\nme\"} 5.5\n"
+      "shardtrain_worker_loss{job_id=\"we\\\"ird\\\\na\\nme\"} 5.5\n"
       "# HELP shardtrain_worker_step_seconds Step wall time.\n"
       "# TYPE shardtrain_worker_step_seconds histogram\n"
-      "shardtrain_worker_step_seconds_bucket{job=\"job-a\",le=\"0.1\"} 2\n"
-      "shardtrain_worker_step_seconds_bucket{job=\"job-a\",le=\"0.5\"} 2\n"
-      "shardtrain_worker_step_seconds_bucket{job=\"job-a\",le=\"1\"} 3\n"
-      "shardtrain_worker_step_seconds_bucket{job=\"job-a\",le=\"+Inf\"} 4\n"
-      "shardtrain_worker_step_seconds_sum{job=\"job-a\"} 30.85\n"
-      "shardtrain_worker_step_seconds_count{job=\"job-a\"} 4\n"
+      "shardtrain_worker_step_seconds_bucket{job_id=\"job-a\",le=\"0.1\"} 2\n"
+      "shardtrain_worker_step_seconds_bucket{job_id=\"job-a\",le=\"0.5\"} 2\n"
+      "shardtrain_worker_step_seconds_bucket{job_id=\"job-a\",le=\"1\"} 3\n"
+      "shardtrain_worker_step_seconds_bucket{job_id=\"job-a\",le=\"+Inf\"} 4\n"
+      "shardtrain_worker_step_seconds_sum{job_id=\"job-a\"} 30.85\n"
+      "shardtrain_worker_step_seconds_count{job_id=\"job-a\"} 4\n"
       "# HELP shardtrain_worker_steps_total Optimizer steps done.\n"
       "# TYPE shardtrain_worker_steps_total counter\n"
-      "shardtrain_worker_steps_total{job=\"job-a\",rank=\"0\"} 1\n"
-      "shardtrain_worker_steps_total{job=\"job-b\",rank=\"1\"} 2\n"
+      "shardtrain_worker_steps_total{job_id=\"job-a\",rank=\"0\"} 1\n"
+      "shardtrain_worker_steps_total{job_id=\"job-b\",rank=\"1\"} 2\n"
       "# HELP shardtrain_worker_up 1 while the worker runs.\n"
       "# TYPE shardtrain_worker_up gauge\n"
       "shardtrain_worker_up 1\n";
@@ -130,7 +130,7 @@ TEST(MetricsDeathTest, MisuseAborts) {
   EXPECT_DEATH(
       {
         MetricsRegistry r;
-        r.AddGauge("g", "G.", {"job"}).WithLabels({"a", "b"});
+        r.AddGauge("g", "G.", {"job_id"}).WithLabels({"a", "b"});
       },
       "2 label values for 1 labels");
   EXPECT_DEATH(
@@ -281,16 +281,16 @@ TEST(MetricsHttpTest, PromtoolAcceptsTheOutput) {
   }
   MetricsRegistry registry;
   auto& steps = registry.AddCounter("shardtrain_worker_steps_total", "Optimizer steps done.",
-                                    {"job", "rank"});
+                                    {"job_id", "rank"});
   steps.WithLabels({"job \"1\"\\x\ny", "0"}).Increment(3);
-  registry.AddGauge("shardtrain_worker_loss_nats", "Latest loss.", {"job"})
+  registry.AddGauge("shardtrain_worker_loss_nats", "Latest loss.", {"job_id"})
       .WithLabels({"job-1"})
       .Set(5.25);
   registry.AddGauge("shardtrain_coordinator_workers", "Workers by state.", {"state"})
       .WithLabels({"idle"})
       .Set(2);
-  auto& step_s = registry.AddHistogram("shardtrain_worker_step_seconds", "Step wall time.", {"job"},
-                                       ExponentialBuckets(0.001, 4, 8));
+  auto& step_s = registry.AddHistogram("shardtrain_worker_step_seconds", "Step wall time.",
+                                       {"job_id"}, ExponentialBuckets(0.001, 4, 8));
   step_s.WithLabels({"job-1"}).Observe(0.02);
   step_s.WithLabels({"job-1"}).Observe(3);
   registry.AddHistogram("shardtrain_worker_allreduce_bytes", "Bytes per all-reduce.", {},

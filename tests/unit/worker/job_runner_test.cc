@@ -32,6 +32,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using Rpc = FakeCoordinator::Rpc;
 
 constexpr char kJob[] = "job-1";
@@ -188,8 +189,14 @@ TEST_F(JobRunnerTest, ReportsEachStepOfTheTrainerThenDone) {
 }
 
 // eval.every 2 of 3 steps: steps 2 and 3 (the last) carry the trainer's
-// validation loss, step 1 none; the worker's gauge holds the last one.
+// validation loss, step 1 none; the worker's gauge holds the last one while
+// the job runs (scraped at the last step report), and every series of the
+// job is gone once it ended on this worker.
 TEST_F(JobRunnerTest, ReportsTheValidationLossOnEvaluationSteps) {
+  std::string during;
+  coordinator_.set_on_step([&](const v1::ReportStepRequest& r) {
+    if (r.report().step() == 3) during = registry_.Serialize();
+  });
   const std::string val = (dir_ / "val.txt").string();
   {
     std::ofstream out(val);
@@ -212,9 +219,16 @@ TEST_F(JobRunnerTest, ReportsTheValidationLossOnEvaluationSteps) {
     EXPECT_NEAR(s.val_loss(), std::log(256.0), 1.0) << "step " << s.step();
     last = s.val_loss();
   }
-  EXPECT_THAT(registry_.Serialize(),
-              HasSubstr(absl::StrCat("shardtrain_worker_val_loss{job=\"", kJob, "\",rank=\"0\"} ",
-                                     FormatMetricValue(last), "\n")));
+  EXPECT_THAT(during, HasSubstr(absl::StrCat("shardtrain_worker_val_loss{job_id=\"", kJob,
+                                             "\",rank=\"0\"} ", FormatMetricValue(last), "\n")));
+  for (const char* series : {"steps_total", "tokens_total", "step_seconds_count", "loss",
+                             "collective_seconds_total", "sent_bytes_total", "memory_bytes"}) {
+    EXPECT_THAT(during, HasSubstr(absl::StrCat("shardtrain_worker_", series, "{job_id=\"", kJob)))
+        << series;
+  }
+  const std::string after = registry_.Serialize();
+  EXPECT_THAT(after, Not(HasSubstr(kJob))) << after;
+  EXPECT_THAT(after, HasSubstr("shardtrain_worker_peak_rss_bytes "));
 }
 
 TEST_F(JobRunnerTest, SavesTheFinalWeightsAndReportsWhere) {
