@@ -41,6 +41,19 @@ TEST(RendezvousKvTest, TimeoutIsDeadlineExceededNamingTheKey) {
   EXPECT_GE(took, std::chrono::milliseconds(95));
 }
 
+// Found by coordinator_fuzz: an Add past INT64_MAX (or below INT64_MIN) was
+// signed overflow; it is refused and the stored value stays as it was.
+TEST(RendezvousKvTest, AddThatWouldOverflowIsRefusedAndChangesNothing) {
+  RendezvousKv kv;
+  ASSERT_EQ(*kv.Add("j", 1, "n", 1), 1);
+  absl::StatusOr<int64_t> over = kv.Add("j", 1, "n", INT64_MAX);
+  EXPECT_TRUE(absl::IsOutOfRange(over.status())) << over.status();
+  EXPECT_EQ(*kv.Add("j", 1, "n", 0), 1);
+  ASSERT_EQ(*kv.Add("j", 1, "m", -1), -1);
+  EXPECT_TRUE(absl::IsOutOfRange(kv.Add("j", 1, "m", INT64_MIN).status()));
+  EXPECT_EQ(*kv.Add("j", 1, "m", INT64_MAX), INT64_MAX - 1);
+}
+
 TEST(RendezvousKvTest, AddIsAtomicAcrossThreads) {
   RendezvousKv kv;
   std::vector<std::thread> ts;
