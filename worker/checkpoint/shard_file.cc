@@ -45,6 +45,7 @@ class Reader {
   }
   bool GetBytes(void* out, size_t n) {
     if (remaining() < n) return false;
+    if (n == 0) return true;  // `out` may be null (an empty vector's data())
     std::memcpy(out, data_ + pos_, n);
     pos_ += n;
     return true;
