@@ -34,7 +34,7 @@ class RendezvousKv {
   // Longest wait a single Get may ask for.
   static constexpr int64_t kMaxWaitMs = 10 * 60 * 1000;
 
-  RendezvousKv() = default;
+  RendezvousKv() : RendezvousKv(KvLimits()) {}
   explicit RendezvousKv(KvLimits limits) : limits_(limits) {}
 
   // Stores the value. INVALID_ARGUMENT for a value above max_value_bytes,

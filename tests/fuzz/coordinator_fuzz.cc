@@ -7,7 +7,11 @@
 // the fuzzer cannot guess are filled in, at any depth of the request: a
 // job_id "$" names the job submitted last; an empty worker_id the worker
 // registered last, and a one-character worker_id "0".."9" the n-th one
-// registered. Waits (wait_ms) are zeroed so a call never blocks.
+// registered. Waits (wait_ms) are zeroed so a call never blocks. Secrets
+// left empty are filled in as the real worker would present them (its
+// registration secret, its assignment's lease token, derived from the one
+// key the fuzzed coordinator uses), so fenced calls reach their handlers;
+// non-empty ones stay, for the refusal paths.
 // tests/fuzz/make_seeds.py writes the seed corpus from text-format requests.
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +21,7 @@
 
 #include "coordinator/clock.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/fencing.h"
 #include "coordinator/spec_validator.h"
 #include "coordinator/state_store.h"
 #include "google/protobuf/descriptor.h"
@@ -63,6 +68,47 @@ struct Ids {
   std::vector<std::string> workers;
 };
 
+const FencingKey& Key() {
+  static const FencingKey key = FencingKey::Random();
+  return key;
+}
+
+std::string StringField(const Message& m, const char* name) {
+  const FieldDescriptor* f = m.GetDescriptor()->FindFieldByName(name);
+  if (!f || f->is_repeated() || f->cpp_type() != FieldDescriptor::CPPTYPE_STRING) return "";
+  return m.GetReflection()->GetString(m, f);
+}
+
+int64_t Int64Field(const Message& m, const char* name) {
+  const FieldDescriptor* f = m.GetDescriptor()->FindFieldByName(name);
+  if (!f || f->is_repeated() || f->cpp_type() != FieldDescriptor::CPPTYPE_INT64) return 0;
+  return m.GetReflection()->GetInt64(m, f);
+}
+
+// An empty worker_secret or lease_token of `m` (a request, after FillIn)
+// becomes the right one. The job and generation of a lease token are the
+// request's own, or those of its report/shard.
+void FillInSecrets(Message* m) {
+  const Reflection* r = m->GetReflection();
+  const auto* d = m->GetDescriptor();
+  if (const FieldDescriptor* f = d->FindFieldByName("worker_secret");
+      f && r->GetString(*m, f).empty()) {
+    std::string id = StringField(*m, "worker_id");
+    if (id.empty()) id = StringField(*m, "previous_worker_id");
+    r->SetString(m, f, Key().WorkerSecret(id));
+  }
+  if (const FieldDescriptor* f = d->FindFieldByName("lease_token");
+      f && r->GetString(*m, f).empty()) {
+    const Message* holder = m;
+    for (const char* inner : {"report", "shard"}) {
+      const FieldDescriptor* g = d->FindFieldByName(inner);
+      if (g && g->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) holder = &r->GetMessage(*m, g);
+    }
+    r->SetString(
+        m, f, Key().LeaseToken(StringField(*holder, "job_id"), Int64Field(*holder, "generation")));
+  }
+}
+
 // Fills in the ids and zeroes the waits of `m` and every message inside it.
 void FillIn(Message* m, const Ids& ids) {
   const Reflection* r = m->GetReflection();
@@ -99,6 +145,7 @@ template <typename Req>
 bool Decode(const uint8_t* p, size_t n, const Ids& ids, Req* req) {
   if (!req->ParseFromArray(p, int(n))) return false;
   FillIn(req, ids);
+  FillInSecrets(req);
   return true;
 }
 
@@ -204,7 +251,7 @@ void RunCall(Coordinator& c, FakeClock& clock, Ids& ids, uint8_t op, const uint8
     case kKvSet: {
       v1::KvSetRequest req;
       if (Decode(p, n, ids, &req))
-        c.kv().Set(req.job_id(), req.generation(), req.key(), req.value());
+        c.kv().Set(req.job_id(), req.generation(), req.key(), req.value()).IgnoreError();
       return;
     }
     case kKvGet: {
@@ -239,7 +286,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace shardtrain::coordinator;
   FakeClock clock;
-  auto c = Coordinator::Create(CoordinatorOptions(), NewMemoryStateStore(), ValidateSpec, &clock);
+  CoordinatorOptions options;
+  options.fencing_key = Key();
+  auto c = Coordinator::Create(options, NewMemoryStateStore(), ValidateSpec, &clock);
   if (!c.ok()) __builtin_trap();
   Ids ids;
   size_t at = 0;

@@ -135,9 +135,11 @@ TEST_F(MultiHostTest, CutLinkOfOneWorkerHostTheJobRecoversOnTheOthersAndFinishes
 
   const std::string port_file = dir.path() + "/coordinator.port";
   Process coordinator(
-      hosts_->In(0, {SHARDTRAIN_COORDINATOR_BIN, "--listen", std::string(kCoordinatorIp) + ":0",
-                     "--state-dir", dir.path() + "/state", "--port-file", port_file, "--lease-ms",
-                     "2000"}),
+      hosts_->In(
+          0, {SHARDTRAIN_COORDINATOR_BIN, "--listen", std::string(kCoordinatorIp) + ":0",
+              "--state-dir", dir.path() + "/state", "--port-file", port_file, "--lease-ms", "2000",
+              // Plaintext off loopback: a private link between namespaces.
+              "--insecure"}),
       dir.path() + "/coordinator.log");
   int port = 0;
   ASSERT_TRUE(WaitFor(
