@@ -38,9 +38,9 @@ constexpr absl::string_view kWorkerMethods[] = {"RegisterWorker",
                                                 "KvGet",
                                                 "KvAdd"};
 // What a user calls (job-scoped ones only on its own jobs).
-constexpr absl::string_view kUserMethods[] = {"SubmitJob", "ListJobs",       "GetJob",
-                                              "CancelJob", "WatchJob",       "GetHistory",
-                                              "GetPlan",   "ListCheckpoints"};
+constexpr absl::string_view kUserMethods[] = {"SubmitJob", "ListJobs",        "GetJob",
+                                              "CancelJob", "WatchJob",        "GetHistory",
+                                              "GetPlan",   "ListCheckpoints", "GetJobDiagnostics"};
 
 template <size_t N>
 bool Contains(const absl::string_view (&methods)[N], absl::string_view m) {

@@ -95,6 +95,11 @@ class Coordinator {
   // `owner`: the name of the caller's token, recorded as job.owner.
   absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& req, const std::string& owner = "");
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
+  // Each rank of the job's current generation as last seen (diagnostics.cc):
+  // its worker, that worker's state and heartbeat age, and the collectives
+  // its last heartbeat for this generation carried. NOT_FOUND for an
+  // unknown job.
+  absl::StatusOr<v1::JobDiagnostics> GetJobDiagnostics(const std::string& job_id) const;
   // One page of job summaries (listing.cc). INVALID_ARGUMENT for a
   // page_token this coordinator did not hand out.
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& req) const;
@@ -167,7 +172,15 @@ class Coordinator {
     // cleared by its next heartbeat or registration. Not schedulable while
     // set, so a dead worker whose lease has not run out yet is never ganged.
     bool awaiting_heartbeat = false;
+    // The newest flight-recorder records its last heartbeat carried for
+    // (recent_job, recent_generation); memory only, at most
+    // kMaxHeartbeatCollectives (diagnostics.cc).
+    std::string recent_job;
+    int64_t recent_generation = 0;
+    std::vector<v1::CollectiveRecord> recent_collectives;
   };
+  // Keeps the bounded tail of a heartbeat's flight-recorder records in `w`.
+  static void RecordCollectives(const v1::HeartbeatRequest& req, WorkerEntry& w);
   struct StepAgg {  // reports of one step from the ranks so far
     std::map<int, v1::StepReport> by_rank;
   };

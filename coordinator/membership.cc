@@ -79,6 +79,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   w.lease_until = now + options_.lease_ms;
   w.awaiting_heartbeat = false;
   w.info.set_last_heartbeat_ms(now);
+  RecordCollectives(req, w);
 
   v1::HeartbeatResponse resp;
   resp.set_lease_ms(options_.lease_ms);

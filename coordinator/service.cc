@@ -317,6 +317,16 @@ grpc::Status CoordinatorService::KvAdd(grpc::ServerContext* ctx, const v1::KvAdd
   });
 }
 
+grpc::Status CoordinatorService::GetJobDiagnostics(grpc::ServerContext* ctx,
+                                                   const v1::GetJobDiagnosticsRequest* req,
+                                                   v1::JobDiagnostics* resp) {
+  return Handle(ctx, "GetJobDiagnostics", [&](const Principal& who) -> absl::Status {
+    if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
+    if (auto s = CheckJobAccess(who, req->job_id()); !s.ok()) return s;
+    return Fill(core_->GetJobDiagnostics(req->job_id()), resp);
+  });
+}
+
 void RegisterCoordinatorMetrics(Coordinator* core, MetricsRegistry* registry) {
   Family<Gauge>* workers = &registry->AddGauge("shardtrain_coordinator_workers",
                                                "Attached workers, by liveness state.", {"state"});

@@ -61,6 +61,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status KvSet(grpc::ServerContext*, const v1::KvSetRequest*, v1::KvSetResponse*) override;
   grpc::Status KvGet(grpc::ServerContext*, const v1::KvGetRequest*, v1::KvGetResponse*) override;
   grpc::Status KvAdd(grpc::ServerContext*, const v1::KvAddRequest*, v1::KvAddResponse*) override;
+  grpc::Status GetJobDiagnostics(grpc::ServerContext*, const v1::GetJobDiagnosticsRequest*,
+                                 v1::JobDiagnostics*) override;
 
  private:
   // Authenticates the caller (UNAUTHENTICATED) and checks its role may call

@@ -87,6 +87,7 @@ void WorkerDaemon::Run(const std::atomic<bool>& shutdown) {
     }
     if (registered) {
       v1::HeartbeatRequest hb;
+      std::shared_ptr<RecentCollectives> collectives;
       {
         std::lock_guard<std::mutex> lock(mu_);
         hb.set_worker_id(worker_id_);
@@ -95,6 +96,12 @@ void WorkerDaemon::Run(const std::atomic<bool>& shutdown) {
         if (!current_.job_id().empty() && !(job_finished_ && *job_finished_)) {
           hb.set_job_id(current_.job_id());
           hb.set_generation(current_.generation());
+          collectives = job_collectives_;
+        }
+      }
+      if (collectives) {  // outside mu_; never waits on a collective (recent_collectives.h)
+        for (v1::CollectiveRecord& r : collectives->Snapshot()) {
+          *hb.add_recent_collectives() = std::move(r);
         }
       }
       auto resp = client_->Heartbeat(hb);
@@ -159,8 +166,9 @@ void WorkerDaemon::StartJob(const v1::RunAssignment& a) {
   job_finished_ = std::make_unique<std::atomic<bool>>(false);
   std::atomic<bool>* stop = job_stop_.get();
   std::atomic<bool>* finished = job_finished_.get();
-  job_thread_ = std::thread([this, a, id, stop, finished] {
-    RunContext ctx{&a, id, client_, &options_, stop};
+  job_collectives_ = std::make_shared<RecentCollectives>();
+  job_thread_ = std::thread([this, a, id, stop, finished, collectives = job_collectives_] {
+    RunContext ctx{&a, id, client_, &options_, stop, collectives.get()};
     runner_(ctx);
     *finished = true;
   });
@@ -172,6 +180,7 @@ void WorkerDaemon::StopJob(const std::string& reason) {
   if (!*job_finished_) Log(worker_id_, "stopping job " + current_.job_id() + ": " + reason);
   *job_stop_ = true;
   retired_.push_back({std::move(job_thread_), std::move(job_stop_), std::move(job_finished_)});
+  job_collectives_.reset();
   current_.Clear();
 }
 

@@ -5,6 +5,7 @@ add_library(shardtrain_worker_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/daemon.cc
   ${CMAKE_CURRENT_LIST_DIR}/job_runner.cc
   ${CMAKE_CURRENT_LIST_DIR}/kv_rendezvous_store.cc
+  ${CMAKE_CURRENT_LIST_DIR}/recent_collectives.cc
   ${CMAKE_CURRENT_LIST_DIR}/trainer.cc
 )
 target_link_libraries(shardtrain_worker_core PUBLIC

@@ -21,6 +21,7 @@
 #include "common/metrics.h"
 #include "shardtrain/v1/coordinator.pb.h"
 #include "worker/coordinator_api.h"
+#include "worker/recent_collectives.h"
 
 namespace shardtrain::worker {
 
@@ -54,6 +55,9 @@ struct RunContext {
   CoordinatorApi* client;  // the daemon's; outlives the run
   const WorkerOptions* options;
   const std::atomic<bool>* stop;  // set when the job must end now (abort, shutdown)
+  // Where the runner attaches its communicator's flight recorder for the
+  // daemon's heartbeats to carry; outlives the run. May be null (tests).
+  RecentCollectives* collectives = nullptr;
 };
 
 // Runs one assignment to its end (or until *ctx.stop). It reports steps,
@@ -105,6 +109,9 @@ class WorkerDaemon {
   v1::RunAssignment current_;  // GUARDED_BY(mu_); job_id empty when idle
   std::unique_ptr<std::atomic<bool>> job_stop_;
   std::unique_ptr<std::atomic<bool>> job_finished_;
+  // The running job's flight recorder, as its heartbeats carry it; shared
+  // with the job thread, which may outlive the daemon's interest in it.
+  std::shared_ptr<RecentCollectives> job_collectives_;  // GUARDED_BY(mu_)
   std::thread job_thread_;
   // Stopped jobs whose threads have not been joined yet.
   struct Retired {

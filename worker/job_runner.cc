@@ -189,15 +189,7 @@ class Reporter {
     req.set_permanent(permanent);
     if (comm) {
       for (const comm::FlightRecord& f : comm->flight_recorder().Dump()) {
-        v1::CollectiveRecord* c = req.add_recent_collectives();
-        c->set_seq(static_cast<int64_t>(f.seq));
-        c->set_op(std::string(comm::OpTypeName(f.op)));
-        c->set_group(f.group);
-        c->set_bytes(static_cast<int64_t>(f.bytes));
-        c->set_dtype(std::string(comm::DataTypeName(f.dtype)));
-        c->set_start_ms(absl::ToUnixMillis(f.start_time));
-        c->set_end_ms(f.end_time == absl::InfinitePast() ? 0 : absl::ToUnixMillis(f.end_time));
-        c->set_state(std::string(comm::OpStateName(f.state)));
+        *req.add_recent_collectives() = ToCollectiveRecord(f);
       }
     }
     Retry("ReportFailure", [&] { return ctx_.client->ReportFailure(req); });
@@ -378,6 +370,9 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
     if (!c.ok()) return report.Failure(c.status(), 0, nullptr);
     comm = *std::move(c);
   }
+  // Heartbeats carry the recorder while the communicator lives (declared
+  // after it: detached before it is destroyed).
+  ScopedRecorderAttach attach(ctx.collectives, comm ? &comm->flight_recorder() : nullptr);
   auto trainer = Trainer::Create(*spec, a.rank(), ctx.options->threads, comm.get());
   if (!trainer.ok()) {
     return report.Failure(trainer.status(), 0, comm.get(), PermanentTrainerError(trainer.status()));

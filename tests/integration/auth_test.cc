@@ -122,6 +122,7 @@ std::map<std::string, AnyCall> EveryRpc() {
       SHARDTRAIN_CALL(KvSet, KvSetRequest, KvSetResponse),
       SHARDTRAIN_CALL(KvGet, KvGetRequest, KvGetResponse),
       SHARDTRAIN_CALL(KvAdd, KvAddRequest, KvAddResponse),
+      SHARDTRAIN_CALL(GetJobDiagnostics, GetJobDiagnosticsRequest, JobDiagnostics),
   };
 #undef SHARDTRAIN_CALL
   calls["WatchJob"] = [](v1::Coordinator::Stub& s, grpc::ClientContext* ctx) {
@@ -195,6 +196,20 @@ TEST_F(AuthTest, UserCannotSeeOrCancelAnotherUsersJob) {
   ctx = Ctx(*bob);
   EXPECT_EQ(bob->stub().GetJob(ctx.get(), get, &out).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
+  // Nor its diagnostics (`shardtrain why`), which Alice may read.
+  v1::GetJobDiagnosticsRequest why;
+  why.set_job_id(job);
+  v1::JobDiagnostics diag;
+  ctx = Ctx(*bob);
+  EXPECT_EQ(bob->stub().GetJobDiagnostics(ctx.get(), why, &diag).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  {
+    auto alice = Client(kAliceToken);
+    auto actx = Ctx(*alice);
+    grpc::Status mine = alice->stub().GetJobDiagnostics(actx.get(), why, &diag);
+    EXPECT_TRUE(mine.ok()) << mine.error_message();
+    EXPECT_EQ(diag.job_id(), job);
+  }
   v1::ListJobsResponse list;
   ctx = Ctx(*bob);
   ASSERT_TRUE(bob->stub().ListJobs(ctx.get(), v1::ListJobsRequest(), &list).ok());

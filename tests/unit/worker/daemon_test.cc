@@ -43,6 +43,8 @@ class FakeRunner {
         i = runs_.size() - 1;
         changed_.notify_all();
       }
+      // Heartbeats carry the recorder's records while the run lasts.
+      ScopedRecorderAttach attach(ctx.collectives, recorder);
       // `hold` keeps a stopped run from returning, as a rank stuck in a
       // rendezvous or a collective until its timeout would.
       while ((!*ctx.stop || hold) && !finish_at_once) std::this_thread::sleep_for(milliseconds(1));
@@ -73,6 +75,7 @@ class FakeRunner {
 
   std::atomic<bool> finish_at_once{false};
   std::atomic<bool> hold{false};
+  const comm::FlightRecorder* recorder = nullptr;  // set before the daemon starts
 
  private:
   mutable std::mutex mu_;
@@ -415,6 +418,38 @@ TEST_F(DaemonTest, ShutdownStopsAndJoinsTheRunningJob) {
   ASSERT_EQ(runs.size(), 1u);
   EXPECT_TRUE(runs[0].returned);
   EXPECT_TRUE(runs[0].stopped);
+}
+
+TEST_F(DaemonTest, HeartbeatsCarryTheRunningRanksNewestCollectives) {
+  comm::FlightRecorder recorder(64);
+  for (uint64_t seq = 1; seq <= 20; ++seq) {
+    comm::FlightRecord r;
+    r.seq = seq;
+    r.op = comm::OpType::kAllReduce;
+    r.group = "world";
+    r.bytes = 4000;
+    recorder.Queued(r);
+    recorder.Running(seq);
+    if (seq < 20) recorder.Done(seq);  // #20 is still running, as in a hang
+  }
+  runner_.recorder = &recorder;
+  coordinator_.Assign(Assignment());
+  Start();
+  WaitRunning();
+  ASSERT_TRUE(coordinator_.WaitFor([](const Calls& c) {
+    return !c.heartbeats.empty() && c.heartbeats.back().recent_collectives_size() > 0;
+  }));
+  const v1::HeartbeatRequest hb = coordinator_.calls().heartbeats.back();
+  ASSERT_EQ(hb.recent_collectives_size(), 16);  // the newest 16, oldest first
+  EXPECT_EQ(hb.recent_collectives(0).seq(), 5);
+  EXPECT_EQ(hb.recent_collectives(0).state(), "done");
+  EXPECT_GT(hb.recent_collectives(0).end_ms(), 0);
+  EXPECT_EQ(hb.recent_collectives(15).seq(), 20);
+  EXPECT_EQ(hb.recent_collectives(15).state(), "running");
+  EXPECT_EQ(hb.recent_collectives(15).end_ms(), 0);
+  EXPECT_EQ(hb.recent_collectives(15).group(), "world");
+  EXPECT_EQ(hb.recent_collectives(15).bytes(), 4000);
+  Stop();  // the run detaches before `recorder` goes
 }
 
 }  // namespace
