@@ -15,6 +15,7 @@
 #include "client/errors.h"
 #include "client/eta.h"
 #include "client/output.h"
+#include "client/why.h"
 #include "common/grpc_status.h"
 #include "common/job_spec.h"
 #include "common/planner.h"
@@ -195,6 +196,18 @@ int Status(const GlobalFlags& g, const std::string& job_id) {
   if (!job.ok()) return ReportError(g, job.status());
   std::cout << (g.output == "json" ? JobJson(*job) + "\n" : JobText(*job)) << std::flush;
   return 0;
+}
+
+int Why(const GlobalFlags& g, const std::string& job_id) {
+  v1::GetJobDiagnosticsRequest req;
+  req.set_job_id(job_id);
+  v1::JobDiagnostics d;
+  if (absl::Status s = Call(g, &v1::Coordinator::Stub::GetJobDiagnostics, req, &d); !s.ok()) {
+    return ReportError(g, s);
+  }
+  const WhyVerdict v = AnalyzeWhy(d);
+  std::cout << (g.output == "json" ? WhyJson(d, v) + "\n" : WhyText(d, v)) << std::flush;
+  return kExitOk;
 }
 
 int Watch(const GlobalFlags& g, const std::string& job_id) {

@@ -34,6 +34,10 @@ int Cancel(const GlobalFlags& g, const std::string& job_id);
 int Workers(const GlobalFlags& g);
 int History(const GlobalFlags& g, const std::string& job_id);
 int Checkpoints(const GlobalFlags& g, const std::string& job_id);
+// Which rank a running job waits for (client/why.h): the rank missing from a
+// stuck collective, or the slowest one. Exit 0 when the coordinator answered
+// (whatever the verdict), else as ReportError.
+int Why(const GlobalFlags& g, const std::string& job_id);
 int Plan(const GlobalFlags& g, const std::string& spec_path, const std::vector<std::string>& sets,
          int world);
 

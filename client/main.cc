@@ -94,6 +94,13 @@ int main(int argc, char** argv) {
   history->add_option("job", job_id, "job id")->required();
   add_common(history, true, "table|csv|json");
 
+  auto* why = app.add_subcommand(
+      "why",
+      "why a running job is stuck or slow: the rank missing from a collective (from the "
+      "ranks' flight recorders and last heartbeats), or the slowest rank");
+  why->add_option("job", job_id, "job id")->required();
+  add_common(why, true, "table|json");
+
   auto* ckpts = app.add_subcommand("checkpoints", "committed checkpoints of a job, newest first");
   ckpts->add_option("job", job_id, "job id")->required();
   add_common(ckpts, true, "table|json");
@@ -176,6 +183,7 @@ int main(int argc, char** argv) {
   if (*history) return History(g, job_id);
   if (*plan) return Plan(g, spec_path, sets, world);
   if (*ckpts) return Checkpoints(g, job_id);
+  if (*why) return Why(g, job_id);
   if (*sample) return Sample(g, sample_opts);
   if (*lc) {
     shardtrain::BlockTerminationSignals();
