@@ -341,7 +341,7 @@ TEST(ControlPlaneTest, UnknownJobExitsThreeInTableAndJson) {
   TempDir dir;
   Coordinator c = StartCoordinator(dir.path(), 10'000);
   ASSERT_GT(c.port, 0) << c.process.Log();
-  for (const char* command : {"status", "watch", "cancel", "history", "checkpoints"}) {
+  for (const char* command : {"status", "watch", "cancel", "history", "checkpoints", "why"}) {
     CommandResult t = Cli({command, "j-9"}, c.address());
     EXPECT_EQ(t.exit_code, 3) << command << ": " << t.err;
     EXPECT_EQ(t.out, "") << command;
