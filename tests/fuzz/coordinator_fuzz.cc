@@ -60,6 +60,7 @@ enum Op : uint8_t {
   kKvGet,
   kKvAdd,
   kAdvanceClock,
+  kJobDiagnostics,
   kNumOps
 };
 
@@ -270,6 +271,11 @@ void RunCall(Coordinator& c, FakeClock& clock, Ids& ids, uint8_t op, const uint8
     case kAdvanceClock:  // up to ~65 s: enough to run out any lease
       clock.AdvanceMs(n == 0 ? 1000 : int64_t(p[0]) * 256 + (n > 1 ? p[1] : 0));
       return;
+    case kJobDiagnostics: {
+      v1::GetJobDiagnosticsRequest req;
+      if (Decode(p, n, ids, &req)) c.GetJobDiagnostics(req.job_id()).IgnoreError();
+      return;
+    }
   }
 }
 
