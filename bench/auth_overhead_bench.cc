@@ -41,7 +41,9 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/bench_util.h"
 #include "common/metrics.h"
+#include "common/process.h"
 #include "coordinator/auth.h"
 #include "coordinator/clock.h"
 #include "coordinator/coordinator.h"
@@ -66,18 +68,14 @@ struct Config {
   bool json = false;
 };
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size())));
-  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+// A PEM file the bench wrote with openssl; exits when it cannot be read.
+std::string Pem(const std::string& path) {
+  std::string out;
+  if (absl::Status s = ReadFile(path, &out); !s.ok()) {
+    std::cerr << "auth_overhead_bench: " << s.message() << "\n";
+    std::exit(1);
+  }
+  return out;
 }
 
 // One coordinator, plain or secure, with its Tick thread.
@@ -89,14 +87,13 @@ class Server {
     core_ = *Coordinator::Create(options, NewMemoryStateStore(), ValidateSpec, &clock_);
     if (secure) {
       auth_ = *Authenticator::Parse(absl::StrCat(kToken, " worker bench\n"));
-      ca_ = Slurp(pki_dir + "/ca.pem");
+      ca_ = Pem(pki_dir + "/ca.pem");
     }
     service_ = std::make_unique<CoordinatorService>(core_.get(), &registry_, &auth_);
     std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
     if (secure) {
       grpc::SslServerCredentialsOptions o;
-      o.pem_key_cert_pairs.push_back(
-          {Slurp(pki_dir + "/server.key"), Slurp(pki_dir + "/server.pem")});
+      o.pem_key_cert_pairs.push_back({Pem(pki_dir + "/server.key"), Pem(pki_dir + "/server.pem")});
       creds = grpc::SslServerCredentials(o);
     }
     grpc::ServerBuilder b;
@@ -289,10 +286,11 @@ int Run(const Config& cfg) {
                                  "calls", "errors", "p50_us", "p99_us", "p50_ratio", "p99_ratio");
   }
   for (const Line& l : lines) {
-    const double p50 = Percentile(l.plain.us, 0.5), p99 = Percentile(l.plain.us, 0.99);
+    const double p50 = bench::Percentile(l.plain.us, 0.5),
+                 p99 = bench::Percentile(l.plain.us, 0.99);
     for (int secure_row = 0; secure_row < 2; ++secure_row) {
       const Samples& s = secure_row ? l.secure : l.plain;
-      const double a = Percentile(s.us, 0.5), b = Percentile(s.us, 0.99);
+      const double a = bench::Percentile(s.us, 0.5), b = bench::Percentile(s.us, 0.99);
       const char* config = secure_row ? "tls+tok" : "plain";
       if (cfg.json) {
         std::cout << absl::StrFormat(

@@ -6,12 +6,23 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
 
 namespace shardtrain::bench {
+
+// Nearest-rank percentile `p` (0..1) of `samples`, in any order; 0 when
+// empty.
+inline double Percentile(std::vector<double> samples, double p) {
+  if (samples.empty()) return 0;
+  std::sort(samples.begin(), samples.end());
+  const size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(samples.size())));
+  return samples[std::clamp<size_t>(rank, 1, samples.size()) - 1];
+}
 
 // The 1-minute load average (/proc/loadavg), 0 if unreadable.
 inline double LoadAverage1() {

@@ -58,6 +58,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/bench_util.h"
 #include "common/metrics.h"
 #include "coordinator/clock.h"
 #include "coordinator/coordinator.h"
@@ -115,13 +116,6 @@ double Micros(SteadyClock::duration d) {
   return std::chrono::duration<double, std::micro>(d).count();
 }
 
-// Nearest-rank percentile of `sorted` (ascending); 0 when empty.
-double Percentile(const std::vector<double>& sorted, double p) {
-  if (sorted.empty()) return 0;
-  size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(sorted.size())));
-  return sorted[std::clamp<size_t>(rank, 1, sorted.size()) - 1];
-}
-
 Row MakeRow(const std::string& metric, int workers, Samples s) {
   std::sort(s.us.begin(), s.us.end());
   Row r;
@@ -129,8 +123,8 @@ Row MakeRow(const std::string& metric, int workers, Samples s) {
   r.workers = workers;
   r.calls = s.us.size();
   r.errors = s.errors;
-  r.p50 = Percentile(s.us, 0.50);
-  r.p99 = Percentile(s.us, 0.99);
+  r.p50 = bench::Percentile(s.us, 0.50);
+  r.p99 = bench::Percentile(s.us, 0.99);
   r.max = s.us.empty() ? 0 : s.us.back();
   r.rate = s.seconds > 0 ? static_cast<double>(s.us.size()) / s.seconds : 0;
   return r;
