@@ -28,7 +28,8 @@
 // heartbeat rate shows whether the clients kept up).
 //
 // Simulated workers advertise a "cuda" device and the bench jobs are CPU jobs
-// (world 1), so submitted jobs stay PENDING: every submit is one durable
+// of world 2 with one CPU worker registered (so admission accepts them), so
+// submitted jobs stay PENDING: every submit is one durable
 // commit plus a scheduling pass that places nothing, and every heartbeat is the
 // steady-state one (no commands). The pending queue grows by --jobs per phase.
 //
@@ -76,7 +77,8 @@ constexpr char kSpec[] =
     "name: bench\n"
     "model: {layers: 1, heads: 1, dim: 8, context: 8, vocab: 256}\n"
     "data: {train: x.txt}\n"
-    "batch: {global: 1, micro: 1, seq_len: 8}\n"
+    "batch: {global: 2, micro: 1, seq_len: 8}\n"
+    "parallel: {dp: 2}\n"
     "steps: 1\n";
 constexpr auto kRpcDeadline = std::chrono::seconds(10);
 constexpr auto kHeartbeatPeriod = std::chrono::seconds(1);  // worker daemon default
@@ -276,7 +278,7 @@ v1::RegisterWorkerRequest SimulatedWorker(int k) {
   req.set_collective_address(absl::StrFormat("127.0.0.1:%d", 20000 + k));
   v1::Device* d = req.add_devices();
   d->set_name(absl::StrCat("cuda:", k % 8));
-  d->set_kind("cuda");  // bench jobs are CPU jobs: they never get placed
+  d->set_kind("cuda");  // bench jobs are CPU jobs (one CPU worker is registered apart)
   d->set_memory_bytes(int64_t{80} << 30);
   d->set_model("simulated by control_plane_bench");
   req.set_host_memory_bytes(int64_t{512} << 30);
@@ -379,6 +381,22 @@ absl::Status RunSize(int workers, const Config& cfg, std::vector<Row>* rows,
     if (s.errors > 0) return absl::InternalError(absl::StrCat(s.errors, " registrations failed"));
     rows->push_back(MakeRow("register", workers, std::move(s)));
   }
+  // One CPU worker (untimed): the bench's CPU jobs of world 2 are then
+  // accepted, as a registered worker can run them, and never placed, as one
+  // is too few. Without it admission refuses them, and submit rows would
+  // time refusals.
+  {
+    auto stub = v1::Coordinator::NewStub(NewChannel(address));
+    v1::RegisterWorkerRequest req = SimulatedWorker(workers);
+    req.mutable_devices(0)->set_kind("cpu");
+    req.mutable_devices(0)->set_name("cpu");
+    v1::RegisterWorkerResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
+    if (grpc::Status g = stub->RegisterWorker(&ctx, req, &resp); !g.ok()) {
+      return absl::InternalError("registering the CPU worker: " + g.error_message());
+    }
+  }
 
   // One heartbeat in flight, nothing else: the per-call cost of Heartbeat.
   {
@@ -465,9 +483,9 @@ void PrintJson(const std::vector<Row>& rows, const Row& base) {
 
 int Run(const Config& cfg) {
   auto spec = ValidateSpec(kSpec, {});
-  if (!spec.ok() || spec->World() != 1) {
+  if (!spec.ok() || spec->World() != 2) {
     std::cerr << "control_plane_bench: bench spec invalid: "
-              << (spec.ok() ? "world != 1" : spec.status().ToString()) << "\n";
+              << (spec.ok() ? "world != 2" : spec.status().ToString()) << "\n";
     return 1;
   }
   std::ostream& info = cfg.json ? std::cerr : std::cout;
