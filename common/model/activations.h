@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/model/config.h"
+#include "common/model/slice.h"
 
 namespace shardtrain::model {
 
@@ -44,16 +45,6 @@ struct ActivationTensor {
   int64_t offset = 0;  // in elements, within the kind's contiguous part (see below)
 };
 
-// The part of the model a rank runs: layers [first_layer, first_layer +
-// num_layers), the encoder on the first stage, the final norm, LM head and
-// loss on the last; attention heads split over tp.
-struct ModelSlice {
-  int first_layer = 0;
-  int num_layers = -1;  // -1: to the last layer
-  bool first_stage = true;
-  bool last_stage = true;
-  int tp = 1;
-};
 
 class ActivationTable {
  public:

@@ -14,6 +14,13 @@
 //   unit "final": lnf.weight (C), lnf.bias (C)
 // Linear weights are (out, in) row-major like torch.nn.Linear. The LM head is
 // tied to wte. Gradients use a buffer with the identical layout.
+//
+// A layout of a ModelSlice (slice.h) holds only that slice's tensors, in the
+// same order and with the same names, each with its tp-local shape: the
+// embeddings unit when the slice has_embeddings(), the blocks of its layers,
+// the final unit on the last stage. GlobalRuns maps its elements to the whole
+// model's layout (checkpoints and initialisation work in those coordinates,
+// so a run saved on one layout resumes on any other).
 #ifndef SHARDTRAIN_COMMON_MODEL_PARAM_LAYOUT_H_
 #define SHARDTRAIN_COMMON_MODEL_PARAM_LAYOUT_H_
 
@@ -24,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model/config.h"
+#include "common/model/slice.h"
 
 namespace shardtrain::model {
 
@@ -36,6 +44,17 @@ struct TensorInfo {
   // Weight decay rule: decay applies to 2-D tensors only (matmul weights and
   // the wte/wpe embeddings); never to biases or LayerNorm weights/biases.
   bool decay = false;
+  int global = 0;                  // index of this tensor in the whole model's layout
+  TpSplit split = TpSplit::kNone;  // how tensor parallelism splits it
+  // True when every tp rank of the slice holds the same values (tp > 1 and
+  // not split): gradient norms count it on tp rank 0 only.
+  bool replicated = false;
+};
+
+// `count` consecutive elements at `local` in a slice's flat buffer that are
+// the elements at `global` in the whole model's.
+struct FlatRun {
+  size_t local = 0, global = 0, count = 0;
 };
 
 struct UnitInfo {
@@ -66,30 +85,51 @@ enum BlockTensor : int {
 // Immutable after construction; thread-compatible.
 class ParamLayout {
  public:
-  explicit ParamLayout(const GptConfig& config);
+  explicit ParamLayout(const GptConfig& config, const ModelSlice& slice = {});
 
   const GptConfig& config() const { return config_; }
+  const ModelSlice& slice() const { return slice_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const std::vector<UnitInfo>& units() const { return units_; }
   size_t num_params() const { return num_params_; }
 
   // Index of the tensor with this name, NotFound otherwise.
   absl::StatusOr<int> FindTensor(const std::string& name) const;
-  // Tensor index helpers.
+  // Tensor index helpers (layer: the model's layer number, within the
+  // slice; wte/wpe only when the slice has_embeddings(), lnf on the last
+  // stage).
   int wte() const { return 0; }
   int wpe() const { return 1; }
-  int block_tensor(int layer, BlockTensor t) const { return 2 + layer * kNumBlockTensors + t; }
-  int lnf_w() const { return 2 + config_.layers * kNumBlockTensors; }
+  int block_tensor(int layer, BlockTensor t) const {
+    return first_block_ + (layer - slice_.first_layer) * kNumBlockTensors + t;
+  }
+  int lnf_w() const { return first_block_ + num_layers_ * kNumBlockTensors; }
   int lnf_b() const { return lnf_w() + 1; }
+  int first_layer() const { return slice_.first_layer; }
+  int num_layers() const { return num_layers_; }
+
+  // The runs of local elements [begin, end) in the whole model's layout, in
+  // local order (which is also increasing global order), adjacent runs
+  // merged. Precondition: begin <= end <= num_params().
+  std::vector<FlatRun> GlobalRuns(size_t begin, size_t end) const;
+  std::vector<FlatRun> GlobalRuns() const { return GlobalRuns(0, num_params_); }
+  // Elements of the whole model (ParamLayout(config()).num_params()).
+  size_t global_num_params() const { return global_num_params_; }
   // Offset in floats of a tensor.
   size_t offset(int tensor) const { return tensors_[tensor].offset; }
 
   // 64-bit fingerprint of names, shapes and offsets; stored in weights files
-  // and checkpoints to detect layout changes.
+  // and checkpoints to detect layout changes. Checkpoints store the whole
+  // model's (GlobalFingerprint), whatever slice wrote them.
   uint64_t Fingerprint() const;
+  uint64_t GlobalFingerprint() const;
 
  private:
   GptConfig config_;
+  ModelSlice slice_;
+  int first_block_ = 0, num_layers_ = 0;
+  size_t global_num_params_ = 0;
+  uint64_t global_fingerprint_ = 0;
   std::vector<TensorInfo> tensors_;
   std::vector<UnitInfo> units_;
   size_t num_params_ = 0;

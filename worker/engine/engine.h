@@ -101,7 +101,43 @@ class Engine {
   // backward reads no parameter); the same as parallel::UnitUseOrder
   // (common/shard_range.h). Null: off.
   virtual void set_param_hook(std::function<void(int unit, bool begin)> hook) = 0;
+
+  // ---- Pipeline stages. An engine runs the part of the model in
+  // layout().slice() (common/model/slice.h): under pipeline parallelism one
+  // stage, which takes its input from the previous stage and hands its output
+  // to the next. It keeps the saved activations of up to slots() micro-batches
+  // at once (one per micro-batch between its forward and its backward); the
+  // scratch tensors are shared. The whole-model Forward/Backward above are
+  // slot 0 of a whole slice; the defaults here serve engines that only run
+  // whole models.
+  virtual int slots() const { return 1; }
+  // Forward of one micro-batch into `slot` (in [0, slots())): the first stage
+  // reads `tokens`, the others `input` ((b, t, C) activations of the previous
+  // stage, copied in); the last stage computes the mean loss over `targets`
+  // (null: inference) and returns it, the others return 0.
+  virtual float StageForward(int slot, const int* tokens, const int* targets, const float* input,
+                             int b, int t);
+  // The (b, t, C) output of `slot`'s forward, for the next stage (null on
+  // the last stage); valid until the slot's next StageForward.
+  virtual const float* StageOutput(int slot) const;
+  // Backward of `slot`'s forward: the last stage starts from its loss
+  // (doutput null), the others from `doutput`, the gradient of
+  // StageOutput(slot). Accumulates into the gradients like Backward.
+  virtual void StageBackward(int slot, float loss_scale, const float* doutput);
+  // The (b, t, C) gradient of the last StageBackward's input, for the
+  // previous stage (null on the first stage); valid until the next
+  // StageBackward.
+  virtual const float* InputGrad() const { return nullptr; }
 };
+
+inline float Engine::StageForward(int slot, const int* tokens, const int* targets,
+                                  const float* input, int b, int t) {
+  (void)slot;
+  (void)input;
+  return Forward(tokens, targets, b, t);
+}
+inline const float* Engine::StageOutput(int) const { return nullptr; }
+inline void Engine::StageBackward(int, float loss_scale, const float*) { Backward(loss_scale); }
 
 }  // namespace shardtrain::engine
 

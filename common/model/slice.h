@@ -1,0 +1,79 @@
+// ModelSlice: the part of the GPT one rank runs under tensor (tp) and
+// pipeline (pp) parallelism, and the one rule that splits layers into
+// pipeline stages. The parameter layout (param_layout.h), the activation
+// table (activations.h), every engine, checkpoints and the planner take a
+// slice; the default slice is the whole model on one rank.
+//
+// Tensor parallelism (Megatron-style) splits, over the tp ranks of a slice:
+//   wte (Vp, C)                   rows: vocabulary-parallel (Vp / tp rows each)
+//   attn.qkv.weight (3C, C), .bias  the rows of heads [r·NH/tp, (r+1)·NH/tp) of
+//                                 each of q, k and v (column-parallel)
+//   attn.proj.weight (C, C)       columns (row-parallel; its bias is replicated)
+//   mlp.fc.weight (4C, C), .bias  rows (column-parallel)
+//   mlp.proj.weight (C, 4C)       columns (row-parallel; its bias is replicated)
+// and replicates everything else (wpe, LayerNorms, the row-parallel biases):
+// every tp rank holds the same values and computes the same gradients.
+//
+// Pipeline parallelism gives each stage a contiguous run of layers; the
+// first stage also runs the encoder (wte, wpe), the last the final norm, the
+// LM head and the loss. The LM head is tied to wte, so with pp > 1 the last
+// stage holds the embeddings unit too (wte and wpe, the same shapes as on the
+// first stage, wpe unused there): the two copies start equal and their
+// gradients are summed across the two stages before every update.
+//
+// Thread-compatible: plain values and pure functions.
+#ifndef SHARDTRAIN_COMMON_MODEL_SLICE_H_
+#define SHARDTRAIN_COMMON_MODEL_SLICE_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/config.h"
+
+namespace shardtrain::model {
+
+struct ModelSlice {
+  int first_layer = 0;
+  int num_layers = -1;  // -1: to the last layer
+  bool first_stage = true;
+  bool last_stage = true;
+  int tp = 1;       // tensor-parallel degree
+  int tp_rank = 0;  // this rank's index in [0, tp)
+
+  // The end of the layer range for `config` (first_layer + num_layers).
+  int end_layer(const GptConfig& config) const {
+    return num_layers < 0 ? config.layers : first_layer + num_layers;
+  }
+  // True when the slice holds the embeddings unit: the first stage (the
+  // encoder) and the last (the tied LM head).
+  bool has_embeddings() const { return first_stage || last_stage; }
+  // The whole model on one rank.
+  bool whole() const { return first_stage && last_stage && tp == 1 && first_layer == 0; }
+};
+
+// How a tensor is split over tp (see the header comment).
+enum class TpSplit {
+  kNone,  // replicated
+  kRows,  // dim 0 in tp contiguous parts
+  kQkv,   // dim 0 is [q; k; v], each split in tp contiguous parts
+  kCols,  // dim 1 in tp contiguous parts
+};
+
+// The number of layers of each of the pp stages. `requested` (the job's
+// parallel.stages) empty: balanced by parameter count — contiguous runs of
+// layers, each stage >= 1 layer, minimising the largest stage's parameters
+// (a block's, plus wte and wpe on the first stage and the final norm and the
+// tied wte on the last), ties to the earliest split. Otherwise it must have pp entries,
+// each >= 1, summing to config.layers. INVALID_ARGUMENT naming
+// parallel.stages or parallel.pp otherwise.
+absl::StatusOr<std::vector<int>> StageLayers(const GptConfig& config, int pp,
+                                             const std::vector<int>& requested = {});
+
+// The slice of pipeline stage `stage` (of stage_layers.size()) and tensor
+// rank tp_rank of tp. Preconditions (the callers validate them): stage and
+// tp_rank in range.
+ModelSlice SliceOf(const std::vector<int>& stage_layers, int stage, int tp, int tp_rank);
+
+}  // namespace shardtrain::model
+
+#endif  // SHARDTRAIN_COMMON_MODEL_SLICE_H_
