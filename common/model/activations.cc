@@ -9,42 +9,43 @@
 namespace shardtrain::model {
 
 ActivationTable::ActivationTable(const GptConfig& config, int B, int T, const ModelSlice& slice) {
-  const int64_t BT = int64_t{B} * T, C = config.dim, Vp = config.padded_vocab;
-  const int64_t att = int64_t{B} * (config.heads / slice.tp) * T * T;
-  const int last = slice.num_layers < 0 ? config.layers : slice.first_layer + slice.num_layers;
+  const int64_t BT = int64_t{B} * T, C = config.dim, tp = slice.tp;
+  const int64_t Ct = C / tp, Vpt = config.padded_vocab / tp;  // tp-local widths
+  const int64_t att = int64_t{B} * (config.heads / tp) * T * T;
+  const int last = slice.end_layer(config);
   constexpr ActivationKind kSaved = ActivationKind::kSaved, kScratch = ActivationKind::kScratch;
   for (int l = slice.first_layer; l < last; ++l) {
     const std::string b = absl::StrCat("block.", l, ".");
     Add(b + "ln1", BT * C, kSaved);
     Add(b + "ln1_mean", BT, kSaved);
     Add(b + "ln1_rstd", BT, kSaved);
-    Add(b + "qkv", BT * 3 * C, kSaved);
-    Add(b + "atty", BT * C, kSaved);
+    Add(b + "qkv", BT * 3 * Ct, kSaved);
+    Add(b + "atty", BT * Ct, kSaved);
     Add(b + "att", att, kSaved);
     Add(b + "residual2", BT * C, kSaved);
     Add(b + "ln2", BT * C, kSaved);
     Add(b + "ln2_mean", BT, kSaved);
     Add(b + "ln2_rstd", BT, kSaved);
-    Add(b + "fch", BT * 4 * C, kSaved);
-    Add(b + "fch_gelu", BT * 4 * C, kSaved);
+    Add(b + "fch", BT * 4 * Ct, kSaved);
+    Add(b + "fch_gelu", BT * 4 * Ct, kSaved);
     Add(b + "residual3", BT * C, kSaved);
   }
-  if (slice.first_stage) Add("encoded", BT * C, kSaved);
+  Add("encoded", BT * C, kSaved);  // the first stage's embeddings, or the input received
   if (slice.last_stage) {
     Add("lnf", BT * C, kSaved);
     Add("lnf_mean", BT, kSaved);
     Add("lnf_rstd", BT, kSaved);
-    Add("logits", BT * Vp, kSaved);
+    Add("logits", BT * Vpt, kSaved);
     Add("losses", BT, kSaved);
     Add("lse", BT, kSaved);
   }
   Add("proj_out", BT * C, kScratch);
   Add("dresidual", BT * C, kScratch);
   Add("dln", BT * C, kScratch);
-  Add("datty", BT * C, kScratch);
-  Add("dqkv", BT * 3 * C, kScratch);
-  Add("dfch", BT * 4 * C, kScratch);
-  Add("dfch_gelu", BT * 4 * C, kScratch);
+  Add("datty", BT * Ct, kScratch);
+  Add("dqkv", BT * 3 * Ct, kScratch);
+  Add("dfch", BT * 4 * Ct, kScratch);
+  Add("dfch_gelu", BT * 4 * Ct, kScratch);
   Add("att_scratch", att, kScratch);
 }
 

@@ -10,17 +10,18 @@
 //   kScratch  temporaries (the forward projection output, the backward
 //             gradients of activations): one set whatever the schedule.
 //
-// Per block l ("block.<l>.<name>"), with BT = B·T and C = dim:
-//   ln1, ln2 (BT·C) and their mean, rstd (BT each); qkv (BT·3C); atty (BT·C);
-//   att (B·NH·T·T softmax probabilities); residual2, residual3 (BT·C);
-//   fch, fch_gelu (BT·4C)                                            saved
-// Model ends: encoded (BT·C) on the first stage; lnf (BT·C), lnf_mean,
-//   lnf_rstd (BT), logits (BT·Vp), losses, lse (BT) on the last     saved
-// Scratch: proj_out, dresidual, dln, datty (BT·C each), dqkv (BT·3C),
-//   dfch, dfch_gelu (BT·4C), att_scratch (B·NH·T·T)                  scratch
-// With tensor parallelism (slice.tp) each rank keeps NH/tp heads of the
-// attention probabilities; the other tensors are counted whole (the planner's
-// over-estimate until tensor parallelism splits them).
+// Per block l ("block.<l>.<name>"), with BT = B·T, C = dim and Ct = C / tp
+// (the tensor-parallel width of a rank):
+//   ln1, ln2 (BT·C) and their mean, rstd (BT each); qkv (BT·3Ct); atty
+//   (BT·Ct); att (B·(NH/tp)·T·T softmax probabilities); residual2, residual3
+//   (BT·C); fch, fch_gelu (BT·4Ct)                                    saved
+// Model ends: encoded (BT·C: the embeddings on the first stage, the input
+//   received from the previous stage on the others); lnf (BT·C), lnf_mean,
+//   lnf_rstd (BT), logits (BT·Vp/tp), losses, lse (BT) on the last    saved
+// Scratch: proj_out, dresidual, dln (BT·C each), datty (BT·Ct), dqkv
+//   (BT·3Ct), dfch, dfch_gelu (BT·4Ct), att_scratch (B·(NH/tp)·T·T)  scratch
+// A pipeline stage keeps one set of the saved tensors per micro-batch in
+// flight (Engine::slots()).
 //
 // Elements, not bytes: an engine stores them in its compute type.
 // Thread-compatible: an immutable value.
@@ -44,7 +45,6 @@ struct ActivationTensor {
   ActivationKind kind = ActivationKind::kSaved;
   int64_t offset = 0;  // in elements, within the kind's contiguous part (see below)
 };
-
 
 class ActivationTable {
  public:

@@ -1,24 +1,34 @@
 #include "common/model/param_layout.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace shardtrain::model {
 
-ParamLayout::ParamLayout(const GptConfig& config) : config_(config) {
+namespace {
+
+// The whole model's tensors in layout order: name, shape, split, unit name.
+struct Spec {
+  std::string name;
+  std::vector<int64_t> shape;
+  TpSplit split;
+};
+
+}  // namespace
+
+ParamLayout::ParamLayout(const GptConfig& config, const ModelSlice& slice)
+    : config_(config), slice_(slice) {
   const int64_t C = config.dim, Vp = config.padded_vocab;
-  auto add = [&](std::string name, std::vector<int64_t> shape) {
-    TensorInfo t;
-    t.name = std::move(name);
-    t.numel = 1;
-    for (int64_t d : shape) t.numel *= static_cast<size_t>(d);
-    t.decay = shape.size() == 2;  // see TensorInfo::decay
-    t.shape = std::move(shape);
-    t.offset = num_params_;
-    t.unit = static_cast<int>(units_.size()) - 1;
-    num_params_ += t.numel;
-    units_.back().numel += t.numel;
-    units_.back().num_tensors++;
-    tensors_.push_back(std::move(t));
+  const int tp = slice.tp;
+  const int end_layer = slice.end_layer(config);
+  num_layers_ = end_layer - slice.first_layer;
+  size_t global_offset = 0;  // of the tensor being visited, in the whole layout
+  int global_index = 0;
+  uint64_t& gh = global_fingerprint_ = 1469598103934665603ull;  // FNV-1a, as Fingerprint()
+  auto mix = [](uint64_t& h, const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
   };
   auto unit = [&](std::string name) {
     UnitInfo u;
@@ -27,28 +37,120 @@ ParamLayout::ParamLayout(const GptConfig& config) : config_(config) {
     u.first_tensor = static_cast<int>(tensors_.size());
     units_.push_back(std::move(u));
   };
-  unit("embeddings");
-  add("wte", {Vp, C});
-  add("wpe", {config.context, C});
+  // Visits a tensor of the whole model; keeps its tp-local part when `keep`.
+  auto add = [&](bool keep, std::string name, std::vector<int64_t> shape, TpSplit split) {
+    size_t global_numel = 1;
+    for (int64_t d : shape) global_numel *= static_cast<size_t>(d);
+    mix(gh, name.data(), name.size());
+    for (int64_t d : shape) mix(gh, &d, sizeof d);
+    uint64_t off = global_offset;
+    mix(gh, &off, sizeof off);
+    const int index = global_index++;
+    global_offset += global_numel;
+    if (!keep) return;
+    TensorInfo t;
+    t.name = std::move(name);
+    t.decay = shape.size() == 2;  // see TensorInfo::decay
+    t.global = index;
+    t.split = tp > 1 ? split : TpSplit::kNone;
+    t.replicated = tp > 1 && split == TpSplit::kNone;
+    if (t.split == TpSplit::kCols) {
+      shape[1] /= tp;
+    } else if (t.split != TpSplit::kNone) {
+      shape[0] /= tp;
+    }
+    t.numel = 1;
+    for (int64_t d : shape) t.numel *= static_cast<size_t>(d);
+    t.shape = std::move(shape);
+    t.offset = num_params_;
+    t.unit = static_cast<int>(units_.size()) - 1;
+    num_params_ += t.numel;
+    units_.back().numel += t.numel;
+    units_.back().num_tensors++;
+    tensors_.push_back(std::move(t));
+  };
+  const bool emb = slice.has_embeddings();
+  if (emb) unit("embeddings");
+  add(emb, "wte", {Vp, C}, TpSplit::kRows);
+  add(emb, "wpe", {config.context, C}, TpSplit::kNone);
   for (int l = 0; l < config.layers; ++l) {
+    const bool keep = l >= slice.first_layer && l < end_layer;
     const std::string p = absl::StrCat("block.", l, ".");
-    unit(absl::StrCat("block.", l));
-    add(p + "ln1.weight", {C});
-    add(p + "ln1.bias", {C});
-    add(p + "attn.qkv.weight", {3 * C, C});
-    add(p + "attn.qkv.bias", {3 * C});
-    add(p + "attn.proj.weight", {C, C});
-    add(p + "attn.proj.bias", {C});
-    add(p + "ln2.weight", {C});
-    add(p + "ln2.bias", {C});
-    add(p + "mlp.fc.weight", {4 * C, C});
-    add(p + "mlp.fc.bias", {4 * C});
-    add(p + "mlp.proj.weight", {C, 4 * C});
-    add(p + "mlp.proj.bias", {C});
+    if (keep) {
+      if (l == slice.first_layer) first_block_ = static_cast<int>(tensors_.size());
+      unit(absl::StrCat("block.", l));
+    }
+    add(keep, p + "ln1.weight", {C}, TpSplit::kNone);
+    add(keep, p + "ln1.bias", {C}, TpSplit::kNone);
+    add(keep, p + "attn.qkv.weight", {3 * C, C}, TpSplit::kQkv);
+    add(keep, p + "attn.qkv.bias", {3 * C}, TpSplit::kQkv);
+    add(keep, p + "attn.proj.weight", {C, C}, TpSplit::kCols);
+    add(keep, p + "attn.proj.bias", {C}, TpSplit::kNone);
+    add(keep, p + "ln2.weight", {C}, TpSplit::kNone);
+    add(keep, p + "ln2.bias", {C}, TpSplit::kNone);
+    add(keep, p + "mlp.fc.weight", {4 * C, C}, TpSplit::kRows);
+    add(keep, p + "mlp.fc.bias", {4 * C}, TpSplit::kRows);
+    add(keep, p + "mlp.proj.weight", {C, 4 * C}, TpSplit::kCols);
+    add(keep, p + "mlp.proj.bias", {C}, TpSplit::kNone);
   }
-  unit("final");
-  add("lnf.weight", {C});
-  add("lnf.bias", {C});
+  if (num_layers_ == 0) first_block_ = static_cast<int>(tensors_.size());
+  if (slice.last_stage) unit("final");
+  add(slice.last_stage, "lnf.weight", {C}, TpSplit::kNone);
+  add(slice.last_stage, "lnf.bias", {C}, TpSplit::kNone);
+  global_num_params_ = global_offset;
+  // Global offsets of the kept tensors (a second pass: the whole layout's
+  // offsets are those of ParamLayout(config)).
+  global_offsets_.reserve(tensors_.size());
+  if (slice.whole()) {
+    for (const TensorInfo& t : tensors_) global_offsets_.push_back(t.offset);
+  } else {
+    const ParamLayout whole(config);
+    for (const TensorInfo& t : tensors_) global_offsets_.push_back(whole.offset(t.global));
+  }
+}
+
+std::vector<FlatRun> ParamLayout::GlobalRuns(size_t begin, size_t end) const {
+  std::vector<FlatRun> runs;
+  auto emit = [&](size_t local, size_t global, size_t count) {
+    // Clip to [begin, end).
+    const size_t lo = std::max(local, begin), hi = std::min(local + count, end);
+    if (lo >= hi) return;
+    global += lo - local;
+    if (!runs.empty() && runs.back().local + runs.back().count == lo &&
+        runs.back().global + runs.back().count == global) {
+      runs.back().count += hi - lo;
+    } else {
+      runs.push_back({lo, global, hi - lo});
+    }
+  };
+  const int tp = slice_.tp, r = slice_.tp_rank;
+  for (size_t k = 0; k < tensors_.size(); ++k) {
+    const TensorInfo& t = tensors_[k];
+    if (t.offset + t.numel <= begin) continue;
+    if (t.offset >= end) break;
+    const size_t g = global_offsets_[k];
+    switch (t.split) {
+      case TpSplit::kNone:
+        emit(t.offset, g, t.numel);
+        break;
+      case TpSplit::kRows:  // rows [r·R, (r+1)·R) of R·tp
+        emit(t.offset, g + r * t.numel, t.numel);
+        break;
+      case TpSplit::kQkv: {  // rows [r·R, (r+1)·R) of each of q, k, v
+        const size_t part = t.numel / 3;
+        for (size_t j = 0; j < 3; ++j) emit(t.offset + j * part, g + (j * tp + r) * part, part);
+        break;
+      }
+      case TpSplit::kCols: {  // columns [r·I, (r+1)·I) of I·tp, row by row
+        const size_t rows = static_cast<size_t>(t.shape[0]), cols = static_cast<size_t>(t.shape[1]);
+        for (size_t i = 0; i < rows; ++i) {
+          emit(t.offset + i * cols, g + i * cols * tp + r * cols, cols);
+        }
+        break;
+      }
+    }
+  }
+  return runs;
 }
 
 absl::StatusOr<int> ParamLayout::FindTensor(const std::string& name) const {
@@ -72,5 +174,7 @@ uint64_t ParamLayout::Fingerprint() const {
   }
   return h;
 }
+
+uint64_t ParamLayout::GlobalFingerprint() const { return global_fingerprint_; }
 
 }  // namespace shardtrain::model

@@ -130,6 +130,7 @@ class ParamLayout {
   int first_block_ = 0, num_layers_ = 0;
   size_t global_num_params_ = 0;
   uint64_t global_fingerprint_ = 0;
+  std::vector<size_t> global_offsets_;  // per tensor: its offset in the whole layout
   std::vector<TensorInfo> tensors_;
   std::vector<UnitInfo> units_;
   size_t num_params_ = 0;

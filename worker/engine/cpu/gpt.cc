@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rng.h"
+#include "worker/engine/cpu/gpt_internal.h"
 #include "worker/engine/cpu/layers.h"
 
 namespace shardtrain::engine::cpu {
@@ -35,46 +36,10 @@ inline float NormalFromKey(uint64_t key) {
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
 }
 
-// Times a phase into `slot` when profiling.
-class PhaseTimer {
- public:
-  PhaseTimer(bool on, double* slot) : on_(on), slot_(slot) {
-    if (on_) t0_ = std::chrono::steady_clock::now();
-  }
-  ~PhaseTimer() {
-    if (on_) {
-      *slot_ +=
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
-    }
-  }
-
- private:
-  bool on_;
-  double* slot_;
-  std::chrono::steady_clock::time_point t0_;
-};
-
 }  // namespace
 
-class Gpt::UnitScope {
- public:
-  UnitScope(const Gpt& gpt, int tensor)
-      : hook_(gpt.param_hook_), unit_(gpt.layout_.tensors()[tensor].unit) {
-    if (hook_) hook_(unit_, true);
-  }
-  ~UnitScope() {
-    if (hook_) hook_(unit_, false);
-  }
-  UnitScope(const UnitScope&) = delete;
-  UnitScope& operator=(const UnitScope&) = delete;
-
- private:
-  const std::function<void(int, bool)>& hook_;
-  const int unit_;
-};
-
-absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(const GptConfig& config, int B, int T,
-                                                 int threads) {
+absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(const GptConfig& config, int B, int T, int threads,
+                                                 const GptOptions& options) {
   if (auto s = ValidateGptConfig(config); !s.ok()) return s;
   if (B < 1) return absl::InvalidArgumentError(absl::StrCat("batch size must be >= 1, got ", B));
   if (T < 1 || T > config.context) {
@@ -84,11 +49,39 @@ absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(const GptConfig& config, int B,
   if (threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", threads));
   }
-  return std::unique_ptr<Gpt>(new Gpt(config, B, T, threads));
+  if (options.slots < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("slots must be >= 1, got ", options.slots));
+  }
+  const model::ModelSlice& sl = options.slice;
+  const int end = sl.end_layer(config);
+  if (sl.first_layer < 0 || end > config.layers || end <= sl.first_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", sl.first_layer, ", ", end,
+                                                   ") outside the model's ", config.layers));
+  }
+  const int tp = sl.tp;
+  if (tp < 1 || sl.tp_rank < 0 || sl.tp_rank >= tp || config.heads % tp != 0 ||
+      config.padded_vocab % tp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.tp: ", tp, " (rank ", sl.tp_rank, ") must divide model.heads ",
+                     config.heads, " and the padded vocabulary ", config.padded_vocab));
+  }
+  if (tp > 1 &&
+      (options.tp == nullptr || options.tp->size() != tp || options.tp->rank() != sl.tp_rank)) {
+    return absl::InvalidArgumentError("tensor-parallel slice without its tp group");
+  }
+  return std::unique_ptr<Gpt>(new Gpt(config, B, T, threads, options));
 }
 
-Gpt::Gpt(const GptConfig& config, int B, int T, int threads)
-    : layout_(config), B_(B), T_(T), pool_(threads), table_(config, B, T) {
+Gpt::Gpt(const GptConfig& config, int B, int T, int threads, const GptOptions& options)
+    : layout_(config, options.slice),
+      whole_(config),
+      tp_(options.slice.tp > 1 ? options.tp : nullptr),
+      vocab_(
+          VocabShardOf(config.vocab, config.padded_vocab, options.slice.tp, options.slice.tp_rank)),
+      B_(B),
+      T_(T),
+      pool_(threads),
+      table_(config, B, T, options.slice) {
   // The pool drives OpenBLAS: one BLAS thread per pool thread (process-wide).
   openblas_set_num_threads(1);
   const size_t n = layout_.num_params();
@@ -99,13 +92,19 @@ Gpt::Gpt(const GptConfig& config, int B, int T, int threads)
   grad_data_ = grads_->as<float>();
 
   // Every activation and scratch tensor where the model's table puts it:
-  // the saved tensors, then the scratch ones, in one buffer.
-  acts_ = *device_.Allocate(static_cast<size_t>(table_.total_numel()), DataType::kFloat32);
-  float* const saved = acts_->as<float>();
-  float* const scratch = saved + table_.saved_numel();
-  auto take = [&](const std::string& name) {
-    const model::ActivationTensor& t = table_.at(name);
-    return (t.kind == model::ActivationKind::kSaved ? saved : scratch) + t.offset;
+  // one set of the saved tensors per slot, then the scratch ones, in one
+  // buffer.
+  const int num_slots = options.slots;
+  acts_ = *device_.Allocate(
+      static_cast<size_t>(table_.saved_numel() * num_slots + table_.scratch_numel()),
+      DataType::kFloat32);
+  float* const scratch = acts_->as<float>() + table_.saved_numel() * num_slots;
+  auto take = [&](float* saved, const std::string& name) -> float* {
+    for (const model::ActivationTensor& t : table_.tensors()) {
+      if (t.name == name)
+        return (t.kind == model::ActivationKind::kSaved ? saved : scratch) + t.offset;
+    }
+    return nullptr;  // not on this stage
   };
   // Per block: the table's "block.<l>.<name>" tensors; then the model's ends
   // and the scratch tensors, by name.
@@ -117,28 +116,46 @@ Gpt::Gpt(const GptConfig& config, int B, int T, int threads)
       {"ln2_mean", &LayerActs::ln2_mean}, {"ln2_rstd", &LayerActs::ln2_rstd},
       {"fch", &LayerActs::fch}, {"fch_gelu", &LayerActs::fch_gelu},
       {"residual3", &LayerActs::residual3}};
-  const std::pair<const char*, float**> kModel[] = {
-      {"encoded", &encoded_}, {"lnf", &lnf_}, {"lnf_mean", &lnf_mean_}, {"lnf_rstd", &lnf_rstd_},
-      {"logits", &logits_}, {"losses", &losses_}, {"lse", &lse_}, {"proj_out", &proj_out_},
-      {"dresidual", &dresidual_}, {"dln", &dln_}, {"datty", &datty_}, {"dqkv", &dqkv_},
-      {"dfch", &dfch_}, {"dfch_gelu", &dfch_gelu_}, {"att_scratch", &att_scratch_}};
+  static constexpr std::pair<const char*, float* SlotActs::*> kEnds[] = {
+      {"encoded", &SlotActs::encoded}, {"lnf", &SlotActs::lnf}, {"lnf_mean", &SlotActs::lnf_mean},
+      {"lnf_rstd", &SlotActs::lnf_rstd}, {"logits", &SlotActs::logits},
+      {"losses", &SlotActs::losses}, {"lse", &SlotActs::lse}};
+  const std::pair<const char*, float**> kScratch[] = {
+      {"proj_out", &proj_out_}, {"dresidual", &dresidual_}, {"dln", &dln_}, {"datty", &datty_},
+      {"dqkv", &dqkv_}, {"dfch", &dfch_}, {"dfch_gelu", &dfch_gelu_},
+      {"att_scratch", &att_scratch_}};
   // clang-format on
-  layer_acts_.resize(config.layers);
-  for (int l = 0; l < config.layers; ++l) {
-    for (const auto& [name, member] : kLayer) {
-      layer_acts_[l].*member = take(absl::StrCat("block.", l, ".", name));
-    }
-  }
-  for (const auto& [name, ptr] : kModel) *ptr = take(name);
   const int64_t BT = int64_t{B} * T;
-  tokens_.assign(BT, 0);
-  targets_.assign(BT, 0);
+  slots_.resize(num_slots);
+  for (int k = 0; k < num_slots; ++k) {
+    SlotActs& s = slots_[k];
+    float* const saved = acts_->as<float>() + table_.saved_numel() * k;
+    s.layers.resize(layout_.num_layers());
+    for (int i = 0; i < layout_.num_layers(); ++i) {
+      for (const auto& [name, member] : kLayer) {
+        s.layers[i].*member =
+            take(saved, absl::StrCat("block.", layout_.first_layer() + i, ".", name));
+      }
+    }
+    for (const auto& [name, member] : kEnds) s.*member = take(saved, name);
+    s.tokens.assign(BT, 0);
+    s.targets.assign(BT, 0);
+  }
+  for (const auto& [name, ptr] : kScratch) *ptr = take(nullptr, name);
 }
 
 void Gpt::InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) {
+  // Each local element gets its value in the whole model: a slice starts
+  // exactly where one rank would.
+  for (const model::FlatRun& r : layout_.GlobalRuns(begin, end)) {
+    InitGlobal(seed, r.global, r.global + r.count, out + (r.local - begin));
+  }
+}
+
+void Gpt::InitGlobal(uint64_t seed, size_t begin, size_t end, float* out) {
   const GptConfig& cfg = config();
   const float residual_std = 0.02f / std::sqrt(2.0f * cfg.layers);
-  const auto& tensors = layout_.tensors();
+  const auto& tensors = whole_.tensors();
   for (size_t k = 0; k < tensors.size(); ++k) {
     const TensorInfo& t = tensors[k];
     // The part [i0, i1) of this tensor inside [begin, end).
@@ -158,7 +175,7 @@ void Gpt::InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) {
     const float std_dev = residual_proj ? residual_std : 0.02f;
     // wte: only the first vocab rows are real; padded rows stay 0.
     const size_t n =
-        static_cast<int>(k) == layout_.wte() ? static_cast<size_t>(cfg.vocab) * cfg.dim : t.numel;
+        static_cast<int>(k) == whole_.wte() ? static_cast<size_t>(cfg.vocab) * cfg.dim : t.numel;
     const uint64_t key = SplitMix64(seed ^ SplitMix64(k + 1));
     const size_t real_end = std::min(n, stop);
     if (i0 < real_end) {
@@ -177,7 +194,7 @@ void Gpt::InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) {
 }
 
 void Gpt::ReadLogits(int row, float* out) const {
-  std::memcpy(out, logits_ + int64_t{row} * config().padded_vocab, sizeof(float) * config().vocab);
+  std::memcpy(out, slots_[0].logits + int64_t{row} * vocab_.Vpt, sizeof(float) * vocab_.real);
 }
 
 void Gpt::ZeroGrad() {
@@ -187,113 +204,106 @@ void Gpt::ZeroGrad() {
       [&](int64_t i0, int64_t i1) { std::memset(g + i0, 0, sizeof(float) * (i1 - i0)); }, 1 << 16);
 }
 
-float Gpt::Forward(const int* tokens, const int* targets, int b, int t) {
+float Gpt::StageForward(int slot, const int* tokens, const int* targets, const float* input, int b,
+                        int t) {
   const GptConfig& cfg = config();
-  const int C = cfg.dim, NH = cfg.heads, V = cfg.vocab, Vp = cfg.padded_vocab;
+  const model::ModelSlice& sl = layout_.slice();
+  const int C = cfg.dim, V = cfg.vocab;
   const int N = b * t;
   // Preconditions (programming errors, not data errors: the token readers
   // and Generate() validate their input): fail loudly, never corrupt memory.
-  if (b < 1 || b > B_ || t < 1 || t > T_) {
-    std::fprintf(stderr, "Gpt::Forward: (b=%d, t=%d) outside (1..%d, 1..%d)\n", b, t, B_, T_);
+  if (slot < 0 || slot >= slots() || b < 1 || b > B_ || t < 1 || t > T_) {
+    std::fprintf(stderr, "Gpt::StageForward: (slot=%d, b=%d, t=%d) outside (%d, 1..%d, 1..%d)\n",
+                 slot, b, t, slots(), B_, T_);
+    std::abort();
+  }
+  if ((sl.first_stage && tokens == nullptr) || (!sl.first_stage && input == nullptr)) {
+    std::fprintf(stderr, "Gpt::StageForward: the first stage reads tokens, the others input\n");
     std::abort();
   }
   for (int i = 0; i < N; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= V ||
+    if ((tokens != nullptr && (tokens[i] < 0 || tokens[i] >= V)) ||
         (targets != nullptr && (targets[i] < 0 || targets[i] >= V))) {
-      std::fprintf(stderr, "Gpt::Forward: token/target at %d outside [0, %d)\n", i, V);
+      std::fprintf(stderr, "Gpt::StageForward: token/target at %d outside [0, %d)\n", i, V);
       std::abort();
     }
   }
   ThreadPool* pool = &pool_;
-  last_b_ = b;
-  last_t_ = t;
-  have_targets_ = targets != nullptr;
-  std::memcpy(tokens_.data(), tokens, sizeof(int) * N);
-  if (targets != nullptr) std::memcpy(targets_.data(), targets, sizeof(int) * N);
+  SlotActs& s = slots_[slot];
+  s.b = b;
+  s.t = t;
+  s.forwarded = sl.last_stage ? targets != nullptr : true;
+  if (tokens != nullptr) std::memcpy(s.tokens.data(), tokens, sizeof(int) * N);
+  if (targets != nullptr) std::memcpy(s.targets.data(), targets, sizeof(int) * N);
   if (profiling_) timing_ = Timing{};
 
-  {
+  if (sl.first_stage) {
     UnitScope use(*this, layout_.wte());
     PhaseTimer tm(profiling_, &timing_.encoder);
-    EncoderForward(encoded_, tokens_.data(), param(layout_.wte()), param(layout_.wpe()), b, t, C,
-                   pool);
+    if (tp_ == nullptr) {
+      EncoderForward(s.encoded, s.tokens.data(), param(layout_.wte()), param(layout_.wpe()), b, t,
+                     C, pool);
+    } else {
+      VocabParallelEncoderForward(s.encoded, s.tokens.data(), param(layout_.wte()),
+                                  param(layout_.wpe()), b, t, C, vocab_, tp_, pool);
+    }
+  } else {
+    std::memcpy(s.encoded, input, sizeof(float) * N * C);
   }
-  const float* residual = encoded_;
-  for (int l = 0; l < cfg.layers; ++l) {
-    UnitScope use(*this, layout_.block_tensor(l, kLn1W));
-    LayerActs& a = layer_acts_[l];
-    auto w = [&](BlockTensor bt) { return param(layout_.block_tensor(l, bt)); };
-    {
-      PhaseTimer tm(profiling_, &timing_.layernorm);
-      LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w(kLn1W), w(kLn1B), N, C, pool);
-    }
-    {
-      PhaseTimer tm(profiling_, &timing_.matmul);
-      MatmulForward(a.qkv, a.ln1, w(kQkvW), w(kQkvB), N, C, 3 * C, 3 * C, pool);
-    }
-    {
-      PhaseTimer tm(profiling_, &timing_.attention);
-      AttentionForward(a.atty, a.att, a.qkv, b, t, C, NH, pool);
-    }
-    {
-      PhaseTimer tm(profiling_, &timing_.matmul);
-      MatmulForward(proj_out_, a.atty, w(kAttnProjW), w(kAttnProjB), N, C, C, C, pool);
-    }
-    {
-      PhaseTimer tm(profiling_, &timing_.residual);
-      ResidualForward(a.residual2, residual, proj_out_, int64_t{N} * C, pool);
-    }
-    {
-      PhaseTimer tm(profiling_, &timing_.layernorm);
-      LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w(kLn2W), w(kLn2B), N, C, pool);
-    }
-    {
-      PhaseTimer tm(profiling_, &timing_.matmul);
-      MatmulForward(a.fch, a.ln2, w(kFcW), w(kFcB), N, C, 4 * C, 4 * C, pool);
-    }
-    {
-      PhaseTimer tm(profiling_, &timing_.gelu);
-      GeluForward(a.fch_gelu, a.fch, int64_t{N} * 4 * C, pool);
-    }
-    {
-      PhaseTimer tm(profiling_, &timing_.matmul);
-      MatmulForward(proj_out_, a.fch_gelu, w(kFcProjW), w(kFcProjB), N, 4 * C, C, C, pool);
-    }
-    {
-      PhaseTimer tm(profiling_, &timing_.residual);
-      ResidualForward(a.residual3, a.residual2, proj_out_, int64_t{N} * C, pool);
-    }
-    residual = a.residual3;
+  const float* residual = s.encoded;
+  for (int i = 0; i < layout_.num_layers(); ++i) {
+    BlockForward(layout_.first_layer() + i, s.layers[i], residual, b, t);
+    residual = s.layers[i].residual3;
   }
+  if (!sl.last_stage) return 0.0f;
   {
     UnitScope use(*this, layout_.lnf_w());
     PhaseTimer tm(profiling_, &timing_.layernorm);
-    LayerNormForward(lnf_, lnf_mean_, lnf_rstd_, residual, param(layout_.lnf_w()),
+    LayerNormForward(s.lnf, s.lnf_mean, s.lnf_rstd, residual, param(layout_.lnf_w()),
                      param(layout_.lnf_b()), N, C, pool);
   }
   {
-    // LM head tied to wte; only the V real columns are computed.
+    // LM head tied to wte; only this rank's real vocabulary columns are
+    // computed (lnf enters the tp region: CopyToTpRegion, an identity).
     UnitScope use(*this, layout_.wte());
     PhaseTimer tm(profiling_, &timing_.lm_head);
-    MatmulForward(logits_, lnf_, param(layout_.wte()), static_cast<const float*>(nullptr), N, C, V,
-                  Vp, pool);
+    if (vocab_.real > 0) {
+      MatmulForward(s.logits, s.lnf, param(layout_.wte()), static_cast<const float*>(nullptr), N, C,
+                    vocab_.real, vocab_.Vpt, pool);
+    }
   }
   if (targets == nullptr) return 0.0f;
   PhaseTimer tm(profiling_, &timing_.softmax_ce);
-  CrossEntropyForward(losses_, lse_, logits_, targets_.data(), N, V, Vp, pool);
+  if (tp_ == nullptr) {
+    CrossEntropyForward(s.losses, s.lse, s.logits, s.targets.data(), N, V, cfg.padded_vocab, pool);
+  } else {
+    VocabParallelCrossEntropyForward(s.losses, s.lse, s.logits, s.targets.data(), N, vocab_, tp_,
+                                     pool);
+  }
   double sum = 0;
-  for (int i = 0; i < N; ++i) sum += losses_[i];
+  for (int i = 0; i < N; ++i) sum += s.losses[i];
   return static_cast<float>(sum / N);
 }
 
-void Gpt::Backward(float loss_scale) {
-  if (!have_targets_) {  // precondition: a Forward with targets, not yet backpropagated
-    std::fprintf(stderr, "Gpt::Backward: no preceding Forward with targets\n");
+const float* Gpt::StageOutput(int slot) const {
+  if (layout_.slice().last_stage) return nullptr;
+  const SlotActs& s = slots_[slot];
+  return s.layers.empty() ? s.encoded : s.layers.back().residual3;
+}
+
+void Gpt::StageBackward(int slot, float loss_scale, const float* doutput) {
+  const model::ModelSlice& sl = layout_.slice();
+  if (slot < 0 || slot >= slots() || !slots_[slot].forwarded ||
+      (!sl.last_stage && doutput == nullptr)) {
+    // precondition: a forward (with targets on the last stage) of this
+    // slot, not yet backpropagated; the gradient of its output elsewhere.
+    std::fprintf(stderr, "Gpt::StageBackward: no preceding Forward with targets of slot %d to backpropagate\n",
+                 slot);
     std::abort();
   }
+  SlotActs& s = slots_[slot];
   const GptConfig& cfg = config();
-  const int C = cfg.dim, NH = cfg.heads, V = cfg.vocab, Vp = cfg.padded_vocab;
-  const int b = last_b_, t = last_t_, N = b * t;
+  const int C = cfg.dim, b = s.b, t = s.t, N = b * t;
   const int64_t NC = int64_t{N} * C;
   ThreadPool* pool = &pool_;
   auto zero = [&](float* p, int64_t n) {
@@ -301,87 +311,57 @@ void Gpt::Backward(float loss_scale) {
         n, [&](int64_t i0, int64_t i1) { std::memset(p + i0, 0, sizeof(float) * (i1 - i0)); },
         1 << 14);
   };
-
-  {
-    PhaseTimer tm(profiling_, &timing_.softmax_ce);
-    CrossEntropyBackwardInPlace(logits_, lse_, targets_.data(), loss_scale / static_cast<float>(N),
-                                N, V, Vp, pool);
-  }
-  zero(dresidual_, NC);
-  zero(dln_, NC);
-  {
-    UnitScope use(*this, layout_.wte());
-    PhaseTimer tm(profiling_, &timing_.lm_head);
-    MatmulBackward(dln_, grad(layout_.wte()), static_cast<float*>(nullptr), logits_, Vp, lnf_,
-                   param(layout_.wte()), N, C, V, pool);
-  }
-  const float* final_residual = layer_acts_.back().residual3;
-  {
-    UnitScope use(*this, layout_.lnf_w());
-    PhaseTimer tm(profiling_, &timing_.layernorm);
-    LayerNormBackward(dresidual_, grad(layout_.lnf_w()), grad(layout_.lnf_b()), dln_,
-                      final_residual, param(layout_.lnf_w()), lnf_mean_, lnf_rstd_, N, C, pool);
-  }
-  if (grads_ready_) grads_ready_(layout_.offset(layout_.lnf_w()));
-  for (int l = cfg.layers - 1; l >= 0; --l) {
-    LayerActs& a = layer_acts_[l];
-    std::optional<UnitScope> use(std::in_place, *this, layout_.block_tensor(l, kLn1W));
-    const float* residual = l == 0 ? encoded_ : layer_acts_[l - 1].residual3;
-    auto w = [&](BlockTensor bt) { return param(layout_.block_tensor(l, bt)); };
-    auto dw = [&](BlockTensor bt) { return grad(layout_.block_tensor(l, bt)); };
-    // residual3 = residual2 + fcproj: both receive dresidual (in place).
-    zero(dfch_gelu_, NC * 4);
-    zero(dfch_, NC * 4);
+  const float* last_output = s.layers.empty() ? s.encoded : s.layers.back().residual3;
+  if (sl.last_stage) {
     {
-      PhaseTimer tm(profiling_, &timing_.matmul);
-      MatmulBackward(dfch_gelu_, dw(kFcProjW), dw(kFcProjB), dresidual_, C, a.fch_gelu, w(kFcProjW),
-                     N, 4 * C, C, pool);
+      PhaseTimer tm(profiling_, &timing_.softmax_ce);
+      const float dloss = loss_scale / static_cast<float>(N);
+      if (tp_ == nullptr) {
+        CrossEntropyBackwardInPlace(s.logits, s.lse, s.targets.data(), dloss, N, cfg.vocab,
+                                    cfg.padded_vocab, pool);
+      } else {
+        VocabParallelCrossEntropyBackward(s.logits, s.lse, s.targets.data(), dloss, N, vocab_,
+                                          pool);
+      }
     }
-    {
-      PhaseTimer tm(profiling_, &timing_.gelu);
-      GeluBackward(dfch_, a.fch, dfch_gelu_, NC * 4, pool);
-    }
+    zero(dresidual_, NC);
     zero(dln_, NC);
     {
-      PhaseTimer tm(profiling_, &timing_.matmul);
-      MatmulBackward(dln_, dw(kFcW), dw(kFcB), dfch_, 4 * C, a.ln2, w(kFcW), N, C, 4 * C, pool);
+      UnitScope use(*this, layout_.wte());
+      PhaseTimer tm(profiling_, &timing_.lm_head);
+      if (vocab_.real > 0) {
+        MatmulBackward(dln_, grad(layout_.wte()), static_cast<float*>(nullptr), s.logits,
+                       vocab_.Vpt, s.lnf, param(layout_.wte()), N, C, vocab_.real, pool);
+      }
+      CopyToTpRegion::Backward(tp_, dln_, NC);
     }
     {
+      UnitScope use(*this, layout_.lnf_w());
       PhaseTimer tm(profiling_, &timing_.layernorm);
-      LayerNormBackward(dresidual_, dw(kLn2W), dw(kLn2B), dln_, a.residual2, w(kLn2W), a.ln2_mean,
-                        a.ln2_rstd, N, C, pool);
+      LayerNormBackward(dresidual_, grad(layout_.lnf_w()), grad(layout_.lnf_b()), dln_, last_output,
+                        param(layout_.lnf_w()), s.lnf_mean, s.lnf_rstd, N, C, pool);
     }
-    // residual2 = residual + attproj: both receive dresidual (in place).
-    zero(datty_, NC);
-    zero(dqkv_, NC * 3);
-    {
-      PhaseTimer tm(profiling_, &timing_.matmul);
-      MatmulBackward(datty_, dw(kAttnProjW), dw(kAttnProjB), dresidual_, C, a.atty, w(kAttnProjW),
-                     N, C, C, pool);
-    }
-    {
-      PhaseTimer tm(profiling_, &timing_.attention);
-      AttentionBackward(dqkv_, datty_, a.qkv, a.att, att_scratch_, b, t, C, NH, pool);
-    }
-    zero(dln_, NC);
-    {
-      PhaseTimer tm(profiling_, &timing_.matmul);
-      MatmulBackward(dln_, dw(kQkvW), dw(kQkvB), dqkv_, 3 * C, a.ln1, w(kQkvW), N, C, 3 * C, pool);
-    }
-    {
-      PhaseTimer tm(profiling_, &timing_.layernorm);
-      LayerNormBackward(dresidual_, dw(kLn1W), dw(kLn1B), dln_, residual, w(kLn1W), a.ln1_mean,
-                        a.ln1_rstd, N, C, pool);
-    }
-    use.reset();  // the block's parameters are no longer read
+    if (grads_ready_) grads_ready_(layout_.offset(layout_.lnf_w()));
+  } else {
+    std::memcpy(dresidual_, doutput, sizeof(float) * NC);
+  }
+  for (int i = layout_.num_layers() - 1; i >= 0; --i) {
+    const int l = layout_.first_layer() + i;
+    BlockBackward(l, s.layers[i], i == 0 ? s.encoded : s.layers[i - 1].residual3, b, t);
     if (grads_ready_) grads_ready_(layout_.offset(layout_.block_tensor(l, BlockTensor(0))));
   }
-  {
+  if (sl.first_stage) {
     PhaseTimer tm(profiling_, &timing_.encoder);
-    EncoderBackward(grad(layout_.wte()), grad(layout_.wpe()), dresidual_, tokens_.data(), b, t, C);
+    if (tp_ == nullptr) {
+      EncoderBackward(grad(layout_.wte()), grad(layout_.wpe()), dresidual_, s.tokens.data(), b, t,
+                      C);
+    } else {
+      VocabParallelEncoderBackward(grad(layout_.wte()), grad(layout_.wpe()), dresidual_,
+                                   s.tokens.data(), b, t, C, vocab_);
+    }
   }
-  have_targets_ = false;
-  if (grads_ready_) grads_ready_(0);
+  s.forwarded = false;
+  if (sl.has_embeddings() && grads_ready_) grads_ready_(0);
 }
 
 }  // namespace shardtrain::engine::cpu

@@ -1,0 +1,58 @@
+// TensorParallel: the collectives an engine needs inside a forward or
+// backward pass under tensor parallelism (Megatron-LM), over the ranks that
+// share one model slice's tp group; and Megatron's conjugate pairs as named
+// functions, so each split layer says which side of the region it is on:
+//
+//   CopyToTpRegion      forward: identity (every rank has the whole input)
+//                       backward: all-reduce of the input's gradient (each
+//                       rank's column-parallel weights gave a partial sum)
+//   ReduceFromTpRegion  forward: all-reduce of the partial outputs of a
+//                       row-parallel layer (or the vocabulary-parallel
+//                       embedding)
+//                       backward: identity
+//
+// The engine cannot return errors from inside a pass (Forward returns the
+// loss), so an implementation keeps the first communication error, leaves
+// the data as it was on failure (the pass finishes on stale numbers) and
+// reports the error through status(); the caller (the trainer) checks it
+// after every step, and the communicator is poisoned by then, so nothing
+// waits. parallel/tensor_parallel_group.h implements it over a Communicator.
+#ifndef SHARDTRAIN_WORKER_ENGINE_TENSOR_PARALLEL_H_
+#define SHARDTRAIN_WORKER_ENGINE_TENSOR_PARALLEL_H_
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+
+namespace shardtrain::engine {
+
+class TensorParallel {
+ public:
+  virtual ~TensorParallel() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In place over the group, every rank the same result.
+  virtual void AllReduceSum(float* data, size_t count) = 0;
+  virtual void AllReduceMax(float* data, size_t count) = 0;
+  // OK, or the first error of an all-reduce.
+  virtual absl::Status status() const = 0;
+};
+
+// A null group means tp = 1: every function below is then a no-op.
+struct CopyToTpRegion {
+  static void Forward(TensorParallel*, float*, size_t) {}
+  static void Backward(TensorParallel* tp, float* dinput, size_t count) {
+    if (tp != nullptr && tp->size() > 1) tp->AllReduceSum(dinput, count);
+  }
+};
+
+struct ReduceFromTpRegion {
+  static void Forward(TensorParallel* tp, float* output, size_t count) {
+    if (tp != nullptr && tp->size() > 1) tp->AllReduceSum(output, count);
+  }
+  static void Backward(TensorParallel*, float*, size_t) {}
+};
+
+}  // namespace shardtrain::engine
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_TENSOR_PARALLEL_H_
