@@ -1,0 +1,95 @@
+// Pipeline schedules: the order in which one pipeline stage runs the
+// forwards and backwards of a step's micro-batches, and a discrete-event
+// simulation of a whole pipeline running them. Pure: no communication, no
+// engine. The executor (pipeline.h) runs these lists; bench/pipeline_bench
+// compares its measured idle time with the simulation's.
+//
+// Shape letters: pp = stages, m = micro-batches per step, s = a stage's
+// index (0 = first, takes tokens; pp - 1 = last, computes the loss).
+//
+//   GPipe  every forward, then every backward (both in micro order): simple,
+//          but stage s holds the activations of all m micro-batches at once.
+//   1F1B   PipeDream-flush: min(pp - s - 1, m) warm-up forwards, then pairs
+//          of one forward and one backward, then the remaining backwards;
+//          backwards stay in micro order. Holds at most min(m, pp - s)
+//          micro-batches' activations, with the same bubble as GPipe.
+// Both have the bubble (pp - 1) / (m + pp - 1) when the costs of a forward
+// and of a backward are the same on every stage.
+//
+// Thread-compatible: free functions over values.
+#ifndef SHARDTRAIN_WORKER_PARALLEL_SCHEDULE_H_
+#define SHARDTRAIN_WORKER_PARALLEL_SCHEDULE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/job_spec.h"
+
+namespace shardtrain::parallel {
+
+enum class StepKind { kForward, kBackward };
+
+// One forward or backward of micro-batch `micro` (in [0, m)) on one stage.
+struct PipelineAction {
+  StepKind kind = StepKind::kForward;
+  int micro = 0;
+};
+bool operator==(const PipelineAction& a, const PipelineAction& b);
+bool operator!=(const PipelineAction& a, const PipelineAction& b);
+
+// "F0 F1 B0 B1": actions as tests and logs spell them.
+std::string ActionsToString(const std::vector<PipelineAction>& actions);
+
+// Preconditions (programming errors, abort with a message): stages >= 1,
+// 0 <= stage < stages, micro_batches >= 1.
+std::vector<PipelineAction> GpipeActions(int stage, int stages, int micro_batches);
+std::vector<PipelineAction> OneFOneBActions(int stage, int stages, int micro_batches);
+// The actions of `schedule` on `stage`. With one stage both schedules give
+// F0 B0 F1 B1 ...: a single stage waits for no one, so it has no bubble to
+// fill, and GPipe's order would only make it hold m activation sets at once.
+std::vector<PipelineAction> PipelineActions(PipelineSchedule schedule, int stage, int stages,
+                                            int micro_batches);
+
+// The most micro-batches forwarded and not yet backwarded at any point of
+// `actions`: the activation sets (engine slots) the stage must keep. GPipe:
+// m; 1F1B: min(m, pp - s).
+int PeakInFlight(const std::vector<PipelineAction>& actions);
+
+// (pp - 1) / (m + pp - 1): the idle fraction of every stage of a pipeline of
+// equal stages (either schedule), when communication costs nothing.
+double BubbleFraction(int stages, int micro_batches);
+
+// One action as the simulation placed it in time.
+struct SimulatedAction {
+  PipelineAction action;
+  double start = 0, end = 0;
+};
+
+struct SimulatedTimeline {
+  double makespan = 0;                                // end of the last action
+  std::vector<double> busy;                           // per stage: time computing
+  std::vector<double> idle;                           // per stage: makespan - busy
+  std::vector<std::vector<SimulatedAction>> actions;  // per stage, in run order
+  // Total idle over total stage time: sum(idle) / (stages · makespan).
+  double idle_fraction() const;
+};
+
+// Discrete-event simulation of `per_stage[s]` running on stage s, each stage
+// one action at a time in list order. F(m) on s starts once s finished its
+// previous action and F(m) on s - 1 finished; B(m) on s once B(m) on s + 1
+// and F(m) on s finished. Every forward costs fwd_cost, every backward
+// bwd_cost (>= 0). FAILED_PRECONDITION ("deadlock: stage 0 waits at B0 ...")
+// when some action can never start (a dependency cycle, or one on an action
+// that no list holds); INVALID_ARGUMENT for an empty pipeline, a negative
+// cost, or a micro-batch forwarded or backwarded twice on a stage.
+absl::StatusOr<SimulatedTimeline> SimulateActions(
+    const std::vector<std::vector<PipelineAction>>& per_stage, double fwd_cost, double bwd_cost);
+// SimulateActions over PipelineActions(schedule, s, stages, m) for every s.
+absl::StatusOr<SimulatedTimeline> SimulatePipeline(PipelineSchedule schedule, int stages,
+                                                   int micro_batches, double fwd_cost,
+                                                   double bwd_cost);
+
+}  // namespace shardtrain::parallel
+
+#endif  // SHARDTRAIN_WORKER_PARALLEL_SCHEDULE_H_
