@@ -1,0 +1,113 @@
+// Mesh (worker/parallel/mesh.h) on thread ranks with Gloo over 127.0.0.1:
+// every rank's dp, tp, pp_forward, pp_backward and tied communicators hold
+// exactly the ranks ParallelDims names for its groups, in coordinate order,
+// and an all-reduce on each sums over those ranks only. Groups of one rank
+// are null; so is everything in a world of one.
+#include "worker/parallel/mesh.h"
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/unit/worker/comm/test_util.h"
+
+namespace shardtrain::parallel {
+namespace {
+
+using comm::testing::RunRanks;
+
+// A one-hot row: element `rank` is rank + 1. Summed over a group, element r
+// is r + 1 exactly for the members r and 0 elsewhere.
+std::vector<float> OneHot(int rank, int world) {
+  std::vector<float> v(world, 0.0f);
+  v[rank] = static_cast<float>(rank + 1);
+  return v;
+}
+
+std::vector<float> Expected(const std::vector<int>& members, int world) {
+  std::vector<float> v(world, 0.0f);
+  for (int r : members) v[r] = static_cast<float>(r + 1);
+  return v;
+}
+
+// Checks `c` against `members` (ordered) for this `rank`, then all-reduces.
+void CheckGroup(const char* name, comm::Communicator* c, const std::vector<int>& members, int rank,
+                int world) {
+  SCOPED_TRACE(testing::Message() << name << " of rank " << rank);
+  if (members.size() <= 1) {
+    EXPECT_EQ(c, nullptr);
+    return;
+  }
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->size(), static_cast<int>(members.size()));
+  const int index =
+      static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+  EXPECT_EQ(c->rank(), index);
+  std::vector<float> v = OneHot(rank, world);
+  ASSERT_TRUE(c->AllReduce(v.data(), v.size(), DataType::kFloat32, comm::ReduceOp::kSum).ok());
+  EXPECT_EQ(v, Expected(members, world));
+}
+
+void CheckMesh(int dp, int tp, int pp) {
+  absl::StatusOr<ParallelDims> dims = ParallelDims::Create(dp, tp, pp);
+  ASSERT_TRUE(dims.ok()) << dims.status();
+  const int world = dims->world();
+  RunRanks(world, [&](comm::Communicator& w) {
+    const int rank = w.rank();
+    absl::StatusOr<std::unique_ptr<Mesh>> mesh = Mesh::Create(*dims, rank, &w);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    const Mesh& m = **mesh;
+    EXPECT_EQ(m.coord(), dims->Coord(rank));
+    EXPECT_EQ(m.stage(), dims->Coord(rank).pp);
+    EXPECT_EQ(m.stages(), pp);
+    EXPECT_EQ(m.prev_stage(), m.stage() == 0 ? -1 : m.stage() - 1);
+    EXPECT_EQ(m.next_stage(), m.stage() == pp - 1 ? -1 : m.stage() + 1);
+    CheckGroup("dp", m.dp(), dims->Group(GroupKind::kDp, rank), rank, world);
+    CheckGroup("tp", m.tp(), dims->Group(GroupKind::kTp, rank), rank, world);
+    const std::vector<int> pipe = dims->Group(GroupKind::kPp, rank);
+    CheckGroup("pp_forward", m.pp_forward(), pipe, rank, world);
+    CheckGroup("pp_backward", m.pp_backward(), pipe, rank, world);
+    // tied: the two ends of the pipeline; nobody else, and no one at pp 1.
+    const bool end = m.stage() == 0 || m.stage() == pp - 1;
+    const std::vector<int> tied =
+        pp > 1 && end ? std::vector<int>{pipe.front(), pipe.back()} : std::vector<int>{};
+    CheckGroup("tied", m.tied(), tied, rank, world);
+  });
+}
+
+TEST(MeshTest, Dp2Tp2Pp2) { CheckMesh(2, 2, 2); }
+TEST(MeshTest, Tp2Pp2) { CheckMesh(1, 2, 2); }
+TEST(MeshTest, Dp2Pp3) { CheckMesh(2, 1, 3); }
+TEST(MeshTest, Pp4TiesOnlyTheEnds) { CheckMesh(1, 1, 4); }
+TEST(MeshTest, Dp4) { CheckMesh(4, 1, 1); }
+
+TEST(MeshTest, WorldOfOneHasNoCommunicators) {
+  absl::StatusOr<ParallelDims> dims = ParallelDims::Create(1, 1, 1);
+  ASSERT_TRUE(dims.ok());
+  absl::StatusOr<std::unique_ptr<Mesh>> mesh = Mesh::Create(*dims, 0, nullptr);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  EXPECT_EQ((*mesh)->dp(), nullptr);
+  EXPECT_EQ((*mesh)->tp(), nullptr);
+  EXPECT_EQ((*mesh)->pp_forward(), nullptr);
+  EXPECT_EQ((*mesh)->pp_backward(), nullptr);
+  EXPECT_EQ((*mesh)->tied(), nullptr);
+  EXPECT_EQ((*mesh)->prev_stage(), -1);
+  EXPECT_EQ((*mesh)->next_stage(), -1);
+}
+
+TEST(MeshTest, WorldThatDoesNotMatchIsRejected) {
+  absl::StatusOr<ParallelDims> two = ParallelDims::Create(1, 1, 2);
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(Mesh::Create(*two, 0, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Mesh::Create(*two, 2, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<ParallelDims> four = ParallelDims::Create(2, 1, 2);
+  ASSERT_TRUE(four.ok());
+  RunRanks(2, [&](comm::Communicator& w) {
+    EXPECT_EQ(Mesh::Create(*four, w.rank(), &w).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  });
+}
+
+}  // namespace
+}  // namespace shardtrain::parallel

@@ -1,0 +1,81 @@
+#include "worker/parallel/mesh.h"
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain::parallel {
+namespace {
+
+// The index of `rank`'s group in dims.Groups(kind): the split colour.
+int GroupIndex(const ParallelDims& dims, GroupKind kind, int rank) {
+  const std::vector<std::vector<int>> groups = dims.Groups(kind);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (std::find(groups[i].begin(), groups[i].end(), rank) != groups[i].end()) {
+      return static_cast<int>(i);
+    }
+  }
+  return comm::Communicator::kNoColor;  // unreachable: every rank is in one group
+}
+
+absl::Status Annotate(const absl::Status& status, const char* group) {
+  return absl::Status(status.code(),
+                      absl::StrCat("mesh: splitting the ", group, " group: ", status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Mesh>> Mesh::Create(const ParallelDims& dims, int rank,
+                                                   comm::Communicator* world) {
+  if (rank < 0 || rank >= dims.world()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mesh: rank ", rank, " outside world ", dims.world()));
+  }
+  if (world == nullptr) {
+    if (dims.world() != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh: no world communicator for a world of ", dims.world()));
+    }
+  } else if (world->size() != dims.world() || world->rank() != rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mesh: world communicator is rank ", world->rank(), " of ", world->size(),
+                     ", the mesh wants rank ", rank, " of ", dims.world()));
+  }
+  std::unique_ptr<Mesh> mesh(new Mesh(dims, rank));
+  if (world == nullptr) return mesh;
+  const MeshCoord c = mesh->coord_;
+
+  auto split = [&](int color, int key, const char* group,
+                   std::unique_ptr<comm::Communicator>* out) -> absl::Status {
+    absl::StatusOr<std::unique_ptr<comm::Communicator>> sub = world->Split(color, key);
+    if (!sub.ok()) return Annotate(sub.status(), group);
+    *out = *std::move(sub);
+    return absl::OkStatus();
+  };
+  if (dims.dp() > 1) {
+    absl::Status s = split(GroupIndex(dims, GroupKind::kDp, rank), c.dp, "dp", &mesh->dp_);
+    if (!s.ok()) return s;
+  }
+  if (dims.tp() > 1) {
+    absl::Status s = split(GroupIndex(dims, GroupKind::kTp, rank), c.tp, "tp", &mesh->tp_);
+    if (!s.ok()) return s;
+  }
+  if (dims.pp() > 1) {
+    const int pp_group = GroupIndex(dims, GroupKind::kPp, rank);
+    absl::Status s = split(pp_group, c.pp, "pp_forward", &mesh->pp_forward_);
+    if (s.ok()) s = split(pp_group, c.pp, "pp_backward", &mesh->pp_backward_);
+    // Only the ends of each pipeline join `tied`; middle stages pass kNoColor.
+    const bool end = c.pp == 0 || c.pp == dims.pp() - 1;
+    if (s.ok()) {
+      s = split(end ? pp_group : comm::Communicator::kNoColor, c.pp, "tied", &mesh->tied_);
+    }
+    if (!s.ok()) return s;
+  }
+  return mesh;
+}
+
+}  // namespace shardtrain::parallel
