@@ -175,6 +175,24 @@ uint64_t ParamLayout::Fingerprint() const {
   return h;
 }
 
+std::vector<std::pair<size_t, size_t>> ParamLayout::ReplicaRanges() const {
+  std::vector<std::pair<size_t, size_t>> out;
+  auto add = [&](size_t begin, size_t end) {
+    if (!out.empty() && out.back().second == begin) {
+      out.back().second = end;
+    } else {
+      out.emplace_back(begin, end);
+    }
+  };
+  const bool tied_copy = slice_.has_embeddings() && !slice_.first_stage;
+  for (const TensorInfo& t : tensors_) {
+    if ((tied_copy && t.unit == 0) || (t.replicated && slice_.tp_rank > 0)) {
+      add(t.offset, t.offset + t.numel);
+    }
+  }
+  return out;
+}
+
 uint64_t ParamLayout::GlobalFingerprint() const { return global_fingerprint_; }
 
 }  // namespace shardtrain::model

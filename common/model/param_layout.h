@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -113,6 +114,13 @@ class ParamLayout {
   // merged. Precondition: begin <= end <= num_params().
   std::vector<FlatRun> GlobalRuns(size_t begin, size_t end) const;
   std::vector<FlatRun> GlobalRuns() const { return GlobalRuns(0, num_params_); }
+  // The ranges [first, second) of this slice's flat buffer that another rank
+  // of the mesh holds identically and speaks for: the replicated tensors on
+  // tp ranks > 0, and the embeddings unit on a last stage that is not also
+  // the first (the tied copy; the first stage's is the one that counts).
+  // Gradient norms leave them out, and checkpoints do not save them twice.
+  // Sorted, disjoint; empty for a whole model.
+  std::vector<std::pair<size_t, size_t>> ReplicaRanges() const;
   // Elements of the whole model (ParamLayout(config()).num_params()).
   size_t global_num_params() const { return global_num_params_; }
   // Offset in floats of a tensor.

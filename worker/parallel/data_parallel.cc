@@ -1,5 +1,6 @@
 #include "worker/parallel/data_parallel.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -17,6 +18,21 @@ absl::Status CheckHostFp32(engine::Engine& engine, const char* who) {
         std::string(EnumName(p.device)), " (GPU data parallelism arrives with the GPU engine)"));
   }
   return absl::OkStatus();
+}
+
+double SquaredNormOutside(absl::Span<const float> grads, size_t offset, const FlatRanges& skip,
+                          engine::ThreadPool* pool) {
+  double squared = 0;
+  size_t at = offset;  // flat index of the next element not yet counted or skipped
+  const size_t end = offset + grads.size();
+  for (const auto& [b, e] : skip) {
+    if (e <= at) continue;
+    if (b >= end) break;
+    if (b > at) squared += optim::GradSquaredNorm(grads.subspan(at - offset, b - at), pool);
+    at = std::min(end, e);
+  }
+  if (at < end) squared += optim::GradSquaredNorm(grads.subspan(at - offset, end - at), pool);
+  return squared;
 }
 
 absl::StatusOr<double> SumOverGroup(comm::Communicator* comm, double local) {

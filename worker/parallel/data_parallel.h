@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -66,6 +67,23 @@ struct ModelStateMemory {
 
 // Flat element ranges [first, second) of the parameter layout.
 using FlatRanges = std::vector<std::pair<size_t, size_t>>;
+
+// What tensor and pipeline parallelism add to a data-parallel step: Step
+// applies them after the gradients are reduced over dp and before the norm.
+// Empty (the default): a model on one rank per replica.
+struct ModelParallelGrads {
+  // [0, tied_end) of the flat gradient (the embeddings unit) is tied to
+  // another pipeline stage's copy: sum_tied sums, in place, the part of it
+  // this rank holds (DDP: all of it; ZeRO: its shard of the unit, which the
+  // tied rank's shard matches element for element) with that copy.
+  size_t tied_end = 0;
+  std::function<absl::Status(absl::Span<float>)> sum_tied;
+  // Ranges of the flat gradient that another rank counts in the norm
+  // (ParamLayout::ReplicaRanges).
+  FlatRanges norm_skip;
+  // Sums a squared norm over the tp and pp groups (identical on every rank).
+  std::function<absl::StatusOr<double>(double)> sum_squares;
+};
 
 class DataParallel {
  public:
@@ -114,12 +132,20 @@ class DataParallel {
   virtual absl::Status Restore(absl::Span<const float> params, absl::Span<const float> m,
                                absl::Span<const float> v, int64_t optimizer_step) = 0;
 
+  // Tensor and pipeline parallelism's part of Step (see ModelParallelGrads).
+  virtual void set_model_parallel(ModelParallelGrads mp) = 0;
+
   // ---- Accounting.
   virtual ModelStateMemory memory() const = 0;
   // Measure resident memory (mincore) in memory() instead of counting
   // buffers; off by default (it costs a syscall per use).
   virtual void set_measure(bool on) = 0;
 };
+
+// The squared L2 norm of `grads` (flat elements [offset, offset + size)),
+// leaving out the parts inside `skip`.
+double SquaredNormOutside(absl::Span<const float> grads, size_t offset, const FlatRanges& skip,
+                          engine::ThreadPool* pool);
 
 // The sum of `local` over the ranks of `comm` (null: local alone), added in
 // rank order from bit-exact copies, so every rank gets the same double.

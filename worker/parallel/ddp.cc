@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -99,8 +100,22 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm) {
     if (absl::Status s = FinishAllReduce(&stats); !s.ok()) return s;
   }
   const absl::Span<float> grads = engine_->grads().f32();
-  stats.grad_norm = optim::ClipGradNorm(grads, max_norm, engine_->host_pool());
-  adamw_.Step(engine_->params().f32(), grads, lr, engine_->host_pool());
+  engine::ThreadPool* pool = engine_->host_pool();
+  if (mp_.sum_tied && mp_.tied_end > 0) {
+    if (absl::Status s = mp_.sum_tied(grads.subspan(0, mp_.tied_end)); !s.ok()) return s;
+  }
+  double squared = SquaredNormOutside(grads, 0, mp_.norm_skip, pool);
+  if (mp_.sum_squares) {
+    absl::StatusOr<double> total = mp_.sum_squares(squared);
+    if (!total.ok()) return total.status();
+    squared = *total;
+  }
+  const float norm = static_cast<float>(std::sqrt(squared));
+  if (const float scale = optim::ClipScale(norm, max_norm); scale != 1.0f) {
+    optim::ScaleGrads(grads, scale, pool);
+  }
+  stats.grad_norm = norm;
+  adamw_.Step(engine_->params().f32(), grads, lr, pool);
   return stats;
 }
 

@@ -56,6 +56,7 @@ class Ddp final : public DataParallel {
 
   ModelStateMemory memory() const override;
   void set_measure(bool on) override { measure_ = on; }
+  void set_model_parallel(ModelParallelGrads mp) override { mp_ = std::move(mp); }
 
  private:
   Ddp(engine::Engine* engine, optim::AdamW adamw, comm::Communicator* comm, size_t bucket_elems);
@@ -74,6 +75,7 @@ class Ddp final : public DataParallel {
   size_t unlaunched_end_ = 0;  // gradients [unlaunched_end_, end) are in flight
   std::vector<std::shared_ptr<comm::Work>> inflight_;
   bool measure_ = false;
+  ModelParallelGrads mp_;
 };
 
 }  // namespace shardtrain::parallel

@@ -397,12 +397,20 @@ absl::StatusOr<double> Zero::StepShard(float lr, float max_norm) {
   engine::ThreadPool* pool = engine_->host_pool();
   // Summed over dp; the mean gradient of the global batch is sum / dp.
   double squared = 0;
-  for (Unit& u : units_) {
+  for (size_t k = 0; k < units_.size(); ++k) {
+    Unit& u = units_[k];
     absl::Span<float> g = ShardGrad(u);
     if (dp_ > 1) optim::ScaleGrads(g, 1.0f / static_cast<float>(dp_), pool);
-    squared += optim::GradSquaredNorm(g, pool);
+    // The tied embeddings: this shard of the unit and the tied stage's
+    // (the same range of the same unit shape) are summed.
+    if (k == 0 && mp_.sum_tied && mp_.tied_end == u.numel && !g.empty()) {
+      if (absl::Status s = mp_.sum_tied(g); !s.ok()) return s;
+    }
+    squared += SquaredNormOutside(g, u.offset + u.own.begin, mp_.norm_skip, pool);
   }
   auto total = SumOverRanks(squared);
+  if (!total.ok()) return total.status();
+  if (mp_.sum_squares) total = mp_.sum_squares(*total);
   if (!total.ok()) return total.status();
   const float norm = static_cast<float>(std::sqrt(*total));
   const float clip = optim::ClipScale(norm, max_norm);

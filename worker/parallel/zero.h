@@ -155,6 +155,7 @@ class Zero final : public DataParallel {
   // every unit use and gradient completion, for memory(); off by default
   // (it costs a syscall per use).
   void set_measure(bool on) override { measure_ = on; }
+  void set_model_parallel(ModelParallelGrads mp) override { mp_ = std::move(mp); }
   // By kind, ZeRO's own detail, and as every strategy reports it (working =
   // gathered + unit_grads).
   ZeroMemory zero_memory() const;
@@ -238,6 +239,7 @@ class Zero final : public DataParallel {
   size_t peak_live_grad_elems_ = 0;  // stages 2-3: whole-unit gradients alive (logical)
   int emb_unit_ = 0;
   bool measure_ = false;
+  ModelParallelGrads mp_;
   int64_t peak_gathered_bytes_ = 0, peak_unit_grad_bytes_ = 0;
 };
 

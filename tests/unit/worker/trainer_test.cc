@@ -90,6 +90,7 @@ class FakeStrategy final : public parallel::DataParallel {
     return loss_sum * eval_replicas;  // as if every replica had this sum
   }
   absl::Status GatherWholeModel() override { return absl::OkStatus(); }
+  void set_model_parallel(parallel::ModelParallelGrads) override {}
   parallel::FlatRanges SaveRanges() const override { return {{2, 5}, {9, 10}}; }
   std::vector<float> SaveParams() const override { return {1, 2, 3, 4}; }
   std::vector<float> SaveM() const override { return {5, 6, 7, 8}; }
