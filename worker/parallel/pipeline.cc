@@ -1,0 +1,235 @@
+#include "worker/parallel/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain::parallel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// `status` with `context` in front of its message, same code.
+absl::Status Prefix(const absl::Status& status, const std::string& context) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
+    engine::Engine* engine, comm::Communicator* pp_forward, comm::Communicator* pp_backward,
+    int stage, int stages, PipelineSchedule schedule, int micro_batches) {
+  if (engine == nullptr) return absl::InvalidArgumentError("pipeline: no engine");
+  if (stages < 1 || stage < 0 || stage >= stages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline: stage ", stage, " outside [0, ", stages, ")"));
+  }
+  if (micro_batches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline: micro_batches must be >= 1, got ", micro_batches));
+  }
+  if (stages > 1) {
+    for (auto [name, c] : {std::pair<const char*, comm::Communicator*>{"pp_forward", pp_forward},
+                           {"pp_backward", pp_backward}}) {
+      if (c == nullptr || c->size() != stages || c->rank() != stage) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("pipeline: ", name, " must be rank ", stage, " of ", stages, ", is ",
+                         c == nullptr ? std::string("null")
+                                      : absl::StrCat("rank ", c->rank(), " of ", c->size())));
+      }
+    }
+  }
+  std::vector<PipelineAction> actions = PipelineActions(schedule, stage, stages, micro_batches);
+  const int peak = PeakInFlight(actions);
+  if (engine->slots() < peak) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: the ", std::string(EnumName(schedule)), " schedule holds up to ", peak,
+        " micro-batches' activations at once on stage ", stage, " of ", stages, " (", micro_batches,
+        " micro-batches per step), but the engine keeps ", engine->slots(), " (slots)"));
+  }
+  return std::unique_ptr<PipelineExecutor>(new PipelineExecutor(
+      engine, pp_forward, pp_backward, stage, stages, micro_batches, std::move(actions)));
+}
+
+absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
+    engine::Engine* engine, const Mesh& mesh, PipelineSchedule schedule, int micro_batches) {
+  return Create(engine, mesh.pp_forward(), mesh.pp_backward(), mesh.stage(), mesh.stages(),
+                schedule, micro_batches);
+}
+
+PipelineExecutor::PipelineExecutor(engine::Engine* engine, comm::Communicator* pp_forward,
+                                   comm::Communicator* pp_backward, int stage, int stages,
+                                   int micro_batches, std::vector<PipelineAction> actions)
+    : engine_(engine),
+      pp_forward_(pp_forward),
+      pp_backward_(pp_backward),
+      stage_(stage),
+      stages_(stages),
+      micro_batches_(micro_batches),
+      actions_(std::move(actions)),
+      slots_(std::max(1, std::min(engine->slots(), micro_batches))),
+      tokens_per_micro_(size_t(engine->max_batch()) * size_t(engine->max_seq_len())),
+      act_elems_(tokens_per_micro_ * size_t(engine->config().dim)),
+      tokens_(slots_, std::vector<int>(tokens_per_micro_)),
+      targets_(slots_, std::vector<int>(tokens_per_micro_)),
+      fwd_sends_(slots_),
+      bwd_sends_(slots_) {
+  if (!first()) {
+    input_.resize(act_elems_);
+    grad_send_.assign(slots_, std::vector<float>(act_elems_));
+  }
+  if (!last()) doutput_.resize(act_elems_);
+}
+
+PipelineExecutor::~PipelineExecutor() {
+  double ignored = 0;
+  DrainSends(&ignored).IgnoreError();
+}
+
+absl::Status PipelineExecutor::WaitFor(std::shared_ptr<comm::Work>* work, double* wait_ms) {
+  if (*work == nullptr) return absl::OkStatus();
+  const Clock::time_point t0 = Clock::now();
+  // No timeout here: the op fails by itself after the communicator's.
+  absl::Status status = (*work)->Wait();
+  *wait_ms += MsSince(t0);
+  work->reset();
+  return status;
+}
+
+absl::Status PipelineExecutor::DrainSends(double* wait_ms) {
+  absl::Status first_error;
+  for (int s = 0; s < slots_; ++s) {
+    absl::Status f = WaitFor(&fwd_sends_[s], wait_ms);
+    if (!f.ok() && first_error.ok()) {
+      first_error = Prefix(f, absl::StrCat("pipeline stage ", stage_, "/", stages_,
+                                           ": sending activations to stage ", stage_ + 1));
+    }
+    absl::Status b = WaitFor(&bwd_sends_[s], wait_ms);
+    if (!b.ok() && first_error.ok()) {
+      first_error = Prefix(b, absl::StrCat("pipeline stage ", stage_, "/", stages_,
+                                           ": sending gradients to stage ", stage_ - 1));
+    }
+  }
+  return first_error;
+}
+
+absl::Status PipelineExecutor::Forward(int micro, int slot, const MicroBatchFn& fill, double* loss,
+                                       double* wait_ms) {
+  const std::string where = absl::StrCat("pipeline stage ", stage_, "/", stages_, " F", micro);
+  int* tokens = tokens_[slot].data();
+  int* targets = targets_[slot].data();
+  if (absl::Status s = fill(micro, tokens, targets); !s.ok()) return s;
+  if (!first()) {
+    std::shared_ptr<comm::Work> recv = pp_forward_->RecvAsync(
+        input_.data(), act_elems_, DataType::kFloat32, stage_ - 1, static_cast<uint32_t>(micro));
+    if (absl::Status s = WaitFor(&recv, wait_ms); !s.ok()) {
+      return Prefix(s, absl::StrCat(where, ": receiving activations from stage ", stage_ - 1));
+    }
+  }
+  // StageForward overwrites StageOutput(slot): its previous send must be done.
+  if (absl::Status s = WaitFor(&fwd_sends_[slot], wait_ms); !s.ok()) {
+    return Prefix(s, absl::StrCat(where, ": sending activations to stage ", stage_ + 1));
+  }
+  *loss += engine_->StageForward(slot, tokens, targets, first() ? nullptr : input_.data(),
+                                 engine_->max_batch(), engine_->max_seq_len());
+  if (!last()) {
+    const float* out = engine_->StageOutput(slot);
+    if (out == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ": the engine gives no stage output to send (StageOutput)"));
+    }
+    fwd_sends_[slot] = pp_forward_->SendAsync(out, act_elems_, DataType::kFloat32, stage_ + 1,
+                                              static_cast<uint32_t>(micro));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineExecutor::Backward(int micro, int slot, const Bracket& before,
+                                        const Bracket& after, float loss_scale, double* wait_ms) {
+  const std::string where = absl::StrCat("pipeline stage ", stage_, "/", stages_, " B", micro);
+  if (!last()) {
+    std::shared_ptr<comm::Work> recv = pp_backward_->RecvAsync(
+        doutput_.data(), act_elems_, DataType::kFloat32, stage_ + 1, static_cast<uint32_t>(micro));
+    if (absl::Status s = WaitFor(&recv, wait_ms); !s.ok()) {
+      return Prefix(s, absl::StrCat(where, ": receiving gradients from stage ", stage_ + 1));
+    }
+  }
+  if (before) {
+    if (absl::Status s = before(micro); !s.ok()) return s;
+  }
+  engine_->StageBackward(slot, loss_scale, last() ? nullptr : doutput_.data());
+  if (!first()) {
+    const float* dinput = engine_->InputGrad();
+    if (dinput == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ": the engine gives no input gradient to send (InputGrad)"));
+    }
+    if (absl::Status s = WaitFor(&bwd_sends_[slot], wait_ms); !s.ok()) {
+      return Prefix(s, absl::StrCat(where, ": sending gradients to stage ", stage_ - 1));
+    }
+    std::memcpy(grad_send_[slot].data(), dinput, act_elems_ * sizeof(float));
+    bwd_sends_[slot] =
+        pp_backward_->SendAsync(grad_send_[slot].data(), act_elems_, DataType::kFloat32, stage_ - 1,
+                                static_cast<uint32_t>(micro));
+  }
+  if (after) {
+    if (absl::Status s = after(micro); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PipelineStepResult> PipelineExecutor::RunStep(const MicroBatchFn& fill,
+                                                             const Bracket& before_backward,
+                                                             const Bracket& after_backward,
+                                                             float loss_scale) {
+  PipelineStepResult result;
+  const Clock::time_point t0 = Clock::now();
+  absl::Status status;
+  for (const PipelineAction& a : actions_) {
+    ActionTiming timing{a.kind, a.micro, MsSince(t0), 0, 0};
+    const int slot = a.micro % slots_;
+    status =
+        a.kind == StepKind::kForward
+            ? Forward(a.micro, slot, fill, &result.loss_sum, &timing.wait_ms)
+            : Backward(a.micro, slot, before_backward, after_backward, loss_scale, &timing.wait_ms);
+    timing.end_ms = MsSince(t0);
+    result.actions.push_back(timing);
+    if (!status.ok()) break;
+  }
+  double drain_ms = 0;
+  absl::Status drained = DrainSends(&drain_ms);  // also after an error: buffers stay ours
+  if (!status.ok()) return status;
+  if (!drained.ok()) return drained;
+  result.step_ms = MsSince(t0);
+  for (const ActionTiming& t : result.actions) {
+    result.compute_ms += t.end_ms - t.start_ms - t.wait_ms;
+  }
+  result.idle_fraction = result.step_ms > 0 ? 1.0 - result.compute_ms / result.step_ms : 0;
+  return result;
+}
+
+absl::StatusOr<double> PipelineExecutor::RunForwardOnly(int micro_batches,
+                                                        const MicroBatchFn& fill) {
+  double loss = 0, wait_ms = 0;
+  absl::Status status;
+  for (int m = 0; m < micro_batches && status.ok(); ++m) {
+    status = Forward(m, 0, fill, &loss, &wait_ms);
+  }
+  absl::Status drained = DrainSends(&wait_ms);
+  if (!status.ok()) return status;
+  if (!drained.ok()) return drained;
+  return loss;
+}
+
+}  // namespace shardtrain::parallel

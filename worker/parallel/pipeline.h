@@ -1,0 +1,150 @@
+// PipelineExecutor: runs one training step's forwards and backwards on one
+// pipeline stage, in the order of its schedule (schedule.h), moving
+// activations and their gradients between neighbouring stages.
+//
+// Per action of the stage's list (micro-batch m keeps its saved activations
+// in engine slot m % engine->slots()):
+//   F(m)  fill(m) gives the micro-batch's (B, T) token ids and targets
+//         (every stage calls it: the first reads the tokens, the last the
+//         targets); a non-first stage receives its (B, T, C) input from the
+//         previous stage on pp_forward (blocking); StageForward; a non-last
+//         stage sends StageOutput(slot) to the next stage asynchronously.
+//   B(m)  a non-last stage receives the gradient of its output from the next
+//         stage on pp_backward (blocking); before_backward(m); StageBackward
+//         with loss_scale; a non-first stage copies InputGrad() into the
+//         slot's send buffer and sends it to the previous stage
+//         asynchronously; after_backward(m). (The send goes before
+//         after_backward so that the previous stage is not kept waiting by
+//         this stage's data-parallel gradient reduction.)
+// An asynchronous send reads its buffer until it completes: the executor
+// waits for a slot's previous send before that slot's output or send buffer
+// is written again, and for every send before RunStep returns. A Gloo send
+// completes once the peer has posted the matching receive; see mesh.h for
+// why the two directions use separate communicators.
+//
+// Every wait is on a communicator op, which fails with DEADLINE_EXCEEDED
+// after the communicator's op timeout (or ABORTED when a peer fails): a
+// stage whose neighbour never sends fails instead of hanging. After an error
+// the pipeline communicators are in an unknown state (usually poisoned):
+// the caller abandons the step and rebuilds them.
+//
+// B, T, C: engine->max_batch(), engine->max_seq_len(), engine->config().dim;
+// every micro-batch is full (B · T tokens).
+//
+// Not thread-safe: one caller at a time, which also drives the engine.
+#ifndef SHARDTRAIN_WORKER_PARALLEL_PIPELINE_H_
+#define SHARDTRAIN_WORKER_PARALLEL_PIPELINE_H_
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/job_spec.h"
+#include "worker/comm/communicator.h"
+#include "worker/engine/engine.h"
+#include "worker/parallel/mesh.h"
+#include "worker/parallel/schedule.h"
+
+namespace shardtrain::parallel {
+
+// Fills micro-batch `micro`'s B · T token ids and targets (row-major).
+using MicroBatchFn = std::function<absl::Status(int micro, int* tokens, int* targets)>;
+// Called around micro-batch `micro`'s backward: the data-parallel
+// strategy's BeginMicroBatch / EndMicroBatch. May be empty (no call).
+using Bracket = std::function<absl::Status(int micro)>;
+
+// One action as it ran, in milliseconds from the start of the step. wait_ms:
+// time blocked on communication inside [start_ms, end_ms] (the receive of
+// its input, and a slot's previous send); the rest is computation.
+struct ActionTiming {
+  StepKind kind = StepKind::kForward;
+  int micro = 0;
+  double start_ms = 0, end_ms = 0, wait_ms = 0;
+};
+
+struct PipelineStepResult {
+  // Sum over micro-batches of what StageForward returned: the summed mean
+  // losses on the last stage, 0 on the others.
+  double loss_sum = 0;
+  std::vector<ActionTiming> actions;  // in run order
+  double step_ms = 0;                 // the whole RunStep, final sends included
+  double compute_ms = 0;              // sum of (end - start - wait) over actions
+  double idle_fraction = 0;           // 1 - compute_ms / step_ms
+};
+
+class PipelineExecutor {
+ public:
+  // `engine` runs this stage (not owned; must outlive the executor).
+  // pp_forward / pp_backward: the pipeline group's two communicators (rank =
+  // stage, size = stages; not owned; may be null when stages == 1).
+  // INVALID_ARGUMENT when the shape is inconsistent (stage outside [0,
+  // stages), micro_batches < 1, communicators that do not match), or when
+  // engine->slots() is below PeakInFlight of the stage's actions: the engine
+  // cannot keep the activations the schedule holds at once.
+  static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(
+      engine::Engine* engine, comm::Communicator* pp_forward, comm::Communicator* pp_backward,
+      int stage, int stages, PipelineSchedule schedule, int micro_batches);
+  // The same with the mesh's pipeline communicators and stage.
+  static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(engine::Engine* engine,
+                                                                  const Mesh& mesh,
+                                                                  PipelineSchedule schedule,
+                                                                  int micro_batches);
+  // Waits for outstanding sends (bounded by the op timeout).
+  ~PipelineExecutor();
+
+  // One step: every action of actions(). Gradients accumulate into the
+  // engine's (the caller zeroes them). Errors: fill's and the brackets' as
+  // they come; a communication error with the action and peer prefixed
+  // ("pipeline stage 1/2 F3: receiving activations from stage 0: ...", same
+  // code); FAILED_PRECONDITION when the engine gives no StageOutput or
+  // InputGrad where one must be sent.
+  absl::StatusOr<PipelineStepResult> RunStep(const MicroBatchFn& fill,
+                                             const Bracket& before_backward,
+                                             const Bracket& after_backward, float loss_scale);
+
+  // Forwards only (evaluation), micro-batches 0 .. micro_batches - 1 in slot
+  // 0, passing activations down the pipeline like RunStep. Returns the sum
+  // of the losses on the last stage, 0 on the others.
+  absl::StatusOr<double> RunForwardOnly(int micro_batches, const MicroBatchFn& fill);
+
+  const std::vector<PipelineAction>& actions() const { return actions_; }
+  int stage() const { return stage_; }
+  int stages() const { return stages_; }
+  int micro_batches() const { return micro_batches_; }
+
+ private:
+  PipelineExecutor(engine::Engine* engine, comm::Communicator* pp_forward,
+                   comm::Communicator* pp_backward, int stage, int stages, int micro_batches,
+                   std::vector<PipelineAction> actions);
+
+  bool first() const { return stage_ == 0; }
+  bool last() const { return stage_ == stages_ - 1; }
+  // Forward of `micro` into `slot`; adds StageForward's value to *loss.
+  absl::Status Forward(int micro, int slot, const MicroBatchFn& fill, double* loss,
+                       double* wait_ms);
+  absl::Status Backward(int micro, int slot, const Bracket& before, const Bracket& after,
+                        float loss_scale, double* wait_ms);
+  // Waits for *work (if any) and clears it; adds the time blocked to *wait_ms.
+  static absl::Status WaitFor(std::shared_ptr<comm::Work>* work, double* wait_ms);
+  // Waits for every outstanding send; the first error.
+  absl::Status DrainSends(double* wait_ms);
+
+  engine::Engine* const engine_;
+  comm::Communicator* const pp_forward_;
+  comm::Communicator* const pp_backward_;
+  const int stage_, stages_, micro_batches_;
+  const std::vector<PipelineAction> actions_;
+  const int slots_;
+  const size_t tokens_per_micro_;                                   // B · T
+  const size_t act_elems_;                                          // B · T · C
+  std::vector<std::vector<int>> tokens_, targets_;                  // per slot
+  std::vector<float> input_, doutput_;                              // receive buffers
+  std::vector<std::vector<float>> grad_send_;                       // per slot: InputGrad copies
+  std::vector<std::shared_ptr<comm::Work>> fwd_sends_, bwd_sends_;  // per slot
+};
+
+}  // namespace shardtrain::parallel
+
+#endif  // SHARDTRAIN_WORKER_PARALLEL_PIPELINE_H_
