@@ -294,6 +294,16 @@ TEST(PipelineTest, MatchesSequentialComputation) {
   }
 }
 
+// Odd stage counts, fewer micro-batches than stages, and a long pipeline
+// with many in flight.
+TEST(PipelineTest, OtherShapesMatchSequentialComputation) {
+  CheckAgainstSequential({PipelineSchedule::k1F1B, 3, 5});
+  CheckAgainstSequential({PipelineSchedule::kGpipe, 3, 2});
+  CheckAgainstSequential({PipelineSchedule::k1F1B, 8, 3});
+  CheckAgainstSequential({PipelineSchedule::k1F1B, 8, 16});
+  CheckAgainstSequential({PipelineSchedule::kGpipe, 8, 16});
+}
+
 TEST(PipelineTest, OneStageNeedsNoCommunicators) {
   CheckAgainstSequential({PipelineSchedule::kGpipe, 1, 4});
   CheckAgainstSequential({PipelineSchedule::k1F1B, 1, 3});
