@@ -1,0 +1,122 @@
+// StageLayers and SliceOf (common/model/slice.h): explicit splits are
+// validated with errors naming parallel.stages / parallel.pp; balanced splits
+// equal a brute-force search over every split, counting each stage's
+// parameters with ParamLayout of its slice.
+#include "common/model/slice.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/model/config.h"
+#include "common/model/param_layout.h"
+
+namespace shardtrain::model {
+namespace {
+
+std::string Message(const absl::StatusOr<std::vector<int>>& s) {
+  return std::string(s.status().message());
+}
+
+// A stage's parameters as StageLayers documents them: the slice's own layout
+// (blocks, embeddings, final norm) less wpe on a last stage that is not also
+// the first (the tied head needs wte only).
+int64_t StageParams(const GptConfig& c, const std::vector<int>& split, int s) {
+  const ModelSlice slice = SliceOf(split, s, 1, 0);
+  int64_t n = static_cast<int64_t>(ParamLayout(c, slice).num_params());
+  if (slice.last_stage && !slice.first_stage) n -= int64_t{c.context} * c.dim;
+  return n;
+}
+
+// Every split of c.layers into pp stages of >= 1 layer, in lexicographic
+// order; the first with the smallest largest stage.
+std::vector<int> BruteForce(const GptConfig& c, int pp) {
+  std::vector<int> best, cur;
+  int64_t best_max = -1;
+  std::function<void(int)> rec = [&](int left) {
+    if (static_cast<int>(cur.size()) == pp - 1) {
+      cur.push_back(left);
+      int64_t mx = 0;
+      for (int s = 0; s < pp; ++s) mx = std::max(mx, StageParams(c, cur, s));
+      if (best_max < 0 || mx < best_max) best_max = mx, best = cur;
+      cur.pop_back();
+      return;
+    }
+    for (int n = 1; n <= left - (pp - 1 - static_cast<int>(cur.size())); ++n) {
+      cur.push_back(n);
+      rec(left - n);
+      cur.pop_back();
+    }
+  };
+  rec(c.layers);
+  return best;
+}
+
+TEST(StageLayersTest, BalancedEqualsBruteForce) {
+  // Small and large vocabularies: the ends' embeddings outweigh a few
+  // blocks, so the end stages get fewer layers.
+  for (int vocab : {64, 300, 5000}) {
+    for (int layers : {1, 2, 3, 5, 8, 9}) {
+      const GptConfig c = *MakeGptConfig(layers, 4, 32, 16, vocab);
+      for (int pp = 1; pp <= std::min(layers, 4); ++pp) {
+        absl::StatusOr<std::vector<int>> got = StageLayers(c, pp);
+        ASSERT_TRUE(got.ok()) << got.status();
+        EXPECT_EQ(*got, BruteForce(c, pp))
+            << "vocab " << vocab << " layers " << layers << " pp " << pp;
+      }
+    }
+  }
+}
+
+TEST(StageLayersTest, Gpt2SmallEndsGetFewerLayers) {
+  const GptConfig c = *GptPreset("gpt2-124m");
+  EXPECT_EQ(*StageLayers(c, 1), std::vector<int>({12}));
+  // wte is 50304 × 768 ≈ 38.6M elements ≈ 5.5 blocks (7.1M each).
+  EXPECT_EQ(*StageLayers(c, 2), std::vector<int>({6, 6}));
+  const std::vector<int> four = *StageLayers(c, 4);
+  EXPECT_EQ(four.front() + four[1] + four[2] + four.back(), 12);
+  EXPECT_LT(four.front(), four[1]);
+  EXPECT_LT(four.back(), four[2]);
+}
+
+TEST(StageLayersTest, ExplicitSplitIsKeptWhenValid) {
+  const GptConfig c = *MakeGptConfig(5, 4, 32, 16, 100);
+  EXPECT_EQ(*StageLayers(c, 3, {1, 3, 1}), std::vector<int>({1, 3, 1}));
+}
+
+TEST(StageLayersTest, ErrorsNameTheField) {
+  const GptConfig c = *MakeGptConfig(5, 4, 32, 16, 100);
+  EXPECT_EQ(Message(StageLayers(c, 2, {1, 2, 2})),
+            "parallel.stages: has 3 entries, expected one per pipeline stage (parallel.pp: 2)");
+  EXPECT_EQ(Message(StageLayers(c, 2, {5, 0})), "parallel.stages[1]: must be >= 1 layer, got 0");
+  EXPECT_EQ(Message(StageLayers(c, 2, {2, 2})),
+            "parallel.stages: layers sum to 4, expected model.layers: 5");
+  EXPECT_EQ(Message(StageLayers(c, 6)), "parallel.pp: 6 exceeds model.layers: 5");
+  EXPECT_EQ(Message(StageLayers(c, 0)), "parallel.pp: must be >= 1, got 0");
+}
+
+TEST(SliceOfTest, StagesAreContiguousAndEndsMarked) {
+  const std::vector<int> split = {2, 3, 1};
+  const ModelSlice a = SliceOf(split, 0, 2, 1), b = SliceOf(split, 1, 2, 0),
+                   z = SliceOf(split, 2, 2, 1);
+  EXPECT_EQ(a.first_layer, 0);
+  EXPECT_EQ(a.num_layers, 2);
+  EXPECT_TRUE(a.first_stage);
+  EXPECT_FALSE(a.last_stage);
+  EXPECT_EQ(a.tp, 2);
+  EXPECT_EQ(a.tp_rank, 1);
+  EXPECT_EQ(b.first_layer, 2);
+  EXPECT_EQ(b.num_layers, 3);
+  EXPECT_FALSE(b.has_embeddings());
+  EXPECT_EQ(z.first_layer, 5);
+  EXPECT_EQ(z.num_layers, 1);
+  EXPECT_TRUE(z.last_stage);
+  EXPECT_TRUE(z.has_embeddings());
+  EXPECT_TRUE(SliceOf({4}, 0, 1, 0).whole());
+}
+
+}  // namespace
+}  // namespace shardtrain::model
