@@ -17,6 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "common/job_spec_internal.h"
 #include "common/model/config.h"
+#include "common/model/slice.h"
 #include "common/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
@@ -37,7 +38,8 @@ const std::vector<absl::string_view> kModelKeys = {"preset", "layers",  "heads",
 const std::vector<absl::string_view> kDataKeys = {"train", "val", "format", "tokenizer"};
 const std::vector<absl::string_view> kBatchKeys = {"global", "micro", "seq_len"};
 const std::vector<absl::string_view> kParallelKeys = {
-    "dp", "tp", "pp", "zero", "offload", "schedule", "reshard_after_forward", "bucket_mb"};
+    "dp",       "tp", "pp", "stages", "zero", "offload", "schedule", "reshard_after_forward",
+    "bucket_mb"};
 const std::vector<absl::string_view> kOptimizerKeys = {"name",         "lr",       "min_lr",
                                                        "betas",        "eps",      "weight_decay",
                                                        "warmup_steps", "schedule", "grad_clip"};
@@ -383,6 +385,19 @@ absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpe
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "dp", 1, &p->dp));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "tp", 1, &p->tp));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "pp", 1, &p->pp));
+  if (Present(n, "stages")) {
+    const Node stages = n["stages"];
+    if (!stages.IsSequence()) {
+      return FieldError("parallel.stages", "expected a list of layers per stage, got ",
+                        Describe(stages));
+    }
+    for (size_t i = 0; i < stages.size(); ++i) {
+      const std::string path = absl::StrCat("parallel.stages[", i, "]");
+      SHARDTRAIN_ASSIGN_OR_RETURN(int64_t layers, ParseInt(stages[i], path));
+      SHARDTRAIN_RETURN_IF_ERROR(CheckRange(path, layers, 1, INT_MAX));
+      p->stages.push_back(static_cast<int>(layers));
+    }
+  }
   if (Present(n, "zero")) {
     SHARDTRAIN_ASSIGN_OR_RETURN(int64_t zero, ParseInt(n["zero"], "parallel.zero"));
     SHARDTRAIN_RETURN_IF_ERROR(CheckRange("parallel.zero", zero, 0, 3));
@@ -396,7 +411,13 @@ absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpe
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "bucket_mb", 1, &p->bucket_mb));
 
   SHARDTRAIN_ASSIGN_OR_RETURN(ParallelDims dims, ParallelDims::Create(p->dp, p->tp, p->pp));
-  return dims.CheckModelFits(model.layers, model.heads, model.dim);
+  SHARDTRAIN_RETURN_IF_ERROR(
+      dims.CheckModelFits(model.layers, model.heads, model.dim, model.vocab));
+  SHARDTRAIN_RETURN_IF_ERROR(dims.CheckZero(p->zero));
+  SHARDTRAIN_ASSIGN_OR_RETURN(
+      model::GptConfig config,
+      model::MakeGptConfig(model.layers, model.heads, model.dim, model.context, model.vocab));
+  return model::StageLayers(config, p->pp, p->stages).status();
 }
 
 absl::Status ParseBatch(const Node& root, const ModelSpec& model, const ParallelSpec& par,

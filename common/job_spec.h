@@ -76,9 +76,13 @@ struct BatchSpec {
 
 struct ParallelSpec {
   int dp = 1;    // data-parallel degree
-  int tp = 1;    // tensor-parallel degree; divides model.heads and 4·dim
+  int tp = 1;    // tensor-parallel degree; divides model.heads, 4·dim and the padded vocab
   int pp = 1;    // pipeline stages; <= model.layers
-  int zero = 0;  // ZeRO stage 0..3
+  int zero = 0;  // ZeRO stage 0..3; 3 only with pp = 1
+  // Layers per pipeline stage: empty (the default) splits them balanced by
+  // parameter count (model::StageLayers), else pp entries >= 1 summing to
+  // model.layers.
+  std::vector<int> stages;
   OffloadMode offload = OffloadMode::kNone;
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   bool reshard_after_forward = true;  // ZeRO-3: free gathered params after forward

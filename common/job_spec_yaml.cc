@@ -49,9 +49,10 @@ bool operator==(const BatchSpec& a, const BatchSpec& b) {
   return std::tie(a.global, a.micro, a.seq_len) == std::tie(b.global, b.micro, b.seq_len);
 }
 bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
-  return std::tie(a.dp, a.tp, a.pp, a.zero, a.offload, a.schedule, a.reshard_after_forward,
-                  a.bucket_mb) == std::tie(b.dp, b.tp, b.pp, b.zero, b.offload, b.schedule,
-                                           b.reshard_after_forward, b.bucket_mb);
+  return std::tie(a.dp, a.tp, a.pp, a.stages, a.zero, a.offload, a.schedule,
+                  a.reshard_after_forward,
+                  a.bucket_mb) == std::tie(b.dp, b.tp, b.pp, b.stages, b.zero, b.offload,
+                                           b.schedule, b.reshard_after_forward, b.bucket_mb);
 }
 bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
   return std::tie(a.name, a.lr, a.min_lr, a.betas, a.eps, a.weight_decay, a.warmup_steps,
@@ -112,6 +113,9 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "dp" << YAML::Value << s.parallel.dp;
   out << YAML::Key << "tp" << YAML::Value << s.parallel.tp;
   out << YAML::Key << "pp" << YAML::Value << s.parallel.pp;
+  out << YAML::Key << "stages" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (int layers : s.parallel.stages) out << layers;
+  out << YAML::EndSeq;
   out << YAML::Key << "zero" << YAML::Value << s.parallel.zero;
   out << YAML::Key << "offload" << YAML::Value << std::string(EnumName(s.parallel.offload));
   out << YAML::Key << "schedule" << YAML::Value << std::string(EnumName(s.parallel.schedule));

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/enum_names.h"
+#include "common/model/config.h"
 
 namespace shardtrain {
 
@@ -79,7 +80,7 @@ bool ParallelDims::SpeaksForReplica(int rank) const {
   return c.pp == pp_ - 1 && c.tp == 0;
 }
 
-absl::Status ParallelDims::CheckModelFits(int layers, int heads, int dim) const {
+absl::Status ParallelDims::CheckModelFits(int layers, int heads, int dim, int vocab) const {
   std::vector<std::string> problems;
   if (heads % tp_ != 0) {
     problems.push_back(absl::StrCat("parallel.tp: ", tp_, " does not divide model.heads: ", heads));
@@ -88,11 +89,26 @@ absl::Status ParallelDims::CheckModelFits(int layers, int heads, int dim) const 
     problems.push_back(absl::StrCat(
         "parallel.tp: ", tp_, " does not divide the MLP width 4 × model.dim: ", int64_t{4} * dim));
   }
+  const int vp = model::PaddedVocab(vocab);
+  if (vocab >= 1 && vp % tp_ != 0) {
+    problems.push_back(absl::StrCat("parallel.tp: ", tp_, " does not divide the padded vocabulary ",
+                                    vp, " (model.vocab ", vocab, " rounded up to a multiple of ",
+                                    vocab > 256 ? 128 : 64, ")"));
+  }
   if (pp_ > layers) {
     problems.push_back(absl::StrCat("parallel.pp: ", pp_, " exceeds model.layers: ", layers));
   }
   if (problems.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(problems, "; "));
+}
+
+absl::Status ParallelDims::CheckZero(int zero) const {
+  if (zero < 3 || pp_ == 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "parallel.zero: 3 cannot be combined with parallel.pp: ", pp_,
+      " (ZeRO-3 gathers a unit's parameters around each use, and a pipeline stage interleaves "
+      "its micro-batches' forwards and backwards, so every unit would be gathered again for each "
+      "micro-batch); use parallel.zero <= 2 with a pipeline"));
 }
 
 absl::StatusOr<BatchSplit> SplitBatch(int global, int micro, int dp) {

@@ -11,8 +11,10 @@
 // tp, and a pipeline group by tp · dp.
 //
 // Also here, the rules that tie the mesh to a model and to a batch:
-//   CheckModelFits   tp divides model.heads and the MLP width 4·dim; pp <=
-//                    model.layers;
+//   CheckModelFits   tp divides model.heads, the MLP width 4·dim and the
+//                    padded vocabulary Vp (tensor parallelism splits heads,
+//                    MLP rows and vocabulary rows); pp <= model.layers;
+//   CheckZero        ZeRO-3 only without a pipeline (pp = 1);
 //   SplitBatch       global = micro × dp × accumulation.
 //
 // Thread-compatible: an immutable value.
@@ -71,11 +73,21 @@ class ParallelDims {
   // identical across its tp ranks), so the rank with tp = 0 there.
   bool SpeaksForReplica(int rank) const;
 
-  // The mesh against a model's shape: tp divides model.heads and the MLP
-  // width 4·dim; pp does not exceed model.layers. INVALID_ARGUMENT naming
-  // the field first ("parallel.tp: 3 does not divide model.heads: 4"),
-  // every problem found joined by "; ".
-  absl::Status CheckModelFits(int layers, int heads, int dim) const;
+  // The mesh against a model's shape: tp divides model.heads, the MLP
+  // width 4·dim and the padded vocabulary Vp = model::PaddedVocab(vocab)
+  // (the vocabulary-parallel embedding and cross-entropy split its rows);
+  // pp does not exceed model.layers. INVALID_ARGUMENT naming the field first
+  // ("parallel.tp: 3 does not divide model.heads: 4", "parallel.tp: 3 does
+  // not divide the padded vocabulary 256 (model.vocab 256 rounded up to a
+  // multiple of 64)"), every problem found joined by "; ".
+  absl::Status CheckModelFits(int layers, int heads, int dim, int vocab) const;
+
+  // The mesh against a ZeRO stage: ZeRO-3 is refused with a pipeline (pp >
+  // 1). ZeRO-3 gathers a unit's parameters around each use; a pipeline stage
+  // interleaves the forwards and backwards of its micro-batches, so its
+  // units would be gathered again for every micro-batch. INVALID_ARGUMENT
+  // naming parallel.zero and parallel.pp.
+  absl::Status CheckZero(int zero) const;
 
   // The same mesh with another data-parallel degree (elastic recovery).
   absl::StatusOr<ParallelDims> WithDp(int dp) const { return Create(dp, tp_, pp_); }

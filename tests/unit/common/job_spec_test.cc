@@ -226,7 +226,7 @@ name: every.field_changed-1
 model: {preset: gpt2-124m, layers: 8, context: 512}
 data: {train: "a path: with colon", val: 'v.bin', format: llmc, tokenizer: gpt2}
 batch: {global: 96, micro: 4, seq_len: 300}
-parallel: {dp: 2, tp: 4, pp: 2, zero: 2, offload: optimizer, schedule: gpipe,
+parallel: {dp: 2, tp: 4, pp: 2, stages: [3, 5], zero: 2, offload: optimizer, schedule: gpipe,
            reshard_after_forward: false, bucket_mb: 7}
 precision: fp16
 optimizer: {name: adamw, lr: 0.0007, min_lr: 1.2345678901234567e-5, betas: [0.8, 0.999],
@@ -246,6 +246,7 @@ timeouts: {collective_s: 5}
   EXPECT_EQ(spec->data.train, "a path: with colon");
   EXPECT_EQ(spec->parallel.schedule, PipelineSchedule::kGpipe);
   EXPECT_FALSE(spec->parallel.reshard_after_forward);
+  EXPECT_EQ(spec->parallel.stages, (std::vector<int>{3, 5}));
   EXPECT_DOUBLE_EQ(spec->optimizer.grad_clip, 0.0);
   EXPECT_EQ(spec->optimizer.betas, (std::vector<double>{0.8, 0.999}));
   EXPECT_EQ(spec->seed, 18446744073u);
@@ -290,6 +291,24 @@ TEST(JobSpecTest, OverridesApplyBeforeValidation) {
   EXPECT_EQ(broken.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(broken.status().message().rfind("parallel.tp: 3 does not divide model.heads: 2", 0), 0u)
       << broken.status();
+}
+
+TEST(JobSpecTest, StagesDefaultToBalancedAndOverride) {
+  const std::string model4 = "{layers: 4, heads: 4, dim: 16, context: 16, vocab: 256}";
+  auto balanced = ParseJobSpec(Make({{"model", model4}, {"parallel", "{pp: 2}"}}));
+  ASSERT_TRUE(balanced.ok()) << balanced.status();
+  EXPECT_TRUE(balanced->parallel.stages.empty());
+  EXPECT_NE(JobSpecToYaml(*balanced).find("stages: []"), std::string::npos);
+  auto explicit_split =
+      ParseJobSpec(Make({{"model", model4}, {"parallel", "{pp: 2}"}}), {"parallel.stages=[1,3]"});
+  ASSERT_TRUE(explicit_split.ok()) << explicit_split.status();
+  EXPECT_EQ(explicit_split->parallel.stages, (std::vector<int>{1, 3}));
+  EXPECT_NE(*balanced, *explicit_split);
+  auto again = ParseJobSpec(JobSpecToYaml(*explicit_split));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *explicit_split);
+  // ZeRO-3 stays allowed without a pipeline, with tp.
+  EXPECT_TRUE(ParseJobSpec(Make({{"model", model4}, {"parallel", "{tp: 2, zero: 3}"}})).ok());
 }
 
 TEST(JobSpecTest, EvalNeedsValidationData) {
@@ -373,6 +392,23 @@ TEST(JobSpecTest, BadSpecsNameTheirField) {
        "parallel.tp: 3 does not divide model.heads: 4"},
       {"pp > layers", Make({{"model", kModel4}, {"parallel", "{pp: 5}"}}),
        "parallel.pp: 5 exceeds model.layers: 4"},
+      {"padded vocab % tp",
+       Make({{"model", "{layers: 4, heads: 6, dim: 12, context: 16, vocab: 256}"},
+             {"parallel", "{tp: 3}"}}),
+       "parallel.tp: 3 does not divide the padded vocabulary 256 (model.vocab 256 rounded up to "
+       "a multiple of 64)"},
+      {"stages count", Make({{"model", kModel4}, {"parallel", "{pp: 2, stages: [1, 1, 2]}"}}),
+       "parallel.stages: has 3 entries, expected one per pipeline stage (parallel.pp: 2)"},
+      {"stages sum", Make({{"model", kModel4}, {"parallel", "{pp: 2, stages: [1, 2]}"}}),
+       "parallel.stages: layers sum to 3, expected model.layers: 4"},
+      {"stages zero", Make({{"model", kModel4}, {"parallel", "{pp: 2, stages: [4, 0]}"}}),
+       "parallel.stages[1]: must be >= 1, got 0"},
+      {"stages not a list", Make({{"model", kModel4}, {"parallel", "{stages: 4}"}}),
+       "parallel.stages: expected a list of layers per stage, got \"4\""},
+      {"stages not integers", Make({{"model", kModel4}, {"parallel", "{pp: 2, stages: [a, 2]}"}}),
+       "parallel.stages[0]: expected an integer, got \"a\""},
+      {"zero 3 with a pipeline", Make({{"model", kModel4}, {"parallel", "{pp: 2, zero: 3}"}}),
+       "parallel.zero: 3 cannot be combined with parallel.pp: 2 (ZeRO-3 gathers"},
       {"dim % heads", Make({{"model", "{layers: 2, heads: 4, dim: 10, context: 16, vocab: 256}"}}),
        "model.dim: 10 is not divisible by model.heads: 4"},
       {"negative lr", Make({{"optimizer", "{lr: -0.001}"}}),

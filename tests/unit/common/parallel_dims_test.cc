@@ -91,12 +91,34 @@ TEST(ParallelDimsTest, RefusalsNameEveryFactor) {
 
 TEST(ParallelDimsTest, ModelFit) {
   const ParallelDims d = *ParallelDims::Create(1, 3, 5);
-  EXPECT_TRUE(ParallelDims::Create(1, 4, 2)->CheckModelFits(2, 4, 8).ok());
-  // heads 4, dim 10 (MLP 40), layers 4: all three problems, each by its field.
-  EXPECT_EQ(Message(d.CheckModelFits(4, 4, 10)),
+  EXPECT_TRUE(ParallelDims::Create(1, 4, 2)->CheckModelFits(2, 4, 8, 256).ok());
+  // heads 4, dim 10 (MLP 40), vocab 256 (Vp 256), layers 4: all four
+  // problems, each by its field.
+  EXPECT_EQ(Message(d.CheckModelFits(4, 4, 10, 256)),
             "parallel.tp: 3 does not divide model.heads: 4; parallel.tp: 3 does not divide the MLP "
-            "width 4 × model.dim: 40; parallel.pp: 5 exceeds model.layers: 4");
-  EXPECT_TRUE(d.CheckModelFits(5, 6, 6).ok());
+            "width 4 × model.dim: 40; parallel.tp: 3 does not divide the padded vocabulary 256 "
+            "(model.vocab 256 rounded up to a multiple of 64); parallel.pp: 5 exceeds "
+            "model.layers: 4");
+  // Vp 192 (vocab 130 rounded up to a multiple of 64) is a multiple of 3.
+  EXPECT_TRUE(d.CheckModelFits(5, 6, 6, 130).ok());
+  // gpt2's 50257 pads to 50304 = 2^7 · 3 · 131: tp 8 divides it, tp 256 does not.
+  EXPECT_TRUE(ParallelDims::Create(1, 8, 1)->CheckModelFits(12, 64, 768, 50257).ok());
+  EXPECT_EQ(Message(ParallelDims::Create(1, 256, 1)->CheckModelFits(12, 256, 768, 50257)),
+            "parallel.tp: 256 does not divide the padded vocabulary 50304 (model.vocab 50257 "
+            "rounded up to a multiple of 128)");
+}
+
+TEST(ParallelDimsTest, ZeroThreeOnlyWithoutAPipeline) {
+  for (int zero = 0; zero <= 3; ++zero) {
+    EXPECT_TRUE(ParallelDims::Create(2, 2, 1)->CheckZero(zero).ok()) << zero;
+  }
+  for (int zero = 0; zero <= 2; ++zero) {
+    EXPECT_TRUE(ParallelDims::Create(1, 1, 2)->CheckZero(zero).ok()) << zero;
+  }
+  const std::string m = Message(ParallelDims::Create(2, 1, 4)->CheckZero(3));
+  EXPECT_EQ(m.rfind("parallel.zero: 3 cannot be combined with parallel.pp: 4 (", 0), 0u) << m;
+  EXPECT_NE(m.find("gathered again for each micro-batch"), std::string::npos) << m;
+  EXPECT_NE(m.find("use parallel.zero <= 2"), std::string::npos) << m;
 }
 
 TEST(SplitBatchTest, GlobalIsMicroTimesDpTimesAccumulation) {
