@@ -445,26 +445,27 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
         target.local_dir = spec->checkpoint.dir;
         // The other ranks wait in the next step's collectives meanwhile.
         target.wait = absl::Seconds(spec->timeouts.collective_s) / 2;
-        report.Commit(CommitCheckpoint(*ctx.client, storage, (*trainer)->engine().layout(), target,
-                                       step, *ctx.stop),
-                      step);
+        // The manifest is of the whole model, whatever slice rank 0 runs.
+        const model::ParamLayout whole((*trainer)->engine().config());
+        report.Commit(CommitCheckpoint(*ctx.client, storage, whole, target, step, *ctx.stop), step);
       }
     }
   }
   std::string output;
-  if (!FinalWeightsPath(*spec).empty()) {  // ZeRO-3: every rank takes part in the gather
-    if (absl::Status s = (*trainer)->GatherWholeModel(); !s.ok()) {
-      return report.Failure(s, spec->steps, comm.get());
+  if (!FinalWeightsPath(*spec).empty()) {
+    // Every rank takes part (ZeRO-3 gathers, a split model sums into rank 0).
+    absl::StatusOr<absl::Span<const float>> whole = (*trainer)->WholeModel();
+    if (!whole.ok()) return report.Failure(whole.status(), spec->steps, comm.get());
+    if (a.rank() == 0) {
+      output = FinalWeightsPath(*spec);
+      std::error_code ec;
+      std::filesystem::create_directories(spec->checkpoint.dir, ec);
+      if (absl::Status s = checkpoint::SaveWeights(output, (*trainer)->engine().config(), *whole);
+          !s.ok()) {
+        return report.Failure(s, spec->steps, comm.get());
+      }
+      report.Log("saved final weights to " + output);
     }
-  }
-  if (a.rank() == 0 && !(output = FinalWeightsPath(*spec)).empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(spec->checkpoint.dir, ec);
-    engine::Engine& m = (*trainer)->engine();
-    if (absl::Status s = checkpoint::SaveWeights(output, m.config(), m.params().f32()); !s.ok()) {
-      return report.Failure(s, spec->steps, comm.get());
-    }
-    report.Log("saved final weights to " + output);
   }
   if (comm) comm->Shutdown().IgnoreError();  // barrier: no peer is left mid-collective
   report.Done(spec->steps, output);

@@ -10,6 +10,7 @@
 #include "worker/data/tokens.h"
 #include "worker/engine/cpu/gpt.h"
 #include "worker/optim/lr_schedule.h"
+#include "worker/parallel/schedule.h"
 
 namespace shardtrain::worker {
 namespace {
@@ -20,22 +21,18 @@ double MsSince(std::chrono::steady_clock::time_point t) {
 
 // What this build can train: FAILED_PRECONDITION naming the field otherwise.
 absl::Status CheckSupported(const JobSpec& spec) {
-  if (spec.parallel.tp != 1) {
-    return absl::FailedPreconditionError(absl::StrCat("parallel.tp: ", spec.parallel.tp,
-                                                      " — tensor parallelism is not "
-                                                      "implemented yet; use tp: 1"));
-  }
-  if (spec.parallel.pp != 1) {
-    return absl::FailedPreconditionError(absl::StrCat("parallel.pp: ", spec.parallel.pp,
-                                                      " — pipeline parallelism is not "
-                                                      "implemented yet; use pp: 1"));
-  }
   if (spec.precision != Precision::kFp32) {
     return absl::FailedPreconditionError(
         absl::StrCat("precision: ", std::string(EnumName(spec.precision)),
                      " is not implemented on CPU yet; use fp32"));
   }
   return absl::OkStatus();
+}
+
+// The schedule a stage runs: the spec's when pp > 1; one stage has no bubble
+// and runs each micro-batch's forward and backward in turn (1F1B's order).
+PipelineSchedule ScheduleOf(const JobSpec& spec) {
+  return spec.parallel.pp > 1 ? spec.parallel.schedule : PipelineSchedule::k1F1B;
 }
 
 optim::AdamWOptions AdamWOptionsOf(const OptimizerSpec& o) {
@@ -60,6 +57,31 @@ absl::StatusOr<std::vector<uint16_t>> LoadData(const JobSpec& spec, const char* 
   return tokens;
 }
 
+// Calls f(data_offset, global_begin, count) for every piece of the local
+// flat `ranges` (sorted; their elements concatenated in a data array, piece
+// at data_offset) in the whole model's coordinates, leaving out `skip`
+// (sorted; the replicas another rank speaks for). Pieces come in increasing
+// global order.
+template <typename F>
+void ForEachGlobalPiece(const model::ParamLayout& layout, const parallel::FlatRanges& ranges,
+                        const parallel::FlatRanges& skip, F f) {
+  size_t data = 0;  // offset of the current range's first element in the data
+  for (const auto& [begin, end] : ranges) {
+    for (const model::FlatRun& run : layout.GlobalRuns(begin, end)) {
+      size_t at = run.local;
+      const size_t stop = run.local + run.count;
+      for (const auto& [sb, se] : skip) {  // emit [at, stop) minus skip
+        if (se <= at) continue;
+        if (sb >= stop) break;
+        if (sb > at) f(data + (at - begin), run.global + (at - run.local), sb - at);
+        at = std::min(stop, se);
+      }
+      if (at < stop) f(data + (at - begin), run.global + (at - run.local), stop - at);
+    }
+    data += end - begin;
+  }
+}
+
 }  // namespace
 
 bool EvalDue(const JobSpec& spec, int64_t step) {
@@ -73,12 +95,19 @@ std::string FinalWeightsPath(const JobSpec& spec) {
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, int rank, int threads,
                                                          comm::Communicator* comm) {
   if (absl::Status s = CheckSupported(spec); !s.ok()) return s;
-  if (spec.parallel.dp > 1 && (!comm || comm->size() != spec.parallel.dp)) {
-    return absl::InvalidArgumentError("data-parallel job without a communicator of size dp");
+  absl::StatusOr<ParallelDims> dims = spec.Dims();
+  if (!dims.ok()) return dims.status();
+  if (dims->world() > 1 && (!comm || comm->size() != dims->world() || comm->rank() != rank)) {
+    return absl::InvalidArgumentError("a job of several ranks without its world communicator");
   }
   auto config = model::MakeGptConfig(spec.model.layers, spec.model.heads, spec.model.dim,
                                      spec.model.context, spec.model.vocab);
   if (!config.ok()) return config.status();
+  absl::StatusOr<std::vector<int>> stages =
+      model::StageLayers(*config, dims->pp(), spec.parallel.stages);
+  if (!stages.ok()) return stages.status();
+  absl::StatusOr<BatchSplit> split = spec.Split();
+  if (!split.ok()) return split.status();
   auto tokens = LoadData(spec, "data.train", spec.data.train);
   if (!tokens.ok()) return tokens.status();
   std::vector<uint16_t> val_tokens;
@@ -87,13 +116,76 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
     if (!val.ok()) return val.status();
     val_tokens = *std::move(val);
   }
-  auto engine = engine::cpu::Gpt::Create(*config, spec.batch.micro, spec.batch.seq_len, threads);
+  // The mesh (only with tp or pp: a dp-only job uses the world as its dp
+  // group), this rank's slice and the engine's tp group.
+  const MeshCoord coord = dims->Coord(rank);
+  std::unique_ptr<parallel::Mesh> mesh;
+  comm::Communicator* dp_comm = comm;
+  if (dims->tp() > 1 || dims->pp() > 1) {
+    absl::StatusOr<std::unique_ptr<parallel::Mesh>> m = parallel::Mesh::Create(*dims, rank, comm);
+    if (!m.ok()) return m.status();
+    mesh = *std::move(m);
+    dp_comm = mesh->dp();
+  }
+  std::unique_ptr<parallel::TensorParallelGroup> tp;
+  engine::cpu::GptOptions options;
+  options.slice = model::SliceOf(*stages, coord.pp, dims->tp(), coord.tp);
+  options.slots = parallel::PeakInFlight(
+      parallel::PipelineActions(ScheduleOf(spec), coord.pp, dims->pp(), split->accum));
+  if (mesh != nullptr && mesh->tp() != nullptr) {
+    tp = std::make_unique<parallel::TensorParallelGroup>(mesh->tp());
+    options.tp = tp.get();
+  }
+  auto engine =
+      engine::cpu::Gpt::Create(*config, spec.batch.micro, spec.batch.seq_len, threads, options);
   if (!engine.ok()) return engine.status();
   const optim::AdamWOptions adamw = AdamWOptionsOf(spec.optimizer);
-  return Compose(
+  auto t = Compose(
       spec, rank, *std::move(engine),
-      [&](engine::Engine* e) { return parallel::MakeDataParallel(spec.parallel, e, adamw, comm); },
+      [&](engine::Engine* e) {
+        return parallel::MakeDataParallel(spec.parallel, e, adamw, dp_comm);
+      },
       *std::move(tokens), std::move(val_tokens));
+  if (!t.ok()) return t.status();
+  if (mesh != nullptr) {
+    if (absl::Status s = (*t)->AttachModelParallel(std::move(mesh), std::move(tp), comm); !s.ok()) {
+      return s;
+    }
+  }
+  (*t)->world_ = comm;
+  return t;
+}
+
+absl::Status Trainer::AttachModelParallel(std::unique_ptr<parallel::Mesh> mesh,
+                                          std::unique_ptr<parallel::TensorParallelGroup> tp,
+                                          comm::Communicator* world) {
+  mesh_ = std::move(mesh);
+  tp_group_ = std::move(tp);
+  world_ = world;
+  const model::ParamLayout& layout = engine_->layout();
+  parallel::ModelParallelGrads mp;
+  mp.norm_skip = layout.ReplicaRanges();
+  parallel::Mesh* m = mesh_.get();
+  mp.sum_squares = [m](double squared) -> absl::StatusOr<double> {
+    absl::StatusOr<double> over_tp = parallel::SumOverGroup(m->tp(), squared);
+    if (!over_tp.ok()) return over_tp.status();
+    return parallel::SumOverGroup(m->pp_forward(), *over_tp);
+  };
+  if (m->tied() != nullptr) {
+    mp.tied_end = layout.units()[0].numel;
+    mp.sum_tied = [m](absl::Span<float> g) {
+      return m->tied()->AllReduce(g.data(), g.size(), comm::DataType::kFloat32,
+                                  comm::ReduceOp::kSum);
+    };
+  }
+  strategy_->set_model_parallel(std::move(mp));
+  if (mesh_->dims().pp() > 1) {
+    auto p =
+        parallel::PipelineExecutor::Create(engine_.get(), *mesh_, ScheduleOf(spec_), split_.accum);
+    if (!p.ok()) return p.status();
+    pipeline_ = *std::move(p);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Compose(const JobSpec& spec, int rank,
@@ -144,27 +236,58 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Compose(const JobSpec& spec, i
   return t;
 }
 
-absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
-  const auto start = std::chrono::steady_clock::now();
-  StepResult r;
-  r.step = step;
+absl::Status Trainer::RunMicroBatches(int64_t step, StepResult* r) {
   const int B = spec_.batch.micro, T = spec_.batch.seq_len, accum = split_.accum;
+  // The sampler's step is 0-based; this replica's index is its dp coordinate.
+  auto fill = [&](int m, int* inputs, int* targets) {
+    return sampler_->Fill(step - 1, m, dp_rank_, split_.dp, B, inputs, targets);
+  };
+  if (pipeline_ != nullptr) {
+    // The strategy brackets each backward (forwards read whole parameters:
+    // ZeRO-3, which gathers them, is refused with pp > 1).
+    auto begin = [&](int m) {
+      strategy_->BeginMicroBatch(m, accum);
+      return absl::OkStatus();
+    };
+    auto end = [&](int) {
+      const auto t0 = std::chrono::steady_clock::now();
+      absl::Status s = strategy_->EndMicroBatch();
+      r->comm_ms += MsSince(t0);
+      return s;
+    };
+    absl::StatusOr<parallel::PipelineStepResult> p =
+        pipeline_->RunStep(fill, begin, end, 1.0f / accum);
+    if (!p.ok()) return p.status();
+    r->loss = p->loss_sum / accum;
+    r->bubble = p->idle_fraction;
+    const int64_t sends = int64_t(accum) * B * T * engine_->config().dim * sizeof(float);
+    r->pp_bytes = (pipeline_->stage() > 0 ? sends : 0) +
+                  (pipeline_->stage() + 1 < pipeline_->stages() ? sends : 0);
+    return absl::OkStatus();
+  }
   double loss = 0;
   for (int m = 0; m < accum; ++m) {
-    // The sampler's step is 0-based; this replica's index is its dp coordinate.
-    if (absl::Status s =
-            sampler_->Fill(step - 1, m, dp_rank_, split_.dp, B, inputs_.data(), targets_.data());
-        !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = fill(m, inputs_.data(), targets_.data()); !s.ok()) return s;
     strategy_->BeginMicroBatch(m, accum);
     loss += engine_->Forward(inputs_.data(), targets_.data());
     engine_->Backward(1.0f / accum);
     const auto t0 = std::chrono::steady_clock::now();
     if (absl::Status s = strategy_->EndMicroBatch(); !s.ok()) return s;
-    r.comm_ms += MsSince(t0);
+    r->comm_ms += MsSince(t0);
   }
-  r.loss = loss / accum;
+  r->loss = loss / accum;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
+  const auto start = std::chrono::steady_clock::now();
+  StepResult r;
+  r.step = step;
+  if (absl::Status s = RunMicroBatches(step, &r); !s.ok()) return s;
+  if (tp_group_ != nullptr) {
+    if (absl::Status s = tp_group_->status(); !s.ok()) return s;
+    r.tp_bytes = tp_group_->TakeBytes();
+  }
   r.lr = optim::LearningRate(spec_.optimizer, step - 1, spec_.steps);
   absl::StatusOr<parallel::StepStats> stats =
       strategy_->Step(static_cast<float>(r.lr), static_cast<float>(spec_.optimizer.grad_clip));
@@ -172,8 +295,8 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   r.grad_norm = stats->grad_norm;
   r.comm_ms += stats->comm_ms;
   r.allreduce_ms = stats->collective_ms;
-  r.comm_bytes = stats->comm_bytes;
-  r.tokens = int64_t(accum) * B * T;
+  r.comm_bytes = stats->comm_bytes + r.tp_bytes + r.pp_bytes;
+  r.tokens = int64_t(split_.accum) * spec_.batch.micro * spec_.batch.seq_len;
   r.step_ms = MsSince(start);
   if (EvalDue(spec_, step)) {
     const auto eval_start = std::chrono::steady_clock::now();
@@ -193,16 +316,32 @@ absl::StatusOr<double> Trainer::Evaluate() {
   const int64_t count = eval_sampler_->count();  // eval.batches × global: B · dp divides it
   const auto [first, last] = data::EvalSampler::Share(count, dp_rank_, split_.dp);
   strategy_->BeginEval();
-  double loss_sum = 0;  // over this replica's windows: each forward's mean token loss × B
-  for (int64_t at = first; at < last; at += B) {
-    // Cannot fail (the share lies within the windows); were it to, the
-    // trainer is done with and the strategy's destructor removes its hooks.
-    if (absl::Status s = eval_sampler_->Fill(at, B, inputs_.data(), targets_.data()); !s.ok()) {
-      return s;
+  // Each forward's mean token loss × B, summed over this replica's windows
+  // (on the last pipeline stage; 0 on the others).
+  double loss_sum = 0;
+  if (pipeline_ != nullptr) {
+    auto fill = [&](int m, int* inputs, int* targets) {
+      return eval_sampler_->Fill(first + int64_t(m) * B, B, inputs, targets);
+    };
+    absl::StatusOr<double> sum = pipeline_->RunForwardOnly(int((last - first) / B), fill);
+    if (!sum.ok()) return sum.status();
+    loss_sum = *sum * B;
+  } else {
+    for (int64_t at = first; at < last; at += B) {
+      // Cannot fail (the share lies within the windows); were it to, the
+      // trainer is done with and the strategy's destructor removes its hooks.
+      if (absl::Status s = eval_sampler_->Fill(at, B, inputs_.data(), targets_.data()); !s.ok()) {
+        return s;
+      }
+      loss_sum += double(engine_->Forward(inputs_.data(), targets_.data(), B, T)) * B;
     }
-    loss_sum += double(engine_->Forward(inputs_.data(), targets_.data(), B, T)) * B;
   }
   absl::StatusOr<double> total = strategy_->EndEval(loss_sum);
+  if (!total.ok()) return total.status();
+  if (tp_group_ != nullptr) {
+    if (absl::Status s = tp_group_->status(); !s.ok()) return s;
+  }
+  if (mesh_ != nullptr) total = parallel::SumOverGroup(mesh_->pp_forward(), *total);
   if (!total.ok()) return total.status();
   return *total / double(count);
 }
@@ -226,13 +365,25 @@ absl::StatusOr<checkpoint::ShardFileInfo> Trainer::SaveShard(checkpoint::Checkpo
   checkpoint::ShardContents c;
   c.step = step;
   c.rank = rank_;
-  c.world = spec_.parallel.dp;
-  c.layout_fingerprint = layout.Fingerprint();
-  c.num_params = layout.num_params();
-  for (auto [begin, end] : strategy_->SaveRanges()) c.ranges.push_back({begin, end});
-  c.params = strategy_->SaveParams();
-  c.m = strategy_->SaveM();
-  c.v = strategy_->SaveV();
+  c.world = spec_.parallel.dp * spec_.parallel.tp * spec_.parallel.pp;
+  // In the whole model's coordinates, whatever slice this rank runs: a
+  // checkpoint of one layout loads under any other.
+  c.layout_fingerprint = layout.GlobalFingerprint();
+  c.num_params = layout.global_num_params();
+  const std::vector<float> params = strategy_->SaveParams(), m = strategy_->SaveM(),
+                           v = strategy_->SaveV();
+  ForEachGlobalPiece(layout, strategy_->SaveRanges(), layout.ReplicaRanges(),
+                     [&](size_t at, size_t global, size_t count) {
+                       if (!c.ranges.empty() && c.ranges.back().end == global) {
+                         c.ranges.back().end += count;
+                       } else {
+                         c.ranges.push_back({global, global + count});
+                       }
+                       c.params.insert(c.params.end(), params.begin() + at,
+                                       params.begin() + at + count);
+                       c.m.insert(c.m.end(), m.begin() + at, m.begin() + at + count);
+                       c.v.insert(c.v.end(), v.begin() + at, v.begin() + at + count);
+                     });
   c.scalars.optimizer_step = strategy_->optimizer_step();
   c.scalars.data_position = step + 1;
   c.scalars.rng_seed = spec_.seed;
@@ -245,11 +396,15 @@ absl::StatusOr<int64_t> Trainer::Restore(checkpoint::CheckpointStorage& storage,
                                          const std::string& step_dir) {
   auto manifest = checkpoint::ReadManifest(storage, checkpoint::ManifestPath(step_dir));
   if (!manifest.ok()) return manifest.status();
-  if (auto s = checkpoint::CheckCompatible(*manifest, engine_->layout()); !s.ok()) return s;
-  // Whatever world and strategy wrote it: the rank reads the ranges its
-  // strategy keeps (ZeRO its shard, DDP everything).
+  const model::ParamLayout& layout = engine_->layout();
+  if (auto s = checkpoint::CheckCompatible(*manifest, layout); !s.ok()) return s;
+  // Whatever layout, world and strategy wrote it: the rank reads the ranges
+  // its strategy keeps (ZeRO its shard, DDP everything) of its slice, in the
+  // whole model's coordinates and in local order.
   std::vector<checkpoint::FlatRange> ranges;
-  for (auto [begin, end] : strategy_->LoadRanges()) ranges.push_back({begin, end});
+  ForEachGlobalPiece(layout, strategy_->LoadRanges(), {}, [&](size_t, size_t global, size_t n) {
+    ranges.push_back({global, global + n});
+  });
   auto state = checkpoint::LoadRanges(storage, step_dir, *manifest, ranges);
   if (!state.ok()) return state.status();
   if (absl::Status s =
@@ -258,6 +413,28 @@ absl::StatusOr<int64_t> Trainer::Restore(checkpoint::CheckpointStorage& storage,
     return s;
   }
   return state->step;
+}
+
+absl::StatusOr<absl::Span<const float>> Trainer::WholeModel() {
+  if (absl::Status s = strategy_->GatherWholeModel(); !s.ok()) return s;
+  const model::ParamLayout& layout = engine_->layout();
+  if (layout.slice().whole()) return absl::Span<const float>(engine_->params().f32());
+  // Every slice adds its elements (one replica of each: dp coordinate 0,
+  // no tp or tied replicas) into zeros, summed into rank 0: exact.
+  whole_.assign(layout.global_num_params(), 0.0f);
+  if (dp_rank_ == 0) {
+    const absl::Span<const float> p = engine_->params().f32();
+    ForEachGlobalPiece(layout, {{0, layout.num_params()}}, layout.ReplicaRanges(),
+                       [&](size_t at, size_t global, size_t n) {
+                         std::copy(p.begin() + at, p.begin() + at + n, whole_.begin() + global);
+                       });
+  }
+  if (absl::Status s = world_->Reduce(whole_.data(), whole_.size(), comm::DataType::kFloat32,
+                                      comm::ReduceOp::kSum, 0);
+      !s.ok()) {
+    return s;
+  }
+  return absl::Span<const float>(whole_);
 }
 
 }  // namespace shardtrain::worker

@@ -8,8 +8,18 @@
 // the strategy's optimizer step. The trainer itself does not branch on the
 // strategy.
 //
-// Supported layouts today: dp >= 1 with tp = pp = 1, fp32 (Create refuses
-// others with FAILED_PRECONDITION naming the field).
+// Tensor and pipeline parallelism compose around the same loop: the engine
+// runs this rank's slice of the model (model::SliceOf its pp stage and tp
+// rank), its tensor-parallel layers all-reduce over the mesh's tp group
+// (parallel/tensor_parallel_group.h), a PipelineExecutor runs the stage's
+// schedule of micro-batches (parallel/pipeline.h) when pp > 1, and the
+// strategy's step sums the tied embeddings across the first and last stage
+// and the gradient norm across tp and pp (ModelParallelGrads). Checkpoints
+// and the final weights are in the whole model's coordinates
+// (ParamLayout::GlobalRuns), so any layout resumes from any other.
+//
+// fp32 only (Create refuses others with FAILED_PRECONDITION naming the
+// field); ZeRO-3 with pp > 1 is refused by the spec.
 //
 // Not thread-safe: one caller.
 #ifndef SHARDTRAIN_WORKER_TRAINER_H_
@@ -32,6 +42,9 @@
 #include "worker/data/sampler.h"
 #include "worker/engine/engine.h"
 #include "worker/parallel/data_parallel.h"
+#include "worker/parallel/mesh.h"
+#include "worker/parallel/pipeline.h"
+#include "worker/parallel/tensor_parallel_group.h"
 
 namespace shardtrain::worker {
 
@@ -45,7 +58,10 @@ struct StepResult {
   double comm_ms = 0;       // time blocked on collectives (exposed)
   double allreduce_ms = 0;  // time the gradient all-reduces ran (flight recorder), where
                             // known; 1 - comm/allreduce is the fraction hidden by backward
-  int64_t comm_bytes = 0;   // bytes this rank sent (ring model of the ops issued)
+  int64_t comm_bytes = 0;   // bytes this rank sent (ring model of the ops issued), all groups
+  int64_t tp_bytes = 0;     // of which in tensor-parallel all-reduces
+  int64_t pp_bytes = 0;     // of which activations and gradients sent between stages
+  double bubble = 0;        // pp > 1: the stage's idle fraction of the step (pipeline timeline)
   int64_t tokens = 0;       // tokens this rank processed
   // Set on evaluation steps only (EvalDue): the validation loss of the
   // parameters after this step's update (Evaluate), and the time it took
@@ -76,11 +92,14 @@ struct MemoryUse {
 
 class Trainer {
  public:
-  // The real parts for `spec`: the CPU engine with `threads` threads, the
-  // strategy parallel.zero asks for over `comm` (the data-parallel group of
-  // size dp; null when dp == 1; it must outlive the trainer), the training
-  // tokens of data.train and, when eval.every > 0, of data.val (errors name
-  // the field and the file).
+  // The real parts for `spec`: the mesh of dp × tp × pp split from `comm`
+  // (the job's world communicator; null when the world is one rank; it must
+  // outlive the trainer; used as the dp group itself when tp = pp = 1), the
+  // CPU engine on this rank's slice with `threads` threads, the strategy
+  // parallel.zero asks for over the dp group, the pipeline executor when
+  // pp > 1, the training tokens of data.train and, when eval.every > 0, of
+  // data.val (errors name the field and the file). Collective when the
+  // mesh has tp or pp groups (Mesh::Create).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec, int rank, int threads,
                                                          comm::Communicator* comm);
   // Composes a trainer from given parts (tests pass fakes). `make_strategy`
@@ -121,10 +140,12 @@ class Trainer {
   absl::StatusOr<int64_t> Restore(checkpoint::CheckpointStorage& storage,
                                   const std::string& step_dir);
 
-  // The whole model's current parameters, in engine().params() on every
-  // rank. Collective where parameters are sharded (ZeRO-3): every rank calls
-  // it, e.g. before rank 0 saves the weights.
-  absl::Status GatherWholeModel() { return strategy_->GatherWholeModel(); }
+  // The whole model's current parameters (the layout of
+  // ParamLayout(config)), valid on rank 0 until the next call or step:
+  // collective where parameters are sharded (ZeRO-3) or the model is split
+  // (tp, pp: every slice is summed into rank 0 over the world). Every rank
+  // calls it, e.g. before rank 0 saves the weights.
+  absl::StatusOr<absl::Span<const float>> WholeModel();
 
   // Memory this rank holds: the sizes of its buffers, or with
   // set_measure_memory(true) what is resident (the strategy's working set
@@ -140,6 +161,14 @@ class Trainer {
 
  private:
   Trainer(JobSpec spec, int rank) : spec_(std::move(spec)), rank_(rank) {}
+  // Installs the tensor/pipeline parts on a composed trainer.
+  absl::Status AttachModelParallel(std::unique_ptr<parallel::Mesh> mesh,
+                                   std::unique_ptr<parallel::TensorParallelGroup> tp,
+                                   comm::Communicator* world);
+  // One step's forwards and backwards: the micro-batch loop, or the pipeline
+  // schedule when pp > 1. Adds the loss sum, exposed comm time and timeline
+  // figures into *r.
+  absl::Status RunMicroBatches(int64_t step, StepResult* r);
 
   const JobSpec spec_;
   const int rank_;
@@ -149,8 +178,17 @@ class Trainer {
   std::unique_ptr<data::BatchSampler> sampler_;
   std::vector<uint16_t> val_tokens_;
   std::unique_ptr<data::EvalSampler> eval_sampler_;  // null when eval.every == 0
+  // Tensor and pipeline parallelism (null without): the mesh's groups and
+  // the engine's tp group, declared before what uses them (destroyed after).
+  std::unique_ptr<parallel::Mesh> mesh_;
+  std::unique_ptr<parallel::TensorParallelGroup> tp_group_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<parallel::DataParallel> strategy_;  // after engine_: destroyed first
+  // The pipeline executor when pp > 1 (destroyed first: it waits for its
+  // sends).
+  std::unique_ptr<parallel::PipelineExecutor> pipeline_;
+  comm::Communicator* world_ = nullptr;
+  std::vector<float> whole_;  // WholeModel's buffer when the model is split
   std::vector<int> inputs_, targets_;
   bool measure_ = false;
 };

@@ -121,8 +121,9 @@ class Engine {
   // the last stage); valid until the slot's next StageForward.
   virtual const float* StageOutput(int slot) const;
   // Backward of `slot`'s forward: the last stage starts from its loss
-  // (doutput null), the others from `doutput`, the gradient of
-  // StageOutput(slot). Accumulates into the gradients like Backward.
+  // (doutput null) times loss_scale, the others from `doutput`, the gradient
+  // of StageOutput(slot) — already scaled, so they ignore loss_scale.
+  // Accumulates into the gradients like Backward.
   virtual void StageBackward(int slot, float loss_scale, const float* doutput);
   // The (b, t, C) gradient of the last StageBackward's input, for the
   // previous stage (null on the first stage); valid until the next
