@@ -11,6 +11,7 @@
 #include "common/model/activations.h"
 #include "common/model/config.h"
 #include "common/model/param_layout.h"
+#include "common/model/slice.h"
 #include "common/parallel_dims.h"
 #include "common/shard_range.h"
 
@@ -18,9 +19,6 @@ namespace shardtrain {
 namespace {
 
 constexpr int64_t kMiB = int64_t{1} << 20;
-constexpr double kGiB = double(int64_t{1} << 30);
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 bool IsMixed(Precision p) { return p != Precision::kFp32; }
 
@@ -51,9 +49,19 @@ std::vector<std::string> LayoutProblems(const JobSpec& spec, int world) {
   const absl::Status config =
       model::MakeGptConfig(m.layers, m.heads, m.dim, m.context, m.vocab).status();
   add(config);
-  if (dims.ok() && config.ok()) add(dims->CheckModelFits(m.layers, m.heads, m.dim));
+  if (dims.ok() && config.ok()) {
+    const absl::Status fits = dims->CheckModelFits(m.layers, m.heads, m.dim, m.vocab);
+    add(fits);
+    // The split of the layers, once pp fits them.
+    if (fits.ok()) {
+      model::GptConfig cfg = *model::MakeGptConfig(m.layers, m.heads, m.dim, m.context, m.vocab);
+      add(model::StageLayers(cfg, par.pp, par.stages).status());
+    }
+  }
   if (par.zero < 0 || par.zero > 3) {
     problems.push_back(absl::StrCat("parallel.zero: ", par.zero, " is not a ZeRO stage 0..3"));
+  } else if (dims.ok()) {
+    add(dims->CheckZero(par.zero));
   }
   if (par.bucket_mb < 1) {
     problems.push_back(absl::StrCat("parallel.bucket_mb: ", par.bucket_mb, " must be >= 1"));
@@ -68,47 +76,35 @@ std::vector<std::string> LayoutProblems(const JobSpec& spec, int world) {
   return problems;
 }
 
-// What one pipeline stage's ranks hold: the shard units resident there and,
-// for each, the elements of it a rank keeps before dp sharding.
+// What one pipeline stage's ranks hold: the shard units of its slice
+// (ParamLayout(config, slice): tp-local shapes, the embeddings unit on the
+// first and last stage, the final norm on the last) before dp sharding.
 struct StageShape {
-  int first_layer = 0;
-  int num_layers = 0;
-  std::vector<int64_t> local_numel;  // one per resident unit
+  model::ModelSlice slice;
+  int64_t num_params = 0;
+  int64_t wte = 0;                   // tp-local wte elements (0 without embeddings)
+  std::vector<int64_t> local_numel;  // one per unit
   std::vector<std::string> names;    // their names
 };
 
-// Units resident on stage s of pp: its blocks; "embeddings" on the first
-// stage and, since the LM head is tied to wte, on the last one too; "final"
-// on the last. Tensor parallelism is approximated by dividing each block
-// unit by tp (in Megatron only the matmul weights and their biases are
-// split; LayerNorm parameters are replicated), embeddings and the final norm
-// are replicated over tp.
-StageShape ShapeOfStage(const model::ParamLayout& layout, const v1::PipelineStage& st, int pp,
-                        int tp) {
+StageShape ShapeOfStage(const model::GptConfig& cfg, const model::ModelSlice& slice) {
   StageShape shape;
-  shape.first_layer = st.first_layer();
-  shape.num_layers = st.num_layers();
-  const bool first = st.stage() == 0, last = st.stage() == pp - 1;
+  shape.slice = slice;
+  const model::ParamLayout layout(cfg, slice);
+  shape.num_params = static_cast<int64_t>(layout.num_params());
   for (const model::UnitInfo& u : layout.units()) {
-    const int64_t n = static_cast<int64_t>(u.numel);
-    if (u.name == "embeddings") {
-      if (first || last) shape.local_numel.push_back(n);
-    } else if (u.name == "final") {
-      if (last) shape.local_numel.push_back(n);
-    } else if (IsBlock(u.name)) {
-      const int layer = std::stoi(u.name.substr(std::string("block.").size()));
-      if (layer >= shape.first_layer && layer < shape.first_layer + shape.num_layers) {
-        shape.local_numel.push_back(CeilDiv(n, tp));
-      }
-    }
-    if (shape.names.size() < shape.local_numel.size()) shape.names.push_back(u.name);
+    shape.local_numel.push_back(static_cast<int64_t>(u.numel));
+    shape.names.push_back(u.name);
   }
+  if (slice.has_embeddings()) shape.wte = static_cast<int64_t>(layout.tensors()[0].numel);
   return shape;
 }
 
 struct Estimate {
   v1::MemoryEstimate memory;
-  int64_t comm_bytes = 0;
+  int in_flight = 1;
+  int64_t tp_comm = 0, pp_comm = 0, dp_comm = 0;
+  int64_t comm() const { return tp_comm + pp_comm + dp_comm; }
 };
 
 // Elements the busiest dp rank (the last) owns of a unit of n elements.
@@ -168,8 +164,8 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   const int64_t gb = pb;                            // grads are in the compute dtype too
   // Activations are stored in the compute dtype (as llm.c's floatX).
   const int64_t ab = ComputeBytes(spec.precision);
-  const int64_t BTC = int64_t{spec.batch.micro} * spec.batch.seq_len * cfg.dim;
-  const int64_t Ls = shape.num_layers;
+  const int64_t BT = int64_t{spec.batch.micro} * spec.batch.seq_len, BTC = BT * cfg.dim;
+  const int64_t Ls = shape.slice.num_layers;
   const bool first = s == 0, last = s == pp - 1;
   const bool reshard = spec.parallel.reshard_after_forward;
 
@@ -191,19 +187,10 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   // tensors once per micro-batch alive at once: 1 without a pipeline; with
   // one, GPipe keeps all m forwards before the first backward, 1F1B at most
   // pp - s on stage s.
-  model::ModelSlice slice;
-  slice.first_layer = shape.first_layer;
-  slice.num_layers = shape.num_layers;
-  slice.first_stage = first;
-  slice.last_stage = last;
-  slice.tp = tp;
-  const model::ActivationTable acts(cfg, spec.batch.micro, spec.batch.seq_len, slice);
-  int64_t in_flight = 1;
-  if (pp > 1) {
-    in_flight =
-        spec.parallel.schedule == PipelineSchedule::kGpipe ? m : std::min<int64_t>(pp - s, m);
-  }
-  mem.set_activations_bytes((acts.saved_numel() * in_flight + acts.scratch_numel()) * ab);
+  const model::ActivationTable acts(cfg, spec.batch.micro, spec.batch.seq_len, shape.slice);
+  if (pp > 1)
+    e.in_flight = spec.parallel.schedule == PipelineSchedule::kGpipe ? m : std::min(pp - s, m);
+  mem.set_activations_bytes((acts.saved_numel() * e.in_flight + acts.scratch_numel()) * ab);
 
   // Working set of ZeRO-2/3 (parallel::Zero): whole-unit gradients alive in
   // backward — the tied embeddings' from the LM head to the end, the unit
@@ -289,44 +276,28 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
     if (zero == 0) comm += AllReduceBytes(local, dp, gb);
     if (zero >= 1) comm += (dp - 1) * 8;
   }
-  // Tensor parallel: per block two all-reduces (attention, MLP) of B·T·C
-  // activations in forward and two in backward, each 2(tp-1)/tp of it.
-  if (tp > 1) comm += m * Ls * 4 * 2 * (tp - 1) * CeilDiv(BTC, tp) * ab;
-  // Pipeline: per micro-batch, activations to the next stage and their
-  // gradient back to the previous one.
-  comm += m * ((last ? 0 : BTC) + (first ? 0 : BTC)) * ab;
-  e.comm_bytes = comm;
+  e.dp_comm = comm;
+  // Tensor parallel, per micro-batch (ring all-reduces over tp, each sending
+  // 2(tp-1)/tp of its bytes): per block two all-reduces of B·T·C
+  // activations in forward (after the row-parallel attention and MLP
+  // projections) and two in backward (the input gradients of the
+  // column-parallel QKV and fc); the vocabulary-parallel embedding's
+  // forward all-reduce of B·T·C on the first stage; on the last, the LM
+  // head's input gradient (B·T·C, backward) and the vocabulary-parallel
+  // cross-entropy's three all-reduces of B·T fp32 values (the row maxima,
+  // the sums of exponentials, the target logits).
+  if (tp > 1) {
+    const int64_t btc_reduces = 4 * Ls + (first ? 1 : 0) + (last ? 1 : 0);
+    e.tp_comm = m * (btc_reduces * AllReduceBytes(BTC, tp, ab) +
+                     (last ? 3 * AllReduceBytes(BT, tp, 4) : 0));
+  }
+  // Pipeline: per micro-batch, activations (B·T·C) to the next stage and
+  // their gradient back to the previous one; once per step the first and
+  // last stages sum the tied wte's gradient (an all-reduce of two ranks:
+  // each sends its tp-local wte gradient once).
+  e.pp_comm = m * ((last ? 0 : BTC) + (first ? 0 : BTC)) * ab;
+  if (pp > 1 && (first || last)) e.pp_comm += AllReduceBytes(shape.wte, 2, gb);
   return e;
-}
-
-std::string Bytes(int64_t b) {
-  if (b >= int64_t{1} << 30) return absl::StrFormat("%.2f GiB", b / kGiB);
-  if (b >= kMiB) return absl::StrFormat("%.1f MiB", b / double(kMiB));
-  if (b >= 1024) return absl::StrFormat("%.1f KiB", b / 1024.0);
-  return absl::StrCat(b, " B");
-}
-
-// 1234567 -> "1,234,567".
-std::string Thousands(int64_t v) {
-  std::string digits = absl::StrCat(v < 0 ? -v : v), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return v < 0 ? "-" + out : out;
-}
-
-const char* ZeroWhat(int zero) {
-  switch (zero) {
-    case 0:
-      return "replicated params, grads and optimizer state (DDP)";
-    case 1:
-      return "optimizer state sharded over dp";
-    case 2:
-      return "optimizer state and grads sharded over dp";
-    default:
-      return "optimizer state, grads and params sharded over dp (FSDP)";
-  }
 }
 
 }  // namespace
@@ -412,143 +383,35 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
     }
   }
 
-  const int base = cfg.layers / pp, extra = cfg.layers % pp;
-  for (int s = 0, layer = 0; s < pp; ++s) {
+  // Stages: the job's parallel.stages, or balanced by parameter count.
+  const std::vector<int> stage_layers = *model::StageLayers(cfg, pp, par.stages);
+  int64_t comm = -1;
+  for (int s = 0; s < pp; ++s) {
+    const model::ModelSlice slice = model::SliceOf(stage_layers, s, tp, 0);
+    const StageShape shape = ShapeOfStage(cfg, slice);
+    const Estimate e = EstimateStage(spec, cfg, shape, s, par.zero, m);
     v1::PipelineStage* st = plan.add_stages();
     st->set_stage(s);
-    st->set_first_layer(layer);
-    st->set_num_layers(base + (s < extra ? 1 : 0));
-    layer += st->num_layers();
-  }
-
-  int64_t comm = 0;
-  for (const v1::PipelineStage& st : plan.stages()) {
-    const Estimate e =
-        EstimateStage(spec, cfg, ShapeOfStage(layout, st, pp, tp), st.stage(), par.zero, m);
-    if (st.stage() == 0 || e.memory.total_bytes() > plan.memory_per_rank().total_bytes()) {
+    st->set_first_layer(slice.first_layer);
+    st->set_num_layers(slice.num_layers);
+    st->set_num_params(shape.num_params);
+    *st->mutable_memory() = e.memory;
+    st->set_in_flight(e.in_flight);
+    st->set_tp_comm_bytes(e.tp_comm);
+    st->set_pp_comm_bytes(e.pp_comm);
+    st->set_dp_comm_bytes(e.dp_comm);
+    if (s == 0 || e.memory.total_bytes() > plan.memory_per_rank().total_bytes()) {
       *plan.mutable_memory_per_rank() = e.memory;
     }
-    comm = std::max(comm, e.comm_bytes);
+    if (e.comm() > comm) {
+      comm = e.comm();
+      plan.set_tp_comm_bytes_per_step(e.tp_comm);
+      plan.set_pp_comm_bytes_per_step(e.pp_comm);
+      plan.set_dp_comm_bytes_per_step(e.dp_comm);
+    }
   }
   plan.set_comm_bytes_per_step(comm);
   return plan;
-}
-
-std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
-  std::string out;
-  const int dp = plan.dp(), m = plan.grad_accum_steps();
-  absl::StrAppendFormat(&out, "plan for %s: world %d = dp %d · tp %d · pp %d\n", spec.name,
-                        plan.world(), dp, plan.tp(), plan.pp());
-  absl::StrAppendFormat(&out,
-                        "model: L=%d NH=%d C=%d context=%d V=%d (Vp=%d); %s params "
-                        "(incl. padded vocab rows)\n",
-                        spec.model.layers, spec.model.heads, spec.model.dim, spec.model.context,
-                        spec.model.vocab, model::PaddedVocab(spec.model.vocab),
-                        Thousands(plan.num_params()));
-  absl::StrAppendFormat(&out, "ZeRO-%d: %s; precision %s%s\n", plan.zero_stage(),
-                        ZeroWhat(plan.zero_stage()), std::string(EnumName(spec.precision)),
-                        spec.parallel.offload == OffloadMode::kOptimizer
-                            ? "; optimizer state offloaded to host memory"
-                            : "");
-  absl::StrAppendFormat(
-      &out, "batch: global %d = micro %d × dp %d × accumulation %d; seq_len %d (%s tokens/step)\n",
-      plan.global_batch(), plan.micro_batch(), dp, m, plan.seq_len(),
-      Thousands(plan.global_batch() * plan.seq_len()));
-  if (plan.pp() == 1) {
-    out += "pipeline: none (pp 1), bubble 0.0%\n";
-  } else {
-    absl::StrAppendFormat(&out,
-                          "pipeline: %d stages, schedule %s, m = %d micro-batches per step, "
-                          "bubble (p-1)/(m+p-1) = %d/%d = %.1f%%\n",
-                          plan.pp(), plan.schedule(), m, plan.pp() - 1, m + plan.pp() - 1,
-                          100.0 * plan.bubble_fraction());
-  }
-  for (const v1::PipelineStage& st : plan.stages()) {
-    if (plan.pp() == 1) break;
-    absl::StrAppendFormat(&out, "  stage %d: layers %d..%d\n", st.stage(), st.first_layer(),
-                          st.first_layer() + st.num_layers() - 1);
-  }
-
-  out += "\nRANK  DP  TP  PP  SAMPLES\n";
-  for (const v1::RankPlan& r : plan.ranks()) {
-    absl::StrAppendFormat(&out, "%4d  %2d  %2d  %2d  [%d, %d)\n", r.rank(), r.dp(), r.tp(), r.pp(),
-                          r.first_sample(), r.first_sample() + r.num_samples());
-  }
-
-  const v1::MemoryEstimate& mem = plan.memory_per_rank();
-  absl::StrAppendFormat(&out, "\nmemory per rank (busiest stage), ZeRO-%d:\n", plan.zero_stage());
-  const bool offload = spec.parallel.offload == OffloadMode::kOptimizer;
-  for (auto [what, b] :
-       {std::pair<const char*, int64_t>{"params", mem.params_bytes()},
-        {"grads", mem.grads_bytes()},
-        {offload ? "optimizer (on host, not in total)" : "optimizer", mem.optimizer_bytes()},
-        {"activations", mem.activations_bytes()},
-        {"comm buffers", mem.comm_buffer_bytes()},
-        {"working set (whole units alive: gathered params, unit grads)", mem.working_bytes()},
-        {"total", mem.total_bytes()}}) {
-    absl::StrAppendFormat(&out, "  %12s  %s\n", Bytes(b), what);
-  }
-  if (offload) absl::StrAppendFormat(&out, "  %12s  host memory\n", Bytes(mem.host_bytes()));
-
-  // The ZeRO paper's model-state bytes per parameter (Rajbhandari et al.,
-  // Fig. 1): K = 12 optimizer bytes in mixed precision (2 + 2 + 12), our
-  // fp32 analogue 4 + 4 + 8.
-  const bool mixed = spec.precision != Precision::kFp32;
-  const double P = mixed ? 2 : 4, G = P, K = mixed ? 12 : 8, N = dp;
-  const double formula[4] = {P + G + K, P + G + K / N, P + (G + K) / N, (P + G + K) / N};
-  absl::StrAppendFormat(&out,
-                        "\nZeRO stages compared (per rank, N = dp = %d; model state = params + "
-                        "grads + optimizer;\nformula: the ZeRO paper's %s B/param: Z0 %s, Z1 "
-                        "%s, Z2 %s, Z3 %s):\n",
-                        dp, mixed ? "2+2+12" : "(fp32) 4+4+8", mixed ? "16" : "16",
-                        mixed ? "4+12/N" : "8+8/N", mixed ? "2+14/N" : "4+12/N", "16/N");
-  out += "STAGE  FORMULA B/PARAM  PLAN B/PARAM  MODEL STATE  WORKING SET  TOTAL GiB  COMM/STEP\n";
-  for (int zero = 0; zero <= 3; ++zero) {
-    JobSpec alt = spec;
-    alt.parallel.zero = zero;
-    absl::StatusOr<v1::Plan> p = MakePlan(alt, plan.world());
-    if (!p.ok()) continue;
-    const v1::MemoryEstimate& e = p->memory_per_rank();
-    const int64_t state = e.params_bytes() + e.grads_bytes() + e.optimizer_bytes();
-    absl::StrAppendFormat(&out, "%s%-4d  %15.3f  %12.3f  %11s  %11s  %9.3f  %9s\n",
-                          zero == plan.zero_stage() ? "*" : " ", zero, formula[zero],
-                          double(state) / double(p->num_params()), Bytes(state),
-                          Bytes(e.working_bytes()), e.total_bytes() / kGiB,
-                          Bytes(p->comm_bytes_per_step()));
-  }
-
-  absl::StrAppendFormat(&out,
-                        "\ncomm per step (bytes sent by the busiest rank): %s (%s B = %.1f MB; "
-                        "the progress lines print what was sent)\n",
-                        Bytes(plan.comm_bytes_per_step()), Thousands(plan.comm_bytes_per_step()),
-                        plan.comm_bytes_per_step() / 1e6);
-
-  absl::StrAppendFormat(&out,
-                        "\nshard units (%d; element ranges within the unit per dp rank, the last "
-                        "also holding numel mod dp):\n",
-                        plan.units_size());
-  const int n = plan.units_size();
-  for (int i = 0; i < n; ++i) {
-    if (n > 8 && i == 2) {
-      absl::StrAppendFormat(&out, "  ... %d more units ...\n", n - 4);
-      i = n - 3;
-      continue;
-    }
-    const v1::ShardUnit& u = plan.units(i);
-    absl::StrAppendFormat(&out, "  %-10s offset %s numel %s\n", u.name(), Thousands(u.offset()),
-                          Thousands(u.numel()));
-    std::vector<std::string> ranges;
-    for (int d = 0; d < u.shard_sizes_size(); ++d) {
-      ranges.push_back(absl::StrFormat("dp%d [%d, %d)", d, u.shard_offsets(d),
-                                       u.shard_offsets(d) + u.shard_sizes(d)));
-    }
-    for (size_t k = 0; k < ranges.size(); k += 4) {
-      std::vector<std::string> line(ranges.begin() + k,
-                                    ranges.begin() + std::min(ranges.size(), k + 4));
-      absl::StrAppend(&out, "      ", absl::StrJoin(line, "  "), "\n");
-    }
-  }
-  return out;
 }
 
 }  // namespace shardtrain

@@ -14,9 +14,14 @@
 //     (common/shard_range.h: floor(numel/dp) each, the last rank also the
 //     remainder). The ranges are contiguous in rank order, disjoint, and
 //     cover [0, numel);
-//   - pipeline stages (layers split as evenly as possible, first stages get
-//     the extra layer), micro-batch count and bubble fraction;
-//   - predicted memory per rank and bytes sent per rank per optimizer step.
+//   - pipeline stages (parallel.stages, or model::StageLayers' split
+//     balanced by parameter count), micro-batch count and bubble fraction;
+//   - per stage, for each of its ranks: the parameters of its slice
+//     (ParamLayout(config, SliceOf(stage, tp))), predicted memory (model
+//     state under ZeRO over dp, activations of the micro-batches in flight:
+//     GPipe m, 1F1B min(m, pp - stage)) and bytes sent per optimizer step,
+//     split into tp, pp and dp collectives; the plan's totals are the
+//     busiest stage's.
 //
 // Thread-compatible: pure functions over values.
 
@@ -66,8 +71,13 @@ ModelStateBytes ZeroMemoryBytes(int64_t num_params, int dp, int stage, bool mixe
 // total memory (respectively the most bytes sent) is reported.
 absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world);
 
+// "1.50 GiB", "12.0 MiB", "3.0 KiB", "12 B".
+std::string FormatPlanBytes(int64_t bytes);
+
 // Human-readable multi-line text of a plan (what `shardtrain plan` prints):
-// header (world = dp·tp·pp, ZeRO, batch split, bubble), rank table, memory
+// header (world = dp·tp·pp, ZeRO, batch split, bubble), the per-stage
+// table (layers, params, in-flight micro-batches, memory, tp/pp/dp bytes
+// sent), rank table, memory
 // per rank for the job's ZeRO stage and a comparison of stages 0-3, bytes
 // sent per step, and the shard units with each dp rank's range (the middle
 // units elided when there are more than 8). `plan` must be MakePlan(spec, w).

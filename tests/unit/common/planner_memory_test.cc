@@ -205,15 +205,42 @@ TEST(PlanMemoryTest, OffloadMovesTheOptimizerStateToHostMemory) {
   EXPECT_NE(PlanText(s, offloaded).find("host memory"), std::string::npos);
 }
 
-TEST(PlanMemoryTest, TensorParallelDividesBlocks) {
+TEST(PlanMemoryTest, TensorParallelSplitsMatmulsAndVocabulary) {
   JobSpec s = SmallSpec(1, 4, 1);
   const v1::Plan p = *MakePlan(s, 4);
-  const model::ParamLayout layout = LayoutOf(s);
-  int64_t want = 0;
-  for (const model::UnitInfo& u : layout.units()) {
-    want += u.name.rfind("block.", 0) == 0 ? CeilDiv(u.numel, 4) : u.numel;
-  }
+  // By hand, C = 96, Vp = 192, context 16, 5 layers, tp 4: wte 192·96/4,
+  // wpe 16·96; per block 6·96 replicated + (12·96² + 7·96)/4; final 2·96.
+  const int64_t want = 192 * 96 / 4 + 16 * 96 + 5 * (6 * 96 + (12 * 96 * 96 + 7 * 96) / 4) + 2 * 96;
+  EXPECT_EQ(p.stages(0).num_params(), want);
   EXPECT_EQ(p.memory_per_rank().params_bytes(), 4 * want);
+  // Less than a quarter of the whole model would be wrong: LayerNorms and wpe stay whole.
+  EXPECT_GT(4 * want, p.num_params());
+}
+
+TEST(PlanMemoryTest, TensorAndPipelineCommByHand) {
+  // tp 2, pp 2, fp32, 5 layers split {3, 2} or as balanced; m = 48 / 2 = 24.
+  JobSpec s = SmallSpec(1, 2, 2);
+  s.parallel.stages = {3, 2};
+  const v1::Plan p = *MakePlan(s, 4);
+  const int64_t m = 24, BT = 2 * 16, BTC = BT * 96, ar = 2 * (2 - 1) * BTC * 4 / 2;
+  // Stage 0: 3 layers × 4 + the embedding's all-reduce; sends activations forward.
+  EXPECT_EQ(p.stages(0).tp_comm_bytes(), m * (3 * 4 + 1) * ar);
+  const int64_t wte_grad = 192 * 96 / 2 * 4;  // its tp half, summed with the last stage once
+  EXPECT_EQ(p.stages(0).pp_comm_bytes(), m * BTC * 4 + wte_grad);
+  // Stage 1: 2 layers × 4 + the LM head's input gradient + 3 cross-entropy
+  // all-reduces of B·T fp32; sends gradients back.
+  EXPECT_EQ(p.stages(1).tp_comm_bytes(), m * ((2 * 4 + 1) * ar + 3 * (BT * 4)));
+  EXPECT_EQ(p.stages(1).pp_comm_bytes(), m * BTC * 4 + wte_grad);
+  EXPECT_EQ(p.stages(0).dp_comm_bytes(), 0);
+  // 1F1B: stage 0 keeps pp - 0 = 2 micro-batches, the last 1.
+  EXPECT_EQ(p.stages(0).in_flight(), 2);
+  EXPECT_EQ(p.stages(1).in_flight(), 1);
+  const std::string text = PlanText(s, p);
+  for (const char* part : {"STAGE  LAYERS  PARAMS/RANK  IN-FLIGHT", "0..2", "3..4", "= tp ",
+                           "bubble (p-1)/(m+p-1) = 1/25 = 4.0%", "vocab-parallel cross-entropy",
+                           "refused: ZeRO-3 needs pp = 1"}) {
+    EXPECT_NE(text.find(part), std::string::npos) << part << "\n" << text;
+  }
 }
 
 TEST(PlanMemoryTest, ReshardAfterForwardFalseKeepsParams) {

@@ -8,18 +8,17 @@ namespace {
 
 // ----------------------------------------------------------------------------
 // Reference model of memory and communication, written from the formulas in
-// planner.h independently of planner.cc: per stage, the resident units (blocks
-// of the stage, embeddings on the first and last, final on the last), block
-// units divided by tp, each part sharded per unit over dp by the ZeRO stage.
+// planner.h independently of planner.cc: per stage, the units of its slice
+// (SliceUnits: blocks of the stage split over tp, embeddings on the first and
+// last, final on the last), each sharded per unit over dp by the ZeRO stage.
 
 struct Reference {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0, comm_buffer = 0, working = 0,
           total = 0;
-  int64_t comm = 0;
+  int64_t comm = 0, tp_comm = 0, pp_comm = 0, dp_comm = 0, num_params = 0;
 };
 
 Reference ReferenceFor(const JobSpec& s, const v1::Plan& plan, int stage) {
-  const model::ParamLayout layout = LayoutOf(s);
   const int dp = s.parallel.dp, tp = s.parallel.tp, pp = s.parallel.pp, zero = s.parallel.zero;
   const int m = s.Split()->accum;
   const bool mixed = s.precision != Precision::kFp32;
@@ -31,17 +30,11 @@ Reference ReferenceFor(const JobSpec& s, const v1::Plan& plan, int stage) {
   std::vector<int64_t> fwd;
   int64_t emb = 0, shard_sum = 0, largest_block = 0, local = 0;
   int64_t sent_params = 0, sent_grads_rs = 0, sent_grads_ar = 0;  // one pass each
-  for (const model::UnitInfo& u : layout.units()) {
-    int64_t n = u.numel;
-    if (u.name == "embeddings") {
-      if (!first && !last) continue;
+  const model::ModelSlice slice{st.first_layer(), st.num_layers(), first, last, tp};
+  for (const auto& [name, n] : SliceUnits(s, slice)) {
+    if (name == "embeddings") {
       emb = n;
-    } else if (u.name == "final") {
-      if (!last) continue;
-    } else {
-      int l = std::stoi(u.name.substr(std::string("block.").size()));
-      if (l < st.first_layer() || l >= st.first_layer() + st.num_layers()) continue;
-      n = CeilDiv(n, tp);
+    } else if (name != "final") {
       largest_block = std::max(largest_block, n);
     }
     fwd.push_back(n);
@@ -95,9 +88,25 @@ Reference ReferenceFor(const JobSpec& s, const v1::Plan& plan, int stage) {
     }
     if (zero >= 1) r.comm += (dp - 1) * 8;  // the gradient norm's all-gather
   }
-  const int64_t L = st.num_layers(), BTC = int64_t{s.batch.micro} * s.batch.seq_len * s.model.dim;
-  if (tp > 1) r.comm += m * L * 4 * 2 * (tp - 1) * CeilDiv(BTC, tp) * ab;
-  r.comm += m * ((last ? 0 : 1) + (first ? 0 : 1)) * BTC * ab;
+  r.dp_comm = r.comm;
+  // tp: per micro-batch 4 all-reduces of B·T·C per layer, one more on the
+  // first stage (embedding) and on the last (LM head input gradient), and 3
+  // of B·T fp32 on the last (cross-entropy); each sends 2(tp-1)/tp of it.
+  const int64_t L = st.num_layers(), BT = int64_t{s.batch.micro} * s.batch.seq_len,
+                BTC = BT * s.model.dim;
+  if (tp > 1) {
+    const int64_t reduces = 4 * L + first + last;
+    r.tp_comm = m * (reduces * (2 * (tp - 1) * BTC * ab / tp) +
+                     (last ? 3 * (2 * (tp - 1) * BT * 4 / tp) : 0));
+  }
+  // pp: B·T·C each way per boundary and micro-batch; the tied wte gradient
+  // (Vp/tp rows) summed between the end stages once per step.
+  r.pp_comm = m * ((last ? 0 : 1) + (first ? 0 : 1)) * BTC * ab;
+  if (pp > 1 && (first || last)) {
+    r.pp_comm += model::PaddedVocab(s.model.vocab) * s.model.dim / tp * gb;
+  }
+  r.comm += r.tp_comm + r.pp_comm;
+  r.num_params = local;
   return r;
 }
 
@@ -253,19 +262,34 @@ TEST_P(PlanMeshTest, ShardsPartitionEachUnit) {
   ExpectShardsPartitionUnits(Plan(s), LayoutOf(s), dp());
 }
 
-TEST_P(PlanMeshTest, StagesPartitionLayersEvenly) {
-  const v1::Plan p = Plan(SmallSpec(dp(), tp(), pp()));
-  ASSERT_EQ(p.stages_size(), pp());
-  int next = 0;
-  for (int s = 0; s < pp(); ++s) {
-    const v1::PipelineStage& st = p.stages(s);
-    EXPECT_EQ(st.stage(), s);
-    EXPECT_EQ(st.first_layer(), next);
-    // 5 layers: the first 5 % pp stages get one extra.
-    EXPECT_EQ(st.num_layers(), 5 / pp() + (s < 5 % pp() ? 1 : 0)) << "stage " << s;
-    next += st.num_layers();
+TEST_P(PlanMeshTest, StagesAreTheBalancedSplitOrTheJobs) {
+  JobSpec s = SmallSpec(dp(), tp(), pp());
+  const model::GptConfig cfg = *model::MakeGptConfig(5, 12, 96, 16, 150);
+  // The balanced split, then an explicit one: the last stage takes the rest.
+  std::vector<int> explicit_split(pp(), 1);
+  explicit_split.back() = 5 - (pp() - 1);
+  for (const std::vector<int>& requested : {std::vector<int>{}, explicit_split}) {
+    s.parallel.stages = requested;
+    const v1::Plan p = Plan(s);
+    const std::vector<int> want = *model::StageLayers(cfg, pp(), requested);
+    ASSERT_EQ(p.stages_size(), pp());
+    int next = 0;
+    for (int st = 0; st < pp(); ++st) {
+      const v1::PipelineStage& ps = p.stages(st);
+      EXPECT_EQ(ps.stage(), st);
+      EXPECT_EQ(ps.first_layer(), next);
+      EXPECT_EQ(ps.num_layers(), want[st]) << "stage " << st;
+      next += ps.num_layers();
+      // The rank's slice: SliceUnits' formula, which is also ParamLayout's count.
+      int64_t n = 0;
+      const model::ModelSlice slice{ps.first_layer(), ps.num_layers(), st == 0, st == pp() - 1,
+                                    tp()};
+      for (const auto& unit : SliceUnits(s, slice)) n += unit.second;
+      EXPECT_EQ(ps.num_params(), n) << "stage " << st;
+      EXPECT_EQ(ps.num_params(), static_cast<int64_t>(model::ParamLayout(cfg, slice).num_params()));
+    }
+    EXPECT_EQ(next, 5);
   }
-  EXPECT_EQ(next, 5);
 }
 
 TEST_P(PlanMeshTest, BubbleFraction) {
@@ -282,7 +306,7 @@ TEST_P(PlanMeshTest, BubbleFraction) {
 TEST_P(PlanMeshTest, MemoryAndCommMatchTheModelForEveryZeroStage) {
   for (Precision prec : {Precision::kFp32, Precision::kBf16}) {
     for (PipelineSchedule sched : {PipelineSchedule::kGpipe, PipelineSchedule::k1F1B}) {
-      for (int zero = 0; zero <= 3; ++zero) {
+      for (int zero = 0; zero <= (pp() == 1 ? 3 : 2); ++zero) {
         JobSpec s = SmallSpec(dp(), tp(), pp());
         s.precision = prec;
         s.parallel.schedule = sched;
@@ -291,12 +315,19 @@ TEST_P(PlanMeshTest, MemoryAndCommMatchTheModelForEveryZeroStage) {
                                         << " schedule " << EnumName(sched));
         const v1::Plan p = Plan(s);
         // The busiest stage, by total memory (first on ties) and by bytes sent.
-        Reference want;
-        int64_t want_comm = 0;
+        Reference want, want_comm;
         for (int st = 0; st < pp(); ++st) {
           Reference r = ReferenceFor(s, p, st);
           if (st == 0 || r.total > want.total) want = r;
-          want_comm = std::max(want_comm, r.comm);
+          if (st == 0 || r.comm > want_comm.comm) want_comm = r;
+          // Each stage's own figures.
+          const v1::PipelineStage& ps = p.stages(st);
+          EXPECT_EQ(ps.memory().total_bytes(), r.total) << "stage " << st;
+          EXPECT_EQ(ps.memory().activations_bytes(), r.activations) << "stage " << st;
+          EXPECT_EQ(ps.tp_comm_bytes(), r.tp_comm) << "stage " << st;
+          EXPECT_EQ(ps.pp_comm_bytes(), r.pp_comm) << "stage " << st;
+          EXPECT_EQ(ps.dp_comm_bytes(), r.dp_comm) << "stage " << st;
+          EXPECT_EQ(ps.num_params(), r.num_params) << "stage " << st;
         }
         const v1::MemoryEstimate& got = p.memory_per_rank();
         EXPECT_EQ(got.params_bytes(), want.params);
@@ -306,7 +337,10 @@ TEST_P(PlanMeshTest, MemoryAndCommMatchTheModelForEveryZeroStage) {
         EXPECT_EQ(got.comm_buffer_bytes(), want.comm_buffer);
         EXPECT_EQ(got.working_bytes(), want.working);
         EXPECT_EQ(got.total_bytes(), want.total);
-        EXPECT_EQ(p.comm_bytes_per_step(), want_comm);
+        EXPECT_EQ(p.comm_bytes_per_step(), want_comm.comm);
+        EXPECT_EQ(p.tp_comm_bytes_per_step(), want_comm.tp_comm);
+        EXPECT_EQ(p.pp_comm_bytes_per_step(), want_comm.pp_comm);
+        EXPECT_EQ(p.dp_comm_bytes_per_step(), want_comm.dp_comm);
       }
     }
   }
@@ -366,6 +400,32 @@ TEST(PlanErrorsTest, HeadsNotDivisibleByTp) {
   JobSpec s = SmallSpec(1, 3, 1);
   s.model.heads = 4;
   EXPECT_EQ(Error(s, 3), "parallel.tp: 3 does not divide model.heads: 4");
+}
+
+TEST(PlanErrorsTest, PaddedVocabNotDivisibleByTp) {
+  JobSpec s = SmallSpec(1, 3, 1);
+  s.model.vocab = 100;  // Vp 128
+  EXPECT_EQ(Error(s, 3),
+            "parallel.tp: 3 does not divide the padded vocabulary 128 (model.vocab 100 rounded up "
+            "to a multiple of 64)");
+}
+
+TEST(PlanErrorsTest, BadStages) {
+  JobSpec s = SmallSpec(1, 1, 2);
+  s.parallel.stages = {2, 2};
+  EXPECT_EQ(Error(s, 2), "parallel.stages: layers sum to 4, expected model.layers: 5");
+  s.parallel.stages = {5};
+  EXPECT_EQ(Error(s, 2),
+            "parallel.stages: has 1 entries, expected one per pipeline stage (parallel.pp: 2)");
+}
+
+TEST(PlanErrorsTest, ZeroThreeWithAPipeline) {
+  JobSpec s = SmallSpec(2, 1, 2);
+  s.parallel.zero = 3;
+  EXPECT_EQ(Error(s, 4).rfind("parallel.zero: 3 cannot be combined with parallel.pp: 2 (", 0), 0u)
+      << Error(s, 4);
+  s.parallel.zero = 2;
+  EXPECT_TRUE(MakePlan(s, 4).ok());
 }
 
 TEST(PlanErrorsTest, FewerLayersThanStages) {

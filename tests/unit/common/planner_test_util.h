@@ -30,12 +30,13 @@ inline std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// A model every tp in 1..4 divides (NH = 12, C = 96) with 5 layers, so pp = 2..4
-// splits them unevenly; the batch divides by micro·dp for every dp in 1..4.
+// A model every tp in 1..4 divides (NH = 12, C = 96, Vp = 192) with 5 layers,
+// so pp = 2..4 splits them unevenly; the batch divides by micro·dp for every
+// dp in 1..4.
 inline JobSpec SmallSpec(int dp, int tp, int pp) {
   JobSpec s;
   s.name = "small";
-  s.model = {"", /*layers=*/5, /*heads=*/12, /*dim=*/96, /*context=*/16, /*vocab=*/100};
+  s.model = {"", /*layers=*/5, /*heads=*/12, /*dim=*/96, /*context=*/16, /*vocab=*/150};
   s.data.train = "data/x.txt";
   s.batch = {/*global=*/48, /*micro=*/2, /*seq_len=*/16};
   s.parallel.dp = dp;
@@ -51,6 +52,25 @@ inline model::ParamLayout LayoutOf(const JobSpec& s) {
 }
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The shard units of a slice, (name, elements of one tp rank), by the
+// splits slice.h documents, written apart from ParamLayout: embeddings (wte
+// Vp/tp rows, wpe whole) on the first and last stage; per block the
+// LayerNorms and the row-parallel biases whole (6C), the rest over tp
+// (12C² + 7C); the final norm (2C) on the last stage.
+inline std::vector<std::pair<std::string, int64_t>> SliceUnits(const JobSpec& s,
+                                                               const model::ModelSlice& sl) {
+  const int64_t C = s.model.dim, tp = sl.tp, Vp = model::PaddedVocab(s.model.vocab);
+  std::vector<std::pair<std::string, int64_t>> out;
+  if (sl.first_stage || sl.last_stage)
+    out.emplace_back("embeddings", Vp * C / tp + s.model.context * C);
+  const int end = sl.num_layers < 0 ? s.model.layers : sl.first_layer + sl.num_layers;
+  for (int l = sl.first_layer; l < end; ++l) {
+    out.emplace_back("block." + std::to_string(l), 6 * C + (12 * C * C + 7 * C) / tp);
+  }
+  if (sl.last_stage) out.emplace_back("final", 2 * C);
+  return out;
+}
 
 // The engine's activation table (common/model/activations.h) for a slice of
 // the spec's model: the one definition of activation sizes, which the

@@ -1,0 +1,207 @@
+// PlanText: the human-readable plan `shardtrain plan` prints (planner.h).
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/model/config.h"
+#include "common/planner.h"
+
+namespace shardtrain {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+constexpr double kGiB = double(int64_t{1} << 30);
+
+// 1234567 -> "1,234,567".
+std::string Thousands(int64_t v) {
+  std::string digits = absl::StrCat(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+const char* ZeroWhat(int zero) {
+  switch (zero) {
+    case 0:
+      return "replicated params, grads and optimizer state (DDP)";
+    case 1:
+      return "optimizer state sharded over dp";
+    case 2:
+      return "optimizer state and grads sharded over dp";
+    default:
+      return "optimizer state, grads and params sharded over dp (FSDP)";
+  }
+}
+
+}  // namespace
+
+std::string FormatPlanBytes(int64_t b) {
+  if (b >= int64_t{1} << 30) return absl::StrFormat("%.2f GiB", b / kGiB);
+  if (b >= kMiB) return absl::StrFormat("%.1f MiB", b / double(kMiB));
+  if (b >= 1024) return absl::StrFormat("%.1f KiB", b / 1024.0);
+  return absl::StrCat(b, " B");
+}
+
+std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
+  std::string out;
+  const int dp = plan.dp(), m = plan.grad_accum_steps();
+  absl::StrAppendFormat(&out, "plan for %s: world %d = dp %d · tp %d · pp %d\n", spec.name,
+                        plan.world(), dp, plan.tp(), plan.pp());
+  absl::StrAppendFormat(&out,
+                        "model: L=%d NH=%d C=%d context=%d V=%d (Vp=%d); %s params "
+                        "(incl. padded vocab rows)\n",
+                        spec.model.layers, spec.model.heads, spec.model.dim, spec.model.context,
+                        spec.model.vocab, model::PaddedVocab(spec.model.vocab),
+                        Thousands(plan.num_params()));
+  absl::StrAppendFormat(&out, "ZeRO-%d: %s; precision %s%s\n", plan.zero_stage(),
+                        ZeroWhat(plan.zero_stage()), std::string(EnumName(spec.precision)),
+                        spec.parallel.offload == OffloadMode::kOptimizer
+                            ? "; optimizer state offloaded to host memory"
+                            : "");
+  absl::StrAppendFormat(
+      &out, "batch: global %d = micro %d × dp %d × accumulation %d; seq_len %d (%s tokens/step)\n",
+      plan.global_batch(), plan.micro_batch(), dp, m, plan.seq_len(),
+      Thousands(plan.global_batch() * plan.seq_len()));
+  if (plan.pp() == 1) {
+    out += "pipeline: none (pp 1), bubble 0.0%\n";
+  } else {
+    absl::StrAppendFormat(&out,
+                          "pipeline: %d stages, schedule %s, m = %d micro-batches per step, "
+                          "bubble (p-1)/(m+p-1) = %d/%d = %.1f%%\n",
+                          plan.pp(), plan.schedule(), m, plan.pp() - 1, m + plan.pp() - 1,
+                          100.0 * plan.bubble_fraction());
+  }
+  // Per stage, per rank (a stage's tp and dp ranks are alike): its slice's
+  // parameters, the micro-batches whose activations it keeps at the peak,
+  // its memory and the bytes it sends per step by kind.
+  absl::StrAppendFormat(&out,
+                        "\nper stage, per rank (params of the rank's slice: its layers' tp "
+                        "shards, embeddings on the first and last stage):\n");
+  out +=
+      "STAGE  LAYERS  PARAMS/RANK  IN-FLIGHT  MODEL STATE  ACTIVATIONS  TOTAL MEM  TP BYTES  PP "
+      "BYTES  DP BYTES\n";
+  for (const v1::PipelineStage& st : plan.stages()) {
+    const v1::MemoryEstimate& e = st.memory();
+    absl::StrAppendFormat(
+        &out, "%5d  %6s  %11s  %9d  %11s  %11s  %9s  %8s  %8s  %8s\n", st.stage(),
+        absl::StrFormat("%d..%d", st.first_layer(), st.first_layer() + st.num_layers() - 1),
+        Thousands(st.num_params()), st.in_flight(),
+        FormatPlanBytes(e.params_bytes() + e.grads_bytes() + e.optimizer_bytes()),
+        FormatPlanBytes(e.activations_bytes()), FormatPlanBytes(e.total_bytes()),
+        FormatPlanBytes(st.tp_comm_bytes()), FormatPlanBytes(st.pp_comm_bytes()),
+        FormatPlanBytes(st.dp_comm_bytes()));
+  }
+  if (plan.pp() > 1) {
+    absl::StrAppendFormat(&out, "in flight: %s keeps %s micro-batches' activations\n",
+                          plan.schedule(),
+                          plan.schedule() == "gpipe" ? "all m" : "min(m, pp - stage)");
+  }
+
+  out += "\nRANK  DP  TP  PP  SAMPLES\n";
+  for (const v1::RankPlan& r : plan.ranks()) {
+    absl::StrAppendFormat(&out, "%4d  %2d  %2d  %2d  [%d, %d)\n", r.rank(), r.dp(), r.tp(), r.pp(),
+                          r.first_sample(), r.first_sample() + r.num_samples());
+  }
+
+  const v1::MemoryEstimate& mem = plan.memory_per_rank();
+  absl::StrAppendFormat(&out, "\nmemory per rank (busiest stage), ZeRO-%d:\n", plan.zero_stage());
+  const bool offload = spec.parallel.offload == OffloadMode::kOptimizer;
+  for (auto [what, b] :
+       {std::pair<const char*, int64_t>{"params", mem.params_bytes()},
+        {"grads", mem.grads_bytes()},
+        {offload ? "optimizer (on host, not in total)" : "optimizer", mem.optimizer_bytes()},
+        {"activations", mem.activations_bytes()},
+        {"comm buffers", mem.comm_buffer_bytes()},
+        {"working set (whole units alive: gathered params, unit grads)", mem.working_bytes()},
+        {"total", mem.total_bytes()}}) {
+    absl::StrAppendFormat(&out, "  %12s  %s\n", FormatPlanBytes(b), what);
+  }
+  if (offload)
+    absl::StrAppendFormat(&out, "  %12s  host memory\n", FormatPlanBytes(mem.host_bytes()));
+
+  // The ZeRO paper's model-state bytes per parameter (Rajbhandari et al.,
+  // Fig. 1): K = 12 optimizer bytes in mixed precision (2 + 2 + 12), our
+  // fp32 analogue 4 + 4 + 8.
+  const bool mixed = spec.precision != Precision::kFp32;
+  const double P = mixed ? 2 : 4, G = P, K = mixed ? 12 : 8, N = dp;
+  const double formula[4] = {P + G + K, P + G + K / N, P + (G + K) / N, (P + G + K) / N};
+  absl::StrAppendFormat(&out,
+                        "\nZeRO stages compared (per rank, N = dp = %d; model state = params + "
+                        "grads + optimizer;\nformula: the ZeRO paper's %s B/param: Z0 %s, Z1 "
+                        "%s, Z2 %s, Z3 %s):\n",
+                        dp, mixed ? "2+2+12" : "(fp32) 4+4+8", mixed ? "16" : "16",
+                        mixed ? "4+12/N" : "8+8/N", mixed ? "2+14/N" : "4+12/N", "16/N");
+  out += "STAGE  FORMULA B/PARAM  PLAN B/PARAM  MODEL STATE  WORKING SET  TOTAL GiB  COMM/STEP\n";
+  for (int zero = 0; zero <= 3; ++zero) {
+    JobSpec alt = spec;
+    alt.parallel.zero = zero;
+    absl::StatusOr<v1::Plan> p = MakePlan(alt, plan.world());
+    if (!p.ok()) {
+      absl::StrAppendFormat(&out, " %-4d  %15.3f  refused: %s\n", zero, formula[zero],
+                            zero == 3 && plan.pp() > 1 ? "ZeRO-3 needs pp = 1" : "invalid");
+      continue;
+    }
+    const v1::MemoryEstimate& e = p->memory_per_rank();
+    const int64_t state = e.params_bytes() + e.grads_bytes() + e.optimizer_bytes();
+    absl::StrAppendFormat(&out, "%s%-4d  %15.3f  %12.3f  %11s  %11s  %9.3f  %9s\n",
+                          zero == plan.zero_stage() ? "*" : " ", zero, formula[zero],
+                          double(state) / double(p->num_params()), FormatPlanBytes(state),
+                          FormatPlanBytes(e.working_bytes()), e.total_bytes() / kGiB,
+                          FormatPlanBytes(p->comm_bytes_per_step()));
+  }
+
+  absl::StrAppendFormat(&out,
+                        "\ncomm per step (bytes sent by the busiest rank): %s (%s B = %.1f MB; "
+                        "the progress lines print what was sent)\n  = tp %s + pp %s + dp %s\n",
+                        FormatPlanBytes(plan.comm_bytes_per_step()),
+                        Thousands(plan.comm_bytes_per_step()), plan.comm_bytes_per_step() / 1e6,
+                        FormatPlanBytes(plan.tp_comm_bytes_per_step()),
+                        FormatPlanBytes(plan.pp_comm_bytes_per_step()),
+                        FormatPlanBytes(plan.dp_comm_bytes_per_step()));
+  if (plan.tp() > 1) {
+    out +=
+        "  tp: per micro-batch, ring all-reduces (2(tp-1)/tp of each): 4 of B·T·C per layer (2 "
+        "forward, 2 backward), 1 of B·T·C for the vocab-parallel embedding (first stage) and 1 "
+        "for the LM head's input gradient plus 3 of B·T fp32 for the vocab-parallel "
+        "cross-entropy (last stage)\n";
+  }
+  if (plan.pp() > 1) {
+    out +=
+        "  pp: per micro-batch B·T·C activations to the next stage and their gradient to the "
+        "previous one; once per step the first and last stages sum the tied wte gradient\n";
+  }
+
+  absl::StrAppendFormat(&out,
+                        "\nshard units (%d; element ranges within the unit per dp rank, the last "
+                        "also holding numel mod dp):\n",
+                        plan.units_size());
+  const int n = plan.units_size();
+  for (int i = 0; i < n; ++i) {
+    if (n > 8 && i == 2) {
+      absl::StrAppendFormat(&out, "  ... %d more units ...\n", n - 4);
+      i = n - 3;
+      continue;
+    }
+    const v1::ShardUnit& u = plan.units(i);
+    absl::StrAppendFormat(&out, "  %-10s offset %s numel %s\n", u.name(), Thousands(u.offset()),
+                          Thousands(u.numel()));
+    std::vector<std::string> ranges;
+    for (int d = 0; d < u.shard_sizes_size(); ++d) {
+      ranges.push_back(absl::StrFormat("dp%d [%d, %d)", d, u.shard_offsets(d),
+                                       u.shard_offsets(d) + u.shard_sizes(d)));
+    }
+    for (size_t k = 0; k < ranges.size(); k += 4) {
+      std::vector<std::string> line(ranges.begin() + k,
+                                    ranges.begin() + std::min(ranges.size(), k + 4));
+      absl::StrAppend(&out, "      ", absl::StrJoin(line, "  "), "\n");
+    }
+  }
+  return out;
+}
+
+}  // namespace shardtrain
