@@ -1,0 +1,220 @@
+#include "common/auto_layout.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <tuple>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/parallel_dims.h"
+#include "common/planner.h"
+
+namespace shardtrain {
+namespace {
+
+// The largest micro <= wanted with global % (micro·dp) == 0, or 0 when none.
+int MicroFor(int global, int wanted, int dp) {
+  for (int micro = wanted; micro >= 1; --micro) {
+    if (global % (int64_t{micro} * dp) == 0) return micro;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::vector<std::string> LayoutCandidate::Overrides(const JobSpec& spec) const {
+  std::vector<std::string> out = {
+      absl::StrCat("parallel.dp=", dp), absl::StrCat("parallel.tp=", tp),
+      absl::StrCat("parallel.pp=", pp), absl::StrCat("parallel.zero=", zero),
+      "parallel.schedule=1f1b",
+  };
+  if (!spec.parallel.stages.empty()) out.push_back("parallel.stages=[]");
+  if (micro_adjusted) out.push_back(absl::StrCat("batch.micro=", micro));
+  return out;
+}
+
+absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayoutOptions& options) {
+  const int n = options.ranks;
+  if (n < 1) return absl::InvalidArgumentError(absl::StrCat("--ranks: must be >= 1, got ", n));
+  if (options.memory_per_rank < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--memory-per-rank: must be >= 1 byte, got ", options.memory_per_rank));
+  }
+  const ModelSpec& model = spec.model;
+  AutoLayoutResult result;
+  std::vector<std::string> skipped;  // why meshes the model allows have no candidate
+  const double tokens = double(spec.batch.global) * spec.batch.seq_len;
+  for (int tp = 1; tp <= n; ++tp) {
+    if (n % tp != 0) continue;
+    for (int pp = 1; pp <= n / tp; ++pp) {
+      if ((n / tp) % pp != 0) continue;
+      const int dp = n / (tp * pp);
+      const ParallelDims dims = *ParallelDims::Create(dp, tp, pp);
+      if (!dims.CheckModelFits(model.layers, model.heads, model.dim, model.vocab).ok()) continue;
+      const int micro = MicroFor(spec.batch.global, spec.batch.micro, dp);
+      if (micro == 0) {
+        skipped.push_back(
+            absl::StrCat("dp ", dp, " does not divide batch.global ", spec.batch.global));
+        continue;
+      }
+      for (int zero = 0; zero <= 3; ++zero) {
+        if (!dims.CheckZero(zero).ok()) continue;
+        JobSpec alt = spec;
+        alt.parallel.dp = dp;
+        alt.parallel.tp = tp;
+        alt.parallel.pp = pp;
+        alt.parallel.zero = zero;
+        alt.parallel.schedule = PipelineSchedule::k1F1B;
+        alt.parallel.stages.clear();
+        alt.batch.micro = micro;
+        absl::StatusOr<v1::Plan> plan = MakePlan(alt, n);
+        if (!plan.ok()) {
+          skipped.push_back(std::string(plan.status().message()));
+          continue;
+        }
+        result.num_params = plan->num_params();
+        LayoutCandidate c;
+        c.dp = dp;
+        c.tp = tp;
+        c.pp = pp;
+        c.zero = zero;
+        c.micro = micro;
+        c.micro_adjusted = micro != spec.batch.micro;
+        c.accum = plan->grad_accum_steps();
+        c.bubble = plan->bubble_fraction();
+        c.peak_memory = plan->memory_per_rank().total_bytes();
+        const CostModel& cost = options.cost;
+        c.compute_s = 6.0 * double(plan->num_params()) * tokens / (n * cost.flops_per_rank) /
+                      (1.0 - c.bubble);
+        c.tp_s = double(plan->tp_comm_bytes_per_step()) / cost.tp_bandwidth;
+        c.pp_s = double(plan->pp_comm_bytes_per_step()) / cost.link_bandwidth;
+        c.dp_s = double(plan->dp_comm_bytes_per_step()) / cost.link_bandwidth;
+        (c.peak_memory <= options.memory_per_rank ? result.fitting : result.too_big).push_back(c);
+      }
+    }
+  }
+  if (result.fitting.empty() && result.too_big.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no dp × tp × pp layout of ", n, " ranks fits the model and batch",
+        skipped.empty() ? " (tp must divide model.heads, 4·dim and the padded vocabulary; pp <= "
+                          "model.layers)"
+                        : absl::StrCat(": ", absl::StrJoin(skipped, "; "))));
+  }
+  auto key = [](const LayoutCandidate& c) {
+    return std::make_tuple(c.step_s(), c.peak_memory, c.pp, c.tp, c.zero);
+  };
+  std::sort(result.fitting.begin(), result.fitting.end(),
+            [&](const LayoutCandidate& a, const LayoutCandidate& b) { return key(a) < key(b); });
+  std::sort(result.too_big.begin(), result.too_big.end(),
+            [&](const LayoutCandidate& a, const LayoutCandidate& b) {
+              return std::make_tuple(a.peak_memory, a.step_s()) <
+                     std::make_tuple(b.peak_memory, b.step_s());
+            });
+  return result;
+}
+
+namespace {
+
+std::string Ms(double s) { return absl::StrFormat("%.1f", s * 1e3); }
+
+std::string Rows(const std::vector<LayoutCandidate>& cs, int top) {
+  std::string out =
+      "  #  DP  TP  PP  ZERO  MICRO    M  BUBBLE   PEAK MEM  COMPUTE ms  TP ms  PP ms  DP ms  "
+      "STEP ms\n";
+  for (int i = 0; i < std::min<int>(top, cs.size()); ++i) {
+    const LayoutCandidate& c = cs[i];
+    absl::StrAppendFormat(
+        &out, "%3d  %2d  %2d  %2d  %4d  %5s  %3d  %5.1f%%  %9s  %10s  %5s  %5s  %5s  %7s\n", i + 1,
+        c.dp, c.tp, c.pp, c.zero, absl::StrCat(c.micro, c.micro_adjusted ? "*" : ""), c.accum,
+        100 * c.bubble, FormatPlanBytes(c.peak_memory), Ms(c.compute_s), Ms(c.tp_s), Ms(c.pp_s),
+        Ms(c.dp_s), Ms(c.step_s()));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string AutoLayoutText(const JobSpec& spec, const AutoLayoutOptions& options,
+                           const AutoLayoutResult& result, int top) {
+  const CostModel& cost = options.cost;
+  std::string out;
+  absl::StrAppendFormat(&out,
+                        "auto layout for %s on %d ranks of %s each: global batch %d × seq_len %d "
+                        "kept, schedule 1f1b, layers balanced by parameter count\n",
+                        spec.name, options.ranks, FormatPlanBytes(options.memory_per_rank),
+                        spec.batch.global, spec.batch.seq_len);
+  absl::StrAppendFormat(
+      &out,
+      "cost model (no overlap): step = compute + tp + pp + dp\n"
+      "  compute = 6 · params (%d) · tokens/step (%d) / (ranks · %.0f TFLOP/s) / (1 − bubble)\n"
+      "  tp = tp bytes sent per step / %.0f GB/s; pp = pp bytes / %.0f GB/s; dp = dp bytes / "
+      "%.0f GB/s\n"
+      "  (bytes: the busiest rank's, as `shardtrain plan` prints them)\n",
+      result.num_params, int64_t{spec.batch.global} * spec.batch.seq_len,
+      cost.flops_per_rank / 1e12, cost.tp_bandwidth / 1e9, cost.link_bandwidth / 1e9,
+      cost.link_bandwidth / 1e9);
+  const size_t total = result.fitting.size() + result.too_big.size();
+  absl::StrAppendFormat(&out, "%d layouts planned, %d fit in %s, %d do not\n", total,
+                        result.fitting.size(), FormatPlanBytes(options.memory_per_rank),
+                        result.too_big.size());
+  if (result.fitting.empty()) {
+    out += "\nnothing fits; the smallest needs:\n";
+    out += Rows(result.too_big, std::min(top, 5));
+    return out;
+  }
+  out += "\n" + Rows(result.fitting, top);
+  bool adjusted = false;
+  for (const LayoutCandidate& c : result.fitting) adjusted = adjusted || c.micro_adjusted;
+  if (adjusted) {
+    absl::StrAppendFormat(&out,
+                          "  * batch.micro lowered from %d so that micro × dp divides the global "
+                          "batch\n",
+                          spec.batch.micro);
+  }
+  const LayoutCandidate& best = result.fitting.front();
+  absl::StrAppendFormat(
+      &out, "\nchosen: dp %d · tp %d · pp %d, ZeRO-%d (predicted %s ms/step, %s per rank)\n",
+      best.dp, best.tp, best.pp, best.zero, Ms(best.step_s()), FormatPlanBytes(best.peak_memory));
+  std::vector<std::string> sets;
+  for (const std::string& o : best.Overrides(spec)) sets.push_back("--set " + o);
+  out += "  " + absl::StrJoin(sets, " ") + "\n";
+  return out;
+}
+
+absl::StatusOr<int64_t> ParseByteSize(std::string_view text, std::string_view what) {
+  const std::string t(absl::StripAsciiWhitespace(absl::string_view(text.data(), text.size())));
+  const std::string field(what);
+  auto bad = [&] {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected a size such as 4GiB, 512MiB or 80GB, got \"", t, "\""));
+  };
+  if (t.empty()) return bad();
+  char* end = nullptr;
+  const double v = std::strtod(t.c_str(), &end);
+  const std::string unit(absl::StripAsciiWhitespace(absl::string_view(end)));
+  static const std::pair<const char*, double> kUnits[] = {{"", 1},
+                                                          {"B", 1},
+                                                          {"KiB", 1024.0},
+                                                          {"MiB", 1048576.0},
+                                                          {"GiB", 1073741824.0},
+                                                          {"TiB", 1099511627776.0},
+                                                          {"KB", 1e3},
+                                                          {"MB", 1e6},
+                                                          {"GB", 1e9},
+                                                          {"TB", 1e12}};
+  if (end == t.c_str() || !std::isfinite(v) || !(v > 0)) return bad();
+  for (const auto& [name, scale] : kUnits) {
+    if (unit == name) {
+      const double bytes = v * scale;
+      if (bytes < 1 || bytes > 9e18) return bad();
+      return static_cast<int64_t>(bytes);
+    }
+  }
+  return bad();
+}
+
+}  // namespace shardtrain

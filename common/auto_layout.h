@@ -1,0 +1,95 @@
+// AutoLayout: the search behind `shardtrain plan --auto`. Given a job spec,
+// a number of ranks and a memory budget per rank, it plans every data ×
+// tensor × pipeline layout (and ZeRO stage) the model allows on those ranks,
+// drops those whose busiest rank needs more memory than the budget, and
+// ranks the rest by a simple predicted step time. Pure: each candidate is
+// MakePlan (planner.h) of the spec with the layout's fields replaced.
+//
+// Candidates: every dp × tp × pp = ranks with tp dividing model.heads, 4·dim
+// and the padded vocabulary and pp <= model.layers (ParallelDims::
+// CheckModelFits); ZeRO 0..3, 3 only with pp = 1 (ParallelDims::CheckZero);
+// schedule 1F1B; layers split balanced by parameter count. The spec's global
+// batch and sequence length are kept; so is batch.micro unless global is not
+// a multiple of micro·dp, in which case the largest micro below it that
+// divides is taken (the candidate says so). A dp that divides no micro
+// batch of the global batch is skipped.
+//
+// Cost model (no overlap of compute and communication; a rough guide to
+// rank layouts, not a prediction of wall time):
+//   compute = 6 · params · tokens per step / (ranks · flops_per_rank)
+//             / (1 − bubble),   bubble = (pp − 1) / (m + pp − 1)
+//   tp      = tp bytes sent per step by the busiest rank / tp_bandwidth
+//   pp      = pp bytes / link_bandwidth
+//   dp      = dp bytes / link_bandwidth
+//   step    = compute + tp + pp + dp
+// where params counts the whole model (padded vocabulary included) and the
+// bytes are the plan's (v1::Plan tp/pp/dp_comm_bytes_per_step).
+//
+// Thread-compatible: pure functions over values.
+#ifndef SHARDTRAIN_COMMON_AUTO_LAYOUT_H_
+#define SHARDTRAIN_COMMON_AUTO_LAYOUT_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/job_spec.h"
+
+namespace shardtrain {
+
+struct CostModel {
+  double flops_per_rank = 100e12;  // FLOP/s each rank sustains
+  double tp_bandwidth = 300e9;     // bytes/s each rank sends inside a tp group (NVLink-class)
+  double link_bandwidth = 25e9;    // bytes/s each rank sends between nodes (pp, dp)
+};
+
+struct AutoLayoutOptions {
+  int ranks = 0;                // >= 1
+  int64_t memory_per_rank = 0;  // bytes, >= 1
+  CostModel cost;
+};
+
+// One planned layout and its predicted cost.
+struct LayoutCandidate {
+  int dp = 1, tp = 1, pp = 1, zero = 0;
+  int micro = 0;                // batch.micro used
+  bool micro_adjusted = false;  // micro differs from the spec's
+  int accum = 0;                // m: micro-batches per step per replica
+  double bubble = 0;            // (pp − 1) / (m + pp − 1)
+  int64_t peak_memory = 0;      // bytes on the busiest rank (max over stages)
+  double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0;
+  double step_s() const { return compute_s + tp_s + pp_s + dp_s; }
+  // The layout as `--set` overrides of the spec: parallel.dp, tp, pp, zero,
+  // schedule=1f1b, parallel.stages=[] when the spec named stages, and
+  // batch.micro when adjusted.
+  std::vector<std::string> Overrides(const JobSpec& spec) const;
+};
+
+struct AutoLayoutResult {
+  std::vector<LayoutCandidate> fitting;  // fastest first (ties: less memory, then fewer pp, tp)
+  std::vector<LayoutCandidate> too_big;  // over the budget, least memory first
+  int64_t num_params = 0;                // of the whole model
+};
+
+// INVALID_ARGUMENT when options.ranks < 1 or memory_per_rank < 1, or when
+// no layout at all exists on that many ranks (the message says why: no dp
+// divides the global batch, ...). A result with no fitting candidate is not
+// an error: the caller reports it (with too_big's smallest need).
+absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayoutOptions& options);
+
+// The ranked table (at most `top` rows), the cost model and the chosen
+// layout as --set overrides; or, when nothing fits, the smallest layouts'
+// needs. What `shardtrain plan --auto` prints.
+std::string AutoLayoutText(const JobSpec& spec, const AutoLayoutOptions& options,
+                           const AutoLayoutResult& result, int top = 10);
+
+// "4GiB", "80 GiB", "512MiB", "1.5GB", "1000000" (bytes): binary units
+// KiB MiB GiB TiB, decimal KB MB GB TB, B or none for bytes; case-sensitive
+// units, a positive finite number. INVALID_ARGUMENT naming `what` otherwise.
+absl::StatusOr<int64_t> ParseByteSize(std::string_view text, std::string_view what);
+
+}  // namespace shardtrain
+
+#endif  // SHARDTRAIN_COMMON_AUTO_LAYOUT_H_

@@ -1,0 +1,144 @@
+// AutoLayout (common/auto_layout.h): every candidate is a layout the model
+// allows, planned as MakePlan plans the spec with the candidate's --set
+// overrides; the budget splits fitting from too big; the ranking follows the
+// stated cost model.
+#include "common/auto_layout.h"
+
+#include <set>
+#include <tuple>
+
+#include "tests/unit/common/planner_test_util.h"
+
+namespace shardtrain {
+namespace {
+
+JobSpec Gpt2() {
+  absl::StatusOr<JobSpec> s = ParseJobSpec(ReadFile(kSourceDir + "/examples/gpt2-124m-zero3.yaml"));
+  EXPECT_TRUE(s.ok()) << s.status();
+  return *s;
+}
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+TEST(AutoLayoutTest, Gpt2On8RanksPlansEveryAllowedLayout) {
+  const JobSpec spec = Gpt2();
+  const std::string yaml = ReadFile(kSourceDir + "/examples/gpt2-124m-zero3.yaml");
+  for (int64_t budget : {4 * kGiB, 80 * kGiB}) {
+    SCOPED_TRACE(testing::Message() << "budget " << budget);
+    AutoLayoutOptions opt;
+    opt.ranks = 8;
+    opt.memory_per_rank = budget;
+    const AutoLayoutResult r = *AutoLayout(spec, opt);
+    // tp in {1, 2, 4} (12 heads), pp | 8 / tp, zero 0..3 with pp = 1, 0..2 otherwise:
+    // meshes with pp = 1: tp 1, 2, 4 (4 stages of ZeRO each); with pp > 1:
+    // (1,2) (1,4) (1,8) (2,2) (2,4) (4,2), 3 each.
+    std::set<std::tuple<int, int, int, int>> seen;
+    for (const auto* list : {&r.fitting, &r.too_big}) {
+      for (const LayoutCandidate& c : *list) {
+        EXPECT_EQ(c.dp * c.tp * c.pp, 8);
+        EXPECT_EQ(12 % c.tp, 0);
+        EXPECT_TRUE(c.zero <= 2 || c.pp == 1);
+        EXPECT_TRUE(seen.insert({c.dp, c.tp, c.pp, c.zero}).second);
+        EXPECT_FALSE(c.micro_adjusted);  // 64 = 8 × 8 divides every dp
+        EXPECT_EQ(list == &r.fitting, c.peak_memory <= budget);
+        // The candidate is the plan of the spec with its overrides.
+        absl::StatusOr<JobSpec> alt = ParseJobSpec(yaml, c.Overrides(spec));
+        ASSERT_TRUE(alt.ok()) << alt.status();
+        const v1::Plan p = *MakePlan(*alt, 8);
+        EXPECT_EQ(p.memory_per_rank().total_bytes(), c.peak_memory);
+        EXPECT_DOUBLE_EQ(c.bubble, p.bubble_fraction());
+        const double compute = 6.0 * p.num_params() * 64 * 1024 / (8 * 100e12) / (1 - c.bubble);
+        EXPECT_NEAR(c.compute_s, compute, 1e-12);
+        EXPECT_NEAR(c.tp_s, p.tp_comm_bytes_per_step() / 300e9, 1e-12);
+        EXPECT_NEAR(c.pp_s, p.pp_comm_bytes_per_step() / 25e9, 1e-12);
+        EXPECT_NEAR(c.dp_s, p.dp_comm_bytes_per_step() / 25e9, 1e-12);
+      }
+    }
+    EXPECT_EQ(seen.size(), 3u * 4 + 6u * 3);
+    ASSERT_FALSE(r.fitting.empty());
+    for (size_t i = 1; i < r.fitting.size(); ++i) {
+      EXPECT_LE(r.fitting[i - 1].step_s(), r.fitting[i].step_s());
+    }
+    const std::string text = AutoLayoutText(spec, opt, r);
+    EXPECT_NE(text.find("chosen: dp "), std::string::npos) << text;
+    EXPECT_NE(text.find("--set parallel.dp="), std::string::npos) << text;
+    EXPECT_NE(text.find("compute = 6 · params"), std::string::npos) << text;
+  }
+}
+
+TEST(AutoLayoutTest, SmallerBudgetFitsFewer) {
+  AutoLayoutOptions opt;
+  opt.ranks = 8;
+  opt.memory_per_rank = 80 * kGiB;
+  const AutoLayoutResult big = *AutoLayout(Gpt2(), opt);
+  opt.memory_per_rank = 4 * kGiB;
+  const AutoLayoutResult small = *AutoLayout(Gpt2(), opt);
+  EXPECT_LT(small.fitting.size(), big.fitting.size());
+  EXPECT_FALSE(small.too_big.empty());
+  EXPECT_EQ(small.fitting.size() + small.too_big.size(), big.fitting.size() + big.too_big.size());
+}
+
+TEST(AutoLayoutTest, NothingFits) {
+  AutoLayoutOptions opt;
+  opt.ranks = 8;
+  opt.memory_per_rank = 1 << 20;
+  const AutoLayoutResult r = *AutoLayout(Gpt2(), opt);
+  EXPECT_TRUE(r.fitting.empty());
+  ASSERT_FALSE(r.too_big.empty());
+  for (size_t i = 1; i < r.too_big.size(); ++i) {
+    EXPECT_LE(r.too_big[i - 1].peak_memory, r.too_big[i].peak_memory);
+  }
+  EXPECT_NE(AutoLayoutText(Gpt2(), opt, r).find("nothing fits"), std::string::npos);
+}
+
+TEST(AutoLayoutTest, MicroLoweredOnlyWhenItMustBe) {
+  JobSpec s = SmallSpec(1, 1, 1);
+  s.batch = {/*global=*/12, /*micro=*/4, /*seq_len=*/16};
+  AutoLayoutOptions opt;
+  opt.ranks = 4;
+  opt.memory_per_rank = 80 * kGiB;
+  const AutoLayoutResult r = *AutoLayout(s, opt);
+  bool saw_dp4 = false, saw_dp1 = false;
+  for (const LayoutCandidate& c : r.fitting) {
+    EXPECT_EQ(12 % (c.micro * c.dp), 0);
+    if (c.dp == 4) {
+      saw_dp4 = true;
+      EXPECT_EQ(c.micro, 3);  // 4 × 4 does not divide 12; 3 × 4 does
+      EXPECT_TRUE(c.micro_adjusted);
+      const std::vector<std::string> o = c.Overrides(s);
+      EXPECT_NE(std::find(o.begin(), o.end(), "batch.micro=3"), o.end());
+    }
+    if (c.dp == 1) {
+      saw_dp1 = true;
+      EXPECT_EQ(c.micro, 4);
+      EXPECT_FALSE(c.micro_adjusted);
+    }
+  }
+  EXPECT_TRUE(saw_dp4);
+  EXPECT_TRUE(saw_dp1);
+}
+
+TEST(AutoLayoutTest, BadOptions) {
+  AutoLayoutOptions opt;
+  opt.memory_per_rank = kGiB;
+  EXPECT_EQ(AutoLayout(Gpt2(), opt).status().message(), "--ranks: must be >= 1, got 0");
+  opt.ranks = 8;
+  opt.memory_per_rank = 0;
+  EXPECT_FALSE(AutoLayout(Gpt2(), opt).ok());
+}
+
+TEST(ParseByteSizeTest, Units) {
+  EXPECT_EQ(*ParseByteSize("4GiB", "--memory-per-rank"), 4 * kGiB);
+  EXPECT_EQ(*ParseByteSize("80 GiB", "x"), 80 * kGiB);
+  EXPECT_EQ(*ParseByteSize("512MiB", "x"), 512 << 20);
+  EXPECT_EQ(*ParseByteSize("1.5GB", "x"), 1500000000);
+  EXPECT_EQ(*ParseByteSize("1000", "x"), 1000);
+  EXPECT_EQ(ParseByteSize("4gib", "--memory-per-rank").status().message(),
+            "--memory-per-rank: expected a size such as 4GiB, 512MiB or 80GB, got \"4gib\"");
+  for (const char* bad : {"", "GiB", "-1GiB", "0", "inf", "4 GiBs"}) {
+    EXPECT_FALSE(ParseByteSize(bad, "x").ok()) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain
