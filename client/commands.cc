@@ -16,6 +16,7 @@
 #include "client/eta.h"
 #include "client/output.h"
 #include "client/why.h"
+#include "common/auto_layout.h"
 #include "common/grpc_status.h"
 #include "common/job_spec.h"
 #include "common/planner.h"
@@ -341,6 +342,46 @@ int Plan(const GlobalFlags& g, const std::string& spec_path, const std::vector<s
   absl::StatusOr<v1::Plan> plan = MakePlan(*spec, world > 0 ? world : spec->World());
   if (!plan.ok()) return ReportError(g, plan.status());
   std::cout << (g.output == "json" ? PlanJson(*plan) + "\n" : PlanText(*spec, *plan)) << std::flush;
+  return 0;
+}
+
+int PlanAuto(const GlobalFlags& g, const std::string& spec_path,
+             const std::vector<std::string>& sets, const PlanAutoFlags& flags) {
+  std::string text;
+  if (auto s = ReadSpec(spec_path, &text); !s.ok()) return ReportError(g, s);
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(text, sets);
+  if (!spec.ok()) return ReportError(g, spec.status());
+  absl::StatusOr<int64_t> memory = ParseByteSize(flags.memory, "--memory-per-rank");
+  if (!memory.ok()) return ReportError(g, memory.status());
+  AutoLayoutOptions options;
+  options.ranks = flags.ranks > 0 ? flags.ranks : spec->World();
+  options.memory_per_rank = *memory;
+  options.cost.flops_per_rank = flags.tflops * 1e12;
+  options.cost.tp_bandwidth = flags.tp_gbps * 1e9;
+  options.cost.link_bandwidth = flags.link_gbps * 1e9;
+  absl::StatusOr<AutoLayoutResult> result = AutoLayout(*spec, options);
+  if (!result.ok()) return ReportError(g, result.status());
+  if (g.output == "json") {
+    std::vector<std::string> rows;
+    for (const LayoutCandidate& c : result->fitting) {
+      rows.push_back(
+          absl::StrFormat("{\"dp\": %d, \"tp\": %d, \"pp\": %d, \"zero\": %d, \"micro\": %d, "
+                          "\"peak_memory_bytes\": %d, \"bubble\": %.6f, \"step_s\": %.9g}",
+                          c.dp, c.tp, c.pp, c.zero, c.micro, c.peak_memory, c.bubble, c.step_s()));
+    }
+    if (!rows.empty()) std::cout << "{\"layouts\": [" << absl::StrJoin(rows, ", ") << "]}\n";
+  } else {
+    std::cout << AutoLayoutText(*spec, options, *result) << std::flush;
+  }
+  if (result->fitting.empty()) {
+    const LayoutCandidate& least = result->too_big.front();
+    return ReportError(g, absl::InvalidArgumentError(absl::StrCat(
+                              "no layout of ", options.ranks, " ranks fits in --memory-per-rank ",
+                              FormatPlanBytes(options.memory_per_rank), ": the smallest (dp ",
+                              least.dp, " · tp ", least.tp, " · pp ", least.pp, ", ZeRO-",
+                              least.zero, ") needs ", FormatPlanBytes(least.peak_memory),
+                              " per rank; use more ranks or a smaller batch.micro")));
+  }
   return 0;
 }
 

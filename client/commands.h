@@ -41,6 +41,22 @@ int Why(const GlobalFlags& g, const std::string& job_id);
 int Plan(const GlobalFlags& g, const std::string& spec_path, const std::vector<std::string>& sets,
          int world);
 
+// `plan --auto`: the flags, as given (the cost model's defaults are
+// CostModel's, common/auto_layout.h).
+struct PlanAutoFlags {
+  int ranks = 0;          // --ranks (default: the spec's world)
+  std::string memory;     // --memory-per-rank, e.g. "4GiB"; required
+  double tflops = 100;    // --tflops-per-rank
+  double tp_gbps = 300;   // --tp-bandwidth, GB/s inside a tp group
+  double link_gbps = 25;  // --link-bandwidth, GB/s between nodes
+};
+// Searches the layouts of the spec's model on --ranks ranks
+// (common/auto_layout.h) and prints the ranked table and the chosen layout
+// as --set overrides. Exit 0 when a layout fits, 2 (with a message naming
+// the smallest need) when none does or the flags are bad.
+int PlanAuto(const GlobalFlags& g, const std::string& spec_path,
+             const std::vector<std::string>& sets, const PlanAutoFlags& flags);
+
 // Prints `s` on stderr, as text ("shardtrain: <message>") or, with --output
 // json, as one JSON object (client/errors.h), with advice for the common
 // causes (an unreachable coordinator names its address), and returns its exit

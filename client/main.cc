@@ -113,6 +113,29 @@ int main(int argc, char** argv) {
   plan->add_option("spec", spec_path, "job spec (YAML)")->required();
   plan->add_option("--set", sets, "override a spec field: key.path=value (repeatable)");
   plan->add_option("--world", world, "number of ranks (default: dp·tp·pp of the spec)");
+  bool plan_auto = false;
+  PlanAutoFlags auto_flags;
+  plan->add_flag("--auto", plan_auto,
+                 "search every dp×tp×pp layout (ZeRO 0-3, 3 only with pp 1; 1F1B; global "
+                 "batch kept) on --ranks ranks that fits --memory-per-rank, ranked by predicted "
+                 "step time = 6·params·tokens/(ranks·flops)/(1-bubble) + tp bytes/tp bandwidth + "
+                 "pp bytes/link bandwidth + dp bytes/link bandwidth (no overlap); prints the top "
+                 "10 and the chosen layout as --set overrides; exit 2 when nothing fits");
+  plan->add_option("--ranks", auto_flags.ranks, "--auto: ranks (default: the spec's world)")
+      ->check(CLI::Range(1, 1 << 20));
+  plan->add_option("--memory-per-rank", auto_flags.memory,
+                   "--auto: memory budget per rank, e.g. 4GiB, 80GiB, 512MiB (required)");
+  plan->add_option("--tflops-per-rank", auto_flags.tflops, "--auto: sustained TFLOP/s per rank")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--tp-bandwidth", auto_flags.tp_gbps,
+                   "--auto: GB/s a rank sends inside a tp group")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--link-bandwidth", auto_flags.link_gbps,
+                   "--auto: GB/s a rank sends between nodes (pp, dp)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   add_common(plan, false, "table|json");
 
   auto* lc = app.add_subcommand(
@@ -181,6 +204,13 @@ int main(int argc, char** argv) {
   if (*cancel) return Cancel(g, job_id);
   if (*workers) return Workers(g);
   if (*history) return History(g, job_id);
+  if (*plan && plan_auto) {
+    if (auto_flags.memory.empty()) {
+      return ReportError(g,
+                         absl::InvalidArgumentError("plan --auto: --memory-per-rank is required"));
+    }
+    return PlanAuto(g, spec_path, sets, auto_flags);
+  }
   if (*plan) return Plan(g, spec_path, sets, world);
   if (*ckpts) return Checkpoints(g, job_id);
   if (*why) return Why(g, job_id);
