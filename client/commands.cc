@@ -215,6 +215,7 @@ int Watch(const GlobalFlags& g, const std::string& job_id) {
   auto job = GetJob(g, job_id);
   if (!job.ok()) return ReportError(g, job.status());
   const int64_t total = job->progress().total_steps();
+  if (g.output != "json" && !LayoutLine(*job).empty()) std::cout << LayoutLine(*job) << std::endl;
   CoordinatorClient client(g.coordinator, g.timeout_ms, g.connect);
   EtaEstimator eta;
   int64_t after = 0;

@@ -216,7 +216,10 @@ class LocalRun {
       }
     }
     const v1::Job& job = resp.job();
-    if (g.output != "json") std::cout << "submitted " << job.job_id() << std::endl;
+    if (g.output != "json") {
+      std::cout << "submitted " << job.job_id() << std::endl;
+      if (!LayoutLine(job).empty()) std::cout << LayoutLine(job) << std::endl;
+    }
 
     // Ctrl-C / SIGTERM: cancel the job and stop watching; teardown follows.
     std::atomic<bool> interrupted{false};

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/job_spec.h"
 
 namespace shardtrain::client {
 namespace {
@@ -222,6 +223,24 @@ std::string StepLine(const v1::StepReport& s, int64_t total_steps, double eta_s)
   // At the end, so that the other columns stay aligned with the lines
   // of steps that did not evaluate.
   if (s.has_val_loss()) absl::StrAppendFormat(&line, "  val %.4f", s.val_loss());
+  return line;
+}
+
+std::string LayoutLine(const v1::Job& job) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_yaml());
+  if (!spec.ok()) return "";
+  const ParallelSpec& p = spec->parallel;
+  std::string line = absl::StrFormat("layout: dp %d × tp %d × pp %d = %d ranks, ZeRO-%d", p.dp,
+                                     p.tp, p.pp, p.dp * p.tp * p.pp, p.zero);
+  absl::StatusOr<BatchSplit> split = spec->Split();
+  if (p.pp > 1 && split.ok()) {
+    const int m = split->accum;
+    absl::StrAppendFormat(&line,
+                          "; pipeline %s, %d micro-batches per step, bubble %.1f%% "
+                          "((pp-1)/(m+pp-1))",
+                          std::string(EnumName(p.schedule)), m,
+                          100.0 * (p.pp - 1) / double(m + p.pp - 1));
+  }
   return line;
 }
 

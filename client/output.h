@@ -40,6 +40,11 @@ std::string JobText(const v1::Job& job);
 // `eta_s` (NaN prints "?"), and on steps that evaluated the validation loss
 // ("val 2.3100") at the end.
 std::string StepLine(const v1::StepReport& s, int64_t total_steps, double eta_s);
+// The job's mesh as `watch` and `local` print it before the events:
+// "layout: dp 2 × tp 2 × pp 2 = 8 ranks, ZeRO-0; pipeline 1f1b, 4
+// micro-batches per step, bubble 20.0% ((pp-1)/(m+pp-1))". Empty when the
+// job's spec does not parse.
+std::string LayoutLine(const v1::Job& job);
 // One line for any event (state changes, failures, steps); step events feed
 // `eta`, which gives their ETA.
 std::string EventLine(const v1::JobEvent& e, int64_t total_steps, EtaEstimator* eta);

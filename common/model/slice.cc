@@ -10,8 +10,6 @@
 namespace shardtrain::model {
 namespace {
 
-constexpr int64_t kInf = std::numeric_limits<int64_t>::max();
-
 absl::Status CheckRequested(const GptConfig& config, int pp, const std::vector<int>& requested) {
   if (static_cast<int>(requested.size()) != pp) {
     return absl::InvalidArgumentError(absl::StrCat("parallel.stages: has ", requested.size(),
@@ -61,30 +59,44 @@ absl::StatusOr<std::vector<int>> StageLayers(const GptConfig& config, int pp,
   auto cost = [&](int s, int a, int b) {
     return (b - a) * block + (s == 0 ? first_extra : 0) + (s == pp - 1 ? last_extra : 0);
   };
-  // best[k][i]: the smallest largest-stage count over the splits of layers
-  // [i, L) into stages k..pp-1, each >= 1 layer.
-  std::vector<std::vector<int64_t>> best(pp + 1, std::vector<int64_t>(L + 1, kInf));
-  best[pp][L] = 0;
-  for (int k = pp - 1; k >= 0; --k) {
-    for (int i = k; i <= L - (pp - k); ++i) {
-      for (int j = i + 1; j <= L - (pp - k - 1); ++j) {
-        if (best[k + 1][j] == kInf) continue;
-        best[k][i] = std::min(best[k][i], std::max(cost(k, i, j), best[k + 1][j]));
-      }
+  // Every block has the same count, so a split is the number of layers n_k
+  // of each stage, and a largest-stage bound `limit` allows stage k at most
+  // cap_k = (limit - extra_k) / block layers: feasible iff every cap_k >= 1
+  // and they sum to >= L. Binary search the smallest feasible limit (O(pp ·
+  // log) instead of a search over split points, for any L); then take each
+  // stage as short as the later stages' caps allow: the earliest split
+  // points among the optimal splits.
+  auto extra = [&](int k) { return cost(k, 0, 0); };
+  auto caps = [&](int64_t limit, std::vector<int64_t>* out) {
+    int64_t sum = 0;
+    for (int k = 0; k < pp; ++k) {
+      const int64_t c = limit < extra(k) ? 0 : (limit - extra(k)) / block;
+      if (c < 1) return false;
+      if (out != nullptr) (*out)[k] = c;
+      sum += std::min<int64_t>(c, L);
+    }
+    return sum >= L;
+  };
+  int64_t lo = 0, hi = int64_t{L} * block + first_extra + last_extra;  // hi is feasible
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (caps(mid, nullptr)) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
     }
   }
-  // Walk forward taking each stage as short as the optimum allows: among
-  // the optimal splits, the one whose every split point comes earliest.
-  const int64_t target = best[0][0];
+  std::vector<int64_t> cap(pp);
+  caps(lo, &cap);
+  std::vector<int64_t> later(pp + 1, 0);  // sum of the caps of stages > k
+  for (int k = pp - 1; k >= 0; --k) later[k] = std::min<int64_t>(L, later[k + 1] + cap[k]);
   std::vector<int> out;
-  for (int k = 0, i = 0; k < pp; ++k) {
-    for (int j = i + 1; j <= L; ++j) {
-      if (best[k + 1][j] != kInf && std::max(cost(k, i, j), best[k + 1][j]) <= target) {
-        out.push_back(j - i);
-        i = j;
-        break;
-      }
-    }
+  int64_t left = L;
+  for (int k = 0; k < pp; ++k) {
+    const int64_t n =
+        std::max<int64_t>(std::max<int64_t>(1, left - later[k + 1]), k == pp - 1 ? left : 1);
+    out.push_back(static_cast<int>(n));
+    left -= n;
   }
   return out;
 }
