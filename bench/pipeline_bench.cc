@@ -12,7 +12,8 @@
 //      time next to pp 1 at the same m (the whole model on one rank). With
 //      more rank threads than cores the stages share cores: a stage waiting
 //      for a core looks busy or idle depending on where it is preempted, so
-//      the measurement is pessimistic there; the output says so per row.
+//      the measurement is distorted there (either way); the output says so
+//      per row, and when the load average exceeds the cores.
 //   2. Activation memory, pp 4: per stage Engine::activation_bytes() (slots
 //      × saved + scratch, allocated once: slots = PeakInFlight of the
 //      stage's schedule), via Trainer::memory(), and the resident bytes
@@ -30,7 +31,7 @@
 //        extras = m · (2·B·T·C + 3·B·T) · 4 B · 2(tp - 1)/tp
 //      Step time next to tp 1 measured in the same run.
 //
-// Usage: pipeline_bench [--steps 5] [--warmup 2] [--threads 1] [--quick]
+// Usage: pipeline_bench [--steps 10] [--warmup 2] [--threads 1] [--quick]
 //                       [--layers 8] [--heads 4] [--dim 128] [--seq 64]
 //                       [--micro 2] [--tp-m 2]
 #include <unistd.h>
@@ -65,7 +66,7 @@ namespace fs = std::filesystem;
 constexpr double kMiB = 1024.0 * 1024.0;
 
 struct Options {
-  int steps = 5, warmup = 2, threads = 1;
+  int steps = 10, warmup = 2, threads = 1;
   bool quick = false;
   int layers = 8, heads = 4, dim = 128, seq = 64, micro = 2;
   int tp_m = 2;  // micro-batches per step in table 3
@@ -262,8 +263,16 @@ std::vector<std::vector<std::vector<RankOut>>> BubbleTable(const Options& o,
   std::printf(
       "cores: %u on this machine (std::thread::hardware_concurrency); pp ranks x %d thread(s) "
       "each. Rows marked 'shared' run more\nrank threads than cores: the stages share cores (and "
-      "with Gloo's threads), so the measured bubble there is pessimistic.\n",
+      "with Gloo's threads), so the measured bubble there is distorted, either way: an action "
+      "preempted\nwhile computing counts the lost time as busy (lower bubble), a stage whose "
+      "neighbour is preempted waits longer (higher).\n",
       cores, o.threads);
+  if (bench::LoadAverage1() > cores) {
+    std::printf(
+        "The 1-minute load (%.2f) is above the %u cores: other processes share them as well, on "
+        "every row ('own' included).\n",
+        bench::LoadAverage1(), cores);
+  }
   return pp4;
 }
 
