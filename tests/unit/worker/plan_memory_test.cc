@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/job_spec.h"
+#include "common/parallel_dims.h"
 #include "common/planner.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/comm/test_util.h"
@@ -119,6 +120,57 @@ TEST_F(PlanMemoryTest, PlanMatchesWhatTheTrainerHoldsWithin5Percent) {
       EXPECT_LE(RelDiff(busiest.params, want.params_bytes()), 0.05);
       EXPECT_LE(RelDiff(busiest.grads, want.grads_bytes()), 0.05);
       EXPECT_LE(RelDiff(busiest.optimizer, want.optimizer_bytes()), 0.05);
+    }
+  }
+}
+
+// The plan's per-stage figures against every rank of a tp2 × pp2 mesh: each
+// rank's slice (params, grads, AdamW state) and activations (the slots its
+// schedule keeps: GPipe m, 1F1B min(m, pp - stage)) within 5%.
+TEST_F(PlanMemoryTest, PipelineStagesMatchEachRankOfATp2Pp2Mesh) {
+  const Shape& shape = kShapes[1];  // fortunes: 4 layers, 2 per stage
+  std::printf("%-6s %5s %5s  %14s %14s %6s  %14s %14s %6s\n", "sched", "zero", "rank", "plan acts",
+              "measured acts", "diff", "plan state", "measured state", "diff");
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    for (int zero = 0; zero <= 1; ++zero) {
+      JobSpec spec = Spec(shape, zero);
+      spec.parallel.dp = 1;
+      spec.parallel.tp = 2;
+      spec.parallel.pp = 2;
+      spec.parallel.schedule =
+          std::string(schedule) == "gpipe" ? PipelineSchedule::kGpipe : PipelineSchedule::k1F1B;
+      spec.batch.global = 4 * spec.batch.micro;  // m = 4 micro-batches per step
+      absl::StatusOr<v1::Plan> plan = MakePlan(spec, 4);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      ASSERT_EQ(plan->stages_size(), 2);
+      std::vector<MemoryUse> got(4);
+      comm::testing::RunRanks(4, [&](comm::Communicator& comm) {
+        auto trainer = Trainer::Create(spec, comm.rank(), /*threads=*/1, &comm);
+        ASSERT_TRUE(trainer.ok()) << trainer.status();
+        (*trainer)->set_measure_memory(true);
+        for (int step = 1; step <= 2; ++step) {
+          absl::StatusOr<StepResult> r = (*trainer)->Step(step);
+          ASSERT_TRUE(r.ok()) << r.status();
+        }
+        got[comm.rank()] = (*trainer)->memory();
+      });
+      const ParallelDims dims = *spec.Dims();
+      for (int rank = 0; rank < 4; ++rank) {
+        SCOPED_TRACE(testing::Message() << schedule << " zero " << zero << " rank " << rank);
+        const v1::MemoryEstimate& want = plan->stages(dims.Coord(rank).pp).memory();
+        const MemoryUse& m = got[rank];
+        const int64_t plan_state =
+            want.params_bytes() + want.grads_bytes() + want.optimizer_bytes();
+        const int64_t got_state = m.params + m.grads + m.optimizer;
+        std::printf("%-6s %5d %5d  %14lld %14lld %5.2f%%  %14lld %14lld %5.2f%%\n", schedule, zero,
+                    rank, static_cast<long long>(want.activations_bytes()),
+                    static_cast<long long>(m.activations),
+                    100 * RelDiff(m.activations, want.activations_bytes()),
+                    static_cast<long long>(plan_state), static_cast<long long>(got_state),
+                    100 * RelDiff(got_state, plan_state));
+        EXPECT_LE(RelDiff(m.activations, want.activations_bytes()), 0.05);
+        EXPECT_LE(RelDiff(got_state, plan_state), 0.05);
+      }
     }
   }
 }
