@@ -20,15 +20,15 @@
 namespace shardtrain::coordinator {
 namespace {
 
-// Smaller gang sizes a recovering job accepts, largest first: dp-only jobs
-// with resources.min_workers below their world, keeping the global batch
-// fixed, so only data-parallel degrees the batch splits over (SplitBatch:
-// whole micro-batches per replica per step) qualify. 4 ranks with
-// global/micro = 4 and min 2 shrink to 2, not 3: 3 replicas cannot split 4
-// micro-batches evenly.
+// Smaller gang sizes a recovering job accepts, largest first: jobs with
+// resources.min_workers below their world lose whole data-parallel replicas
+// (tp · pp ranks each; checkpoints are in the whole model's coordinates, so
+// any mesh resumes), keeping the global batch fixed, so only data-parallel
+// degrees the batch splits over (SplitBatch: whole micro-batches per replica
+// per step) qualify. 4 ranks with global/micro = 4 and min 2 shrink to 2,
+// not 3: 3 replicas cannot split 4 micro-batches evenly.
 std::vector<int> ElasticWorlds(const JobSpec& spec, const ParallelDims& dims) {
   std::vector<int> out;
-  if (dims.tp() != 1 || dims.pp() != 1) return out;
   for (int dp = dims.dp() - 1; dp >= 1; --dp) {
     absl::StatusOr<ParallelDims> shrunk = dims.WithDp(dp);
     if (!shrunk.ok() || shrunk->world() < spec.resources.min_workers) break;

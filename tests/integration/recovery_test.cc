@@ -327,6 +327,42 @@ TEST_F(ClusterTest, ElasticShrinksTo2WorkersAndContinuesTheLossCurve) {
   std::cout << "elastic 4 -> 2 workers: max relative loss difference " << worst << std::endl;
 }
 
+// A dp2 × tp2 × pp2 mesh (1F1B) on 8 workers loses a rank: every other rank
+// is aborted (most share no group with it), and the job resumes from the
+// last commit on dp1 × tp2 × pp2 — 4 workers, one replica with 8
+// micro-batches instead of two with 4 — continuing the uninterrupted run's
+// loss curve.
+TEST_F(ClusterTest, ElasticMeshDropsAReplicaAndContinuesTheLossCurve) {
+  const std::vector<std::string> sets = {
+      "steps=30",      "checkpoint.every=10",     "optimizer.lr=1e-3",
+      "parallel.dp=2", "parallel.tp=2",           "parallel.pp=2",
+      "batch.micro=4", "resources.min_workers=4", "resources.max_workers=8"};
+  CommandResult straight = RunLocal(sets, dir_.path() + "/straight");
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  const std::vector<double> expected = Losses(straight.out);
+  ASSERT_EQ(expected.size(), 30u);
+
+  Start(8, /*lease_ms=*/2000);
+  const std::string job = Submit(sets);
+  ASSERT_TRUE(WaitFor([&] { return Step(job) >= 13; }, seconds(120))) << Status(job);
+  const std::string victim = KillRank(job, 5);
+  ASSERT_FALSE(victim.empty()) << Status(job);
+  ASSERT_TRUE(WaitFor([&] { return State(job) == "SUCCEEDED"; }, seconds(180))) << Status(job);
+  EXPECT_NE(Status(job).find("\"world\": 4"), std::string::npos) << Status(job);
+  CommandResult watch = Cli({"watch", job}, c_.address());
+  EXPECT_NE(watch.out.find("elastic: world 8 -> 4"), std::string::npos) << watch.out;
+  const std::vector<double> got = Losses(Cli({"history", job, "-o", "json"}, c_.address()).out);
+  ASSERT_EQ(got.size(), 30u);
+  double worst = 0;
+  for (int s = 0; s < 30; ++s) {
+    const double rel = std::abs(got[s] - expected[s]) / std::abs(expected[s]);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, 1e-5) << "step " << s + 1;
+  }
+  std::cout << "elastic mesh dp2xtp2xpp2 -> dp1xtp2xpp2: max relative loss difference " << worst
+            << std::endl;
+}
+
 // SIGKILL of a rank while checkpoint step 20 is being written (as soon as its
 // directory appears): the commit of step 10 stays intact, and the job
 // recovers from the newest commit and matches the uninterrupted run.

@@ -157,6 +157,7 @@ class GlooCommunicator final : public Communicator {
     }
     GlooOptions child = options_;
     child.group_name = absl::StrCat(options_.group_name, ".split", k, ".c", color);
+    child.failure_domains.push_back(absl::StrCat(key_prefix_, "/failures"));
     return CreateGlooCommunicator(store_, new_rank, static_cast<int>(members.size()), child,
                                   device_);
   }
@@ -414,7 +415,8 @@ class GlooCommunicator final : public Communicator {
   }
 
   // Peer watcher: while an op has been running for longer than
-  // kPeerPollInterval, polls the group's failure counter in the store every
+  // kPeerPollInterval, polls the failure counters of its group and of the
+  // enclosing groups (GlooOptions::failure_domains) in the store every
   // kPeerPollInterval; once another rank has failed, aborts our pending
   // unbound-buffer wait so this rank fails now rather than at its timeout.
   // (Gloo's own Reduce and Barrier cannot be aborted; they fail at their
@@ -434,12 +436,21 @@ class GlooCommunicator final : public Communicator {
                absl::Now() - running_since_ > options_.peer_failure_poll_interval;
       }
       if (!poll) continue;
+      // Our group's counter first, then the enclosing groups'.
+      std::string failed_key;
       absl::StatusOr<std::string> v = store_->Get(key, absl::ZeroDuration());
-      if (!v.ok()) continue;
+      if (v.ok()) failed_key = key;
+      for (size_t i = 0; failed_key.empty() && i < options_.failure_domains.size(); ++i) {
+        v = store_->Get(options_.failure_domains[i], absl::ZeroDuration());
+        if (v.ok()) failed_key = options_.failure_domains[i];
+      }
+      if (failed_key.empty()) continue;
       absl::MutexLock lock(&abort_mu_);
       if (self_failed_) continue;
-      peer_failure_ =
-          absl::StrCat("another rank of group ", key_prefix_, " failed (", key, " = ", *v, ")");
+      peer_failure_ = failed_key == key ? absl::StrCat("another rank of group ", key_prefix_,
+                                                       " failed (", key, " = ", *v, ")")
+                                        : absl::StrCat("a rank of an enclosing group failed (",
+                                                       failed_key, " = ", *v, ")");
       if (waiting_on_ != nullptr) {
         waiting_on_->abortWaitRecv();
         waiting_on_->abortWaitSend();
@@ -487,6 +498,7 @@ class GlooCommunicator final : public Communicator {
       self_failed_ = true;
     }
     store_->Add(absl::StrCat(key_prefix_, "/failures"), 1).IgnoreError();
+    for (const std::string& domain : options_.failure_domains) store_->Add(domain, 1).IgnoreError();
     const FailureReports reports =
         ExchangeFailureReports(*store_, key_prefix_, rank_, size_, item.seq, item.args.type,
                                options_.failure_report_grace);

@@ -48,6 +48,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -76,6 +77,11 @@ struct GlooOptions {
   // counter in the store at this interval (one Get per interval, only during
   // long ops) so that a failure elsewhere aborts it early.
   absl::Duration peer_failure_poll_interval = absl::Milliseconds(100);
+  // Failure counters of enclosing groups (store keys) that this group also
+  // watches and bumps: Split adds its parent's (and so every ancestor's), so
+  // that a failure in one sub-group of a mesh aborts the ranks blocked in
+  // the others — they may not share a group with the failed rank at all.
+  std::vector<std::string> failure_domains;
   // How long a failing rank waits for the others' failure reports.
   absl::Duration failure_report_grace = absl::Seconds(1);
   // kRing: our ring (reduce-scatter + all-gather over unbound buffers, all

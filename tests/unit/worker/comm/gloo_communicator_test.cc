@@ -421,5 +421,41 @@ TEST(GlooAsyncTest, WaitTimeoutAndInvalidArguments) {
   });
 }
 
+// A failure in one sub-group aborts ranks blocked in another sub-group that
+// does not contain the failed rank (through the world's failure counter,
+// GlooOptions::failure_domains), long before their own op's timeout: what a
+// tp/pp/dp mesh needs when one rank dies.
+TEST(GlooSubGroupTest, FailureInOneSubGroupAbortsTheOthers) {
+  GlooOptions options;
+  options.timeout = absl::Seconds(30);
+  RunRanks(
+      4,
+      [](Communicator& world) {
+        const int row = world.rank() / 2;
+        auto group = world.Split(/*color=*/row, /*key=*/world.rank() % 2);
+        ASSERT_TRUE(group.ok()) << group.status();
+        float x = 1.0f;
+        const absl::Time start = absl::Now();
+        if (world.rank() == 0) {
+          // Rank 1 never sends: this Recv times out after 300 ms.
+          OpArgs a;
+          a.type = OpType::kRecv;
+          a.output = &x;
+          a.count = 1;
+          a.peer = 1;
+          a.timeout = absl::Milliseconds(300);
+          EXPECT_TRUE(absl::IsDeadlineExceeded((*group)->Submit(a)->Wait()));
+        } else if (world.rank() == 2) {
+          // Rank 3 never joins: only the other row's failure can end this.
+          absl::Status s = (*group)->AllReduce(&x, 1, DataType::kFloat32, ReduceOp::kSum);
+          const absl::Duration took = absl::Now() - start;
+          EXPECT_TRUE(absl::IsAborted(s)) << s;
+          EXPECT_NE(s.message().find("enclosing group"), std::string::npos) << s;
+          EXPECT_LT(took, absl::Seconds(10)) << "aborted only after " << took;
+        }
+      },
+      options);
+}
+
 }  // namespace
 }  // namespace shardtrain::comm
