@@ -389,7 +389,8 @@ absl::StatusOr<Manifest> ReadManifest(CheckpointStorage& storage, const std::str
 }
 
 absl::Status CheckCompatible(const Manifest& manifest, const model::ParamLayout& layout) {
-  if (manifest.config != layout.config() || manifest.layout_fingerprint != layout.GlobalFingerprint()) {
+  if (manifest.config != layout.config() ||
+      manifest.layout_fingerprint != layout.GlobalFingerprint()) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint of step ", manifest.step, " was saved for model ",
                      model::ToString(manifest.config), ", the job's model is ",

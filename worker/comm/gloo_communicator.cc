@@ -415,14 +415,14 @@ class GlooCommunicator final : public Communicator {
   }
 
   // Peer watcher: while an op has been running for longer than
-  // kPeerPollInterval, polls the failure counters of its group and of the
-  // enclosing groups (GlooOptions::failure_domains) in the store every
-  // kPeerPollInterval; once another rank has failed, aborts our pending
-  // unbound-buffer wait so this rank fails now rather than at its timeout.
-  // (Gloo's own Reduce and Barrier cannot be aborted; they fail at their
-  // timeout.)
+  // kPeerPollInterval, polls the failure counters of its group, then of the
+  // enclosing groups (GlooOptions::failure_domains), in the store every
+  // interval; once another rank has failed, aborts our pending unbound-buffer
+  // wait so this rank fails now rather than at its timeout. (Gloo's own
+  // Reduce and Barrier cannot be aborted; they fail at their timeout.)
   void WatchPeers() {
-    const std::string key = absl::StrCat(key_prefix_, "/failures");
+    std::vector<std::string> keys = {absl::StrCat(key_prefix_, "/failures")};
+    keys.insert(keys.end(), options_.failure_domains.begin(), options_.failure_domains.end());
     while (true) {
       bool poll = false;
       {
@@ -436,21 +436,15 @@ class GlooCommunicator final : public Communicator {
                absl::Now() - running_since_ > options_.peer_failure_poll_interval;
       }
       if (!poll) continue;
-      // Our group's counter first, then the enclosing groups'.
-      std::string failed_key;
-      absl::StatusOr<std::string> v = store_->Get(key, absl::ZeroDuration());
-      if (v.ok()) failed_key = key;
-      for (size_t i = 0; failed_key.empty() && i < options_.failure_domains.size(); ++i) {
-        v = store_->Get(options_.failure_domains[i], absl::ZeroDuration());
-        if (v.ok()) failed_key = options_.failure_domains[i];
-      }
-      if (failed_key.empty()) continue;
+      absl::StatusOr<std::string> v;
+      size_t i = 0;
+      while (i < keys.size() && !(v = store_->Get(keys[i], absl::ZeroDuration())).ok()) ++i;
+      if (i == keys.size()) continue;
       absl::MutexLock lock(&abort_mu_);
       if (self_failed_) continue;
-      peer_failure_ = failed_key == key ? absl::StrCat("another rank of group ", key_prefix_,
-                                                       " failed (", key, " = ", *v, ")")
-                                        : absl::StrCat("a rank of an enclosing group failed (",
-                                                       failed_key, " = ", *v, ")");
+      peer_failure_ =
+          absl::StrCat(i == 0 ? "another rank of group " : "a rank of an enclosing group of ",
+                       key_prefix_, " failed (", keys[i], " = ", *v, ")");
       if (waiting_on_ != nullptr) {
         waiting_on_->abortWaitRecv();
         waiting_on_->abortWaitSend();

@@ -85,7 +85,8 @@ struct Losses {
 // Trains `spec` on its world of thread ranks over steps [first, kSteps];
 // restores from `resume` first when given; saves checkpoints to `save`
 // (manifest written as rank 0's commit would) when given.
-Losses Train(const JobSpec& spec, int first = 1, const std::string& resume = "", bool save = false) {
+Losses Train(const JobSpec& spec, int first = 1, const std::string& resume = "",
+             bool save = false) {
   const ParallelDims dims = *spec.Dims();
   Losses run;
   run.loss.assign(kSteps + 1, 0.0);

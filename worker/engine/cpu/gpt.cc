@@ -297,8 +297,10 @@ void Gpt::StageBackward(int slot, float loss_scale, const float* doutput) {
       (!sl.last_stage && doutput == nullptr)) {
     // precondition: a forward (with targets on the last stage) of this
     // slot, not yet backpropagated; the gradient of its output elsewhere.
-    std::fprintf(stderr, "Gpt::StageBackward: no preceding Forward with targets of slot %d to backpropagate\n",
-                 slot);
+    std::fprintf(
+        stderr,
+        "Gpt::StageBackward: no preceding Forward with targets of slot %d to backpropagate\n",
+        slot);
     std::abort();
   }
   SlotActs& s = slots_[slot];

@@ -169,8 +169,8 @@ TEST(PipelineStageTest, TwoStagesWithTwoSlotsEqualTheWholeModel) {
   ExpectClose(grads, ref.grads);
   const model::ParamLayout& last = stages[1]->layout();
   const float* wpe = stages[1]->grads().f32().data() + last.offset(last.wpe());
-  EXPECT_TRUE(std::all_of(wpe, wpe + last.tensors()[last.wpe()].numel,
-                          [](float x) { return x == 0.0f; }));
+  EXPECT_TRUE(
+      std::all_of(wpe, wpe + last.tensors()[last.wpe()].numel, [](float x) { return x == 0.0f; }));
 }
 
 TEST(GlobalRunsTest, TpSlicesPartitionTheWholeModel) {
@@ -195,10 +195,10 @@ TEST(GlobalRunsTest, TpSlicesPartitionTheWholeModel) {
     }
     // Split tensors once, replicated ones tp times.
     for (const model::TensorInfo& t : whole.tensors()) {
-      const bool split = t.name == "wte" || t.name.find("qkv") != std::string::npos ||
-                         t.name.find("weight") != std::string::npos && t.shape.size() == 2 &&
-                             t.name != "wpe" ||
-                         t.name.find("mlp.fc.bias") != std::string::npos;
+      const bool split =
+          t.name == "wte" || t.name.find("qkv") != std::string::npos ||
+          t.name.find("weight") != std::string::npos && t.shape.size() == 2 && t.name != "wpe" ||
+          t.name.find("mlp.fc.bias") != std::string::npos;
       for (size_t i = 0; i < t.numel; ++i) {
         ASSERT_EQ(count[t.offset + i], split ? 1 : tp) << t.name << " tp " << tp;
       }
