@@ -78,5 +78,24 @@ TEST(OutputTest, ProgressLinesShowValLossOnEvaluatedSteps) {
       << StepLine(sent, 60, 1.2);
 }
 
+TEST(OutputTest, LayoutLineNamesTheMeshAndThePipelineBubble) {
+  const std::string spec =
+      "name: l\nmodel: {layers: 4, heads: 4, dim: 32, context: 32, vocab: 256}\n"
+      "data: {train: t.txt}\nbatch: {global: 32, micro: 4, seq_len: 16}\n"
+      "parallel: {dp: 2, tp: 2, pp: 2, zero: 1, schedule: gpipe}\nsteps: 1\n";
+  v1::Job job;
+  job.set_spec_yaml(spec);
+  EXPECT_EQ(LayoutLine(job),
+            "layout: dp 2 × tp 2 × pp 2 = 8 ranks, ZeRO-1; pipeline gpipe, 4 micro-batches per "
+            "step, bubble 20.0% ((pp-1)/(m+pp-1))");
+  job.set_spec_yaml(
+      "name: l\nmodel: {layers: 4, heads: 4, dim: 32, context: 32, vocab: 256}\n"
+      "data: {train: t.txt}\nbatch: {global: 8, micro: 2, seq_len: 16}\n"
+      "parallel: {dp: 4}\nsteps: 1\n");
+  EXPECT_EQ(LayoutLine(job), "layout: dp 4 × tp 1 × pp 1 = 4 ranks, ZeRO-0");
+  job.set_spec_yaml("not: [a spec");
+  EXPECT_EQ(LayoutLine(job), "");
+}
+
 }  // namespace
 }  // namespace shardtrain::client
