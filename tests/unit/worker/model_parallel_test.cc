@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,10 @@ std::string Name(const Layout& l) {
   if (l.zero > 0) absl::StrAppend(&s, "_zero", l.zero);
   return s;
 }
+
+// gtest prints a parameter with this (the test names and failures show the
+// layout, not its bytes).
+void PrintTo(const Layout& l, std::ostream* os) { *os << Name(l); }
 
 class Corpus {
  public:
