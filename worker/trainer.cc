@@ -68,15 +68,9 @@ void ForEachGlobalPiece(const model::ParamLayout& layout, const parallel::FlatRa
   size_t data = 0;  // offset of the current range's first element in the data
   for (const auto& [begin, end] : ranges) {
     for (const model::FlatRun& run : layout.GlobalRuns(begin, end)) {
-      size_t at = run.local;
-      const size_t stop = run.local + run.count;
-      for (const auto& [sb, se] : skip) {  // emit [at, stop) minus skip
-        if (se <= at) continue;
-        if (sb >= stop) break;
-        if (sb > at) f(data + (at - begin), run.global + (at - run.local), sb - at);
-        at = std::min(stop, se);
-      }
-      if (at < stop) f(data + (at - begin), run.global + (at - run.local), stop - at);
+      parallel::ForEachOutside(run.local, run.local + run.count, skip, [&](size_t a, size_t b) {
+        f(data + (a - begin), run.global + (a - run.local), b - a);
+      });
     }
     data += end - begin;
   }
@@ -152,7 +146,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
       return s;
     }
   }
-  (*t)->world_ = comm;
   return t;
 }
 

@@ -8,12 +8,20 @@ namespace shardtrain::model {
 
 namespace {
 
-// The whole model's tensors in layout order: name, shape, split, unit name.
-struct Spec {
-  std::string name;
-  std::vector<int64_t> shape;
-  TpSplit split;
-};
+constexpr uint64_t kFnvBasis = 1469598103934665603ull;
+
+// Mixes one tensor's name, shape and offset into an FNV-1a hash: the
+// fingerprint of a layout is this over its tensors in order.
+void MixTensor(uint64_t& h, const std::string& name, const std::vector<int64_t>& shape,
+               uint64_t offset) {
+  auto mix = [&h](const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  mix(name.data(), name.size());
+  for (int64_t d : shape) mix(&d, sizeof d);
+  mix(&offset, sizeof offset);
+}
 
 }  // namespace
 
@@ -23,13 +31,11 @@ ParamLayout::ParamLayout(const GptConfig& config, const ModelSlice& slice)
   const int tp = slice.tp;
   const int end_layer = slice.end_layer(config);
   num_layers_ = end_layer - slice.first_layer;
-  size_t global_offset = 0;  // of the tensor being visited, in the whole layout
+  // The tensor being visited, in the whole layout: offset, index; and the
+  // whole layout's fingerprint, as Fingerprint() computes it.
+  size_t global_offset = 0;
   int global_index = 0;
-  uint64_t& gh = global_fingerprint_ = 1469598103934665603ull;  // FNV-1a, as Fingerprint()
-  auto mix = [](uint64_t& h, const void* p, size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  };
+  global_fingerprint_ = kFnvBasis;
   auto unit = [&](std::string name) {
     UnitInfo u;
     u.name = std::move(name);
@@ -41,13 +47,12 @@ ParamLayout::ParamLayout(const GptConfig& config, const ModelSlice& slice)
   auto add = [&](bool keep, std::string name, std::vector<int64_t> shape, TpSplit split) {
     size_t global_numel = 1;
     for (int64_t d : shape) global_numel *= static_cast<size_t>(d);
-    mix(gh, name.data(), name.size());
-    for (int64_t d : shape) mix(gh, &d, sizeof d);
-    uint64_t off = global_offset;
-    mix(gh, &off, sizeof off);
+    MixTensor(global_fingerprint_, name, shape, global_offset);
     const int index = global_index++;
+    const size_t offset = global_offset;
     global_offset += global_numel;
     if (!keep) return;
+    global_offsets_.push_back(offset);
     TensorInfo t;
     t.name = std::move(name);
     t.decay = shape.size() == 2;  // see TensorInfo::decay
@@ -98,15 +103,6 @@ ParamLayout::ParamLayout(const GptConfig& config, const ModelSlice& slice)
   add(slice.last_stage, "lnf.weight", {C}, TpSplit::kNone);
   add(slice.last_stage, "lnf.bias", {C}, TpSplit::kNone);
   global_num_params_ = global_offset;
-  // Global offsets of the kept tensors (a second pass: the whole layout's
-  // offsets are those of ParamLayout(config)).
-  global_offsets_.reserve(tensors_.size());
-  if (slice.whole()) {
-    for (const TensorInfo& t : tensors_) global_offsets_.push_back(t.offset);
-  } else {
-    const ParamLayout whole(config);
-    for (const TensorInfo& t : tensors_) global_offsets_.push_back(whole.offset(t.global));
-  }
 }
 
 std::vector<FlatRun> ParamLayout::GlobalRuns(size_t begin, size_t end) const {
@@ -161,17 +157,8 @@ absl::StatusOr<int> ParamLayout::FindTensor(const std::string& name) const {
 }
 
 uint64_t ParamLayout::Fingerprint() const {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  auto mix = [&h](const void* p, size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  };
-  for (const TensorInfo& t : tensors_) {
-    mix(t.name.data(), t.name.size());
-    for (int64_t d : t.shape) mix(&d, sizeof d);
-    uint64_t off = t.offset;
-    mix(&off, sizeof off);
-  }
+  uint64_t h = kFnvBasis;
+  for (const TensorInfo& t : tensors_) MixTensor(h, t.name, t.shape, t.offset);
   return h;
 }
 

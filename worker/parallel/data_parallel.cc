@@ -23,15 +23,9 @@ absl::Status CheckHostFp32(engine::Engine& engine, const char* who) {
 double SquaredNormOutside(absl::Span<const float> grads, size_t offset, const FlatRanges& skip,
                           engine::ThreadPool* pool) {
   double squared = 0;
-  size_t at = offset;  // flat index of the next element not yet counted or skipped
-  const size_t end = offset + grads.size();
-  for (const auto& [b, e] : skip) {
-    if (e <= at) continue;
-    if (b >= end) break;
-    if (b > at) squared += optim::GradSquaredNorm(grads.subspan(at - offset, b - at), pool);
-    at = std::min(end, e);
-  }
-  if (at < end) squared += optim::GradSquaredNorm(grads.subspan(at - offset, end - at), pool);
+  ForEachOutside(offset, offset + grads.size(), skip, [&](size_t first, size_t last) {
+    squared += optim::GradSquaredNorm(grads.subspan(first - offset, last - first), pool);
+  });
   return squared;
 }
 

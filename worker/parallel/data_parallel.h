@@ -27,6 +27,7 @@
 #ifndef SHARDTRAIN_WORKER_PARALLEL_DATA_PARALLEL_H_
 #define SHARDTRAIN_WORKER_PARALLEL_DATA_PARALLEL_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -141,6 +142,20 @@ class DataParallel {
   // buffers; off by default (it costs a syscall per use).
   virtual void set_measure(bool on) = 0;
 };
+
+// Calls f(first, last) for each part [first, last) of [begin, end) outside
+// `skip` (sorted, disjoint), in order.
+template <typename F>
+void ForEachOutside(size_t begin, size_t end, const FlatRanges& skip, F f) {
+  size_t at = begin;  // the first element not yet passed to f or skipped
+  for (const auto& [b, e] : skip) {
+    if (e <= at) continue;
+    if (b >= end) break;
+    if (b > at) f(at, b);
+    at = std::min(end, e);
+  }
+  if (at < end) f(at, end);
+}
 
 // The squared L2 norm of `grads` (flat elements [offset, offset + size)),
 // leaving out the parts inside `skip`.

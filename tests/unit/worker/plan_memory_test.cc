@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -80,6 +79,24 @@ double RelDiff(int64_t got, int64_t want) {
   return want == 0 ? (got == 0 ? 0.0 : 1.0) : std::abs(double(got - want)) / double(want);
 }
 
+// What each of `world` thread ranks holds (resident, measured) after two
+// steps of `spec`.
+std::vector<MemoryUse> MeasuredMemory(const JobSpec& spec, int world) {
+  std::vector<MemoryUse> out(world);
+  comm::testing::RunRanks(world, [&](comm::Communicator& comm) {
+    auto trainer = Trainer::Create(spec, comm.rank(), /*threads=*/1, &comm);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    (*trainer)->set_measure_memory(true);
+    for (int step = 1; step <= 2; ++step) {
+      absl::StatusOr<StepResult> r = (*trainer)->Step(step);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_TRUE(std::isfinite(r->loss));
+    }
+    out[comm.rank()] = (*trainer)->memory();
+  });
+  return out;
+}
+
 TEST_F(PlanMemoryTest, PlanMatchesWhatTheTrainerHoldsWithin5Percent) {
   std::printf("%-9s %4s  %14s %14s %6s  %14s %14s %6s\n", "shape", "zero", "plan acts",
               "measured acts", "diff", "plan state", "measured state", "diff");
@@ -90,22 +107,7 @@ TEST_F(PlanMemoryTest, PlanMatchesWhatTheTrainerHoldsWithin5Percent) {
       absl::StatusOr<v1::Plan> plan = MakePlan(spec, 2);
       ASSERT_TRUE(plan.ok()) << plan.status();
       const v1::MemoryEstimate& want = plan->memory_per_rank();
-      MemoryUse busiest;  // the last dp rank's, which the plan reports
-      std::mutex mu;
-      comm::testing::RunRanks(2, [&](comm::Communicator& comm) {
-        auto trainer = Trainer::Create(spec, comm.rank(), /*threads=*/1, &comm);
-        ASSERT_TRUE(trainer.ok()) << trainer.status();
-        (*trainer)->set_measure_memory(true);
-        for (int step = 1; step <= 2; ++step) {
-          absl::StatusOr<StepResult> r = (*trainer)->Step(step);
-          ASSERT_TRUE(r.ok()) << r.status();
-          ASSERT_TRUE(std::isfinite(r->loss));
-        }
-        if (comm.rank() == 1) {
-          std::lock_guard<std::mutex> lock(mu);
-          busiest = (*trainer)->memory();
-        }
-      });
+      const MemoryUse busiest = MeasuredMemory(spec, 2)[1];  // the last dp rank's, as the plan
       const int64_t plan_state = want.params_bytes() + want.grads_bytes() + want.optimizer_bytes();
       const int64_t got_state = busiest.params + busiest.grads + busiest.optimizer;
       std::printf("%-9s %4d  %14lld %14lld %5.2f%%  %14lld %14lld %5.2f%%\n", shape.name, zero,
@@ -143,17 +145,7 @@ TEST_F(PlanMemoryTest, PipelineStagesMatchEachRankOfATp2Pp2Mesh) {
       absl::StatusOr<v1::Plan> plan = MakePlan(spec, 4);
       ASSERT_TRUE(plan.ok()) << plan.status();
       ASSERT_EQ(plan->stages_size(), 2);
-      std::vector<MemoryUse> got(4);
-      comm::testing::RunRanks(4, [&](comm::Communicator& comm) {
-        auto trainer = Trainer::Create(spec, comm.rank(), /*threads=*/1, &comm);
-        ASSERT_TRUE(trainer.ok()) << trainer.status();
-        (*trainer)->set_measure_memory(true);
-        for (int step = 1; step <= 2; ++step) {
-          absl::StatusOr<StepResult> r = (*trainer)->Step(step);
-          ASSERT_TRUE(r.ok()) << r.status();
-        }
-        got[comm.rank()] = (*trainer)->memory();
-      });
+      const std::vector<MemoryUse> got = MeasuredMemory(spec, 4);
       const ParallelDims dims = *spec.Dims();
       for (int rank = 0; rank < 4; ++rank) {
         SCOPED_TRACE(testing::Message() << schedule << " zero " << zero << " rank " << rank);

@@ -308,11 +308,7 @@ void Gpt::StageBackward(int slot, float loss_scale, const float* doutput) {
   const int C = cfg.dim, b = s.b, t = s.t, N = b * t;
   const int64_t NC = int64_t{N} * C;
   ThreadPool* pool = &pool_;
-  auto zero = [&](float* p, int64_t n) {
-    pool->ParallelFor(
-        n, [&](int64_t i0, int64_t i1) { std::memset(p + i0, 0, sizeof(float) * (i1 - i0)); },
-        1 << 14);
-  };
+  auto zero = [pool](float* p, int64_t n) { ZeroFill(p, n, pool); };
   const float* last_output = s.layers.empty() ? s.encoded : s.layers.back().residual3;
   if (sl.last_stage) {
     {

@@ -93,11 +93,7 @@ void Gpt::BlockBackward(int l, LayerActs& a, const float* residual, int b, int t
   const int Ct = C / tp, NHt = config().heads / tp, N = b * t;
   const int64_t NC = int64_t{N} * C, NCt = int64_t{N} * Ct;
   ThreadPool* pool = &pool_;
-  auto zero = [&](float* p, int64_t n) {
-    pool->ParallelFor(
-        n, [&](int64_t i0, int64_t i1) { std::memset(p + i0, 0, sizeof(float) * (i1 - i0)); },
-        1 << 14);
-  };
+  auto zero = [pool](float* p, int64_t n) { ZeroFill(p, n, pool); };
   auto w = [&](BlockTensor bt) { return param(layout_.block_tensor(l, bt)); };
   auto dw = [&](BlockTensor bt) { return grad(layout_.block_tensor(l, bt)); };
   // residual3 = residual2 + fcproj: both receive dresidual (in place). The

@@ -1,9 +1,12 @@
 // Pieces gpt.cc and gpt_block.cc share: the unit-use scope that calls the
-// parameter hook, and the profiling phase timer. Internal to the CPU engine.
+// parameter hook, zeroing scratch, and the profiling phase timer. Internal
+// to the CPU engine.
 #ifndef SHARDTRAIN_WORKER_ENGINE_CPU_GPT_INTERNAL_H_
 #define SHARDTRAIN_WORKER_ENGINE_CPU_GPT_INTERNAL_H_
 
 #include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 
 #include "worker/engine/cpu/gpt.h"
@@ -26,6 +29,13 @@ class Gpt::UnitScope {
   const std::function<void(int, bool)>& hook_;
   const int unit_;
 };
+
+// Sets n floats at p to 0 on the pool's threads (the backward's scratch).
+inline void ZeroFill(float* p, int64_t n, ThreadPool* pool) {
+  pool->ParallelFor(
+      n, [&](int64_t i0, int64_t i1) { std::memset(p + i0, 0, sizeof(float) * (i1 - i0)); },
+      1 << 14);
+}
 
 // Times a phase into `slot` when profiling.
 class PhaseTimer {
