@@ -93,7 +93,7 @@ struct RankOut {
   std::vector<worker::StepResult> steps;  // the timed ones
   worker::MemoryUse allocated, resident;  // after the timed steps
   int slots = 0;
-  int64_t saved_numel = 0, scratch_numel = 0;  // per slot / shared
+  int64_t saved_bytes = 0, scratch_bytes = 0;  // per slot / shared
 };
 
 std::string SpecYaml(const Options& o, const Layout& l, const std::string& train) {
@@ -153,8 +153,8 @@ std::vector<RankOut> RunLayout(const Options& o, const Layout& l, const std::str
       r.resident = (*trainer)->memory();
       const engine::Engine& e = (*trainer)->engine();
       r.slots = e.slots();
-      r.saved_numel = e.activations().saved_numel();
-      r.scratch_numel = e.activations().scratch_numel();
+      r.saved_bytes = e.activations().saved_bytes();
+      r.scratch_bytes = e.activations().scratch_bytes();
     }
     if (comm != nullptr) {
       if (absl::Status s = comm->Shutdown(); !s.ok()) fail(rank, s);
@@ -318,7 +318,7 @@ void MemoryTable(const Options& o, const std::vector<std::vector<std::vector<Ran
       const int64_t fa = rf->allocated.activations, ga = rg->allocated.activations;
       // The allocation as the table says it should be, in fp32.
       auto expect = [](const RankOut& r) {
-        return (r.saved_numel * r.slots + r.scratch_numel) * int64_t{4};
+        return r.saved_bytes * r.slots + r.scratch_bytes;
       };
       const bool ok = expect(*rf) == fa && expect(*rg) == ga;
       std::printf(
@@ -333,7 +333,7 @@ void MemoryTable(const Options& o, const std::vector<std::vector<std::vector<Ran
     std::printf("per stage (pp 4): saved per slot / scratch MiB:");
     for (int s = 0; s < pp; ++s) {
       if (const RankOut* r = StageOf(pp4[0][1], s)) {
-        std::printf(" s%d %.3f/%.3f", s, r->saved_numel * 4 / kMiB, r->scratch_numel * 4 / kMiB);
+        std::printf(" s%d %.3f/%.3f", s, r->saved_bytes / kMiB, r->scratch_bytes / kMiB);
       }
     }
     std::printf(

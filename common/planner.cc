@@ -162,8 +162,7 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   const bool mixed = IsMixed(spec.precision);
   const int64_t pb = ComputeBytes(spec.precision);  // param bytes/element (compute dtype)
   const int64_t gb = pb;                            // grads are in the compute dtype too
-  // Activations are stored in the compute dtype (as llm.c's floatX).
-  const int64_t ab = ComputeBytes(spec.precision);
+  const int64_t ab = ComputeBytes(spec.precision);  // activations sent between ranks
   const int64_t BT = int64_t{spec.batch.micro} * spec.batch.seq_len, BTC = BT * cfg.dim;
   const int64_t Ls = shape.slice.num_layers;
   const bool first = s == 0, last = s == pp - 1;
@@ -187,10 +186,12 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   // tensors once per micro-batch alive at once: 1 without a pipeline; with
   // one, GPipe keeps all m forwards before the first backward, 1F1B at most
   // pp - s on stage s.
-  const model::ActivationTable acts(cfg, spec.batch.micro, spec.batch.seq_len, shape.slice);
+  // Stored in the compute dtype (as llm.c's floatX), statistics in fp32.
+  const model::ActivationTable acts(cfg, spec.batch.micro, spec.batch.seq_len, shape.slice,
+                                    mixed ? DataType::kBFloat16 : DataType::kFloat32);
   if (pp > 1)
     e.in_flight = spec.parallel.schedule == PipelineSchedule::kGpipe ? m : std::min(pp - s, m);
-  mem.set_activations_bytes((acts.saved_numel() * e.in_flight + acts.scratch_numel()) * ab);
+  mem.set_activations_bytes(acts.bytes(e.in_flight));
 
   // Working set of ZeRO-2/3 (parallel::Zero): whole-unit gradients alive in
   // backward — the tied embeddings' from the LM head to the end, the unit

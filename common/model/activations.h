@@ -23,7 +23,11 @@
 // A pipeline stage keeps one set of the saved tensors per micro-batch in
 // flight (Engine::slots()).
 //
-// Elements, not bytes: an engine stores them in its compute type.
+// Bytes: the LayerNorm statistics (mean, rstd), losses and lse are fp32 in
+// every precision; all other tensors are stored in the compute type (4 bytes
+// in fp32, 2 in bf16 / fp16). Offsets are in bytes within their kind, each
+// tensor aligned to 16 bytes, so the engine carves its buffers and the
+// planner sums them from the same numbers.
 // Thread-compatible: an immutable value.
 #ifndef SHARDTRAIN_COMMON_MODEL_ACTIVATIONS_H_
 #define SHARDTRAIN_COMMON_MODEL_ACTIVATIONS_H_
@@ -32,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
 #include "common/model/config.h"
 #include "common/model/slice.h"
 
@@ -43,14 +48,18 @@ struct ActivationTensor {
   std::string name;  // "block.3.qkv", "logits", "dqkv", ...
   int64_t numel = 0;
   ActivationKind kind = ActivationKind::kSaved;
-  int64_t offset = 0;  // in elements, within the kind's contiguous part (see below)
+  DataType dtype = DataType::kFloat32;  // fp32 statistics, or the compute type
+  int64_t offset = 0;                   // in bytes, within the kind's contiguous part (see below)
+  int64_t bytes() const { return numel * int64_t(DataTypeSize(dtype)); }
 };
 
 class ActivationTable {
  public:
   // Preconditions (the callers validate them): B, T >= 1; slice within the
-  // config's layers; tp divides heads.
-  ActivationTable(const GptConfig& config, int B, int T, const ModelSlice& slice = {});
+  // config's layers; tp divides heads. `compute`: the type of every tensor
+  // but the fp32 statistics.
+  ActivationTable(const GptConfig& config, int B, int T, const ModelSlice& slice = {},
+                  DataType compute = DataType::kFloat32);
 
   // In allocation order: the saved tensors (layers in order, then the
   // model's ends), then the scratch ones. Each kind is contiguous: a
@@ -60,14 +69,18 @@ class ActivationTable {
   // error: the names are fixed above).
   const ActivationTensor& at(const std::string& name) const;
 
-  int64_t saved_numel() const { return saved_; }  // per micro-batch in flight
-  int64_t scratch_numel() const { return scratch_; }
-  int64_t total_numel() const { return saved_ + scratch_; }
+  DataType compute() const { return compute_; }
+  int64_t saved_bytes() const { return saved_; }  // per micro-batch in flight
+  int64_t scratch_bytes() const { return scratch_; }
+  // What an engine keeping `slots` micro-batches in flight allocates.
+  int64_t bytes(int slots) const { return saved_ * slots + scratch_; }
 
  private:
-  void Add(std::string name, int64_t numel, ActivationKind kind);
+  // A tensor of the compute type, or (stat) an fp32 statistic.
+  void Add(std::string name, int64_t numel, ActivationKind kind, bool stat = false);
+  const DataType compute_;
   std::vector<ActivationTensor> tensors_;
-  int64_t saved_ = 0, scratch_ = 0;
+  int64_t saved_ = 0, scratch_ = 0;  // bytes
 };
 
 }  // namespace shardtrain::model

@@ -40,7 +40,7 @@ TEST(PlanMemoryTest, ZeroStagesOnDataParallelOnly) {
         EXPECT_EQ(mem.params_bytes() + mem.grads_bytes() + mem.optimizer_bytes(), helper);
 
         // Activations: the engine's table for one micro-batch, whole model.
-        EXPECT_EQ(mem.activations_bytes(), ActivationsOf(s).total_numel() * pb);
+        EXPECT_EQ(mem.activations_bytes(), ActivationsOf(s).bytes(1));
         // Collectives run in place; without accumulation the only buffers
         // are the Gloo backend's fp32 scratch (CPU): all-reduce one block
         // (+1) of the whole gradient (< 25 MiB, one bucket) or of the
@@ -97,7 +97,7 @@ TEST(PlanMemoryTest, FortunesDdpByHand) {
   EXPECT_EQ(p.memory_per_rank().params_bytes(), 4 * n);
   EXPECT_EQ(p.memory_per_rank().grads_bytes(), 4 * n);
   EXPECT_EQ(p.memory_per_rank().optimizer_bytes(), 8 * n);
-  EXPECT_EQ(p.memory_per_rank().activations_bytes(), ActivationsOf(s).total_numel() * 4);
+  EXPECT_EQ(p.memory_per_rank().activations_bytes(), ActivationsOf(s).bytes(1));
   EXPECT_EQ(p.comm_bytes_per_step(), 2 * 3 * n);  // all-reduce: 2·(3/4)·4n bytes, n % 4 == 0
 }
 
@@ -163,11 +163,11 @@ TEST(PlanMemoryTest, PipelineKeepsOnlyItsStageAndSchedulesDiffer) {
   // micro-batch, scratch once.
   const model::ActivationTable first = ActivationsOf(s, {0, 2, true, false, 1});
   const model::ActivationTable last = ActivationsOf(s, {2, 2, false, true, 1});
-  ASSERT_EQ(first.scratch_numel(), last.scratch_numel());
-  const int64_t scratch = first.scratch_numel() * 4;
+  ASSERT_EQ(first.scratch_bytes(), last.scratch_bytes());
+  const int64_t scratch = first.scratch_bytes();
   // GPipe: stage 1 (logits) keeps 8 micro-batches; 1F1B: stage 0 keeps 2, stage 1 keeps 1.
-  const int64_t last_mb = last.saved_numel() * 4;
-  const int64_t first_mb = first.saved_numel() * 4;
+  const int64_t last_mb = last.saved_bytes();
+  const int64_t first_mb = first.saved_bytes();
   EXPECT_EQ(gpipe.memory_per_rank().activations_bytes(), 8 * last_mb + scratch);
   const int64_t stage0 = 4 * 4 * (emb + 2 * blk) + 2 * first_mb + scratch;
   const int64_t stage1 = 4 * 4 * (emb + 2 * blk + fin) + last_mb + scratch;

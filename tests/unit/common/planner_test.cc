@@ -56,7 +56,7 @@ Reference ReferenceFor(const JobSpec& s, const v1::Plan& plan, int stage) {
   if (pp > 1) {
     alive = s.parallel.schedule == PipelineSchedule::kGpipe ? m : std::min<int64_t>(pp - stage, m);
   }
-  r.activations = (acts.saved_numel() * alive + acts.scratch_numel()) * ab;
+  r.activations = acts.bytes(alive);
   if (dp > 1) {
     // A shard to receive reduce-scatters into when accumulating; on CPU the
     // Gloo backend's fp32 scratch: all-reduce one block (+1) of its largest

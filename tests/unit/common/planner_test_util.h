@@ -79,7 +79,9 @@ inline std::vector<std::pair<std::string, int64_t>> SliceUnits(const JobSpec& s,
 inline model::ActivationTable ActivationsOf(const JobSpec& s, const model::ModelSlice& slice = {}) {
   return model::ActivationTable(*model::MakeGptConfig(s.model.layers, s.model.heads, s.model.dim,
                                                       s.model.context, s.model.vocab),
-                                s.batch.micro, s.batch.seq_len, slice);
+                                s.batch.micro, s.batch.seq_len, slice,
+                                s.precision == Precision::kFp32 ? DataType::kFloat32
+                                                                : DataType::kBFloat16);
 }
 
 }  // namespace shardtrain
