@@ -26,6 +26,7 @@
 #include "common/model/config.h"
 #include "common/model/param_layout.h"
 #include "worker/engine/device.h"
+#include "worker/engine/flat_math.h"
 #include "worker/engine/thread_pool.h"
 
 namespace shardtrain::engine {
@@ -55,6 +56,9 @@ class Engine {
   // Host threads for host-side math over the flat buffers (the optimizer
   // step, gradient norms).
   virtual ThreadPool* host_pool() = 0;
+  // The optimizer side's arithmetic over the flat fp32 buffers, where they
+  // live (device()): norms, scaling, AdamW, copies for checkpoints.
+  virtual FlatMath& math() = 0;
 
   // GPT-2 init, a pure function of (seed, layout): weights N(0, 0.02), the
   // residual projections N(0, 0.02 / sqrt(2L)), biases 0, LayerNorm weights

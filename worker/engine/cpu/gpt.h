@@ -1,5 +1,8 @@
 // Gpt: the CPU engine (engine::Engine): a GPT-2 style transformer in fp32
-// on OpenBLAS, owning its parameters, gradients and activations.
+// on OpenBLAS, owning its parameters, gradients and activations. The order
+// of the step (blocks, hooks, slots, tp regions) is engine::GptEngine's
+// (worker/engine/gpt_engine.h); this class supplies the layers
+// (engine/cpu/layers.h, vocab_parallel.h).
 //
 // The flat parameter and gradient buffers come from a CpuDevice (PageBuffer
 // mappings: ZeRO-2/3 release ranges of them and measure what is resident);
@@ -34,20 +37,15 @@
 #include "worker/engine/cpu/cpu_device.h"
 #include "worker/engine/cpu/vocab_parallel.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/gpt_engine.h"
 #include "worker/engine/tensor_parallel.h"
 #include "worker/engine/thread_pool.h"
 
 namespace shardtrain::engine::cpu {
 
-struct GptOptions {
-  model::ModelSlice slice;  // default: the whole model
-  int slots = 1;            // micro-batches whose saved activations are kept at once
-  // The slice's tp group (rank slice.tp_rank of slice.tp); required when
-  // slice.tp > 1, must outlive the engine.
-  TensorParallel* tp = nullptr;
-};
+using GptOptions = GptEngineOptions;
 
-class Gpt final : public Engine {
+class Gpt final : public GptEngine {
  public:
   // B >= 1, 1 <= T <= config.context, threads >= 1, slots >= 1, a slice
   // within the model whose tp divides heads, 4·dim and the padded vocabulary
@@ -58,45 +56,32 @@ class Gpt final : public Engine {
                                                      int threads, const GptOptions& options = {});
 
   // ---- Engine
-  const model::ParamLayout& layout() const override { return layout_; }
-  int max_batch() const override { return B_; }
-  int max_seq_len() const override { return T_; }
   Device& device() override { return device_; }
   Buffer& param_buffer() override { return *params_; }
   Buffer& grad_buffer() override { return *grads_; }
-  const model::ActivationTable& activations() const override { return table_; }
   int64_t activation_bytes() const override { return int64_t(acts_->bytes()); }
   int64_t ResidentActivationBytes() const override { return acts_->ResidentBytes(); }
   ThreadPool* host_pool() override { return &pool_; }
-  void InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) override;
-  float Forward(const int* tokens, const int* targets, int b, int t) override {
-    return StageForward(0, tokens, targets, nullptr, b, t);
+  FlatMath& math() override { return math_; }
+  void InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) override {
+    InitSliceHost(seed, begin, end, out, &pool_);
   }
-  using Engine::Forward;
-  void Backward(float loss_scale = 1.0f) override { StageBackward(0, loss_scale, nullptr); }
-  int slots() const override { return static_cast<int>(slots_.size()); }
   float StageForward(int slot, const int* tokens, const int* targets, const float* input, int b,
                      int t) override;
+  using GptEngine::Forward;
   const float* StageOutput(int slot) const override;
-  void StageBackward(int slot, float loss_scale, const float* doutput) override;
   const float* InputGrad() const override {
-    return layout_.slice().first_stage ? nullptr : dresidual_;
+    return layout().slice().first_stage ? nullptr : static_cast<const float*>(dresidual());
   }
   void ZeroGrad() override;
   void ReadLogits(int row, float* out) const override;
-  void set_grads_ready_hook(std::function<void(size_t offset)> hook) override {
-    grads_ready_ = std::move(hook);
-  }
-  void set_param_hook(std::function<void(int unit, bool begin)> hook) override {
-    param_hook_ = std::move(hook);
-  }
 
   // ---- The CPU engine's own.
   ThreadPool* pool() { return &pool_; }
   // Logits of slot 0's last forward: (b, t, Vp / tp) row stride Vp / tp
   // (this rank's vocabulary columns); columns >= vocab are not computed.
   // Invalidated by Backward() (it overwrites them with their gradient).
-  const float* logits() const { return slots_[0].logits; }
+  const float* logits() const { return static_cast<const float*>(slot(0).logits); }
 
   // Per-phase wall time of the last Forward/Backward in ms (profiling).
   struct Timing {
@@ -106,54 +91,48 @@ class Gpt final : public Engine {
   void set_profiling(bool on) { profiling_ = on; }
   const Timing& timing() const { return timing_; }
 
+ protected:
+  // ---- GptEngine's layers, on the host in fp32.
+  void EncoderForward(SlotActs& s) override;
+  void EncoderBackward(const SlotActs& s, const void* dout) override;
+  void CopyFromFloat32(void* dst, const float* src, int64_t n) override;
+  void Zero(void* p, int64_t n) override;
+  void LayerNormForward(void* out, float* mean, float* rstd, const void* inp, int weight, int bias,
+                        int N, int C) override;
+  void LayerNormBackward(void* dinp, const void* dout, const void* inp, const float* mean,
+                         const float* rstd, int weight, int bias, int N, int C) override;
+  void MatmulForward(void* out, const void* inp, int weight, int bias, int N, int IC, int OC,
+                     int ld_out) override;
+  void MatmulBackward(void* dinp, const void* dout, int ld_dout, const void* inp, int weight,
+                      int bias, int N, int IC, int OC) override;
+  void AddBias(void* out, int bias, int N, int OC) override;
+  void AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t, int Ct,
+                        int NHt) override;
+  void AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
+                         const void* att, int b, int t, int Ct, int NHt) override;
+  void GeluForward(void* out, const void* inp, int64_t n) override;
+  void GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) override;
+  void ResidualForward(void* out, const void* inp1, const void* inp2, int64_t n) override;
+  void LmHeadForward(SlotActs& s) override;
+  double CrossEntropyForward(SlotActs& s) override;
+  void CrossEntropyBackward(SlotActs& s, float dloss) override;
+  void LmHeadBackward(SlotActs& s, void* dln) override;
+  void TpAllReduceSum(void* x, int64_t n) override;
+
  private:
   Gpt(const model::GptConfig& config, int B, int T, int threads, const GptOptions& options);
 
-  struct LayerActs {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean, *ln2_rstd,
-        *fch, *fch_gelu, *residual3;
-  };
-  // The saved activations of one micro-batch in flight.
-  struct SlotActs {
-    std::vector<LayerActs> layers;  // the slice's layers, in order
-    float *encoded, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *lse;
-    std::vector<int> tokens, targets;
-    int b = 0, t = 0;
-    bool forwarded = false;  // a forward with targets (last stage) not yet backpropagated
-  };
-  const float* param(int tensor) const { return param_data_ + layout_.offset(tensor); }
-  float* grad(int tensor) { return grad_data_ + layout_.offset(tensor); }
-  // The whole model's init of global elements [begin, end) into out.
-  void InitGlobal(uint64_t seed, size_t begin, size_t end, float* out);
-  // One block of the slice (gpt_block.cc): `residual` is its input.
-  void BlockForward(int layer, LayerActs& a, const float* residual, int b, int t);
-  void BlockBackward(int layer, LayerActs& a, const float* residual, int b, int t);
-  // Row-parallel linear forward: out (N, OC) = inp (N, IC_local) ·
-  // weightᵀ, summed over tp, plus bias.
-  void RowParallelForward(float* out, const float* inp, const float* weight, const float* bias,
-                          int N, int IC, int OC);
+  const float* param(int tensor) const { return param_data_ + layout().offset(tensor); }
+  float* grad(int tensor) { return grad_data_ + layout().offset(tensor); }
 
-  model::ParamLayout layout_;
-  const model::ParamLayout whole_;  // the whole model's layout (init, global indices)
-  TensorParallel* const tp_;
   VocabShard vocab_;  // this rank's rows of wte
-  const int B_, T_;
   ThreadPool pool_;
+  HostFlatMath math_{&pool_};
   CpuDevice device_;
-  // Calls param_hook_ (if any) for `unit` before and after a scope.
-  class UnitScope;
-
-  const model::ActivationTable table_;
   std::unique_ptr<Buffer> params_, grads_, acts_;
   float* param_data_ = nullptr;
   float* grad_data_ = nullptr;
-  std::vector<SlotActs> slots_;
-  float* proj_out_;
-  // backward scratch
-  float *dresidual_, *dln_, *datty_, *dqkv_, *dfch_, *dfch_gelu_, *att_scratch_;
   bool profiling_ = false;
-  std::function<void(size_t)> grads_ready_;
-  std::function<void(int, bool)> param_hook_;
   Timing timing_;
 };
 

@@ -113,6 +113,7 @@ class FakeStage final : public engine::Engine {
   int64_t activation_bytes() const override { return 0; }
   int64_t ResidentActivationBytes() const override { return 0; }
   engine::ThreadPool* host_pool() override { return nullptr; }
+  engine::FlatMath& math() override { return math_; }
   void InitParamsInto(uint64_t, size_t, size_t, float*) override {}
   float Forward(const int*, const int*, int, int) override { Unused("Forward"); }
   void Backward(float) override { Unused("Backward"); }
@@ -169,6 +170,7 @@ class FakeStage final : public engine::Engine {
   model::ParamLayout layout_;
   model::ActivationTable table_;
   const int stage_, stages_, slots_;
+  engine::HostFlatMath math_{nullptr};
   const float w_;
   std::vector<std::vector<float>> x_, y_;
   std::vector<std::vector<int>> targets_;

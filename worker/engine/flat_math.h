@@ -1,0 +1,72 @@
+// FlatMath: the optimizer side's arithmetic over flat fp32 arrays in one
+// device's memory — the gradient norm, scaling, the AdamW update, and copies
+// to and from the host for checkpoints. Data-parallel strategies and the
+// optimizer call it on ranges of an engine's flat buffers, so the same
+// strategy code steps a model held by the host or by a GPU.
+//
+// HostFlatMath is the host's, on a ThreadPool; engine/cuda has the GPU's.
+// Results are deterministic: SquaredNorm sums in double over a fixed
+// decomposition of [0, n), whatever the threads.
+// Thread-compatible.
+#ifndef SHARDTRAIN_WORKER_ENGINE_FLAT_MATH_H_
+#define SHARDTRAIN_WORKER_ENGINE_FLAT_MATH_H_
+
+#include <cstddef>
+#include <memory>
+
+#include "worker/engine/device.h"
+#include "worker/engine/thread_pool.h"
+
+namespace shardtrain::engine {
+
+// One AdamW update's coefficients, computed once per step by the optimizer
+// (optim/adamw.h): per element
+//   m = b1 m + (1-b1) g ;  v = b2 v + (1-b2) g²
+//   p = p · decay - step_size · m / (sqrt(v) · inv_sqrt_bc2 + eps)
+struct AdamWCoefficients {
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float decay = 1.0f;      // 1 - lr · weight_decay, or 1 for tensors without decay
+  float step_size = 0.0f;  // lr / (1 - b1^t)
+  float inv_sqrt_bc2 = 1.0f;
+};
+
+class FlatMath {
+ public:
+  virtual ~FlatMath() = default;
+  // Sum of x[i]² over [0, n), in double.
+  virtual double SquaredNorm(const float* x, size_t n) = 0;
+  // x[i] *= s over [0, n).
+  virtual void Scale(float* x, size_t n, float s) = 0;
+  // The AdamW update of n elements; when zero_grads, g is set to 0 in the
+  // same pass.
+  virtual void AdamWUpdate(float* p, float* g, float* m, float* v, size_t n,
+                           const AdamWCoefficients& c, bool zero_grads) = 0;
+  // host[0, n) = x[0, n) and back (host memory is the caller's).
+  virtual void CopyToHost(float* host, const float* x, size_t n) = 0;
+  virtual void CopyFromHost(float* x, const float* host, size_t n) = 0;
+  // n zero fp32 elements in this math's memory (aborts when it cannot).
+  virtual std::unique_ptr<Buffer> Allocate(size_t n) = 0;
+  // Where this math's arrays live.
+  virtual DeviceKind kind() const = 0;
+};
+
+// The host's, on `pool` (null: serial). Allocate gives plain host memory.
+class HostFlatMath final : public FlatMath {
+ public:
+  explicit HostFlatMath(ThreadPool* pool) : pool_(pool) {}
+  double SquaredNorm(const float* x, size_t n) override;
+  void Scale(float* x, size_t n, float s) override;
+  void AdamWUpdate(float* p, float* g, float* m, float* v, size_t n, const AdamWCoefficients& c,
+                   bool zero_grads) override;
+  void CopyToHost(float* host, const float* x, size_t n) override;
+  void CopyFromHost(float* x, const float* host, size_t n) override;
+  std::unique_ptr<Buffer> Allocate(size_t n) override;
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+
+ private:
+  ThreadPool* const pool_;
+};
+
+}  // namespace shardtrain::engine
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_FLAT_MATH_H_

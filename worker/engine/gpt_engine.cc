@@ -1,0 +1,381 @@
+#include "worker/engine/gpt_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/rng.h"
+
+namespace shardtrain::engine {
+
+using model::BlockTensor;
+using model::GptConfig;
+using model::kAttnProjB, model::kAttnProjW, model::kFcB, model::kFcProjB, model::kFcProjW,
+    model::kFcW, model::kLn1B, model::kLn1W, model::kLn2B, model::kLn2W, model::kQkvB, model::kQkvW;
+using model::TensorInfo;
+
+namespace {
+
+// Standard normal from a 64-bit counter-based key (Box-Muller, one output).
+inline float NormalFromKey(uint64_t key) {
+  const uint64_t bits = SplitMix64(key);
+  const double u1 = (static_cast<double>(bits >> 40) + 0.5) / 16777216.0;
+  const double u2 = static_cast<double>(bits & 0xFFFFFF) / 16777216.0;
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+}  // namespace
+
+absl::Status ValidateGptEngine(const GptConfig& config, int B, int T,
+                               const GptEngineOptions& options) {
+  if (auto s = model::ValidateGptConfig(config); !s.ok()) return s;
+  if (B < 1) return absl::InvalidArgumentError(absl::StrCat("batch size must be >= 1, got ", B));
+  if (T < 1 || T > config.context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence length must be in [1, model.context=", config.context, "], got ", T));
+  }
+  if (options.slots < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("slots must be >= 1, got ", options.slots));
+  }
+  const model::ModelSlice& sl = options.slice;
+  const int end = sl.end_layer(config);
+  if (sl.first_layer < 0 || end > config.layers || end <= sl.first_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", sl.first_layer, ", ", end,
+                                                   ") outside the model's ", config.layers));
+  }
+  const int tp = sl.tp;
+  if (tp < 1 || sl.tp_rank < 0 || sl.tp_rank >= tp || config.heads % tp != 0 ||
+      config.padded_vocab % tp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.tp: ", tp, " (rank ", sl.tp_rank, ") must divide model.heads ",
+                     config.heads, " and the padded vocabulary ", config.padded_vocab));
+  }
+  if (tp > 1 &&
+      (options.tp == nullptr || options.tp->size() != tp || options.tp->rank() != sl.tp_rank)) {
+    return absl::InvalidArgumentError("tensor-parallel slice without its tp group");
+  }
+  return absl::OkStatus();
+}
+
+// Calls the parameter hook (if any) for the unit of `tensor` before and after
+// a scope, and lets the device prepare the unit's parameters.
+class GptEngine::UnitScope {
+ public:
+  UnitScope(GptEngine& gpt, int tensor)
+      : hook_(gpt.param_hook_), unit_(gpt.layout_.tensors()[tensor].unit) {
+    if (hook_) hook_(unit_, true);
+    gpt.OnUnitUse(unit_);
+  }
+  ~UnitScope() {
+    if (hook_) hook_(unit_, false);
+  }
+  UnitScope(const UnitScope&) = delete;
+  UnitScope& operator=(const UnitScope&) = delete;
+
+ private:
+  const std::function<void(int, bool)>& hook_;
+  const int unit_;
+};
+
+GptEngine::GptEngine(const GptConfig& config, int B, int T, const GptEngineOptions& options,
+                     DataType compute)
+    : layout_(config, options.slice),
+      whole_(config),
+      tp_(options.slice.tp > 1 ? options.tp : nullptr),
+      B_(B),
+      T_(T),
+      table_(config, B, T, options.slice, compute) {
+  const int64_t BT = int64_t{B} * T;
+  slots_.resize(options.slots);
+  for (SlotActs& s : slots_) {
+    s.layers.resize(layout_.num_layers());
+    s.tokens.assign(BT, 0);
+    s.targets.assign(BT, 0);
+  }
+}
+
+void GptEngine::BindActivations(char* base) {
+  char* const scratch = base + table_.saved_bytes() * slots();
+  // The table's tensor `name` in a slot's saved set, or in the scratch set.
+  auto take = [&](char* saved, const std::string& name) -> void* {
+    for (const model::ActivationTensor& t : table_.tensors()) {
+      if (t.name == name)
+        return (t.kind == model::ActivationKind::kSaved ? saved : scratch) + t.offset;
+    }
+    return nullptr;  // not on this stage
+  };
+  auto f32 = [](void* p) { return static_cast<float*>(p); };
+  for (int k = 0; k < slots(); ++k) {
+    SlotActs& s = slots_[k];
+    char* const saved = base + table_.saved_bytes() * k;
+    for (int i = 0; i < layout_.num_layers(); ++i) {
+      const std::string b = absl::StrCat("block.", layout_.first_layer() + i, ".");
+      LayerActs& a = s.layers[i];
+      a.ln1 = take(saved, b + "ln1");
+      a.ln1_mean = f32(take(saved, b + "ln1_mean"));
+      a.ln1_rstd = f32(take(saved, b + "ln1_rstd"));
+      a.qkv = take(saved, b + "qkv");
+      a.atty = take(saved, b + "atty");
+      a.att = take(saved, b + "att");
+      a.residual2 = take(saved, b + "residual2");
+      a.ln2 = take(saved, b + "ln2");
+      a.ln2_mean = f32(take(saved, b + "ln2_mean"));
+      a.ln2_rstd = f32(take(saved, b + "ln2_rstd"));
+      a.fch = take(saved, b + "fch");
+      a.fch_gelu = take(saved, b + "fch_gelu");
+      a.residual3 = take(saved, b + "residual3");
+    }
+    s.encoded = take(saved, "encoded");
+    s.lnf = take(saved, "lnf");
+    s.lnf_mean = f32(take(saved, "lnf_mean"));
+    s.lnf_rstd = f32(take(saved, "lnf_rstd"));
+    s.logits = take(saved, "logits");
+    s.losses = f32(take(saved, "losses"));
+    s.lse = f32(take(saved, "lse"));
+  }
+  proj_out_ = take(nullptr, "proj_out");
+  dresidual_ = take(nullptr, "dresidual");
+  dln_ = take(nullptr, "dln");
+  datty_ = take(nullptr, "datty");
+  dqkv_ = take(nullptr, "dqkv");
+  dfch_ = take(nullptr, "dfch");
+  dfch_gelu_ = take(nullptr, "dfch_gelu");
+  att_scratch_ = take(nullptr, "att_scratch");
+}
+
+void GptEngine::InitSliceHost(uint64_t seed, size_t begin, size_t end, float* out,
+                              ThreadPool* pool) const {
+  // Each local element gets its value in the whole model: a slice starts
+  // exactly where one rank would.
+  for (const model::FlatRun& r : layout_.GlobalRuns(begin, end)) {
+    InitGlobal(seed, r.global, r.global + r.count, out + (r.local - begin), pool);
+  }
+}
+
+void GptEngine::InitGlobal(uint64_t seed, size_t begin, size_t end, float* out,
+                           ThreadPool* pool) const {
+  const GptConfig& cfg = layout_.config();
+  const float residual_std = 0.02f / std::sqrt(2.0f * cfg.layers);
+  const auto& tensors = whole_.tensors();
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const TensorInfo& t = tensors[k];
+    // The part [i0, i1) of this tensor inside [begin, end).
+    const size_t i0 = std::max(begin, t.offset) - t.offset;
+    const size_t i1 = std::min(end, t.offset + t.numel);
+    if (t.offset + i0 >= i1) continue;
+    const size_t stop = i1 - t.offset;
+    float* w = out + (t.offset + i0 - begin);  // w[i - i0]: element i of the tensor
+    const bool is_ln_weight = t.name.find("ln") != std::string::npos && t.name.size() >= 6 &&
+                              t.name.compare(t.name.size() - 6, 6, "weight") == 0;
+    if (t.shape.size() == 1) {  // biases 0, LayerNorm weights 1
+      std::fill(w, w + (stop - i0), is_ln_weight ? 1.0f : 0.0f);
+      continue;
+    }
+    const bool residual_proj = t.name.find("attn.proj.weight") != std::string::npos ||
+                               t.name.find("mlp.proj.weight") != std::string::npos;
+    const float std_dev = residual_proj ? residual_std : 0.02f;
+    // wte: only the first vocab rows are real; padded rows stay 0.
+    const size_t n =
+        static_cast<int>(k) == whole_.wte() ? static_cast<size_t>(cfg.vocab) * cfg.dim : t.numel;
+    const uint64_t key = SplitMix64(seed ^ SplitMix64(k + 1));
+    const size_t real_end = std::min(n, stop);
+    if (i0 < real_end) {
+      pool->ParallelFor(
+          static_cast<int64_t>(real_end - i0),
+          [&](int64_t j0, int64_t j1) {
+            for (int64_t j = j0; j < j1; ++j) {
+              const uint64_t i = i0 + static_cast<uint64_t>(j);
+              w[j] = std_dev * NormalFromKey(key + i * 0x9E3779B97F4A7C15ull);
+            }
+          },
+          4096);
+    }
+    if (std::max(n, i0) < stop) std::fill(w + (std::max(n, i0) - i0), w + (stop - i0), 0.0f);
+  }
+}
+
+void GptEngine::Fail(const char* what) const {
+  std::fprintf(stderr, "%s\n", what);
+  std::abort();
+}
+
+void GptEngine::CopyToTpRegionBackward(void* dinput, int64_t n) {
+  if (tp_ != nullptr && tp_->size() > 1) TpAllReduceSum(dinput, n);
+}
+
+void GptEngine::ReduceFromTpRegionForward(void* output, int64_t n) {
+  if (tp_ != nullptr && tp_->size() > 1) TpAllReduceSum(output, n);
+}
+
+float GptEngine::StageForward(int slot, const int* tokens, const int* targets, const float* input,
+                              int b, int t) {
+  const GptConfig& cfg = config();
+  const model::ModelSlice& sl = layout_.slice();
+  const int C = cfg.dim, V = cfg.vocab;
+  const int N = b * t;
+  // Preconditions (programming errors, not data errors: the token readers
+  // and Generate() validate their input): fail loudly, never corrupt memory.
+  if (slot < 0 || slot >= slots() || b < 1 || b > B_ || t < 1 || t > T_) {
+    std::fprintf(stderr,
+                 "GptEngine::StageForward: (slot=%d, b=%d, t=%d) outside (%d, 1..%d, 1..%d)\n",
+                 slot, b, t, slots(), B_, T_);
+    std::abort();
+  }
+  if ((sl.first_stage && tokens == nullptr) || (!sl.first_stage && input == nullptr)) {
+    Fail("GptEngine::StageForward: the first stage reads tokens, the others input");
+  }
+  for (int i = 0; i < N; ++i) {
+    if ((tokens != nullptr && (tokens[i] < 0 || tokens[i] >= V)) ||
+        (targets != nullptr && (targets[i] < 0 || targets[i] >= V))) {
+      std::fprintf(stderr, "GptEngine::StageForward: token/target at %d outside [0, %d)\n", i, V);
+      std::abort();
+    }
+  }
+  SlotActs& s = slots_[slot];
+  s.b = b;
+  s.t = t;
+  s.forwarded = sl.last_stage ? targets != nullptr : true;
+  if (tokens != nullptr) std::copy(tokens, tokens + N, s.tokens.begin());
+  if (targets != nullptr) std::copy(targets, targets + N, s.targets.begin());
+
+  if (sl.first_stage) {
+    UnitScope use(*this, layout_.wte());
+    EncoderForward(s);
+  } else {
+    CopyFromFloat32(s.encoded, input, int64_t{N} * C);
+  }
+  const void* residual = s.encoded;
+  for (int i = 0; i < layout_.num_layers(); ++i) {
+    BlockForward(layout_.first_layer() + i, s.layers[i], residual, b, t);
+    residual = s.layers[i].residual3;
+  }
+  if (!sl.last_stage) return 0.0f;
+  {
+    UnitScope use(*this, layout_.lnf_w());
+    LayerNormForward(s.lnf, s.lnf_mean, s.lnf_rstd, residual, layout_.lnf_w(), layout_.lnf_b(), N,
+                     C);
+  }
+  {
+    // LM head tied to wte; only this rank's real vocabulary columns are
+    // computed (lnf enters the tp region: CopyToTpRegion, an identity).
+    UnitScope use(*this, layout_.wte());
+    LmHeadForward(s);
+  }
+  if (targets == nullptr) return 0.0f;
+  return static_cast<float>(CrossEntropyForward(s) / N);
+}
+
+void GptEngine::StageBackward(int slot, float loss_scale, const float* doutput) {
+  const model::ModelSlice& sl = layout_.slice();
+  if (slot < 0 || slot >= slots() || !slots_[slot].forwarded ||
+      (!sl.last_stage && doutput == nullptr)) {
+    // precondition: a forward (with targets on the last stage) of this
+    // slot, not yet backpropagated; the gradient of its output elsewhere.
+    std::fprintf(
+        stderr,
+        "GptEngine::StageBackward: no preceding Forward with targets of slot %d to backpropagate\n",
+        slot);
+    std::abort();
+  }
+  SlotActs& s = slots_[slot];
+  const int C = config().dim, b = s.b, t = s.t, N = b * t;
+  const int64_t NC = int64_t{N} * C;
+  if (sl.last_stage) {
+    CrossEntropyBackward(s, loss_scale / static_cast<float>(N));
+    Zero(dresidual_, NC);
+    Zero(dln_, NC);
+    {
+      UnitScope use(*this, layout_.wte());
+      LmHeadBackward(s, dln_);
+      CopyToTpRegionBackward(dln_, NC);
+    }
+    {
+      UnitScope use(*this, layout_.lnf_w());
+      LayerNormBackward(dresidual_, dln_, LastOutput(s), s.lnf_mean, s.lnf_rstd, layout_.lnf_w(),
+                        layout_.lnf_b(), N, C);
+    }
+    if (grads_ready_) grads_ready_(layout_.offset(layout_.lnf_w()));
+  } else {
+    CopyFromFloat32(dresidual_, doutput, NC);
+  }
+  for (int i = layout_.num_layers() - 1; i >= 0; --i) {
+    const int l = layout_.first_layer() + i;
+    BlockBackward(l, s.layers[i], i == 0 ? s.encoded : s.layers[i - 1].residual3, b, t);
+    if (grads_ready_) grads_ready_(layout_.offset(layout_.block_tensor(l, BlockTensor(0))));
+  }
+  if (sl.first_stage) EncoderBackward(s, dresidual_);
+  s.forwarded = false;
+  if (sl.has_embeddings() && grads_ready_) grads_ready_(0);
+}
+
+// One transformer block, forward and backward, for the tp-local part of a
+// tensor-parallel slice (Megatron-LM): the attention's qkv projection and the
+// MLP's fc are column-parallel (this rank's heads / hidden units: its input
+// enters the tp region through CopyToTpRegion, an identity in forward), the
+// two output projections row-parallel (their partial outputs leave it through
+// ReduceFromTpRegion, then the replicated bias is added). With tp = 1 every
+// region function is a no-op and the projections add their bias inside the
+// matmul.
+void GptEngine::RowParallelForward(void* out, const void* inp, int weight, int bias, int N, int IC,
+                                   int OC) {
+  if (tp_ == nullptr) {
+    MatmulForward(out, inp, weight, bias, N, IC, OC, OC);
+    return;
+  }
+  MatmulForward(out, inp, weight, -1, N, IC, OC, OC);
+  ReduceFromTpRegionForward(out, int64_t{N} * OC);
+  AddBias(out, bias, N, OC);
+}
+
+void GptEngine::BlockForward(int l, LayerActs& a, const void* residual, int b, int t) {
+  UnitScope use(*this, layout_.block_tensor(l, kLn1W));
+  const int C = config().dim, tp = layout_.slice().tp;
+  const int Ct = C / tp, NHt = config().heads / tp, N = b * t;
+  const int64_t NC = int64_t{N} * C, NCt = int64_t{N} * Ct;
+  auto w = [&](BlockTensor bt) { return layout_.block_tensor(l, bt); };
+  LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w(kLn1W), w(kLn1B), N, C);
+  MatmulForward(a.qkv, a.ln1, w(kQkvW), w(kQkvB), N, C, 3 * Ct, 3 * Ct);
+  AttentionForward(a.atty, a.att, att_scratch_, a.qkv, b, t, Ct, NHt);
+  RowParallelForward(proj_out_, a.atty, w(kAttnProjW), w(kAttnProjB), N, Ct, C);
+  ResidualForward(a.residual2, residual, proj_out_, NC);
+  LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w(kLn2W), w(kLn2B), N, C);
+  MatmulForward(a.fch, a.ln2, w(kFcW), w(kFcB), N, C, 4 * Ct, 4 * Ct);
+  GeluForward(a.fch_gelu, a.fch, NCt * 4);
+  RowParallelForward(proj_out_, a.fch_gelu, w(kFcProjW), w(kFcProjB), N, 4 * Ct, C);
+  ResidualForward(a.residual3, a.residual2, proj_out_, NC);
+}
+
+void GptEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b, int t) {
+  UnitScope use(*this, layout_.block_tensor(l, kLn1W));
+  const int C = config().dim, tp = layout_.slice().tp;
+  const int Ct = C / tp, NHt = config().heads / tp, N = b * t;
+  const int64_t NC = int64_t{N} * C, NCt = int64_t{N} * Ct;
+  auto w = [&](BlockTensor bt) { return layout_.block_tensor(l, bt); };
+  // residual3 = residual2 + fcproj: both receive dresidual (in place). The
+  // row-parallel projections' backward is the identity side of their region:
+  // dresidual is whole on every rank.
+  Zero(dfch_gelu_, NCt * 4);
+  Zero(dfch_, NCt * 4);
+  MatmulBackward(dfch_gelu_, dresidual_, C, a.fch_gelu, w(kFcProjW), w(kFcProjB), N, 4 * Ct, C);
+  GeluBackward(dfch_, a.fch, dfch_gelu_, NCt * 4);
+  Zero(dln_, NC);
+  MatmulBackward(dln_, dfch_, 4 * Ct, a.ln2, w(kFcW), w(kFcB), N, C, 4 * Ct);
+  CopyToTpRegionBackward(dln_, NC);
+  LayerNormBackward(dresidual_, dln_, a.residual2, a.ln2_mean, a.ln2_rstd, w(kLn2W), w(kLn2B), N,
+                    C);
+  // residual2 = residual + attproj: both receive dresidual (in place).
+  Zero(datty_, NCt);
+  Zero(dqkv_, NCt * 3);
+  MatmulBackward(datty_, dresidual_, C, a.atty, w(kAttnProjW), w(kAttnProjB), N, Ct, C);
+  AttentionBackward(dqkv_, att_scratch_, datty_, a.qkv, a.att, b, t, Ct, NHt);
+  Zero(dln_, NC);
+  MatmulBackward(dln_, dqkv_, 3 * Ct, a.ln1, w(kQkvW), w(kQkvB), N, C, 3 * Ct);
+  CopyToTpRegionBackward(dln_, NC);
+  LayerNormBackward(dresidual_, dln_, residual, a.ln1_mean, a.ln1_rstd, w(kLn1W), w(kLn1B), N, C);
+}
+
+}  // namespace shardtrain::engine

@@ -1,0 +1,198 @@
+// GptEngine: the order of a GPT step, written once for every device. It owns
+// what does not depend on where the numbers live — the model's layout and
+// slice, the activation table and the pointers carved from it for every
+// pipeline slot, the parameter and gradient hooks ZeRO relies on (which unit
+// is used when, which gradients are final when), the tensor-parallel regions
+// and the stage API — and calls the device's layers for the arithmetic.
+// engine/cpu (fp32 on OpenBLAS) and engine/cuda (fp32, bf16 or fp16 on one
+// GPU) supply the layers, so a fix to the sequence reaches both.
+//
+// Tensors the sequence hands to the layers:
+//   void*   activations and their gradients, in the engine's compute type
+//           (ActivationTable::compute()), in the device's memory;
+//   float*  fp32 statistics (LayerNorm mean and rstd, losses, lse);
+//   int     parameters, as the tensor's index in layout(): the device
+//           resolves its compute copy (the fp32 master on the CPU) and its
+//           fp32 gradient, which backward ACCUMULATES into.
+// Every backward layer accumulates (+=) into its gradient outputs, as
+// engine/cpu/layers.h documents.
+//
+// Not thread-safe: one caller at a time.
+#ifndef SHARDTRAIN_WORKER_ENGINE_GPT_ENGINE_H_
+#define SHARDTRAIN_WORKER_ENGINE_GPT_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/model/activations.h"
+#include "common/model/config.h"
+#include "common/model/param_layout.h"
+#include "common/model/slice.h"
+#include "worker/engine/engine.h"
+#include "worker/engine/tensor_parallel.h"
+
+namespace shardtrain::engine {
+
+struct GptEngineOptions {
+  model::ModelSlice slice;  // default: the whole model
+  int slots = 1;            // micro-batches whose saved activations are kept at once
+  // The slice's tp group (rank slice.tp_rank of slice.tp); required when
+  // slice.tp > 1, must outlive the engine.
+  TensorParallel* tp = nullptr;
+};
+
+// The checks every GPT engine makes of its shape and slice: B >= 1, 1 <= T
+// <= context, slots >= 1, a slice within the model whose tp divides heads
+// and the padded vocabulary, with its group when tp > 1. InvalidArgument
+// naming the field otherwise.
+absl::Status ValidateGptEngine(const model::GptConfig& config, int B, int T,
+                               const GptEngineOptions& options);
+
+class GptEngine : public Engine {
+ public:
+  // ---- Engine: the sequence.
+  const model::ParamLayout& layout() const override { return layout_; }
+  int max_batch() const override { return B_; }
+  int max_seq_len() const override { return T_; }
+  const model::ActivationTable& activations() const override { return table_; }
+  float Forward(const int* tokens, const int* targets, int b, int t) override {
+    return StageForward(0, tokens, targets, nullptr, b, t);
+  }
+  using Engine::Forward;
+  void Backward(float loss_scale = 1.0f) override { StageBackward(0, loss_scale, nullptr); }
+  int slots() const override { return static_cast<int>(slots_.size()); }
+  float StageForward(int slot, const int* tokens, const int* targets, const float* input, int b,
+                     int t) override;
+  void StageBackward(int slot, float loss_scale, const float* doutput) override;
+  void set_grads_ready_hook(std::function<void(size_t offset)> hook) override {
+    grads_ready_ = std::move(hook);
+  }
+  void set_param_hook(std::function<void(int unit, bool begin)> hook) override {
+    param_hook_ = std::move(hook);
+  }
+
+ protected:
+  // The activations of one transformer block of one micro-batch (the
+  // table's "block.<l>.<name>" tensors).
+  struct LayerActs {
+    void *ln1, *qkv, *atty, *att, *residual2, *ln2, *fch, *fch_gelu, *residual3;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+  };
+  // The saved activations of one micro-batch in flight; tokens and targets
+  // are the host's copies of its ids.
+  struct SlotActs {
+    std::vector<LayerActs> layers;  // the slice's layers, in order
+    void *encoded, *lnf, *logits;
+    float *lnf_mean, *lnf_rstd, *losses, *lse;
+    std::vector<int> tokens, targets;
+    int b = 0, t = 0;
+    bool forwarded = false;  // a forward with targets (last stage) not yet backpropagated
+  };
+
+  GptEngine(const model::GptConfig& config, int B, int T, const GptEngineOptions& options,
+            DataType compute);
+
+  // Points every slot's and the scratch tensors into `base`, a buffer of
+  // table().bytes(slots()) bytes in the device's memory (16-byte aligned).
+  void BindActivations(char* base);
+
+  // The whole model's GPT-2 init of global elements [begin, end) into host
+  // memory out[0, end - begin) (InitParamsInto in the slice's coordinates
+  // maps through layout().GlobalRuns).
+  void InitGlobal(uint64_t seed, size_t begin, size_t end, float* out, ThreadPool* pool) const;
+  // InitParamsInto's host part: the slice's elements [begin, end) into host
+  // memory.
+  void InitSliceHost(uint64_t seed, size_t begin, size_t end, float* out, ThreadPool* pool) const;
+
+  TensorParallel* tp() const { return tp_; }
+  SlotActs& slot(int k) { return slots_[k]; }
+  const SlotActs& slot(int k) const { return slots_[k]; }
+  // The (b, t, C) output of slot k's last block (its input on a stage
+  // without blocks).
+  const void* LastOutput(const SlotActs& s) const {
+    return s.layers.empty() ? s.encoded : s.layers.back().residual3;
+  }
+  void* dresidual() const { return dresidual_; }
+
+  // ---- The device's layers (see the header comment for the types). Sizes:
+  // N rows of B·T; widths as in engine/cpu/layers.h.
+  // The first stage's embeddings of s.tokens into s.encoded (summed over tp
+  // when the vocabulary is split).
+  virtual void EncoderForward(SlotActs& s) = 0;
+  // wte / wpe gradients of the embeddings from dout (b, t, C).
+  virtual void EncoderBackward(const SlotActs& s, const void* dout) = 0;
+  // dst (n, compute type) = src (n, fp32 in the device's memory: the
+  // pipeline's exchange type).
+  virtual void CopyFromFloat32(void* dst, const float* src, int64_t n) = 0;
+  // n elements of the compute type at p set to 0.
+  virtual void Zero(void* p, int64_t n) = 0;
+  virtual void LayerNormForward(void* out, float* mean, float* rstd, const void* inp, int weight,
+                                int bias, int N, int C) = 0;
+  virtual void LayerNormBackward(void* dinp, const void* dout, const void* inp, const float* mean,
+                                 const float* rstd, int weight, int bias, int N, int C) = 0;
+  // out (N, OC) row stride ld_out = inp (N, IC) · weight^T (+ bias; -1: none).
+  virtual void MatmulForward(void* out, const void* inp, int weight, int bias, int N, int IC,
+                             int OC, int ld_out) = 0;
+  virtual void MatmulBackward(void* dinp, const void* dout, int ld_dout, const void* inp,
+                              int weight, int bias, int N, int IC, int OC) = 0;
+  // out (N, OC) += bias (OC) on every row.
+  virtual void AddBias(void* out, int bias, int N, int OC) = 0;
+  // qkv (b, t, 3Ct) of NHt heads; att (b, NHt, t, t) saved; scratch the
+  // table's att_scratch.
+  virtual void AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t,
+                                int Ct, int NHt) = 0;
+  virtual void AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
+                                 const void* att, int b, int t, int Ct, int NHt) = 0;
+  virtual void GeluForward(void* out, const void* inp, int64_t n) = 0;
+  virtual void GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) = 0;
+  virtual void ResidualForward(void* out, const void* inp1, const void* inp2, int64_t n) = 0;
+  // The LM head (tied to wte) of s.lnf into s.logits: this rank's real
+  // vocabulary columns.
+  virtual void LmHeadForward(SlotActs& s) = 0;
+  // s.losses and s.lse from s.logits and s.targets; returns the sum of the
+  // losses (read back to the host: the step's one synchronisation).
+  virtual double CrossEntropyForward(SlotActs& s) = 0;
+  // s.logits become their gradient, times dloss.
+  virtual void CrossEntropyBackward(SlotActs& s, float dloss) = 0;
+  // dln (N, C) += the LM head's input gradient; wte's gradient +=.
+  virtual void LmHeadBackward(SlotActs& s, void* dln) = 0;
+  // In place sum over the tp group (called only when tp > 1).
+  virtual void TpAllReduceSum(void* x, int64_t n) = 0;
+  // Called when a unit's parameters are about to be read, after the
+  // parameter hook: a mixed-precision engine refreshes the unit's compute
+  // copy from its fp32 master here. Default: nothing.
+  virtual void OnUnitUse(int unit) {}
+  // Precondition failures (programming errors, not data errors): print and
+  // abort.
+  [[noreturn]] void Fail(const char* what) const;
+
+ private:
+  class UnitScope;
+  void BlockForward(int layer, LayerActs& a, const void* residual, int b, int t);
+  void BlockBackward(int layer, LayerActs& a, const void* residual, int b, int t);
+  // Row-parallel linear forward: out (N, OC) = inp (N, IC_local) · weight^T,
+  // summed over tp (ReduceFromTpRegion), plus bias.
+  void RowParallelForward(void* out, const void* inp, int weight, int bias, int N, int IC, int OC);
+  // Megatron's conjugate pairs over this engine's tp group (no-ops at tp 1);
+  // see tensor_parallel.h.
+  void CopyToTpRegionBackward(void* dinput, int64_t n);
+  void ReduceFromTpRegionForward(void* output, int64_t n);
+
+  model::ParamLayout layout_;
+  const model::ParamLayout whole_;  // the whole model's layout (init, global indices)
+  TensorParallel* const tp_;
+  const int B_, T_;
+  const model::ActivationTable table_;
+  std::vector<SlotActs> slots_;
+  // scratch
+  void *proj_out_ = nullptr, *dresidual_ = nullptr, *dln_ = nullptr, *datty_ = nullptr,
+       *dqkv_ = nullptr, *dfch_ = nullptr, *dfch_gelu_ = nullptr, *att_scratch_ = nullptr;
+  std::function<void(size_t)> grads_ready_;
+  std::function<void(int, bool)> param_hook_;
+};
+
+}  // namespace shardtrain::engine
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_GPT_ENGINE_H_
