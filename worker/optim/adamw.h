@@ -10,11 +10,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/model/param_layout.h"
+#include "worker/engine/flat_math.h"
 #include "worker/engine/thread_pool.h"
 
 namespace shardtrain::optim {
@@ -33,12 +35,17 @@ struct AdamWOptions {
 //   p -= lr * wd * p                       (decayed tensors only)
 //   m = b1 m + (1-b1) g ;  v = b2 v + (1-b2) g^2
 //   p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
-// Thread-compatible; Step() uses the given pool.
+// m and v live where `math` keeps its arrays (the host by default; a GPU
+// engine's FlatMath keeps them in device memory), and every update runs
+// there.
+// Thread-compatible; the host Step() overloads use the given pool.
 class AdamW {
  public:
-  // InvalidArgument if the range is outside the layout.
+  // InvalidArgument if the range is outside the layout. `math`: where m, v
+  // and the update live (null: the host); it must outlive the optimizer.
   static absl::StatusOr<AdamW> Create(const model::ParamLayout& layout, size_t offset, size_t count,
-                                      const AdamWOptions& options);
+                                      const AdamWOptions& options,
+                                      engine::FlatMath* math = nullptr);
 
   // One step with learning rate lr. params and grads hold exactly this
   // range (count elements; element i is flat index offset + i).
@@ -49,15 +56,25 @@ class AdamW {
   // ZeroGrad() sweep over the gradient buffer before the next step).
   void StepAndZeroGrads(absl::Span<float> params, absl::Span<float> grads, float lr,
                         engine::ThreadPool* pool);
+  // The same on the arrays of the optimizer's math (count elements each, in
+  // its memory): the step of a device-held model.
+  void Step(float* params, float* grads, float lr, bool zero_grads);
 
   size_t offset() const { return offset_; }
   size_t count() const { return count_; }
   int64_t step() const { return step_; }
-  // Optimizer state for checkpoints (same indexing as params).
-  absl::Span<float> m() { return absl::MakeSpan(m_); }
-  absl::Span<float> v() { return absl::MakeSpan(v_); }
-  absl::Span<const float> m() const { return absl::MakeConstSpan(m_); }
-  absl::Span<const float> v() const { return absl::MakeConstSpan(v_); }
+  // Optimizer state for checkpoints (same indexing as params), as host
+  // spans: only when the state is on the host (aborts otherwise, as
+  // FlatView::f32).
+  absl::Span<float> m() { return m_->view().f32(); }
+  absl::Span<float> v() { return v_->view().f32(); }
+  absl::Span<const float> m() const { return m_->view().f32(); }
+  absl::Span<const float> v() const { return v_->view().f32(); }
+  // Elements [begin, end) of m or v copied to the host, and written back
+  // from it: wherever the state lives.
+  std::vector<float> CopyM(size_t begin, size_t end) const;
+  std::vector<float> CopyV(size_t begin, size_t end) const;
+  void SetState(absl::Span<const float> m, absl::Span<const float> v);
   void set_step(int64_t step) { step_ = step; }
   const AdamWOptions& options() const { return options_; }
 
@@ -66,14 +83,16 @@ class AdamW {
     size_t begin, end;  // relative to offset_
     bool decay;
   };
-  AdamW(size_t offset, size_t count, const AdamWOptions& options, std::vector<Segment> segments);
-  template <bool kZero>
-  void StepImpl(float* params, float* grads, float lr, engine::ThreadPool* pool);
+  AdamW(size_t offset, size_t count, const AdamWOptions& options, std::vector<Segment> segments,
+        engine::FlatMath* math);
+  void StepImpl(float* params, float* grads, float lr, engine::FlatMath& math, bool zero_grads);
+  engine::FlatMath& math() const;
 
   size_t offset_, count_;
   AdamWOptions options_;
   std::vector<Segment> segments_;
-  std::vector<float> m_, v_;
+  engine::FlatMath* math_;  // null: the host
+  std::unique_ptr<engine::Buffer> m_, v_;
   int64_t step_ = 0;
 };
 

@@ -20,13 +20,19 @@ absl::Status CheckHostFp32(engine::Engine& engine, const char* who) {
   return absl::OkStatus();
 }
 
-double SquaredNormOutside(absl::Span<const float> grads, size_t offset, const FlatRanges& skip,
-                          engine::ThreadPool* pool) {
+double SquaredNormOutside(engine::FlatMath& math, const float* grads, size_t count, size_t offset,
+                          const FlatRanges& skip) {
   double squared = 0;
-  ForEachOutside(offset, offset + grads.size(), skip, [&](size_t first, size_t last) {
-    squared += optim::GradSquaredNorm(grads.subspan(first - offset, last - first), pool);
+  ForEachOutside(offset, offset + count, skip, [&](size_t first, size_t last) {
+    squared += math.SquaredNorm(grads + (first - offset), last - first);
   });
   return squared;
+}
+
+double SquaredNormOutside(absl::Span<const float> grads, size_t offset, const FlatRanges& skip,
+                          engine::ThreadPool* pool) {
+  engine::HostFlatMath host(pool);
+  return SquaredNormOutside(host, grads.data(), grads.size(), offset, skip);
 }
 
 absl::StatusOr<double> SumOverGroup(comm::Communicator* comm, double local) {

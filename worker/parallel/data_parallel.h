@@ -53,6 +53,7 @@ struct StepStats {
                              // known: 1 - exposed/collective is the part hidden by backward
   int64_t comm_bytes = 0;    // bytes this rank sent since the last Step (ring model of the
                              // ops issued)
+  bool skipped = false;      // the gradients were not finite: no update (fp16 overflow)
 };
 
 // Bytes of model state one rank holds, by kind.
@@ -99,8 +100,12 @@ class DataParallel {
   // return errors: the pass finishes on stale data and the error surfaces
   // here; the communicator is poisoned by then, so nothing waits).
   virtual absl::Status EndMicroBatch() = 0;
-  // After the last EndMicroBatch of a step.
-  virtual absl::StatusOr<StepStats> Step(float lr, float max_norm) = 0;
+  // After the last EndMicroBatch of a step. `loss_scale`: the factor the
+  // backward passes multiplied the loss by (fp16 dynamic loss scaling; 1
+  // otherwise), divided out of the gradients here. When the gradient norm
+  // is not finite the step is skipped (StepStats::skipped; parameters and
+  // optimizer state unchanged).
+  virtual absl::StatusOr<StepStats> Step(float lr, float max_norm, float loss_scale = 1.0f) = 0;
 
   // Brackets forward-only passes between steps (not within one): they read
   // the current parameters and touch no gradient, optimizer state or step
@@ -161,6 +166,9 @@ void ForEachOutside(size_t begin, size_t end, const FlatRanges& skip, F f) {
 // leaving out the parts inside `skip`.
 double SquaredNormOutside(absl::Span<const float> grads, size_t offset, const FlatRanges& skip,
                           engine::ThreadPool* pool);
+// The same over `count` elements of `math`'s memory (a device's gradients).
+double SquaredNormOutside(engine::FlatMath& math, const float* grads, size_t count, size_t offset,
+                          const FlatRanges& skip);
 
 // The sum of `local` over the ranks of `comm` (null: local alone), added in
 // rank order from bit-exact copies, so every rank gets the same double.

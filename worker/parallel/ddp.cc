@@ -24,9 +24,17 @@ absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(engine::Engine* engine,
                                                  const optim::AdamWOptions& adamw,
                                                  comm::Communicator* comm, size_t bucket_bytes) {
   if (engine == nullptr) return absl::InvalidArgumentError("Ddp: null engine");
-  if (auto s = CheckHostFp32(*engine, "DDP"); !s.ok()) return s;
+  // One rank steps wherever the engine keeps its fp32 master (the host or a
+  // GPU, through the engine's FlatMath); the all-reduce of several ranks
+  // runs on host buffers so far.
+  if (GroupSize(comm) > 1) {
+    if (auto s = CheckHostFp32(*engine, "DDP across ranks"); !s.ok()) return s;
+  } else if (engine->params().dtype != DataType::kFloat32) {
+    return absl::InvalidArgumentError("DDP: the engine's parameters are not its fp32 master");
+  }
   if (bucket_bytes == 0) return absl::InvalidArgumentError("parallel.bucket_mb: must be >= 1");
-  auto a = optim::AdamW::Create(engine->layout(), 0, engine->layout().num_params(), adamw);
+  auto a = optim::AdamW::Create(engine->layout(), 0, engine->layout().num_params(), adamw,
+                                &engine->math());
   if (!a.ok()) return a.status();
   const size_t bucket_elems = std::max<size_t>(1, bucket_bytes / sizeof(float));
   return std::unique_ptr<Ddp>(
@@ -86,36 +94,43 @@ absl::Status Ddp::FinishAllReduce(StepStats* stats) {
     }
   }
   inflight_.clear();
-  const absl::Span<float> grads = engine_->grads().f32();
+  const engine::FlatView grads = engine_->grads();
   const int n = comm_->size();
-  stats->comm_bytes += int64_t(grads.size() * sizeof(float)) * 2 * (n - 1) / n;
+  stats->comm_bytes += int64_t(grads.bytes()) * 2 * (n - 1) / n;
   // Summed over dp; the mean gradient of the global batch is sum / dp.
-  optim::ScaleGrads(grads, 1.0f / n, engine_->host_pool());
+  engine_->math().Scale(static_cast<float*>(grads.data), grads.count, 1.0f / n);
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm) {
+absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) {
   StepStats stats;
   if (comm_ != nullptr) {
     if (absl::Status s = FinishAllReduce(&stats); !s.ok()) return s;
   }
-  const absl::Span<float> grads = engine_->grads().f32();
-  engine::ThreadPool* pool = engine_->host_pool();
+  engine::FlatMath& math = engine_->math();
+  const engine::FlatView g = engine_->grads();
+  float* grads = static_cast<float*>(g.data);
   if (mp_.sum_tied && mp_.tied_end > 0) {
-    if (absl::Status s = mp_.sum_tied(grads.subspan(0, mp_.tied_end)); !s.ok()) return s;
+    if (absl::Status s = mp_.sum_tied(g.f32().subspan(0, mp_.tied_end)); !s.ok()) return s;
   }
-  double squared = SquaredNormOutside(grads, 0, mp_.norm_skip, pool);
+  double squared = SquaredNormOutside(math, grads, g.count, 0, mp_.norm_skip);
   if (mp_.sum_squares) {
     absl::StatusOr<double> total = mp_.sum_squares(squared);
     if (!total.ok()) return total.status();
     squared = *total;
   }
-  const float norm = static_cast<float>(std::sqrt(squared));
-  if (const float scale = optim::ClipScale(norm, max_norm); scale != 1.0f) {
-    optim::ScaleGrads(grads, scale, pool);
-  }
+  // The gradients carry the loss scale (fp16): the norm without it decides
+  // clipping; a non-finite one skips the step (DynamicLossScaling).
+  const float norm = static_cast<float>(std::sqrt(squared) / loss_scale);
   stats.grad_norm = norm;
-  adamw_.Step(engine_->params().f32(), grads, lr, pool);
+  if (!std::isfinite(norm)) {
+    stats.skipped = true;
+    return stats;
+  }
+  if (const float scale = optim::ClipScale(norm, max_norm) / loss_scale; scale != 1.0f) {
+    math.Scale(grads, g.count, scale);
+  }
+  adamw_.Step(static_cast<float*>(engine_->params().data), grads, lr, /*zero_grads=*/false);
   return stats;
 }
 
@@ -125,14 +140,21 @@ FlatRanges Ddp::SaveRanges() const {
   return {{r.begin, r.end}};
 }
 
-std::vector<float> Ddp::Slice(absl::Span<const float> all) const {
+std::vector<float> Ddp::SaveParams() const {
   const auto [begin, end] = SaveRanges().front();
-  return std::vector<float>(all.begin() + begin, all.begin() + end);
+  std::vector<float> out(end - begin);
+  engine_->math().CopyToHost(out.data(), static_cast<const float*>(engine_->params().data) + begin,
+                             out.size());
+  return out;
 }
-
-std::vector<float> Ddp::SaveParams() const { return Slice(engine_->params().f32()); }
-std::vector<float> Ddp::SaveM() const { return Slice(adamw_.m()); }
-std::vector<float> Ddp::SaveV() const { return Slice(adamw_.v()); }
+std::vector<float> Ddp::SaveM() const {
+  const auto [begin, end] = SaveRanges().front();
+  return adamw_.CopyM(begin, end);
+}
+std::vector<float> Ddp::SaveV() const {
+  const auto [begin, end] = SaveRanges().front();
+  return adamw_.CopyV(begin, end);
+}
 
 FlatRanges Ddp::LoadRanges() const { return {{0, engine_->layout().num_params()}}; }
 
@@ -144,9 +166,8 @@ absl::Status Ddp::Restore(absl::Span<const float> params, absl::Span<const float
                                                    "/", v.size(), " elements for ", n,
                                                    " parameters"));
   }
-  std::copy(params.begin(), params.end(), engine_->params().f32().begin());
-  std::copy(m.begin(), m.end(), adamw_.m().begin());
-  std::copy(v.begin(), v.end(), adamw_.v().begin());
+  engine_->math().CopyFromHost(static_cast<float*>(engine_->params().data), params.data(), n);
+  adamw_.SetState(m, v);
   adamw_.set_step(optimizer_step);
   return absl::OkStatus();
 }

@@ -40,7 +40,7 @@ class Ddp final : public DataParallel {
   void InitParams(uint64_t seed) override { engine_->InitParams(seed); }
   void BeginMicroBatch(int micro, int accum) override;
   absl::Status EndMicroBatch() override;
-  absl::StatusOr<StepStats> Step(float lr, float max_norm) override;
+  absl::StatusOr<StepStats> Step(float lr, float max_norm, float loss_scale = 1.0f) override;
   void BeginEval() override {}
   absl::StatusOr<double> EndEval(double loss_sum) override { return SumOverGroup(comm_, loss_sum); }
   absl::Status GatherWholeModel() override { return absl::OkStatus(); }
@@ -66,7 +66,6 @@ class Ddp final : public DataParallel {
   // Waits for the launched buckets, then averages over dp.
   absl::Status FinishAllReduce(StepStats* stats);
   // The elements of SaveRanges() of a whole-buffer span.
-  std::vector<float> Slice(absl::Span<const float> all) const;
 
   engine::Engine* const engine_;
   optim::AdamW adamw_;              // the whole buffer

@@ -378,12 +378,13 @@ absl::StatusOr<double> Zero::SumOverRanks(double local) {
   return total;
 }
 
-absl::StatusOr<StepStats> Zero::Step(float lr, float max_norm) {
+absl::StatusOr<StepStats> Zero::Step(float lr, float max_norm, float loss_scale) {
   const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<double> norm = StepShard(lr, max_norm);
+  absl::StatusOr<double> norm = StepShard(lr, max_norm, loss_scale);
   if (!norm.ok()) return norm.status();
   StepStats stats;
   stats.grad_norm = *norm;
+  stats.skipped = !std::isfinite(*norm);
   if (dp_ > 1) {
     stats.comm_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -392,7 +393,7 @@ absl::StatusOr<StepStats> Zero::Step(float lr, float max_norm) {
   return stats;
 }
 
-absl::StatusOr<double> Zero::StepShard(float lr, float max_norm) {
+absl::StatusOr<double> Zero::StepShard(float lr, float max_norm, float loss_scale) {
   if (!status_.ok()) return status_;
   engine::ThreadPool* pool = engine_->host_pool();
   // Summed over dp; the mean gradient of the global batch is sum / dp.
@@ -412,8 +413,11 @@ absl::StatusOr<double> Zero::StepShard(float lr, float max_norm) {
   if (!total.ok()) return total.status();
   if (mp_.sum_squares) total = mp_.sum_squares(*total);
   if (!total.ok()) return total.status();
-  const float norm = static_cast<float>(std::sqrt(*total));
-  const float clip = optim::ClipScale(norm, max_norm);
+  // The gradients carry the loss scale (fp16): the norm without it decides
+  // clipping; a non-finite one skips the step, parameters unchanged.
+  const float norm = static_cast<float>(std::sqrt(*total) / loss_scale);
+  if (!std::isfinite(norm)) return static_cast<double>(norm);
+  const float clip = optim::ClipScale(norm, max_norm) / loss_scale;
   for (size_t k = 0; k < units_.size(); ++k) {
     Unit& u = units_[k];
     absl::Span<float> g = ShardGrad(u);

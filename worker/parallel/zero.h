@@ -116,7 +116,7 @@ class Zero final : public DataParallel {
   // over all ranks), AdamW with `lr` on the shard, and (stages 1-2) the
   // all-gather of the updated params. The norm before clipping is identical
   // on every rank; comm_ms is the whole step's time when dp > 1.
-  absl::StatusOr<StepStats> Step(float lr, float max_norm) override;
+  absl::StatusOr<StepStats> Step(float lr, float max_norm, float loss_scale = 1.0f) override;
 
   // Forward-only passes between steps (see the header comment, eval).
   // EndEval returns the sum of loss_sum over dp, or the first communication
@@ -185,7 +185,7 @@ class Zero final : public DataParallel {
   // op actually issued: all-gather and reduce-scatter (dp-1)·count,
   // all-reduce 2(dp-1)/dp·count, broadcast (dp-1)/dp·count elements).
   int64_t TakeCommBytes();
-  absl::StatusOr<double> StepShard(float lr, float max_norm);
+  absl::StatusOr<double> StepShard(float lr, float max_norm, float loss_scale);
 
   void OnParamUse(int unit, bool begin);
   void OnGradsReady(size_t offset);

@@ -39,6 +39,7 @@ class FakeEngine final : public engine::Engine {
   int64_t activation_bytes() const override { return 1000; }
   int64_t ResidentActivationBytes() const override { return 900; }
   engine::ThreadPool* host_pool() override { return &pool_; }
+  engine::FlatMath& math() override { return math_; }
   void InitParamsInto(uint64_t, size_t, size_t, float*) override {}
   // The loss is the first token / 100, so each micro-batch's is known.
   float Forward(const int* tokens, const int* targets, int b, int t) override {
@@ -63,6 +64,7 @@ class FakeEngine final : public engine::Engine {
   const int B_, T_;
   engine::cpu::CpuDevice device_;
   engine::ThreadPool pool_{1};
+  engine::HostFlatMath math_{&pool_};
   std::unique_ptr<engine::Buffer> params_, grads_;
   Calls* calls_;
 };
@@ -78,7 +80,7 @@ class FakeStrategy final : public parallel::DataParallel {
     calls_->push_back("end");
     return end_status;
   }
-  absl::StatusOr<parallel::StepStats> Step(float lr, float max_norm) override {
+  absl::StatusOr<parallel::StepStats> Step(float lr, float max_norm, float loss_scale) override {
     calls_->push_back(absl::StrCat("step lr ", lr, " clip ", max_norm));
     if (!step_status.ok()) return step_status;
     return stats;
