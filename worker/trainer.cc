@@ -9,6 +9,9 @@
 #include "worker/checkpoint/manifest.h"
 #include "worker/data/tokens.h"
 #include "worker/engine/cpu/gpt.h"
+#if SHARDTRAIN_HAVE_CUDA
+#include "worker/engine/cuda/gpt.h"
+#endif
 #include "worker/optim/lr_schedule.h"
 #include "worker/parallel/schedule.h"
 
@@ -21,12 +24,46 @@ double MsSince(std::chrono::steady_clock::time_point t) {
 
 // What this build can train: FAILED_PRECONDITION naming the field otherwise.
 absl::Status CheckSupported(const JobSpec& spec) {
-  if (spec.precision != Precision::kFp32) {
+  if (spec.resources.device == DeviceKind::kCpu && spec.precision != Precision::kFp32) {
     return absl::FailedPreconditionError(
         absl::StrCat("precision: ", std::string(EnumName(spec.precision)),
-                     " is not implemented on CPU yet; use fp32"));
+                     " is not implemented on CPU yet; use fp32 (or resources.device: cuda)"));
   }
+#if !SHARDTRAIN_HAVE_CUDA
+  if (spec.resources.device == DeviceKind::kCuda) {
+    return absl::FailedPreconditionError(
+        "resources.device: cuda, but this worker was built without CUDA");
+  }
+#endif
   return absl::OkStatus();
+}
+
+DataType ComputeType(Precision p) {
+  switch (p) {
+    case Precision::kBf16:
+      return DataType::kBFloat16;
+    case Precision::kFp16:
+      return DataType::kFloat16;
+    default:
+      return DataType::kFloat32;
+  }
+}
+
+// The engine of the spec's device on this rank's slice.
+absl::StatusOr<std::unique_ptr<engine::Engine>> MakeEngine(
+    const JobSpec& spec, const model::GptConfig& config, int threads, int gpu,
+    const engine::GptEngineOptions& options) {
+  if (spec.resources.device == DeviceKind::kCuda) {
+#if SHARDTRAIN_HAVE_CUDA
+    auto e = engine::cuda::CudaGpt::Create(config, spec.batch.micro, spec.batch.seq_len, gpu,
+                                           ComputeType(spec.precision), threads, options);
+    if (!e.ok()) return e.status();
+    return std::unique_ptr<engine::Engine>(*std::move(e));
+#endif
+  }
+  auto e = engine::cpu::Gpt::Create(config, spec.batch.micro, spec.batch.seq_len, threads, options);
+  if (!e.ok()) return e.status();
+  return std::unique_ptr<engine::Engine>(*std::move(e));
 }
 
 // The schedule a stage runs: the spec's when pp > 1; one stage has no bubble
@@ -87,7 +124,7 @@ std::string FinalWeightsPath(const JobSpec& spec) {
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, int rank, int threads,
-                                                         comm::Communicator* comm) {
+                                                         comm::Communicator* comm, int gpu) {
   if (absl::Status s = CheckSupported(spec); !s.ok()) return s;
   absl::StatusOr<ParallelDims> dims = spec.Dims();
   if (!dims.ok()) return dims.status();
@@ -130,8 +167,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
     tp = std::make_unique<parallel::TensorParallelGroup>(mesh->tp());
     options.tp = tp.get();
   }
-  auto engine =
-      engine::cpu::Gpt::Create(*config, spec.batch.micro, spec.batch.seq_len, threads, options);
+  auto engine = MakeEngine(spec, *config, threads, gpu, options);
   if (!engine.ok()) return engine.status();
   const optim::AdamWOptions adamw = AdamWOptionsOf(spec.optimizer);
   auto t = Compose(
@@ -226,6 +262,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Compose(const JobSpec& spec, i
   t->strategy_->InitParams(spec.seed);
   t->inputs_.resize(size_t(spec.batch.micro) * spec.batch.seq_len);
   t->targets_.resize(t->inputs_.size());
+  if (spec.precision == Precision::kFp16) t->scaler_.emplace();
   return t;
 }
 
@@ -249,7 +286,7 @@ absl::Status Trainer::RunMicroBatches(int64_t step, StepResult* r) {
       return s;
     };
     absl::StatusOr<parallel::PipelineStepResult> p =
-        pipeline_->RunStep(fill, begin, end, 1.0f / accum);
+        pipeline_->RunStep(fill, begin, end, LossScale() / accum);
     if (!p.ok()) return p.status();
     r->loss = p->loss_sum / accum;
     r->bubble = p->idle_fraction;
@@ -263,7 +300,7 @@ absl::Status Trainer::RunMicroBatches(int64_t step, StepResult* r) {
     if (absl::Status s = fill(m, inputs_.data(), targets_.data()); !s.ok()) return s;
     strategy_->BeginMicroBatch(m, accum);
     loss += engine_->Forward(inputs_.data(), targets_.data());
-    engine_->Backward(1.0f / accum);
+    engine_->Backward(LossScale() / accum);
     const auto t0 = std::chrono::steady_clock::now();
     if (absl::Status s = strategy_->EndMicroBatch(); !s.ok()) return s;
     r->comm_ms += MsSince(t0);
@@ -282,9 +319,15 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
     r.tp_bytes = tp_group_->TakeBytes();
   }
   r.lr = optim::LearningRate(spec_.optimizer, step - 1, spec_.steps);
-  absl::StatusOr<parallel::StepStats> stats =
-      strategy_->Step(static_cast<float>(r.lr), static_cast<float>(spec_.optimizer.grad_clip));
+  const float loss_scale = LossScale();
+  absl::StatusOr<parallel::StepStats> stats = strategy_->Step(
+      static_cast<float>(r.lr), static_cast<float>(spec_.optimizer.grad_clip), loss_scale);
   if (!stats.ok()) return stats.status();
+  r.skipped = stats->skipped;
+  if (scaler_.has_value()) {
+    r.loss_scale = loss_scale;
+    scaler_->Update(stats->skipped);
+  }
   r.grad_norm = stats->grad_norm;
   r.comm_ms += stats->comm_ms;
   r.allreduce_ms = stats->collective_ms;

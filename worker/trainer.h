@@ -18,8 +18,12 @@
 // and the final weights are in the whole model's coordinates
 // (ParamLayout::GlobalRuns), so any layout resumes from any other.
 //
-// fp32 only (Create refuses others with FAILED_PRECONDITION naming the
-// field); ZeRO-3 with pp > 1 is refused by the spec.
+// The engine is the spec's resources.device: the CPU (fp32 only; Create
+// refuses other precisions with FAILED_PRECONDITION naming the field) or one
+// GPU (engine/cuda: fp32, bf16, fp16; one whole model per GPU so far). Under
+// fp16 the backward passes scale the loss by a dynamic loss scale
+// (optim::LossScaler) and a step whose gradients overflowed is skipped
+// (StepResult::skipped). ZeRO-3 with pp > 1 is refused by the spec.
 //
 // Not thread-safe: one caller.
 #ifndef SHARDTRAIN_WORKER_TRAINER_H_
@@ -41,6 +45,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/data/sampler.h"
 #include "worker/engine/engine.h"
+#include "worker/optim/loss_scaler.h"
 #include "worker/parallel/data_parallel.h"
 #include "worker/parallel/mesh.h"
 #include "worker/parallel/pipeline.h"
@@ -68,6 +73,10 @@ struct StepResult {
   // (not part of step_ms).
   std::optional<double> val_loss;
   double eval_ms = 0;
+  // fp16: the loss scale the step ran with, and whether its gradients
+  // overflowed so that the update was skipped (parameters unchanged).
+  bool skipped = false;
+  double loss_scale = 0;  // 0 when no loss scaling is used
 };
 
 // Whether step `step` (1-based) ends with an evaluation: eval.every > 0 and
@@ -100,8 +109,10 @@ class Trainer {
   // pp > 1, the training tokens of data.train and, when eval.every > 0, of
   // data.val (errors name the field and the file). Collective when the
   // mesh has tp or pp groups (Mesh::Create).
+  // `gpu`: the CUDA device ordinal this worker drives (resources.device:
+  // cuda).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec, int rank, int threads,
-                                                         comm::Communicator* comm);
+                                                         comm::Communicator* comm, int gpu = 0);
   // Composes a trainer from given parts (tests pass fakes). `make_strategy`
   // builds the data-parallel strategy over the engine. Initialises the
   // parameters from spec.seed through the strategy. `val_tokens` is
@@ -191,6 +202,9 @@ class Trainer {
   std::vector<float> whole_;  // WholeModel's buffer when the model is split
   std::vector<int> inputs_, targets_;
   bool measure_ = false;
+  // fp16's dynamic loss scale (none in fp32 / bf16: scale 1).
+  std::optional<optim::LossScaler> scaler_;
+  float LossScale() const { return scaler_.has_value() ? scaler_->scale() : 1.0f; }
 };
 
 // Where rank 0 saves the final weights: <checkpoint.dir>/final.weights, or

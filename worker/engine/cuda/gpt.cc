@@ -1,0 +1,340 @@
+#include "worker/engine/cuda/gpt.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain::engine::cuda {
+namespace {
+
+const char* Bytes(const void* p) { return static_cast<const char*>(p); }
+
+// Aborts naming the CUDA call (the engine's passes cannot return errors).
+void CheckCuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "CudaGpt: %s: %s\n", what, cudaGetErrorString(e));
+    std::abort();
+  }
+}
+
+// The GPU's optimizer-side arithmetic (kernels.h), ordered on the compute
+// stream; reads back to the host synchronise it.
+class CudaFlatMath final : public FlatMath {
+ public:
+  explicit CudaFlatMath(CudaDevice* device) : device_(device) {}
+  double SquaredNorm(const float* x, size_t n) override {
+    if (n == 0) return 0;
+    const int blocks = SquaredNormBlocks(static_cast<int64_t>(n));
+    if (partial_ == nullptr || partial_->count() < size_t(blocks) * 2) {
+      partial_ = Alloc(size_t(blocks) * 2);  // doubles as pairs of floats
+    }
+    Check(SquaredNormPartial(stream(), partial_->as<double>(), x, static_cast<int64_t>(n)));
+    std::vector<double> host(blocks);
+    CheckCuda(cudaMemcpyAsync(host.data(), partial_->data(), sizeof(double) * blocks,
+                              cudaMemcpyDeviceToHost, stream()),
+              "cudaMemcpyAsync (norm partials)");
+    CheckCuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (norm)");
+    double total = 0;
+    for (double d : host) total += d;  // in order: deterministic
+    return total;
+  }
+  void Scale(float* x, size_t n, float s) override {
+    Check(ScaleFloat32(stream(), x, static_cast<int64_t>(n), s));
+  }
+  void AdamWUpdate(float* p, float* g, float* m, float* v, size_t n, const AdamWCoefficients& c,
+                   bool zero_grads) override {
+    // kernels.h's AdamW: p -= lr·wd·p, then p -= lr·(m/bias1)/(sqrt(v/bias2)+eps).
+    // The host's form (p·decay − step_size·m/(sqrt(v)·inv_sqrt_bc2 + eps)) is
+    // the same update: lr·wd = 1 − decay, lr/bias1 = step_size, sqrt(bias2) =
+    // 1/inv_sqrt_bc2. The kernel takes lr = step_size with bias1 = 1, and
+    // weight_decay = (1 − decay)/step_size when step_size > 0.
+    AdamWArgs a;
+    a.lr = c.step_size;
+    a.beta1 = c.beta1;
+    a.beta2 = c.beta2;
+    a.eps = c.eps;
+    a.weight_decay = c.step_size > 0 ? (1.0f - c.decay) / c.step_size : 0.0f;
+    a.bias1 = 1.0f;
+    a.bias2 = 1.0f / (c.inv_sqrt_bc2 * c.inv_sqrt_bc2);
+    Check(cuda::AdamWUpdate(stream(), p, g, m, v, static_cast<int64_t>(n), a));
+    if (zero_grads) {
+      CheckCuda(cudaMemsetAsync(g, 0, n * sizeof(float), stream()), "cudaMemsetAsync (grads)");
+    }
+  }
+  void CopyToHost(float* host, const float* x, size_t n) override {
+    CheckCuda(cudaMemcpyAsync(host, x, n * sizeof(float), cudaMemcpyDeviceToHost, stream()),
+              "cudaMemcpyAsync (to host)");
+    CheckCuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (to host)");
+  }
+  void CopyFromHost(float* x, const float* host, size_t n) override {
+    CheckCuda(cudaMemcpyAsync(x, host, n * sizeof(float), cudaMemcpyHostToDevice, stream()),
+              "cudaMemcpyAsync (from host)");
+    CheckCuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (from host)");
+  }
+  std::unique_ptr<Buffer> Allocate(size_t n) override { return Alloc(n); }
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+
+ private:
+  cudaStream_t stream() const {
+    return static_cast<cudaStream_t>(device_->compute_stream().native());
+  }
+  std::unique_ptr<Buffer> Alloc(size_t n) {
+    absl::StatusOr<std::unique_ptr<Buffer>> b = device_->Allocate(n, DataType::kFloat32);
+    if (!b.ok()) {
+      std::fprintf(stderr, "CudaFlatMath: %s\n", std::string(b.status().message()).c_str());
+      std::abort();
+    }
+    return *std::move(b);
+  }
+  static void Check(const absl::Status& s) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "CudaFlatMath: %s\n", std::string(s.message()).c_str());
+      std::abort();
+    }
+  }
+  CudaDevice* const device_;
+  std::unique_ptr<Buffer> partial_;
+};
+
+}  // namespace
+
+std::unique_ptr<FlatMath> MakeCudaFlatMath(CudaDevice* device) {
+  return std::make_unique<CudaFlatMath>(device);
+}
+
+absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const model::GptConfig& config, int B,
+                                                         int T, int ordinal, DataType compute,
+                                                         int host_threads,
+                                                         const GptEngineOptions& options) {
+  if (auto s = ValidateGptEngine(config, B, T, options); !s.ok()) return s;
+  const model::ModelSlice& sl = options.slice;
+  if (sl.tp > 1 || !sl.first_stage || !sl.last_stage) {
+    return absl::UnimplementedError(
+        "the CUDA engine runs whole models so far: parallel.tp and parallel.pp must be 1 on cuda");
+  }
+  if (host_threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", host_threads));
+  }
+  absl::StatusOr<std::unique_ptr<CudaDevice>> device = CudaDevice::Create(ordinal);
+  if (!device.ok()) return device.status();
+  std::unique_ptr<CudaGpt> gpt(
+      new CudaGpt(config, B, T, compute, host_threads, options, *std::move(device)));
+  if (absl::Status s = gpt->Init(); !s.ok()) return s;
+  return gpt;
+}
+
+CudaGpt::CudaGpt(const model::GptConfig& config, int B, int T, DataType compute, int host_threads,
+                 const GptEngineOptions& options, std::unique_ptr<CudaDevice> device)
+    : GptEngine(config, B, T, options, compute),
+      pool_(host_threads),
+      device_(std::move(device)),
+      math_(MakeCudaFlatMath(device_.get())) {}
+
+CudaGpt::~CudaGpt() {
+  // Nothing may still write into the buffers about to be freed.
+  if (device_ != nullptr) device_->compute_stream().Synchronize().IgnoreError();
+}
+
+absl::Status CudaGpt::Init() {
+  if (absl::Status s = KernelContext::Create(stream(), compute(), &kernels_); !s.ok()) return s;
+  const size_t n = layout().num_params();
+  const int64_t BT = int64_t{max_batch()} * max_seq_len();
+  auto alloc = [&](size_t count, DataType dt, std::unique_ptr<Buffer>* out) -> absl::Status {
+    absl::StatusOr<std::unique_ptr<Buffer>> b = device_->Allocate(count, dt);
+    if (!b.ok()) return b.status();
+    *out = *std::move(b);
+    return absl::OkStatus();
+  };
+  absl::Status s = alloc(n, DataType::kFloat32, &params_);
+  if (s.ok()) s = alloc(n, DataType::kFloat32, &grads_);
+  if (s.ok() && compute() != DataType::kFloat32) s = alloc(n, compute(), &compute_);
+  if (s.ok()) {
+    s = alloc(static_cast<size_t>(activations().bytes(slots()) / 4), DataType::kFloat32, &acts_);
+  }
+  // Token ids and targets of every slot (int32, 4 bytes like fp32).
+  if (s.ok()) s = alloc(static_cast<size_t>(2 * slots() * BT), DataType::kFloat32, &ids_);
+  if (s.ok()) s = alloc(static_cast<size_t>(config().padded_vocab), DataType::kFloat32, &row_);
+  if (!s.ok()) return s;
+  BindActivations(acts_->as<char>());
+  host_losses_.resize(BT);
+  return absl::OkStatus();
+}
+
+int64_t CudaGpt::allocated_bytes() const {
+  int64_t total = 0;
+  for (const auto* b : {&params_, &grads_, &compute_, &acts_, &ids_, &row_}) {
+    if (*b != nullptr) total += int64_t((*b)->bytes());
+  }
+  return total;
+}
+
+cudaStream_t CudaGpt::stream() const {
+  return static_cast<cudaStream_t>(device_->compute_stream().native());
+}
+
+void CudaGpt::Check(const absl::Status& s) const {
+  if (!s.ok()) {
+    std::fprintf(stderr, "CudaGpt on %s: %s\n", device_->name().c_str(),
+                 std::string(s.message()).c_str());
+    std::abort();
+  }
+}
+
+const void* CudaGpt::param(int tensor) const {
+  const Buffer& b = compute_ != nullptr ? *compute_ : *params_;
+  return Bytes(b.data()) + layout().offset(tensor) * DataTypeSize(b.dtype());
+}
+
+float* CudaGpt::grad(int tensor) const { return grads_->as<float>() + layout().offset(tensor); }
+
+int* CudaGpt::DeviceTokens(int k) const {
+  return ids_->as<int>() + int64_t{2} * k * max_batch() * max_seq_len();
+}
+
+int* CudaGpt::DeviceTargets(int k) const {
+  return DeviceTokens(k) + int64_t{max_batch()} * max_seq_len();
+}
+
+void CudaGpt::InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) {
+  std::vector<float> host(end - begin);
+  InitSliceHost(seed, begin, end, host.data(), &pool_);
+  math_->CopyFromHost(out, host.data(), host.size());
+}
+
+void CudaGpt::ZeroGrad() {
+  CheckCuda(cudaMemsetAsync(grads_->data(), 0, grads_->bytes(), stream()),
+            "cudaMemsetAsync (grads)");
+}
+
+void CudaGpt::ReadLogits(int row, float* out) const {
+  const int Vp = config().padded_vocab;
+  const void* logits = Bytes(slot(0).logits) + int64_t{row} * Vp * DataTypeSize(compute());
+  Check(ConvertToFloat32(k(), row_->as<float>(), logits, config().vocab));
+  CheckCuda(cudaMemcpyAsync(out, row_->data(), sizeof(float) * config().vocab,
+                            cudaMemcpyDeviceToHost, stream()),
+            "cudaMemcpyAsync (logits)");
+  CheckCuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (logits)");
+}
+
+void CudaGpt::OnUnitUse(int unit) {
+  if (compute_ == nullptr) return;  // fp32: the master is the compute copy
+  const model::UnitInfo& u = layout().units()[unit];
+  Check(ConvertFromFloat32(k(), compute_->as<char>() + u.offset * DataTypeSize(compute()),
+                           params_->as<float>() + u.offset, static_cast<int64_t>(u.numel)));
+}
+
+// ---- the layers
+
+void CudaGpt::EncoderForward(SlotActs& s) {
+  const int k_slot = SlotIndex(s);
+  CheckCuda(cudaMemcpyAsync(DeviceTokens(k_slot), s.tokens.data(), sizeof(int) * s.b * s.t,
+                            cudaMemcpyHostToDevice, stream()),
+            "cudaMemcpyAsync (tokens)");
+  Check(cuda::EncoderForward(k(), s.encoded, DeviceTokens(k_slot), param(layout().wte()),
+                             param(layout().wpe()), s.b, s.t, config().dim));
+}
+
+void CudaGpt::EncoderBackward(const SlotActs& s, const void* dout) {
+  Check(cuda::EncoderBackward(k(), grad(layout().wte()), grad(layout().wpe()), dout,
+                              DeviceTokens(SlotIndex(s)), s.b, s.t, config().dim));
+}
+
+void CudaGpt::CopyFromFloat32(void* dst, const float* src, int64_t n) {
+  Check(ConvertFromFloat32(k(), dst, src, n));
+}
+
+void CudaGpt::Zero(void* p, int64_t n) {
+  CheckCuda(cudaMemsetAsync(p, 0, n * DataTypeSize(compute()), stream()), "cudaMemsetAsync");
+}
+
+void CudaGpt::LayerNormForward(void* out, float* mean, float* rstd, const void* inp, int weight,
+                               int bias, int N, int C) {
+  Check(cuda::LayerNormForward(k(), out, mean, rstd, inp, param(weight), param(bias), N, C));
+}
+
+void CudaGpt::LayerNormBackward(void* dinp, const void* dout, const void* inp, const float* mean,
+                                const float* rstd, int weight, int bias, int N, int C) {
+  Check(cuda::LayerNormBackward(k(), dinp, grad(weight), grad(bias), dout, inp, param(weight), mean,
+                                rstd, N, C));
+}
+
+void CudaGpt::MatmulForward(void* out, const void* inp, int weight, int bias, int N, int IC, int OC,
+                            int ld_out) {
+  Check(cuda::MatmulForward(k(), out, inp, param(weight), bias < 0 ? nullptr : param(bias), N, IC,
+                            OC, ld_out));
+}
+
+void CudaGpt::MatmulBackward(void* dinp, const void* dout, int ld_dout, const void* inp, int weight,
+                             int bias, int N, int IC, int OC) {
+  Check(cuda::MatmulBackward(k(), dinp, grad(weight), bias < 0 ? nullptr : grad(bias), dout,
+                             ld_dout, inp, param(weight), N, IC, OC));
+}
+
+void CudaGpt::AddBias(void* out, int bias, int N, int OC) {
+  Fail("CudaGpt::AddBias: tensor parallelism is not on the GPU yet");
+}
+
+void CudaGpt::AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t,
+                               int Ct, int NHt) {
+  Check(cuda::AttentionForward(k(), out, att, scratch, qkv, b, t, Ct, NHt));
+}
+
+void CudaGpt::AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
+                                const void* att, int b, int t, int Ct, int NHt) {
+  Check(cuda::AttentionBackward(k(), dqkv, scratch, dout, qkv, att, b, t, Ct, NHt));
+}
+
+void CudaGpt::GeluForward(void* out, const void* inp, int64_t n) {
+  Check(cuda::GeluForward(k(), out, inp, n));
+}
+
+void CudaGpt::GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) {
+  Check(cuda::GeluBackward(k(), dinp, inp, dout, n));
+}
+
+void CudaGpt::ResidualForward(void* out, const void* inp1, const void* inp2, int64_t n) {
+  Check(cuda::ResidualForward(k(), out, inp1, inp2, n));
+}
+
+void CudaGpt::LmHeadForward(SlotActs& s) {
+  Check(cuda::MatmulForward(k(), s.logits, s.lnf, param(layout().wte()), nullptr, s.b * s.t,
+                            config().dim, config().vocab, config().padded_vocab));
+}
+
+double CudaGpt::CrossEntropyForward(SlotActs& s) {
+  const int N = s.b * s.t, k_slot = SlotIndex(s);
+  CheckCuda(cudaMemcpyAsync(DeviceTargets(k_slot), s.targets.data(), sizeof(int) * N,
+                            cudaMemcpyHostToDevice, stream()),
+            "cudaMemcpyAsync (targets)");
+  Check(cuda::CrossEntropyForward(k(), s.losses, s.lse, s.logits, DeviceTargets(k_slot), N,
+                                  config().vocab, config().padded_vocab));
+  CheckCuda(cudaMemcpyAsync(host_losses_.data(), s.losses, sizeof(float) * N,
+                            cudaMemcpyDeviceToHost, stream()),
+            "cudaMemcpyAsync (losses)");
+  CheckCuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (losses)");
+  double sum = 0;
+  for (int i = 0; i < N; ++i) sum += host_losses_[i];
+  return sum;
+}
+
+void CudaGpt::CrossEntropyBackward(SlotActs& s, float dloss) {
+  Check(cuda::CrossEntropyBackward(k(), s.logits, s.lse, DeviceTargets(SlotIndex(s)), dloss,
+                                   s.b * s.t, config().vocab, config().padded_vocab));
+}
+
+void CudaGpt::LmHeadBackward(SlotActs& s, void* dln) {
+  Check(cuda::MatmulBackward(k(), dln, grad(layout().wte()), nullptr, s.logits,
+                             config().padded_vocab, s.lnf, param(layout().wte()), s.b * s.t,
+                             config().dim, config().vocab));
+}
+
+void CudaGpt::TpAllReduceSum(void* x, int64_t n) {
+  Fail("CudaGpt::TpAllReduceSum: tensor parallelism is not on the GPU yet");
+}
+
+}  // namespace shardtrain::engine::cuda

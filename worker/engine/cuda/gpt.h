@@ -1,0 +1,123 @@
+// CudaGpt: the GPT on one GPU (engine::Engine), in fp32, bf16 or fp16. The
+// order of the step (blocks, hooks, slots) is engine::GptEngine's; this class
+// supplies the layers as the CUDA kernels of kernels.h on the device's
+// compute stream.
+//
+// Precision (job spec `precision`): the flat parameter and gradient buffers
+// are the fp32 master (what strategies, the optimizer and checkpoints see);
+// under bf16 / fp16 a compute copy of the parameters in that type is
+// refreshed from the master each time a unit's parameters are read
+// (OnUnitUse: after ZeRO's hook, so a gathered unit converts too), the
+// activations are stored in the compute type (the ActivationTable says which
+// stay fp32), and backward accumulates the parameters' gradients in fp32. In
+// fp32 the compute copy is the master itself and TF32 is never used, so the
+// engine equals the CPU engine to rounding.
+//
+// So far one whole model per GPU: tensor-parallel slices and pipeline stages
+// are refused by Create (they arrive with GPU part 3). The host synchronises
+// once per forward, to read the losses back.
+//
+// CUDA errors inside a pass abort the process with the kernel's message (a
+// worker crash: the coordinator recovers the job like any failed rank).
+// Not thread-safe: one caller at a time.
+#ifndef SHARDTRAIN_WORKER_ENGINE_CUDA_GPT_H_
+#define SHARDTRAIN_WORKER_ENGINE_CUDA_GPT_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/cuda/cuda_device.h"
+#include "worker/engine/cuda/kernels.h"
+#include "worker/engine/gpt_engine.h"
+
+namespace shardtrain::engine::cuda {
+
+class CudaGpt final : public GptEngine {
+ public:
+  // The engine on GPU `ordinal` computing in `compute` (fp32, bf16, fp16).
+  // FAILED_PRECONDITION without such a device, RESOURCE_EXHAUSTED when its
+  // memory cannot hold the model and activations, INVALID_ARGUMENT for
+  // shapes (as ValidateGptEngine), UNIMPLEMENTED for tp / pp slices.
+  static absl::StatusOr<std::unique_ptr<CudaGpt>> Create(const model::GptConfig& config, int B,
+                                                         int T, int ordinal, DataType compute,
+                                                         int host_threads = 1,
+                                                         const GptEngineOptions& options = {});
+  ~CudaGpt() override;
+
+  // ---- Engine
+  Device& device() override { return *device_; }
+  Buffer& param_buffer() override { return *params_; }
+  Buffer& grad_buffer() override { return *grads_; }
+  int64_t activation_bytes() const override { return int64_t(acts_->bytes()); }
+  int64_t ResidentActivationBytes() const override { return acts_->ResidentBytes(); }
+  ThreadPool* host_pool() override { return &pool_; }
+  FlatMath& math() override { return *math_; }
+  void InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) override;
+  const float* StageOutput(int slot) const override { return nullptr; }
+  void ZeroGrad() override;
+  void ReadLogits(int row, float* out) const override;
+
+  DataType compute() const { return activations().compute(); }
+  // Bytes of device memory this engine allocated (params, grads, compute
+  // copy, activations, token buffers), for the plan-vs-device check.
+  int64_t allocated_bytes() const;
+
+ protected:
+  void EncoderForward(SlotActs& s) override;
+  void EncoderBackward(const SlotActs& s, const void* dout) override;
+  void CopyFromFloat32(void* dst, const float* src, int64_t n) override;
+  void Zero(void* p, int64_t n) override;
+  void LayerNormForward(void* out, float* mean, float* rstd, const void* inp, int weight, int bias,
+                        int N, int C) override;
+  void LayerNormBackward(void* dinp, const void* dout, const void* inp, const float* mean,
+                         const float* rstd, int weight, int bias, int N, int C) override;
+  void MatmulForward(void* out, const void* inp, int weight, int bias, int N, int IC, int OC,
+                     int ld_out) override;
+  void MatmulBackward(void* dinp, const void* dout, int ld_dout, const void* inp, int weight,
+                      int bias, int N, int IC, int OC) override;
+  void AddBias(void* out, int bias, int N, int OC) override;
+  void AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t, int Ct,
+                        int NHt) override;
+  void AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
+                         const void* att, int b, int t, int Ct, int NHt) override;
+  void GeluForward(void* out, const void* inp, int64_t n) override;
+  void GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) override;
+  void ResidualForward(void* out, const void* inp1, const void* inp2, int64_t n) override;
+  void LmHeadForward(SlotActs& s) override;
+  double CrossEntropyForward(SlotActs& s) override;
+  void CrossEntropyBackward(SlotActs& s, float dloss) override;
+  void LmHeadBackward(SlotActs& s, void* dln) override;
+  void TpAllReduceSum(void* x, int64_t n) override;
+  void OnUnitUse(int unit) override;
+
+ private:
+  CudaGpt(const model::GptConfig& config, int B, int T, DataType compute, int host_threads,
+          const GptEngineOptions& options, std::unique_ptr<CudaDevice> device);
+  absl::Status Init();
+  // Aborts with the message when a launcher failed (see the class comment).
+  void Check(const absl::Status& s) const;
+  const KernelCtx& k() const { return kernels_.ctx(); }
+  cudaStream_t stream() const;
+  // The compute copy of a parameter tensor, and its fp32 gradient.
+  const void* param(int tensor) const;
+  float* grad(int tensor) const;
+  int SlotIndex(const SlotActs& s) const { return static_cast<int>(&s - &slot(0)); }
+  int* DeviceTokens(int slot) const;
+  int* DeviceTargets(int slot) const;
+
+  ThreadPool pool_;
+  std::unique_ptr<CudaDevice> device_;
+  std::unique_ptr<FlatMath> math_;
+  KernelContext kernels_;
+  std::unique_ptr<Buffer> params_, grads_, compute_, acts_, ids_, row_;
+  std::vector<float> host_losses_;
+};
+
+// The GPU's FlatMath on `stream` (kernels.h's optimizer launchers); copies
+// synchronise the stream. Allocates on `device`.
+std::unique_ptr<FlatMath> MakeCudaFlatMath(CudaDevice* device);
+
+}  // namespace shardtrain::engine::cuda
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_CUDA_GPT_H_

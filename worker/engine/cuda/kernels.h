@@ -1,0 +1,167 @@
+// The CUDA engine's layers as launchers over explicit device buffers, the
+// twins of engine/cpu/layers.h (same names, shapes and accumulation rules),
+// so each can be tested against its CPU layer. Shape letters: see
+// common/model/config.h; N is the number of rows (N = B*T).
+//
+// Types. `void*` tensors (activations, their gradients, the parameters'
+// compute copies) hold the engine's compute type, `ctx.dtype`: fp32, bf16 or
+// fp16. `float*` tensors are fp32 whatever the compute type: gradients of
+// parameters (the fp32 master gradient, which backward ACCUMULATES into), the
+// LayerNorm statistics, losses and log-sum-exps. Arithmetic is fp32 inside
+// every kernel (inputs converted on load, outputs rounded on store); GEMMs
+// accumulate in fp32 (CUBLAS_COMPUTE_32F: TF32 is never used, so fp32 equals
+// the CPU engine to rounding).
+//
+// Every launcher checks its sizes (>= 0 and within int32 where a kernel
+// indexes with int), enqueues its work on ctx.stream only (no host
+// synchronisation, no allocation: scratch is passed in), checks the launch
+// (cudaGetLastError) and returns INVALID_ARGUMENT for bad sizes or INTERNAL
+// naming the kernel and the CUDA / cuBLAS error. Unless stated, backward
+// launchers ACCUMULATE (+=) into every gradient output, as on the CPU.
+// Reductions are deterministic (no float atomics): the same inputs give the
+// same bits, run after run.
+#ifndef SHARDTRAIN_WORKER_ENGINE_CUDA_KERNELS_H_
+#define SHARDTRAIN_WORKER_ENGINE_CUDA_KERNELS_H_
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+
+namespace shardtrain::engine::cuda {
+
+// What every launcher runs with. Handles and the workspace belong to the
+// caller (KernelContext below owns a set); one context per stream.
+struct KernelCtx {
+  cudaStream_t stream = nullptr;
+  DataType dtype = DataType::kFloat32;  // the compute type of the void* tensors
+  cublasLtHandle_t lt = nullptr;        // matmuls
+  cublasHandle_t blas = nullptr;        // attention's strided-batched GEMMs
+  void* workspace = nullptr;            // cuBLASLt workspace (device memory)
+  size_t workspace_bytes = 0;
+};
+
+// Owns a cuBLASLt and a cuBLAS handle bound to `stream` and a 32 MiB
+// workspace; ctx() hands them to the launchers. Create fails with INTERNAL
+// naming the call (no device: FAILED_PRECONDITION).
+class KernelContext {
+ public:
+  static absl::Status Create(cudaStream_t stream, DataType dtype, KernelContext* out);
+  KernelContext() = default;
+  ~KernelContext();
+  KernelContext(const KernelContext&) = delete;
+  KernelContext& operator=(const KernelContext&) = delete;
+  const KernelCtx& ctx() const { return ctx_; }
+
+ private:
+  KernelCtx ctx_;
+};
+
+// ---- conversions and fills ----
+// dst (n, ctx.dtype) = src (n, fp32), rounded to nearest even.
+absl::Status ConvertFromFloat32(const KernelCtx& ctx, void* dst, const float* src, int64_t n);
+// dst (n, fp32) = src (n, ctx.dtype).
+absl::Status ConvertToFloat32(const KernelCtx& ctx, float* dst, const void* src, int64_t n);
+
+// ---- encoder: token + position embedding ----
+// tokens (B,T) device ids in [0,V); wte (Vp,C); wpe (context,C); out (B,T,C).
+absl::Status EncoderForward(const KernelCtx& ctx, void* out, const int* tokens, const void* wte,
+                            const void* wpe, int B, int T, int C);
+// dwte (Vp,C) += scatter of dout rows by token; dwpe (T rows of (context,C))
+// += sum over B. One thread per channel walks the rows in order: deterministic
+// although token ids repeat.
+absl::Status EncoderBackward(const KernelCtx& ctx, float* dwte, float* dwpe, const void* dout,
+                             const int* tokens, int B, int T, int C);
+
+// ---- layernorm over the last dim, eps 1e-5 ----
+// inp, out (N,C); weight, bias (C); saves mean, rstd (N, fp32).
+absl::Status LayerNormForward(const KernelCtx& ctx, void* out, float* mean, float* rstd,
+                              const void* inp, const void* weight, const void* bias, int N, int C);
+// dinp (N,C) += ; dweight, dbias (C, fp32) += ; uses inp, weight, mean, rstd.
+absl::Status LayerNormBackward(const KernelCtx& ctx, void* dinp, float* dweight, float* dbias,
+                               const void* dout, const void* inp, const void* weight,
+                               const float* mean, const float* rstd, int N, int C);
+
+// ---- matmul (torch.nn.Linear) through cuBLASLt ----
+// out (N,OC) with row stride ld_out = inp (N,C) · weight (OC,C)^T + bias
+// (OC); bias may be null (added as the GEMM's epilogue otherwise). Overwrites
+// out.
+absl::Status MatmulForward(const KernelCtx& ctx, void* out, const void* inp, const void* weight,
+                           const void* bias, int N, int C, int OC, int ld_out);
+// dinp (N,C) += dout · weight (dinp may be null: skipped); dweight (OC,C,
+// fp32) += dout^T · inp; dbias (OC, fp32) += column sums of dout (may be
+// null). dout (N,OC) has row stride ld_dout.
+absl::Status MatmulBackward(const KernelCtx& ctx, void* dinp, float* dweight, float* dbias,
+                            const void* dout, int ld_dout, const void* inp, const void* weight,
+                            int N, int C, int OC);
+
+// ---- causal multi-head self-attention ----
+// qkv (B,T,3C) = [Q | K | V], head h uses channels [h*hs, (h+1)*hs) of each.
+// out (B,T,C); att (B,NH,T,T) saved = softmax(Q K^T / sqrt(hs)) with zeros
+// above the diagonal; scratch (B,NH,T,T) holds the pre-softmax scores. QK^T
+// and att·V are strided-batched GEMMs (one call per sequence, the NH heads
+// batched), the causal softmax one block per row.
+absl::Status AttentionForward(const KernelCtx& ctx, void* out, void* att, void* scratch,
+                              const void* qkv, int B, int T, int C, int NH);
+// dqkv (B,T,3C) += ; uses qkv and att; scratch (B,NH,T,T) is overwritten
+// (dL/datt, then in place dL/dscores).
+absl::Status AttentionBackward(const KernelCtx& ctx, void* dqkv, void* scratch, const void* dout,
+                               const void* qkv, const void* att, int B, int T, int C, int NH);
+
+// ---- GELU, tanh approximation (GPT-2; torch approximate='tanh') ----
+// inp, out (n). Backward: dinp (n) += gelu'(inp) · dout.
+absl::Status GeluForward(const KernelCtx& ctx, void* out, const void* inp, int64_t n);
+absl::Status GeluBackward(const KernelCtx& ctx, void* dinp, const void* inp, const void* dout,
+                          int64_t n);
+
+// ---- residual add ----
+// out = inp1 + inp2, all (n). (Backward is the identity: the engine keeps
+// one gradient of the residual stream.)
+absl::Status ResidualForward(const KernelCtx& ctx, void* out, const void* inp1, const void* inp2,
+                             int64_t n);
+// dst (n) += src (n), both ctx.dtype.
+absl::Status AddInPlace(const KernelCtx& ctx, void* dst, const void* src, int64_t n);
+
+// ---- fused softmax + cross-entropy over the real vocab ----
+// logits (N,Vp) row stride Vp, only columns [0,V) read (padding is never in
+// the softmax); targets (N) device ids. Writes losses (N, fp32) = lse -
+// logit[target] and saves lse (N, fp32). One block per row.
+absl::Status CrossEntropyForward(const KernelCtx& ctx, float* losses, float* lse,
+                                 const void* logits, const int* targets, int N, int V, int Vp);
+// In place: logits[i][j] becomes (softmax_j - 1{j==t_i}) · dloss for j < V;
+// columns >= V are set to 0. OVERWRITES the logits.
+absl::Status CrossEntropyBackward(const KernelCtx& ctx, void* logits, const float* lse,
+                                  const int* targets, float dloss, int N, int V, int Vp);
+
+// ---- the optimizer side, over flat fp32 buffers ----
+// partial (blocks, fp32x2 as double) = per-block sums of x[i]^2 over a fixed
+// grid: SquaredNormBlocks() blocks of kNormThreads threads, block k taking a
+// fixed set of elements, so the result is independent of anything but n.
+// The host adds `partial` in order (in double) for the norm.
+constexpr int kNormThreads = 256;
+int SquaredNormBlocks(int64_t n);
+absl::Status SquaredNormPartial(cudaStream_t stream, double* partial, const float* x, int64_t n);
+// x (n) *= s.
+absl::Status ScaleFloat32(cudaStream_t stream, float* x, int64_t n, float s);
+// AdamW over n elements (optim/adamw.h's rule, torch.optim.AdamW):
+//   g = grads[i] · grad_scale
+//   p -= lr · weight_decay · p                 (weight_decay 0: no decay)
+//   m = b1 m + (1-b1) g ;  v = b2 v + (1-b2) g²
+//   p -= lr · (m / bias1) / (sqrt(v / bias2) + eps)
+// with bias1 = 1 - b1^t, bias2 = 1 - b2^t computed by the caller in double.
+// One thread per element, fp32.
+struct AdamWArgs {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
+  float bias1 = 1, bias2 = 1, grad_scale = 1;
+};
+absl::Status AdamWUpdate(cudaStream_t stream, float* params, const float* grads, float* m, float* v,
+                         int64_t n, const AdamWArgs& args);
+
+}  // namespace shardtrain::engine::cuda
+
+#endif  // SHARDTRAIN_WORKER_ENGINE_CUDA_KERNELS_H_
