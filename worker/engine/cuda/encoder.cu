@@ -1,0 +1,113 @@
+// Encoder: token + position embedding, forward and backward (kernels.h; the
+// CPU twin is engine/cpu/layers.cc).
+#include "worker/engine/cuda/kernel_util.cuh"
+#include "worker/engine/cuda/kernels.h"
+
+namespace shardtrain::engine::cuda {
+namespace {
+
+using internal::Load;
+using internal::Store;
+
+constexpr int kThreads = 256;
+
+// Checks B, T, C >= 0; sets *n = B*T*C.
+absl::Status CheckEncoderSizes(const char* kernel, int B, int T, int C, int64_t* n) {
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kernel, "B", B));
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kernel, "T", T));
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kernel, "C", C));
+  *n = int64_t{B} * T * C;
+  return absl::OkStatus();
+}
+
+// One thread per output element (b, t, c) of out (B,T,C):
+// out[b,t,c] = wte[tokens[b,t], c] + wpe[t, c].
+template <typename F>
+__global__ void EncoderForwardKernel(F* out, const int* tokens, const F* wte, const F* wpe, int B,
+                                     int T, int C) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= int64_t{B} * T * C) return;
+  const int64_t row = i / C;  // b * T + t
+  const int c = static_cast<int>(i % C);
+  const int t = static_cast<int>(row % T);
+  const int64_t token = tokens[row];
+  out[i] = Store<F>(Load(wte[token * C + c]) + Load(wpe[int64_t{t} * C + c]));
+}
+
+}  // namespace
+
+// out (B,T,C) = wte (Vp,C)[tokens (B,T)] + wpe (context,C)[t]. Saves nothing.
+absl::Status EncoderForward(const KernelCtx& ctx, void* out, const int* tokens, const void* wte,
+                            const void* wpe, int B, int T, int C) {
+  constexpr const char* kName = "EncoderForward";
+  int64_t n = 0;
+  SHARDTRAIN_RETURN_IF_ERROR(CheckEncoderSizes(kName, B, T, C, &n));
+  if (n == 0) return absl::OkStatus();
+  const int64_t blocks = internal::BlocksFor(n, kThreads);
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckGrid(kName, blocks));
+  return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
+    using F = typename decltype(tag)::type;
+    EncoderForwardKernel<F><<<static_cast<int>(blocks), kThreads, 0, ctx.stream>>>(
+        static_cast<F*>(out), tokens, static_cast<const F*>(wte), static_cast<const F*>(wpe), B, T,
+        C);
+    return internal::CheckLaunch(kName);
+  });
+}
+
+namespace {
+
+// One thread per channel c, walking the B*T rows in order: dwte[tokens[r], c]
+// += dout[r, c]. Repeated tokens touch the same element from the same thread,
+// in the CPU's order: no races, same bits run after run.
+template <typename F>
+__global__ void EncoderBackwardWteKernel(float* dwte, const F* dout, const int* tokens, int rows,
+                                         int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t token = tokens[r];
+    dwte[token * C + c] += Load(dout[int64_t{r} * C + c]);
+  }
+}
+
+// One thread per element (t, c) of dwpe's first T rows: dwpe[t, c] +=
+// dout[b, t, c] for b = 0..B-1 in order.
+template <typename F>
+__global__ void EncoderBackwardWpeKernel(float* dwpe, const F* dout, int B, int T, int C) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= int64_t{T} * C) return;
+  float acc = dwpe[i];
+  for (int b = 0; b < B; ++b) acc += Load(dout[int64_t{b} * T * C + i]);
+  dwpe[i] = acc;
+}
+
+}  // namespace
+
+// dwte (Vp,C, fp32) += scatter of dout (B,T,C) rows by token; dwpe (first T
+// rows of (context,C), fp32) += sum over B.
+absl::Status EncoderBackward(const KernelCtx& ctx, float* dwte, float* dwpe, const void* dout,
+                             const int* tokens, int B, int T, int C) {
+  constexpr const char* kName = "EncoderBackward";
+  int64_t n = 0;
+  SHARDTRAIN_RETURN_IF_ERROR(CheckEncoderSizes(kName, B, T, C, &n));
+  if (n == 0) return absl::OkStatus();
+  const int64_t rows = int64_t{B} * T;
+  if (rows > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError("EncoderBackward: B*T exceeds int32");
+  }
+  const int64_t wpe_blocks = internal::BlocksFor(int64_t{T} * C, kThreads);
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckGrid(kName, wpe_blocks));
+  return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
+    using F = typename decltype(tag)::type;
+    const F* d = static_cast<const F*>(dout);
+    const int wte_blocks = static_cast<int>(internal::BlocksFor(C, kThreads));
+    EncoderBackwardWteKernel<F>
+        <<<wte_blocks, kThreads, 0, ctx.stream>>>(dwte, d, tokens, static_cast<int>(rows), C);
+    SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("EncoderBackward (dwte)"));
+    EncoderBackwardWpeKernel<F>
+        <<<static_cast<int>(wpe_blocks), kThreads, 0, ctx.stream>>>(dwpe, d, B, T, C);
+    return internal::CheckLaunch("EncoderBackward (dwpe)");
+  });
+}
+
+}  // namespace shardtrain::engine::cuda

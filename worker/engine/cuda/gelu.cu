@@ -1,0 +1,121 @@
+// Elementwise layers (kernels.h; the CPU twins are in engine/cpu/layers.cc):
+// GELU (tanh approximation) forward and backward, the residual add and the
+// in-place add.
+#include "worker/engine/cuda/kernel_util.cuh"
+#include "worker/engine/cuda/kernels.h"
+
+namespace shardtrain::engine::cuda {
+namespace {
+
+using internal::Load;
+using internal::Store;
+
+constexpr int kThreads = 256;
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+
+// Checks n and the grid; *skip when there is nothing to do.
+absl::Status CheckElementwise(const char* kernel, int64_t n, bool* skip) {
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kernel, "n", n));
+  *skip = n == 0;
+  return internal::CheckGrid(kernel, internal::BlocksFor(n, kThreads));
+}
+
+// One thread per element: out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <typename F>
+__global__ void GeluForwardKernel(F* out, const F* inp, int64_t n) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float x = Load(inp[i]);
+  const float u = kGeluScale * (x + 0.044715f * x * x * x);
+  out[i] = Store<F>(0.5f * x * (1.0f + tanhf(u)));
+}
+
+}  // namespace
+
+// inp, out (n). Saves nothing (backward recomputes from inp).
+absl::Status GeluForward(const KernelCtx& ctx, void* out, const void* inp, int64_t n) {
+  constexpr const char* kName = "GeluForward";
+  bool skip = false;
+  SHARDTRAIN_RETURN_IF_ERROR(CheckElementwise(kName, n, &skip));
+  if (skip) return absl::OkStatus();
+  return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
+    using F = typename decltype(tag)::type;
+    const int blocks = static_cast<int>(internal::BlocksFor(n, kThreads));
+    GeluForwardKernel<F>
+        <<<blocks, kThreads, 0, ctx.stream>>>(static_cast<F*>(out), static_cast<const F*>(inp), n);
+    return internal::CheckLaunch(kName);
+  });
+}
+
+namespace {
+
+// One thread per element: dinp += gelu'(x) · dout.
+template <typename F>
+__global__ void GeluBackwardKernel(F* dinp, const F* inp, const F* dout, int64_t n) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float x = Load(inp[i]);
+  const float u = kGeluScale * (x + 0.044715f * x * x * x);
+  const float th = tanhf(u);
+  const float sech2 = 1.0f - th * th;
+  const float grad =
+      0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+  dinp[i] = Store<F>(Load(dinp[i]) + grad * Load(dout[i]));
+}
+
+}  // namespace
+
+// dinp (n) += gelu'(inp) · dout; inp, dout (n).
+absl::Status GeluBackward(const KernelCtx& ctx, void* dinp, const void* inp, const void* dout,
+                          int64_t n) {
+  constexpr const char* kName = "GeluBackward";
+  bool skip = false;
+  SHARDTRAIN_RETURN_IF_ERROR(CheckElementwise(kName, n, &skip));
+  if (skip) return absl::OkStatus();
+  return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
+    using F = typename decltype(tag)::type;
+    const int blocks = static_cast<int>(internal::BlocksFor(n, kThreads));
+    GeluBackwardKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
+        static_cast<F*>(dinp), static_cast<const F*>(inp), static_cast<const F*>(dout), n);
+    return internal::CheckLaunch(kName);
+  });
+}
+
+namespace {
+
+// One thread per element: out = a + b.
+template <typename F>
+__global__ void AddKernel(F* out, const F* a, const F* b, int64_t n) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = Store<F>(Load(a[i]) + Load(b[i]));
+}
+
+// out = a + b over n elements of ctx.dtype (out may alias a).
+absl::Status LaunchAdd(const KernelCtx& ctx, const char* kernel, void* out, const void* a,
+                       const void* b, int64_t n) {
+  bool skip = false;
+  SHARDTRAIN_RETURN_IF_ERROR(CheckElementwise(kernel, n, &skip));
+  if (skip) return absl::OkStatus();
+  return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
+    using F = typename decltype(tag)::type;
+    const int blocks = static_cast<int>(internal::BlocksFor(n, kThreads));
+    AddKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
+        static_cast<F*>(out), static_cast<const F*>(a), static_cast<const F*>(b), n);
+    return internal::CheckLaunch(kernel);
+  });
+}
+
+}  // namespace
+
+// out = inp1 + inp2, all (n).
+absl::Status ResidualForward(const KernelCtx& ctx, void* out, const void* inp1, const void* inp2,
+                             int64_t n) {
+  return LaunchAdd(ctx, "ResidualForward", out, inp1, inp2, n);
+}
+
+// dst (n) += src (n).
+absl::Status AddInPlace(const KernelCtx& ctx, void* dst, const void* src, int64_t n) {
+  return LaunchAdd(ctx, "AddInPlace", dst, dst, src, n);
+}
+
+}  // namespace shardtrain::engine::cuda

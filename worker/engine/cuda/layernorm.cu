@@ -1,0 +1,142 @@
+// LayerNorm over the last dim (eps 1e-5), forward and backward (kernels.h;
+// the CPU twin is engine/cpu/layers.cc).
+#include "worker/engine/cuda/kernel_util.cuh"
+#include "worker/engine/cuda/kernels.h"
+
+namespace shardtrain::engine::cuda {
+namespace {
+
+using internal::kWarpSize;
+using internal::Load;
+using internal::Store;
+using internal::WarpSum;
+
+constexpr int kThreads = 256;                        // 8 warps: 8 rows per block
+constexpr int kRowsPerBlock = kThreads / kWarpSize;  // for the one-warp-per-row kernels
+constexpr float kEps = 1e-5f;
+
+absl::Status CheckLayerNormSizes(const char* kernel, int N, int C) {
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kernel, "N", N));
+  return internal::CheckNonNegative(kernel, "C", C);
+}
+
+// One warp per row of C. out = (x - mean) · rstd · weight + bias; saves the
+// row's mean and rstd = 1/sqrt(var + eps) (population variance).
+template <typename F>
+__global__ void LayerNormForwardKernel(F* out, float* mean, float* rstd, const F* inp,
+                                       const F* weight, const F* bias, int N, int C) {
+  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (row >= N) return;  // the whole warp leaves together
+  const F* x = inp + row * C;
+  float sum = 0.0f;
+  for (int c = lane; c < C; c += kWarpSize) sum += Load(x[c]);
+  const float m = WarpSum(sum) / C;
+  float var = 0.0f;
+  for (int c = lane; c < C; c += kWarpSize) {
+    const float d = Load(x[c]) - m;
+    var += d * d;
+  }
+  const float s = 1.0f / sqrtf(WarpSum(var) / C + kEps);
+  F* o = out + row * C;
+  for (int c = lane; c < C; c += kWarpSize) {
+    o[c] = Store<F>((Load(x[c]) - m) * s * Load(weight[c]) + Load(bias[c]));
+  }
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+}  // namespace
+
+// inp, out (N,C); weight, bias (C); saves mean, rstd (N, fp32).
+absl::Status LayerNormForward(const KernelCtx& ctx, void* out, float* mean, float* rstd,
+                              const void* inp, const void* weight, const void* bias, int N, int C) {
+  constexpr const char* kName = "LayerNormForward";
+  SHARDTRAIN_RETURN_IF_ERROR(CheckLayerNormSizes(kName, N, C));
+  if (N == 0 || C == 0) return absl::OkStatus();
+  const int blocks = static_cast<int>(internal::BlocksFor(N, kRowsPerBlock));
+  return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
+    using F = typename decltype(tag)::type;
+    LayerNormForwardKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
+        static_cast<F*>(out), mean, rstd, static_cast<const F*>(inp), static_cast<const F*>(weight),
+        static_cast<const F*>(bias), N, C);
+    return internal::CheckLaunch(kName);
+  });
+}
+
+namespace {
+
+// One warp per row of C: dinp += (dnorm - mean(dnorm) - norm · mean(dnorm ·
+// norm)) · rstd with dnorm = weight · dout, norm = (x - mean) · rstd.
+template <typename F>
+__global__ void LayerNormBackwardInputKernel(F* dinp, const F* dout, const F* inp, const F* weight,
+                                             const float* mean, const float* rstd, int N, int C) {
+  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (row >= N) return;
+  const F* x = inp + row * C;
+  const F* d = dout + row * C;
+  const float m = mean[row], s = rstd[row];
+  float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+  for (int c = lane; c < C; c += kWarpSize) {
+    const float dn = Load(weight[c]) * Load(d[c]);
+    dnorm_sum += dn;
+    dnorm_norm_sum += dn * (Load(x[c]) - m) * s;
+  }
+  const float dnorm_mean = WarpSum(dnorm_sum) / C;
+  const float dnorm_norm_mean = WarpSum(dnorm_norm_sum) / C;
+  F* di = dinp + row * C;
+  for (int c = lane; c < C; c += kWarpSize) {
+    const float norm = (Load(x[c]) - m) * s;
+    const float dn = Load(weight[c]) * Load(d[c]);
+    di[c] = Store<F>(Load(di[c]) + (dn - dnorm_mean - norm * dnorm_norm_mean) * s);
+  }
+}
+
+// One thread per channel c, walking the N rows in order (deterministic):
+// dweight[c] += Σ_r norm[r,c] · dout[r,c], dbias[c] += Σ_r dout[r,c].
+template <typename F>
+__global__ void LayerNormBackwardParamsKernel(float* dweight, float* dbias, const F* dout,
+                                              const F* inp, const float* mean, const float* rstd,
+                                              int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float dw = dweight[c], db = dbias[c];
+  for (int r = 0; r < N; ++r) {
+    const int64_t i = int64_t{r} * C + c;
+    const float d = Load(dout[i]);
+    dw += (Load(inp[i]) - mean[r]) * rstd[r] * d;
+    db += d;
+  }
+  dweight[c] = dw;
+  dbias[c] = db;
+}
+
+}  // namespace
+
+// dinp (N,C) += ; dweight, dbias (C, fp32) += ; dout, inp (N,C); weight (C);
+// mean, rstd (N) from the forward.
+absl::Status LayerNormBackward(const KernelCtx& ctx, void* dinp, float* dweight, float* dbias,
+                               const void* dout, const void* inp, const void* weight,
+                               const float* mean, const float* rstd, int N, int C) {
+  constexpr const char* kName = "LayerNormBackward";
+  SHARDTRAIN_RETURN_IF_ERROR(CheckLayerNormSizes(kName, N, C));
+  if (N == 0 || C == 0) return absl::OkStatus();
+  return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
+    using F = typename decltype(tag)::type;
+    const F* d = static_cast<const F*>(dout);
+    const F* x = static_cast<const F*>(inp);
+    const int param_blocks = static_cast<int>(internal::BlocksFor(C, kThreads));
+    LayerNormBackwardParamsKernel<F>
+        <<<param_blocks, kThreads, 0, ctx.stream>>>(dweight, dbias, d, x, mean, rstd, N, C);
+    SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("LayerNormBackward (dweight, dbias)"));
+    const int row_blocks = static_cast<int>(internal::BlocksFor(N, kRowsPerBlock));
+    LayerNormBackwardInputKernel<F><<<row_blocks, kThreads, 0, ctx.stream>>>(
+        static_cast<F*>(dinp), d, x, static_cast<const F*>(weight), mean, rstd, N, C);
+    return internal::CheckLaunch("LayerNormBackward (dinp)");
+  });
+}
+
+}  // namespace shardtrain::engine::cuda
