@@ -102,15 +102,19 @@ std::string JobJson(const v1::Job& j) {
 }
 
 std::string StepJson(const v1::StepReport& s) {
-  // val_loss only on the steps that evaluated (eval.every).
+  // val_loss only on the steps that evaluated (eval.every); loss_scale only
+  // under fp16 loss scaling, skipped only on the steps it skipped.
   const std::string val =
       s.has_val_loss() ? absl::StrCat(", \"val_loss\": ", Num(s.val_loss())) : "";
+  std::string fp16;
+  if (s.loss_scale() != 0) absl::StrAppend(&fp16, ", \"loss_scale\": ", Num(s.loss_scale()));
+  if (s.skipped()) absl::StrAppend(&fp16, ", \"skipped\": true");
   return absl::StrCat("{\"step\": ", s.step(), ", \"loss\": ", Num(s.loss()), val,
                       ", \"grad_norm\": ", Num(s.grad_norm()), ", \"lr\": ", Num(s.lr()),
                       ", \"tokens_per_s\": ", Num(s.tokens_per_s()),
                       ", \"step_ms\": ", Num(s.step_ms()), ", \"comm_ms\": ", Num(s.comm_ms()),
                       ", \"comm_bytes\": ", s.comm_bytes(),
-                      ", \"peak_rss_bytes\": ", s.peak_rss_bytes(), "}");
+                      ", \"peak_rss_bytes\": ", s.peak_rss_bytes(), fp16, "}");
 }
 
 std::string StepsJson(const v1::GetHistoryResponse& h) {
@@ -120,16 +124,27 @@ std::string StepsJson(const v1::GetHistoryResponse& h) {
 }
 
 std::string HistoryText(const v1::GetHistoryResponse& h, bool csv) {
-  const std::vector<std::string> header = {"step", "loss",         "val_loss", "grad_norm",
-                                           "lr",   "tokens_per_s", "step_ms",  "comm_ms"};
+  std::vector<std::string> header = {"step", "loss",         "val_loss", "grad_norm",
+                                     "lr",   "tokens_per_s", "step_ms",  "comm_ms"};
+  // fp16's columns: always in CSV (a stable header for programs); in the
+  // table only when some step ran with loss scaling.
+  const bool fp16 = csv || std::any_of(h.steps().begin(), h.steps().end(), [](const auto& s) {
+                      return s.loss_scale() != 0 || s.skipped();
+                    });
+  if (fp16) header.insert(header.end(), {"loss_scale", "skipped"});
   std::vector<std::vector<std::string>> rows;
   for (const auto& s : h.steps()) {
-    // No validation loss: an empty CSV field, "-" in the table.
-    std::string val = s.has_val_loss() ? absl::StrFormat("%.6g", s.val_loss()) : csv ? "" : "-";
+    // No validation loss (or loss scale): an empty CSV field, "-" in the table.
+    const std::string none = csv ? "" : "-";
+    std::string val = s.has_val_loss() ? absl::StrFormat("%.6g", s.val_loss()) : none;
     rows.push_back({absl::StrCat(s.step()), absl::StrFormat("%.6g", s.loss()), val,
                     absl::StrFormat("%.6g", s.grad_norm()), absl::StrFormat("%.6g", s.lr()),
                     absl::StrFormat("%.1f", s.tokens_per_s()), absl::StrFormat("%.2f", s.step_ms()),
                     absl::StrFormat("%.2f", s.comm_ms())});
+    if (fp16) {
+      rows.back().push_back(s.loss_scale() != 0 ? absl::StrFormat("%.6g", s.loss_scale()) : none);
+      rows.back().push_back(csv ? (s.skipped() ? "true" : "false") : (s.skipped() ? "yes" : "-"));
+    }
   }
   if (!csv) return FormatTable(header, rows);
   std::string out = absl::StrJoin(header, ",") + "\n";
@@ -138,6 +153,9 @@ std::string HistoryText(const v1::GetHistoryResponse& h, bool csv) {
 }
 
 std::string WorkerJson(const v1::WorkerInfo& w) {
+  std::vector<std::string> quoted;
+  for (const std::string& p : w.device().precisions()) quoted.push_back(JsonString(p));
+  const std::string precisions = absl::StrJoin(quoted, ", ");
   return absl::StrCat(
       "{\"worker_id\": ", JsonString(w.worker_id()), ", \"host\": ", JsonString(w.host()),
       ", \"device\": ", JsonString(w.device().name()),
@@ -146,7 +164,9 @@ std::string WorkerJson(const v1::WorkerInfo& w) {
       ", \"rank\": ", w.job_id().empty() ? "null" : absl::StrCat(w.rank()),
       ", \"threads\": ", w.threads(), ", \"last_heartbeat_ms\": ", w.last_heartbeat_ms(),
       ", \"checkpoint_root\": ", JsonString(w.checkpoint_root()),
-      ", \"data_root\": ", JsonString(w.data_root()), "}");
+      ", \"data_root\": ", JsonString(w.data_root()), ", \"kind\": ", JsonString(w.device().kind()),
+      ", \"model\": ", JsonString(w.device().model()),
+      ", \"memory_bytes\": ", w.device().memory_bytes(), ", \"precisions\": [", precisions, "]}");
 }
 
 std::string PlanJson(const v1::Plan& p) {
@@ -223,6 +243,9 @@ std::string StepLine(const v1::StepReport& s, int64_t total_steps, double eta_s)
   // At the end, so that the other columns stay aligned with the lines
   // of steps that did not evaluate.
   if (s.has_val_loss()) absl::StrAppendFormat(&line, "  val %.4f", s.val_loss());
+  if (s.skipped()) {
+    absl::StrAppendFormat(&line, "  skipped (fp16 overflow at loss scale %g)", s.loss_scale());
+  }
   return line;
 }
 

@@ -19,13 +19,19 @@ std::string FormatTable(const std::vector<std::string>& header,
 
 std::string JsonString(const std::string& s);  // quoted and escaped
 std::string JobJson(const v1::Job& job);
+// "val_loss" appears only in the steps that evaluated; "loss_scale" only
+// when the step ran with fp16 loss scaling; "skipped": true only in the steps
+// whose update was skipped (fp16 overflow), absent (false) elsewhere.
 std::string StepJson(const v1::StepReport& s);
-// "val_loss" appears only in the steps that evaluated.
 std::string StepsJson(const v1::GetHistoryResponse& h);  // {"steps": [...]}
 // `history` for people (an aligned table) or, with csv, a header line and one
 // line per step; steps without a validation loss show "-" (table) or an
-// empty field (csv).
+// empty field (csv). The columns loss_scale and skipped follow: always in
+// CSV (loss_scale empty without loss scaling, skipped true/false), in the
+// table only when some step has a loss scale ("-" / "yes").
 std::string HistoryText(const v1::GetHistoryResponse& h, bool csv);
+// A worker with its device: kind, model ("NVIDIA H100 80GB HBM3, compute
+// capability 9.0", "cpu, 2 threads"), memory_bytes and precisions.
 std::string WorkerJson(const v1::WorkerInfo& w);
 std::string PlanJson(const v1::Plan& plan);
 
@@ -38,7 +44,8 @@ std::string FormatDuration(double seconds);
 std::string JobText(const v1::Job& job);
 // One progress line for a step event: step, loss, tok/s, ms/step, the ETA
 // `eta_s` (NaN prints "?"), and on steps that evaluated the validation loss
-// ("val 2.3100") at the end.
+// ("val 2.3100") at the end; a step whose update was skipped ends with
+// "skipped (fp16 overflow at loss scale 65536)".
 std::string StepLine(const v1::StepReport& s, int64_t total_steps, double eta_s);
 // The job's mesh as `watch` and `local` print it before the events:
 // "layout: dp 2 × tp 2 × pp 2 = 8 ranks, ZeRO-0; pipeline 1f1b, 4

@@ -404,4 +404,13 @@ std::map<std::string, int> Coordinator::JobCountsByState() const {
   return out;
 }
 
+std::map<std::string, int64_t> Coordinator::SkippedStepsOfActiveJobs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, int64_t> out;
+  for (const auto& [id, e] : jobs_) {
+    if (!IsTerminal(e.job.state())) out[id] = e.skipped_steps;
+  }
+  return out;
+}
+
 }  // namespace shardtrain::coordinator

@@ -163,6 +163,10 @@ class Coordinator {
   // Counts for /metrics.
   std::map<std::string, int> WorkerCountsByState() const;
   std::map<std::string, int> JobCountsByState() const;
+  // Per active (not terminal) job: the steps whose optimizer update every
+  // rank reported skipped (fp16 overflow) since this coordinator started,
+  // a step re-run after a recovery counted each time. Only grows.
+  std::map<std::string, int64_t> SkippedStepsOfActiveJobs() const;
 
  private:
   struct WorkerEntry {
@@ -205,6 +209,9 @@ class Coordinator {
     bool has_plan = false;
     v1::Plan plan;
     int passed_over = 0;  // scheduling passes later jobs overtook it (not stored)
+    // Steps that every rank reported skipped (fp16 overflow) since this
+    // process started, re-runs after a recovery included (not stored).
+    int64_t skipped_steps = 0;
   };
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<StateStore> store,

@@ -79,6 +79,9 @@ absl::StatusOr<v1::ReportStepResponse> Coordinator::ReportStep(const v1::ReportS
 //                  norm, so a disagreement shows as the larger value;
 //   lr             rank 0's (every rank runs the same schedule), as are mfu
 //                  and loss_scale;
+//   skipped        whether any rank skipped the step (fp16 overflow: every
+//                  rank sees the same global gradients, so that is all or
+//                  none; a disagreement shows as skipped);
 //   step_ms, comm_ms, peak_rss_bytes, comm_bytes, time_ms: the worst
 //                  (largest) over all ranks.
 v1::StepReport AggregateStep(const ParallelDims& dims,
@@ -102,6 +105,7 @@ v1::StepReport AggregateStep(const ParallelDims& dims,
     agg.set_peak_rss_bytes(std::max(agg.peak_rss_bytes(), r.peak_rss_bytes()));
     agg.set_comm_bytes(std::max(agg.comm_bytes(), r.comm_bytes()));
     agg.set_time_ms(std::max(agg.time_ms(), r.time_ms()));
+    if (r.skipped()) agg.set_skipped(true);
   }
   agg.set_rank(0);
   agg.set_loss(speakers > 0 ? loss / speakers : 0);
@@ -130,9 +134,12 @@ void Coordinator::FinishStep(JobEntry& e, int64_t step) {
     p->set_tokens_per_s(agg.tokens_per_s());
     p->set_step_ms(agg.step_ms());
   }
-  AppendEvent(e, v1::EVENT_KIND_STEP,
-              absl::StrFormat("step %d/%d loss %.4f", step, p->total_steps(), agg.loss()), &agg)
-      .IgnoreError();
+  std::string message = absl::StrFormat("step %d/%d loss %.4f", step, p->total_steps(), agg.loss());
+  if (agg.skipped()) {
+    ++e.skipped_steps;
+    absl::StrAppendFormat(&message, "; skipped (fp16 overflow at loss scale %g)", agg.loss_scale());
+  }
+  AppendEvent(e, v1::EVENT_KIND_STEP, message, &agg).IgnoreError();
 }
 
 absl::Status Coordinator::ReportDone(const v1::ReportDoneRequest& req) {

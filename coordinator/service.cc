@@ -339,7 +339,13 @@ void RegisterCoordinatorMetrics(Coordinator* core, MetricsRegistry* registry) {
                                              "Steps an active job trains for.", {"job_id"});
   Family<Gauge>* loss = &registry->AddGauge("shardtrain_coordinator_job_loss",
                                             "Loss of an active job's last step.", {"job_id"});
-  registry->AddCollector([core, workers, jobs, step, total, loss] {
+  Family<Counter>* skipped = &registry->AddCounter(
+      "shardtrain_coordinator_skipped_steps_total",
+      "Optimizer steps of an active job skipped because fp16 gradients overflowed (parameters "
+      "unchanged, loss scale halved), as every rank reported them; re-runs after a recovery "
+      "count again.",
+      {"job_id"});
+  registry->AddCollector([core, workers, jobs, step, total, loss, skipped] {
     for (const auto& [state, n] : core->WorkerCountsByState()) workers->WithLabels({state}).Set(n);
     for (const auto& [state, n] : core->JobCountsByState()) jobs->WithLabels({state}).Set(n);
     std::vector<v1::Job> all;
@@ -351,13 +357,20 @@ void RegisterCoordinatorMetrics(Coordinator* core, MetricsRegistry* registry) {
       all.insert(all.end(), r->jobs().begin(), r->jobs().end());
       page.set_page_token(r->next_page_token());
     } while (!page.page_token().empty());
+    const std::map<std::string, int64_t> skipped_steps = core->SkippedStepsOfActiveJobs();
     for (const v1::Job& j : all) {
       // Only active jobs are exported, so the label set stays small.
       if (IsTerminal(j.state())) {
         step->Remove({j.job_id()});
         total->Remove({j.job_id()});
         loss->Remove({j.job_id()});
+        skipped->Remove({j.job_id()});
         continue;
+      }
+      // The core's count only grows: the counter catches up with it.
+      if (auto it = skipped_steps.find(j.job_id()); it != skipped_steps.end()) {
+        Counter& c = skipped->WithLabels({j.job_id()});
+        c.Increment(static_cast<double>(it->second) - c.Value());
       }
       step->WithLabels({j.job_id()}).Set(j.progress().step());
       total->WithLabels({j.job_id()}).Set(j.progress().total_steps());

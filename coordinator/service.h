@@ -81,8 +81,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
   Family<Histogram>& latency_;
 };
 
-// Registers the coordinator's state gauges (workers and jobs by state),
-// computed from `core` at every scrape.
+// Registers the coordinator's state gauges (workers and jobs by state, each
+// active job's step, total steps and loss) and the per-job counter of skipped
+// fp16 steps, computed from `core` at every scrape.
 void RegisterCoordinatorMetrics(Coordinator* core, MetricsRegistry* registry);
 
 }  // namespace shardtrain::coordinator

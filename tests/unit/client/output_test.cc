@@ -1,6 +1,7 @@
 // The CLI's rendering of step reports: history as JSON, table and CSV, and
 // the progress lines of local / watch / submit --wait. The validation loss
-// appears exactly on the steps that carry one.
+// appears exactly on the steps that carry one; fp16's loss scale and skipped
+// steps likewise.
 #include "client/output.h"
 
 #include <limits>
@@ -50,9 +51,10 @@ TEST(OutputTest, StepsJsonCarriesValLossOnlyOnEvaluatedSteps) {
 
 TEST(OutputTest, HistoryTableAndCsvHaveAValLossColumn) {
   EXPECT_EQ(HistoryText(History(), /*csv=*/true),
-            "step,loss,val_loss,grad_norm,lr,tokens_per_s,step_ms,comm_ms\n"
-            "1,2.5,,0.5,0.001,1000.0,20.00,2.00\n"
-            "2,2.25,2.3125,0.5,0.001,1000.0,20.00,2.00\n");
+            "step,loss,val_loss,grad_norm,lr,tokens_per_s,step_ms,comm_ms,loss_scale,skipped\n"
+            "1,2.5,,0.5,0.001,1000.0,20.00,2.00,,false\n"
+            "2,2.25,2.3125,0.5,0.001,1000.0,20.00,2.00,,false\n");
+  // Without loss scaling the table has no fp16 columns.
   EXPECT_EQ(HistoryText(History(), /*csv=*/false),
             "step  loss  val_loss  grad_norm  lr     tokens_per_s  step_ms  comm_ms\n"
             "1     2.5   -         0.5        0.001  1000.0        20.00    2.00\n"
@@ -76,6 +78,79 @@ TEST(OutputTest, ProgressLinesShowValLossOnEvaluatedSteps) {
   sent.set_comm_bytes(2500000);
   EXPECT_NE(StepLine(sent, 60, 1.2).find("sent 2.5 MB  val 2.3125"), std::string::npos)
       << StepLine(sent, 60, 1.2);
+}
+
+// An fp16 history: step 1 overflowed at 65536 (skipped), step 2 ran at 32768.
+v1::GetHistoryResponse Fp16History() {
+  v1::GetHistoryResponse h = History();
+  h.mutable_steps(0)->set_loss_scale(65536);
+  h.mutable_steps(0)->set_skipped(true);
+  h.mutable_steps(1)->set_loss_scale(32768);
+  return h;
+}
+
+TEST(OutputTest, StepsJsonCarriesLossScaleAndSkippedOnlyWhereTheyApply) {
+  const v1::GetHistoryResponse h = Fp16History();
+  EXPECT_EQ(StepJson(h.steps(0)),
+            "{\"step\": 1, \"loss\": 2.5, \"grad_norm\": 0.5, \"lr\": 0.001, \"tokens_per_s\": "
+            "1000, \"step_ms\": 20, \"comm_ms\": 2, \"comm_bytes\": 0, \"peak_rss_bytes\": 0, "
+            "\"loss_scale\": 65536, \"skipped\": true}");
+  const std::string clean = StepJson(h.steps(1));
+  EXPECT_NE(clean.find("\"loss_scale\": 32768}"), std::string::npos) << clean;
+  EXPECT_EQ(clean.find("skipped"), std::string::npos) << clean;
+  // fp32 / bf16 steps carry neither.
+  const std::string fp32 = StepsJson(History());
+  EXPECT_EQ(fp32.find("loss_scale"), std::string::npos) << fp32;
+  EXPECT_EQ(fp32.find("skipped"), std::string::npos) << fp32;
+}
+
+TEST(OutputTest, HistoryOfAnFp16JobHasLossScaleAndSkippedColumns) {
+  EXPECT_EQ(HistoryText(Fp16History(), /*csv=*/true),
+            "step,loss,val_loss,grad_norm,lr,tokens_per_s,step_ms,comm_ms,loss_scale,skipped\n"
+            "1,2.5,,0.5,0.001,1000.0,20.00,2.00,65536,true\n"
+            "2,2.25,2.3125,0.5,0.001,1000.0,20.00,2.00,32768,false\n");
+  EXPECT_EQ(HistoryText(Fp16History(), /*csv=*/false),
+            "step  loss  val_loss  grad_norm  lr     tokens_per_s  step_ms  comm_ms  loss_scale  "
+            "skipped\n"
+            "1     2.5   -         0.5        0.001  1000.0        20.00    2.00     65536       "
+            "yes\n"
+            "2     2.25  2.3125    0.5        0.001  1000.0        20.00    2.00     32768       "
+            "-\n");
+}
+
+TEST(OutputTest, ProgressLineOfASkippedStepSaysSoWithTheLossScale) {
+  const v1::GetHistoryResponse h = Fp16History();
+  EXPECT_EQ(StepLine(h.steps(0), 60, 1.2),
+            "step  1/60  loss 2.5000      1000 tok/s     20.0 ms/step  ETA 1s  skipped (fp16 "
+            "overflow at loss scale 65536)");
+  // A clean fp16 step reads as any other.
+  EXPECT_EQ(StepLine(h.steps(1), 60, 1.2),
+            "step  2/60  loss 2.2500      1000 tok/s     20.0 ms/step  ETA 1s  val 2.3125");
+  v1::JobEvent e;
+  e.set_kind(v1::EVENT_KIND_STEP);
+  *e.mutable_step() = h.steps(0);
+  EtaEstimator eta;
+  EXPECT_NE(EventLine(e, 60, &eta).find("skipped (fp16 overflow at loss scale 65536)"),
+            std::string::npos);
+}
+
+TEST(OutputTest, WorkerJsonNamesTheDeviceModelMemoryAndPrecisions) {
+  v1::WorkerInfo w;
+  w.set_worker_id("w-0001");
+  w.set_state(v1::WORKER_STATE_ALIVE);
+  v1::Device* d = w.mutable_device();
+  d->set_name("cuda:1");
+  d->set_kind("cuda");
+  d->set_model("NVIDIA H100 80GB HBM3, compute capability 9.0");
+  d->set_memory_bytes(85'029'158'912);
+  for (const char* p : {"fp32", "bf16", "fp16"}) d->add_precisions(p);
+  const std::string json = WorkerJson(w);
+  EXPECT_NE(json.find("\"device\": \"cuda:1\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"kind\": \"cuda\", \"model\": \"NVIDIA H100 80GB HBM3, compute "
+                      "capability 9.0\", \"memory_bytes\": 85029158912, \"precisions\": [\"fp32\", "
+                      "\"bf16\", \"fp16\"]}"),
+            std::string::npos)
+      << json;
 }
 
 TEST(OutputTest, LayoutLineNamesTheMeshAndThePipelineBubble) {

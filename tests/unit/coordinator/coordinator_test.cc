@@ -6,6 +6,8 @@
 
 #include <filesystem>
 
+#include "common/metrics.h"
+#include "coordinator/service.h"
 #include "coordinator/spec_validator.h"
 #include "tests/unit/coordinator/fenced.h"
 
@@ -319,6 +321,63 @@ TEST_F(CoordinatorTest, StepOfADpOnlyJobAggregatesOverEveryRank) {
   EXPECT_DOUBLE_EQ(agg.lr(), 0.001);
   EXPECT_DOUBLE_EQ(agg.step_ms(), 70);
   EXPECT_EQ(agg.peak_rss_bytes(), 4000);
+}
+
+// fp16: a step every rank skipped (gradients overflowed) is kept in the
+// history with its loss scale, says so in its event, and counts in
+// shardtrain_coordinator_skipped_steps_total; clean steps do not.
+TEST_F(CoordinatorTest, SkippedStepIsInTheHistoryItsEventAndTheCounter) {
+  MetricsRegistry registry;
+  RegisterCoordinatorMetrics(core_.get(), &registry);
+  std::string a = Register(), b = Register();
+  v1::Job job = Submit(2, /*steps=*/3);
+  StartAll(job);
+  const std::string series =
+      "shardtrain_coordinator_skipped_steps_total{job_id=\"" + job.job_id() + "\"} ";
+  EXPECT_NE(registry.Serialize().find(series + "0\n"), std::string::npos) << registry.Serialize();
+  // Steps 1 and 2 overflow (65536, then 32768); step 3 runs clean at 16384.
+  const double scales[] = {65536, 32768, 16384};
+  for (int step = 1; step <= 3; ++step) {
+    for (int rank = 0; rank < 2; ++rank) {
+      v1::ReportStepRequest r;
+      r.set_worker_id(rank == 0 ? a : b);
+      auto* s = r.mutable_report();
+      s->set_job_id(job.job_id());
+      s->set_generation(1);
+      s->set_rank(rank);
+      s->set_step(step);
+      s->set_loss(3.5);
+      s->set_loss_scale(scales[step - 1]);
+      s->set_skipped(step < 3);
+      ASSERT_TRUE(core_->ReportStep(Fenced(r)).ok());
+    }
+    if (step == 1) {
+      EXPECT_NE(registry.Serialize().find(series + "1\n"), std::string::npos)
+          << registry.Serialize();
+    }
+  }
+  auto history = core_->GetHistory(job.job_id());
+  ASSERT_TRUE(history.ok()) << history.status();
+  ASSERT_EQ(history->steps_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(history->steps(i).skipped(), i < 2) << "step " << i + 1;
+    EXPECT_DOUBLE_EQ(history->steps(i).loss_scale(), scales[i]) << "step " << i + 1;
+  }
+  bool ended = false;
+  auto events = core_->WaitEvents(job.job_id(), 0, 0, &ended);
+  ASSERT_TRUE(events.ok());
+  std::vector<std::string> steps;
+  for (const v1::JobEvent& e : *events) {
+    if (e.kind() == v1::EVENT_KIND_STEP) steps.push_back(e.message());
+  }
+  EXPECT_EQ(steps, (std::vector<std::string>{
+                       "step 1/3 loss 3.5000; skipped (fp16 overflow at loss scale 65536)",
+                       "step 2/3 loss 3.5000; skipped (fp16 overflow at loss scale 32768)",
+                       "step 3/3 loss 3.5000"}));
+  EXPECT_NE(registry.Serialize().find(series + "2\n"), std::string::npos) << registry.Serialize();
+  // The job ends: its series goes.
+  ASSERT_TRUE(core_->CancelJob(job.job_id(), "").ok());
+  EXPECT_EQ(registry.Serialize().find(series), std::string::npos) << registry.Serialize();
 }
 
 TEST_F(CoordinatorTest, SpecIsValidatedOnceAtSubmitAndOnceMorePerElasticShrink) {

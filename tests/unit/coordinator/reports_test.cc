@@ -1,6 +1,7 @@
 // AggregateStep: the job's step report from every rank's, field by field by
 // the ranks' places in the mesh. Here val_loss (present only on the steps
-// that evaluated) beside loss, whose rule it shares.
+// that evaluated) beside loss, whose rule it shares, and fp16's skipped and
+// loss_scale.
 #include "coordinator/reports.h"
 
 #include <map>
@@ -58,6 +59,25 @@ TEST(AggregateStepTest, DpOnlyValLossIsTheMeanOverEveryRank) {
   ASSERT_TRUE(agg.has_val_loss());
   EXPECT_DOUBLE_EQ(agg.val_loss(), (10.0 + 20 + 30 + 40) / 4);
   EXPECT_DOUBLE_EQ(agg.loss(), (1.0 + 2 + 3 + 4) / 4);
+}
+
+// A step is skipped when any rank skipped it (they all see the same global
+// gradients; a disagreement must not hide); the loss scale is rank 0's.
+TEST(AggregateStepTest, SkippedWhenAnyRankSkippedAndLossScaleIsRank0s) {
+  auto dims = ParallelDims::Create(2, 2, 2);
+  ASSERT_TRUE(dims.ok());
+  std::map<int, v1::StepReport> by_rank = Reports(8, false);
+  for (auto& [r, s] : by_rank) s.set_loss_scale(r == 0 ? 32768 : 1);
+  v1::StepReport clean = AggregateStep(*dims, by_rank);
+  EXPECT_FALSE(clean.skipped());
+  EXPECT_DOUBLE_EQ(clean.loss_scale(), 32768);
+  for (int r : {0, 5, 7}) {  // rank 0, a rank that speaks for no replica, the last
+    std::map<int, v1::StepReport> one = by_rank;
+    one[r].set_skipped(true);
+    const v1::StepReport agg = AggregateStep(*dims, one);
+    EXPECT_TRUE(agg.skipped()) << "rank " << r;
+    EXPECT_DOUBLE_EQ(agg.loss_scale(), 32768) << "rank " << r;
+  }
 }
 
 }  // namespace

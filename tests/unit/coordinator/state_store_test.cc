@@ -49,6 +49,8 @@ TEST_F(SqliteStateStoreTest, EverythingWrittenReadsBackAfterReopen) {
     s.set_loss(5.5);
     ASSERT_TRUE((*store)->PutStep(s).ok());
     s.set_loss(4.5);  // re-run step: latest value replaces it
+    s.set_skipped(true);
+    s.set_loss_scale(32768);
     ASSERT_TRUE((*store)->PutStep(s).ok());
   }
   auto store = OpenSqliteStateStore(dir_);
@@ -64,6 +66,8 @@ TEST_F(SqliteStateStoreTest, EverythingWrittenReadsBackAfterReopen) {
   EXPECT_EQ(state->events.size(), 3u);
   ASSERT_EQ(state->steps.size(), 1u);
   EXPECT_DOUBLE_EQ(state->steps[0].loss(), 4.5);
+  EXPECT_TRUE(state->steps[0].skipped());
+  EXPECT_DOUBLE_EQ(state->steps[0].loss_scale(), 32768);
 }
 
 TEST_F(SqliteStateStoreTest, UnusableDirectoryIsUnavailable) {
