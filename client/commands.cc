@@ -284,12 +284,14 @@ int Workers(const GlobalFlags& g) {
                           .count();
   std::vector<std::vector<std::string>> rows;
   for (const auto& w : resp.workers()) {
-    rows.push_back({w.worker_id(), w.host(), w.device().name(), WorkerStateName(w.state()),
-                    w.job_id().empty() ? "-" : w.job_id(),
+    rows.push_back({w.worker_id(), w.host(), w.device().name(),
+                    w.device().model().empty() ? "-" : w.device().model(),
+                    WorkerStateName(w.state()), w.job_id().empty() ? "-" : w.job_id(),
                     w.job_id().empty() ? "-" : absl::StrCat(w.rank()),
                     absl::StrFormat("%.1fs ago", (now - w.last_heartbeat_ms()) / 1000.0)});
   }
-  std::cout << FormatTable({"WORKER", "HOST", "DEVICE", "STATE", "JOB", "RANK", "HEARTBEAT"}, rows);
+  std::cout << FormatTable(
+      {"WORKER", "HOST", "DEVICE", "MODEL", "STATE", "JOB", "RANK", "HEARTBEAT"}, rows);
   return 0;
 }
 

@@ -15,11 +15,14 @@
 #include <iostream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/errors.h"
 #include "client/eta.h"
+#include "client/local_gpus.h"
 #include "client/output.h"
 #include "common/grpc_status.h"
 #include "common/job_spec.h"
@@ -69,6 +72,43 @@ absl::StatusOr<Child> Spawn(const std::string& name, const std::vector<std::stri
     _exit(127);
   }
   return Child{name, pid, log};
+}
+
+// Runs argv to its end (at most `timeout`; then SIGKILL), its stdout and
+// stderr into the files given; its exit code (128 + signal when killed).
+absl::StatusOr<int> RunToEnd(const std::vector<std::string>& argv, const std::string& out,
+                             const std::string& err, std::chrono::seconds timeout) {
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork for ", argv[0], " failed"));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    sigset_t none;
+    sigemptyset(&none);
+    pthread_sigmask(SIG_SETMASK, &none, nullptr);
+    int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (o < 0 || e < 0) _exit(127);
+    dup2(o, 1);
+    dup2(e, 2);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    std::perror(("exec " + argv[0]).c_str());
+    _exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return absl::DeadlineExceededError(
+          absl::StrCat(argv[0], " did not finish within ", timeout.count(), " s"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 bool Exited(Child& c) {
@@ -140,6 +180,14 @@ class LocalRun {
     if (!mkdtemp(tmpl)) return ReportError(g_, absl::InternalError("cannot create a temp dir"));
     dir_ = tmpl;
     const std::string bin = SelfDir();
+    // A GPU job: one worker per GPU (round-robin when there are more
+    // workers), or nothing started at all on a machine without one.
+    std::vector<std::string> gpus;
+    if (spec->resources.device == DeviceKind::kCuda) {
+      absl::StatusOr<std::vector<std::string>> found = FindGpus(bin, *spec);
+      if (!found.ok()) return ReportError(g_, found.status());
+      gpus = *std::move(found);
+    }
     const std::string port_file = dir_ + "/coordinator.port";
     auto coord =
         Spawn("coordinator",
@@ -153,18 +201,26 @@ class LocalRun {
     GlobalFlags g = g_;
     g.coordinator = *address;
     for (int i = 0; i < workers; ++i) {
-      auto w = Spawn(absl::StrCat("worker ", i),
-                     {bin + "/shardtrain-worker", "--coordinator", *address, "--threads",
-                      absl::StrCat(threads), "--heartbeat-ms", "200"},
-                     absl::StrCat(dir_, "/worker-", i, ".log"));
+      std::vector<std::string> argv = {
+          bin + "/shardtrain-worker", "--coordinator",  *address, "--threads",
+          absl::StrCat(threads),      "--heartbeat-ms", "200"};
+      if (!gpus.empty()) argv.insert(argv.end(), {"--device", WorkerGpu(i, gpus)});
+      auto w = Spawn(absl::StrCat("worker ", i), argv, absl::StrCat(dir_, "/worker-", i, ".log"));
       if (!w.ok()) return Failed(w.status());
       children_.push_back(*w);
     }
     if (g.output != "json") {
-      std::cout << absl::StrFormat(
-                       "local cluster: coordinator %s, %d workers × %d threads (logs in %s)",
-                       *address, workers, threads, dir_)
+      const std::vector<std::string> used(
+          gpus.begin(), gpus.begin() + std::min<size_t>(gpus.size(), size_t(workers)));
+      const std::string per_worker = gpus.empty() ? absl::StrFormat(" × %d threads", threads)
+                                                  : absl::StrCat(" on ", absl::StrJoin(used, ", "));
+      std::cout << absl::StrFormat("local cluster: coordinator %s, %d workers%s (logs in %s)",
+                                   *address, workers, per_worker, dir_)
                 << std::endl;
+      if (workers > static_cast<int>(gpus.size()) && !gpus.empty()) {
+        Warn(g_, absl::StrFormat("%d workers share %d GPUs (worker i drives GPU i mod %d)", workers,
+                                 gpus.size(), gpus.size()));
+      }
     }
     return SubmitAndWatch(g, text);
   }
@@ -183,6 +239,31 @@ class LocalRun {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     return absl::UnavailableError("the local coordinator did not start");
+  }
+
+  // The GPUs `shardtrain-worker --probe-devices` finds that can train
+  // (client/local_gpus.h). FAILED_PRECONDITION naming resources.device and
+  // the worker's reason when there is none: the job cannot run here.
+  absl::StatusOr<std::vector<std::string>> FindGpus(const std::string& bin, const JobSpec& spec) {
+    const std::string out = dir_ + "/probe-devices.out", err = dir_ + "/probe-devices.err";
+    absl::StatusOr<int> code = RunToEnd({bin + "/shardtrain-worker", "--probe-devices"}, out, err,
+                                        std::chrono::seconds(60));
+    std::string stdout_text, stderr_text;
+    ReadFile(out, &stdout_text).IgnoreError();
+    ReadFile(err, &stderr_text).IgnoreError();
+    std::vector<std::string> gpus = UsableGpus(stdout_text);
+    if (code.ok() && *code == 0 && !gpus.empty()) return gpus;
+    // The worker's own words: "shardtrain-worker: no CUDA device: <why>".
+    std::string why = code.ok() ? stderr_text : std::string(code.status().message());
+    while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+    for (absl::string_view prefix : {"shardtrain-worker: ", "no CUDA device: "}) {
+      if (absl::StartsWith(why, prefix)) why.erase(0, prefix.size());
+    }
+    if (why.empty()) why = absl::StrCat("shardtrain-worker --probe-devices exited ", *code);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resources.device: cuda, but this machine has no CUDA device shardtrain can train on (",
+        why, "); to train on the CPU: --set resources.device=cpu",
+        spec.precision == Precision::kFp32 ? "" : " --set precision=fp32"));
   }
 
   // Reports `s` with the tail of every child's log (in JSON: as the detail).

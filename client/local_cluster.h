@@ -3,6 +3,12 @@
 // processes, submits the job, prints its progress, and tears everything down
 // when the job ends, on Ctrl-C/SIGTERM, or if this process dies (children
 // get SIGTERM via PR_SET_PDEATHSIG). Nothing is left running.
+//
+// A job with resources.device: cuda gets GPU workers: `shardtrain-worker
+// --probe-devices` lists the GPUs (the CLI links no CUDA), worker i runs
+// --device cuda:(i mod GPUs). Without a GPU that can train, the job is
+// refused (FAILED_PRECONDITION naming resources.device and the reason: exit
+// 1, an unrunnable job, not a bad spec) before anything starts.
 #ifndef SHARDTRAIN_CLIENT_LOCAL_CLUSTER_H_
 #define SHARDTRAIN_CLIENT_LOCAL_CLUSTER_H_
 

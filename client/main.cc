@@ -139,7 +139,11 @@ int main(int argc, char** argv) {
   add_common(plan, false, "table|json");
 
   auto* lc = app.add_subcommand(
-      "local", "run a coordinator and N workers on this machine, train the job, tear down");
+      "local",
+      "run a coordinator and N workers on this machine, train the job, tear down. A job with "
+      "resources.device: cuda gets GPU workers (worker i drives GPU i mod the GPUs that "
+      "`shardtrain-worker --probe-devices` lists); on a machine without one it is refused "
+      "(exit 1) before anything starts");
   lc->add_option("spec", local.spec_path, "job spec (YAML)")->required();
   lc->add_option("--set", local.sets, "override a spec field: key.path=value (repeatable)");
   lc->add_option("--workers", local.workers, "workers to start (default: the spec's world)")

@@ -164,8 +164,14 @@ WhyVerdict AnalyzeWhy(const v1::JobDiagnostics& d, const WhyOptions& options) {
   v.ranks = Views(d, options);
   if (d.state() != v1::JOB_STATE_RUNNING) {
     v.kind = WhyKind::kNotRunning;
+    // Why it failed or recovers, then what it waits for (a PENDING job's
+    // missing workers, e.g. of a device kind no alive worker has).
+    std::vector<std::string> why;
+    for (const std::string* s : {&d.failure_reason(), &d.pending_reason()}) {
+      if (!s->empty()) why.push_back(*s);
+    }
     v.summary = absl::StrCat("job ", d.job_id(), " is ", StateName(d.state()), ", not RUNNING",
-                             d.failure_reason().empty() ? "" : ": ", d.failure_reason());
+                             why.empty() ? "" : ": ", absl::StrJoin(why, "; "));
     return v;
   }
   if (FindStuck(d, v.ranks, options, &v.collective)) {
@@ -226,6 +232,9 @@ std::string WhyJson(const v1::JobDiagnostics& d, const WhyVerdict& v) {
                                  ", \"summary\": ", JsonString(v.summary));
   if (!d.failure_reason().empty()) {
     absl::StrAppend(&out, ", \"failure_reason\": ", JsonString(d.failure_reason()));
+  }
+  if (!d.pending_reason().empty()) {
+    absl::StrAppend(&out, ", \"pending_reason\": ", JsonString(d.pending_reason()));
   }
   if (v.kind == WhyKind::kMissing) {
     const v1::CollectiveRecord& c = v.collective;

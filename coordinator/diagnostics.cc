@@ -46,6 +46,7 @@ absl::StatusOr<v1::JobDiagnostics> Coordinator::GetJobDiagnostics(const std::str
   d.set_state(e->job.state());
   d.set_generation(e->job.generation());
   d.set_failure_reason(e->job.failure_reason());
+  d.set_pending_reason(e->job.pending_reason());
   d.set_now_ms(now);
   for (const v1::RankAssignment& ra : e->job.ranks()) {
     v1::RankDiagnostics* r = d.add_ranks();

@@ -65,10 +65,12 @@ absl::Status WorkerDaemon::Register() {
   if (!resp.ok()) return resp.status();
   std::lock_guard<std::mutex> lock(mu_);
   if (worker_id_ != resp->worker_id()) {
-    Log(resp->worker_id(), "registered with coordinator " + options_.coordinator + " as " +
-                               resp->worker_id() + " (device " + options_.device.name() +
-                               ", checkpoint root " + options_.checkpoint_root + ", data root " +
-                               options_.data_root + ")");
+    Log(resp->worker_id(),
+        "registered with coordinator " + options_.coordinator + " as " + resp->worker_id() +
+            " (device " + options_.device.name() +
+            (options_.device.model().empty() ? std::string() : " = " + options_.device.model()) +
+            ", checkpoint root " + options_.checkpoint_root + ", data root " + options_.data_root +
+            ")");
   }
   worker_id_ = resp->worker_id();
   worker_secret_ = resp->worker_secret();

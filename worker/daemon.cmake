@@ -21,5 +21,24 @@ else()
   target_compile_definitions(shardtrain_worker_core PUBLIC SHARDTRAIN_HAVE_CUDA=0)
 endif()
 
+# The device a worker drives and this machine's GPUs (device_probe.h): the
+# CUDA runtime in a CUDA build (never the driver library: the worker still
+# starts without a GPU), a stub that says the build has none otherwise.
+# Outside the worker core, so the CLI, which links the core, links no CUDA
+# for it (`shardtrain local` asks `shardtrain-worker --probe-devices`).
+if(SHARDTRAIN_HAVE_CUDA)
+  set(gpu_probe ${CMAKE_CURRENT_LIST_DIR}/gpu_probe_cuda.cc)
+else()
+  set(gpu_probe ${CMAKE_CURRENT_LIST_DIR}/gpu_probe_none.cc)
+endif()
+add_library(shardtrain_device_probe STATIC ${CMAKE_CURRENT_LIST_DIR}/device_probe.cc ${gpu_probe})
+target_link_libraries(shardtrain_device_probe
+  PUBLIC shardtrain_proto absl::status absl::statusor
+  PRIVATE shardtrain_process absl::strings)
+if(SHARDTRAIN_HAVE_CUDA)
+  target_link_libraries(shardtrain_device_probe PRIVATE CUDA::cudart)
+endif()
+
 add_executable(shardtrain-worker ${CMAKE_CURRENT_LIST_DIR}/main.cc)
-target_link_libraries(shardtrain-worker PRIVATE shardtrain_worker_core shardtrain_version CLI11::CLI11)
+target_link_libraries(shardtrain-worker PRIVATE shardtrain_worker_core shardtrain_device_probe
+                      shardtrain_version CLI11::CLI11)

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/job_spec.h"
 #include "common/process.h"
 #include "common/spec_paths.h"
@@ -107,6 +108,8 @@ class Reporter {
     s->set_step_ms(r.step_ms);
     s->set_comm_ms(r.comm_ms);
     s->set_comm_bytes(r.comm_bytes);
+    s->set_loss_scale(r.loss_scale);
+    s->set_skipped(r.skipped);
     s->set_peak_rss_bytes(PeakRssBytes());
     s->set_time_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                        std::chrono::system_clock::now().time_since_epoch())
@@ -325,6 +328,16 @@ absl::Status ResolvePaths(const WorkerOptions& o, JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// The ordinal N of the worker's GPU ("cuda:N", as --device named it and
+// ProbeDevice checked it); 0 for the CPU.
+int GpuOrdinal(const v1::Device& device) {
+  int n = 0;
+  if (device.kind() != "cuda" || !absl::SimpleAtoi(absl::StripPrefix(device.name(), "cuda:"), &n)) {
+    return 0;
+  }
+  return n;
+}
+
 // Trains one assignment to its end (or stop), reporting to the coordinator.
 void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   const v1::RunAssignment& a = *ctx.assignment;
@@ -373,7 +386,8 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   // Heartbeats carry the recorder while the communicator lives (declared
   // after it: detached before it is destroyed).
   ScopedRecorderAttach attach(ctx.collectives, comm ? &comm->flight_recorder() : nullptr);
-  auto trainer = Trainer::Create(*spec, a.rank(), ctx.options->threads, comm.get());
+  auto trainer =
+      Trainer::Create(*spec, a.rank(), ctx.options->threads, comm.get(), GpuOrdinal(opts.device));
   if (!trainer.ok()) {
     return report.Failure(trainer.status(), 0, comm.get(), PermanentTrainerError(trainer.status()));
   }
@@ -477,24 +491,6 @@ void RunAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
 }
 
 }  // namespace
-
-absl::StatusOr<v1::Device> ProbeDevice(const std::string& name, int threads) {
-  v1::Device d;
-  if (name == "cpu") {
-    d.set_name("cpu");
-    d.set_kind("cpu");
-    d.add_precisions("fp32");  // the CPU engine trains in fp32 only (trainer.cc)
-    d.set_memory_bytes(TotalMemoryBytes());
-    d.set_model(absl::StrCat("cpu, ", threads, " threads"));
-    return d;
-  }
-  int index = -1;
-  if (name.rfind("cuda:", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &index) || index < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--device: '", name, "' is not cpu or cuda:N"));
-  }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "--device ", name, ": GPU training is not available in this build yet; use --device cpu"));
-}
 
 JobRunner NewJobRunner(MetricsRegistry* registry) {
   auto metrics = std::make_shared<TrainingMetrics>(registry);

@@ -12,10 +12,6 @@
 
 namespace shardtrain::worker {
 
-// The device named by --device ("cpu", "cuda:N"). INVALID_ARGUMENT for a
-// malformed name; FAILED_PRECONDITION for a GPU this build or machine lacks.
-absl::StatusOr<v1::Device> ProbeDevice(const std::string& name, int threads);
-
 // The runner the daemon uses for every assignment.
 JobRunner NewJobRunner(MetricsRegistry* registry);
 

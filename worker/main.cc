@@ -15,6 +15,7 @@
 #include "common/version.h"
 #include "worker/coordinator_client.h"
 #include "worker/daemon.h"
+#include "worker/device_probe.h"
 #include "worker/job_runner.h"
 
 int main(int argc, char** argv) {
@@ -32,17 +33,30 @@ int main(int argc, char** argv) {
   std::string checkpoint_root;
   std::string data_root;
   std::string token, token_file, tls_ca, tls_cert, tls_key;
+  bool probe_devices = false;
 
   CLI::App app{
       "shardtrain-worker: runs the ranks a shardtrain coordinator assigns to this process.\n"
       "It registers its device, renews its lease with heartbeats, and trains the jobs it is\n"
-      "given, talking to its peers directly (Gloo on CPU). Stop it with SIGTERM or Ctrl-C."};
+      "given, talking to its peers directly (Gloo on CPU). Stop it with SIGTERM or Ctrl-C.\n"
+      "Exit codes: 0 stopped, 1 it cannot run (e.g. --device cuda:N without that GPU), 2 usage\n"
+      "error."};
   app.set_version_flag("--version", VersionLine("shardtrain-worker"));
   app.add_option("--coordinator", coordinator,
                  "coordinator address: " + AddressForms(AddressUse::kDial) +
                      " (default: $SHARDTRAIN_COORDINATOR)");
-  app.add_option("--device", device, "device this worker drives: cpu or cuda:N")
+  app.add_option("--device", device,
+                 "device this worker drives: cpu or cuda:N (one GPU, by CUDA ordinal; needs a "
+                 "CUDA build and a GPU of compute capability 8.0 or newer, which trains in fp32, "
+                 "bf16 and fp16; the cpu in fp32). Without that GPU the worker exits 1 naming the "
+                 "reason")
       ->capture_default_str();
+  app.add_flag("--probe-devices", probe_devices,
+               "print this machine's GPUs and exit, one line each, tab-separated: NAME "
+               "(cuda:N), PRECISIONS (fp32,bf16,fp16, or - for a GPU this build cannot train "
+               "on), MEMORY_BYTES, COMPUTE_CAPABILITY, MODEL. Exit 0 when some GPU can train, "
+               "1 otherwise with the reason on stderr (no GPU or driver, a build without CUDA). "
+               "`shardtrain local` asks this before starting GPU workers");
   app.add_option("--threads", threads, "compute threads (BLAS and kernels)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
@@ -77,6 +91,22 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;  // --help and --version exit 0; usage errors 2
+  }
+
+  if (probe_devices) {
+    absl::StatusOr<std::vector<GpuInfo>> gpus = ProbeGpus();
+    if (!gpus.ok()) {
+      std::cerr << "shardtrain-worker: " << gpus.status().message() << "\n";
+      return 1;
+    }
+    std::cout << ProbeLines(*gpus) << std::flush;
+    for (const GpuInfo& g : *gpus) {
+      if (!GpuPrecisions(g).empty()) return 0;
+    }
+    std::cerr << "shardtrain-worker: no CUDA device this build can train on: it needs compute "
+                 "capability "
+              << kMinComputeMajor << ".0 or newer\n";
+    return 1;
   }
 
   if (coordinator.empty()) {
@@ -130,8 +160,10 @@ int main(int argc, char** argv) {
   if (auto d = ProbeDevice(device, threads); d.ok()) {
     options.device = *d;
   } else {
+    // A malformed name is a usage error; a GPU that is not there (or cannot
+    // train) leaves nothing this worker could run.
     std::cerr << "shardtrain-worker: " << d.status().message() << "\n";
-    return 2;
+    return absl::IsInvalidArgument(d.status()) ? 2 : 1;
   }
 
   MetricsRegistry registry;

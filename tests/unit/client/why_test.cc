@@ -144,6 +144,29 @@ TEST(CliWhyTest, AJobThatIsNotRunningSaysItsStateAndReason) {
   EXPECT_NE(WhyJson(d, v).find("\"verdict\": \"not_running\""), std::string::npos);
 }
 
+TEST(CliWhyTest, APendingJobSaysWhatItWaitsFor) {
+  v1::JobDiagnostics d;
+  d.set_job_id("j-000008");
+  d.set_state(v1::JOB_STATE_PENDING);
+  d.set_pending_reason(
+      "waiting for 1 cuda (bf16) workers, 0 free; no alive worker can run cuda (bf16)");
+  WhyVerdict v = AnalyzeWhy(d);
+  EXPECT_EQ(v.kind, WhyKind::kNotRunning);
+  EXPECT_EQ(v.summary,
+            "job j-000008 is PENDING, not RUNNING: waiting for 1 cuda (bf16) workers, 0 free; no "
+            "alive worker can run cuda (bf16)");
+  EXPECT_NE(WhyJson(d, v).find("\"pending_reason\": \"waiting for 1 cuda (bf16) workers"),
+            std::string::npos)
+      << WhyJson(d, v);
+  // Recovering and waiting for workers: the failure first, then the wait.
+  d.set_state(v1::JOB_STATE_RECOVERING);
+  d.set_failure_reason("rank 1 failed");
+  d.set_pending_reason("waiting for 2 cpu workers, 1 free");
+  EXPECT_EQ(AnalyzeWhy(d).summary,
+            "job j-000008 is RECOVERING, not RUNNING: rank 1 failed; waiting for 2 cpu workers, 1 "
+            "free");
+}
+
 TEST(CliWhyTest, NoRecordsYet) {
   v1::JobDiagnostics d = Running();
   AddRank(&d, 0, 100);

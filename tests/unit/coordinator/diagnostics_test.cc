@@ -92,5 +92,24 @@ TEST_F(DiagnosticsTest, RanksShowTheirWorkersHeartbeatAgeAndNewestRecords) {
   EXPECT_TRUE(absl::IsNotFound(core_->GetJobDiagnostics("j-999999").status()));
 }
 
+// A cuda job on a cluster of cpu workers waits (none registered yet when it
+// came: the cluster may still be starting), and `why` gets the reason.
+TEST_F(DiagnosticsTest, APendingJobSaysWhatItWaitsFor) {
+  v1::SubmitJobRequest s;
+  s.set_spec_yaml(
+      "name: t\nmodel: {layers: 2, heads: 2, dim: 16, context: 16, vocab: 256}\n"
+      "data: {train: data/x.txt}\nbatch: {global: 2, micro: 2, seq_len: 8}\nsteps: 3\n"
+      "precision: bf16\nresources: {device: cuda}\n");
+  auto job = core_->SubmitJob(s);
+  ASSERT_TRUE(job.ok()) << job.status();
+  Register();  // a cpu worker: it cannot run the job
+  auto d = core_->GetJobDiagnostics(job->job_id());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(d->pending_reason(), core_->GetJob(job->job_id())->pending_reason());
+  EXPECT_EQ(d->pending_reason(),
+            "waiting for 1 cuda (bf16) workers, 0 free; no alive worker can run cuda (bf16)");
+}
+
 }  // namespace
 }  // namespace shardtrain::coordinator
