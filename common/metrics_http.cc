@@ -2,11 +2,15 @@
 
 #include <CivetServer.h>
 #include <arpa/inet.h>
+#include <dlfcn.h>
+#include <link.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <thread>
 #include <utility>
@@ -68,7 +72,43 @@ void Poke(const std::string& host, int port) {
   close(fd);
 }
 
+// Bytes of thread-local storage glibc carves out of every thread's stack:
+// the PT_TLS segments of the loaded objects, each with its alignment.
+size_t StaticTlsBytes() {
+  size_t total = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+          if (ph.p_type == PT_TLS) *static_cast<size_t*>(data) += ph.p_memsz + ph.p_align;
+        }
+        return 0;
+      },
+      &total);
+  return total;
+}
+
 }  // namespace
+
+}  // namespace shardtrain
+
+// civetweb (Debian's, built with USE_STACK_SIZE=102400) gives its threads
+// 100 KiB stacks, and glibc takes each thread's static TLS out of the stack
+// it is given: OpenBLAS alone holds 60 KiB of it, the CUDA runtime 4 KiB, so
+// in a worker civetweb's threads were left with too little and died on the
+// first request (or failed to start: "Cannot create first worker thread").
+// This definition, in the program, is the one civetweb's call binds to: it
+// hands glibc the requested size plus the TLS, so a thread gets the stack its
+// creator asked for (the rule of glibc bug 11787). Any other library that
+// sets a stack size gets the same, never less than it asked.
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {
+  using Fn = int (*)(pthread_attr_t*, size_t);
+  static const Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  if (real == nullptr) return ENOSYS;
+  return real(attr, size + shardtrain::StaticTlsBytes());
+}
+
+namespace shardtrain {
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& listen, MetricsRegistry* registry, std::function<bool()> healthy) {

@@ -112,7 +112,9 @@ TEST(ControlPlaneTest, GangScheduledOnDistinctWorkersAndSurvivesKill9) {
   EXPECT_NE(after.out.find(job), std::string::npos);
   EXPECT_EQ(Ranks(Cli({"status", job, "-o", "json"}, again.address()).out), ranks);
   const std::string state_after = JobState(again.address(), job);
-  EXPECT_TRUE(state_after == "SCHEDULED" || state_after == "RUNNING") << state_after;
+  EXPECT_TRUE(state_after == "SCHEDULED" || state_after == "RUNNING")
+      << state_after << "\n"
+      << Cli({"status", job}, again.address()).out << again.process.Log();
   EXPECT_EQ(CountJobs(again.address()), 2);
   CommandResult list = Cli({"list"}, again.address());
   EXPECT_NE(list.out.find(job), std::string::npos) << list.out;

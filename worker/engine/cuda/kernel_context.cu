@@ -1,6 +1,7 @@
 // KernelContext: the cuBLASLt and cuBLAS handles and the cuBLASLt workspace
 // every launcher of kernels.h runs with.
 #include "absl/strings/str_cat.h"
+#include "worker/engine/cuda/cublas_loader.h"
 #include "worker/engine/cuda/kernel_util.cuh"
 #include "worker/engine/cuda/kernels.h"
 
@@ -53,6 +54,7 @@ absl::Status KernelContext::Create(cudaStream_t stream, DataType dtype, KernelCo
                          : absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e)),
         ")"));
   }
+  SHARDTRAIN_RETURN_IF_ERROR(LoadCublas());
   KernelCtx ctx;
   ctx.stream = stream;
   ctx.dtype = dtype;
