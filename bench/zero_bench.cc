@@ -180,7 +180,7 @@ void PaperExample() {
   s.parallel.dp = 64;
   s.precision = Precision::kBf16;
   for (int stage = 0; stage <= 3; ++stage) {
-    const double formula = ZeroMemoryBytes(7'500'000'000, 64, stage, true).Total() / 1e9;
+    const double formula = ZeroMemoryBytes(7'500'000'000, 64, stage, kZeroPaperMixed).Total() / 1e9;
     s.parallel.zero = stage;
     double planned = -1, params = 0;
     if (auto p = MakePlan(s, 64); p.ok()) {

@@ -160,8 +160,9 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   const std::vector<std::string>& names = shape.names;
   const int dp = spec.parallel.dp, tp = spec.parallel.tp, pp = spec.parallel.pp;
   const bool mixed = IsMixed(spec.precision);
-  const int64_t pb = ComputeBytes(spec.precision);  // param bytes/element (compute dtype)
-  const int64_t gb = pb;                            // grads are in the compute dtype too
+  const StateBytesPerElement per = EngineStateBytes(spec.precision);
+  const int64_t pb = per.params;  // param bytes/element (the compute dtype)
+  const int64_t gb = per.grads;   // gradients: fp32 on every engine
   const int64_t ab = ComputeBytes(spec.precision);  // activations sent between ranks
   const int64_t BT = int64_t{spec.batch.micro} * spec.batch.seq_len, BTC = BT * cfg.dim;
   const int64_t Ls = shape.slice.num_layers;
@@ -173,7 +174,7 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   int64_t emb = 0, largest_block = 0;
   for (size_t i = 0; i < shape.local_numel.size(); ++i) {
     const int64_t n = shape.local_numel[i];
-    const ModelStateBytes b = ZeroMemoryBytes(n, dp, zero, mixed);
+    const ModelStateBytes b = ZeroMemoryBytes(n, dp, zero, per);
     mem.set_params_bytes(mem.params_bytes() + b.params);
     mem.set_grads_bytes(mem.grads_bytes() + b.grads);
     mem.set_optimizer_bytes(mem.optimizer_bytes() + b.optimizer);
@@ -303,12 +304,18 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
 
 }  // namespace
 
-ModelStateBytes ZeroMemoryBytes(int64_t num_params, int dp, int stage, bool mixed) {
+StateBytesPerElement EngineStateBytes(Precision precision) {
+  if (!IsMixed(precision)) return {4, 4, 8};
+  return {2, 4, 12};
+}
+
+ModelStateBytes ZeroMemoryBytes(int64_t num_params, int dp, int stage,
+                                const StateBytesPerElement& per) {
   const int64_t shard = BusiestShard(num_params, dp);
   ModelStateBytes b;
-  b.params = (mixed ? 2 : 4) * (stage >= 3 ? shard : num_params);
-  b.grads = (mixed ? 2 : 4) * (stage >= 2 ? shard : num_params);
-  b.optimizer = (mixed ? 12 : 8) * (stage >= 1 ? shard : num_params);
+  b.params = per.params * (stage >= 3 ? shard : num_params);
+  b.grads = per.grads * (stage >= 2 ? shard : num_params);
+  b.optimizer = per.optimizer * (stage >= 1 ? shard : num_params);
   return b;
 }
 

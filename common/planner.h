@@ -34,16 +34,30 @@
 
 namespace shardtrain {
 
+// Bytes per element of each kind of model state.
+struct StateBytesPerElement {
+  int64_t params = 4;
+  int64_t grads = 4;
+  int64_t optimizer = 8;  // what AdamW keeps beside the parameters
+};
+// The ZeRO paper's mixed-precision Adam (Rajbhandari et al. 2020, §3, K = 12):
+// fp16 parameters and gradients, 2 + 2; fp32 master, m and v, 12.
+inline constexpr StateBytesPerElement kZeroPaperMixed{2, 2, 12};
+// What shardtrain's engines keep under `precision`: fp32 4 + 4 + 8 (params,
+// grads, m + v); bf16 / fp16 the compute copy of the parameters 2, the
+// gradients 4 (every engine accumulates them in fp32), the fp32 master, m
+// and v 12: 18 bytes per element where the paper counts 16.
+StateBytesPerElement EngineStateBytes(Precision precision);
+
 // Bytes of model state (parameters, gradients, optimizer state) one dp rank
 // holds for `num_params` elements under a ZeRO stage, the ZeRO paper's model
-// (Rajbhandari et al. 2020, §3 and Fig. 1):
-//   fp32 (mixed = false): params 4, grads 4, Adam m + v 8 bytes per element;
-//   mixed precision (bf16/fp16): params 2, grads 2, fp32 master + m + v 12.
-// Stage 1 shards the optimizer state over dp, 2 also the gradients, 3 also
-// the parameters; a sharded part holds the busiest (last) dp rank's share,
-// floor(num_params / dp) + num_params mod dp. So with mixed precision, per element:
-// Z0 16, Z1 4 + 12/dp, Z2 2 + 14/dp, Z3 16/dp.
-// MakePlan applies it per shard unit (so the rounding is per unit).
+// (§3 and Fig. 1) with `per` bytes per element of each kind. Stage 1 shards
+// the optimizer state over dp, 2 also the gradients, 3 also the parameters;
+// a sharded part holds the busiest (last) dp rank's share,
+// floor(num_params / dp) + num_params mod dp. So with kZeroPaperMixed, per
+// element: Z0 16, Z1 4 + 12/dp, Z2 2 + 14/dp, Z3 16/dp.
+// MakePlan applies it per shard unit (so the rounding is per unit), with
+// EngineStateBytes(spec.precision).
 // Preconditions: num_params >= 0, dp >= 1, 0 <= stage <= 3.
 struct ModelStateBytes {
   int64_t params = 0;
@@ -51,7 +65,8 @@ struct ModelStateBytes {
   int64_t optimizer = 0;
   int64_t Total() const { return params + grads + optimizer; }
 };
-ModelStateBytes ZeroMemoryBytes(int64_t num_params, int dp, int stage, bool mixed);
+ModelStateBytes ZeroMemoryBytes(int64_t num_params, int dp, int stage,
+                                const StateBytesPerElement& per);
 
 // The plan of `spec` on `world` ranks.
 //

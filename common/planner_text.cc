@@ -125,17 +125,21 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
     absl::StrAppendFormat(&out, "  %12s  host memory\n", FormatPlanBytes(mem.host_bytes()));
 
   // The ZeRO paper's model-state bytes per parameter (Rajbhandari et al.,
-  // Fig. 1): K = 12 optimizer bytes in mixed precision (2 + 2 + 12), our
-  // fp32 analogue 4 + 4 + 8.
+  // Fig. 1) with the engines' bytes per element (EngineStateBytes): mixed
+  // precision 2 + 4 + 12 (the paper's 2 + 2 + 12 with fp32 gradients), fp32
+  // 4 + 4 + 8.
   const bool mixed = spec.precision != Precision::kFp32;
-  const double P = mixed ? 2 : 4, G = P, K = mixed ? 12 : 8, N = dp;
+  const StateBytesPerElement per = EngineStateBytes(spec.precision);
+  const double P = double(per.params), G = double(per.grads), K = double(per.optimizer), N = dp;
   const double formula[4] = {P + G + K, P + G + K / N, P + (G + K) / N, (P + G + K) / N};
+  const auto b = [](double x) { return absl::StrFormat("%g", x); };
   absl::StrAppendFormat(&out,
                         "\nZeRO stages compared (per rank, N = dp = %d; model state = params + "
-                        "grads + optimizer;\nformula: the ZeRO paper's %s B/param: Z0 %s, Z1 "
-                        "%s, Z2 %s, Z3 %s):\n",
-                        dp, mixed ? "2+2+12" : "(fp32) 4+4+8", mixed ? "16" : "16",
-                        mixed ? "4+12/N" : "8+8/N", mixed ? "2+14/N" : "4+12/N", "16/N");
+                        "grads + optimizer;\nformula: the ZeRO paper's with %s B/param%s: Z0 "
+                        "%s, Z1 %s+%s/N, Z2 %s+%s/N, Z3 %s/N):\n",
+                        dp, absl::StrCat(b(P), "+", b(G), "+", b(K)),
+                        mixed ? " (fp32 gradients)" : "", b(P + G + K), b(P + G), b(K), b(P),
+                        b(G + K), b(P + G + K));
   out += "STAGE  FORMULA B/PARAM  PLAN B/PARAM  MODEL STATE  WORKING SET  TOTAL GiB  COMM/STEP\n";
   for (int zero = 0; zero <= 3; ++zero) {
     JobSpec alt = spec;

@@ -22,7 +22,9 @@ Reference ReferenceFor(const JobSpec& s, const v1::Plan& plan, int stage) {
   const int dp = s.parallel.dp, tp = s.parallel.tp, pp = s.parallel.pp, zero = s.parallel.zero;
   const int m = s.Split()->accum;
   const bool mixed = s.precision != Precision::kFp32;
-  const int64_t pb = mixed ? 2 : 4, ob = mixed ? 12 : 8, ab = pb, gb = pb;
+  // Gradients are fp32 whatever the precision (every engine accumulates them
+  // in fp32); parameters and activations take the compute type.
+  const int64_t pb = mixed ? 2 : 4, ob = mixed ? 12 : 8, ab = pb, gb = 4;
   const v1::PipelineStage& st = plan.stages(stage);
   const bool first = stage == 0, last = stage == pp - 1;
   Reference r;
@@ -40,7 +42,7 @@ Reference ReferenceFor(const JobSpec& s, const v1::Plan& plan, int stage) {
     fwd.push_back(n);
     const int64_t body = n / dp, rem = n % dp, shard = body + rem;
     r.params += pb * (zero == 3 ? shard : n);
-    r.grads += pb * (zero >= 2 ? shard : n);
+    r.grads += gb * (zero >= 2 ? shard : n);
     r.optimizer += ob * (zero >= 1 ? shard : n);
     shard_sum += shard;
     local += n;
