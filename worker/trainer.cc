@@ -423,6 +423,7 @@ absl::StatusOr<checkpoint::ShardFileInfo> Trainer::SaveShard(checkpoint::Checkpo
   c.scalars.optimizer_step = strategy_->optimizer_step();
   c.scalars.data_position = step + 1;
   c.scalars.rng_seed = spec_.seed;
+  c.scalars.loss_scale = LossScale();
   *path = checkpoint::JoinPath(checkpoint::StepDir(spec_.checkpoint.dir, step),
                                checkpoint::ShardFileName(rank_));
   return checkpoint::WriteShard(storage, *path, c);
@@ -448,13 +449,28 @@ absl::StatusOr<int64_t> Trainer::Restore(checkpoint::CheckpointStorage& storage,
       !s.ok()) {
     return s;
   }
+  // fp16 resumes at the saved loss scale (the count of clean steps towards
+  // its next growth starts again); a checkpoint of another precision carries
+  // 1, and the scaler starts from its initial scale instead.
+  if (scaler_.has_value() && state->scalars.loss_scale != 1.0) {
+    if (absl::Status s = scaler_->Restore(static_cast<float>(state->scalars.loss_scale), 0);
+        !s.ok()) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", step_dir, ": ", s.message()));
+    }
+  }
   return state->step;
 }
 
 absl::StatusOr<absl::Span<const float>> Trainer::WholeModel() {
   if (absl::Status s = strategy_->GatherWholeModel(); !s.ok()) return s;
   const model::ParamLayout& layout = engine_->layout();
-  if (layout.slice().whole()) return absl::Span<const float>(engine_->params().f32());
+  if (layout.slice().whole()) {
+    const engine::FlatView p = engine_->params();
+    if (p.device == DeviceKind::kCpu) return absl::Span<const float>(p.f32());
+    whole_.resize(p.count);  // the fp32 master on a GPU: copied to the host
+    engine_->math().CopyToHost(whole_.data(), static_cast<const float*>(p.data), p.count);
+    return absl::Span<const float>(whole_);
+  }
   // Every slice adds its elements (one replica of each: dp coordinate 0,
   // no tp or tied replicas) into zeros, summed into rank 0: exact.
   whole_.assign(layout.global_num_params(), 0.0f);

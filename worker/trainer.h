@@ -141,13 +141,16 @@ class Trainer {
 
   // Writes this rank's shard of the state after `step` (the strategy's save
   // ranges of params, AdamW m and v, and the scalars) to
-  // <checkpoint.dir>/step-<step>/rank-<rank>.shard, atomically. Returns what
+  // <checkpoint.dir>/step-<step>/rank-<rank>.shard, atomically (the loss
+  // scale among the scalars under fp16). Returns what
   // the coordinator's manifest needs; *path gets the file.
   absl::StatusOr<checkpoint::ShardFileInfo> SaveShard(checkpoint::CheckpointStorage& storage,
                                                       int64_t step, std::string* path);
   // Loads the committed checkpoint in `step_dir` (any world size and
   // strategy that wrote it) into the strategy's load ranges; returns its
-  // step, the last one done.
+  // step, the last one done. Under fp16 the loss scale resumes from the
+  // checkpoint's (a checkpoint of another precision, whose scale is 1, leaves
+  // the initial 2^16).
   absl::StatusOr<int64_t> Restore(checkpoint::CheckpointStorage& storage,
                                   const std::string& step_dir);
 
@@ -199,7 +202,7 @@ class Trainer {
   // sends).
   std::unique_ptr<parallel::PipelineExecutor> pipeline_;
   comm::Communicator* world_ = nullptr;
-  std::vector<float> whole_;  // WholeModel's buffer when the model is split
+  std::vector<float> whole_;  // WholeModel's buffer: the model is split or on a GPU
   std::vector<int> inputs_, targets_;
   bool measure_ = false;
   // fp16's dynamic loss scale (none in fp32 / bf16: scale 1).
