@@ -14,6 +14,8 @@
 // KernelContext::Create's failure and of SquaredNormBlocks run anywhere.
 #include "worker/engine/cuda/kernels.h"
 
+#include <cublas_api.h>
+
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -32,6 +34,7 @@
 #include "common/model/config.h"
 #include "common/model/param_layout.h"
 #include "worker/engine/cpu/layers.h"
+#include "worker/engine/cuda/cublas_loader.h"
 #include "worker/optim/adamw.h"
 
 namespace shardtrain::engine::cuda {
@@ -191,6 +194,16 @@ TEST(KernelContextTest, CreateFailsCleanlyWithoutDevice) {
     EXPECT_EQ(context.ctx().lt, nullptr);
     EXPECT_EQ(context.ctx().workspace, nullptr);
   }
+}
+
+// cuBLAS is opened, not linked (cublas_loader.cc): with the toolkit's
+// libraries installed it opens without a GPU, and the entry points forward
+// to it (a status name comes back from the library itself).
+TEST(CublasLoaderTest, OpensTheToolkitsLibrariesWithoutAGpu) {
+  const absl::Status s = LoadCublas();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_STREQ(cublasGetStatusName(CUBLAS_STATUS_NOT_SUPPORTED), "CUBLAS_STATUS_NOT_SUPPORTED");
+  EXPECT_TRUE(LoadCublas().ok());  // once per process, the same answer
 }
 
 // The norm's grid depends on n alone: ceil(n / 256) blocks, at most 1024.
