@@ -8,6 +8,7 @@
 #include "client/commands.h"
 #include "client/errors.h"
 #include "client/local_cluster.h"
+#include "client/prepare.h"
 #include "client/sample.h"
 #include "common/address.h"
 #include "common/process.h"
@@ -158,6 +159,37 @@ int main(int argc, char** argv) {
                  "one step-N dir; any world size");
   add_common(lc, false, "table|json");
 
+  PrepareFlags prep;
+  auto* prepare = app.add_subcommand(
+      "prepare",
+      "tokenize text files or directories into llm.c token shards for data.format: llmc "
+      "(OUT/train/000000.bin, ..., OUT/val/... with --val or --val-fraction); each file is a "
+      "document, led by <|endoftext|> under gpt2; written to a temporary directory and renamed "
+      "to OUT when complete, so an error leaves nothing");
+  prepare->add_option("inputs", prep.inputs, "text files or directories (every file under them)")
+      ->required();
+  prepare->add_option("--out,-O", prep.out, "output directory (must not exist)")->required();
+  prepare->add_option("--tokenizer", prep.tokenizer, "gpt2 (GPT-2's BPE) | byte")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"gpt2", "byte"}));
+  prepare->add_option("--val", prep.val, "held-out text files or directories (repeatable)");
+  prepare->add_option("--val-fraction", prep.val_fraction,
+                      "hold out the last fraction of the input bytes as validation data, cut at "
+                      "a line start")
+      ->check(CLI::Range(0.0, 0.999999))
+      ->excludes("--val");
+  prepare->add_option("--shard-tokens", prep.shard_tokens, "tokens per shard file")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{2147483647}));
+  prepare->add_option("--threads", prep.threads, "encoding threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  prepare->add_option("--vocab", prep.vocab,
+                      "folder of GPT-2's vocabulary (encoder.json + vocab.bpe, or vocab.json + "
+                      "merges.txt; default: $SHARDTRAIN_GPT2_VOCAB, then the one scripts/setup "
+                      "installs)");
+  add_common(prepare, false, "table|json");
+
   SampleOptions sample_opts;
   auto* sample = app.add_subcommand("sample", "generate text from trained weights");
   sample
@@ -173,6 +205,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 100.0));
   sample->add_option("--seed", sample_opts.seed, "sampling seed")->capture_default_str();
   sample->add_option("--threads", sample_opts.threads, "compute threads")->capture_default_str();
+  sample->add_option("--vocab", sample_opts.vocab,
+                     "GPT-2 models (vocab >= 50257): folder of GPT-2's vocabulary (default: "
+                     "$SHARDTRAIN_GPT2_VOCAB, then the one scripts/setup installs)");
   add_common(sample, false, "table|json");
 
   try {
@@ -219,6 +254,7 @@ int main(int argc, char** argv) {
   if (*ckpts) return Checkpoints(g, job_id);
   if (*why) return Why(g, job_id);
   if (*sample) return Sample(g, sample_opts);
+  if (*prepare) return Prepare(g, prep);
   if (*lc) {
     shardtrain::BlockTerminationSignals();
     return Local(g, local);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/output.h"
+#include "common/gpt2_bpe.h"
 #include "worker/checkpoint/directory.h"
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
@@ -60,10 +61,18 @@ int Sample(const GlobalFlags& g, const SampleOptions& o) {
                               ? weights.status()
                               : absl::InvalidArgumentError(weights.status().message()));
   }
-  if (weights->config.vocab != 256) {
+  // The tokenizer the model was trained with, by its vocabulary: bytes for
+  // 256, GPT-2's BPE from 50257 (padded vocabularies included).
+  std::unique_ptr<Gpt2Bpe> bpe;
+  if (weights->config.vocab >= 50257) {
+    absl::StatusOr<std::unique_ptr<Gpt2Bpe>> b = LoadGpt2Vocabulary(o.vocab);
+    if (!b.ok()) return ReportError(g, b.status());
+    bpe = *std::move(b);
+  } else if (weights->config.vocab != 256) {
     return ReportError(g, absl::InvalidArgumentError(absl::StrCat(
                               path, ": vocab ", weights->config.vocab,
-                              " — sampling text needs the byte tokenizer (vocab 256)")));
+                              " — sampling text needs the byte tokenizer (vocab 256) or GPT-2's "
+                              "(vocab >= 50257)")));
   }
   const int T = weights->config.context;
   auto model = engine::cpu::Gpt::Create(weights->config, 1, T, o.threads);
@@ -73,10 +82,18 @@ int Sample(const GlobalFlags& g, const SampleOptions& o) {
   go.max_new_tokens = o.tokens;
   go.temperature = static_cast<float>(o.temperature);
   go.seed = o.seed;
-  std::vector<int> prompt = data::EncodeBytes(o.prompt.empty() ? "\n" : o.prompt);
+  const std::string prompt_text = o.prompt.empty() ? "\n" : o.prompt;
+  std::vector<int> prompt = bpe ? bpe->Encode(prompt_text) : data::EncodeBytes(prompt_text);
   auto out = engine::Generate(**model, prompt, go);
   if (!out.ok()) return ReportError(g, out.status());
-  const std::string text = data::DecodeBytes(*out);
+  std::string text;
+  if (bpe) {
+    absl::StatusOr<std::string> decoded = bpe->Decode(*out);
+    if (!decoded.ok()) return ReportError(g, decoded.status());
+    text = *std::move(decoded);
+  } else {
+    text = data::DecodeBytes(*out);
+  }
   if (g.output == "json") {
     std::cout << "{\"checkpoint\": " << JsonString(path) << ", \"prompt\": " << JsonString(o.prompt)
               << ", \"text\": " << JsonString(text) << "}" << std::endl;

@@ -1,4 +1,5 @@
-// `shardtrain sample`: generate text from trained weights (byte tokenizer).
+// `shardtrain sample`: generate text from trained weights, with the byte
+// tokenizer (vocab 256) or GPT-2's (vocab >= 50257).
 #ifndef SHARDTRAIN_CLIENT_SAMPLE_H_
 #define SHARDTRAIN_CLIENT_SAMPLE_H_
 
@@ -16,6 +17,7 @@ struct SampleOptions {
   double temperature = 0.8;  // 0 = greedy
   uint64_t seed = 1;
   int threads = 1;
+  std::string vocab;  // GPT-2's vocabulary folder (LoadGpt2Vocabulary when empty)
 };
 
 int Sample(const GlobalFlags& g, const SampleOptions& o);

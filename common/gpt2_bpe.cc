@@ -3,6 +3,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -11,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 
 namespace shardtrain {
@@ -190,6 +192,29 @@ absl::StatusOr<std::unique_ptr<Gpt2Bpe>> Gpt2Bpe::LoadDir(const std::string& dir
   }
   return absl::NotFoundError(absl::StrCat(
       dir, ": neither encoder.json + vocab.bpe nor vocab.json + merges.txt (GPT-2's vocabulary)"));
+}
+
+absl::StatusOr<std::unique_ptr<Gpt2Bpe>> LoadGpt2Vocabulary(const std::string& dir) {
+  if (!dir.empty()) return Gpt2Bpe::LoadDir(dir);
+  if (const char* env = std::getenv("SHARDTRAIN_GPT2_VOCAB"); env != nullptr && *env != '\0') {
+    absl::StatusOr<std::unique_ptr<Gpt2Bpe>> b = Gpt2Bpe::LoadDir(env);
+    if (!b.ok()) {
+      return absl::Status(b.status().code(),
+                          absl::StrCat("$SHARDTRAIN_GPT2_VOCAB: ", b.status().message()));
+    }
+    return b;
+  }
+  std::vector<std::string> tried;
+  for (const char* d : {SHARDTRAIN_GPT2_VOCAB_BUILD_DIR, "/usr/share/shardtrain/gpt2"}) {
+    absl::StatusOr<std::unique_ptr<Gpt2Bpe>> b = Gpt2Bpe::LoadDir(d);
+    if (b.ok() || !absl::IsNotFound(b.status())) return b;
+    tried.push_back(d);
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "GPT-2's vocabulary (encoder.json + vocab.bpe, or vocab.json + merges.txt) is in none of ",
+      absl::StrJoin(tried, ", "),
+      "; scripts/setup installs it, or point --vocab or $SHARDTRAIN_GPT2_VOCAB at a folder "
+      "holding it"));
 }
 
 void Gpt2Bpe::EncodePiece(std::string_view piece, std::vector<int>* out, Cache* cache) const {

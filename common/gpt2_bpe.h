@@ -88,6 +88,13 @@ class Gpt2Bpe {
   int byte_id_[256];
 };
 
+// GPT-2's vocabulary from `dir` when given (LoadDir), else from
+// $SHARDTRAIN_GPT2_VOCAB, else the first of the folders this build knows
+// that holds it: the source tree's third_party/gpt2 (scripts/setup installs
+// it there) and /usr/share/shardtrain/gpt2. NOT_FOUND naming every folder
+// tried and how to get the files.
+absl::StatusOr<std::unique_ptr<Gpt2Bpe>> LoadGpt2Vocabulary(const std::string& dir = "");
+
 }  // namespace shardtrain
 
 #endif  // SHARDTRAIN_COMMON_GPT2_BPE_H_

@@ -241,7 +241,7 @@ TEST_F(ClusterTest, WorkerMetricsDuringARunPassPromtool) {
   ASSERT_EQ(RunCommand({"/usr/bin/curl", "-sf", "-o", file, m[1].str()}).exit_code, 0);
   std::ifstream in(file);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  for (const std::string want :
+  for (const std::string& want :
        {"shardtrain_worker_steps_total{job_id=\"" + job + "\",rank=\"0\"}",
         "shardtrain_worker_step_seconds_bucket{job_id=\"" + job + "\",rank=\"0\",le=\"+Inf\"}",
         "shardtrain_worker_tokens_total{job_id=\"" + job + "\"",
@@ -295,6 +295,45 @@ TEST_F(TrainingTest, FortunesTinyTrainsBelow2_5AndSamples) {
   ASSERT_EQ(s.exit_code, 0) << s.err;
   std::cout << "sample: " << s.out << std::endl;
   EXPECT_GT(s.out.size(), 100u);
+}
+
+// GPT-2 tokens end to end: `shardtrain prepare` makes BPE shards (progress
+// on stderr, the summary and the spec line on stdout; a second run into the
+// same --out is refused and keeps the first), a GPT-2-vocabulary job trains
+// on them with validation, and `shardtrain sample` encodes the prompt and
+// decodes the continuation with GPT-2's tokenizer.
+TEST_F(TrainingTest, PreparedGpt2ShardsTrainAndSample) {
+  TempDir dir;
+  const std::string out = dir.path() + "/fortunes-gpt2";
+  CommandResult p = RunCommand({SHARDTRAIN_CLI_BIN, "prepare", kData, "--val-fraction", "0.05",
+                                "--threads", "2", "--out", out});
+  ASSERT_EQ(p.exit_code, 0) << p.out << p.err;
+  std::cout << p.out;
+  EXPECT_NE(p.err.find("prepare: "), std::string::npos) << p.err;  // progress
+  EXPECT_NE(p.out.find("prepared 2 documents"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("format: llmc, tokenizer: gpt2"), std::string::npos) << p.out;
+  CommandResult again = RunCommand({SHARDTRAIN_CLI_BIN, "prepare", kData, "--out", out});
+  EXPECT_EQ(again.exit_code, 1) << again.err;
+  EXPECT_NE(again.err.find("exists"), std::string::npos) << again.err;
+
+  CommandResult r = RunCommand(
+      {SHARDTRAIN_CLI_BIN, "local", SourceDir() + "/examples/fortunes-tiny.yaml", "--workers", "1",
+       "--output", "json", "--set", "model.vocab=50257", "--set", "model.dim=64", "--set",
+       "model.layers=2", "--set", "data.train=" + out + "/train", "--set",
+       "data.val=" + out + "/val", "--set", "data.format=llmc", "--set", "data.tokenizer=gpt2",
+       "--set", "eval.every=10", "--set", "steps=20", "--set", "checkpoint.dir=" + dir.path()},
+      seconds(300));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::vector<double> losses = Losses(r.out);
+  ASSERT_EQ(losses.size(), 20u);
+  std::cout << "gpt2 tokens: loss " << losses.front() << " -> " << losses.back() << std::endl;
+  EXPECT_NEAR(losses.front(), std::log(50257.0), 0.5);  // uniform over GPT-2's vocabulary
+  EXPECT_LT(losses.back(), losses.front() - 1.0);
+  CommandResult s = RunCommand({SHARDTRAIN_CLI_BIN, "sample", dir.path(), "--prompt",
+                                "Q: What is the meaning of life?", "--tokens", "20", "-o", "json"});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  std::cout << "sample: " << s.out << std::endl;
+  EXPECT_NE(s.out.find("\"text\": \"Q: What is the meaning of life?"), std::string::npos) << s.out;
 }
 
 // examples/fortunes-3d.yaml (dp2 × tp2 × pp2, 1F1B, ZeRO-1) through the

@@ -37,34 +37,43 @@ absl::Status ReadWholeFile(const std::string& path, std::string* out) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<std::vector<uint16_t>> LoadTextTokens(const std::string& path, int64_t min_tokens) {
+// The files `path` stands for: itself, or a directory's regular files named
+// *`ext`, in sorted name order (NotFound naming the directory when none).
+absl::StatusOr<std::vector<std::string>> DataFiles(const std::string& path, const char* ext) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
     return absl::NotFoundError(absl::StrCat("data path ", path, " does not exist"));
   }
   std::vector<std::string> files;
-  if (fs::is_directory(path, ec)) {
-    for (const auto& entry : fs::directory_iterator(path, ec)) {
-      if (entry.is_regular_file() && entry.path().extension() == ".txt") {
-        files.push_back(entry.path().string());
-      }
+  if (!fs::is_directory(path, ec)) return std::vector<std::string>{path};
+  for (const auto& entry : fs::directory_iterator(path, ec)) {
+    if (entry.is_regular_file() && entry.path().extension() == ext) {
+      files.push_back(entry.path().string());
     }
-    if (ec) {
-      return absl::NotFoundError(
-          absl::StrCat("cannot list data directory ", path, ": ", ec.message()));
-    }
-    std::sort(files.begin(), files.end());
-    if (files.empty()) {
-      return absl::NotFoundError(absl::StrCat("data directory ", path, " contains no .txt files"));
-    }
-  } else {
-    files.push_back(path);
   }
+  if (ec) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot list data directory ", path, ": ", ec.message()));
+  }
+  std::sort(files.begin(), files.end());
+  if (files.empty()) {
+    return absl::NotFoundError(absl::StrCat("data directory ", path, " contains no ", ext, " files"));
+  }
+  return files;
+}
+
+// Appends the tokens of one llm.c token file to *tokens (errors as
+// LoadLlmcTokens', without the length check).
+absl::Status AppendLlmcFile(const std::string& path, int vocab, std::vector<uint16_t>* tokens);
+
+}  // namespace
+
+absl::StatusOr<std::vector<uint16_t>> LoadTextTokens(const std::string& path, int64_t min_tokens) {
+  absl::StatusOr<std::vector<std::string>> files = DataFiles(path, ".txt");
+  if (!files.ok()) return files.status();
   std::vector<uint16_t> tokens;
   std::string bytes;
-  for (const std::string& f : files) {
+  for (const std::string& f : *files) {
     if (auto s = ReadWholeFile(f, &bytes); !s.ok()) return s;
     tokens.reserve(tokens.size() + bytes.size());
     for (unsigned char c : bytes) tokens.push_back(c);
@@ -79,13 +88,26 @@ absl::StatusOr<std::vector<uint16_t>> LoadTextTokens(const std::string& path, in
 
 absl::StatusOr<std::vector<uint16_t>> LoadLlmcTokens(const std::string& path, int vocab,
                                                      int64_t min_tokens) {
-  std::string bytes;
-  {
-    std::error_code ec;
-    if (!fs::exists(path, ec)) {
-      return absl::NotFoundError(absl::StrCat("token file ", path, " does not exist"));
-    }
+  absl::StatusOr<std::vector<std::string>> files = DataFiles(path, ".bin");
+  if (!files.ok()) return files.status();
+  std::vector<uint16_t> tokens;
+  for (const std::string& f : *files) {
+    if (absl::Status s = AppendLlmcFile(f, vocab, &tokens); !s.ok()) return s;
   }
+  const int64_t count = static_cast<int64_t>(tokens.size());
+  if (count < min_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token ", files->size() > 1 ? "files in " : "file ", path, " ",
+                     files->size() > 1 ? "are" : "is", " ", count == 0 ? "empty" : "too short",
+                     ": ", count, " tokens, need at least ", min_tokens, " (seq_len + 1)"));
+  }
+  return tokens;
+}
+
+namespace {
+
+absl::Status AppendLlmcFile(const std::string& path, int vocab, std::vector<uint16_t>* out) {
+  std::string bytes;
   if (auto s = ReadWholeFile(path, &bytes); !s.ok()) return s;
   constexpr size_t kHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);
   if (bytes.size() < kHeaderBytes) {
@@ -109,13 +131,10 @@ absl::StatusOr<std::vector<uint16_t>> LoadLlmcTokens(const std::string& path, in
     return absl::DataLossError(absl::StrCat("token file ", path, " is truncated: header says ",
                                             count, " tokens but the file holds ", present));
   }
-  if (count < min_tokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("token file ", path, " is ", count == 0 ? "empty" : "too short", ": ", count,
-                     " tokens, need at least ", min_tokens, " (seq_len + 1)"));
-  }
-  std::vector<uint16_t> tokens(count);
-  std::memcpy(tokens.data(), bytes.data() + kHeaderBytes, count * sizeof(uint16_t));
+  const size_t at = out->size();
+  out->resize(at + count);
+  uint16_t* tokens = out->data() + at;
+  std::memcpy(tokens, bytes.data() + kHeaderBytes, count * sizeof(uint16_t));
   for (int64_t i = 0; i < count; ++i) {
     if (tokens[i] >= vocab) {
       return absl::InvalidArgumentError(absl::StrCat("token file ", path, ": token ", tokens[i],
@@ -123,8 +142,10 @@ absl::StatusOr<std::vector<uint16_t>> LoadLlmcTokens(const std::string& path, in
                                                      vocab));
     }
   }
-  return tokens;
+  return absl::OkStatus();
 }
+
+}  // namespace
 
 absl::StatusOr<std::vector<uint16_t>> LoadTokens(const std::string& path, TokenFormat format,
                                                  int vocab, int64_t min_tokens) {

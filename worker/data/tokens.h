@@ -29,7 +29,9 @@ inline constexpr int kLlmcHeaderInts = 256;
 // the file or directory.
 absl::StatusOr<std::vector<uint16_t>> LoadTextTokens(const std::string& path, int64_t min_tokens);
 
-// llm.c token file. Errors, each naming the file: NotFound (missing),
+// llm.c token file, or a directory whose *.bin files (the shards
+// `shardtrain prepare` writes) are concatenated in sorted name order.
+// Errors, each naming the file: NotFound (missing; a directory without .bin files),
 // DataLoss (wrong magic, unsupported version, truncated: the header's count
 // exceeds the bytes present, or the file is shorter than the header),
 // InvalidArgument (fewer than min_tokens tokens; a token >= vocab, with its

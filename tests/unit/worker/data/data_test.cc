@@ -104,6 +104,27 @@ TEST_F(DataTest, LlmcRoundTrip) {
   EXPECT_EQ(*e, (std::vector<uint16_t>{3, 4}));
 }
 
+// A directory of shards (what `shardtrain prepare` writes): its .bin files in
+// name order, other files ignored; the length check is over them all.
+TEST_F(DataTest, LlmcDirectoryConcatenatesBinShardsInSortedOrder) {
+  fs::create_directories(dir_ / "shards");
+  ASSERT_TRUE(WriteLlmcTokens((dir_ / "shards/000001.bin").string(), {3, 4}).ok());
+  ASSERT_TRUE(WriteLlmcTokens((dir_ / "shards/000000.bin").string(), {1, 2}).ok());
+  Write("shards/README", "not a shard");
+  const std::string shards = (dir_ / "shards").string();
+  auto t = LoadLlmcTokens(shards, 10, 4);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*t, (std::vector<uint16_t>{1, 2, 3, 4}));
+  ExpectErrorNames(LoadLlmcTokens(shards, 10, 5).status(), absl::StatusCode::kInvalidArgument,
+                   shards, "too short: 4 tokens");
+  const std::string bad = RawLlmc("shards/000002.bin", kLlmcMagic, 1, 1, {11});
+  ExpectErrorNames(LoadLlmcTokens(shards, 10, 1).status(), absl::StatusCode::kInvalidArgument, bad,
+                   ">= model.vocab");
+  fs::create_directories(dir_ / "empty");
+  ExpectErrorNames(LoadLlmcTokens((dir_ / "empty").string(), 10, 1).status(),
+                   absl::StatusCode::kNotFound, (dir_ / "empty").string(), "no .bin files");
+}
+
 TEST_F(DataTest, LlmcErrorsNameTheFile) {
   const std::string missing = (dir_ / "missing.bin").string();
   ExpectErrorNames(LoadLlmcTokens(missing, 256, 2).status(), absl::StatusCode::kNotFound, missing,

@@ -1,0 +1,30 @@
+// `shardtrain prepare`: text files or directories -> llm.c token shards for
+// data.format: llmc (worker/data/prepare.h), with progress on stderr and a
+// summary on stdout.
+#ifndef SHARDTRAIN_CLIENT_PREPARE_H_
+#define SHARDTRAIN_CLIENT_PREPARE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "client/commands.h"
+
+namespace shardtrain::client {
+
+struct PrepareFlags {
+  std::vector<std::string> inputs;
+  std::vector<std::string> val;  // held-out inputs (--val)
+  double val_fraction = 0;
+  std::string out;
+  std::string tokenizer = "gpt2";  // gpt2 | byte
+  std::string vocab;               // the GPT-2 vocabulary's folder
+  int64_t shard_tokens = 100'000'000;
+  int threads = 1;
+};
+
+int Prepare(const GlobalFlags& g, const PrepareFlags& f);
+
+}  // namespace shardtrain::client
+
+#endif  // SHARDTRAIN_CLIENT_PREPARE_H_
