@@ -159,6 +159,25 @@ int main(int argc, char** argv) {
                  "one step-N dir; any world size");
   add_common(lc, false, "table|json");
 
+  ExportOptions export_opts;
+  auto* exp = app.add_subcommand(
+      "export",
+      "write trained weights in Hugging Face's GPT-2 layout: OUT/model.safetensors (fp32, "
+      "Conv1D (in, out) weights, the unpadded vocabulary, lm_head tied to wte), "
+      "OUT/config.json and, for GPT-2 vocabularies, the tokenizer's vocab.json and merges.txt");
+  exp->add_option("weights", export_opts.source,
+                  "weights file, a job's checkpoint.dir (final.weights, else its newest valid "
+                  "commit) or one step-N dir")
+      ->required();
+  exp->add_option("--format", export_opts.format, "safetensors")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"safetensors"}));
+  exp->add_option("--out,-O", export_opts.out, "output directory (absent or empty)")->required();
+  exp->add_option("--vocab", export_opts.vocab,
+                  "folder of GPT-2's vocabulary for the tokenizer files (default: "
+                  "$SHARDTRAIN_GPT2_VOCAB, then the one scripts/setup installs)");
+  add_common(exp, false, "table|json");
+
   PrepareFlags prep;
   auto* prepare = app.add_subcommand(
       "prepare",
@@ -255,6 +274,7 @@ int main(int argc, char** argv) {
   if (*why) return Why(g, job_id);
   if (*sample) return Sample(g, sample_opts);
   if (*prepare) return Prepare(g, prep);
+  if (*exp) return Export(g, export_opts);
   if (*lc) {
     shardtrain::BlockTerminationSignals();
     return Local(g, local);

@@ -4,8 +4,11 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "client/errors.h"
 #include "client/output.h"
 #include "common/gpt2_bpe.h"
+#include "common/process.h"
+#include "worker/checkpoint/hf_gpt2.h"
 #include "worker/checkpoint/directory.h"
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
@@ -17,11 +20,8 @@
 
 namespace shardtrain::client {
 
-namespace {
-
-// Weights from a final.weights file, or from a sharded checkpoint: a step-N
-// directory, or a checkpoint directory (its newest commit whose shards verify).
-absl::StatusOr<checkpoint::LoadedWeights> LoadAny(const std::string& path, std::string* from) {
+absl::StatusOr<checkpoint::LoadedWeights> LoadWeightsFrom(const std::string& path,
+                                                          std::string* from) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(path)) {
     *from = path;
@@ -50,11 +50,9 @@ absl::StatusOr<checkpoint::LoadedWeights> LoadAny(const std::string& path, std::
   return checkpoint::LoadedWeights{manifest->config, std::move(state->params)};
 }
 
-}  // namespace
-
 int Sample(const GlobalFlags& g, const SampleOptions& o) {
   std::string path;
-  auto weights = LoadAny(o.checkpoint, &path);
+  auto weights = LoadWeightsFrom(o.checkpoint, &path);
   if (!weights.ok()) {
     // Missing weights: not found (3); unreadable ones: a bad argument (2).
     return ReportError(g, absl::IsNotFound(weights.status())
@@ -101,6 +99,70 @@ int Sample(const GlobalFlags& g, const SampleOptions& o) {
     std::cout << text << std::endl;
   }
   return 0;
+}
+
+}  // namespace shardtrain::client
+
+namespace shardtrain::client {
+
+int Export(const GlobalFlags& g, const ExportOptions& o) {
+  namespace fs = std::filesystem;
+  if (o.format != "safetensors") {
+    return ReportError(g, absl::InvalidArgumentError(
+                              absl::StrCat("--format: ", o.format, " (only safetensors)")));
+  }
+  std::error_code ec;
+  if (fs::exists(o.out, ec) && !fs::is_empty(o.out, ec)) {
+    return ReportError(g, absl::AlreadyExistsError(absl::StrCat(
+                              o.out, " exists and is not empty: remove it or choose another --out")));
+  }
+  std::string from;
+  auto weights = LoadWeightsFrom(o.source, &from);
+  if (!weights.ok()) {
+    return ReportError(g, absl::IsNotFound(weights.status())
+                              ? weights.status()
+                              : absl::InvalidArgumentError(weights.status().message()));
+  }
+  // The tokenizer's files first: a missing vocabulary fails before anything
+  // is written.
+  std::string vocab_text, merges_text;
+  if (weights->config.vocab >= 50257) {
+    absl::StatusOr<Gpt2VocabularyFiles> files = FindGpt2Vocabulary(o.vocab);
+    if (!files.ok()) return ReportError(g, files.status());
+    for (auto [src, dst] : {std::pair<const std::string*, std::string*>{&files->vocab, &vocab_text},
+                            {&files->merges, &merges_text}}) {
+      if (absl::Status s = ReadFile(*src, dst); !s.ok()) return ReportError(g, s);
+    }
+  }
+  fs::create_directories(o.out, ec);
+  if (ec) {
+    return ReportError(g, absl::UnavailableError(
+                              absl::StrCat("cannot create ", o.out, ": ", ec.message())));
+  }
+  const std::string model = o.out + "/model.safetensors";
+  absl::Status s = checkpoint::WriteSafetensors(
+      model, checkpoint::ToHfGpt2(weights->config, weights->params),
+      {{"format", "pt"}, {"source", "shardtrain"}});
+  if (s.ok()) s = WriteFileAtomically(o.out + "/config.json",
+                                      checkpoint::HfGpt2ConfigJson(weights->config));
+  if (s.ok() && !vocab_text.empty()) {
+    s = WriteFileAtomically(o.out + "/vocab.json", vocab_text);
+    if (s.ok()) s = WriteFileAtomically(o.out + "/merges.txt", merges_text);
+  }
+  if (!s.ok()) return ReportError(g, s);
+  const model::GptConfig& c = weights->config;
+  if (g.output == "json") {
+    std::cout << "{\"from\": " << JsonString(from) << ", \"out\": " << JsonString(o.out)
+              << ", \"format\": \"safetensors\", \"tokenizer_files\": "
+              << (vocab_text.empty() ? "false" : "true") << "}" << std::endl;
+  } else {
+    std::cout << "exported " << from << " (layers " << c.layers << ", heads " << c.heads
+              << ", dim " << c.dim << ", context " << c.context << ", vocab " << c.vocab
+              << ") to " << o.out << ": model.safetensors, config.json"
+              << (vocab_text.empty() ? "" : ", vocab.json, merges.txt")
+              << " (Hugging Face GPT-2 layout)" << std::endl;
+  }
+  return kExitOk;
 }
 
 }  // namespace shardtrain::client

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "client/commands.h"
+#include "worker/checkpoint/weights_file.h"
 
 namespace shardtrain::client {
 
@@ -21,6 +23,25 @@ struct SampleOptions {
 };
 
 int Sample(const GlobalFlags& g, const SampleOptions& o);
+
+// Weights from a final.weights file, or from a sharded checkpoint: a step-N
+// directory, or a checkpoint directory (final.weights if present, else its
+// newest commit whose shards verify). *from gets the file or step directory
+// read. NOT_FOUND when there is none.
+absl::StatusOr<checkpoint::LoadedWeights> LoadWeightsFrom(const std::string& path,
+                                                          std::string* from);
+
+struct ExportOptions {
+  std::string source;  // as LoadWeightsFrom
+  std::string format = "safetensors";
+  std::string out;    // directory (created; must be empty or absent)
+  std::string vocab;  // GPT-2's vocabulary folder, for the tokenizer files
+};
+
+// `shardtrain export`: DIR/model.safetensors and DIR/config.json in Hugging
+// Face's GPT-2 layout (worker/checkpoint/hf_gpt2.h) and, for GPT-2
+// vocabularies, the tokenizer's vocab.json and merges.txt beside them.
+int Export(const GlobalFlags& g, const ExportOptions& o);
 
 }  // namespace shardtrain::client
 

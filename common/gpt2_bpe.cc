@@ -183,31 +183,42 @@ absl::StatusOr<std::unique_ptr<Gpt2Bpe>> Gpt2Bpe::Load(const std::string& vocab_
   return bpe;
 }
 
-absl::StatusOr<std::unique_ptr<Gpt2Bpe>> Gpt2Bpe::LoadDir(const std::string& dir) {
+namespace {
+
+// The vocabulary files in `dir`, or NOT_FOUND naming it.
+absl::StatusOr<Gpt2VocabularyFiles> FilesIn(const std::string& dir) {
   namespace fs = std::filesystem;
   for (const auto& [vocab, merges] : {std::pair<const char*, const char*>{"encoder.json", "vocab.bpe"},
                                       {"vocab.json", "merges.txt"}}) {
     const fs::path v = fs::path(dir) / vocab, m = fs::path(dir) / merges;
-    if (fs::exists(v) && fs::exists(m)) return Load(v.string(), m.string());
+    if (fs::exists(v) && fs::exists(m)) return Gpt2VocabularyFiles{v.string(), m.string()};
   }
   return absl::NotFoundError(absl::StrCat(
       dir, ": neither encoder.json + vocab.bpe nor vocab.json + merges.txt (GPT-2's vocabulary)"));
 }
 
-absl::StatusOr<std::unique_ptr<Gpt2Bpe>> LoadGpt2Vocabulary(const std::string& dir) {
-  if (!dir.empty()) return Gpt2Bpe::LoadDir(dir);
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Gpt2Bpe>> Gpt2Bpe::LoadDir(const std::string& dir) {
+  absl::StatusOr<Gpt2VocabularyFiles> files = FilesIn(dir);
+  if (!files.ok()) return files.status();
+  return Load(files->vocab, files->merges);
+}
+
+absl::StatusOr<Gpt2VocabularyFiles> FindGpt2Vocabulary(const std::string& dir) {
+  if (!dir.empty()) return FilesIn(dir);
   if (const char* env = std::getenv("SHARDTRAIN_GPT2_VOCAB"); env != nullptr && *env != '\0') {
-    absl::StatusOr<std::unique_ptr<Gpt2Bpe>> b = Gpt2Bpe::LoadDir(env);
-    if (!b.ok()) {
-      return absl::Status(b.status().code(),
-                          absl::StrCat("$SHARDTRAIN_GPT2_VOCAB: ", b.status().message()));
+    absl::StatusOr<Gpt2VocabularyFiles> f = FilesIn(env);
+    if (!f.ok()) {
+      return absl::Status(f.status().code(),
+                          absl::StrCat("$SHARDTRAIN_GPT2_VOCAB: ", f.status().message()));
     }
-    return b;
+    return f;
   }
   std::vector<std::string> tried;
   for (const char* d : {SHARDTRAIN_GPT2_VOCAB_BUILD_DIR, "/usr/share/shardtrain/gpt2"}) {
-    absl::StatusOr<std::unique_ptr<Gpt2Bpe>> b = Gpt2Bpe::LoadDir(d);
-    if (b.ok() || !absl::IsNotFound(b.status())) return b;
+    absl::StatusOr<Gpt2VocabularyFiles> f = FilesIn(d);
+    if (f.ok()) return f;
     tried.push_back(d);
   }
   return absl::NotFoundError(absl::StrCat(
@@ -215,6 +226,12 @@ absl::StatusOr<std::unique_ptr<Gpt2Bpe>> LoadGpt2Vocabulary(const std::string& d
       absl::StrJoin(tried, ", "),
       "; scripts/setup installs it, or point --vocab or $SHARDTRAIN_GPT2_VOCAB at a folder "
       "holding it"));
+}
+
+absl::StatusOr<std::unique_ptr<Gpt2Bpe>> LoadGpt2Vocabulary(const std::string& dir) {
+  absl::StatusOr<Gpt2VocabularyFiles> files = FindGpt2Vocabulary(dir);
+  if (!files.ok()) return files.status();
+  return Gpt2Bpe::Load(files->vocab, files->merges);
 }
 
 void Gpt2Bpe::EncodePiece(std::string_view piece, std::vector<int>* out, Cache* cache) const {

@@ -95,6 +95,13 @@ class Gpt2Bpe {
 // tried and how to get the files.
 absl::StatusOr<std::unique_ptr<Gpt2Bpe>> LoadGpt2Vocabulary(const std::string& dir = "");
 
+// Where LoadGpt2Vocabulary reads from: the folder and its two files
+// (vocabulary, merges), the same search and errors, nothing parsed.
+struct Gpt2VocabularyFiles {
+  std::string vocab, merges;
+};
+absl::StatusOr<Gpt2VocabularyFiles> FindGpt2Vocabulary(const std::string& dir = "");
+
 }  // namespace shardtrain
 
 #endif  // SHARDTRAIN_COMMON_GPT2_BPE_H_

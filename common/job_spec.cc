@@ -33,8 +33,8 @@ namespace si = spec_internal;  // enum spellings and number format, shared with 
 const std::vector<absl::string_view> kTopKeys = {
     "name",  "model",      "data", "batch", "parallel",  "precision",    "optimizer",
     "steps", "checkpoint", "eval", "seed",  "resources", "max_restarts", "timeouts"};
-const std::vector<absl::string_view> kModelKeys = {"preset", "layers",  "heads",
-                                                   "dim",    "context", "vocab"};
+const std::vector<absl::string_view> kModelKeys = {"preset",  "layers", "heads", "dim",
+                                                   "context", "vocab",  "init"};
 const std::vector<absl::string_view> kDataKeys = {"train", "val", "format", "tokenizer"};
 const std::vector<absl::string_view> kBatchKeys = {"global", "micro", "seq_len"};
 const std::vector<absl::string_view> kParallelKeys = {
@@ -352,6 +352,7 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "dim", 1, &m->dim));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "context", 1, &m->context));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "vocab", 1, &m->vocab));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, "model", "init", &m->init));
   return model::MakeGptConfig(m->layers, m->heads, m->dim, m->context, m->vocab).status();
 }
 

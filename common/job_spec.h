@@ -57,6 +57,11 @@ struct ModelSpec {
   int dim = 0;         // C > 0
   int context = 0;     // T > 0, >= batch.seq_len
   int vocab = 0;       // V > 0; >= 256 for the byte tokenizer, >= 50257 for gpt2
+  // "" (random initialisation from seed) or the weights the job starts from:
+  // a safetensors file in Hugging Face's GPT-2 layout (or a folder holding
+  // model.safetensors, as `shardtrain export` writes) or a shardtrain
+  // weights file, of this model's shape. Resolved like data.train.
+  std::string init;
 };
 
 struct DataSpec {

@@ -94,6 +94,7 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "dim" << YAML::Value << s.model.dim;
   out << YAML::Key << "context" << YAML::Value << s.model.context;
   out << YAML::Key << "vocab" << YAML::Value << s.model.vocab;
+  if (!s.model.init.empty()) out << YAML::Key << "init" << YAML::Value << s.model.init;
   out << YAML::EndMap;
 
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;

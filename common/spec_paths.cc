@@ -28,6 +28,7 @@ absl::Status CheckSpecPaths(const JobSpec& spec, const std::string& resume_from)
   for (const auto& [field, path] :
        {std::pair<const char*, const std::string&>{"data.train", spec.data.train},
         {"data.val", spec.data.val},
+        {"model.init", spec.model.init},
         {"checkpoint.dir", spec.checkpoint.dir},
         {"resume_from", resume_from}}) {
     if (absl::Status s = CheckRelativePathStaysInside(field, path); !s.ok()) return s;

@@ -22,7 +22,7 @@ namespace shardtrain {
 absl::Status CheckRelativePathStaysInside(std::string_view field, const std::string& path);
 
 // CheckRelativePathStaysInside for every path of the spec (data.train,
-// data.val, checkpoint.dir) and for `resume_from` (field "resume_from").
+// data.val, model.init, checkpoint.dir) and for `resume_from` (field "resume_from").
 absl::Status CheckSpecPaths(const JobSpec& spec, const std::string& resume_from);
 
 // `path` as a worker opens it: relative paths joined to `root` (an absolute

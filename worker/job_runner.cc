@@ -311,12 +311,13 @@ bool PermanentTrainerError(const absl::Status& s) {
          absl::IsUnimplemented(s);
 }
 
-// Rewrites the spec's paths to where this worker opens them (data under its
-// data root, checkpoints under its checkpoint root); INVALID_ARGUMENT naming
+// Rewrites the spec's paths to where this worker opens them (data and
+// model.init under its data root, checkpoints under its checkpoint root); INVALID_ARGUMENT naming
 // the field for a path that escapes its root.
 absl::Status ResolvePaths(const WorkerOptions& o, JobSpec& spec) {
   for (auto [field, path] : {std::pair<const char*, std::string*>{"data.train", &spec.data.train},
-                             {"data.val", &spec.data.val}}) {
+                             {"data.val", &spec.data.val},
+                             {"model.init", &spec.model.init}}) {
     absl::StatusOr<std::string> p = ResolveSpecPath(field, o.data_root, *path, o.confine_data);
     if (!p.ok()) return p.status();
     *path = *std::move(p);

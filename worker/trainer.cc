@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/checkpoint/directory.h"
+#include "worker/checkpoint/hf_gpt2.h"
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/data/tokens.h"
@@ -260,6 +261,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Compose(const JobSpec& spec, i
   // Initial params are a pure function of the seed: identical on every rank
   // (ZeRO-3 computes only its shards).
   t->strategy_->InitParams(spec.seed);
+  if (!spec.model.init.empty()) {
+    if (absl::Status s = t->LoadInitialWeights(spec.model.init); !s.ok()) return s;
+  }
   t->inputs_.resize(size_t(spec.batch.micro) * spec.batch.seq_len);
   t->targets_.resize(t->inputs_.size());
   if (spec.precision == Precision::kFp16) t->scaler_.emplace();
@@ -459,6 +463,29 @@ absl::StatusOr<int64_t> Trainer::Restore(checkpoint::CheckpointStorage& storage,
     }
   }
   return state->step;
+}
+
+absl::Status Trainer::LoadInitialWeights(const std::string& path) {
+  absl::StatusOr<model::GptConfig> config =
+      model::MakeGptConfig(spec_.model.layers, spec_.model.heads, spec_.model.dim,
+                           spec_.model.context, spec_.model.vocab);
+  if (!config.ok()) return config.status();
+  absl::StatusOr<std::vector<float>> whole = checkpoint::LoadModelWeights(path, *config);
+  if (!whole.ok()) {
+    return absl::Status(whole.status().code(),
+                        absl::StrCat("model.init: ", whole.status().message()));
+  }
+  // This rank's share, as Restore reads a checkpoint's: the strategy's load
+  // ranges of its slice, in the whole model's coordinates, in local order;
+  // AdamW starts from zero moments at step 0.
+  std::vector<float> params;
+  ForEachGlobalPiece(engine_->layout(), strategy_->LoadRanges(), {},
+                     [&](size_t, size_t global, size_t n) {
+                       params.insert(params.end(), whole->begin() + global,
+                                     whole->begin() + global + n);
+                     });
+  const std::vector<float> zeros(params.size(), 0.0f);
+  return strategy_->Restore(params, zeros, zeros, 0);
 }
 
 absl::StatusOr<absl::Span<const float>> Trainer::WholeModel() {

@@ -175,6 +175,9 @@ class Trainer {
 
  private:
   Trainer(JobSpec spec, int rank) : spec_(std::move(spec)), rank_(rank) {}
+  // spec.model.init: the whole model's weights from `path`
+  // (checkpoint::LoadModelWeights), this rank's share into the strategy.
+  absl::Status LoadInitialWeights(const std::string& path);
   // Installs the tensor/pipeline parts on a composed trainer.
   absl::Status AttachModelParallel(std::unique_ptr<parallel::Mesh> mesh,
                                    std::unique_ptr<parallel::TensorParallelGroup> tp,

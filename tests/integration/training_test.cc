@@ -334,6 +334,40 @@ TEST_F(TrainingTest, PreparedGpt2ShardsTrainAndSample) {
   ASSERT_EQ(s.exit_code, 0) << s.err;
   std::cout << "sample: " << s.out << std::endl;
   EXPECT_NE(s.out.find("\"text\": \"Q: What is the meaning of life?"), std::string::npos) << s.out;
+
+  // Out in Hugging Face's layout, and back in as a new job's model.init: with
+  // a learning rate too small to move an fp32 weight (1e-30), its weights
+  // stay the source's bit for bit and its first validation equals the
+  // source's last.
+  const std::string hf = dir.path() + "/hf";
+  CommandResult e = RunCommand({SHARDTRAIN_CLI_BIN, "export", dir.path(), "--out", hf});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  std::cout << e.out;
+  for (const char* f : {"model.safetensors", "config.json", "vocab.json", "merges.txt"}) {
+    EXPECT_TRUE(std::filesystem::exists(hf + "/" + f)) << f;
+  }
+  CommandResult again_export = RunCommand({SHARDTRAIN_CLI_BIN, "export", dir.path(), "--out", hf});
+  EXPECT_EQ(again_export.exit_code, 1) << again_export.err;  // not over an export
+  const std::map<int, double> source_val = ValLosses(r.out);
+  ASSERT_EQ(source_val.count(20), 1u) << r.out;
+  CommandResult ft = RunCommand(
+      {SHARDTRAIN_CLI_BIN, "local", SourceDir() + "/examples/fortunes-tiny.yaml", "--workers", "1",
+       "--output", "json", "--set", "model.vocab=50257", "--set", "model.dim=64", "--set",
+       "model.layers=2", "--set", "model.init=" + hf, "--set", "data.train=" + out + "/train",
+       "--set", "data.val=" + out + "/val", "--set", "data.format=llmc", "--set",
+       "data.tokenizer=gpt2", "--set", "eval.every=1", "--set", "steps=1", "--set",
+       "optimizer.lr=1e-30", "--set", "checkpoint.dir=" + dir.path() + "/init"},
+      seconds(300));
+  ASSERT_EQ(ft.exit_code, 0) << ft.out << ft.err;
+  const std::map<int, double> init_val = ValLosses(ft.out);
+  ASSERT_EQ(init_val.count(1), 1u) << ft.out;
+  std::cout << "model.init from the export: val " << init_val.at(1) << ", the source's last "
+            << source_val.at(20) << std::endl;
+  EXPECT_NEAR(init_val.at(1), source_val.at(20), 1e-6 * source_val.at(20));
+  auto a = checkpoint::LoadWeights(dir.path() + "/final.weights");
+  auto b = checkpoint::LoadWeights(dir.path() + "/init/final.weights");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->params, b->params);
 }
 
 // examples/fortunes-3d.yaml (dp2 × tp2 × pp2, 1F1B, ZeRO-1) through the
