@@ -175,7 +175,7 @@ void PaperExample() {
   const double paper[4] = {120, 31.4, 16.6, 1.9};
   JobSpec s;
   s.name = "zero-paper";
-  s.model = {"", 36, 32, 4096, 2048, 50257};
+  s.model = {"", 36, 32, 4096, 2048, 50257, ""};
   s.batch = {64, 1, 1024};
   s.parallel.dp = 64;
   s.precision = Precision::kBf16;

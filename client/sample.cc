@@ -20,8 +20,9 @@
 
 namespace shardtrain::client {
 
-absl::StatusOr<checkpoint::LoadedWeights> LoadWeightsFrom(const std::string& path,
-                                                          std::string* from) {
+namespace {
+
+absl::StatusOr<checkpoint::LoadedWeights> LoadAny(const std::string& path, std::string* from) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(path)) {
     *from = path;
@@ -50,15 +51,22 @@ absl::StatusOr<checkpoint::LoadedWeights> LoadWeightsFrom(const std::string& pat
   return checkpoint::LoadedWeights{manifest->config, std::move(state->params)};
 }
 
+}  // namespace
+
+absl::StatusOr<checkpoint::LoadedWeights> LoadWeightsFrom(const std::string& path,
+                                                          std::string* from) {
+  absl::StatusOr<checkpoint::LoadedWeights> w = LoadAny(path, from);
+  // Missing weights: not found (exit 3); unreadable ones: a bad argument (2).
+  if (!w.ok() && !absl::IsNotFound(w.status())) {
+    return absl::InvalidArgumentError(w.status().message());
+  }
+  return w;
+}
+
 int Sample(const GlobalFlags& g, const SampleOptions& o) {
   std::string path;
   auto weights = LoadWeightsFrom(o.checkpoint, &path);
-  if (!weights.ok()) {
-    // Missing weights: not found (3); unreadable ones: a bad argument (2).
-    return ReportError(g, absl::IsNotFound(weights.status())
-                              ? weights.status()
-                              : absl::InvalidArgumentError(weights.status().message()));
-  }
+  if (!weights.ok()) return ReportError(g, weights.status());
   // The tokenizer the model was trained with, by its vocabulary: bytes for
   // 256, GPT-2's BPE from 50257 (padded vocabularies included).
   std::unique_ptr<Gpt2Bpe> bpe;
@@ -118,11 +126,7 @@ int Export(const GlobalFlags& g, const ExportOptions& o) {
   }
   std::string from;
   auto weights = LoadWeightsFrom(o.source, &from);
-  if (!weights.ok()) {
-    return ReportError(g, absl::IsNotFound(weights.status())
-                              ? weights.status()
-                              : absl::InvalidArgumentError(weights.status().message()));
-  }
+  if (!weights.ok()) return ReportError(g, weights.status());
   // The tokenizer's files first: a missing vocabulary fails before anything
   // is written.
   std::string vocab_text, merges_text;

@@ -27,7 +27,8 @@ int Sample(const GlobalFlags& g, const SampleOptions& o);
 // Weights from a final.weights file, or from a sharded checkpoint: a step-N
 // directory, or a checkpoint directory (final.weights if present, else its
 // newest commit whose shards verify). *from gets the file or step directory
-// read. NOT_FOUND when there is none.
+// read. NOT_FOUND when there is none; INVALID_ARGUMENT (a bad argument, exit
+// 2) when what is there cannot be read as weights.
 absl::StatusOr<checkpoint::LoadedWeights> LoadWeightsFrom(const std::string& path,
                                                           std::string* from);
 

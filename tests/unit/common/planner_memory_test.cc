@@ -91,7 +91,7 @@ TEST(PlanMemoryTest, ZeroStagesOnDataParallelOnly) {
 TEST(PlanMemoryTest, FortunesDdpByHand) {
   // L=4 NH=4 C=128 context=128 V=Vp=256, dp 4, fp32, ZeRO-0, micro 8, T 64.
   JobSpec s = SmallSpec(4, 1, 1);
-  s.model = {"", 4, 4, 128, 128, 256};
+  s.model = {"", 4, 4, 128, 128, 256, ""};
   s.batch = {32, 8, 64};
   const v1::Plan p = *MakePlan(s, 4);
   // embeddings (256+128)·128 = 49152; block 12·128² + 13·128 = 198272; final 256.
@@ -136,7 +136,7 @@ TEST(PlanMemoryTest, ZeroPaperExample) {
 // more per element, sharded from ZeRO-2 on): 18, 6 + 12/64, 2 + 16/64, 18/64.
 TEST(PlanMemoryTest, ZeroPaperExampleThroughMakePlan) {
   JobSpec s = SmallSpec(64, 1, 1);
-  s.model = {"", 36, 32, 4096, 2048, 50257};
+  s.model = {"", 36, 32, 4096, 2048, 50257, ""};
   s.batch = {64, 1, 1024};
   s.precision = Precision::kBf16;
   const double want[4] = {18, 6 + 12.0 / 64, 2 + 16.0 / 64, 18.0 / 64};

@@ -361,7 +361,7 @@ TEST(PlanShardsTest, OddUnitSizesAnyDp) {
   for (int dp = 1; dp <= 16; ++dp) {
     SCOPED_TRACE(testing::Message() << "dp " << dp);
     JobSpec s = SmallSpec(dp, 1, 1);
-    s.model = {"", /*layers=*/2, /*heads=*/1, /*dim=*/5, /*context=*/3, /*vocab=*/7};
+    s.model = {"", /*layers=*/2, /*heads=*/1, /*dim=*/5, /*context=*/3, /*vocab=*/7, /*init=*/""};
     s.batch = {/*global=*/dp, /*micro=*/1, /*seq_len=*/3};
     absl::StatusOr<v1::Plan> p = MakePlan(s, dp);
     ASSERT_TRUE(p.ok()) << p.status();
@@ -370,7 +370,7 @@ TEST(PlanShardsTest, OddUnitSizesAnyDp) {
   // One exact case: final (10 elements) over 16 ranks: 15 empty shards, the
   // last rank holds all 10.
   JobSpec s = SmallSpec(16, 1, 1);
-  s.model = {"", 2, 1, 5, 3, 7};
+  s.model = {"", 2, 1, 5, 3, 7, ""};
   s.batch = {16, 1, 3};
   const v1::ShardUnit u = MakePlan(s, 16)->units(3);
   ASSERT_EQ(u.name(), "final");

@@ -36,7 +36,7 @@ inline std::string ReadFile(const std::string& path) {
 inline JobSpec SmallSpec(int dp, int tp, int pp) {
   JobSpec s;
   s.name = "small";
-  s.model = {"", /*layers=*/5, /*heads=*/12, /*dim=*/96, /*context=*/16, /*vocab=*/150};
+  s.model = {"", /*layers=*/5, /*heads=*/12, /*dim=*/96, /*context=*/16, /*vocab=*/150, /*init=*/""};
   s.data.train = "data/x.txt";
   s.batch = {/*global=*/48, /*micro=*/2, /*seq_len=*/16};
   s.parallel.dp = dp;
