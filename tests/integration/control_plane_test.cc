@@ -100,6 +100,17 @@ TEST(ControlPlaneTest, GangScheduledOnDistinctWorkersAndSurvivesKill9) {
   const std::string before = JobState(c.address(), job);
   EXPECT_TRUE(before == "SCHEDULED" || before == "RUNNING") << before;
   EXPECT_EQ(JobState(c.address(), Trim(second.out)), "PENDING");
+  // Past the rendezvous (it runs through the coordinator's KV, which a
+  // restart empties, so a generation caught in it re-gangs by design): the
+  // first step reported.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const std::string out = Cli({"status", job}, c.address()).out;
+        return out.find("progress step ") != std::string::npos &&
+               out.find("progress step 0/") == std::string::npos;
+      },
+      seconds(30)))
+      << Cli({"status", job}, c.address()).out;
 
   // kill -9, restart on the same state dir and port.
   const int port = c.port;
