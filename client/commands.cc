@@ -124,6 +124,12 @@ std::string CheckpointDirWarning(const JobSpec& spec) {
          "--set checkpoint.dir=DIR) to keep them";
 }
 
+std::string ValidationWarning(const JobSpec& spec) {
+  if (spec.data.val.empty() || spec.eval.every > 0) return "";
+  return "data.val without eval.every: validation runs after the last step only; set eval.every "
+         "(or --set eval.every=N) to evaluate every N steps";
+}
+
 absl::Status ReadSpec(const std::string& path, std::string* text) {
   absl::Status s = ReadFile(path, text);
   if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("spec file: ", s.message()));
@@ -155,6 +161,7 @@ int Submit(const GlobalFlags& g, const std::string& spec_path, const std::vector
   // The coordinator accepted the spec, so it parses here too.
   if (auto spec = ParseJobSpec(req.spec_yaml(), sets); spec.ok()) {
     if (std::string w = CheckpointDirWarning(*spec); !w.empty()) Warn(g, w);
+    if (std::string w = ValidationWarning(*spec); !w.empty()) Warn(g, w);
   }
   WarnOnSplitCheckpointRoots(g, resp.job());
   return wait ? Watch(g, resp.job().job_id()) : 0;

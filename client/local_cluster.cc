@@ -165,6 +165,7 @@ class LocalRun {
     absl::StatusOr<JobSpec> spec = ParseJobSpec(text, o_.sets);
     if (!spec.ok()) return ReportError(g_, spec.status());
     if (std::string w = CheckpointDirWarning(*spec); !w.empty()) Warn(g_, w);
+    if (std::string w = ValidationWarning(*spec); !w.empty()) Warn(g_, w);
     const int workers = o_.workers > 0 ? o_.workers : spec->World();
     if (workers < spec->World()) {
       return ReportError(g_, absl::InvalidArgumentError(absl::StrFormat(

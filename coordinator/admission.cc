@@ -74,7 +74,22 @@ absl::Status CheckRegisterRequest(const v1::RegisterWorkerRequest& req) {
           absl::StrCat(name, ": ", value->size(), " bytes, at most ", kMaxPathBytes));
     }
   }
+  if (req.threads() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("threads: ", req.threads(), ", must be >= 0"));
+  }
+  if (req.host_memory_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host_memory_bytes: ", req.host_memory_bytes(), ", must be >= 0"));
+  }
   for (const v1::Device& d : req.devices()) {
+    if (d.kind() != "cpu" && d.kind() != "cuda") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "devices.kind: \"", d.kind().substr(0, 32), "\", must be cpu or cuda"));
+    }
+    if (d.memory_bytes() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("devices.memory_bytes: ", d.memory_bytes(), ", must be >= 0"));
+    }
     for (const std::string* v : {&d.name(), &d.kind(), &d.model()}) {
       if (v->size() > kMaxPathBytes) {
         return absl::InvalidArgumentError(

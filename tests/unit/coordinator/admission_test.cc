@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
+#include <string>
+#include <utility>
 
 #include "common/text_bounds.h"
 #include "coordinator/coordinator.h"
@@ -194,6 +197,37 @@ TEST_F(AdmissionTest, SmallJobBackfillsPastAnUnsatisfiableHeadWhichStillRunsFirs
   EXPECT_EQ(Job(later.job_id()).pending_reason(), "waiting for 1 cpu workers, 0 free");
   ASSERT_TRUE(core_->CancelJob(later.job_id(), "").ok());
   EXPECT_EQ(Job(later.job_id()).pending_reason(), "");  // ended: waits no more
+}
+
+// A registration must describe a device this coordinator can schedule:
+// unknown kinds and negative counts are refused naming the field, and
+// nothing is registered.
+TEST_F(AdmissionTest, RegistrationWithImpossibleFieldsIsRefusedNamingTheField) {
+  auto attempt = [&](const std::function<void(v1::RegisterWorkerRequest&)>& edit) {
+    v1::RegisterWorkerRequest r;
+    r.set_host("h");
+    r.set_collective_address("127.0.0.1");
+    r.add_devices()->set_kind("cpu");
+    edit(r);
+    return core_->RegisterWorker(r).status();
+  };
+  const std::pair<std::function<void(v1::RegisterWorkerRequest&)>, std::string> cases[] = {
+      {[](auto& r) { r.mutable_devices(0)->set_kind("tpu"); },
+       "devices.kind: \"tpu\", must be cpu or cuda"},
+      {[](auto& r) { r.mutable_devices(0)->set_kind(""); }, "devices.kind: \"\", must be cpu or cuda"},
+      {[](auto& r) { r.set_threads(-5); }, "threads: -5, must be >= 0"},
+      {[](auto& r) { r.set_host_memory_bytes(-1); }, "host_memory_bytes: -1, must be >= 0"},
+      {[](auto& r) { r.mutable_devices(0)->set_memory_bytes(-1); },
+       "devices.memory_bytes: -1, must be >= 0"},
+  };
+  for (const auto& [edit, message] : cases) {
+    const absl::Status s = attempt(edit);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_EQ(s.message(), message);
+  }
+  const v1::ListWorkersResponse workers = core_->ListWorkers();
+  EXPECT_EQ(workers.workers_size(), 0);
+  EXPECT_TRUE(attempt([](auto& r) { r.mutable_devices(0)->set_kind("cuda"); }).ok());
 }
 
 TEST_F(AdmissionTest, PrecisionOrDeviceNoRegisteredWorkerSupportsIsRefused) {
