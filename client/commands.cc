@@ -125,9 +125,9 @@ std::string CheckpointDirWarning(const JobSpec& spec) {
 }
 
 std::string ValidationWarning(const JobSpec& spec) {
-  if (spec.data.val.empty() || spec.eval.every > 0) return "";
-  return "data.val without eval.every: validation runs after the last step only; set eval.every "
-         "(or --set eval.every=N) to evaluate every N steps";
+  if (spec.data.val.empty() || spec.eval.every != spec.steps || spec.steps == 1) return "";
+  return "data.val: validation runs after the last step only (eval.every = steps); set "
+         "eval.every (or --set eval.every=N) to evaluate every N steps";
 }
 
 absl::Status ReadSpec(const std::string& path, std::string* text) {

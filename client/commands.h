@@ -68,8 +68,8 @@ void Warn(const GlobalFlags& g, const std::string& message);
 // The warning for a spec without checkpoint.dir, whose trained weights are
 // dropped at the end; empty when the spec has a checkpoint.dir.
 std::string CheckpointDirWarning(const JobSpec& spec);
-// The warning for data.val without eval.every (validation runs after the
-// last step only); empty otherwise.
+// The warning for a spec whose data.val is evaluated after the last step
+// only (eval.every = steps, its default with data.val); empty otherwise.
 std::string ValidationWarning(const JobSpec& spec);
 // Reads a spec file; the error names the path.
 absl::Status ReadSpec(const std::string& path, std::string* text);

@@ -486,8 +486,10 @@ absl::Status ParseCheckpoint(const Node& root, CheckpointSpec* c) {
   return absl::OkStatus();
 }
 
-absl::Status ParseEval(const Node& root, const DataSpec& data, EvalSpec* e) {
+absl::Status ParseEval(const Node& root, const DataSpec& data, int steps, EvalSpec* e) {
   SHARDTRAIN_ASSIGN_OR_RETURN(Node n, Section(root, "eval"));
+  // data.val without eval.every: evaluated after the last step only.
+  if (!data.val.empty() && !Present(n, "every")) e->every = steps;
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "eval", "every", 0, &e->every));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "eval", "batches", 1, &e->batches));
   if (e->every > 0 && data.val.empty()) {
@@ -539,7 +541,7 @@ absl::Status ParseAll(const Node& root, JobSpec* spec) {
   SHARDTRAIN_RETURN_IF_ERROR(Require(root, "", "steps"));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(root, "", "steps", 1, &spec->steps));
   SHARDTRAIN_RETURN_IF_ERROR(ParseCheckpoint(root, &spec->checkpoint));
-  SHARDTRAIN_RETURN_IF_ERROR(ParseEval(root, spec->data, &spec->eval));
+  SHARDTRAIN_RETURN_IF_ERROR(ParseEval(root, spec->data, spec->steps, &spec->eval));
   if (Present(root, "seed")) {
     SHARDTRAIN_ASSIGN_OR_RETURN(int64_t seed, ParseInt(root["seed"], "seed"));
     if (seed < 0) return FieldError("seed", "must be >= 0, got ", seed);

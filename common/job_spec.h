@@ -119,8 +119,8 @@ struct CheckpointSpec {
 // set is the same whatever dp and batch.micro (as a step's batch is), so the
 // job's val_loss, their mean token loss, is too (worker/trainer.h).
 struct EvalSpec {
-  int every = 0;    // steps between evaluations, >= 0 (0: after the last step only, when
-                    // data.val is set); > 0 requires data.val
+  int every = 0;    // steps between evaluations, >= 0 (0 = never); > 0 requires data.val;
+                    // default: steps (after the last step only) when data.val is set
   int batches = 2;  // batches of batch.global sequences per evaluation, >= 1
 };
 

@@ -117,8 +117,7 @@ void ForEachGlobalPiece(const model::ParamLayout& layout, const parallel::FlatRa
 }  // namespace
 
 bool EvalDue(const JobSpec& spec, int64_t step) {
-  if (spec.data.val.empty()) return false;
-  return step == spec.steps || (spec.eval.every > 0 && step % spec.eval.every == 0);
+  return spec.eval.every > 0 && (step % spec.eval.every == 0 || step == spec.steps);
 }
 
 std::string FinalWeightsPath(const JobSpec& spec) {
@@ -144,7 +143,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   auto tokens = LoadData(spec, "data.train", spec.data.train);
   if (!tokens.ok()) return tokens.status();
   std::vector<uint16_t> val_tokens;
-  if (!spec.data.val.empty()) {
+  if (spec.eval.every > 0) {
     auto val = LoadData(spec, "data.val", spec.data.val);
     if (!val.ok()) return val.status();
     val_tokens = *std::move(val);
@@ -246,7 +245,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Compose(const JobSpec& spec, i
       data::BatchSampler::Create(&t->tokens_, spec.seed, spec.batch.global, spec.batch.seq_len);
   if (!sampler.ok()) return sampler.status();
   t->sampler_ = std::make_unique<data::BatchSampler>(*std::move(sampler));
-  if (!spec.data.val.empty()) {
+  if (spec.eval.every > 0) {
     t->val_tokens_ = std::move(val_tokens);
     auto eval = data::EvalSampler::Create(
         &t->val_tokens_, int64_t(spec.eval.batches) * spec.batch.global, spec.batch.seq_len);
@@ -351,7 +350,7 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
 
 absl::StatusOr<double> Trainer::Evaluate() {
   if (eval_sampler_ == nullptr) {
-    return absl::FailedPreconditionError("eval: no validation data (data.val)");
+    return absl::FailedPreconditionError("eval: no validation data (data.val, eval.every > 0)");
   }
   const int B = spec_.batch.micro, T = spec_.batch.seq_len;
   const int64_t count = eval_sampler_->count();  // eval.batches × global: B · dp divides it

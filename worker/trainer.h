@@ -79,9 +79,8 @@ struct StepResult {
   double loss_scale = 0;  // 0 when no loss scaling is used
 };
 
-// Whether step `step` (1-based) ends with an evaluation: with data.val, the
-// last step and, when eval.every > 0, every step it divides (eval.every 0
-// evaluates after the last step only).
+// Whether step `step` (1-based) ends with an evaluation: eval.every > 0 and
+// it divides the step, or the step is the last one.
 bool EvalDue(const JobSpec& spec, int64_t step);
 
 // Bytes one rank holds, by kind: the strategy's model state and the
@@ -107,7 +106,7 @@ class Trainer {
   // outlive the trainer; used as the dp group itself when tp = pp = 1), the
   // CPU engine on this rank's slice with `threads` threads, the strategy
   // parallel.zero asks for over the dp group, the pipeline executor when
-  // pp > 1, the training tokens of data.train and, when the spec has one, of
+  // pp > 1, the training tokens of data.train and, when eval.every > 0, of
   // data.val (errors name the field and the file). Collective when the
   // mesh has tp or pp groups (Mesh::Create).
   // `gpu`: the CUDA device ordinal this worker drives (resources.device:
@@ -117,8 +116,8 @@ class Trainer {
   // Composes a trainer from given parts (tests pass fakes). `make_strategy`
   // builds the data-parallel strategy over the engine. Initialises the
   // parameters from spec.seed through the strategy. `val_tokens` is
-  // data.val's, required (InvalidArgument naming data.val) when the spec
-  // has data.val.
+  // data.val's, required (InvalidArgument naming data.val) when
+  // eval.every > 0.
   using StrategyFactory = std::function<absl::StatusOr<std::unique_ptr<parallel::DataParallel>>(
       engine::Engine* engine)>;
   static absl::StatusOr<std::unique_ptr<Trainer>> Compose(const JobSpec& spec, int rank,
@@ -195,7 +194,7 @@ class Trainer {
   std::vector<uint16_t> tokens_;
   std::unique_ptr<data::BatchSampler> sampler_;
   std::vector<uint16_t> val_tokens_;
-  std::unique_ptr<data::EvalSampler> eval_sampler_;  // null without data.val
+  std::unique_ptr<data::EvalSampler> eval_sampler_;  // null when eval.every == 0
   // Tensor and pipeline parallelism (null without): the mesh's groups and
   // the engine's tp group, declared before what uses them (destroyed after).
   std::unique_ptr<parallel::Mesh> mesh_;

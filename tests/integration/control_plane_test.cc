@@ -390,17 +390,18 @@ TEST(ControlPlaneTest, SubmitWithoutCheckpointDirSaysTheWeightsAreNotKept) {
       Cli({"submit", kTinySpec, "--set", "checkpoint.dir=" + dir.path() + "/ckpt"}, c.address());
   EXPECT_EQ(kept.exit_code, 0) << kept.err;
   EXPECT_EQ(kept.err, "");
-  // data.val without eval.every: said at submit (it evaluates after the last
-  // step only); with eval.every, nothing to say.
+  // data.val without eval.every: evaluated after the last step only, and
+  // said at submit; with eval.every, nothing to say.
   const std::string ckpt = "checkpoint.dir=" + dir.path() + "/ckpt";
   CommandResult end_only =
       Cli({"submit", kTinySpec, "--set", ckpt, "--set", "data.val=val.txt"}, c.address());
   EXPECT_EQ(end_only.exit_code, 0) << end_only.err;
   EXPECT_EQ(end_only.err,
-            "shardtrain: warning: data.val without eval.every: validation runs after the last "
-            "step only; set eval.every (or --set eval.every=N) to evaluate every N steps\n");
+            "shardtrain: warning: data.val: validation runs after the last step only "
+            "(eval.every = steps); set eval.every (or --set eval.every=N) to evaluate every N "
+            "steps\n");
   CommandResult every = Cli({"submit", kTinySpec, "--set", ckpt, "--set", "data.val=val.txt",
-                             "--set", "eval.every=5"},
+                             "--set", "eval.every=2"},
                             c.address());
   EXPECT_EQ(every.exit_code, 0) << every.err;
   EXPECT_EQ(every.err, "");

@@ -332,6 +332,15 @@ TEST(JobSpecTest, EvalNeedsValidationData) {
   EXPECT_NE(JobSpecToYaml(*set).find("eval:\n  every: 4\n  batches: 1\n"), std::string::npos)
       << JobSpecToYaml(*set);
   EXPECT_FALSE(*set == *off);
+  // data.val without eval.every: evaluated after the last step only
+  // (every = steps, also after a steps override); the canonical YAML keeps it.
+  auto end_only = ParseJobSpec(Make(), {"data.val=v.txt", "steps=7"});
+  ASSERT_TRUE(end_only.ok()) << end_only.status();
+  EXPECT_EQ(end_only->eval.every, 7);
+  ExpectRoundTrip(JobSpecToYaml(*end_only), "eval.every defaulted to steps");
+  auto no_val = ParseJobSpec(Make());
+  ASSERT_TRUE(no_val.ok()) << no_val.status();
+  EXPECT_EQ(no_val->eval.every, 0);
 }
 
 struct BadOverride {
