@@ -17,6 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "common/process.h"
+#include "tests/unit/common/gpt2_test_util.h"
+
 #ifndef SHARDTRAIN_GPT2_VOCAB_DIR
 #error "SHARDTRAIN_GPT2_VOCAB_DIR must be defined by CMake"
 #endif
@@ -25,23 +28,13 @@ namespace shardtrain {
 namespace {
 namespace fs = std::filesystem;
 
-const Gpt2Bpe& Bpe() {
-  static const Gpt2Bpe* bpe = [] {
-    auto b = Gpt2Bpe::LoadDir(SHARDTRAIN_GPT2_VOCAB_DIR);
-    if (!b.ok()) {
-      ADD_FAILURE() << b.status() << " (scripts/setup installs GPT-2's vocabulary)";
-      std::abort();
-    }
-    return b->release();
-  }();
-  return *bpe;
-}
+const Gpt2Bpe& Bpe() { return testing::TestGpt2Bpe(); }
 
+// The file's bytes ("" when unreadable: the comparisons then fail).
 std::string ReadAll(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  std::string out;
+  ReadFile(p.string(), &out).IgnoreError();
+  return out;
 }
 
 // The reference's ids for `text` (valid UTF-8): node runs gpt-3-encoder's
@@ -49,9 +42,7 @@ std::string ReadAll(const fs::path& p) {
 std::vector<int> ReferenceIds(const std::string& text) {
   const fs::path dir = fs::temp_directory_path() / ("shardtrain_bpe_" + std::to_string(getpid()));
   fs::create_directories(dir);
-  {
-    std::ofstream(dir / "in.txt", std::ios::binary) << text;
-  }
+  { std::ofstream(dir / "in.txt", std::ios::binary) << text; }
   const fs::path module = fs::path(SHARDTRAIN_GPT2_VOCAB_DIR);
   const std::string cmd = "node -e \"const {encode} = require('" + module.string() +
                           "'); const fs = require('fs'); fs.writeFileSync('" +
@@ -137,7 +128,8 @@ TEST(Gpt2BpeTest, ErrorsNameTheFileAndTheEntry) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("token 1: id 50257"), std::string::npos) << bad.status();
 
-  const fs::path dir = fs::temp_directory_path() / ("shardtrain_bpe_err_" + std::to_string(getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("shardtrain_bpe_err_" + std::to_string(getpid()));
   fs::create_directories(dir);
   auto missing = Gpt2Bpe::LoadDir(dir.string());
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();

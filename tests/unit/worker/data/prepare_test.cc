@@ -11,11 +11,12 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/gpt2_bpe.h"
+#include "common/process.h"
+#include "tests/unit/common/gpt2_test_util.h"
 #include "worker/data/tokens.h"
 
 #ifndef SHARDTRAIN_FORTUNES_PATH
@@ -26,23 +27,13 @@ namespace shardtrain::data {
 namespace {
 namespace fs = std::filesystem;
 
-const Gpt2Bpe& Bpe() {
-  static const Gpt2Bpe* bpe = [] {
-    auto b = LoadGpt2Vocabulary();
-    if (!b.ok()) {
-      ADD_FAILURE() << b.status();
-      std::abort();
-    }
-    return b->release();
-  }();
-  return *bpe;
-}
+const Gpt2Bpe& Bpe() { return testing::TestGpt2Bpe(); }
 
+// The file's bytes ("" when unreadable: the comparisons then fail).
 std::string ReadAll(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  std::string out;
+  ReadFile(p.string(), &out).IgnoreError();
+  return out;
 }
 
 std::vector<uint16_t> Expected(const std::vector<std::string>& docs) {
