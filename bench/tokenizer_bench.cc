@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
       "', 'utf8'); let best = 1e9, n = 0; for (let i = 0; i < " + std::to_string(repeat) +
       "; ++i) { const t0 = process.hrtime.bigint(); n = encode(t).length; const s = "
       "Number(process.hrtime.bigint() - t0) / 1e9; if (s < best) best = s; } "
-      "fs.writeFileSync('" + (tmp / "ref.txt").string() + "', best + ' ' + n);\"";
+      "fs.writeFileSync('" +
+      (tmp / "ref.txt").string() + "', best + ' ' + n);\"";
   double ref_s = 0;
   long ref_tokens = 0;
   if (std::system(cmd.c_str()) == 0) {

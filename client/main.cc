@@ -192,9 +192,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"gpt2", "byte"}));
   prepare->add_option("--val", prep.val, "held-out text files or directories (repeatable)");
-  prepare->add_option("--val-fraction", prep.val_fraction,
-                      "hold out the last fraction of the input bytes as validation data, cut at "
-                      "a line start")
+  prepare
+      ->add_option("--val-fraction", prep.val_fraction,
+                   "hold out the last fraction of the input bytes as validation data, cut at "
+                   "a line start")
       ->check(CLI::Range(0.0, 0.999999))
       ->excludes("--val");
   prepare->add_option("--shard-tokens", prep.shard_tokens, "tokens per shard file")

@@ -8,8 +8,8 @@
 #include "client/output.h"
 #include "common/gpt2_bpe.h"
 #include "common/process.h"
-#include "worker/checkpoint/hf_gpt2.h"
 #include "worker/checkpoint/directory.h"
+#include "worker/checkpoint/hf_gpt2.h"
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/storage.h"
@@ -116,13 +116,14 @@ namespace shardtrain::client {
 int Export(const GlobalFlags& g, const ExportOptions& o) {
   namespace fs = std::filesystem;
   if (o.format != "safetensors") {
-    return ReportError(g, absl::InvalidArgumentError(
-                              absl::StrCat("--format: ", o.format, " (only safetensors)")));
+    return ReportError(
+        g, absl::InvalidArgumentError(absl::StrCat("--format: ", o.format, " (only safetensors)")));
   }
   std::error_code ec;
   if (fs::exists(o.out, ec) && !fs::is_empty(o.out, ec)) {
-    return ReportError(g, absl::AlreadyExistsError(absl::StrCat(
-                              o.out, " exists and is not empty: remove it or choose another --out")));
+    return ReportError(
+        g, absl::AlreadyExistsError(
+               absl::StrCat(o.out, " exists and is not empty: remove it or choose another --out")));
   }
   std::string from;
   auto weights = LoadWeightsFrom(o.source, &from);
@@ -140,15 +141,15 @@ int Export(const GlobalFlags& g, const ExportOptions& o) {
   }
   fs::create_directories(o.out, ec);
   if (ec) {
-    return ReportError(g, absl::UnavailableError(
-                              absl::StrCat("cannot create ", o.out, ": ", ec.message())));
+    return ReportError(
+        g, absl::UnavailableError(absl::StrCat("cannot create ", o.out, ": ", ec.message())));
   }
   const std::string model = o.out + "/model.safetensors";
-  absl::Status s = checkpoint::WriteSafetensors(
-      model, checkpoint::ToHfGpt2(weights->config, weights->params),
-      {{"format", "pt"}, {"source", "shardtrain"}});
-  if (s.ok()) s = WriteFileAtomically(o.out + "/config.json",
-                                      checkpoint::HfGpt2ConfigJson(weights->config));
+  absl::Status s =
+      checkpoint::WriteSafetensors(model, checkpoint::ToHfGpt2(weights->config, weights->params),
+                                   {{"format", "pt"}, {"source", "shardtrain"}});
+  if (s.ok())
+    s = WriteFileAtomically(o.out + "/config.json", checkpoint::HfGpt2ConfigJson(weights->config));
   if (s.ok() && !vocab_text.empty()) {
     s = WriteFileAtomically(o.out + "/vocab.json", vocab_text);
     if (s.ok()) s = WriteFileAtomically(o.out + "/merges.txt", merges_text);
@@ -160,9 +161,9 @@ int Export(const GlobalFlags& g, const ExportOptions& o) {
               << ", \"format\": \"safetensors\", \"tokenizer_files\": "
               << (vocab_text.empty() ? "false" : "true") << "}" << std::endl;
   } else {
-    std::cout << "exported " << from << " (layers " << c.layers << ", heads " << c.heads
-              << ", dim " << c.dim << ", context " << c.context << ", vocab " << c.vocab
-              << ") to " << o.out << ": model.safetensors, config.json"
+    std::cout << "exported " << from << " (layers " << c.layers << ", heads " << c.heads << ", dim "
+              << c.dim << ", context " << c.context << ", vocab " << c.vocab << ") to " << o.out
+              << ": model.safetensors, config.json"
               << (vocab_text.empty() ? "" : ", vocab.json, merges.txt")
               << " (Hugging Face GPT-2 layout)" << std::endl;
   }

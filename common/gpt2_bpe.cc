@@ -96,9 +96,9 @@ absl::StatusOr<std::unique_ptr<Gpt2Bpe>> Gpt2Bpe::Load(const std::string& vocab_
   std::unique_ptr<Gpt2Bpe> bpe(new Gpt2Bpe());
   int error = 0;
   PCRE2_SIZE error_at = 0;
-  bpe->regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED,
-                                    PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error,
-                                    &error_at, nullptr);
+  bpe->regex_->code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED,
+                    PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error, &error_at, nullptr);
   if (bpe->regex_->code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof(message));
@@ -175,8 +175,8 @@ absl::StatusOr<std::unique_ptr<Gpt2Bpe>> Gpt2Bpe::Load(const std::string& vocab_
     auto ia = bpe->ids_.find(a), ib = bpe->ids_.find(b), iab = bpe->ids_.find(a + b);
     if (ia == bpe->ids_.end() || ib == bpe->ids_.end() || iab == bpe->ids_.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          merges_path, ":", line_no, ": \"", line, "\": ",
-          iab == bpe->ids_.end() ? "its merge" : "a part", " is not in ", vocab_path));
+          merges_path, ":", line_no, ": \"", line,
+          "\": ", iab == bpe->ids_.end() ? "its merge" : "a part", " is not in ", vocab_path));
     }
     bpe->merges_.try_emplace(PairKey(ia->second, ib->second), Merge{rank++, iab->second});
   }
@@ -188,8 +188,9 @@ namespace {
 // The vocabulary files in `dir`, or NOT_FOUND naming it.
 absl::StatusOr<Gpt2VocabularyFiles> FilesIn(const std::string& dir) {
   namespace fs = std::filesystem;
-  for (const auto& [vocab, merges] : {std::pair<const char*, const char*>{"encoder.json", "vocab.bpe"},
-                                      {"vocab.json", "merges.txt"}}) {
+  for (const auto& [vocab, merges] :
+       {std::pair<const char*, const char*>{"encoder.json", "vocab.bpe"},
+        {"vocab.json", "merges.txt"}}) {
     const fs::path v = fs::path(dir) / vocab, m = fs::path(dir) / merges;
     if (fs::exists(v) && fs::exists(m)) return Gpt2VocabularyFiles{v.string(), m.string()};
   }
@@ -243,7 +244,8 @@ void Gpt2Bpe::EncodePiece(std::string_view piece, std::vector<int>* out, Cache* 
     }
   }
   std::vector<int> word(piece.size());
-  for (size_t i = 0; i < piece.size(); ++i) word[i] = byte_id_[static_cast<unsigned char>(piece[i])];
+  for (size_t i = 0; i < piece.size(); ++i)
+    word[i] = byte_id_[static_cast<unsigned char>(piece[i])];
   // encoder.py's bpe(): merge every occurrence of the lowest-ranked pair,
   // left to right, until no pair has a rank.
   std::vector<int> merged;
@@ -311,9 +313,8 @@ absl::StatusOr<std::string> Gpt2Bpe::Decode(absl::Span<const int> ids) const {
   std::string out;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("token ", i, ": id ", ids[i],
-                                                     " is outside GPT-2's vocabulary [0, ",
-                                                     vocab_size(), ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token ", i, ": id ", ids[i], " is outside GPT-2's vocabulary [0, ", vocab_size(), ")"));
     }
     out += id_bytes_[ids[i]];
   }

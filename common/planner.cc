@@ -161,8 +161,8 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   const int dp = spec.parallel.dp, tp = spec.parallel.tp, pp = spec.parallel.pp;
   const bool mixed = IsMixed(spec.precision);
   const StateBytesPerElement per = EngineStateBytes(spec.precision);
-  const int64_t pb = per.params;  // param bytes/element (the compute dtype)
-  const int64_t gb = per.grads;   // gradients: fp32 on every engine
+  const int64_t pb = per.params;                    // param bytes/element (the compute dtype)
+  const int64_t gb = per.grads;                     // gradients: fp32 on every engine
   const int64_t ab = ComputeBytes(spec.precision);  // activations sent between ranks
   const int64_t BT = int64_t{spec.batch.micro} * spec.batch.seq_len, BTC = BT * cfg.dim;
   const int64_t Ls = shape.slice.num_layers;

@@ -83,8 +83,8 @@ absl::Status CheckRegisterRequest(const v1::RegisterWorkerRequest& req) {
   }
   for (const v1::Device& d : req.devices()) {
     if (d.kind() != "cpu" && d.kind() != "cuda") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "devices.kind: \"", d.kind().substr(0, 32), "\", must be cpu or cuda"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("devices.kind: \"", d.kind().substr(0, 32), "\", must be cpu or cuda"));
     }
     if (d.memory_bytes() < 0) {
       return absl::InvalidArgumentError(

@@ -400,9 +400,9 @@ TEST(ControlPlaneTest, SubmitWithoutCheckpointDirSaysTheWeightsAreNotKept) {
             "shardtrain: warning: data.val: validation runs after the last step only "
             "(eval.every = steps); set eval.every (or --set eval.every=N) to evaluate every N "
             "steps\n");
-  CommandResult every = Cli({"submit", kTinySpec, "--set", ckpt, "--set", "data.val=val.txt",
-                             "--set", "eval.every=2"},
-                            c.address());
+  CommandResult every = Cli(
+      {"submit", kTinySpec, "--set", ckpt, "--set", "data.val=val.txt", "--set", "eval.every=2"},
+      c.address());
   EXPECT_EQ(every.exit_code, 0) << every.err;
   EXPECT_EQ(every.err, "");
 }

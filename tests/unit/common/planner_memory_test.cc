@@ -125,8 +125,10 @@ TEST(PlanMemoryTest, ZeroPaperExample) {
   EXPECT_EQ(z2.optimizer, 12 * (psi / 64));
   const ModelStateBytes fp32 = ZeroMemoryBytes(1000, 3, 0, EngineStateBytes(Precision::kFp32));
   EXPECT_EQ(fp32.Total(), 16 * 1000);
-  EXPECT_EQ(ZeroMemoryBytes(1000, 3, 3, EngineStateBytes(Precision::kFp32)).Total(), 16 * 334);  // 333 + remainder 1
-  EXPECT_EQ(ZeroMemoryBytes(10, 4, 3, EngineStateBytes(Precision::kFp32)).Total(), 16 * 4);      // 2 + remainder 2
+  EXPECT_EQ(ZeroMemoryBytes(1000, 3, 3, EngineStateBytes(Precision::kFp32)).Total(),
+            16 * 334);  // 333 + remainder 1
+  EXPECT_EQ(ZeroMemoryBytes(10, 4, 3, EngineStateBytes(Precision::kFp32)).Total(),
+            16 * 4);  // 2 + remainder 2
 }
 
 // The same through MakePlan: a ~7.5B-parameter custom GPT (L=36, C=4096) on
