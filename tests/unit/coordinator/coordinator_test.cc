@@ -5,7 +5,6 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
 
 #include "common/metrics.h"
 #include "coordinator/service.h"
