@@ -5,7 +5,6 @@
 
 #include <gtest/gtest.h>
 
-
 #include "common/metrics.h"
 #include "coordinator/service.h"
 #include "coordinator/spec_validator.h"
