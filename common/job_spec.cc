@@ -33,8 +33,9 @@ namespace si = spec_internal;  // enum spellings and number format, shared with 
 const std::vector<absl::string_view> kTopKeys = {
     "name",  "model",      "data", "batch", "parallel",  "precision",    "optimizer",
     "steps", "checkpoint", "eval", "seed",  "resources", "max_restarts", "timeouts"};
-const std::vector<absl::string_view> kModelKeys = {"preset",  "layers", "heads", "dim",
-                                                   "context", "vocab",  "init"};
+const std::vector<absl::string_view> kModelKeys = {"preset", "layers",    "heads",
+                                                   "dim",    "context",   "vocab",
+                                                   "init",   "recompute", "recompute_layers"};
 const std::vector<absl::string_view> kDataKeys = {"train", "val", "format", "tokenizer"};
 const std::vector<absl::string_view> kBatchKeys = {"global", "micro", "seq_len"};
 const std::vector<absl::string_view> kParallelKeys = {
@@ -353,6 +354,12 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "context", 1, &m->context));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "vocab", 1, &m->vocab));
   SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, "model", "init", &m->init));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "model", "recompute", si::kRecomputes, &m->recompute));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "recompute_layers", 1, &m->recompute_layers));
+  if (m->recompute_layers > 0 && m->recompute == Recompute::kNone) {
+    return FieldError("model.recompute_layers",
+                      "needs model.recompute: selective or full (it is none)");
+  }
   return model::MakeGptConfig(m->layers, m->heads, m->dim, m->context, m->vocab).status();
 }
 

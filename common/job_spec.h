@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/model/activations.h"
 #include "common/parallel_dims.h"
 
 namespace shardtrain {
@@ -36,6 +37,7 @@ enum class Precision { kFp32, kBf16, kFp16 };           // "fp32" | "bf16" | "fp
 enum class OptimizerKind { kAdamW };                    // "adamw"
 enum class LrSchedule { kCosine, kConstant, kLinear };  // "cosine" | "constant" | "linear"
 enum class DeviceKind { kCpu, kCuda };                  // "cpu" | "cuda"
+using model::Recompute;                                 // "none" | "selective" | "full"
 
 // The spelling used in YAML for each enum value (static storage).
 std::string_view EnumName(DataFormat v);
@@ -46,6 +48,7 @@ std::string_view EnumName(Precision v);
 std::string_view EnumName(OptimizerKind v);
 std::string_view EnumName(LrSchedule v);
 std::string_view EnumName(DeviceKind v);
+std::string_view EnumName(Recompute v);
 
 // GPT shape. Shape letters used across the code base: L = layers,
 // NH = heads, C = dim, T = context (max sequence length), V = vocab.
@@ -62,6 +65,14 @@ struct ModelSpec {
   // model.safetensors, as `shardtrain export` writes) or a shardtrain
   // weights file, of this model's shape. Resolved like data.train.
   std::string init;
+  // Activation recomputation (common/model/activations.h): none keeps every
+  // block's activations for backward; selective recomputes the attention's
+  // T² probabilities; full keeps only each block's input and recomputes the
+  // block. recompute_layers: the first K blocks of each pipeline stage
+  // recompute (>= 1; -1, the default: all of them); needs selective or full.
+  Recompute recompute = Recompute::kNone;
+  int recompute_layers = -1;
+  model::ActivationPolicy Activations() const { return {recompute, recompute_layers}; }
 };
 
 struct DataSpec {

@@ -33,6 +33,8 @@ inline const EnumTable<LrSchedule> kLrSchedules = {{"cosine", LrSchedule::kCosin
                                                    {"linear", LrSchedule::kLinear}};
 inline const EnumTable<DeviceKind> kDevices = {{"cpu", DeviceKind::kCpu},
                                                {"cuda", DeviceKind::kCuda}};
+inline const EnumTable<Recompute> kRecomputes = {
+    {"none", Recompute::kNone}, {"selective", Recompute::kSelective}, {"full", Recompute::kFull}};
 
 template <typename E>
 inline std::string_view NameIn(const EnumTable<E>& table, E v) {

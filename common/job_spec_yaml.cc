@@ -36,10 +36,12 @@ std::string_view EnumName(Precision v) { return NameIn(spec_internal::kPrecision
 std::string_view EnumName(OptimizerKind v) { return NameIn(spec_internal::kOptimizers, v); }
 std::string_view EnumName(LrSchedule v) { return NameIn(spec_internal::kLrSchedules, v); }
 std::string_view EnumName(DeviceKind v) { return NameIn(spec_internal::kDevices, v); }
+std::string_view EnumName(Recompute v) { return NameIn(spec_internal::kRecomputes, v); }
 
 bool operator==(const ModelSpec& a, const ModelSpec& b) {
-  return std::tie(a.preset, a.layers, a.heads, a.dim, a.context, a.vocab) ==
-         std::tie(b.preset, b.layers, b.heads, b.dim, b.context, b.vocab);
+  return std::tie(a.preset, a.layers, a.heads, a.dim, a.context, a.vocab, a.init, a.recompute,
+                  a.recompute_layers) == std::tie(b.preset, b.layers, b.heads, b.dim, b.context,
+                                                  b.vocab, b.init, b.recompute, b.recompute_layers);
 }
 bool operator==(const DataSpec& a, const DataSpec& b) {
   return std::tie(a.train, a.val, a.format, a.tokenizer) ==
@@ -95,6 +97,10 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "context" << YAML::Value << s.model.context;
   out << YAML::Key << "vocab" << YAML::Value << s.model.vocab;
   if (!s.model.init.empty()) out << YAML::Key << "init" << YAML::Value << s.model.init;
+  out << YAML::Key << "recompute" << YAML::Value << std::string(EnumName(s.model.recompute));
+  if (s.model.recompute_layers > 0) {
+    out << YAML::Key << "recompute_layers" << YAML::Value << s.model.recompute_layers;
+  }
   out << YAML::EndMap;
 
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;

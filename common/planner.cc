@@ -189,7 +189,8 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   // pp - s on stage s.
   // Stored in the compute dtype (as llm.c's floatX), statistics in fp32.
   const model::ActivationTable acts(cfg, spec.batch.micro, spec.batch.seq_len, shape.slice,
-                                    mixed ? DataType::kBFloat16 : DataType::kFloat32);
+                                    mixed ? DataType::kBFloat16 : DataType::kFloat32,
+                                    spec.model.Activations());
   if (pp > 1)
     e.in_flight = spec.parallel.schedule == PipelineSchedule::kGpipe ? m : std::min(pp - s, m);
   mem.set_activations_bytes(acts.bytes(e.in_flight));

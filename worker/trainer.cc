@@ -162,6 +162,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   std::unique_ptr<parallel::TensorParallelGroup> tp;
   engine::cpu::GptOptions options;
   options.slice = model::SliceOf(*stages, coord.pp, dims->tp(), coord.tp);
+  options.activations = spec.model.Activations();
   options.slots = parallel::PeakInFlight(
       parallel::PipelineActions(ScheduleOf(spec), coord.pp, dims->pp(), split->accum));
   if (mesh != nullptr && mesh->tp() != nullptr) {

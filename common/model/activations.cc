@@ -2,35 +2,44 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace shardtrain::model {
 
 ActivationTable::ActivationTable(const GptConfig& config, int B, int T, const ModelSlice& slice,
-                                 DataType compute)
+                                 DataType compute, const ActivationPolicy& policy)
     : compute_(compute) {
   const int64_t BT = int64_t{B} * T, C = config.dim, tp = slice.tp;
   const int64_t Ct = C / tp, Vpt = config.padded_vocab / tp;  // tp-local widths
   const int64_t att = int64_t{B} * (config.heads / tp) * T * T;
   const int last = slice.end_layer(config);
   constexpr ActivationKind kSaved = ActivationKind::kSaved, kScratch = ActivationKind::kScratch;
+  // numel of each block tensor (kBlockActivations order).
+  const int64_t block_numel[] = {BT * C, BT, BT, BT * 3 * Ct, BT * Ct,     att,   BT * C,
+                                 BT * C, BT, BT, BT * 4 * Ct, BT * 4 * Ct, BT * C};
+  static_assert(std::size(kBlockActivations) == 13);
+  auto is_stat = [](const std::string& n) {
+    return absl::EndsWith(n, "_mean") || absl::EndsWith(n, "_rstd");
+  };
+  // Which block tensors a recomputing block refills rather than keeps.
+  auto refilled = [&](const std::string& n) {
+    if (policy.recompute == Recompute::kFull) return n != "residual3";
+    return policy.recompute == Recompute::kSelective && n == "att";
+  };
+  bool any_recomputed = false;
   for (int l = slice.first_layer; l < last; ++l) {
     const std::string b = absl::StrCat("block.", l, ".");
-    Add(b + "ln1", BT * C, kSaved);
-    Add(b + "ln1_mean", BT, kSaved, true);
-    Add(b + "ln1_rstd", BT, kSaved, true);
-    Add(b + "qkv", BT * 3 * Ct, kSaved);
-    Add(b + "atty", BT * Ct, kSaved);
-    Add(b + "att", att, kSaved);
-    Add(b + "residual2", BT * C, kSaved);
-    Add(b + "ln2", BT * C, kSaved);
-    Add(b + "ln2_mean", BT, kSaved, true);
-    Add(b + "ln2_rstd", BT, kSaved, true);
-    Add(b + "fch", BT * 4 * Ct, kSaved);
-    Add(b + "fch_gelu", BT * 4 * Ct, kSaved);
-    Add(b + "residual3", BT * C, kSaved);
+    const bool recomputes = policy.Recomputes(l - slice.first_layer);
+    any_recomputed |= recomputes;
+    for (size_t k = 0; k < std::size(kBlockActivations); ++k) {
+      const std::string n = kBlockActivations[k];
+      if (recomputes && refilled(n)) continue;
+      Add(b + n, block_numel[k], kSaved, is_stat(n));
+    }
   }
   Add("encoded", BT * C, kSaved);  // the first stage's embeddings, or the input received
   if (slice.last_stage) {
@@ -49,6 +58,12 @@ ActivationTable::ActivationTable(const GptConfig& config, int B, int T, const Mo
   Add("dfch", BT * 4 * Ct, kScratch);
   Add("dfch_gelu", BT * 4 * Ct, kScratch);
   Add("att_scratch", att, kScratch);
+  if (any_recomputed) {
+    for (size_t k = 0; k < std::size(kBlockActivations); ++k) {
+      const std::string n = kBlockActivations[k];
+      if (refilled(n)) Add("recompute." + n, block_numel[k], kScratch, is_stat(n));
+    }
+  }
 }
 
 void ActivationTable::Add(std::string name, int64_t numel, ActivationKind kind, bool stat) {
@@ -58,12 +73,22 @@ void ActivationTable::Add(std::string name, int64_t numel, ActivationKind kind, 
   tensors_.push_back(std::move(t));
 }
 
-const ActivationTensor& ActivationTable::at(const std::string& name) const {
+const ActivationTensor* ActivationTable::find(const std::string& name) const {
   for (const ActivationTensor& t : tensors_) {
-    if (t.name == name) return t;
+    if (t.name == name) return &t;
   }
+  return nullptr;
+}
+
+const ActivationTensor& ActivationTable::at(const std::string& name) const {
+  if (const ActivationTensor* t = find(name)) return *t;
   std::fprintf(stderr, "ActivationTable: no tensor \"%s\"\n", name.c_str());
   std::abort();
+}
+
+const ActivationTensor& ActivationTable::block(int l, const std::string& name) const {
+  if (const ActivationTensor* t = find(absl::StrCat("block.", l, ".", name))) return *t;
+  return at("recompute." + name);
 }
 
 }  // namespace shardtrain::model

@@ -23,6 +23,17 @@
 // A pipeline stage keeps one set of the saved tensors per micro-batch in
 // flight (Engine::slots()).
 //
+// Recomputation (ActivationPolicy, the job's model.recompute) moves tensors
+// of the first `recompute_layers` blocks of the slice (all by default) from
+// the saved set to one shared scratch set, "recompute.<name>", that the
+// engine refills in backward:
+//   selective  att (the T² softmax probabilities) is recomputed from the
+//              saved qkv: "recompute.att" (B·(NH/tp)·T·T) is scratch;
+//   full       only the block's output residual3 (the next block's input)
+//              stays saved; ln1 .. fch_gelu, residual2 and the statistics
+//              are recomputed from the block's input into "recompute.*",
+//              one block's worth of scratch.
+//
 // Bytes: the LayerNorm statistics (mean, rstd), losses and lse are fp32 in
 // every precision; all other tensors are stored in the compute type (4 bytes
 // in fp32, 2 in bf16 / fp16). Offsets are in bytes within their kind, each
@@ -44,6 +55,26 @@ namespace shardtrain::model {
 
 enum class ActivationKind { kSaved, kScratch };
 
+// What a block keeps for backward (model.recompute).
+enum class Recompute { kNone, kSelective, kFull };
+
+struct ActivationPolicy {
+  Recompute recompute = Recompute::kNone;
+  // The first K blocks of each stage's slice recompute; -1: all of them.
+  int recompute_layers = -1;
+
+  // Whether block `i` of a slice (0-based within the slice) recomputes.
+  bool Recomputes(int i) const {
+    return recompute != Recompute::kNone && (recompute_layers < 0 || i < recompute_layers);
+  }
+};
+
+// The tensors of block `l` ("block.<l>.<name>") in the order the table
+// lays them out; the statistics are the names ending in _mean and _rstd.
+inline constexpr const char* kBlockActivations[] = {
+    "ln1", "ln1_mean", "ln1_rstd", "qkv", "atty",     "att",      "residual2",
+    "ln2", "ln2_mean", "ln2_rstd", "fch", "fch_gelu", "residual3"};
+
 struct ActivationTensor {
   std::string name;  // "block.3.qkv", "logits", "dqkv", ...
   int64_t numel = 0;
@@ -59,7 +90,7 @@ class ActivationTable {
   // config's layers; tp divides heads. `compute`: the type of every tensor
   // but the fp32 statistics.
   ActivationTable(const GptConfig& config, int B, int T, const ModelSlice& slice = {},
-                  DataType compute = DataType::kFloat32);
+                  DataType compute = DataType::kFloat32, const ActivationPolicy& policy = {});
 
   // In allocation order: the saved tensors (layers in order, then the
   // model's ends), then the scratch ones. Each kind is contiguous: a
@@ -68,6 +99,12 @@ class ActivationTable {
   // The tensor with this name; aborts when there is none (a programming
   // error: the names are fixed above).
   const ActivationTensor& at(const std::string& name) const;
+  // The tensor with this name, or nullptr.
+  const ActivationTensor* find(const std::string& name) const;
+  // Block l's tensor `name` (a kBlockActivations entry): its saved
+  // "block.<l>.<name>", or the shared "recompute.<name>" a recomputing block
+  // refills.
+  const ActivationTensor& block(int l, const std::string& name) const;
 
   DataType compute() const { return compute_; }
   int64_t saved_bytes() const { return saved_; }  // per micro-batch in flight

@@ -41,6 +41,10 @@ absl::Status ValidateGptEngine(const GptConfig& config, int B, int T,
   if (options.slots < 1) {
     return absl::InvalidArgumentError(absl::StrCat("slots must be >= 1, got ", options.slots));
   }
+  if (options.activations.recompute_layers == 0 || options.activations.recompute_layers < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("model.recompute_layers must be >= 1, got ",
+                                                   options.activations.recompute_layers));
+  }
   const model::ModelSlice& sl = options.slice;
   const int end = sl.end_layer(config);
   if (sl.first_layer < 0 || end > config.layers || end <= sl.first_layer) {
@@ -88,7 +92,8 @@ GptEngine::GptEngine(const GptConfig& config, int B, int T, const GptEngineOptio
       tp_(options.slice.tp > 1 ? options.tp : nullptr),
       B_(B),
       T_(T),
-      table_(config, B, T, options.slice, compute) {
+      policy_(options.activations),
+      table_(config, B, T, options.slice, compute, options.activations) {
   const int64_t BT = int64_t{B} * T;
   slots_.resize(options.slots);
   for (SlotActs& s : slots_) {
@@ -113,21 +118,27 @@ void GptEngine::BindActivations(char* base) {
     SlotActs& s = slots_[k];
     char* const saved = base + table_.saved_bytes() * k;
     for (int i = 0; i < layout_.num_layers(); ++i) {
-      const std::string b = absl::StrCat("block.", layout_.first_layer() + i, ".");
+      const int l = layout_.first_layer() + i;
+      // Saved in the slot, or the shared scratch a recomputing block refills.
+      auto block = [&](const char* name) -> void* {
+        const model::ActivationTensor& t = table_.block(l, name);
+        return (t.kind == model::ActivationKind::kSaved ? saved : scratch) + t.offset;
+      };
       LayerActs& a = s.layers[i];
-      a.ln1 = take(saved, b + "ln1");
-      a.ln1_mean = f32(take(saved, b + "ln1_mean"));
-      a.ln1_rstd = f32(take(saved, b + "ln1_rstd"));
-      a.qkv = take(saved, b + "qkv");
-      a.atty = take(saved, b + "atty");
-      a.att = take(saved, b + "att");
-      a.residual2 = take(saved, b + "residual2");
-      a.ln2 = take(saved, b + "ln2");
-      a.ln2_mean = f32(take(saved, b + "ln2_mean"));
-      a.ln2_rstd = f32(take(saved, b + "ln2_rstd"));
-      a.fch = take(saved, b + "fch");
-      a.fch_gelu = take(saved, b + "fch_gelu");
-      a.residual3 = take(saved, b + "residual3");
+      a.ln1 = block("ln1");
+      a.ln1_mean = f32(block("ln1_mean"));
+      a.ln1_rstd = f32(block("ln1_rstd"));
+      a.qkv = block("qkv");
+      a.atty = block("atty");
+      a.att = block("att");
+      a.residual2 = block("residual2");
+      a.ln2 = block("ln2");
+      a.ln2_mean = f32(block("ln2_mean"));
+      a.ln2_rstd = f32(block("ln2_rstd"));
+      a.fch = block("fch");
+      a.fch_gelu = block("fch_gelu");
+      a.residual3 = block("residual3");
+      a.recompute = policy_.Recomputes(i);
     }
     s.encoded = take(saved, "encoded");
     s.lnf = take(saved, "lnf");
@@ -333,6 +344,11 @@ void GptEngine::RowParallelForward(void* out, const void* inp, int weight, int b
 
 void GptEngine::BlockForward(int l, LayerActs& a, const void* residual, int b, int t) {
   UnitScope use(*this, layout_.block_tensor(l, kLn1W));
+  BlockForwardMath(l, a, residual, b, t, /*refill=*/false);
+}
+
+void GptEngine::BlockForwardMath(int l, LayerActs& a, const void* residual, int b, int t,
+                                 bool refill) {
   const int C = config().dim, tp = layout_.slice().tp;
   const int Ct = C / tp, NHt = config().heads / tp, N = b * t;
   const int64_t NC = int64_t{N} * C, NCt = int64_t{N} * Ct;
@@ -345,8 +361,21 @@ void GptEngine::BlockForward(int l, LayerActs& a, const void* residual, int b, i
   LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w(kLn2W), w(kLn2B), N, C);
   MatmulForward(a.fch, a.ln2, w(kFcW), w(kFcB), N, C, 4 * Ct, 4 * Ct);
   GeluForward(a.fch_gelu, a.fch, NCt * 4);
+  if (refill) return;
   RowParallelForward(proj_out_, a.fch_gelu, w(kFcProjW), w(kFcProjB), N, 4 * Ct, C);
   ResidualForward(a.residual3, a.residual2, proj_out_, NC);
+}
+
+void GptEngine::Refill(int l, LayerActs& a, const void* residual, int b, int t) {
+  if (policy_.recompute == model::Recompute::kFull) {
+    BlockForwardMath(l, a, residual, b, t, /*refill=*/true);
+    return;
+  }
+  // Selective: the softmax probabilities from the saved qkv. The output is
+  // the saved atty again; it goes to proj_out_ (N·C >= N·Ct), unused here.
+  const int tp = layout_.slice().tp;
+  AttentionForward(proj_out_, a.att, att_scratch_, a.qkv, b, t, config().dim / tp,
+                   config().heads / tp);
 }
 
 void GptEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b, int t) {
@@ -355,6 +384,7 @@ void GptEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b, 
   const int Ct = C / tp, NHt = config().heads / tp, N = b * t;
   const int64_t NC = int64_t{N} * C, NCt = int64_t{N} * Ct;
   auto w = [&](BlockTensor bt) { return layout_.block_tensor(l, bt); };
+  if (a.recompute) Refill(l, a, residual, b, t);
   // residual3 = residual2 + fcproj: both receive dresidual (in place). The
   // row-parallel projections' backward is the identity side of their region:
   // dresidual is whole on every rank.

@@ -41,6 +41,9 @@ struct GptEngineOptions {
   // The slice's tp group (rank slice.tp_rank of slice.tp); required when
   // slice.tp > 1, must outlive the engine.
   TensorParallel* tp = nullptr;
+  // What each block keeps for backward and what it recomputes
+  // (model.recompute; common/model/activations.h).
+  model::ActivationPolicy activations;
 };
 
 // The checks every GPT engine makes of its shape and slice: B >= 1, 1 <= T
@@ -79,6 +82,9 @@ class GptEngine : public Engine {
   struct LayerActs {
     void *ln1, *qkv, *atty, *att, *residual2, *ln2, *fch, *fch_gelu, *residual3;
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+    // Its backward first refills what the table did not save (the
+    // "recompute.*" scratch tensors above point there).
+    bool recompute = false;
   };
   // The saved activations of one micro-batch in flight; tokens and targets
   // are the host's copies of its ids.
@@ -171,6 +177,15 @@ class GptEngine : public Engine {
  private:
   class UnitScope;
   void BlockForward(int layer, LayerActs& a, const void* residual, int b, int t);
+  // The block's forward arithmetic (the caller holds the unit's scope);
+  // `refill`: a recomputing block in backward, which stops once what its
+  // backward reads is back (after the GELU: the MLP's projection and the
+  // output residual3 are not read).
+  void BlockForwardMath(int layer, LayerActs& a, const void* residual, int b, int t, bool refill);
+  // Before a recomputing block's backward: selective recomputes the
+  // attention probabilities from the saved qkv, full the block up to its
+  // GELU from the block's input `residual`.
+  void Refill(int layer, LayerActs& a, const void* residual, int b, int t);
   void BlockBackward(int layer, LayerActs& a, const void* residual, int b, int t);
   // Row-parallel linear forward: out (N, OC) = inp (N, IC_local) · weight^T,
   // summed over tp (ReduceFromTpRegion), plus bias.
@@ -184,6 +199,7 @@ class GptEngine : public Engine {
   const model::ParamLayout whole_;  // the whole model's layout (init, global indices)
   TensorParallel* const tp_;
   const int B_, T_;
+  const model::ActivationPolicy policy_;
   const model::ActivationTable table_;
   std::vector<SlotActs> slots_;
   // scratch

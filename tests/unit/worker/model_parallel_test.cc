@@ -4,154 +4,16 @@
 // batch, step by step within 1e-5 relative loss over 20 steps (fp32), with
 // the same validation loss; and a checkpoint saved on tp2×pp2 resumes on
 // other layouts like an uninterrupted run.
-#include <unistd.h>
-
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <map>
-#include <mutex>
-#include <ostream>
 #include <string>
-#include <vector>
 
-#include "absl/strings/str_cat.h"
-#include "common/job_spec.h"
-#include "common/parallel_dims.h"
 #include "gtest/gtest.h"
-#include "tests/unit/worker/comm/test_util.h"
-#include "worker/checkpoint/directory.h"
-#include "worker/checkpoint/manifest.h"
-#include "worker/checkpoint/storage.h"
-#include "worker/trainer.h"
+#include "tests/unit/worker/model_parallel_util.h"
 
 namespace shardtrain::worker {
 namespace {
-namespace fs = std::filesystem;
-
-constexpr int kSteps = 20;
-
-struct Layout {
-  int dp = 1, tp = 1, pp = 1, zero = 0;
-  const char* schedule = "1f1b";
-  int micro = 4;  // global 16: micro-batches per replica m = 16 / (micro · dp)
-};
-
-std::string Name(const Layout& l) {
-  std::string s = absl::StrCat("dp", l.dp, "_tp", l.tp, "_pp", l.pp);
-  if (l.pp > 1) absl::StrAppend(&s, "_", l.schedule, "_m", 16 / (l.micro * l.dp));
-  if (l.zero > 0) absl::StrAppend(&s, "_zero", l.zero);
-  return s;
-}
-
-// gtest prints a parameter with this (the test names and failures show the
-// layout, not its bytes).
-void PrintTo(const Layout& l, std::ostream* os) { *os << Name(l); }
-
-class Corpus {
- public:
-  Corpus() {
-    dir_ = fs::temp_directory_path() / ("shardtrain_mp_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    std::ofstream train(dir_ / "train.txt"), val(dir_ / "val.txt");
-    for (int i = 0; i < 400; ++i) train << "Fortune " << i * 13 % 97 << ": the quick fox.\n";
-    for (int i = 0; i < 60; ++i) val << "A lazy dog " << i * 7 << " sleeps here.\n";
-  }
-  ~Corpus() {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  JobSpec Spec(const Layout& l, const std::string& ckpt = "") const {
-    absl::StatusOr<JobSpec> spec = ParseJobSpec(absl::StrCat(
-        "name: mp\n", "model: {layers: 4, heads: 4, dim: 32, context: 32, vocab: 256}\n",
-        "data: {train: ", (dir_ / "train.txt").string(), ", val: ", (dir_ / "val.txt").string(),
-        "}\n", "batch: {global: 16, micro: ", l.micro, ", seq_len: 32}\n", "parallel: {dp: ", l.dp,
-        ", tp: ", l.tp, ", pp: ", l.pp, ", zero: ", l.zero, ", schedule: ", l.schedule, "}\n",
-        "optimizer: {lr: 0.003, warmup_steps: 2, weight_decay: 0.1, grad_clip: 1.0}\n",
-        "eval: {every: 10, batches: 1}\n", "steps: ", kSteps, "\n",
-        ckpt.empty() ? "" : absl::StrCat("checkpoint: {every: 10, dir: ", ckpt, "}\n")));
-    EXPECT_TRUE(spec.ok()) << spec.status();
-    return *spec;
-  }
-  fs::path dir() const { return dir_; }
-
- private:
-  fs::path dir_;
-};
-
-// Per step: the replica-mean loss (the speakers' losses averaged, as the
-// coordinator aggregates), and the validation loss where evaluated.
-struct Losses {
-  std::vector<double> loss, val;
-};
-
-// Trains `spec` on its world of thread ranks over steps [first, kSteps];
-// restores from `resume` first when given; saves checkpoints to `save`
-// (manifest written as rank 0's commit would) when given.
-Losses Train(const JobSpec& spec, int first = 1, const std::string& resume = "",
-             bool save = false) {
-  const ParallelDims dims = *spec.Dims();
-  Losses run;
-  run.loss.assign(kSteps + 1, 0.0);
-  run.val.assign(kSteps + 1, NAN);
-  std::mutex mu;
-  std::map<int64_t, std::vector<checkpoint::ShardFileInfo>> shards;
-  checkpoint::FileCheckpointStorage storage;
-  comm::testing::RunRanks(dims.world(), [&](comm::Communicator& comm) {
-    auto trainer = Trainer::Create(spec, comm.rank(), /*threads=*/1, &comm);
-    ASSERT_TRUE(trainer.ok()) << trainer.status();
-    if (!resume.empty()) {
-      absl::StatusOr<int64_t> done = (*trainer)->Restore(storage, resume);
-      ASSERT_TRUE(done.ok()) << done.status();
-      ASSERT_EQ(*done, first - 1);
-    }
-    for (int step = first; step <= kSteps; ++step) {
-      absl::StatusOr<StepResult> r = (*trainer)->Step(step);
-      ASSERT_TRUE(r.ok()) << "rank " << comm.rank() << " step " << step << ": " << r.status();
-      std::lock_guard<std::mutex> lock(mu);
-      if (dims.SpeaksForReplica(comm.rank())) run.loss[step] += r->loss / dims.dp();
-      if (r->val_loss && comm.rank() == 0) run.val[step] = *r->val_loss;
-      if (save && step % spec.checkpoint.every == 0 && step < kSteps) {
-        std::string path;
-        auto info = (*trainer)->SaveShard(storage, step, &path);
-        ASSERT_TRUE(info.ok()) << info.status();
-        shards[step].push_back(*info);
-      }
-    }
-  });
-  for (auto& [step, infos] : shards) {
-    std::sort(infos.begin(), infos.end(),
-              [](const auto& a, const auto& b) { return a.rank < b.rank; });
-    auto config = model::MakeGptConfig(spec.model.layers, spec.model.heads, spec.model.dim,
-                                       spec.model.context, spec.model.vocab);
-    auto manifest = checkpoint::MakeManifest(model::ParamLayout(*config), step, dims.world(),
-                                             spec.parallel.zero, infos);
-    EXPECT_TRUE(manifest.ok()) << manifest.status();
-    const std::string dir = checkpoint::StepDir(spec.checkpoint.dir, step);
-    EXPECT_TRUE(checkpoint::WriteManifest(storage, checkpoint::ManifestPath(dir), *manifest).ok());
-  }
-  return run;
-}
-
-const Corpus& TheCorpus() {
-  static const Corpus* corpus = new Corpus();
-  return *corpus;
-}
-const Losses& Reference() {
-  static const Losses* run = new Losses(Train(TheCorpus().Spec(Layout{})));
-  return *run;
-}
-
-double Worst(const std::vector<double>& got, const std::vector<double>& want, int first = 1) {
-  double worst = 0;
-  for (int s = first; s <= kSteps; ++s) {
-    if (std::isnan(want[s]) && std::isnan(got[s])) continue;
-    worst = std::max(worst, std::abs(got[s] - want[s]) / std::abs(want[s]));
-  }
-  return worst;
-}
+using namespace mp_test;  // NOLINT: the shared harness of this test family
 
 class ModelParallelTest : public ::testing::TestWithParam<Layout> {};
 
