@@ -120,8 +120,11 @@ int main(int argc, char** argv) {
                  "search every dp×tp×pp layout (ZeRO 0-3, 3 only with pp 1; 1F1B; global "
                  "batch kept) on --ranks ranks that fits --memory-per-rank, ranked by predicted "
                  "step time = 6·params·tokens/(ranks·flops)/(1-bubble) + tp bytes/tp bandwidth + "
-                 "pp bytes/link bandwidth + dp bytes/link bandwidth (no overlap); prints the top "
-                 "10 and the chosen layout as --set overrides; exit 2 when nothing fits");
+                 "pp bytes/link bandwidth + dp bytes/link bandwidth (no overlap); a layout over "
+                 "the budget is tried again with activation recomputation, cheapest first "
+                 "(model.recompute selective, then full on the first K blocks of each stage); "
+                 "prints the top 10 and the chosen layout as --set overrides; exit 2 when "
+                 "nothing fits");
   plan->add_option("--ranks", auto_flags.ranks, "--auto: ranks (default: the spec's world)")
       ->check(CLI::Range(1, 1 << 20));
   plan->add_option("--memory-per-rank", auto_flags.memory,

@@ -10,11 +10,34 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/model/config.h"
+#include "common/model/slice.h"
 #include "common/parallel_dims.h"
 #include "common/planner.h"
 
 namespace shardtrain {
 namespace {
+
+// The recomputation settings to try, cheapest first, from the spec's own:
+// none, selective, full on the first K blocks of each stage (K = 1 .. the
+// largest stage's blocks - 1), full on every block (-1; or K = the largest
+// stage's blocks when the spec names a K).
+std::vector<std::pair<Recompute, int>> RecomputeLadder(const ModelSpec& m, int largest_stage) {
+  std::vector<std::pair<Recompute, int>> all = {{Recompute::kNone, -1},
+                                                {Recompute::kSelective, -1}};
+  for (int k = 1; k < largest_stage; ++k) all.push_back({Recompute::kFull, k});
+  all.push_back({Recompute::kFull, m.recompute_layers > 0 ? largest_stage : -1});
+  auto cost = [&](const std::pair<Recompute, int>& r) {
+    if (r.first != Recompute::kFull) return static_cast<int>(r.first);
+    return 2 + (r.second < 0 ? largest_stage : r.second);
+  };
+  const int from = cost({m.recompute, m.recompute_layers});
+  std::vector<std::pair<Recompute, int>> out = {{m.recompute, m.recompute_layers}};
+  for (const auto& r : all) {
+    if (cost(r) > from) out.push_back(r);
+  }
+  return out;
+}
 
 // The largest micro <= wanted with global % (micro·dp) == 0, or 0 when none.
 int MicroFor(int global, int wanted, int dp) {
@@ -34,6 +57,10 @@ std::vector<std::string> LayoutCandidate::Overrides(const JobSpec& spec) const {
   };
   if (!spec.parallel.stages.empty()) out.push_back("parallel.stages=[]");
   if (micro_adjusted) out.push_back(absl::StrCat("batch.micro=", micro));
+  if (memory_without > 0) {
+    out.push_back(absl::StrCat("model.recompute=", std::string(EnumName(recompute))));
+    if (recompute_layers > 0) out.push_back(absl::StrCat("model.recompute_layers=", recompute_layers));
+  }
   return out;
 }
 
@@ -45,6 +72,9 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
         absl::StrCat("--memory-per-rank: must be >= 1 byte, got ", options.memory_per_rank));
   }
   const ModelSpec& model = spec.model;
+  const absl::StatusOr<model::GptConfig> config = model::MakeGptConfig(
+      model.layers, model.heads, model.dim, model.context, model.vocab);
+  if (!config.ok()) return config.status();
   AutoLayoutResult result;
   std::vector<std::string> skipped;  // why meshes the model allows have no candidate
   const double tokens = double(spec.batch.global) * spec.batch.seq_len;
@@ -71,7 +101,18 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
         alt.parallel.schedule = PipelineSchedule::k1F1B;
         alt.parallel.stages.clear();
         alt.batch.micro = micro;
-        absl::StatusOr<v1::Plan> plan = MakePlan(alt, n);
+        const std::vector<int> stage_layers = *model::StageLayers(*config, pp);
+        const int largest = *std::max_element(stage_layers.begin(), stage_layers.end());
+        absl::StatusOr<v1::Plan> plan;
+        int64_t own = 0;  // peak memory with the spec's own recomputation
+        for (const auto& [mode, k] : RecomputeLadder(model, largest)) {
+          alt.model.recompute = mode;
+          alt.model.recompute_layers = k;
+          plan = MakePlan(alt, n);
+          if (!plan.ok()) break;
+          if (own == 0) own = plan->memory_per_rank().total_bytes();
+          if (plan->memory_per_rank().total_bytes() <= options.memory_per_rank) break;
+        }
         if (!plan.ok()) {
           skipped.push_back(std::string(plan.status().message()));
           continue;
@@ -87,9 +128,16 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
         c.accum = plan->grad_accum_steps();
         c.bubble = plan->bubble_fraction();
         c.peak_memory = plan->memory_per_rank().total_bytes();
+        c.recompute = alt.model.recompute;
+        c.recompute_layers = alt.model.recompute_layers;
+        if (c.recompute != model.recompute || c.recompute_layers != model.recompute_layers) {
+          c.memory_without = own;
+        }
+        const MicroBatchFlops f = BusiestRecompute(alt);
+        c.recompute_share = f.train > 0 ? f.recompute / f.train : 0;
         const CostModel& cost = options.cost;
         c.compute_s = 6.0 * double(plan->num_params()) * tokens / (n * cost.flops_per_rank) /
-                      (1.0 - c.bubble);
+                      (1.0 - c.bubble) * (1.0 + c.recompute_share);
         c.tp_s = double(plan->tp_comm_bytes_per_step()) / cost.tp_bandwidth;
         c.pp_s = double(plan->pp_comm_bytes_per_step()) / cost.link_bandwidth;
         c.dp_s = double(plan->dp_comm_bytes_per_step()) / cost.link_bandwidth;
@@ -121,16 +169,24 @@ namespace {
 
 std::string Ms(double s) { return absl::StrFormat("%.1f", s * 1e3); }
 
+// "none", "selective", "full", "full K=2"; "+" marks recomputation turned on
+// to fit.
+std::string RecomputeName(const LayoutCandidate& c) {
+  std::string name(EnumName(c.recompute));
+  if (c.recompute_layers > 0) absl::StrAppend(&name, " K=", c.recompute_layers);
+  return c.memory_without > 0 ? name + "+" : name;
+}
+
 std::string Rows(const std::vector<LayoutCandidate>& cs, int top) {
   std::string out =
-      "  #  DP  TP  PP  ZERO  MICRO    M  BUBBLE   PEAK MEM  COMPUTE ms  TP ms  PP ms  DP ms  "
-      "STEP ms\n";
+      "  #  DP  TP  PP  ZERO  MICRO    M  BUBBLE  RECOMPUTE     PEAK MEM  COMPUTE ms  TP ms  PP ms  "
+      "DP ms  STEP ms\n";
   for (int i = 0; i < std::min<int>(top, cs.size()); ++i) {
     const LayoutCandidate& c = cs[i];
     absl::StrAppendFormat(
-        &out, "%3d  %2d  %2d  %2d  %4d  %5s  %3d  %5.1f%%  %9s  %10s  %5s  %5s  %5s  %7s\n", i + 1,
-        c.dp, c.tp, c.pp, c.zero, absl::StrCat(c.micro, c.micro_adjusted ? "*" : ""), c.accum,
-        100 * c.bubble, FormatPlanBytes(c.peak_memory), Ms(c.compute_s), Ms(c.tp_s), Ms(c.pp_s),
+        &out, "%3d  %2d  %2d  %2d  %4d  %5s  %3d  %5.1f%%  %-10s  %10s  %10s  %5s  %5s  %5s  %7s\n",
+        i + 1, c.dp, c.tp, c.pp, c.zero, absl::StrCat(c.micro, c.micro_adjusted ? "*" : ""),
+        c.accum, 100 * c.bubble, RecomputeName(c), FormatPlanBytes(c.peak_memory), Ms(c.compute_s), Ms(c.tp_s), Ms(c.pp_s),
         Ms(c.dp_s), Ms(c.step_s()));
   }
   return out;
@@ -151,6 +207,7 @@ std::string AutoLayoutText(const JobSpec& spec, const AutoLayoutOptions& options
       &out,
       "cost model (no overlap): step = compute + tp + pp + dp\n"
       "  compute = 6 · params (%d) · tokens/step (%d) / (ranks · %.0f TFLOP/s) / (1 − bubble)\n"
+      "            · (1 + recomputed forward FLOPs / training FLOPs of the busiest stage)\n"
       "  tp = tp bytes sent per step / %.0f GB/s; pp = pp bytes / %.0f GB/s; dp = dp bytes / "
       "%.0f GB/s\n"
       "  (bytes: the busiest rank's, as `shardtrain plan` prints them)\n",
@@ -175,10 +232,26 @@ std::string AutoLayoutText(const JobSpec& spec, const AutoLayoutOptions& options
                           "batch\n",
                           spec.batch.micro);
   }
+  int turned_on = 0;
+  for (const LayoutCandidate& c : result.fitting) turned_on += c.memory_without > 0 ? 1 : 0;
+  if (turned_on > 0) {
+    absl::StrAppendFormat(&out,
+                          "  + recomputation turned on (cheapest first: selective, then full on "
+                          "the first K blocks of each stage) for %d layouts that do not fit with "
+                          "model.recompute=%s\n",
+                          turned_on, std::string(EnumName(spec.model.recompute)));
+  }
   const LayoutCandidate& best = result.fitting.front();
   absl::StrAppendFormat(
       &out, "\nchosen: dp %d · tp %d · pp %d, ZeRO-%d (predicted %s ms/step, %s per rank)\n",
       best.dp, best.tp, best.pp, best.zero, Ms(best.step_s()), FormatPlanBytes(best.peak_memory));
+  if (best.memory_without > 0) {
+    absl::StrAppendFormat(&out,
+                          "  with model.recompute=%s: %s per rank without it (over the budget); "
+                          "+%.1f%% forward FLOPs\n",
+                          RecomputeName(best).substr(0, RecomputeName(best).size() - 1),
+                          FormatPlanBytes(best.memory_without), 100 * best.recompute_share);
+  }
   std::vector<std::string> sets;
   for (const std::string& o : best.Overrides(spec)) sets.push_back("--set " + o);
   out += "  " + absl::StrJoin(sets, " ") + "\n";

@@ -14,10 +14,20 @@
 // divides is taken (the candidate says so). A dp that divides no micro
 // batch of the global batch is skipped.
 //
+// Activation recomputation: a layout that does not fit with the spec's
+// model.recompute is planned again with more recomputation, cheapest first —
+// selective, then full on the first K blocks of each stage for K = 1, 2, ...
+// up to every block — and kept with the first that fits (the candidate says
+// which, and what it would need without). One that fits with none of them
+// is reported with full recomputation of every block, its smallest need.
+//
 // Cost model (no overlap of compute and communication; a rough guide to
 // rank layouts, not a prediction of wall time):
 //   compute = 6 · params · tokens per step / (ranks · flops_per_rank)
-//             / (1 − bubble),   bubble = (pp − 1) / (m + pp − 1)
+//             / (1 − bubble) · (1 + recompute),
+//             bubble = (pp − 1) / (m + pp − 1), recompute = the forward
+//             FLOPs recomputation adds on the busiest stage over its
+//             training FLOPs (planner.h BusiestRecompute)
 //   tp      = tp bytes sent per step by the busiest rank / tp_bandwidth
 //   pp      = pp bytes / link_bandwidth
 //   dp      = dp bytes / link_bandwidth
@@ -59,11 +69,18 @@ struct LayoutCandidate {
   int accum = 0;                // m: micro-batches per step per replica
   double bubble = 0;            // (pp − 1) / (m + pp − 1)
   int64_t peak_memory = 0;      // bytes on the busiest rank (max over stages)
+  // model.recompute and recompute_layers used (-1: every block), the extra
+  // FLOPs' share, and peak_memory with the spec's own mode when it differs.
+  Recompute recompute = Recompute::kNone;
+  int recompute_layers = -1;
+  double recompute_share = 0;
+  int64_t memory_without = 0;  // 0: the spec's own mode was kept
   double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0;
   double step_s() const { return compute_s + tp_s + pp_s + dp_s; }
   // The layout as `--set` overrides of the spec: parallel.dp, tp, pp, zero,
-  // schedule=1f1b, parallel.stages=[] when the spec named stages, and
-  // batch.micro when adjusted.
+  // schedule=1f1b, parallel.stages=[] when the spec named stages,
+  // batch.micro when adjusted, model.recompute (and recompute_layers) when
+  // recomputation was turned on.
   std::vector<std::string> Overrides(const JobSpec& spec) const;
 };
 

@@ -100,6 +100,48 @@ StageShape ShapeOfStage(const model::GptConfig& cfg, const model::ModelSlice& sl
   return shape;
 }
 
+}  // namespace
+
+int RecomputedLayers(const model::ActivationPolicy& policy, int layers) {
+  if (policy.recompute == model::Recompute::kNone) return 0;
+  return policy.recompute_layers < 0 ? layers : std::min(layers, policy.recompute_layers);
+}
+
+MicroBatchFlops StageFlops(const model::GptConfig& cfg, int B, int T,
+                           const model::ModelSlice& slice, const model::ActivationPolicy& policy) {
+  const double N = double(B) * T, C = cfg.dim, Ct = C / slice.tp;
+  const int Ls = slice.end_layer(cfg) - slice.first_layer;
+  const double attention = 4 * N * T * Ct;  // forward, per block
+  MicroBatchFlops f;
+  const double matmul_params =
+      12 * Ls * C * Ct + (slice.last_stage ? double(cfg.padded_vocab) / slice.tp * C : 0);
+  f.train = 6 * N * matmul_params + 3 * Ls * attention;
+  const int k = RecomputedLayers(policy, Ls);
+  if (policy.recompute == model::Recompute::kSelective) f.recompute = k * attention;
+  if (policy.recompute == model::Recompute::kFull) {
+    f.recompute = k * (2 * N * C * Ct * (3 + 1 + 4) + attention);
+  }
+  return f;
+}
+
+MicroBatchFlops BusiestRecompute(const JobSpec& spec) {
+  const auto cfg = model::MakeGptConfig(spec.model.layers, spec.model.heads, spec.model.dim,
+                                        spec.model.context, spec.model.vocab);
+  if (!cfg.ok()) return {};
+  const auto layers = model::StageLayers(*cfg, spec.parallel.pp, spec.parallel.stages);
+  if (!layers.ok()) return {};
+  MicroBatchFlops busiest;
+  for (int s = 0; s < spec.parallel.pp; ++s) {
+    const MicroBatchFlops f =
+        StageFlops(*cfg, spec.batch.micro, spec.batch.seq_len,
+                   model::SliceOf(*layers, s, spec.parallel.tp, 0), spec.model.Activations());
+    if (s == 0 || f.recompute > busiest.recompute) busiest = f;
+  }
+  return busiest;
+}
+
+namespace {
+
 struct Estimate {
   v1::MemoryEstimate memory;
   int in_flight = 1;
@@ -288,9 +330,14 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   // forward all-reduce of B·T·C on the first stage; on the last, the LM
   // head's input gradient (B·T·C, backward) and the vocabulary-parallel
   // cross-entropy's three all-reduces of B·T fp32 values (the row maxima,
-  // the sums of exponentials, the target logits).
+  // the sums of exponentials, the target logits). Full recomputation
+  // repeats each recomputing block's attention-projection all-reduce.
   if (tp > 1) {
-    const int64_t btc_reduces = 4 * Ls + (first ? 1 : 0) + (last ? 1 : 0);
+    const int64_t refills =
+        spec.model.recompute == Recompute::kFull
+            ? RecomputedLayers(spec.model.Activations(), static_cast<int>(Ls))
+            : 0;
+    const int64_t btc_reduces = 4 * Ls + refills + (first ? 1 : 0) + (last ? 1 : 0);
     e.tp_comm = m * (btc_reduces * AllReduceBytes(BTC, tp, ab) +
                      (last ? 3 * AllReduceBytes(BT, tp, 4) : 0));
   }

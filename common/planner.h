@@ -30,6 +30,9 @@
 
 #include "absl/status/statusor.h"
 #include "common/job_spec.h"
+#include "common/model/activations.h"
+#include "common/model/config.h"
+#include "common/model/slice.h"
 #include "shardtrain/v1/types.pb.h"
 
 namespace shardtrain {
@@ -67,6 +70,32 @@ struct ModelStateBytes {
 };
 ModelStateBytes ZeroMemoryBytes(int64_t num_params, int dp, int stage,
                                 const StateBytesPerElement& per);
+
+// FLOPs one rank of a pipeline stage's slice computes per micro-batch of
+// B·T tokens (N = B·T, Ct = C/tp, Ls the slice's layers, Vp the padded
+// vocabulary):
+//   train      the forward and backward, 6N + 12·L·C·T per token (Kaplan,
+//              PaLM's MFU): 6·N·(12·Ls·C·Ct + LM head Vp·C/tp on the last
+//              stage) + 12·Ls·N·T·Ct (the attention's scores and weighted
+//              sum, 4·T·Ct per token forward, tripled);
+//   recompute  the forward FLOPs model.recompute adds, per recomputing
+//              block: selective the attention core again, 4·N·T·Ct; full
+//              the block up to its GELU, 2·N·C·Ct·(3 + 1 + 4) (qkv, the
+//              attention's projection, fc) + 4·N·T·Ct.
+struct MicroBatchFlops {
+  double train = 0;
+  double recompute = 0;
+};
+MicroBatchFlops StageFlops(const model::GptConfig& config, int B, int T,
+                           const model::ModelSlice& slice, const model::ActivationPolicy& policy);
+
+// StageFlops of the stage where `spec`'s model.recompute adds the most
+// (tp rank 0's slice; all tp ranks compute alike); {0, 0} when the spec's
+// model does not make a config.
+MicroBatchFlops BusiestRecompute(const JobSpec& spec);
+
+// The number of blocks of a slice of `layers` blocks that recompute.
+int RecomputedLayers(const model::ActivationPolicy& policy, int layers);
 
 // The plan of `spec` on `world` ranks.
 //

@@ -38,6 +38,77 @@ const char* ZeroWhat(int zero) {
   }
 }
 
+// "full (every block keeps only its input)", "selective, first 2 blocks of
+// each stage", ...
+std::string RecomputeWhat(const ModelSpec& m) {
+  std::string what(EnumName(m.recompute));
+  switch (m.recompute) {
+    case Recompute::kNone:
+      return what + " (every block keeps its activations for backward)";
+    case Recompute::kSelective:
+      what += " (the attention's T² probabilities recomputed in backward)";
+      break;
+    case Recompute::kFull:
+      what += " (each block keeps only its input and is recomputed in backward)";
+      break;
+  }
+  if (m.recompute_layers > 0) {
+    absl::StrAppendFormat(&what, ", first %d blocks of each stage", m.recompute_layers);
+  }
+  return what;
+}
+
+// Per model.recompute mode: each stage's activations, the busiest rank's
+// total and the forward FLOPs recomputation adds (the busiest stage's, and
+// their share of its step).
+std::string RecomputeComparison(const JobSpec& spec, const v1::Plan& plan) {
+  std::vector<ModelSpec> modes;
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    ModelSpec m = spec.model;
+    m.recompute = r;
+    m.recompute_layers = -1;
+    modes.push_back(m);
+  }
+  if (spec.model.recompute_layers > 0) modes.push_back(spec.model);
+  const bool per_stage = plan.pp() <= 4;
+  std::string out = absl::StrFormat(
+      "\nactivation recomputation compared (model.recompute; per rank, micro-batch B=%d T=%d;\n"
+      "extra forward FLOPs per step on the busiest stage and their share of its step):\n",
+      plan.micro_batch(), plan.seq_len());
+  out += "RECOMPUTE     ";
+  if (per_stage) {
+    for (int s = 0; s < plan.pp(); ++s) absl::StrAppendFormat(&out, "  ACTS STAGE %d", s);
+  } else {
+    out += "  ACTS BUSIEST";
+  }
+  out += "  TOTAL MEM  EXTRA FWD FLOP/STEP  EXTRA\n";
+  for (const ModelSpec& m : modes) {
+    JobSpec alt = spec;
+    alt.model = m;
+    absl::StatusOr<v1::Plan> p = MakePlan(alt, plan.world());
+    if (!p.ok()) continue;
+    const MicroBatchFlops f = BusiestRecompute(alt);
+    const double extra = f.recompute, share = f.train > 0 ? f.recompute / f.train : 0;
+    const bool chosen = m.recompute == spec.model.recompute &&
+                        m.recompute_layers == spec.model.recompute_layers;
+    std::string name(EnumName(m.recompute));
+    if (m.recompute_layers > 0) absl::StrAppend(&name, " K=", m.recompute_layers);
+    absl::StrAppendFormat(&out, "%s%-12s ", chosen ? "*" : " ", name);
+    if (per_stage) {
+      for (const v1::PipelineStage& st : p->stages()) {
+        absl::StrAppendFormat(&out, "  %12s", FormatPlanBytes(st.memory().activations_bytes()));
+      }
+    } else {
+      absl::StrAppendFormat(&out, "  %12s",
+                            FormatPlanBytes(p->memory_per_rank().activations_bytes()));
+    }
+    absl::StrAppendFormat(&out, "  %9s  %19s  %4.1f%%\n",
+                          FormatPlanBytes(p->memory_per_rank().total_bytes()),
+                          absl::StrFormat("%.3g", extra * p->grad_accum_steps()), 100 * share);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string FormatPlanBytes(int64_t b) {
@@ -63,6 +134,7 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
                         spec.parallel.offload == OffloadMode::kOptimizer
                             ? "; optimizer state offloaded to host memory"
                             : "");
+  absl::StrAppendFormat(&out, "activations: recompute %s\n", RecomputeWhat(spec.model));
   absl::StrAppendFormat(
       &out, "batch: global %d = micro %d × dp %d × accumulation %d; seq_len %d (%s tokens/step)\n",
       plan.global_batch(), plan.micro_batch(), dp, m, plan.seq_len(),
@@ -158,6 +230,8 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
                           FormatPlanBytes(e.working_bytes()), e.total_bytes() / kGiB,
                           FormatPlanBytes(p->comm_bytes_per_step()));
   }
+
+  out += RecomputeComparison(spec, plan);
 
   absl::StrAppendFormat(&out,
                         "\ncomm per step (bytes sent by the busiest rank): %s (%s B = %.1f MB; "

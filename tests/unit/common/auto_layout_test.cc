@@ -47,7 +47,8 @@ TEST(AutoLayoutTest, Gpt2On8RanksPlansEveryAllowedLayout) {
         const v1::Plan p = *MakePlan(*alt, 8);
         EXPECT_EQ(p.memory_per_rank().total_bytes(), c.peak_memory);
         EXPECT_DOUBLE_EQ(c.bubble, p.bubble_fraction());
-        const double compute = 6.0 * p.num_params() * 64 * 1024 / (8 * 100e12) / (1 - c.bubble);
+        const double compute = 6.0 * p.num_params() * 64 * 1024 / (8 * 100e12) / (1 - c.bubble) *
+                               (1 + c.recompute_share);
         EXPECT_NEAR(c.compute_s, compute, 1e-12);
         EXPECT_NEAR(c.tp_s, p.tp_comm_bytes_per_step() / 300e9, 1e-12);
         EXPECT_NEAR(c.pp_s, p.pp_comm_bytes_per_step() / 25e9, 1e-12);
@@ -66,12 +67,55 @@ TEST(AutoLayoutTest, Gpt2On8RanksPlansEveryAllowedLayout) {
   }
 }
 
+// A layout over the budget is planned again with more recomputation,
+// cheapest first, and kept with the first that fits: the step below it on
+// the ladder (none → selective → full K=1, 2, ... → full) does not fit.
+TEST(AutoLayoutTest, RecomputationTurnedOnOnlyWhereItMustBe) {
+  const JobSpec spec = Gpt2();
+  const std::string yaml = ReadFile(kSourceDir + "/examples/gpt2-124m-zero3.yaml");
+  AutoLayoutOptions opt;
+  opt.ranks = 8;
+  opt.memory_per_rank = 2 * kGiB;
+  const AutoLayoutResult r = *AutoLayout(spec, opt);
+  int turned_on = 0, full = 0;
+  for (const LayoutCandidate& c : r.fitting) {
+    SCOPED_TRACE(testing::Message() << c.dp << "x" << c.tp << "x" << c.pp << " zero " << c.zero);
+    absl::StatusOr<JobSpec> alt = ParseJobSpec(yaml, c.Overrides(spec));
+    ASSERT_TRUE(alt.ok()) << alt.status();
+    EXPECT_EQ(MakePlan(*alt, 8)->memory_per_rank().total_bytes(), c.peak_memory);
+    if (c.memory_without == 0) {
+      EXPECT_EQ(c.recompute, Recompute::kNone);
+      continue;
+    }
+    ++turned_on;
+    EXPECT_GT(c.memory_without, opt.memory_per_rank);
+    EXPECT_GT(c.recompute_share, 0);
+    // One rung down the ladder does not fit.
+    JobSpec less = *alt;
+    if (c.recompute == Recompute::kSelective) {
+      less.model.recompute = Recompute::kNone;
+    } else if (c.recompute_layers > 1) {
+      less.model.recompute_layers = c.recompute_layers - 1;
+    } else {
+      less.model.recompute = Recompute::kSelective;
+      less.model.recompute_layers = -1;
+    }
+    if (c.recompute == Recompute::kFull) ++full;
+    EXPECT_GT(MakePlan(less, 8)->memory_per_rank().total_bytes(), opt.memory_per_rank);
+  }
+  EXPECT_GT(turned_on, 0);
+  std::printf("2 GiB on 8 ranks: %zu layouts fit, %d of them with recomputation (%d full)\n",
+              r.fitting.size(), turned_on, full);
+  const std::string text = AutoLayoutText(spec, opt, r);
+  EXPECT_NE(text.find("recomputation turned on"), std::string::npos) << text;
+}
+
 TEST(AutoLayoutTest, SmallerBudgetFitsFewer) {
   AutoLayoutOptions opt;
   opt.ranks = 8;
   opt.memory_per_rank = 80 * kGiB;
   const AutoLayoutResult big = *AutoLayout(Gpt2(), opt);
-  opt.memory_per_rank = 4 * kGiB;
+  opt.memory_per_rank = kGiB;  // 4 GiB: all fit, some with recomputation
   const AutoLayoutResult small = *AutoLayout(Gpt2(), opt);
   EXPECT_LT(small.fitting.size(), big.fitting.size());
   EXPECT_FALSE(small.too_big.empty());
