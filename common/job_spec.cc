@@ -38,9 +38,11 @@ const std::vector<absl::string_view> kModelKeys = {"preset", "layers",    "heads
                                                    "init",   "recompute", "recompute_layers"};
 const std::vector<absl::string_view> kDataKeys = {"train", "val", "format", "tokenizer"};
 const std::vector<absl::string_view> kBatchKeys = {"global", "micro", "seq_len"};
-const std::vector<absl::string_view> kParallelKeys = {
-    "dp",       "tp", "pp", "stages", "zero", "offload", "schedule", "reshard_after_forward",
-    "bucket_mb"};
+const std::vector<absl::string_view> kParallelKeys = {"dp",        "tp",
+                                                      "pp",        "stages",
+                                                      "zero",      "offload",
+                                                      "schedule",  "reshard_after_forward",
+                                                      "bucket_mb", "sequence_parallel"};
 const std::vector<absl::string_view> kOptimizerKeys = {"name",         "lr",       "min_lr",
                                                        "betas",        "eps",      "weight_decay",
                                                        "warmup_steps", "schedule", "grad_clip"};
@@ -417,6 +419,10 @@ absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpe
   SHARDTRAIN_RETURN_IF_ERROR(
       ReadBool(n, "parallel", "reshard_after_forward", &p->reshard_after_forward));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "bucket_mb", 1, &p->bucket_mb));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadBool(n, "parallel", "sequence_parallel", &p->sequence_parallel));
+  if (p->sequence_parallel && p->tp < 2) {
+    return FieldError("parallel.sequence_parallel", "needs parallel.tp > 1 (tp is ", p->tp, ")");
+  }
 
   SHARDTRAIN_ASSIGN_OR_RETURN(ParallelDims dims, ParallelDims::Create(p->dp, p->tp, p->pp));
   SHARDTRAIN_RETURN_IF_ERROR(
@@ -440,6 +446,11 @@ absl::Status ParseBatch(const Node& root, const ModelSpec& model, const Parallel
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "batch", "seq_len", 1, &b->seq_len));
   if (b->seq_len > model.context) {
     return FieldError("batch.seq_len", b->seq_len, " exceeds model.context: ", model.context);
+  }
+  if (par.sequence_parallel && (int64_t{b->micro} * b->seq_len) % par.tp != 0) {
+    return FieldError("parallel.sequence_parallel", "parallel.tp ", par.tp,
+                      " must divide batch.micro × batch.seq_len = ", b->micro, " × ", b->seq_len,
+                      " (each tp rank holds an equal part of the micro-batch's rows)");
   }
   return SplitBatch(b->global, b->micro, par.dp).status();
 }

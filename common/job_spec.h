@@ -72,7 +72,6 @@ struct ModelSpec {
   // recompute (>= 1; -1, the default: all of them); needs selective or full.
   Recompute recompute = Recompute::kNone;
   int recompute_layers = -1;
-  model::ActivationPolicy Activations() const { return {recompute, recompute_layers}; }
 };
 
 struct DataSpec {
@@ -102,7 +101,11 @@ struct ParallelSpec {
   OffloadMode offload = OffloadMode::kNone;
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   bool reshard_after_forward = true;  // ZeRO-3: free gathered params after forward
-  int bucket_mb = 25;                 // gradient bucket size for all-reduce, MiB (> 0)
+  // Megatron-LM's sequence parallelism: the LayerNorm and residual regions
+  // split along the sequence across the tp ranks (tp > 1; tp divides
+  // batch.micro · batch.seq_len); activations outside the tp region / tp.
+  bool sequence_parallel = false;
+  int bucket_mb = 25;  // gradient bucket size for all-reduce, MiB (> 0)
 };
 
 struct OptimizerSpec {
@@ -168,6 +171,11 @@ struct JobSpec {
   // Split().accum is the number of micro-batches per optimizer step on each
   // data-parallel replica (for pipelines, m).
   absl::StatusOr<ParallelDims> Dims() const;
+  // What each rank keeps of its activations: model.recompute,
+  // model.recompute_layers and parallel.sequence_parallel.
+  model::ActivationPolicy Activations() const {
+    return {model.recompute, model.recompute_layers, parallel.sequence_parallel};
+  }
   absl::StatusOr<BatchSplit> Split() const;
 };
 

@@ -52,9 +52,9 @@ bool operator==(const BatchSpec& a, const BatchSpec& b) {
 }
 bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
   return std::tie(a.dp, a.tp, a.pp, a.stages, a.zero, a.offload, a.schedule,
-                  a.reshard_after_forward,
-                  a.bucket_mb) == std::tie(b.dp, b.tp, b.pp, b.stages, b.zero, b.offload,
-                                           b.schedule, b.reshard_after_forward, b.bucket_mb);
+                  a.reshard_after_forward, a.bucket_mb, a.sequence_parallel) ==
+         std::tie(b.dp, b.tp, b.pp, b.stages, b.zero, b.offload, b.schedule,
+                  b.reshard_after_forward, b.bucket_mb, b.sequence_parallel);
 }
 bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
   return std::tie(a.name, a.lr, a.min_lr, a.betas, a.eps, a.weight_decay, a.warmup_steps,
@@ -129,6 +129,7 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "reshard_after_forward" << YAML::Value
       << boolean(s.parallel.reshard_after_forward);
   out << YAML::Key << "bucket_mb" << YAML::Value << s.parallel.bucket_mb;
+  out << YAML::Key << "sequence_parallel" << YAML::Value << boolean(s.parallel.sequence_parallel);
   out << YAML::EndMap;
 
   out << YAML::Key << "precision" << YAML::Value << std::string(EnumName(s.precision));

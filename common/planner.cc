@@ -73,6 +73,16 @@ std::vector<std::string> LayoutProblems(const JobSpec& spec, int world) {
         absl::StrCat("batch.seq_len: ", b.seq_len, " exceeds model.context: ", m.context));
   }
   add(SplitBatch(b.global, b.micro, par.dp).status());
+  if (par.sequence_parallel &&
+      (par.tp < 2 || (int64_t{b.micro} * b.seq_len) % std::max(1, par.tp) != 0)) {
+    problems.push_back(absl::StrCat("parallel.sequence_parallel: needs parallel.tp > 1 dividing ",
+                                    "batch.micro × batch.seq_len = ", b.micro, " × ", b.seq_len,
+                                    " (tp is ", par.tp, ")"));
+  }
+  if (m.recompute_layers == 0 || m.recompute_layers < -1) {
+    problems.push_back(
+        absl::StrCat("model.recompute_layers: ", m.recompute_layers, " must be >= 1"));
+  }
   return problems;
 }
 
@@ -134,7 +144,7 @@ MicroBatchFlops BusiestRecompute(const JobSpec& spec) {
   for (int s = 0; s < spec.parallel.pp; ++s) {
     const MicroBatchFlops f =
         StageFlops(*cfg, spec.batch.micro, spec.batch.seq_len,
-                   model::SliceOf(*layers, s, spec.parallel.tp, 0), spec.model.Activations());
+                   model::SliceOf(*layers, s, spec.parallel.tp, 0), spec.Activations());
     if (s == 0 || f.recompute > busiest.recompute) busiest = f;
   }
   return busiest;
@@ -232,7 +242,7 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   // Stored in the compute dtype (as llm.c's floatX), statistics in fp32.
   const model::ActivationTable acts(cfg, spec.batch.micro, spec.batch.seq_len, shape.slice,
                                     mixed ? DataType::kBFloat16 : DataType::kFloat32,
-                                    spec.model.Activations());
+                                    spec.Activations());
   if (pp > 1)
     e.in_flight = spec.parallel.schedule == PipelineSchedule::kGpipe ? m : std::min(pp - s, m);
   mem.set_activations_bytes(acts.bytes(e.in_flight));
@@ -332,20 +342,38 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   // cross-entropy's three all-reduces of B·T fp32 values (the row maxima,
   // the sums of exponentials, the target logits). Full recomputation
   // repeats each recomputing block's attention-projection all-reduce.
+  //
+  // Sequence parallelism (h: one all-gather or reduce-scatter of B·T·C,
+  // (tp-1)·B·T·C/tp elements sent; an all-reduce is 2h): per block in
+  // forward 2 all-gathers (the LayerNorm outputs into the column-parallel
+  // layers) and 2 reduce-scatters (the row-parallel outputs), in backward
+  // their conjugates (2 reduce-scatters, 2 all-gathers) and 2 all-gathers
+  // more (the LayerNorm outputs gathered again for the weight gradients, as
+  // Megatron-LM does: only 1/tp of them is kept) — 10h where tp alone sends
+  // 8h; a full refill 2 all-gathers and a reduce-scatter (3h, not 2h); the
+  // embedding's reduce-scatter and its gradient's all-gather, the final
+  // norm's all-gather and its gradient's reduce-scatter (2h each, as
+  // before); and once per step the all-reduce of the LayerNorms' gradients
+  // (fp32, 2C per norm), which each rank computes on its rows only.
   if (tp > 1) {
-    const int64_t refills =
-        spec.model.recompute == Recompute::kFull
-            ? RecomputedLayers(spec.model.Activations(), static_cast<int>(Ls))
-            : 0;
-    const int64_t btc_reduces = 4 * Ls + refills + (first ? 1 : 0) + (last ? 1 : 0);
-    e.tp_comm = m * (btc_reduces * AllReduceBytes(BTC, tp, ab) +
-                     (last ? 3 * AllReduceBytes(BT, tp, 4) : 0));
+    const bool sp = spec.parallel.sequence_parallel;
+    const int64_t refills = spec.model.recompute == Recompute::kFull
+                                ? RecomputedLayers(spec.Activations(), static_cast<int>(Ls))
+                                : 0;
+    const int64_t ends = (first ? 1 : 0) + (last ? 1 : 0);
+    const int64_t activations =
+        sp ? (10 * Ls + 3 * refills + 2 * ends) * ((tp - 1) * (BTC / tp) * ab)
+           : (4 * Ls + refills + ends) * AllReduceBytes(BTC, tp, ab);
+    e.tp_comm = m * (activations + (last ? 3 * AllReduceBytes(BT, tp, 4) : 0));
+    if (sp) e.tp_comm += AllReduceBytes(2 * cfg.dim * (2 * Ls + (last ? 1 : 0)), tp, 4);
   }
   // Pipeline: per micro-batch, activations (B·T·C) to the next stage and
   // their gradient back to the previous one; once per step the first and
   // last stages sum the tied wte's gradient (an all-reduce of two ranks:
   // each sends its tp-local wte gradient once).
-  e.pp_comm = m * ((last ? 0 : BTC) + (first ? 0 : BTC)) * ab;
+  // Under sequence parallelism each tp rank exchanges its rows only.
+  const int64_t io = spec.parallel.sequence_parallel ? BTC / tp : BTC;
+  e.pp_comm = m * ((last ? 0 : io) + (first ? 0 : io)) * ab;
   if (pp > 1 && (first || last)) e.pp_comm += AllReduceBytes(shape.wte, 2, gb);
   return e;
 }

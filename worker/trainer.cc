@@ -162,7 +162,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   std::unique_ptr<parallel::TensorParallelGroup> tp;
   engine::cpu::GptOptions options;
   options.slice = model::SliceOf(*stages, coord.pp, dims->tp(), coord.tp);
-  options.activations = spec.model.Activations();
+  options.activations = spec.Activations();
   options.slots = parallel::PeakInFlight(
       parallel::PipelineActions(ScheduleOf(spec), coord.pp, dims->pp(), split->accum));
   if (mesh != nullptr && mesh->tp() != nullptr) {
@@ -207,6 +207,14 @@ absl::Status Trainer::AttachModelParallel(std::unique_ptr<parallel::Mesh> mesh,
     mp.sum_tied = [m](absl::Span<float> g) {
       return m->tied()->AllReduce(g.data(), g.size(), comm::DataType::kFloat32,
                                   comm::ReduceOp::kSum);
+    };
+  }
+  if (spec_.parallel.sequence_parallel && tp_group_ != nullptr) {
+    mp.tp_partial = layout.SequenceParallelRanges();
+    parallel::TensorParallelGroup* tp = tp_group_.get();
+    mp.sum_tp = [tp](absl::Span<float> g) {
+      tp->AllReduceSum(g.data(), g.size());
+      return tp->status();
     };
   }
   strategy_->set_model_parallel(std::move(mp));
@@ -480,11 +488,10 @@ absl::Status Trainer::LoadInitialWeights(const std::string& path) {
   // ranges of its slice, in the whole model's coordinates, in local order;
   // AdamW starts from zero moments at step 0.
   std::vector<float> params;
-  ForEachGlobalPiece(engine_->layout(), strategy_->LoadRanges(), {},
-                     [&](size_t, size_t global, size_t n) {
-                       params.insert(params.end(), whole->begin() + global,
-                                     whole->begin() + global + n);
-                     });
+  ForEachGlobalPiece(
+      engine_->layout(), strategy_->LoadRanges(), {}, [&](size_t, size_t global, size_t n) {
+        params.insert(params.end(), whole->begin() + global, whole->begin() + global + n);
+      });
   const std::vector<float> zeros(params.size(), 0.0f);
   return strategy_->Restore(params, zeros, zeros, 0);
 }

@@ -14,13 +14,16 @@ ActivationTable::ActivationTable(const GptConfig& config, int B, int T, const Mo
                                  DataType compute, const ActivationPolicy& policy)
     : compute_(compute) {
   const int64_t BT = int64_t{B} * T, C = config.dim, tp = slice.tp;
+  // Rows of the residual stream on this rank: all, or 1/tp under sequence
+  // parallelism.
+  const int64_t BTl = policy.sequence_parallel ? BT / tp : BT;
   const int64_t Ct = C / tp, Vpt = config.padded_vocab / tp;  // tp-local widths
   const int64_t att = int64_t{B} * (config.heads / tp) * T * T;
   const int last = slice.end_layer(config);
   constexpr ActivationKind kSaved = ActivationKind::kSaved, kScratch = ActivationKind::kScratch;
   // numel of each block tensor (kBlockActivations order).
-  const int64_t block_numel[] = {BT * C, BT, BT, BT * 3 * Ct, BT * Ct,     att,   BT * C,
-                                 BT * C, BT, BT, BT * 4 * Ct, BT * 4 * Ct, BT * C};
+  const int64_t block_numel[] = {BTl * C, BTl, BTl, BT * 3 * Ct, BT * Ct,     att,    BTl * C,
+                                 BTl * C, BTl, BTl, BT * 4 * Ct, BT * 4 * Ct, BTl * C};
   static_assert(std::size(kBlockActivations) == 13);
   auto is_stat = [](const std::string& n) {
     return absl::EndsWith(n, "_mean") || absl::EndsWith(n, "_rstd");
@@ -41,23 +44,27 @@ ActivationTable::ActivationTable(const GptConfig& config, int B, int T, const Mo
       Add(b + n, block_numel[k], kSaved, is_stat(n));
     }
   }
-  Add("encoded", BT * C, kSaved);  // the first stage's embeddings, or the input received
+  Add("encoded", BTl * C, kSaved);  // the first stage's embeddings, or the input received
   if (slice.last_stage) {
     Add("lnf", BT * C, kSaved);
-    Add("lnf_mean", BT, kSaved, true);
-    Add("lnf_rstd", BT, kSaved, true);
+    Add("lnf_mean", BTl, kSaved, true);
+    Add("lnf_rstd", BTl, kSaved, true);
     Add("logits", BT * Vpt, kSaved);
     Add("losses", BT, kSaved, true);
     Add("lse", BT, kSaved, true);
   }
   Add("proj_out", BT * C, kScratch);
-  Add("dresidual", BT * C, kScratch);
+  Add("dresidual", BTl * C, kScratch);
   Add("dln", BT * C, kScratch);
   Add("datty", BT * Ct, kScratch);
   Add("dqkv", BT * 3 * Ct, kScratch);
   Add("dfch", BT * 4 * Ct, kScratch);
   Add("dfch_gelu", BT * 4 * Ct, kScratch);
   Add("att_scratch", att, kScratch);
+  if (policy.sequence_parallel) {
+    Add("sp_full", BT * C, kScratch);
+    Add("sp_local", BTl * C, kScratch);
+  }
   if (any_recomputed) {
     for (size_t k = 0; k < std::size(kBlockActivations); ++k) {
       const std::string n = kBlockActivations[k];

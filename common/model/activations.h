@@ -23,6 +23,14 @@
 // A pipeline stage keeps one set of the saved tensors per micro-batch in
 // flight (Engine::slots()).
 //
+// Sequence parallelism (ActivationPolicy::sequence_parallel, tp > 1; Korthikanti
+// et al. 2022): the tensors outside the tp region — ln1, ln2, residual2,
+// residual3, their statistics, encoded, lnf_mean, lnf_rstd and dresidual —
+// hold BTl = BT/tp rows, this rank's contiguous part of the B·T rows.
+// Scratch adds sp_full (BT·C: a LayerNorm output or a gradient gathered
+// from every rank's rows) and sp_local (BTl·C: a reduce-scattered
+// output); lnf stays BT·C (the LM head's gathered input, saved).
+//
 // Recomputation (ActivationPolicy, the job's model.recompute) moves tensors
 // of the first `recompute_layers` blocks of the slice (all by default) from
 // the saved set to one shared scratch set, "recompute.<name>", that the
@@ -62,6 +70,10 @@ struct ActivationPolicy {
   Recompute recompute = Recompute::kNone;
   // The first K blocks of each stage's slice recompute; -1: all of them.
   int recompute_layers = -1;
+  // Sequence parallelism (parallel.sequence_parallel; tp > 1): the
+  // residual stream, the LayerNorms and their statistics hold only this tp
+  // rank's BT/tp rows (see the table below).
+  bool sequence_parallel = false;
 
   // Whether block `i` of a slice (0-based within the slice) recomputes.
   bool Recomputes(int i) const {

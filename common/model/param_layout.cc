@@ -180,6 +180,27 @@ std::vector<std::pair<size_t, size_t>> ParamLayout::ReplicaRanges() const {
   return out;
 }
 
+std::vector<std::pair<size_t, size_t>> ParamLayout::SequenceParallelRanges() const {
+  std::vector<std::pair<size_t, size_t>> out;
+  auto add = [&](int tensor) {
+    const TensorInfo& t = tensors_[tensor];
+    if (!out.empty() && out.back().second == t.offset) {
+      out.back().second = t.offset + t.numel;
+    } else {
+      out.emplace_back(t.offset, t.offset + t.numel);
+    }
+  };
+  for (int i = 0; i < num_layers_; ++i) {
+    const int l = slice_.first_layer + i;
+    for (BlockTensor bt : {kLn1W, kLn1B, kLn2W, kLn2B}) add(block_tensor(l, bt));
+  }
+  if (slice_.last_stage) {
+    add(lnf_w());
+    add(lnf_b());
+  }
+  return out;
+}
+
 uint64_t ParamLayout::GlobalFingerprint() const { return global_fingerprint_; }
 
 }  // namespace shardtrain::model

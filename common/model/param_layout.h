@@ -121,6 +121,11 @@ class ParamLayout {
   // Gradient norms leave them out, and checkpoints do not save them twice.
   // Sorted, disjoint; empty for a whole model.
   std::vector<std::pair<size_t, size_t>> ReplicaRanges() const;
+  // The LayerNorms' weights and biases (ln1, ln2 of every block, the final
+  // norm): under sequence parallelism each tp rank computes their gradient
+  // on its rows only, so the gradients in these ranges are partial sums
+  // over the tp group. Sorted, disjoint.
+  std::vector<std::pair<size_t, size_t>> SequenceParallelRanges() const;
   // Elements of the whole model (ParamLayout(config()).num_params()).
   size_t global_num_params() const { return global_num_params_; }
   // Offset in floats of a tensor.

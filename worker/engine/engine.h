@@ -133,6 +133,11 @@ class Engine {
   // previous stage (null on the first stage); valid until the next
   // StageBackward.
   virtual const float* InputGrad() const { return nullptr; }
+  // Elements of StageOutput and InputGrad (for the largest micro-batch): the
+  // pipeline's exchange size. Default max_batch() · max_seq_len() · dim.
+  virtual size_t StageIoElements() const {
+    return size_t(max_batch()) * size_t(max_seq_len()) * size_t(config().dim);
+  }
 };
 
 inline float Engine::StageForward(int slot, const int* tokens, const int* targets,

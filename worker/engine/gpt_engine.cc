@@ -58,6 +58,11 @@ absl::Status ValidateGptEngine(const GptConfig& config, int B, int T,
         absl::StrCat("parallel.tp: ", tp, " (rank ", sl.tp_rank, ") must divide model.heads ",
                      config.heads, " and the padded vocabulary ", config.padded_vocab));
   }
+  if (options.activations.sequence_parallel && (tp < 2 || (int64_t{B} * T) % tp != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.sequence_parallel needs parallel.tp > 1 dividing the micro-batch's B·T = ", B,
+        "·", T, " rows; tp is ", tp));
+  }
   if (tp > 1 &&
       (options.tp == nullptr || options.tp->size() != tp || options.tp->rank() != sl.tp_rank)) {
     return absl::InvalidArgumentError("tensor-parallel slice without its tp group");
@@ -93,6 +98,7 @@ GptEngine::GptEngine(const GptConfig& config, int B, int T, const GptEngineOptio
       B_(B),
       T_(T),
       policy_(options.activations),
+      sp_(options.activations.sequence_parallel && options.slice.tp > 1),
       table_(config, B, T, options.slice, compute, options.activations) {
   const int64_t BT = int64_t{B} * T;
   slots_.resize(options.slots);
@@ -156,6 +162,8 @@ void GptEngine::BindActivations(char* base) {
   dfch_ = take(nullptr, "dfch");
   dfch_gelu_ = take(nullptr, "dfch_gelu");
   att_scratch_ = take(nullptr, "att_scratch");
+  sp_full_ = take(nullptr, "sp_full");
+  sp_local_ = take(nullptr, "sp_local");
 }
 
 void GptEngine::InitSliceHost(uint64_t seed, size_t begin, size_t end, float* out,
@@ -222,6 +230,26 @@ void GptEngine::ReduceFromTpRegionForward(void* output, int64_t n) {
   if (tp_ != nullptr && tp_->size() > 1) TpAllReduceSum(output, n);
 }
 
+const void* GptEngine::GatherFromSequenceRegionForward(const void* local, int64_t n) {
+  if (!sp_) return local;
+  TpAllGather(sp_full_, local, n);
+  return sp_full_;
+}
+
+void GptEngine::GatherFromSequenceRegionBackward(void* dlocal, void* dfull, int64_t n) {
+  if (sp_) {
+    TpReduceScatter(dlocal, dfull, n);
+  } else {
+    CopyToTpRegionBackward(dfull, n);  // dlocal == dfull: the whole rows, summed in place
+  }
+}
+
+const void* GptEngine::ReduceScatterToSequenceRegionBackward(const void* dlocal, int64_t n) {
+  if (!sp_) return dlocal;
+  TpAllGather(sp_full_, dlocal, n);
+  return sp_full_;
+}
+
 float GptEngine::StageForward(int slot, const int* tokens, const int* targets, const float* input,
                               int b, int t) {
   const GptConfig& cfg = config();
@@ -257,7 +285,7 @@ float GptEngine::StageForward(int slot, const int* tokens, const int* targets, c
     UnitScope use(*this, layout_.wte());
     EncoderForward(s);
   } else {
-    CopyFromFloat32(s.encoded, input, int64_t{N} * C);
+    CopyFromFloat32(s.encoded, input, int64_t{LocalRows(N)} * C);
   }
   const void* residual = s.encoded;
   for (int i = 0; i < layout_.num_layers(); ++i) {
@@ -266,9 +294,14 @@ float GptEngine::StageForward(int slot, const int* tokens, const int* targets, c
   }
   if (!sl.last_stage) return 0.0f;
   {
+    // Under sequence parallelism on this rank's rows, then gathered: the LM
+    // head reads every row.
     UnitScope use(*this, layout_.lnf_w());
-    LayerNormForward(s.lnf, s.lnf_mean, s.lnf_rstd, residual, layout_.lnf_w(), layout_.lnf_b(), N,
+    const int Nl = LocalRows(N);
+    void* lnf = sp_ ? sp_local_ : s.lnf;
+    LayerNormForward(lnf, s.lnf_mean, s.lnf_rstd, residual, layout_.lnf_w(), layout_.lnf_b(), Nl,
                      C);
+    if (sp_) TpAllGather(s.lnf, lnf, int64_t{Nl} * C);
   }
   {
     // LM head tied to wte; only this rank's real vocabulary columns are
@@ -293,32 +326,33 @@ void GptEngine::StageBackward(int slot, float loss_scale, const float* doutput) 
     std::abort();
   }
   SlotActs& s = slots_[slot];
-  const int C = config().dim, b = s.b, t = s.t, N = b * t;
-  const int64_t NC = int64_t{N} * C;
+  const int C = config().dim, b = s.b, t = s.t, N = b * t, Nl = LocalRows(N);
+  const int64_t NC = int64_t{N} * C, NlC = int64_t{Nl} * C;
   if (sl.last_stage) {
     CrossEntropyBackward(s, loss_scale / static_cast<float>(N));
-    Zero(dresidual_, NC);
+    Zero(dresidual_, NlC);
     Zero(dln_, NC);
+    void* dlnf = sp_ ? sp_local_ : dln_;
     {
       UnitScope use(*this, layout_.wte());
       LmHeadBackward(s, dln_);
-      CopyToTpRegionBackward(dln_, NC);
+      GatherFromSequenceRegionBackward(dlnf, dln_, NlC);
     }
     {
       UnitScope use(*this, layout_.lnf_w());
-      LayerNormBackward(dresidual_, dln_, LastOutput(s), s.lnf_mean, s.lnf_rstd, layout_.lnf_w(),
-                        layout_.lnf_b(), N, C);
+      LayerNormBackward(dresidual_, dlnf, LastOutput(s), s.lnf_mean, s.lnf_rstd, layout_.lnf_w(),
+                        layout_.lnf_b(), Nl, C);
     }
     if (grads_ready_) grads_ready_(layout_.offset(layout_.lnf_w()));
   } else {
-    CopyFromFloat32(dresidual_, doutput, NC);
+    CopyFromFloat32(dresidual_, doutput, NlC);
   }
   for (int i = layout_.num_layers() - 1; i >= 0; --i) {
     const int l = layout_.first_layer() + i;
     BlockBackward(l, s.layers[i], i == 0 ? s.encoded : s.layers[i - 1].residual3, b, t);
     if (grads_ready_) grads_ready_(layout_.offset(layout_.block_tensor(l, BlockTensor(0))));
   }
-  if (sl.first_stage) EncoderBackward(s, dresidual_);
+  if (sl.first_stage) EncoderBackward(s, ReduceScatterToSequenceRegionBackward(dresidual_, NlC));
   s.forwarded = false;
   if (sl.has_embeddings() && grads_ready_) grads_ready_(0);
 }
@@ -331,15 +365,23 @@ void GptEngine::StageBackward(int slot, float loss_scale, const float* doutput) 
 // ReduceFromTpRegion, then the replicated bias is added). With tp = 1 every
 // region function is a no-op and the projections add their bias inside the
 // matmul.
-void GptEngine::RowParallelForward(void* out, const void* inp, int weight, int bias, int N, int IC,
-                                   int OC) {
+const void* GptEngine::RowParallelForward(const void* inp, int weight, int bias, int N, int IC,
+                                          int OC) {
   if (tp_ == nullptr) {
-    MatmulForward(out, inp, weight, bias, N, IC, OC, OC);
-    return;
+    MatmulForward(proj_out_, inp, weight, bias, N, IC, OC, OC);
+    return proj_out_;
   }
-  MatmulForward(out, inp, weight, -1, N, IC, OC, OC);
-  ReduceFromTpRegionForward(out, int64_t{N} * OC);
-  AddBias(out, bias, N, OC);
+  MatmulForward(proj_out_, inp, weight, -1, N, IC, OC, OC);
+  if (!sp_) {
+    ReduceFromTpRegionForward(proj_out_, int64_t{N} * OC);
+    AddBias(proj_out_, bias, N, OC);
+    return proj_out_;
+  }
+  // ReduceScatterToSequenceRegion: this rank's rows of the sum.
+  const int Nl = LocalRows(N);
+  TpReduceScatter(sp_local_, proj_out_, int64_t{Nl} * OC);
+  AddBias(sp_local_, bias, Nl, OC);
+  return sp_local_;
 }
 
 void GptEngine::BlockForward(int l, LayerActs& a, const void* residual, int b, int t) {
@@ -350,20 +392,24 @@ void GptEngine::BlockForward(int l, LayerActs& a, const void* residual, int b, i
 void GptEngine::BlockForwardMath(int l, LayerActs& a, const void* residual, int b, int t,
                                  bool refill) {
   const int C = config().dim, tp = layout_.slice().tp;
-  const int Ct = C / tp, NHt = config().heads / tp, N = b * t;
-  const int64_t NC = int64_t{N} * C, NCt = int64_t{N} * Ct;
+  const int Ct = C / tp, NHt = config().heads / tp, N = b * t, Nl = LocalRows(N);
+  const int64_t NlC = int64_t{Nl} * C, NCt = int64_t{N} * Ct;
   auto w = [&](BlockTensor bt) { return layout_.block_tensor(l, bt); };
-  LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w(kLn1W), w(kLn1B), N, C);
-  MatmulForward(a.qkv, a.ln1, w(kQkvW), w(kQkvB), N, C, 3 * Ct, 3 * Ct);
+  // The residual stream and the LayerNorms: Nl rows (all of them without
+  // sequence parallelism); the tp region between them: all N rows.
+  LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w(kLn1W), w(kLn1B), Nl, C);
+  MatmulForward(a.qkv, GatherFromSequenceRegionForward(a.ln1, NlC), w(kQkvW), w(kQkvB), N, C,
+                3 * Ct, 3 * Ct);
   AttentionForward(a.atty, a.att, att_scratch_, a.qkv, b, t, Ct, NHt);
-  RowParallelForward(proj_out_, a.atty, w(kAttnProjW), w(kAttnProjB), N, Ct, C);
-  ResidualForward(a.residual2, residual, proj_out_, NC);
-  LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w(kLn2W), w(kLn2B), N, C);
-  MatmulForward(a.fch, a.ln2, w(kFcW), w(kFcB), N, C, 4 * Ct, 4 * Ct);
+  ResidualForward(a.residual2, residual,
+                  RowParallelForward(a.atty, w(kAttnProjW), w(kAttnProjB), N, Ct, C), NlC);
+  LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w(kLn2W), w(kLn2B), Nl, C);
+  MatmulForward(a.fch, GatherFromSequenceRegionForward(a.ln2, NlC), w(kFcW), w(kFcB), N, C, 4 * Ct,
+                4 * Ct);
   GeluForward(a.fch_gelu, a.fch, NCt * 4);
   if (refill) return;
-  RowParallelForward(proj_out_, a.fch_gelu, w(kFcProjW), w(kFcProjB), N, 4 * Ct, C);
-  ResidualForward(a.residual3, a.residual2, proj_out_, NC);
+  ResidualForward(a.residual3, a.residual2,
+                  RowParallelForward(a.fch_gelu, w(kFcProjW), w(kFcProjB), N, 4 * Ct, C), NlC);
 }
 
 void GptEngine::Refill(int l, LayerActs& a, const void* residual, int b, int t) {
@@ -381,31 +427,42 @@ void GptEngine::Refill(int l, LayerActs& a, const void* residual, int b, int t) 
 void GptEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b, int t) {
   UnitScope use(*this, layout_.block_tensor(l, kLn1W));
   const int C = config().dim, tp = layout_.slice().tp;
-  const int Ct = C / tp, NHt = config().heads / tp, N = b * t;
-  const int64_t NC = int64_t{N} * C, NCt = int64_t{N} * Ct;
+  const int Ct = C / tp, NHt = config().heads / tp, N = b * t, Nl = LocalRows(N);
+  const int64_t NC = int64_t{N} * C, NlC = int64_t{Nl} * C, NCt = int64_t{N} * Ct;
   auto w = [&](BlockTensor bt) { return layout_.block_tensor(l, bt); };
   if (a.recompute) Refill(l, a, residual, b, t);
+  // Where a LayerNorm's input gradient lands: dln_ itself (all rows, summed
+  // over tp in place), or this rank's rows of it under sequence parallelism.
+  void* const dln_rows = sp_ ? sp_local_ : dln_;
   // residual3 = residual2 + fcproj: both receive dresidual (in place). The
-  // row-parallel projections' backward is the identity side of their region:
-  // dresidual is whole on every rank.
+  // row-parallel projections' backward is the identity side of their region
+  // (or the all-gather of dresidual's rows): their output gradient is whole
+  // on every rank.
   Zero(dfch_gelu_, NCt * 4);
   Zero(dfch_, NCt * 4);
-  MatmulBackward(dfch_gelu_, dresidual_, C, a.fch_gelu, w(kFcProjW), w(kFcProjB), N, 4 * Ct, C);
+  MatmulBackward(dfch_gelu_, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), C, a.fch_gelu,
+                 w(kFcProjW), w(kFcProjB), N, 4 * Ct, C);
   GeluBackward(dfch_, a.fch, dfch_gelu_, NCt * 4);
   Zero(dln_, NC);
-  MatmulBackward(dln_, dfch_, 4 * Ct, a.ln2, w(kFcW), w(kFcB), N, C, 4 * Ct);
-  CopyToTpRegionBackward(dln_, NC);
-  LayerNormBackward(dresidual_, dln_, a.residual2, a.ln2_mean, a.ln2_rstd, w(kLn2W), w(kLn2B), N,
-                    C);
+  // Sequence parallelism keeps ln2's rows only: gathered again for fc's
+  // weight gradient (as Megatron-LM does).
+  MatmulBackward(dln_, dfch_, 4 * Ct, GatherFromSequenceRegionForward(a.ln2, NlC), w(kFcW), w(kFcB),
+                 N, C, 4 * Ct);
+  GatherFromSequenceRegionBackward(dln_rows, dln_, NlC);
+  LayerNormBackward(dresidual_, dln_rows, a.residual2, a.ln2_mean, a.ln2_rstd, w(kLn2W), w(kLn2B),
+                    Nl, C);
   // residual2 = residual + attproj: both receive dresidual (in place).
   Zero(datty_, NCt);
   Zero(dqkv_, NCt * 3);
-  MatmulBackward(datty_, dresidual_, C, a.atty, w(kAttnProjW), w(kAttnProjB), N, Ct, C);
+  MatmulBackward(datty_, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), C, a.atty,
+                 w(kAttnProjW), w(kAttnProjB), N, Ct, C);
   AttentionBackward(dqkv_, att_scratch_, datty_, a.qkv, a.att, b, t, Ct, NHt);
   Zero(dln_, NC);
-  MatmulBackward(dln_, dqkv_, 3 * Ct, a.ln1, w(kQkvW), w(kQkvB), N, C, 3 * Ct);
-  CopyToTpRegionBackward(dln_, NC);
-  LayerNormBackward(dresidual_, dln_, residual, a.ln1_mean, a.ln1_rstd, w(kLn1W), w(kLn1B), N, C);
+  MatmulBackward(dln_, dqkv_, 3 * Ct, GatherFromSequenceRegionForward(a.ln1, NlC), w(kQkvW),
+                 w(kQkvB), N, C, 3 * Ct);
+  GatherFromSequenceRegionBackward(dln_rows, dln_, NlC);
+  LayerNormBackward(dresidual_, dln_rows, residual, a.ln1_mean, a.ln1_rstd, w(kLn1W), w(kLn1B), Nl,
+                    C);
 }
 
 }  // namespace shardtrain::engine

@@ -121,13 +121,26 @@ class GptEngine : public Engine {
     return s.layers.empty() ? s.encoded : s.layers.back().residual3;
   }
   void* dresidual() const { return dresidual_; }
+  // Sequence parallelism: the residual stream holds LocalRows(N) of a
+  // micro-batch's N rows, this tp rank's [rank·N/tp, (rank+1)·N/tp).
+  bool sequence_parallel() const { return sp_; }
+  int LocalRows(int N) const { return sp_ ? N / layout_.slice().tp : N; }
+  // Scratch of B·T·C (compute type) the first stage's embeddings are summed
+  // in before their reduce-scatter under sequence parallelism.
+  void* sp_full() const { return sp_full_; }
+  // Elements of the activation one stage sends the next (and of its
+  // gradient back): (B·T/tp)·C under sequence parallelism, else B·T·C.
+  size_t StageIoElements() const override {
+    return size_t(LocalRows(B_ * T_)) * size_t(config().dim);
+  }
 
   // ---- The device's layers (see the header comment for the types). Sizes:
   // N rows of B·T; widths as in engine/cpu/layers.h.
   // The first stage's embeddings of s.tokens into s.encoded (summed over tp
-  // when the vocabulary is split).
+  // when the vocabulary is split; under sequence parallelism reduce-scattered
+  // to this rank's LocalRows, sp_full() holding the partial sums).
   virtual void EncoderForward(SlotActs& s) = 0;
-  // wte / wpe gradients of the embeddings from dout (b, t, C).
+  // wte / wpe gradients of the embeddings from dout (b, t, C), every row.
   virtual void EncoderBackward(const SlotActs& s, const void* dout) = 0;
   // dst (n, compute type) = src (n, fp32 in the device's memory: the
   // pipeline's exchange type).
@@ -166,6 +179,11 @@ class GptEngine : public Engine {
   virtual void LmHeadBackward(SlotActs& s, void* dln) = 0;
   // In place sum over the tp group (called only when tp > 1).
   virtual void TpAllReduceSum(void* x, int64_t n) = 0;
+  // Sequence parallelism (called only then): full (tp·n) = every rank's
+  // local (n), rank r's at r·n; local (n) = the sum over ranks of their
+  // full[rank·n, +n).
+  virtual void TpAllGather(void* full, const void* local, int64_t n) = 0;
+  virtual void TpReduceScatter(void* local, const void* full, int64_t n) = 0;
   // Called when a unit's parameters are about to be read, after the
   // parameter hook: a mixed-precision engine refreshes the unit's compute
   // copy from its fp32 master here. Default: nothing.
@@ -187,24 +205,38 @@ class GptEngine : public Engine {
   // GELU from the block's input `residual`.
   void Refill(int layer, LayerActs& a, const void* residual, int b, int t);
   void BlockBackward(int layer, LayerActs& a, const void* residual, int b, int t);
-  // Row-parallel linear forward: out (N, OC) = inp (N, IC_local) · weight^T,
-  // summed over tp (ReduceFromTpRegion), plus bias.
-  void RowParallelForward(void* out, const void* inp, int weight, int bias, int N, int IC, int OC);
+  // Row-parallel linear forward: inp (N, IC_local) · weight^T summed over tp
+  // (ReduceFromTpRegion; or ReduceScatterToSequenceRegion, this rank's
+  // LocalRows(N) rows of it), plus bias: returns proj_out_ (N, OC) or
+  // sp_local_ (Nl, OC).
+  const void* RowParallelForward(const void* inp, int weight, int bias, int N, int IC, int OC);
   // Megatron's conjugate pairs over this engine's tp group (no-ops at tp 1);
-  // see tensor_parallel.h.
+  // see tensor_parallel.h. n: elements of this rank's rows.
   void CopyToTpRegionBackward(void* dinput, int64_t n);
   void ReduceFromTpRegionForward(void* output, int64_t n);
+  // Without sequence parallelism: `local` itself (every row is here).
+  // With it: every rank's rows gathered into sp_full_.
+  const void* GatherFromSequenceRegionForward(const void* local, int64_t n);
+  // dfull (all rows, this rank's partial sums) summed over tp: in place
+  // (CopyToTpRegion's backward; dlocal == dfull), or this rank's rows into
+  // dlocal under sequence parallelism.
+  void GatherFromSequenceRegionBackward(void* dlocal, void* dfull, int64_t n);
+  // The gradient of a reduce-scattered output, whole: dlocal itself, or
+  // every rank's rows gathered into sp_full_.
+  const void* ReduceScatterToSequenceRegionBackward(const void* dlocal, int64_t n);
 
   model::ParamLayout layout_;
   const model::ParamLayout whole_;  // the whole model's layout (init, global indices)
   TensorParallel* const tp_;
   const int B_, T_;
   const model::ActivationPolicy policy_;
+  const bool sp_;  // sequence parallelism
   const model::ActivationTable table_;
   std::vector<SlotActs> slots_;
   // scratch
   void *proj_out_ = nullptr, *dresidual_ = nullptr, *dln_ = nullptr, *datty_ = nullptr,
-       *dqkv_ = nullptr, *dfch_ = nullptr, *dfch_gelu_ = nullptr, *att_scratch_ = nullptr;
+       *dqkv_ = nullptr, *dfch_ = nullptr, *dfch_gelu_ = nullptr, *att_scratch_ = nullptr,
+       *sp_full_ = nullptr, *sp_local_ = nullptr;
   std::function<void(size_t)> grads_ready_;
   std::function<void(int, bool)> param_hook_;
 };

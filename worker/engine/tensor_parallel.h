@@ -11,6 +11,20 @@
 //                       embedding)
 //                       backward: identity
 //
+// and, under sequence parallelism (each rank holds rows [r·n, (r+1)·n) of
+// the activations outside the tp region), the pair that replaces them:
+//
+//   GatherFromSequenceRegion      forward: all-gather of every rank's rows
+//                                 (the input of a column-parallel layer)
+//                                 backward: reduce-scatter of the input's
+//                                 gradient (partial sums) to each rank's rows
+//   ReduceScatterToSequenceRegion forward: reduce-scatter of a row-parallel
+//                                 layer's partial outputs to each rank's rows
+//                                 backward: all-gather of the gradient
+//
+// An all-reduce is a reduce-scatter and an all-gather: the pair sends the
+// same bytes as the one it replaces.
+//
 // The engine cannot return errors from inside a pass (Forward returns the
 // loss), so an implementation keeps the first communication error, leaves
 // the data as it was on failure (the pass finishes on stale numbers) and
@@ -34,6 +48,10 @@ class TensorParallel {
   // In place over the group, every rank the same result.
   virtual void AllReduceSum(float* data, size_t count) = 0;
   virtual void AllReduceMax(float* data, size_t count) = 0;
+  // full[count · size()] = every rank's local[count], rank r's at r·count.
+  virtual void AllGather(const float* local, float* full, size_t count) = 0;
+  // local[count] = the sum over ranks of their full[rank·count, +count).
+  virtual void ReduceScatterSum(const float* full, float* local, size_t count) = 0;
   // OK, or the first error of an all-reduce.
   virtual absl::Status status() const = 0;
 };
@@ -51,6 +69,24 @@ struct ReduceFromTpRegion {
     if (tp != nullptr && tp->size() > 1) tp->AllReduceSum(output, count);
   }
   static void Backward(TensorParallel*, float*, size_t) {}
+};
+
+struct GatherFromSequenceRegion {
+  static void Forward(TensorParallel* tp, const float* local, float* full, size_t count) {
+    tp->AllGather(local, full, count);
+  }
+  static void Backward(TensorParallel* tp, const float* dfull, float* dlocal, size_t count) {
+    tp->ReduceScatterSum(dfull, dlocal, count);
+  }
+};
+
+struct ReduceScatterToSequenceRegion {
+  static void Forward(TensorParallel* tp, const float* full, float* local, size_t count) {
+    tp->ReduceScatterSum(full, local, count);
+  }
+  static void Backward(TensorParallel* tp, const float* dlocal, float* dfull, size_t count) {
+    tp->AllGather(dlocal, dfull, count);
+  }
 };
 
 }  // namespace shardtrain::engine

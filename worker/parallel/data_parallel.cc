@@ -35,6 +35,32 @@ double SquaredNormOutside(absl::Span<const float> grads, size_t offset, const Fl
   return SquaredNormOutside(host, grads.data(), grads.size(), offset, skip);
 }
 
+absl::Status SumTpPartials(const ModelParallelGrads& mp, absl::Span<float> grads, size_t offset) {
+  if (!mp.sum_tp || mp.tp_partial.empty()) return absl::OkStatus();
+  const size_t end = offset + grads.size();
+  std::vector<std::pair<size_t, size_t>> parts;  // [first, last) in grads' coordinates
+  size_t total = 0;
+  for (const auto& [begin, stop] : mp.tp_partial) {
+    const size_t first = std::max(begin, offset), last = std::min(stop, end);
+    if (first >= last) continue;
+    parts.emplace_back(first - offset, last - offset);
+    total += last - first;
+  }
+  if (total == 0) return absl::OkStatus();
+  std::vector<float> packed;
+  packed.reserve(total);
+  for (const auto& [first, last] : parts) {
+    packed.insert(packed.end(), grads.begin() + first, grads.begin() + last);
+  }
+  if (absl::Status s = mp.sum_tp(absl::MakeSpan(packed)); !s.ok()) return s;
+  const float* from = packed.data();
+  for (const auto& [first, last] : parts) {
+    std::copy(from, from + (last - first), grads.begin() + first);
+    from += last - first;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<double> SumOverGroup(comm::Communicator* comm, double local) {
   static_assert(sizeof(double) == 2 * sizeof(float));
   if (comm == nullptr || comm->size() == 1) return local;

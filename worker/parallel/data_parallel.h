@@ -85,7 +85,18 @@ struct ModelParallelGrads {
   FlatRanges norm_skip;
   // Sums a squared norm over the tp and pp groups (identical on every rank).
   std::function<absl::StatusOr<double>(double)> sum_squares;
+  // Sequence parallelism: ranges of the flat gradient holding this tp rank's
+  // partial sums (the LayerNorms', computed on its rows only;
+  // ParamLayout::SequenceParallelRanges) and the in-place sum over the tp
+  // group that completes them — before the norm, like sum_tied.
+  FlatRanges tp_partial;
+  std::function<absl::Status(absl::Span<float>)> sum_tp;
 };
+
+// Sums over the tp group (mp.sum_tp, one call) the parts of `grads` (flat
+// elements [offset, offset + size), host memory) inside mp.tp_partial. Every
+// tp rank of a stage holds the same ranges, so each issues the same call.
+absl::Status SumTpPartials(const ModelParallelGrads& mp, absl::Span<float> grads, size_t offset);
 
 class DataParallel {
  public:

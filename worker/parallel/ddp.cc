@@ -113,6 +113,7 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) 
   if (mp_.sum_tied && mp_.tied_end > 0) {
     if (absl::Status s = mp_.sum_tied(g.f32().subspan(0, mp_.tied_end)); !s.ok()) return s;
   }
+  if (absl::Status s = SumTpPartials(mp_, g.f32(), 0); !s.ok()) return s;
   double squared = SquaredNormOutside(math, grads, g.count, 0, mp_.norm_skip);
   if (mp_.sum_squares) {
     absl::StatusOr<double> total = mp_.sum_squares(squared);

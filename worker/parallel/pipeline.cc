@@ -80,7 +80,7 @@ PipelineExecutor::PipelineExecutor(engine::Engine* engine, comm::Communicator* p
       actions_(std::move(actions)),
       slots_(std::max(1, std::min(engine->slots(), micro_batches))),
       tokens_per_micro_(size_t(engine->max_batch()) * size_t(engine->max_seq_len())),
-      act_elems_(tokens_per_micro_ * size_t(engine->config().dim)),
+      act_elems_(engine->StageIoElements()),
       tokens_(slots_, std::vector<int>(tokens_per_micro_)),
       targets_(slots_, std::vector<int>(tokens_per_micro_)),
       fwd_sends_(slots_),

@@ -4,7 +4,8 @@
 // is kept for status() and later calls do nothing (the communicator is
 // poisoned then anyway), so a pass finishes on stale numbers and the
 // trainer reports the error after the step. Counts the bytes it sent (ring
-// model: 2·(tp−1)/tp of each all-reduce's bytes).
+// model: 2·(tp−1)/tp of each all-reduce's bytes, (tp−1)/tp of an
+// all-gather's or reduce-scatter's whole buffer).
 // Not thread-safe: the engine's one caller.
 #ifndef SHARDTRAIN_WORKER_PARALLEL_TENSOR_PARALLEL_GROUP_H_
 #define SHARDTRAIN_WORKER_PARALLEL_TENSOR_PARALLEL_GROUP_H_
@@ -28,6 +29,19 @@ class TensorParallelGroup final : public engine::TensorParallel {
   }
   void AllReduceMax(float* data, size_t count) override {
     AllReduce(data, count, comm::ReduceOp::kMax);
+  }
+  void AllGather(const float* local, float* full, size_t count) override {
+    if (!status_.ok()) return;
+    ++calls_;
+    bytes_ += static_cast<int64_t>((comm_->size() - 1) * count * sizeof(float));
+    status_ = comm_->AllGather(local, full, count, comm::DataType::kFloat32);
+  }
+  void ReduceScatterSum(const float* full, float* local, size_t count) override {
+    if (!status_.ok()) return;
+    ++calls_;
+    bytes_ += static_cast<int64_t>((comm_->size() - 1) * count * sizeof(float));
+    status_ =
+        comm_->ReduceScatter(full, local, count, comm::DataType::kFloat32, comm::ReduceOp::kSum);
   }
   absl::Status status() const override { return status_; }
 

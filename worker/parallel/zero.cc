@@ -407,6 +407,7 @@ absl::StatusOr<double> Zero::StepShard(float lr, float max_norm, float loss_scal
     if (k == 0 && mp_.sum_tied && mp_.tied_end == u.numel && !g.empty()) {
       if (absl::Status s = mp_.sum_tied(g); !s.ok()) return s;
     }
+    if (absl::Status s = SumTpPartials(mp_, g, u.offset + u.own.begin); !s.ok()) return s;
     squared += SquaredNormOutside(g, u.offset + u.own.begin, mp_.norm_skip, pool);
   }
   auto total = SumOverRanks(squared);

@@ -153,6 +153,38 @@ TEST_F(PlanMemoryTest, RecomputeModesMatchThePlanWithin5Percent) {
   }
 }
 
+// Sequence parallelism on tp2: each rank's activations within 5% of the
+// plan with and without it (and with full recomputation), smaller with it.
+TEST_F(PlanMemoryTest, SequenceParallelOnTp2MatchesThePlanWithin5Percent) {
+  std::printf("%-9s %-10s %-3s %14s %14s %6s %9s\n", "shape", "recompute", "sp", "plan acts",
+              "measured acts", "diff", "vs tp2");
+  for (const Shape& shape : kShapes) {
+    for (Recompute mode : {Recompute::kNone, Recompute::kFull}) {
+      int64_t without = 0;
+      for (bool sp : {false, true}) {
+        SCOPED_TRACE(testing::Message() << shape.name << " " << EnumName(mode) << " sp " << sp);
+        JobSpec spec = Spec(shape, 0);
+        spec.parallel.dp = 1;
+        spec.parallel.tp = 2;
+        spec.parallel.sequence_parallel = sp;
+        spec.model.recompute = mode;
+        absl::StatusOr<v1::Plan> plan = MakePlan(spec, 2);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        const int64_t want = plan->memory_per_rank().activations_bytes();
+        for (const MemoryUse& got : MeasuredMemory(spec, 2)) {
+          EXPECT_LE(RelDiff(got.activations, want), 0.05);
+          if (!sp) without = got.activations;
+          if (sp) EXPECT_LT(got.activations, without);
+          std::printf("%-9s %-10s %-3s %14lld %14lld %5.2f%% %8.3fx\n", shape.name,
+                      std::string(EnumName(mode)).c_str(), sp ? "yes" : "no",
+                      static_cast<long long>(want), static_cast<long long>(got.activations),
+                      100 * RelDiff(got.activations, want), double(got.activations) / without);
+        }
+      }
+    }
+  }
+}
+
 // The plan's per-stage figures against every rank of a tp2 × pp2 mesh: each
 // rank's slice (params, grads, AdamW state) and activations (the slots its
 // schedule keeps: GPipe m, 1F1B min(m, pp - stage)) within 5%.

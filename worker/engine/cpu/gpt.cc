@@ -93,6 +93,10 @@ void Gpt::EncoderForward(SlotActs& s) {
   if (tp() == nullptr) {
     cpu::EncoderForward(F(s.encoded), s.tokens.data(), param(layout().wte()), param(layout().wpe()),
                         s.b, s.t, C, &pool_);
+  } else if (sequence_parallel()) {
+    VocabParallelEncoderForward(F(sp_full()), s.tokens.data(), param(layout().wte()),
+                                param(layout().wpe()), s.b, s.t, C, vocab_, tp(), &pool_,
+                                F(s.encoded));
   } else {
     VocabParallelEncoderForward(F(s.encoded), s.tokens.data(), param(layout().wte()),
                                 param(layout().wpe()), s.b, s.t, C, vocab_, tp(), &pool_);
@@ -236,5 +240,13 @@ void Gpt::LmHeadBackward(SlotActs& s, void* dln) {
 }
 
 void Gpt::TpAllReduceSum(void* x, int64_t n) { tp()->AllReduceSum(F(x), static_cast<size_t>(n)); }
+
+void Gpt::TpAllGather(void* full, const void* local, int64_t n) {
+  tp()->AllGather(static_cast<const float*>(local), F(full), static_cast<size_t>(n));
+}
+
+void Gpt::TpReduceScatter(void* local, const void* full, int64_t n) {
+  tp()->ReduceScatterSum(static_cast<const float*>(full), F(local), static_cast<size_t>(n));
+}
 
 }  // namespace shardtrain::engine::cpu

@@ -118,6 +118,8 @@ class Gpt final : public GptEngine {
   void CrossEntropyBackward(SlotActs& s, float dloss) override;
   void LmHeadBackward(SlotActs& s, void* dln) override;
   void TpAllReduceSum(void* x, int64_t n) override;
+  void TpAllGather(void* full, const void* local, int64_t n) override;
+  void TpReduceScatter(void* local, const void* full, int64_t n) override;
 
  private:
   Gpt(const model::GptConfig& config, int B, int T, int threads, const GptOptions& options);

@@ -17,7 +17,7 @@ VocabShard VocabShardOf(int vocab, int padded_vocab, int tp, int tp_rank) {
 
 void VocabParallelEncoderForward(float* out, const int* tokens, const float* wte_shard,
                                  const float* wpe, int B, int T, int C, const VocabShard& v,
-                                 TensorParallel* tp, ThreadPool* pool) {
+                                 TensorParallel* tp, ThreadPool* pool, float* local) {
   const int64_t N = int64_t{B} * T;
   ParallelFor(pool, N, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -31,10 +31,18 @@ void VocabParallelEncoderForward(float* out, const int* tokens, const float* wte
     }
   });
   // One rank holds each token's row: the sum is that row, exactly.
-  ReduceFromTpRegion::Forward(tp, out, static_cast<size_t>(N) * C);
-  ParallelFor(pool, N, [&](int64_t r0, int64_t r1) {
+  int64_t first = 0, rows = N;  // the rows of the result this rank holds
+  if (local == nullptr) {
+    ReduceFromTpRegion::Forward(tp, out, static_cast<size_t>(N) * C);
+  } else {
+    rows = N / tp->size();
+    first = rows * tp->rank();
+    ReduceScatterToSequenceRegion::Forward(tp, out, local, static_cast<size_t>(rows) * C);
+    out = local;
+  }
+  ParallelFor(pool, rows, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const float* p = wpe + (r % T) * C;
+      const float* p = wpe + ((first + r) % T) * C;
       float* o = out + r * C;
       for (int c = 0; c < C; ++c) o[c] += p[c];
     }

@@ -24,9 +24,12 @@ struct VocabShard {
 VocabShard VocabShardOf(int vocab, int padded_vocab, int tp, int tp_rank);
 
 // out (N·C) = wte[tok] (this rank's rows, summed over tp) + wpe[t].
+// Sequence parallelism (`local` given): out holds the partial sums only, and
+// local (N/tp · C) this tp rank's rows [rank·N/tp, +N/tp) of the result
+// (ReduceScatterToSequenceRegion; tp divides N).
 void VocabParallelEncoderForward(float* out, const int* tokens, const float* wte_shard,
                                  const float* wpe, int B, int T, int C, const VocabShard& v,
-                                 TensorParallel* tp, ThreadPool* pool);
+                                 TensorParallel* tp, ThreadPool* pool, float* local = nullptr);
 // dwte_shard[tok - v0] += dout for this rank's tokens; dwpe[t] += dout.
 void VocabParallelEncoderBackward(float* dwte_shard, float* dwpe, const float* dout,
                                   const int* tokens, int B, int T, int C, const VocabShard& v);

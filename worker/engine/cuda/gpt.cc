@@ -337,4 +337,12 @@ void CudaGpt::TpAllReduceSum(void* x, int64_t n) {
   Fail("CudaGpt::TpAllReduceSum: tensor parallelism is not on the GPU yet");
 }
 
+void CudaGpt::TpAllGather(void* full, const void* local, int64_t n) {
+  Fail("CudaGpt::TpAllGather: tensor parallelism is not on the GPU yet");
+}
+
+void CudaGpt::TpReduceScatter(void* local, const void* full, int64_t n) {
+  Fail("CudaGpt::TpReduceScatter: tensor parallelism is not on the GPU yet");
+}
+
 }  // namespace shardtrain::engine::cuda

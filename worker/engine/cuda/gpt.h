@@ -89,6 +89,8 @@ class CudaGpt final : public GptEngine {
   void CrossEntropyBackward(SlotActs& s, float dloss) override;
   void LmHeadBackward(SlotActs& s, void* dln) override;
   void TpAllReduceSum(void* x, int64_t n) override;
+  void TpAllGather(void* full, const void* local, int64_t n) override;
+  void TpReduceScatter(void* local, const void* full, int64_t n) override;
   void OnUnitUse(int unit) override;
 
  private:

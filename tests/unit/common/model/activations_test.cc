@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 namespace shardtrain::model {
 namespace {
 
@@ -46,6 +48,62 @@ TEST(ActivationTableTest, StatisticsStayFp32AndTheRestTakeTheComputeType) {
   EXPECT_EQ(bf.at("block.0.ln1_mean").offset - bf.at("block.0.ln1").offset, 192);
   const ActivationTable f(cfg, 3, 5);
   EXPECT_EQ(f.at("block.0.ln1_mean").offset - f.at("block.0.ln1").offset, 368);
+}
+
+
+// The table against Korthikanti et al. 2022 ("Reducing Activation
+// Recomputation in Large Transformer Models", Table 2): activation bytes
+// per transformer layer of a GPT-3 175B layer (h = 12288, a = 96, s = 2048,
+// b = 1, t = 8, 16-bit), our saved "block.<l>.*" tensors beside each
+// formula. Every difference is explained term by term and must add up to
+// the byte:
+//   - the paper keeps two dropout masks of s·b·h bytes (attention output,
+//     MLP output) outside the tp region, and in the attention core a dropout
+//     mask (a·s²·b bytes) and the dropout's output (2·a·s²·b) beside the
+//     softmax (2·a·s²·b): shardtrain's GPT has no dropout, so keeps neither:
+//     −2sbh (÷ t under sequence parallelism) and −3as²b/t;
+//   - shardtrain keeps each LayerNorm's mean and rstd in fp32 (2 norms × 2
+//     × 4 bytes per token), which the paper leaves out: +16sb (÷ t under
+//     sequence parallelism);
+//   - the paper's LN inputs and the QKV and fc inputs are our residual3 (of
+//     the previous layer), residual2, ln1 and ln2: the same 8sbh.
+TEST(ActivationTableTest, MatchesKorthikantiTable2ForAGpt3Layer) {
+  const int64_t h = 12288, a = 96, s = 2048, b = 1, t = 8;
+  const GptConfig cfg = *MakeGptConfig(/*layers=*/96, a, h, /*context=*/s, /*vocab=*/50257);
+  const ModelSlice middle{/*first_layer=*/1, /*num_layers=*/1, /*first_stage=*/false,
+                          /*last_stage=*/false, t, /*tp_rank=*/0};
+  const double sbh = double(s * b * h), as2b = double(a * s * s * b), sb = double(s * b);
+  struct Row {
+    const char* what;
+    ActivationPolicy policy;
+    double paper;    // the paper's formula, bytes
+    double dropout;  // what the paper keeps for dropout (we have none)
+    double stats;    // our fp32 LayerNorm statistics
+  };
+  const Row rows[] = {
+      {"tensor parallel (baseline)", {Recompute::kNone, -1, false},
+       sbh * (10 + 24.0 / t + 5.0 * a * s / (h * t)), 2 * sbh + 3 * as2b / t, 16 * sb},
+      {"tp + sequence parallel", {Recompute::kNone, -1, true},
+       sbh * (34 + 5.0 * a * s / h) / t, 2 * sbh / t + 3 * as2b / t, 16 * sb / t},
+      {"tp + selective recompute", {Recompute::kSelective, -1, false}, sbh * (10 + 24.0 / t),
+       2 * sbh, 16 * sb},
+      {"tp + sp + selective recompute", {Recompute::kSelective, -1, true}, sbh * 34 / t,
+       2 * sbh / t, 16 * sb / t},
+      {"full recompute", {Recompute::kFull, -1, false}, 2 * sbh, 0, 0},
+  };
+  std::printf("%-30s %16s %16s %7s  %s\n", "GPT-3 175B layer, t = 8", "paper (bytes)",
+              "ours (bytes)", "ratio", "difference");
+  for (const Row& r : rows) {
+    const ActivationTable table(cfg, int(b), int(s), middle, DataType::kBFloat16, r.policy);
+    int64_t ours = 0;
+    for (const ActivationTensor& x : table.tensors()) {
+      if (x.kind == ActivationKind::kSaved && x.name.rfind("block.1.", 0) == 0) ours += x.bytes();
+    }
+    std::printf("%-30s %16.0f %16lld %7.4f  %+.0f = no dropout %+.0f, fp32 statistics %+.0f\n",
+                r.what, r.paper, static_cast<long long>(ours), double(ours) / r.paper,
+                double(ours) - r.paper, -r.dropout, r.stats);
+    EXPECT_EQ(double(ours), r.paper - r.dropout + r.stats) << r.what;
+  }
 }
 
 }  // namespace
