@@ -94,8 +94,8 @@ int RunRank(const JobSpec& spec, int rank, const std::string& store_dir, const s
     g.timeout = absl::Seconds(300);
     g.prefix = prefix;
     g.group_name = "world";
-    auto c = comm::CreateGlooCommunicator(std::make_shared<comm::FileStore>(store_dir), rank,
-                                          world, g);
+    auto c =
+        comm::CreateGlooCommunicator(std::make_shared<comm::FileStore>(store_dir), rank, world, g);
     if (!c.ok()) return fail(c.status());
     comm = *std::move(c);
   }

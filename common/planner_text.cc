@@ -89,8 +89,8 @@ std::string RecomputeComparison(const JobSpec& spec, const v1::Plan& plan) {
     if (!p.ok()) continue;
     const MicroBatchFlops f = BusiestRecompute(alt);
     const double extra = f.recompute, share = f.train > 0 ? f.recompute / f.train : 0;
-    const bool chosen = m.recompute == spec.model.recompute &&
-                        m.recompute_layers == spec.model.recompute_layers;
+    const bool chosen =
+        m.recompute == spec.model.recompute && m.recompute_layers == spec.model.recompute_layers;
     std::string name(EnumName(m.recompute));
     if (m.recompute_layers > 0) absl::StrAppend(&name, " K=", m.recompute_layers);
     absl::StrAppendFormat(&out, "%s%-12s ", chosen ? "*" : " ", name);
@@ -134,7 +134,12 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
                         spec.parallel.offload == OffloadMode::kOptimizer
                             ? "; optimizer state offloaded to host memory"
                             : "");
-  absl::StrAppendFormat(&out, "activations: recompute %s\n", RecomputeWhat(spec.model));
+  absl::StrAppendFormat(&out, "activations: recompute %s%s\n", RecomputeWhat(spec.model),
+                        spec.parallel.sequence_parallel
+                            ? absl::StrFormat("; sequence parallel: the residual stream and "
+                                              "LayerNorms hold 1/%d of the rows per tp rank",
+                                              plan.tp())
+                            : "");
   absl::StrAppendFormat(
       &out, "batch: global %d = micro %d × dp %d × accumulation %d; seq_len %d (%s tokens/step)\n",
       plan.global_batch(), plan.micro_batch(), dp, m, plan.seq_len(),
@@ -241,7 +246,15 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
                         FormatPlanBytes(plan.tp_comm_bytes_per_step()),
                         FormatPlanBytes(plan.pp_comm_bytes_per_step()),
                         FormatPlanBytes(plan.dp_comm_bytes_per_step()));
-  if (plan.tp() > 1) {
+  if (plan.tp() > 1 && spec.parallel.sequence_parallel) {
+    out +=
+        "  tp (sequence parallel; h = one all-gather or reduce-scatter of B·T·C, half an "
+        "all-reduce): per micro-batch 10h per layer (forward 2 all-gathers + 2 reduce-scatters, "
+        "backward their conjugates + 2 all-gathers of the LayerNorm outputs again), 2h for the "
+        "embedding (first stage) and 2h for the final norm plus 3 all-reduces of B·T fp32 for "
+        "the vocab-parallel cross-entropy (last stage); once per step an all-reduce of the "
+        "LayerNorm gradients\n";
+  } else if (plan.tp() > 1) {
     out +=
         "  tp: per micro-batch, ring all-reduces (2(tp-1)/tp of each): 4 of B·T·C per layer (2 "
         "forward, 2 backward), 1 of B·T·C for the vocab-parallel embedding (first stage) and 1 "

@@ -223,11 +223,11 @@ TEST(JobSpecTest, RoundTripExamples) {
 TEST(JobSpecTest, RoundTripEveryFieldChanged) {
   const std::string text = R"(
 name: every.field_changed-1
-model: {preset: gpt2-124m, layers: 8, context: 512}
+model: {preset: gpt2-124m, layers: 8, context: 512, recompute: full, recompute_layers: 2}
 data: {train: "a path: with colon", val: 'v.bin', format: llmc, tokenizer: gpt2}
 batch: {global: 96, micro: 4, seq_len: 300}
 parallel: {dp: 2, tp: 4, pp: 2, stages: [3, 5], zero: 2, offload: optimizer, schedule: gpipe,
-           reshard_after_forward: false, bucket_mb: 7}
+           reshard_after_forward: false, bucket_mb: 7, sequence_parallel: true}
 precision: fp16
 optimizer: {name: adamw, lr: 0.0007, min_lr: 1.2345678901234567e-5, betas: [0.8, 0.999],
             eps: 1e-6, weight_decay: 0.01, warmup_steps: 13, schedule: linear, grad_clip: 0}
@@ -246,6 +246,9 @@ timeouts: {collective_s: 5}
   EXPECT_EQ(spec->data.train, "a path: with colon");
   EXPECT_EQ(spec->parallel.schedule, PipelineSchedule::kGpipe);
   EXPECT_FALSE(spec->parallel.reshard_after_forward);
+  EXPECT_TRUE(spec->parallel.sequence_parallel);
+  EXPECT_EQ(spec->model.recompute, Recompute::kFull);
+  EXPECT_EQ(spec->model.recompute_layers, 2);
   EXPECT_EQ(spec->parallel.stages, (std::vector<int>{3, 5}));
   EXPECT_DOUBLE_EQ(spec->optimizer.grad_clip, 0.0);
   EXPECT_EQ(spec->optimizer.betas, (std::vector<double>{0.8, 0.999}));
@@ -500,6 +503,22 @@ TEST(JobSpecTest, BadSpecsNameTheirField) {
        "spec: expected a map of fields at the top level, got a list"},
       {"top-level scalar", "hello",
        "spec: expected a map of fields at the top level, got \"hello\""},
+      {"recompute unknown", Make({{"model", "{preset: gpt2-124m, recompute: some}"}}),
+       "model.recompute: "},
+      {"recompute_layers 0",
+       Make({{"model",
+              "{preset: gpt2-124m, recompute: full, "
+              "recompute_layers: 0}"}}),
+       "model.recompute_layers: must be >= 1, got 0"},
+      {"recompute_layers alone", Make({{"model", "{preset: gpt2-124m, recompute_layers: 2}"}}),
+       "model.recompute_layers: needs model.recompute: selective or full (it is none)"},
+      {"sequence_parallel on tp 1", Make({{"parallel", "{sequence_parallel: true}"}}),
+       "parallel.sequence_parallel: needs parallel.tp > 1 (tp is 1)"},
+      {"sequence_parallel rows",
+       Make({{"model", kModel4},
+             {"parallel", "{tp: 4, sequence_parallel: true}"},
+             {"batch", "{global: 1, micro: 1, seq_len: 6}"}}),
+       "parallel.sequence_parallel: parallel.tp 4 must divide batch.micro × batch.seq_len = 1 × 6"},
   };
   ASSERT_GE(cases.size(), 20u);
   for (const BadSpec& c : cases) {
