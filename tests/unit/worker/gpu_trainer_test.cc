@@ -58,6 +58,7 @@ struct RunSpec {
   std::string model = "{layers: 2, heads: 4, dim: 64, context: 64, vocab: 256}";
   int micro = 8, seq_len = 37;  // T not a multiple of 32: the kernels' tails run
   std::string checkpoint_dir;   // checkpoint.every 5 when set
+  std::string recompute = "none";
 };
 
 JobSpec SpecOf(const RunSpec& r) {
@@ -69,7 +70,8 @@ JobSpec SpecOf(const RunSpec& r) {
       "steps: ", r.steps, "\n", "resources: {device: ", r.device, "}\n", "seed: 1337\n",
       r.checkpoint_dir.empty()
           ? ""
-          : absl::StrCat("checkpoint: {every: 5, dir: ", r.checkpoint_dir, "}\n")));
+          : absl::StrCat("checkpoint: {every: 5, dir: ", r.checkpoint_dir, "}\n")),
+      std::vector<std::string>{"model.recompute=" + r.recompute});
   EXPECT_TRUE(spec.ok()) << spec.status();
   return *spec;
 }
@@ -252,6 +254,34 @@ TEST_F(GpuTrainerTest, CheckpointsMoveBetweenGpuAndCpuAndContinueTheLossCurve) {
     std::printf("[gpu-trainer] %s step 5 -> %s: step 10 loss %.7f, uninterrupted %.7f\n", from,
                 to, resumed[r.steps], uninterrupted[r.steps]);
     EXPECT_LE(MaxRelDiff(resumed, uninterrupted), 1e-5);
+  }
+}
+
+// model.recompute on the GPU engine (GptEngine's refill, the CUDA layers):
+// the same losses as keeping every activation, in fp32 and bf16.
+TEST_F(GpuTrainerTest, RecomputationTrainsLikeKeepingEveryActivation) {
+  SKIP_WITHOUT_GPU();
+  for (const char* precision : {"fp32", "bf16"}) {
+    RunSpec r;
+    r.device = "cuda";
+    r.precision = precision;
+    std::unique_ptr<Trainer> none = MakeTrainer(SpecOf(r));
+    ASSERT_TRUE(none);
+    const std::vector<double> want = Train(*none, 1, r.steps);
+    for (const char* mode : {"selective", "full"}) {
+      r.recompute = mode;
+      std::unique_ptr<Trainer> t = MakeTrainer(SpecOf(r));
+      ASSERT_TRUE(t);
+      const std::vector<double> got = Train(*t, 1, r.steps);
+      const double diff = MaxRelDiff(got, want);
+      std::printf("[gpu-trainer] %s recompute %s: step 1 %.6f step %d %.6f; max diff vs none "
+                  "%.3g; activations %s (none %s)\n",
+                  precision, mode, got[1], r.steps, got[r.steps], diff,
+                  FormatPlanBytes(t->engine().activation_bytes()).c_str(),
+                  FormatPlanBytes(none->engine().activation_bytes()).c_str());
+      EXPECT_LE(diff, 1e-6) << precision << " " << mode;
+      EXPECT_LT(t->engine().activation_bytes(), none->engine().activation_bytes());
+    }
   }
 }
 

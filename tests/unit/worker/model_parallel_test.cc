@@ -20,16 +20,7 @@ class ModelParallelTest : public ::testing::TestWithParam<Layout> {};
 TEST_P(ModelParallelTest, EqualsOneRankStepByStep) {
   const Layout l = GetParam();
   const Losses& ref = Reference();
-  const Losses run = Train(TheCorpus().Spec(l));
-  const double loss = Worst(run.loss, ref.loss), val = Worst(run.val, ref.val);
-  std::printf(
-      "%-28s loss step 1 %.6f step 20 %.6f (1 rank %.6f %.6f); max rel diff: loss %.3g, "
-      "val %.3g\n",
-      Name(l).c_str(), run.loss[1], run.loss[kSteps], ref.loss[1], ref.loss[kSteps], loss, val);
-  EXPECT_LE(loss, 1e-5);
-  EXPECT_LE(val, 1e-5);
-  EXPECT_TRUE(std::isfinite(run.val[10]) && std::isfinite(run.val[kSteps]));
-  EXPECT_LT(ref.loss[kSteps], ref.loss[1] - 0.5) << "the reference does not learn";
+  ExpectSameLosses(l, Train(TheCorpus().Spec(l)), ref, "1 rank", 1e-5);
 }
 
 // clang-format off

@@ -164,6 +164,23 @@ inline double Worst(const std::vector<double>& got, const std::vector<double>& w
   return worst;
 }
 
+// Prints `got` beside `want` (the run of `l` against its reference, called
+// `reference` in the line) and requires every step's loss and validation
+// loss within `tolerance` relative, and a reference that learns.
+inline void ExpectSameLosses(const Layout& l, const Losses& got, const Losses& want,
+                             const char* reference, double tolerance) {
+  const double loss = Worst(got.loss, want.loss), val = Worst(got.val, want.val);
+  std::printf(
+      "%-36s loss step 1 %.6f step 20 %.6f (%s %.6f %.6f); max rel diff: loss %.3g, "
+      "val %.3g\n",
+      Name(l).c_str(), got.loss[1], got.loss[kSteps], reference, want.loss[1], want.loss[kSteps],
+      loss, val);
+  EXPECT_LE(loss, tolerance);
+  EXPECT_LE(val, tolerance);
+  EXPECT_TRUE(std::isfinite(got.val[10]) && std::isfinite(got.val[kSteps]));
+  EXPECT_LT(want.loss[kSteps], want.loss[1] - 0.5) << "the reference does not learn";
+}
+
 }  // namespace mp_test
 }  // namespace shardtrain::worker
 
