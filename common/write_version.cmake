@@ -1,9 +1,14 @@
-# cmake -DSOURCE_DIR=... -DOUT=... -DVERSION=... -P write_version.cmake
+# cmake -DSOURCE_DIR=... -DOUT=... -DVERSION=... [-DREVISION=...] -P write_version.cmake
 # Writes OUT defining shardtrain::kVersion and kGitRevision; leaves it
-# untouched (timestamp included) when the text would not change.
+# untouched (timestamp included) when the text would not change. REVISION
+# (the configure's SHARDTRAIN_GIT_REVISION) names the commit where the
+# sources carry no git history, as in an image build (.dockerignore keeps
+# .git out; deploy/Dockerfile passes it as a build argument).
 set(revision unknown)
 find_package(Git QUIET)
-if(GIT_FOUND)
+if(REVISION)
+  set(revision ${REVISION})
+elseif(GIT_FOUND)
   # Only SOURCE_DIR's own checkout counts, not one it happens to sit in.
   execute_process(COMMAND ${GIT_EXECUTABLE} -C ${SOURCE_DIR} rev-parse --show-toplevel
                   OUTPUT_VARIABLE top RESULT_VARIABLE rc ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE)
