@@ -33,11 +33,38 @@
 // commit plus a scheduling pass that places nothing, and every heartbeat is the
 // steady-state one (no commands). The pending queue grows by --jobs per phase.
 //
+// --process: the coordinator is the real shardtrain-coordinator program (next
+// to this bench's build directory, or --coordinator-bin) in its own process,
+// on 127.0.0.1:0 with its own --state-dir; --tls serves TLS with a
+// certificate made for the run (openssl), --tokens authenticates every call
+// with bearer tokens (worker, user and admin roles), and the baseline server
+// uses the same TLS. Then per worker count also:
+//   coordinator resources: RSS after registering the workers less its RSS
+//     before (per 1,000 workers), and its CPU time over the paced window
+//     (cores busy, per 1,000 workers);
+//   list_all_jobs     with --list-jobs J (J jobs submitted first, 8 clients at
+//                     once): ListJobs of every page (1,000 jobs each) as one
+//                     sample, 5 samples;
+//   restart           the workers heartbeat paced while the coordinator is
+//                     killed (SIGKILL) and started again on the same state:
+//                     seconds until it listens again, until every worker's
+//                     heartbeat is answered again (re-attached), every
+//                     worker ALIVE in ListWorkers, and the jobs it lists
+//                     before and after (none lost).
+//
 //   control_plane_bench [--workers 100,1000] [--seconds 5] [--jobs 200]
 //                       [--client-threads 8] [--modes paced,flood]
 //                       [--serial-calls 2000] [--lease-ms 30000] [--json]
+//                       [--process [--tls] [--tokens] [--list-jobs 10000]
+//                        [--coordinator-bin PATH]]
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdlib.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -45,12 +72,15 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -92,7 +122,23 @@ struct Config {
   int serial_calls = 2000;
   int64_t lease_ms = 30'000;
   bool json = false;
+  bool process = false, tls = false, tokens = false;
+  int list_jobs = 0;
+  std::string coordinator_bin;
 };
+
+// How clients reach the coordinator: channel credentials (TLS or plaintext)
+// and the bearer token of each role ("" without --tokens); the servers'
+// credentials (the baseline's too, so it runs over the same stack).
+struct Auth {
+  std::string ca_pem;  // TLS: the certificate clients trust; "" = plaintext
+  std::shared_ptr<grpc::ServerCredentials> server = grpc::InsecureServerCredentials();
+  std::string worker, user, admin;
+};
+Auth& TheAuth() {
+  static Auth* auth = new Auth();
+  return *auth;
+}
 
 // Per-call latencies (µs) of one phase, plus its failures and wall time.
 struct Samples {
@@ -137,16 +183,25 @@ Row MakeRow(const std::string& metric, int workers, Samples s) {
 std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  // Credentials of its own, as each worker process has.
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!TheAuth().ca_pem.empty()) {
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = TheAuth().ca_pem;
+    creds = grpc::SslCredentials(tls);
+  }
+  auto channel = grpc::CreateCustomChannel(address, creds, args);
   channel->WaitForConnected(std::chrono::system_clock::now() + kRpcDeadline);
   return channel;
 }
 
-// Times one unary call made like worker/coordinator_client.cc makes it.
+// Times one unary call made like worker/coordinator_client.cc makes it, with
+// `token` (a role's bearer token; "" without authentication).
 template <typename Call>
-bool TimedCall(Call&& call, Samples* out) {
+bool TimedCall(Call&& call, Samples* out, const std::string& token = TheAuth().worker) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
+  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
   const auto t0 = SteadyClock::now();
   grpc::Status s = call(&ctx);
   out->us.push_back(Micros(SteadyClock::now() - t0));
@@ -156,7 +211,7 @@ bool TimedCall(Call&& call, Samples* out) {
 
 std::unique_ptr<grpc::Server> StartServer(grpc::Service* service, int* port) {
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
+  builder.AddListeningPort("127.0.0.1:0", TheAuth().server, port);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || *port == 0) return nullptr;
@@ -239,6 +294,110 @@ class CoordinatorUnderTest {
   std::thread ticker_;
 };
 
+
+// The real shardtrain-coordinator program in its own process (--process):
+// 127.0.0.1:0, --port-file, its own --state-dir; TLS and tokens when the run
+// has them. Kill9() and Restart() keep the state directory.
+class CoordinatorProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<CoordinatorProcess>> Start(
+      const std::string& binary, const std::string& dir, std::vector<std::string> extra_args) {
+    auto c = std::unique_ptr<CoordinatorProcess>(new CoordinatorProcess());
+    c->dir_ = dir;
+    c->args_ = {binary,          "--listen",    "127.0.0.1:0", "--state-dir",
+                dir + "/state",  "--port-file", dir + "/port"};
+    for (std::string& a : extra_args) c->args_.push_back(std::move(a));
+    if (absl::Status s = c->Launch(); !s.ok()) return s;
+    return c;
+  }
+  ~CoordinatorProcess() { Stop(); }
+
+  // Forks and execs the program; waits (60 s at most) for its port file.
+  absl::Status Launch() {
+    std::filesystem::remove(dir_ + "/port");
+    // posix_spawn, not fork: gRPC's fork handlers would disturb this
+    // process's live channels (their reconnects failed their TLS handshakes).
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+    std::vector<char*> argv;
+    for (std::string& a : args_) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) {
+      pid_ = -1;
+      return absl::InternalError(absl::StrCat("cannot start ", args_[0], ": ", strerror(rc)));
+    }
+    const auto deadline = SteadyClock::now() + std::chrono::seconds(60);
+    while (SteadyClock::now() < deadline) {
+      std::ifstream f(dir_ + "/port");
+      int port = 0;
+      if (f >> port && port > 0) {
+        port_ = port;
+        return absl::OkStatus();
+      }
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return absl::InternalError(absl::StrCat(args_[0], " exited before listening"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return absl::DeadlineExceededError("the coordinator wrote no port file in 60 s");
+  }
+  void Kill9() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  void Stop() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  // On the same port (free again after the kill): clients reconnect to the
+  // same address, as workers do.
+  absl::Status Restart() {
+    args_[2] = address();
+    return Launch();
+  }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  int64_t RssBytes() const {
+    std::ifstream f(absl::StrCat("/proc/", pid_, "/status"));
+    std::string key;
+    int64_t kb = 0;
+    while (f >> key) {
+      if (key == "VmRSS:" && f >> kb) return kb * 1024;
+    }
+    return 0;
+  }
+  double CpuSeconds() const {  // user + system time so far
+    std::ifstream f(absl::StrCat("/proc/", pid_, "/stat"));
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t close = text.rfind(')');
+    if (close == std::string::npos) return 0;
+    std::istringstream rest(text.substr(close + 2));
+    std::string field;
+    double utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+      if (i == 14) utime = std::stod(field);
+      if (i == 15) stime = std::stod(field);
+    }
+    return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+
+ private:
+  CoordinatorProcess() = default;
+  std::string dir_;
+  std::vector<std::string> args_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
 // One stub per client thread, each on its own connection.
 std::vector<std::unique_ptr<v1::Coordinator::Stub>> NewStubs(const std::string& address, int n) {
   std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs;
@@ -295,7 +454,8 @@ Samples SubmitJobs(v1::Coordinator::Stub& stub, int jobs, SteadyClock::duration 
   for (int i = 0; i < jobs; ++i) {
     std::this_thread::sleep_until(t0 + interval * (i + 1));
     v1::SubmitJobResponse resp;
-    TimedCall([&](grpc::ClientContext* ctx) { return stub.SubmitJob(ctx, req, &resp); }, &s);
+    TimedCall([&](grpc::ClientContext* ctx) { return stub.SubmitJob(ctx, req, &resp); }, &s,
+              TheAuth().user);
   }
   s.seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
   return s;
@@ -355,12 +515,179 @@ LoadResult RunLoad(const std::string& address, const std::vector<std::string>& i
   return out;
 }
 
+
+// Every job the coordinator lists (all pages of 1,000), or -1 on an error.
+int64_t CountJobs(v1::Coordinator::Stub& stub, Samples* timing = nullptr) {
+  int64_t n = 0;
+  v1::ListJobsRequest req;
+  req.set_page_size(1000);
+  const auto t0 = SteadyClock::now();
+  for (;;) {
+    v1::ListJobsResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
+    if (!TheAuth().admin.empty()) ctx.AddMetadata("authorization", "Bearer " + TheAuth().admin);
+    if (!stub.ListJobs(&ctx, req, &resp).ok()) {
+      if (timing) ++timing->errors;
+      return -1;
+    }
+    n += resp.jobs_size();
+    if (resp.next_page_token().empty()) break;
+    req.set_page_token(resp.next_page_token());
+  }
+  if (timing) timing->us.push_back(Micros(SteadyClock::now() - t0));
+  return n;
+}
+
+// Submits jobs until the coordinator holds cfg.list_jobs, client_threads at
+// once; then lists all of them, 5 times.
+absl::Status ListPhase(const std::string& address, int workers, const Config& cfg,
+                       std::vector<Row>* rows, std::vector<std::string>* notes) {
+  auto stub = v1::Coordinator::NewStub(NewChannel(address));
+  const int64_t have = CountJobs(*stub);
+  if (have < 0) return absl::InternalError("ListJobs failed");
+  const int64_t need = std::max<int64_t>(0, cfg.list_jobs - have);
+  auto stubs = NewStubs(address, cfg.client_threads);
+  Samples bulk = RunThreads(cfg.client_threads, [&](int t, Samples* s) {
+    const int64_t mine = need / cfg.client_threads + (t < need % cfg.client_threads ? 1 : 0);
+    s->Merge(SubmitJobs(*stubs[t], static_cast<int>(mine), SteadyClock::duration::zero()));
+  });
+  if (bulk.errors > 0) return absl::InternalError(absl::StrCat(bulk.errors, " submits failed"));
+  rows->push_back(MakeRow("submit_bulk", workers, std::move(bulk)));
+  Samples list;
+  int64_t listed = 0;
+  const auto t0 = SteadyClock::now();
+  for (int i = 0; i < 5; ++i) listed = CountJobs(*stub, &list);
+  list.seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  notes->push_back(absl::StrFormat(
+      "list_all_jobs      workers=%-5d %d jobs listed in %d pages of 1,000 per sample", workers,
+      listed, (listed + 999) / 1000));
+  rows->push_back(MakeRow("list_all_jobs", workers, std::move(list)));
+  return absl::OkStatus();
+}
+
+// Heartbeats every worker paced (1 s) while the coordinator is killed
+// (SIGKILL) and started again on the same state and port; measures when it
+// listens again and when every worker's heartbeat is answered again.
+absl::Status RestartPhase(CoordinatorProcess& proc, std::vector<std::string>& ids,
+                          std::vector<std::string>& secrets, const Config& cfg,
+                          std::vector<std::string>* notes) {
+  const std::string address = proc.address();
+  const size_t n = ids.size();
+  auto admin = v1::Coordinator::NewStub(NewChannel(address));
+  auto stubs = NewStubs(address, cfg.client_threads);
+  const int64_t jobs_before = CountJobs(*admin);
+  // Steady clock nanoseconds: of the kill (0 before it), and of each
+  // worker's first answered heartbeat after it.
+  std::atomic<int64_t> killed_at{0};
+  std::vector<std::atomic<int64_t>> back(n);
+  for (auto& b : back) b = 0;
+  std::atomic<size_t> reattached{0};
+  std::atomic<int64_t> not_found{0};
+  auto ns = [] { return SteadyClock::now().time_since_epoch().count(); };
+  const auto start = SteadyClock::now() + std::chrono::milliseconds(50);
+  const auto give_up = start + std::chrono::seconds(150);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < cfg.client_threads; ++t) {
+    pool.emplace_back([&, t] {
+      v1::HeartbeatRequest req;
+      for (int64_t round = 0; reattached < n && SteadyClock::now() < give_up; ++round) {
+        for (size_t k = t; k < n; k += cfg.client_threads) {
+          const auto due = start + kHeartbeatPeriod * round +
+                           std::chrono::nanoseconds(kHeartbeatPeriod) * static_cast<int64_t>(k) /
+                               static_cast<int64_t>(n);
+          std::this_thread::sleep_until(due);
+          if (back[k] != 0) continue;
+          req.set_worker_id(ids[k]);
+          req.set_worker_secret(secrets[k]);
+          v1::HeartbeatResponse resp;
+          grpc::ClientContext ctx;
+          // Waits (1 s at most) for the channel to be ready: the call then
+          // drives the reconnect and its TLS handshake, as a worker's one
+          // heartbeat per period does. Calls that fail at once on a
+          // reconnecting channel leave its handshake unread (no thread of
+          // this process polls it), and 25 simulated workers per channel
+          // would only ever fail at once.
+          ctx.set_wait_for_ready(true);
+          ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+          if (!TheAuth().worker.empty()) {
+            ctx.AddMetadata("authorization", "Bearer " + TheAuth().worker);
+          }
+          const int64_t sent = ns();
+          grpc::Status st = stubs[t]->Heartbeat(&ctx, req, &resp);
+          if (st.error_code() == grpc::StatusCode::NOT_FOUND) ++not_found;
+          if (st.ok() && killed_at != 0 && sent > killed_at) {
+            back[k] = ns();
+            ++reattached;
+          }
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_until(start + std::chrono::seconds(3));  // steady state first
+  killed_at = ns();
+  proc.Kill9();
+  const int64_t down = ns();
+  absl::Status restarted = proc.Restart();
+  const int64_t listening = ns();
+  if (!restarted.ok()) std::cerr << "control_plane_bench: restart: " << restarted << "\n";
+  for (auto& th : pool) th.join();
+  if (!restarted.ok()) return restarted;
+  int64_t last = 0;
+  for (auto& b : back) last = std::max<int64_t>(last, b);
+  int alive = 0;
+  {
+    v1::ListWorkersResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
+    if (!TheAuth().admin.empty()) ctx.AddMetadata("authorization", "Bearer " + TheAuth().admin);
+    if (admin->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp).ok()) {
+      for (const v1::WorkerInfo& w : resp.workers()) {
+        alive += w.state() == v1::WORKER_STATE_ALIVE ? 1 : 0;
+      }
+    }
+  }
+  const int64_t jobs_after = CountJobs(*admin);
+  auto secs = [](int64_t a, int64_t b) { return (b - a) / 1e9; };
+  notes->push_back(absl::StrFormat(
+      "restart            workers=%-5d kill -9, then listening again after %.2f s (state "
+      "load); %zu of %zu workers answered again %.2f s after the kill (%d ALIVE in "
+      "ListWorkers, %d NOT_FOUND answers); jobs listed before %d, after %d",
+      n, secs(down, listening), reattached.load(), n,
+      reattached == n ? secs(killed_at, last) : -1.0, alive, not_found.load(), jobs_before,
+      jobs_after));
+  if (reattached != n) return absl::InternalError("not every worker re-attached in 150 s");
+  return absl::OkStatus();
+}
+
 // Measures one worker count on a fresh coordinator; appends rows.
-absl::Status RunSize(int workers, const Config& cfg, std::vector<Row>* rows,
-                     std::vector<std::string>* notes) {
-  auto coord = CoordinatorUnderTest::Start(cfg.lease_ms);
-  if (!coord.ok()) return coord.status();
-  const std::string address = (*coord)->address();
+absl::Status RunSize(int workers, const Config& cfg, const std::string& run_dir,
+                     std::vector<Row>* rows, std::vector<std::string>* notes) {
+  std::unique_ptr<CoordinatorUnderTest> in_process;
+  std::unique_ptr<CoordinatorProcess> proc;
+  if (cfg.process) {
+    const std::string dir = absl::StrCat(run_dir, "/coordinator-", workers);
+    std::filesystem::create_directories(dir);
+    std::vector<std::string> args = {"--lease-ms", absl::StrCat(cfg.lease_ms)};
+    if (cfg.tls) {
+      for (const char* a : {"--tls-cert", "cert.pem", "--tls-key", "key.pem"}) {
+        args.push_back(a[0] == '-' ? a : absl::StrCat(run_dir, "/", a));
+      }
+    }
+    if (cfg.tokens) {
+      args.push_back("--tokens");
+      args.push_back(run_dir + "/tokens.txt");
+    }
+    auto p = CoordinatorProcess::Start(cfg.coordinator_bin, dir, args);
+    if (!p.ok()) return p.status();
+    proc = *std::move(p);
+  } else {
+    auto coord = CoordinatorUnderTest::Start(cfg.lease_ms);
+    if (!coord.ok()) return coord.status();
+    in_process = *std::move(coord);
+  }
+  const std::string address = proc ? proc->address() : in_process->address();
+  const int64_t rss_before = proc ? proc->RssBytes() : 0;
 
   // Register every simulated worker, client_threads registrations in flight.
   std::vector<std::string> ids(workers), secrets(workers);  // Heartbeat needs both
@@ -393,6 +720,7 @@ absl::Status RunSize(int workers, const Config& cfg, std::vector<Row>* rows,
     v1::RegisterWorkerResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
+    if (!TheAuth().worker.empty()) ctx.AddMetadata("authorization", "Bearer " + TheAuth().worker);
     if (grpc::Status g = stub->RegisterWorker(&ctx, req, &resp); !g.ok()) {
       return absl::InternalError("registering the CPU worker: " + g.error_message());
     }
@@ -418,9 +746,25 @@ absl::Status RunSize(int workers, const Config& cfg, std::vector<Row>* rows,
                             SubmitJobs(*stub, cfg.jobs, SteadyClock::duration::zero())));
   }
 
+  if (proc) {
+    const int64_t rss = proc->RssBytes();
+    notes->push_back(absl::StrFormat(
+        "coordinator_rss    workers=%-5d %.1f MiB after registering them, %.1f MiB before: "
+        "%.2f MiB per 1,000 workers",
+        workers, rss / 1048576.0, rss_before / 1048576.0,
+        (rss - rss_before) / 1048576.0 / (workers / 1000.0)));
+  }
   for (const std::string& mode : cfg.modes) {
     const bool paced = mode == "paced";
+    const double cpu0 = proc ? proc->CpuSeconds() : 0;
     LoadResult r = RunLoad(address, ids, secrets, cfg, paced);
+    if (proc && paced) {
+      const double cores = (proc->CpuSeconds() - cpu0) / cfg.seconds;
+      notes->push_back(absl::StrFormat(
+          "coordinator_cpu    workers=%-5d %.3f cores busy under paced heartbeats (%.3f per "
+          "1,000 workers) with %d submits",
+          workers, cores, cores / (workers / 1000.0), cfg.jobs));
+    }
     Row hb = MakeRow(absl::StrCat("heartbeat_", mode), workers, std::move(r.heartbeats));
     if (paced) {
       notes->push_back(absl::StrFormat(
@@ -435,6 +779,12 @@ absl::Status RunSize(int workers, const Config& cfg, std::vector<Row>* rows,
     rows->push_back(std::move(hb));
     rows->push_back(
         MakeRow(absl::StrCat("submit_under_", mode, "_hb"), workers, std::move(r.submits)));
+  }
+  if (proc) {
+    if (cfg.list_jobs > 0) {
+      if (absl::Status st = ListPhase(address, workers, cfg, rows, notes); !st.ok()) return st;
+    }
+    return RestartPhase(*proc, ids, secrets, cfg, notes);
   }
   return absl::OkStatus();
 }
@@ -481,6 +831,40 @@ void PrintJson(const std::vector<Row>& rows, const Row& base) {
   }
 }
 
+// --tls: a self-signed certificate for 127.0.0.1 (openssl); --tokens: a
+// worker, a user and an admin token. Fills TheAuth() for clients and
+// servers.
+absl::Status SetUpAuth(const Config& cfg, const std::string& dir) {
+  Auth& auth = TheAuth();
+  if (cfg.tls) {
+    const std::string cmd = absl::StrCat(
+        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 ",
+        "-subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout ", dir,
+        "/key.pem -out ", dir, "/cert.pem >/dev/null 2>&1");
+    if (std::system(cmd.c_str()) != 0) return absl::InternalError("openssl could not make a cert");
+    auto read = [](const std::string& path) {
+      std::ifstream f(path);
+      return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    };
+    const std::string cert = read(dir + "/cert.pem"), key = read(dir + "/key.pem");
+    auth.ca_pem = cert;
+    grpc::SslServerCredentialsOptions server;
+    server.pem_key_cert_pairs.push_back({key, cert});
+    auth.server = grpc::SslServerCredentials(server);
+  }
+  if (cfg.tokens) {
+    auth.worker = "bench-worker-token-0123456789";
+    auth.user = "bench-user-token-0123456789ab";
+    auth.admin = "bench-admin-token-0123456789a";
+    std::ofstream f(dir + "/tokens.txt");
+    f << auth.worker << " worker workers\n"
+      << auth.user << " user bench\n"
+      << auth.admin << " admin ops\n";
+    if (!f.good()) return absl::InternalError("cannot write the token file");
+  }
+  return absl::OkStatus();
+}
+
 int Run(const Config& cfg) {
   auto spec = ValidateSpec(kSpec, {});
   if (!spec.ok() || spec->World() != 2) {
@@ -494,6 +878,27 @@ int Run(const Config& cfg) {
 
   std::vector<Row> rows;
   std::vector<std::string> notes;
+  std::string tmpl = (std::filesystem::temp_directory_path() / "cpbench-run-XXXXXX").string();
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    std::cerr << "control_plane_bench: mkdtemp failed\n";
+    return 1;
+  }
+  const std::string run_dir = tmpl;
+  struct RemoveDir {
+    std::string dir;
+    ~RemoveDir() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } remove_run_dir{run_dir};
+  if (absl::Status st = SetUpAuth(cfg, run_dir); !st.ok()) {
+    std::cerr << "control_plane_bench: " << st << "\n";
+    return 1;
+  }
+  info << "control_plane_bench: coordinator "
+       << (cfg.process ? "process " + cfg.coordinator_bin : std::string("in this process"))
+       << (cfg.tls ? ", TLS" : ", plaintext")
+       << (cfg.tokens ? ", bearer tokens" : ", no authentication") << "\n";
 
   // Baseline: empty unary RPC, serial, then flooded.
   Row base;
@@ -533,7 +938,7 @@ int Run(const Config& cfg) {
   }
 
   for (int workers : cfg.workers) {
-    if (auto s = RunSize(workers, cfg, &rows, &notes); !s.ok()) {
+    if (auto s = RunSize(workers, cfg, run_dir, &rows, &notes); !s.ok()) {
       std::cerr << "control_plane_bench: workers=" << workers << ": " << s << "\n";
       return 1;
     }
@@ -591,6 +996,29 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1000}, int64_t{3'600'000}));
   app.add_flag("--json", cfg.json, "one JSON object per row on stdout");
+  app.add_flag("--process", cfg.process,
+               "run the real shardtrain-coordinator in its own process: adds its RSS and CPU "
+               "per 1,000 workers, --list-jobs and a kill -9 + restart with every worker "
+               "re-attaching");
+  app.add_flag("--tls", cfg.tls, "TLS with a certificate made for the run (openssl)");
+  app.add_flag("--tokens", cfg.tokens, "bearer tokens on every call (worker, user, admin roles)");
+  app.add_option("--list-jobs", cfg.list_jobs,
+                 "--process: submit jobs until the coordinator holds this many, then time "
+                 "listing them all (0: skip)")
+      ->check(CLI::Range(0, 1'000'000));
+  app.add_option("--coordinator-bin", cfg.coordinator_bin,
+                 "--process: the coordinator program (default: ../bin/shardtrain-coordinator "
+                 "beside this bench)");
   CLI11_PARSE(app, argc, argv);
+  if ((cfg.tls || cfg.tokens || cfg.list_jobs > 0) && !cfg.process) {
+    std::cerr << "control_plane_bench: --tls, --tokens and --list-jobs need --process\n";
+    return 2;
+  }
+  if (cfg.process && cfg.coordinator_bin.empty()) {
+    cfg.coordinator_bin =
+        (std::filesystem::canonical("/proc/self/exe").parent_path().parent_path() / "bin" /
+         "shardtrain-coordinator")
+            .string();
+  }
   return shardtrain::coordinator::Run(cfg);
 }
