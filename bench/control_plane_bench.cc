@@ -516,6 +516,44 @@ LoadResult RunLoad(const std::string& address, const std::vector<std::string>& i
 }
 
 
+// Every worker of `ids` heartbeats once per second (client_threads
+// connections) until `stop`: keeps their leases while another phase runs.
+class BackgroundHeartbeats {
+ public:
+  BackgroundHeartbeats(const std::string& address, const std::vector<std::string>& ids,
+                       const std::vector<std::string>& secrets, int threads) {
+    const auto start = SteadyClock::now();
+    for (int t = 0; t < threads; ++t) {
+      pool_.emplace_back([this, address, &ids, &secrets, threads, t, start] {
+        auto stub = v1::Coordinator::NewStub(NewChannel(address));
+        v1::HeartbeatRequest req;
+        v1::HeartbeatResponse resp;
+        Samples ignored;
+        for (int64_t round = 0; !stop_; ++round) {
+          for (size_t k = t; k < ids.size() && !stop_; k += threads) {
+            std::this_thread::sleep_until(start + kHeartbeatPeriod * round +
+                                          std::chrono::nanoseconds(kHeartbeatPeriod) *
+                                              static_cast<int64_t>(k) /
+                                              static_cast<int64_t>(ids.size()));
+            req.set_worker_id(ids[k]);
+            req.set_worker_secret(secrets[k]);
+            TimedCall([&](grpc::ClientContext* ctx) { return stub->Heartbeat(ctx, req, &resp); },
+                      &ignored);
+          }
+        }
+      });
+    }
+  }
+  ~BackgroundHeartbeats() {
+    stop_ = true;
+    for (auto& th : pool_) th.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> pool_;
+};
+
 // Every job the coordinator lists (all pages of 1,000), or -1 on an error.
 int64_t CountJobs(v1::Coordinator::Stub& stub, Samples* timing = nullptr) {
   int64_t n = 0;
@@ -575,7 +613,12 @@ absl::Status RestartPhase(CoordinatorProcess& proc, std::vector<std::string>& id
   const std::string address = proc.address();
   const size_t n = ids.size();
   auto admin = v1::Coordinator::NewStub(NewChannel(address));
-  auto stubs = NewStubs(address, cfg.client_threads);
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs;
+  for (int t = 0; t < cfg.client_threads; ++t) {
+    channels.push_back(NewChannel(address));
+    stubs.push_back(v1::Coordinator::NewStub(channels.back()));
+  }
   const int64_t jobs_before = CountJobs(*admin);
   // Steady clock nanoseconds: of the kill (0 before it), and of each
   // worker's first answered heartbeat after it.
@@ -601,15 +644,18 @@ absl::Status RestartPhase(CoordinatorProcess& proc, std::vector<std::string>& id
           req.set_worker_id(ids[k]);
           req.set_worker_secret(secrets[k]);
           v1::HeartbeatResponse resp;
+          // A channel that is not ready is waited for (200 ms at most)
+          // before the call: the wait drives its reconnect and TLS
+          // handshake, as a worker's one heartbeat per period does. Calls
+          // that fail at once on a reconnecting channel leave its handshake
+          // unread (no thread of this process polls it), and the many
+          // simulated workers sharing a channel would only ever fail at once.
+          if (channels[t]->GetState(true) != GRPC_CHANNEL_READY) {
+            channels[t]->WaitForConnected(std::chrono::system_clock::now() +
+                                          std::chrono::milliseconds(200));
+          }
           grpc::ClientContext ctx;
-          // Waits (1 s at most) for the channel to be ready: the call then
-          // drives the reconnect and its TLS handshake, as a worker's one
-          // heartbeat per period does. Calls that fail at once on a
-          // reconnecting channel leave its handshake unread (no thread of
-          // this process polls it), and 25 simulated workers per channel
-          // would only ever fail at once.
-          ctx.set_wait_for_ready(true);
-          ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+          ctx.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
           if (!TheAuth().worker.empty()) {
             ctx.AddMetadata("authorization", "Bearer " + TheAuth().worker);
           }
@@ -656,7 +702,10 @@ absl::Status RestartPhase(CoordinatorProcess& proc, std::vector<std::string>& id
       n, secs(down, listening), reattached.load(), n,
       reattached == n ? secs(killed_at, last) : -1.0, alive, not_found.load(), jobs_before,
       jobs_after));
-  if (reattached != n) return absl::InternalError("not every worker re-attached in 150 s");
+  if (reattached != n) {
+    return absl::InternalError(absl::StrCat("not every worker re-attached in 150 s: ",
+                                            notes->back()));
+  }
   return absl::OkStatus();
 }
 
@@ -782,6 +831,9 @@ absl::Status RunSize(int workers, const Config& cfg, const std::string& run_dir,
   }
   if (proc) {
     if (cfg.list_jobs > 0) {
+      // The workers keep heartbeating meanwhile, as they would: their
+      // leases must not run out while thousands of jobs are submitted.
+      BackgroundHeartbeats keep(address, ids, secrets, cfg.client_threads);
       if (absl::Status st = ListPhase(address, workers, cfg, rows, notes); !st.ok()) return st;
     }
     return RestartPhase(*proc, ids, secrets, cfg, notes);
