@@ -43,8 +43,9 @@
 //     before (per 1,000 workers), and its CPU time over the paced window
 //     (cores busy, per 1,000 workers);
 //   list_all_jobs     with --list-jobs J (J jobs submitted first, 8 clients at
-//                     once): ListJobs of every page (1,000 jobs each) as one
-//                     sample, 5 samples;
+//                     once, every worker heartbeating each second meanwhile):
+//                     ListJobs of every page (1,000 jobs each) as one sample,
+//                     5 samples;
 //   restart           the workers heartbeat paced while the coordinator is
 //                     killed (SIGKILL) and started again on the same state:
 //                     seconds until it listens again, until every worker's
@@ -294,7 +295,6 @@ class CoordinatorUnderTest {
   std::thread ticker_;
 };
 
-
 // The real shardtrain-coordinator program in its own process (--process):
 // 127.0.0.1:0, --port-file, its own --state-dir; TLS and tokens when the run
 // has them. Kill9() and Restart() keep the state directory.
@@ -304,8 +304,8 @@ class CoordinatorProcess {
       const std::string& binary, const std::string& dir, std::vector<std::string> extra_args) {
     auto c = std::unique_ptr<CoordinatorProcess>(new CoordinatorProcess());
     c->dir_ = dir;
-    c->args_ = {binary,          "--listen",    "127.0.0.1:0", "--state-dir",
-                dir + "/state",  "--port-file", dir + "/port"};
+    c->args_ = {binary,         "--listen",    "127.0.0.1:0", "--state-dir",
+                dir + "/state", "--port-file", dir + "/port"};
     for (std::string& a : extra_args) c->args_.push_back(std::move(a));
     if (absl::Status s = c->Launch(); !s.ok()) return s;
     return c;
@@ -515,7 +515,6 @@ LoadResult RunLoad(const std::string& address, const std::vector<std::string>& i
   return out;
 }
 
-
 // Every worker of `ids` heartbeats once per second (client_threads
 // connections) until `stop`: keeps their leases while another phase runs.
 class BackgroundHeartbeats {
@@ -553,6 +552,20 @@ class BackgroundHeartbeats {
   std::atomic<bool> stop_{false};
   std::vector<std::thread> pool_;
 };
+
+// Workers the coordinator lists ALIVE, or -1 on an error.
+int CountAlive(v1::Coordinator::Stub& stub) {
+  v1::ListWorkersResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
+  if (!TheAuth().admin.empty()) ctx.AddMetadata("authorization", "Bearer " + TheAuth().admin);
+  if (!stub.ListWorkers(&ctx, v1::ListWorkersRequest(), &resp).ok()) return -1;
+  int alive = 0;
+  for (const v1::WorkerInfo& w : resp.workers()) {
+    alive += w.state() == v1::WORKER_STATE_ALIVE ? 1 : 0;
+  }
+  return alive;
+}
 
 // Every job the coordinator lists (all pages of 1,000), or -1 on an error.
 int64_t CountJobs(v1::Coordinator::Stub& stub, Samples* timing = nullptr) {
@@ -620,6 +633,7 @@ absl::Status RestartPhase(CoordinatorProcess& proc, std::vector<std::string>& id
     stubs.push_back(v1::Coordinator::NewStub(channels.back()));
   }
   const int64_t jobs_before = CountJobs(*admin);
+  const int alive_before = CountAlive(*admin);
   // Steady clock nanoseconds: of the kill (0 before it), and of each
   // worker's first answered heartbeat after it.
   std::atomic<int64_t> killed_at{0};
@@ -681,30 +695,19 @@ absl::Status RestartPhase(CoordinatorProcess& proc, std::vector<std::string>& id
   if (!restarted.ok()) return restarted;
   int64_t last = 0;
   for (auto& b : back) last = std::max<int64_t>(last, b);
-  int alive = 0;
-  {
-    v1::ListWorkersResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
-    if (!TheAuth().admin.empty()) ctx.AddMetadata("authorization", "Bearer " + TheAuth().admin);
-    if (admin->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp).ok()) {
-      for (const v1::WorkerInfo& w : resp.workers()) {
-        alive += w.state() == v1::WORKER_STATE_ALIVE ? 1 : 0;
-      }
-    }
-  }
+  const int alive = CountAlive(*admin);
   const int64_t jobs_after = CountJobs(*admin);
   auto secs = [](int64_t a, int64_t b) { return (b - a) / 1e9; };
   notes->push_back(absl::StrFormat(
       "restart            workers=%-5d kill -9, then listening again after %.2f s (state "
-      "load); %zu of %zu workers answered again %.2f s after the kill (%d ALIVE in "
-      "ListWorkers, %d NOT_FOUND answers); jobs listed before %d, after %d",
+      "load); %zu of %zu workers answered again %.2f s after the kill (ALIVE in ListWorkers: "
+      "%d before the kill, %d after; %d NOT_FOUND answers); jobs listed before %d, after %d",
       n, secs(down, listening), reattached.load(), n,
-      reattached == n ? secs(killed_at, last) : -1.0, alive, not_found.load(), jobs_before,
-      jobs_after));
+      reattached == n ? secs(killed_at, last) : -1.0, alive_before, alive, not_found.load(),
+      jobs_before, jobs_after));
   if (reattached != n) {
-    return absl::InternalError(absl::StrCat("not every worker re-attached in 150 s: ",
-                                            notes->back()));
+    return absl::InternalError(
+        absl::StrCat("not every worker re-attached in 150 s: ", notes->back()));
   }
   return absl::OkStatus();
 }
@@ -833,8 +836,14 @@ absl::Status RunSize(int workers, const Config& cfg, const std::string& run_dir,
     if (cfg.list_jobs > 0) {
       // The workers keep heartbeating meanwhile, as they would: their
       // leases must not run out while thousands of jobs are submitted.
-      BackgroundHeartbeats keep(address, ids, secrets, cfg.client_threads);
-      if (absl::Status st = ListPhase(address, workers, cfg, rows, notes); !st.ok()) return st;
+      auto admin = v1::Coordinator::NewStub(NewChannel(address));
+      const int before = CountAlive(*admin);
+      {
+        BackgroundHeartbeats keep(address, ids, secrets, cfg.client_threads);
+        if (absl::Status st = ListPhase(address, workers, cfg, rows, notes); !st.ok()) return st;
+      }
+      notes->push_back(absl::StrFormat("list phase         workers=%-5d ALIVE before %d, after %d",
+                                       workers, before, CountAlive(*admin)));
     }
     return RestartPhase(*proc, ids, secrets, cfg, notes);
   }
@@ -992,6 +1001,8 @@ int Run(const Config& cfg) {
   for (int workers : cfg.workers) {
     if (auto s = RunSize(workers, cfg, run_dir, &rows, &notes); !s.ok()) {
       std::cerr << "control_plane_bench: workers=" << workers << ": " << s << "\n";
+      PrintTable(rows, base);  // what was measured before the failure
+      for (const std::string& n : notes) std::cout << n << "\n";
       return 1;
     }
   }
