@@ -59,7 +59,8 @@ std::vector<std::string> LayoutCandidate::Overrides(const JobSpec& spec) const {
   if (micro_adjusted) out.push_back(absl::StrCat("batch.micro=", micro));
   if (memory_without > 0) {
     out.push_back(absl::StrCat("model.recompute=", std::string(EnumName(recompute))));
-    if (recompute_layers > 0) out.push_back(absl::StrCat("model.recompute_layers=", recompute_layers));
+    if (recompute_layers > 0)
+      out.push_back(absl::StrCat("model.recompute_layers=", recompute_layers));
   }
   return out;
 }
@@ -72,8 +73,8 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
         absl::StrCat("--memory-per-rank: must be >= 1 byte, got ", options.memory_per_rank));
   }
   const ModelSpec& model = spec.model;
-  const absl::StatusOr<model::GptConfig> config = model::MakeGptConfig(
-      model.layers, model.heads, model.dim, model.context, model.vocab);
+  const absl::StatusOr<model::GptConfig> config =
+      model::MakeGptConfig(model.layers, model.heads, model.dim, model.context, model.vocab);
   if (!config.ok()) return config.status();
   AutoLayoutResult result;
   std::vector<std::string> skipped;  // why meshes the model allows have no candidate
@@ -179,15 +180,16 @@ std::string RecomputeName(const LayoutCandidate& c) {
 
 std::string Rows(const std::vector<LayoutCandidate>& cs, int top) {
   std::string out =
-      "  #  DP  TP  PP  ZERO  MICRO    M  BUBBLE  RECOMPUTE     PEAK MEM  COMPUTE ms  TP ms  PP ms  "
+      "  #  DP  TP  PP  ZERO  MICRO    M  BUBBLE  RECOMPUTE     PEAK MEM  COMPUTE ms  TP ms  PP ms "
+      " "
       "DP ms  STEP ms\n";
   for (int i = 0; i < std::min<int>(top, cs.size()); ++i) {
     const LayoutCandidate& c = cs[i];
     absl::StrAppendFormat(
         &out, "%3d  %2d  %2d  %2d  %4d  %5s  %3d  %5.1f%%  %-10s  %10s  %10s  %5s  %5s  %5s  %7s\n",
         i + 1, c.dp, c.tp, c.pp, c.zero, absl::StrCat(c.micro, c.micro_adjusted ? "*" : ""),
-        c.accum, 100 * c.bubble, RecomputeName(c), FormatPlanBytes(c.peak_memory), Ms(c.compute_s), Ms(c.tp_s), Ms(c.pp_s),
-        Ms(c.dp_s), Ms(c.step_s()));
+        c.accum, 100 * c.bubble, RecomputeName(c), FormatPlanBytes(c.peak_memory), Ms(c.compute_s),
+        Ms(c.tp_s), Ms(c.pp_s), Ms(c.dp_s), Ms(c.step_s()));
   }
   return out;
 }

@@ -62,15 +62,16 @@ struct RunSpec {
 };
 
 JobSpec SpecOf(const RunSpec& r) {
-  absl::StatusOr<JobSpec> spec = ParseJobSpec(absl::StrCat(
-      "name: gpu-trainer\n", "model: ", r.model, "\n", "data: {train: ", SHARDTRAIN_FORTUNES_PATH,
-      "}\n", "batch: {global: ", r.micro, ", micro: ", r.micro, ", seq_len: ", r.seq_len, "}\n",
-      "precision: ", r.precision, "\n",
-      "optimizer: {lr: 0.003, warmup_steps: 20, weight_decay: 0.1, grad_clip: 1.0}\n",
-      "steps: ", r.steps, "\n", "resources: {device: ", r.device, "}\n", "seed: 1337\n",
-      r.checkpoint_dir.empty()
-          ? ""
-          : absl::StrCat("checkpoint: {every: 5, dir: ", r.checkpoint_dir, "}\n")),
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      absl::StrCat(
+          "name: gpu-trainer\n", "model: ", r.model, "\n",
+          "data: {train: ", SHARDTRAIN_FORTUNES_PATH, "}\n", "batch: {global: ", r.micro,
+          ", micro: ", r.micro, ", seq_len: ", r.seq_len, "}\n", "precision: ", r.precision, "\n",
+          "optimizer: {lr: 0.003, warmup_steps: 20, weight_decay: 0.1, grad_clip: 1.0}\n",
+          "steps: ", r.steps, "\n", "resources: {device: ", r.device, "}\n", "seed: 1337\n",
+          r.checkpoint_dir.empty()
+              ? ""
+              : absl::StrCat("checkpoint: {every: 5, dir: ", r.checkpoint_dir, "}\n")),
       std::vector<std::string>{"model.recompute=" + r.recompute});
   EXPECT_TRUE(spec.ok()) << spec.status();
   return *spec;
@@ -140,8 +141,7 @@ class GpuTrainerTest : public ::testing::Test {
     absl::StatusOr<checkpoint::Manifest> manifest =
         checkpoint::MakeManifest(trainer.engine().layout(), step, 1, 0, {info});
     EXPECT_TRUE(manifest.ok()) << manifest.status();
-    EXPECT_TRUE(
-        checkpoint::WriteManifest(storage_, checkpoint::ManifestPath(dir), *manifest).ok());
+    EXPECT_TRUE(checkpoint::WriteManifest(storage_, checkpoint::ManifestPath(dir), *manifest).ok());
   }
 
   fs::path dir_;
@@ -251,8 +251,8 @@ TEST_F(GpuTrainerTest, CheckpointsMoveBetweenGpuAndCpuAndContinueTheLossCurve) {
     ASSERT_TRUE(done.ok()) << done.status();
     ASSERT_EQ(*done, 5);
     const std::vector<double> resumed = Train(*reader, 6, r.steps);
-    std::printf("[gpu-trainer] %s step 5 -> %s: step 10 loss %.7f, uninterrupted %.7f\n", from,
-                to, resumed[r.steps], uninterrupted[r.steps]);
+    std::printf("[gpu-trainer] %s step 5 -> %s: step 10 loss %.7f, uninterrupted %.7f\n", from, to,
+                resumed[r.steps], uninterrupted[r.steps]);
     EXPECT_LE(MaxRelDiff(resumed, uninterrupted), 1e-5);
   }
 }
@@ -274,11 +274,12 @@ TEST_F(GpuTrainerTest, RecomputationTrainsLikeKeepingEveryActivation) {
       ASSERT_TRUE(t);
       const std::vector<double> got = Train(*t, 1, r.steps);
       const double diff = MaxRelDiff(got, want);
-      std::printf("[gpu-trainer] %s recompute %s: step 1 %.6f step %d %.6f; max diff vs none "
-                  "%.3g; activations %s (none %s)\n",
-                  precision, mode, got[1], r.steps, got[r.steps], diff,
-                  FormatPlanBytes(t->engine().activation_bytes()).c_str(),
-                  FormatPlanBytes(none->engine().activation_bytes()).c_str());
+      std::printf(
+          "[gpu-trainer] %s recompute %s: step 1 %.6f step %d %.6f; max diff vs none "
+          "%.3g; activations %s (none %s)\n",
+          precision, mode, got[1], r.steps, got[r.steps], diff,
+          FormatPlanBytes(t->engine().activation_bytes()).c_str(),
+          FormatPlanBytes(none->engine().activation_bytes()).c_str());
       EXPECT_LE(diff, 1e-6) << precision << " " << mode;
       EXPECT_LT(t->engine().activation_bytes(), none->engine().activation_bytes());
     }
@@ -304,10 +305,11 @@ TEST_F(GpuTrainerTest, PlanNextToTheDeviceMemory) {
   ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
   const int64_t used = int64_t(free_before) - int64_t(free_after);
   const int64_t planned = plan->memory_per_rank().total_bytes();
-  std::printf("[gpu-trainer] gpt2-124m bf16 B=4 T=1024: plan %s per rank, device gave %s "
-              "(ratio %.3f; the rest is the CUDA context, cuBLAS workspaces and the allocator)\n",
-              FormatPlanBytes(planned).c_str(), FormatPlanBytes(used).c_str(),
-              double(used) / double(planned));
+  std::printf(
+      "[gpu-trainer] gpt2-124m bf16 B=4 T=1024: plan %s per rank, device gave %s "
+      "(ratio %.3f; the rest is the CUDA context, cuBLAS workspaces and the allocator)\n",
+      FormatPlanBytes(planned).c_str(), FormatPlanBytes(used).c_str(),
+      double(used) / double(planned));
   EXPECT_GT(used, 0);
 }
 

@@ -50,7 +50,6 @@ TEST(ActivationTableTest, StatisticsStayFp32AndTheRestTakeTheComputeType) {
   EXPECT_EQ(f.at("block.0.ln1_mean").offset - f.at("block.0.ln1").offset, 368);
 }
 
-
 // The table against Korthikanti et al. 2022 ("Reducing Activation
 // Recomputation in Large Transformer Models", Table 2): activation bytes
 // per transformer layer of a GPT-3 175B layer (h = 12288, a = 96, s = 2048,
@@ -70,8 +69,10 @@ TEST(ActivationTableTest, StatisticsStayFp32AndTheRestTakeTheComputeType) {
 TEST(ActivationTableTest, MatchesKorthikantiTable2ForAGpt3Layer) {
   const int64_t h = 12288, a = 96, s = 2048, b = 1, t = 8;
   const GptConfig cfg = *MakeGptConfig(/*layers=*/96, a, h, /*context=*/s, /*vocab=*/50257);
-  const ModelSlice middle{/*first_layer=*/1, /*num_layers=*/1, /*first_stage=*/false,
-                          /*last_stage=*/false, t, /*tp_rank=*/0};
+  const ModelSlice middle{/*first_layer=*/1,     /*num_layers=*/1,
+                          /*first_stage=*/false,
+                          /*last_stage=*/false,  t,
+                          /*tp_rank=*/0};
   const double sbh = double(s * b * h), as2b = double(a * s * s * b), sb = double(s * b);
   struct Row {
     const char* what;
@@ -81,14 +82,26 @@ TEST(ActivationTableTest, MatchesKorthikantiTable2ForAGpt3Layer) {
     double stats;    // our fp32 LayerNorm statistics
   };
   const Row rows[] = {
-      {"tensor parallel (baseline)", {Recompute::kNone, -1, false},
-       sbh * (10 + 24.0 / t + 5.0 * a * s / (h * t)), 2 * sbh + 3 * as2b / t, 16 * sb},
-      {"tp + sequence parallel", {Recompute::kNone, -1, true},
-       sbh * (34 + 5.0 * a * s / h) / t, 2 * sbh / t + 3 * as2b / t, 16 * sb / t},
-      {"tp + selective recompute", {Recompute::kSelective, -1, false}, sbh * (10 + 24.0 / t),
-       2 * sbh, 16 * sb},
-      {"tp + sp + selective recompute", {Recompute::kSelective, -1, true}, sbh * 34 / t,
-       2 * sbh / t, 16 * sb / t},
+      {"tensor parallel (baseline)",
+       {Recompute::kNone, -1, false},
+       sbh * (10 + 24.0 / t + 5.0 * a * s / (h * t)),
+       2 * sbh + 3 * as2b / t,
+       16 * sb},
+      {"tp + sequence parallel",
+       {Recompute::kNone, -1, true},
+       sbh * (34 + 5.0 * a * s / h) / t,
+       2 * sbh / t + 3 * as2b / t,
+       16 * sb / t},
+      {"tp + selective recompute",
+       {Recompute::kSelective, -1, false},
+       sbh * (10 + 24.0 / t),
+       2 * sbh,
+       16 * sb},
+      {"tp + sp + selective recompute",
+       {Recompute::kSelective, -1, true},
+       sbh * 34 / t,
+       2 * sbh / t,
+       16 * sb / t},
       {"full recompute", {Recompute::kFull, -1, false}, 2 * sbh, 0, 0},
   };
   std::printf("%-30s %16s %16s %7s  %s\n", "GPT-3 175B layer, t = 8", "paper (bytes)",
