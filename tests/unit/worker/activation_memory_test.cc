@@ -2,9 +2,10 @@
 // ZeRO, the pipeline executor, Gloo over 127.0.0.1 between thread ranks):
 // recomputation (model.recompute selective or full, and full on the first
 // block of each stage only) trains exactly like keeping every activation,
-// step by step over 20 steps on one rank, tp2, pp2 1F1B and dp2×tp2×pp2
-// with ZeRO-1; a checkpoint saved without recomputation resumes with it
-// (and with sequence parallelism).
+// step by step over 20 steps on one rank, tp2, pp2 1F1B, dp2×tp2×pp2
+// with ZeRO-1, and dp2 with ZeRO-2 and ZeRO-3 (the refill gathers the
+// block's parameters inside its backward's scope); a checkpoint saved
+// without recomputation resumes with it (and with sequence parallelism).
 // Sequence parallelism (parallel.sequence_parallel) trains like tensor
 // parallelism without it within 1e-5, alone and with pipelines, ZeRO and
 // recomputation.
@@ -42,7 +43,8 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{1, 2, 1, 0, "1f1b", 4, "selective"}, Layout{1, 2, 1, 0, "1f1b", 4, "full"},
         Layout{1, 1, 2, 0, "1f1b", 2, "selective"}, Layout{1, 1, 2, 0, "1f1b", 2, "full"},
         Layout{1, 1, 2, 0, "gpipe", 2, "full", 1},
-        Layout{2, 2, 2, 1, "1f1b", 2, "selective"}, Layout{2, 2, 2, 1, "1f1b", 2, "full"}),
+        Layout{2, 2, 2, 1, "1f1b", 2, "selective"}, Layout{2, 2, 2, 1, "1f1b", 2, "full"},
+        Layout{2, 1, 1, 2, "1f1b", 4, "selective"}, Layout{2, 1, 1, 3, "1f1b", 4, "full"}),
     [](const ::testing::TestParamInfo<Layout>& info) { return Name(info.param); });
 // clang-format on
 
