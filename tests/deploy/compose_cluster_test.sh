@@ -65,6 +65,9 @@ PROM=""
 cleanup() {
   local rc=$?
   set +e
+  # Prometheus first: its endpoint on the project's network would keep
+  # `down` from removing the network (and then the volumes).
+  [ -n "$PROM" ] && "$DOCKER" rm -f "$PROM" >/dev/null 2>&1
   if [ -n "${COMPOSE_FILE:-}" ] && [ -f "$COMPOSE_FILE" ]; then
     if [ $rc -ne 0 ] && [ $rc -ne 77 ]; then
       say "failed (exit $rc): the cluster's logs (last 30 lines per service)"
@@ -72,7 +75,12 @@ cleanup() {
     fi
     compose down -v --remove-orphans --timeout 5 >/dev/null 2>&1
   fi
-  [ -n "$PROM" ] && "$DOCKER" rm -f "$PROM" >/dev/null 2>&1
+  # Whatever `down` left of this project (a failed removal above).
+  "$DOCKER" ps -aq --filter "label=com.docker.compose.project=$PROJECT" | xargs -r "$DOCKER" rm -f \
+    >/dev/null 2>&1
+  "$DOCKER" volume ls -q --filter "name=^${PROJECT}_" | xargs -r "$DOCKER" volume rm >/dev/null 2>&1
+  "$DOCKER" network ls -q --filter "name=^${PROJECT}_" | xargs -r "$DOCKER" network rm \
+    >/dev/null 2>&1
   "$DOCKER" image rm --no-prune "shardtrain:$TAG" >/dev/null 2>&1
   if [ -n "$STARTED_DOCKERD" ]; then
     kill "$STARTED_DOCKERD" 2>/dev/null
@@ -268,4 +276,4 @@ EOF
   sleep 2
 done
 say "Prometheus: every target up (1 coordinator + 4 workers)"
-say "PASS in $(($(date +%s) - T0)) s"
+say "PASS in $(($(date +%s) - T0)) s (teardown follows: containers, network, volumes, image tag)"
