@@ -22,7 +22,10 @@
 # inside the cluster's own network.
 #
 # Needs root and a Docker engine: when none runs, the test starts Debian's
-# dockerd and stops it at the end. The base image deploy/Dockerfile names
+# dockerd and stops it at the end. The engine's iptables rules stay (Docker
+# leaves them: FORWARD policy DROP, bridged frames through iptables); tests
+# that bridge namespaces of their own accept their bridge's frames
+# (tests/integration/netns_test.cc). The base image deploy/Dockerfile names
 # (DEBIAN_IMAGE) comes from no registry here: when it is missing it is made
 # with `debootstrap --variant=minbase bookworm` and imported under that tag.
 # Skips (exit 77, the reason on stdout) without root, docker, dockerd,

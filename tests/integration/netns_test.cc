@@ -7,6 +7,9 @@
 //
 // Needs root and iproute2 (`ip netns`); skips with a message elsewhere. Every
 // namespace and link it made is removed when the test ends, passed or failed.
+// Where bridged frames pass through iptables (br_netfilter, which a Docker
+// engine loads, with its FORWARD policy DROP), the test lets its own
+// bridge's traffic through with one rule of its own, removed at the end.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -30,6 +33,13 @@ constexpr int kWorkers = 4;
 constexpr char kCoordinatorIp[] = "10.231.0.1";
 std::string WorkerIp(int i) { return "10.231.0." + std::to_string(11 + i); }
 
+std::string IptablesBinary() {
+  for (const char* p : {"/usr/sbin/iptables", "/sbin/iptables"}) {
+    if (access(p, X_OK) == 0) return p;
+  }
+  return "";
+}
+
 std::string IpBinary() {
   for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
     if (access(p, X_OK) == 0) return p;
@@ -49,6 +59,7 @@ class Hosts {
     for (size_t h = 0; h < namespaces_.size(); ++h) Ip({"link", "del", HostEnd(int(h))});
     for (const std::string& ns : namespaces_) Ip({"netns", "del", ns});
     if (bridge_made_) Ip({"link", "del", Bridge()});
+    if (forward_rule_) RunCommand(ForwardRule("-D"), std::chrono::seconds(20));
   }
 
   // Empty on success, else what failed (the command and its output).
@@ -56,6 +67,12 @@ class Hosts {
     if (std::string e = Ip({"link", "add", Bridge(), "type", "bridge"}); !e.empty()) return e;
     bridge_made_ = true;
     if (std::string e = Ip({"link", "set", Bridge(), "up"}); !e.empty()) return e;
+    // Frames between this bridge's ports may be filtered by iptables'
+    // FORWARD chain (br_netfilter): accept them, this bridge's only.
+    if (!IptablesBinary().empty() &&
+        RunCommand(ForwardRule("-I"), std::chrono::seconds(20)).exit_code == 0) {
+      forward_rule_ = true;
+    }
     for (int h = 0; h < hosts; ++h) {
       const std::string ns = Namespace(h);
       if (std::string e = Ip({"netns", "add", ns}); !e.empty()) return e;
@@ -85,6 +102,11 @@ class Hosts {
     return argv;
   }
 
+  // iptables `op` (-I or -D) of the rule accepting the bridge's own frames.
+  std::vector<std::string> ForwardRule(const std::string& op) const {
+    return {IptablesBinary(), op, "FORWARD", "-i", Bridge(), "-o", Bridge(), "-j", "ACCEPT"};
+  }
+
   std::string Ip(std::vector<std::string> args) const {
     args.insert(args.begin(), ip_);
     CommandResult r = RunCommand(args, std::chrono::seconds(20));
@@ -99,6 +121,7 @@ class Hosts {
   const std::string tag_;
   std::vector<std::string> namespaces_;
   bool bridge_made_ = false;
+  bool forward_rule_ = false;
 };
 
 class MultiHostTest : public TrainingTest {
