@@ -91,6 +91,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/bench_util.h"
+#include "bench/control_plane_rpc.h"
+#include "bench/coordinator_process.h"
 #include "common/metrics.h"
 #include "coordinator/clock.h"
 #include "coordinator/coordinator.h"
@@ -102,8 +104,6 @@
 namespace shardtrain::coordinator {
 namespace {
 
-using SteadyClock = std::chrono::steady_clock;
-
 constexpr char kSpec[] =
     "name: bench\n"
     "model: {layers: 1, heads: 1, dim: 8, context: 8, vocab: 256}\n"
@@ -111,8 +111,6 @@ constexpr char kSpec[] =
     "batch: {global: 2, micro: 1, seq_len: 8}\n"
     "parallel: {dp: 2}\n"
     "steps: 1\n";
-constexpr auto kRpcDeadline = std::chrono::seconds(10);
-constexpr auto kHeartbeatPeriod = std::chrono::seconds(1);  // worker daemon default
 
 struct Config {
   std::vector<int> workers = {100, 1000};
@@ -127,97 +125,6 @@ struct Config {
   int list_jobs = 0;
   std::string coordinator_bin;
 };
-
-// How clients reach the coordinator: channel credentials (TLS or plaintext)
-// and the bearer token of each role ("" without --tokens); the servers'
-// credentials (the baseline's too, so it runs over the same stack).
-struct Auth {
-  std::string ca_pem;  // TLS: the certificate clients trust; "" = plaintext
-  std::shared_ptr<grpc::ServerCredentials> server = grpc::InsecureServerCredentials();
-  std::string worker, user, admin;
-};
-Auth& TheAuth() {
-  static Auth* auth = new Auth();
-  return *auth;
-}
-
-// Per-call latencies (µs) of one phase, plus its failures and wall time.
-struct Samples {
-  std::vector<double> us;
-  int64_t errors = 0;
-  double seconds = 0;
-  void Merge(const Samples& o) {
-    us.insert(us.end(), o.us.begin(), o.us.end());
-    errors += o.errors;
-  }
-};
-
-struct Row {
-  std::string metric;
-  int workers = 0;
-  size_t calls = 0;
-  int64_t errors = 0;
-  double p50 = 0, p99 = 0, max = 0;
-  double rate = 0;  // completed calls per second of the phase
-};
-
-double Micros(SteadyClock::duration d) {
-  return std::chrono::duration<double, std::micro>(d).count();
-}
-
-Row MakeRow(const std::string& metric, int workers, Samples s) {
-  std::sort(s.us.begin(), s.us.end());
-  Row r;
-  r.metric = metric;
-  r.workers = workers;
-  r.calls = s.us.size();
-  r.errors = s.errors;
-  r.p50 = bench::Percentile(s.us, 0.50);
-  r.p99 = bench::Percentile(s.us, 0.99);
-  r.max = s.us.empty() ? 0 : s.us.back();
-  r.rate = s.seconds > 0 ? static_cast<double>(s.us.size()) / s.seconds : 0;
-  return r;
-}
-
-// A channel with its own TCP connection (gRPC otherwise shares one connection
-// among channels to the same target).
-std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  // Credentials of its own, as each worker process has.
-  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
-  if (!TheAuth().ca_pem.empty()) {
-    grpc::SslCredentialsOptions tls;
-    tls.pem_root_certs = TheAuth().ca_pem;
-    creds = grpc::SslCredentials(tls);
-  }
-  auto channel = grpc::CreateCustomChannel(address, creds, args);
-  channel->WaitForConnected(std::chrono::system_clock::now() + kRpcDeadline);
-  return channel;
-}
-
-// Times one unary call made like worker/coordinator_client.cc makes it, with
-// `token` (a role's bearer token; "" without authentication).
-template <typename Call>
-bool TimedCall(Call&& call, Samples* out, const std::string& token = TheAuth().worker) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
-  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
-  const auto t0 = SteadyClock::now();
-  grpc::Status s = call(&ctx);
-  out->us.push_back(Micros(SteadyClock::now() - t0));
-  if (!s.ok()) ++out->errors;
-  return s.ok();
-}
-
-std::unique_ptr<grpc::Server> StartServer(grpc::Service* service, int* port) {
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", TheAuth().server, port);
-  builder.RegisterService(service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || *port == 0) return nullptr;
-  return server;
-}
 
 // The baseline: GetJob answers OK with an empty Job, nothing else is served.
 class EmptyService final : public v1::Coordinator::Service {
@@ -294,130 +201,6 @@ class CoordinatorUnderTest {
   bool stopping_ = false;  // GUARDED_BY(tick_mu_)
   std::thread ticker_;
 };
-
-// The real shardtrain-coordinator program in its own process (--process):
-// 127.0.0.1:0, --port-file, its own --state-dir; TLS and tokens when the run
-// has them. Kill9() and Restart() keep the state directory.
-class CoordinatorProcess {
- public:
-  static absl::StatusOr<std::unique_ptr<CoordinatorProcess>> Start(
-      const std::string& binary, const std::string& dir, std::vector<std::string> extra_args) {
-    auto c = std::unique_ptr<CoordinatorProcess>(new CoordinatorProcess());
-    c->dir_ = dir;
-    c->args_ = {binary,         "--listen",    "127.0.0.1:0", "--state-dir",
-                dir + "/state", "--port-file", dir + "/port"};
-    for (std::string& a : extra_args) c->args_.push_back(std::move(a));
-    if (absl::Status s = c->Launch(); !s.ok()) return s;
-    return c;
-  }
-  ~CoordinatorProcess() { Stop(); }
-
-  // Forks and execs the program; waits (60 s at most) for its port file.
-  absl::Status Launch() {
-    std::filesystem::remove(dir_ + "/port");
-    // posix_spawn, not fork: gRPC's fork handlers would disturb this
-    // process's live channels (their reconnects failed their TLS handshakes).
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-    std::vector<char*> argv;
-    for (std::string& a : args_) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0) {
-      pid_ = -1;
-      return absl::InternalError(absl::StrCat("cannot start ", args_[0], ": ", strerror(rc)));
-    }
-    const auto deadline = SteadyClock::now() + std::chrono::seconds(60);
-    while (SteadyClock::now() < deadline) {
-      std::ifstream f(dir_ + "/port");
-      int port = 0;
-      if (f >> port && port > 0) {
-        port_ = port;
-        return absl::OkStatus();
-      }
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return absl::InternalError(absl::StrCat(args_[0], " exited before listening"));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return absl::DeadlineExceededError("the coordinator wrote no port file in 60 s");
-  }
-  void Kill9() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  void Stop() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  // On the same port (free again after the kill): clients reconnect to the
-  // same address, as workers do.
-  absl::Status Restart() {
-    args_[2] = address();
-    return Launch();
-  }
-
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
-  int64_t RssBytes() const {
-    std::ifstream f(absl::StrCat("/proc/", pid_, "/status"));
-    std::string key;
-    int64_t kb = 0;
-    while (f >> key) {
-      if (key == "VmRSS:" && f >> kb) return kb * 1024;
-    }
-    return 0;
-  }
-  double CpuSeconds() const {  // user + system time so far
-    std::ifstream f(absl::StrCat("/proc/", pid_, "/stat"));
-    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    const size_t close = text.rfind(')');
-    if (close == std::string::npos) return 0;
-    std::istringstream rest(text.substr(close + 2));
-    std::string field;
-    double utime = 0, stime = 0;
-    for (int i = 3; i <= 15 && rest >> field; ++i) {
-      if (i == 14) utime = std::stod(field);
-      if (i == 15) stime = std::stod(field);
-    }
-    return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-  }
-
- private:
-  CoordinatorProcess() = default;
-  std::string dir_;
-  std::vector<std::string> args_;
-  pid_t pid_ = -1;
-  int port_ = 0;
-};
-
-// One stub per client thread, each on its own connection.
-std::vector<std::unique_ptr<v1::Coordinator::Stub>> NewStubs(const std::string& address, int n) {
-  std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs;
-  for (int i = 0; i < n; ++i) stubs.push_back(v1::Coordinator::NewStub(NewChannel(address)));
-  return stubs;
-}
-
-// Runs body(t) on `threads` threads and merges their samples; wall time of
-// the whole run goes into `seconds`.
-Samples RunThreads(int threads, const std::function<void(int, Samples*)>& body) {
-  std::vector<Samples> per(threads);
-  std::vector<std::thread> pool;
-  const auto t0 = SteadyClock::now();
-  for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { body(t, &per[t]); });
-  for (auto& th : pool) th.join();
-  Samples all;
-  all.seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
-  for (const Samples& s : per) all.Merge(s);
-  return all;
-}
 
 Samples SerialGetJob(v1::Coordinator::Stub& stub, int calls) {
   Samples s;

@@ -36,7 +36,8 @@ inline std::string ReadFile(const std::string& path) {
 inline JobSpec SmallSpec(int dp, int tp, int pp) {
   JobSpec s;
   s.name = "small";
-  s.model = {"", /*layers=*/5, /*heads=*/12, /*dim=*/96, /*context=*/16, /*vocab=*/150, /*init=*/""};
+  s.model = {"",         /*layers=*/5, /*heads=*/12, /*dim=*/96, /*context=*/16, /*vocab=*/150,
+             /*init=*/""};
   s.data.train = "data/x.txt";
   s.batch = {/*global=*/48, /*micro=*/2, /*seq_len=*/16};
   s.parallel.dp = dp;
@@ -77,11 +78,11 @@ inline std::vector<std::pair<std::string, int64_t>> SliceUnits(const JobSpec& s,
 // engine allocates from (tests/unit/worker/plan_memory_test.cc checks the
 // plan against what the engine really holds).
 inline model::ActivationTable ActivationsOf(const JobSpec& s, const model::ModelSlice& slice = {}) {
-  return model::ActivationTable(*model::MakeGptConfig(s.model.layers, s.model.heads, s.model.dim,
-                                                      s.model.context, s.model.vocab),
-                                s.batch.micro, s.batch.seq_len, slice,
-                                s.precision == Precision::kFp32 ? DataType::kFloat32
-                                                                : DataType::kBFloat16);
+  return model::ActivationTable(
+      *model::MakeGptConfig(s.model.layers, s.model.heads, s.model.dim, s.model.context,
+                            s.model.vocab),
+      s.batch.micro, s.batch.seq_len, slice,
+      s.precision == Precision::kFp32 ? DataType::kFloat32 : DataType::kBFloat16);
 }
 
 }  // namespace shardtrain

@@ -214,7 +214,8 @@ TEST_F(AdmissionTest, RegistrationWithImpossibleFieldsIsRefusedNamingTheField) {
   const std::pair<std::function<void(v1::RegisterWorkerRequest&)>, std::string> cases[] = {
       {[](auto& r) { r.mutable_devices(0)->set_kind("tpu"); },
        "devices.kind: \"tpu\", must be cpu or cuda"},
-      {[](auto& r) { r.mutable_devices(0)->set_kind(""); }, "devices.kind: \"\", must be cpu or cuda"},
+      {[](auto& r) { r.mutable_devices(0)->set_kind(""); },
+       "devices.kind: \"\", must be cpu or cuda"},
       {[](auto& r) { r.set_threads(-5); }, "threads: -5, must be >= 0"},
       {[](auto& r) { r.set_host_memory_bytes(-1); }, "host_memory_bytes: -1, must be >= 0"},
       {[](auto& r) { r.mutable_devices(0)->set_memory_bytes(-1); },

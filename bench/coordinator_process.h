@@ -1,0 +1,137 @@
+// CoordinatorProcess: the real shardtrain-coordinator program in a process
+// of its own, for control_plane_bench --process: started, killed (SIGKILL)
+// and started again on the same state and port, its RSS and CPU time read
+// from /proc. Header-only, for the bench alone.
+#ifndef SHARDTRAIN_BENCH_COORDINATOR_PROCESS_H_
+#define SHARDTRAIN_BENCH_COORDINATOR_PROCESS_H_
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain::coordinator {
+
+// The real shardtrain-coordinator program in its own process (--process):
+// 127.0.0.1:0, --port-file, its own --state-dir; TLS and tokens when the run
+// has them. Kill9() and Restart() keep the state directory.
+class CoordinatorProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<CoordinatorProcess>> Start(
+      const std::string& binary, const std::string& dir, std::vector<std::string> extra_args) {
+    auto c = std::unique_ptr<CoordinatorProcess>(new CoordinatorProcess());
+    c->dir_ = dir;
+    c->args_ = {binary,         "--listen",    "127.0.0.1:0", "--state-dir",
+                dir + "/state", "--port-file", dir + "/port"};
+    for (std::string& a : extra_args) c->args_.push_back(std::move(a));
+    if (absl::Status s = c->Launch(); !s.ok()) return s;
+    return c;
+  }
+  ~CoordinatorProcess() { Stop(); }
+
+  // Forks and execs the program; waits (60 s at most) for its port file.
+  absl::Status Launch() {
+    std::filesystem::remove(dir_ + "/port");
+    // posix_spawn, not fork: gRPC's fork handlers would disturb this
+    // process's live channels (their reconnects failed their TLS handshakes).
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+    std::vector<char*> argv;
+    for (std::string& a : args_) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) {
+      pid_ = -1;
+      return absl::InternalError(absl::StrCat("cannot start ", args_[0], ": ", strerror(rc)));
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::ifstream f(dir_ + "/port");
+      int port = 0;
+      if (f >> port && port > 0) {
+        port_ = port;
+        return absl::OkStatus();
+      }
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return absl::InternalError(absl::StrCat(args_[0], " exited before listening"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return absl::DeadlineExceededError("the coordinator wrote no port file in 60 s");
+  }
+  void Kill9() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  void Stop() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  // On the same port (free again after the kill): clients reconnect to the
+  // same address, as workers do.
+  absl::Status Restart() {
+    args_[2] = address();
+    return Launch();
+  }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  int64_t RssBytes() const {
+    std::ifstream f(absl::StrCat("/proc/", pid_, "/status"));
+    std::string key;
+    int64_t kb = 0;
+    while (f >> key) {
+      if (key == "VmRSS:" && f >> kb) return kb * 1024;
+    }
+    return 0;
+  }
+  double CpuSeconds() const {  // user + system time so far
+    std::ifstream f(absl::StrCat("/proc/", pid_, "/stat"));
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t close = text.rfind(')');
+    if (close == std::string::npos) return 0;
+    std::istringstream rest(text.substr(close + 2));
+    std::string field;
+    double utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+      if (i == 14) utime = std::stod(field);
+      if (i == 15) stime = std::stod(field);
+    }
+    return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+
+ private:
+  CoordinatorProcess() = default;
+  std::string dir_;
+  std::vector<std::string> args_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+}  // namespace shardtrain::coordinator
+
+#endif  // SHARDTRAIN_BENCH_COORDINATOR_PROCESS_H_
