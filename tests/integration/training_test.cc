@@ -316,34 +316,22 @@ TEST_F(TrainingTest, PreparedGpt2ShardsTrainAndSample) {
   EXPECT_EQ(again.exit_code, 1) << again.err;
   EXPECT_NE(again.err.find("exists"), std::string::npos) << again.err;
 
-  CommandResult r = RunCommand({SHARDTRAIN_CLI_BIN,
-                                "local",
-                                SourceDir() + "/examples/fortunes-tiny.yaml",
-                                "--workers",
-                                "1",
-                                "--output",
-                                "json",
-                                "--set",
-                                "model.vocab=50257",
-                                "--set",
-                                "model.dim=64",
-                                "--set",
-                                "model.layers=2",
-                                "--set",
-                                "data.train=" + out + "/train",
-                                "--set",
-                                "data.val=" + out + "/val",
-                                "--set",
-                                "data.format=llmc",
-                                "--set",
-                                "data.tokenizer=gpt2",
-                                "--set",
-                                "eval.every=10",
-                                "--set",
-                                "steps=20",
-                                "--set",
-                                "checkpoint.dir=" + dir.path()},
-                               seconds(300));
+  // The tiny example on GPT-2's vocabulary and the prepared shards, one
+  // worker, with `sets` on top.
+  auto train = [&](const std::vector<std::string>& sets) {
+    std::vector<std::string> argv = {
+        SHARDTRAIN_CLI_BIN, "local", SourceDir() + "/examples/fortunes-tiny.yaml", "--workers", "1",
+        "--output",         "json"};
+    for (const std::string& set :
+         {std::string("model.vocab=50257"), std::string("model.dim=64"),
+          std::string("model.layers=2"), "data.train=" + out + "/train", "data.val=" + out + "/val",
+          std::string("data.format=llmc"), std::string("data.tokenizer=gpt2")}) {
+      argv.insert(argv.end(), {"--set", set});
+    }
+    for (const std::string& set : sets) argv.insert(argv.end(), {"--set", set});
+    return RunCommand(argv, seconds(300));
+  };
+  CommandResult r = train({"eval.every=10", "steps=20", "checkpoint.dir=" + dir.path()});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   std::vector<double> losses = Losses(r.out);
   ASSERT_EQ(losses.size(), 20u);
@@ -371,38 +359,8 @@ TEST_F(TrainingTest, PreparedGpt2ShardsTrainAndSample) {
   EXPECT_EQ(again_export.exit_code, 1) << again_export.err;  // not over an export
   const std::map<int, double> source_val = ValLosses(r.out);
   ASSERT_EQ(source_val.count(20), 1u) << r.out;
-  CommandResult ft = RunCommand({SHARDTRAIN_CLI_BIN,
-                                 "local",
-                                 SourceDir() + "/examples/fortunes-tiny.yaml",
-                                 "--workers",
-                                 "1",
-                                 "--output",
-                                 "json",
-                                 "--set",
-                                 "model.vocab=50257",
-                                 "--set",
-                                 "model.dim=64",
-                                 "--set",
-                                 "model.layers=2",
-                                 "--set",
-                                 "model.init=" + hf,
-                                 "--set",
-                                 "data.train=" + out + "/train",
-                                 "--set",
-                                 "data.val=" + out + "/val",
-                                 "--set",
-                                 "data.format=llmc",
-                                 "--set",
-                                 "data.tokenizer=gpt2",
-                                 "--set",
-                                 "eval.every=1",
-                                 "--set",
-                                 "steps=1",
-                                 "--set",
-                                 "optimizer.lr=1e-30",
-                                 "--set",
-                                 "checkpoint.dir=" + dir.path() + "/init"},
-                                seconds(300));
+  CommandResult ft = train({"model.init=" + hf, "eval.every=1", "steps=1", "optimizer.lr=1e-30",
+                            "checkpoint.dir=" + dir.path() + "/init"});
   ASSERT_EQ(ft.exit_code, 0) << ft.out << ft.err;
   const std::map<int, double> init_val = ValLosses(ft.out);
   ASSERT_EQ(init_val.count(1), 1u) << ft.out;
