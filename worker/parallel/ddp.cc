@@ -113,7 +113,11 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) 
   if (mp_.sum_tied && mp_.tied_end > 0) {
     if (absl::Status s = mp_.sum_tied(g.f32().subspan(0, mp_.tied_end)); !s.ok()) return s;
   }
-  if (absl::Status s = SumTpPartials(mp_, g.f32(), 0); !s.ok()) return s;
+  // Tensor-parallel partials exist on CPU ranks only (tp is not on the GPU
+  // yet): a GPU rank's gradients are never viewed as host memory.
+  if (mp_.sum_tp && !mp_.tp_partial.empty()) {
+    if (absl::Status s = SumTpPartials(mp_, g.f32(), 0); !s.ok()) return s;
+  }
   double squared = SquaredNormOutside(math, grads, g.count, 0, mp_.norm_skip);
   if (mp_.sum_squares) {
     absl::StatusOr<double> total = mp_.sum_squares(squared);
@@ -179,7 +183,7 @@ ModelStateMemory Ddp::memory() const {
   engine::Buffer& grads = engine_->grad_buffer();
   mem.params = measure_ ? params.ResidentBytes() : int64_t(params.bytes());
   mem.grads = measure_ ? grads.ResidentBytes() : int64_t(grads.bytes());
-  mem.optimizer = int64_t((adamw_.m().size() + adamw_.v().size()) * sizeof(float));
+  mem.optimizer = int64_t(2 * adamw_.count() * sizeof(float));  // m and v, wherever they live
   return mem;  // the all-reduces run in place on the gradient buffer
 }
 

@@ -161,6 +161,12 @@ TEST_F(GpuTrainerTest, Fp32StepsAndParametersMatchTheCpuEngine) {
                 on_gpu[step]);
   }
   EXPECT_LE(MaxRelDiff(on_gpu, on_cpu), 1e-5);
+  // The worker reports memory every step: the GPU's is accounted, never
+  // read as host memory, and states what the CPU engine's does.
+  const MemoryUse m_cpu = cpu->memory(), m_gpu = gpu->memory();
+  EXPECT_EQ(m_gpu.params, m_cpu.params);
+  EXPECT_EQ(m_gpu.grads, m_cpu.grads);
+  EXPECT_EQ(m_gpu.optimizer, m_cpu.optimizer);
   const std::vector<float> p_cpu = Params(*cpu), p_gpu = Params(*gpu);
   ASSERT_EQ(p_cpu.size(), p_gpu.size());
   const double diff = MaxRelDiff(std::vector<double>(p_gpu.begin(), p_gpu.end()),
