@@ -231,6 +231,12 @@ int main(int argc, char** argv) {
   sample->add_option("--vocab", sample_opts.vocab,
                      "GPT-2 models (vocab >= 50257): folder of GPT-2's vocabulary (default: "
                      "$SHARDTRAIN_GPT2_VOCAB, then the one scripts/setup installs)");
+  sample
+      ->add_option("--tokenizer", sample_opts.tokenizer,
+                   "the tokenizer the model was trained with (data.tokenizer): auto = byte for "
+                   "vocab 256, gpt2 from 50257; byte on a larger vocabulary samples bytes only")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "byte", "gpt2"}));
   add_common(sample, false, "table|json");
 
   try {

@@ -67,18 +67,23 @@ int Sample(const GlobalFlags& g, const SampleOptions& o) {
   std::string path;
   auto weights = LoadWeightsFrom(o.checkpoint, &path);
   if (!weights.ok()) return ReportError(g, weights.status());
-  // The tokenizer the model was trained with, by its vocabulary: bytes for
-  // 256, GPT-2's BPE from 50257 (padded vocabularies included).
+  // The tokenizer the model was trained with: named, or by its vocabulary
+  // (bytes for 256, GPT-2's BPE from 50257, padded vocabularies included).
+  // Bytes on a larger vocabulary (a GPT-2-sized model trained on bytes)
+  // generate bytes only.
+  const int vocab = weights->config.vocab;
+  const std::string tokenizer =
+      o.tokenizer != "auto" ? o.tokenizer : (vocab >= 50257 ? "gpt2" : "byte");
   std::unique_ptr<Gpt2Bpe> bpe;
-  if (weights->config.vocab >= 50257) {
+  if (tokenizer == "gpt2" && vocab >= 50257) {
     absl::StatusOr<std::unique_ptr<Gpt2Bpe>> b = LoadGpt2Vocabulary(o.vocab);
     if (!b.ok()) return ReportError(g, b.status());
     bpe = *std::move(b);
-  } else if (weights->config.vocab != 256) {
+  } else if (tokenizer == "gpt2" || vocab < 256 || (o.tokenizer == "auto" && vocab != 256)) {
     return ReportError(g, absl::InvalidArgumentError(absl::StrCat(
-                              path, ": vocab ", weights->config.vocab,
-                              " — sampling text needs the byte tokenizer (vocab 256) or GPT-2's "
-                              "(vocab >= 50257)")));
+                              path, ": vocab ", vocab, " — sampling text needs the byte tokenizer ",
+                              "(vocab >= 256; --tokenizer byte above 256) or GPT-2's (vocab >= "
+                              "50257)")));
   }
   const int T = weights->config.context;
   auto model = engine::cpu::Gpt::Create(weights->config, 1, T, o.threads);
@@ -88,6 +93,7 @@ int Sample(const GlobalFlags& g, const SampleOptions& o) {
   go.max_new_tokens = o.tokens;
   go.temperature = static_cast<float>(o.temperature);
   go.seed = o.seed;
+  if (!bpe) go.candidates = 256;
   const std::string prompt_text = o.prompt.empty() ? "\n" : o.prompt;
   std::vector<int> prompt = bpe ? bpe->Encode(prompt_text) : data::EncodeBytes(prompt_text);
   auto out = engine::Generate(**model, prompt, go);

@@ -20,6 +20,7 @@ struct SampleOptions {
   uint64_t seed = 1;
   int threads = 1;
   std::string vocab;  // GPT-2's vocabulary folder (LoadGpt2Vocabulary when empty)
+  std::string tokenizer = "auto";  // auto (by the vocabulary) | byte | gpt2
 };
 
 int Sample(const GlobalFlags& g, const SampleOptions& o);

@@ -295,6 +295,10 @@ TEST_F(TrainingTest, FortunesTinyTrainsBelow2_5AndSamples) {
   ASSERT_EQ(s.exit_code, 0) << s.err;
   std::cout << "sample: " << s.out << std::endl;
   EXPECT_GT(s.out.size(), 100u);
+  // A byte model has no GPT-2 tokenizer: refused, naming the vocabulary.
+  CommandResult bpe = RunCommand({SHARDTRAIN_CLI_BIN, "sample", dir.path(), "--tokenizer", "gpt2"});
+  EXPECT_EQ(bpe.exit_code, 2) << bpe.err;
+  EXPECT_NE(bpe.err.find("vocab 256"), std::string::npos) << bpe.err;
 }
 
 // GPT-2 tokens end to end: `shardtrain prepare` makes BPE shards (progress
@@ -343,6 +347,13 @@ TEST_F(TrainingTest, PreparedGpt2ShardsTrainAndSample) {
   ASSERT_EQ(s.exit_code, 0) << s.err;
   std::cout << "sample: " << s.out << std::endl;
   EXPECT_NE(s.out.find("\"text\": \"Q: What is the meaning of life?"), std::string::npos) << s.out;
+  // The same weights read as a byte model (GPT-2-sized, trained on bytes):
+  // the prompt's bytes go in, 20 bytes come out, no vocabulary needed.
+  CommandResult bytes =
+      RunCommand({SHARDTRAIN_CLI_BIN, "sample", dir.path(), "--tokenizer", "byte", "--vocab",
+                  "/nonexistent", "--prompt", "Q: ", "--tokens", "20", "--temperature", "0"});
+  ASSERT_EQ(bytes.exit_code, 0) << bytes.err;
+  EXPECT_EQ(bytes.out.size(), 3u + 20u + 1u) << bytes.out;  // prompt, bytes, newline
 
   // Out in Hugging Face's layout, and back in as a new job's model.init: with
   // a learning rate too small to move an fp32 weight (1e-30), its weights

@@ -17,6 +17,9 @@ absl::StatusOr<std::vector<int>> Generate(Engine& model, const std::vector<int>&
                                                      " at index ", i, " is outside [0, ", V, ")"));
     }
   }
+  // Generated tokens are drawn from [0, N): the whole vocabulary, or the
+  // first `candidates` of it.
+  const int N = options.candidates > 0 ? std::min(options.candidates, V) : V;
   std::vector<int> seq = prompt;
   const int window = model.max_seq_len();
   uint64_t rng = options.seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
@@ -30,13 +33,13 @@ absl::StatusOr<std::vector<int>> Generate(Engine& model, const std::vector<int>&
     model.ReadLogits(t - 1, logits.data());
     int next = 0;
     if (options.temperature <= 0.0f) {
-      for (int j = 1; j < V; ++j)
+      for (int j = 1; j < N; ++j)
         if (row[j] > row[next]) next = j;
     } else {
       double maxv = row[0];
-      for (int j = 1; j < V; ++j) maxv = std::max<double>(maxv, row[j]);
+      for (int j = 1; j < N; ++j) maxv = std::max<double>(maxv, row[j]);
       double sum = 0;
-      for (int j = 0; j < V; ++j) {
+      for (int j = 0; j < N; ++j) {
         probs[j] = std::exp((row[j] - maxv) / options.temperature);
         sum += probs[j];
       }
@@ -47,8 +50,8 @@ absl::StatusOr<std::vector<int>> Generate(Engine& model, const std::vector<int>&
       const double u =
           static_cast<double>((rng * 2685821657736338717ull) >> 11) / 9007199254740992.0 * sum;
       double acc = 0;
-      next = V - 1;
-      for (int j = 0; j < V; ++j) {
+      next = N - 1;
+      for (int j = 0; j < N; ++j) {
         acc += probs[j];
         if (u < acc) {
           next = j;

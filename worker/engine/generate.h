@@ -17,6 +17,9 @@ struct GenerateOptions {
   // Sampling seed; the output is a pure function of (weights, prompt,
   // options).
   uint64_t seed = 0;
+  // > 0: only tokens [0, candidates) are generated (a byte-tokenized model
+  // with a larger vocabulary, say GPT-2's 50257, samples bytes only).
+  int candidates = 0;
 };
 
 // Returns prompt + up to max_new_tokens generated tokens. Uses row 0 of the

@@ -129,6 +129,14 @@ TEST(GenerateTest, GreedyAndSeededSampling) {
   EXPECT_EQ(*s1, *s2);
   EXPECT_NE(*s1, *s3);
   for (int t : *s1) EXPECT_TRUE(t >= 0 && t < 100);
+  // candidates: only the first N tokens are drawn, greedy or sampled (a
+  // byte-tokenized model with a larger vocabulary generates bytes).
+  for (float temperature : {0.0f, 1.0f}) {
+    GenerateOptions bytes{20, temperature, 42, /*candidates=*/7};
+    auto few = Generate(g, {1, 2, 3}, bytes);
+    ASSERT_TRUE(few.ok());
+    for (size_t i = 3; i < few->size(); ++i) EXPECT_LT((*few)[i], 7) << temperature;
+  }
   EXPECT_EQ(Generate(g, {}, greedy).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Generate(g, {100}, greedy).status().code(), absl::StatusCode::kInvalidArgument);
 }
