@@ -56,16 +56,22 @@ absl::Status EncoderForward(const KernelCtx& ctx, void* out, const int* tokens, 
 
 namespace {
 
-// One thread per channel c, walking the B*T rows in order: dwte[tokens[r], c]
-// += dout[r, c]. Repeated tokens touch the same element from the same thread,
-// in the CPU's order: no races, same bits run after run.
+// dwte[tokens[r], c] += dout[r, c] for every row r, in row order per token
+// (the CPU's order: same bits run after run, no atomics). A warp per tile
+// of 32 channels and token class k: it walks all B*T rows and adds those
+// whose token ≡ k (mod kTokenClasses), so no two warps write one element.
+// Grid: (channel tiles, kTokenClasses / warps per block).
+constexpr int kTokenClasses = 64;
+constexpr int kClassWarps = 8;  // token classes per block (blockDim.y)
 template <typename F>
 __global__ void EncoderBackwardWteKernel(float* dwte, const F* dout, const int* tokens, int rows,
                                          int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int c = blockIdx.x * internal::kWarpSize + threadIdx.x;
+  const int token_class = blockIdx.y * kClassWarps + threadIdx.y;
   if (c >= C) return;
   for (int r = 0; r < rows; ++r) {
     const int64_t token = tokens[r];
+    if (token % kTokenClasses != token_class) continue;
     dwte[token * C + c] += Load(dout[int64_t{r} * C + c]);
   }
 }
@@ -100,9 +106,10 @@ absl::Status EncoderBackward(const KernelCtx& ctx, float* dwte, float* dwpe, con
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
     const F* d = static_cast<const F*>(dout);
-    const int wte_blocks = static_cast<int>(internal::BlocksFor(C, kThreads));
-    EncoderBackwardWteKernel<F>
-        <<<wte_blocks, kThreads, 0, ctx.stream>>>(dwte, d, tokens, static_cast<int>(rows), C);
+    const dim3 wte_grid(static_cast<unsigned>(internal::BlocksFor(C, internal::kWarpSize)),
+                        kTokenClasses / kClassWarps);
+    EncoderBackwardWteKernel<F><<<wte_grid, dim3(internal::kWarpSize, kClassWarps), 0,
+                                  ctx.stream>>>(dwte, d, tokens, static_cast<int>(rows), C);
     SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("EncoderBackward (dwte)"));
     EncoderBackwardWpeKernel<F>
         <<<static_cast<int>(wpe_blocks), kThreads, 0, ctx.stream>>>(dwpe, d, B, T, C);

@@ -301,9 +301,14 @@ void CudaGpt::ResidualForward(void* out, const void* inp1, const void* inp2, int
   Check(cuda::ResidualForward(k(), out, inp1, inp2, n));
 }
 
+// The LM head runs over all Vp rows of wte, not V: GEMMs whose m is a
+// multiple of 8 get Hopper's fast kernels (V = 50257 fell back to align-1
+// ones, 10% of a GPT-2 step). The padding rows of wte stay zero (their
+// gradient is 0: CrossEntropyBackward zeroes the padding columns of
+// dlogits), and no one reads the padding logits.
 void CudaGpt::LmHeadForward(SlotActs& s) {
   Check(cuda::MatmulForward(k(), s.logits, s.lnf, param(layout().wte()), nullptr, s.b * s.t,
-                            config().dim, config().vocab, config().padded_vocab));
+                            config().dim, config().padded_vocab, config().padded_vocab));
 }
 
 double CudaGpt::CrossEntropyForward(SlotActs& s) {
@@ -330,7 +335,7 @@ void CudaGpt::CrossEntropyBackward(SlotActs& s, float dloss) {
 void CudaGpt::LmHeadBackward(SlotActs& s, void* dln) {
   Check(cuda::MatmulBackward(k(), dln, grad(layout().wte()), nullptr, s.logits,
                              config().padded_vocab, s.lnf, param(layout().wte()), s.b * s.t,
-                             config().dim, config().vocab));
+                             config().dim, config().padded_vocab));
 }
 
 void CudaGpt::TpAllReduceSum(void* x, int64_t n) {

@@ -83,6 +83,26 @@ __device__ __forceinline__ float BlockMax(float v) {
   return WarpMax(lane < warps ? warp_maxs[lane] : -INFINITY);
 }
 
+// Column sums over rows, deterministic and parallel: a block of kColumnTile
+// × kRowLanes threads (threadIdx.x: a column of the block's tile, so a warp
+// reads 32 adjacent elements of one row; threadIdx.y: a row lane). Each
+// thread sums rows y, y + kRowLanes, ... in order; ColumnLaneSum then adds
+// the kRowLanes partials of each column in a fixed tree. Every thread of the
+// block must call it and gets its column's sum.
+constexpr int kColumnTile = 32;
+constexpr int kRowLanes = 32;
+__device__ __forceinline__ float ColumnLaneSum(float v) {
+  __shared__ float lanes[kRowLanes][kColumnTile + 1];  // +1: no bank conflicts
+  __syncthreads();  // a previous call's reads are done
+  lanes[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  for (int s = kRowLanes / 2; s > 0; s >>= 1) {
+    if (threadIdx.y < s) lanes[threadIdx.y][threadIdx.x] += lanes[threadIdx.y + s][threadIdx.x];
+    __syncthreads();
+  }
+  return lanes[0][threadIdx.x];
+}
+
 // ---- host side: dispatch, sizes, errors
 
 template <typename T>

@@ -95,23 +95,29 @@ __global__ void LayerNormBackwardInputKernel(F* dinp, const F* dout, const F* in
   }
 }
 
-// One thread per channel c, walking the N rows in order (deterministic):
-// dweight[c] += Σ_r norm[r,c] · dout[r,c], dbias[c] += Σ_r dout[r,c].
+// A block per tile of kColumnTile channels, kRowLanes row lanes each
+// (ColumnLaneSum; deterministic): dweight[c] += Σ_r norm[r,c] · dout[r,c],
+// dbias[c] += Σ_r dout[r,c].
 template <typename F>
 __global__ void LayerNormBackwardParamsKernel(float* dweight, float* dbias, const F* dout,
                                               const F* inp, const float* mean, const float* rstd,
                                               int N, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float dw = dweight[c], db = dbias[c];
-  for (int r = 0; r < N; ++r) {
-    const int64_t i = int64_t{r} * C + c;
-    const float d = Load(dout[i]);
-    dw += (Load(inp[i]) - mean[r]) * rstd[r] * d;
-    db += d;
+  const int c = blockIdx.x * internal::kColumnTile + threadIdx.x;
+  float dw = 0.0f, db = 0.0f;
+  if (c < C) {
+    for (int r = threadIdx.y; r < N; r += internal::kRowLanes) {
+      const int64_t i = int64_t{r} * C + c;
+      const float d = Load(dout[i]);
+      dw += (Load(inp[i]) - mean[r]) * rstd[r] * d;
+      db += d;
+    }
   }
-  dweight[c] = dw;
-  dbias[c] = db;
+  dw = internal::ColumnLaneSum(dw);
+  db = internal::ColumnLaneSum(db);
+  if (threadIdx.y == 0 && c < C) {
+    dweight[c] += dw;
+    dbias[c] += db;
+  }
 }
 
 }  // namespace
@@ -128,9 +134,10 @@ absl::Status LayerNormBackward(const KernelCtx& ctx, void* dinp, float* dweight,
     using F = typename decltype(tag)::type;
     const F* d = static_cast<const F*>(dout);
     const F* x = static_cast<const F*>(inp);
-    const int param_blocks = static_cast<int>(internal::BlocksFor(C, kThreads));
+    const int param_blocks = static_cast<int>(internal::BlocksFor(C, internal::kColumnTile));
     LayerNormBackwardParamsKernel<F>
-        <<<param_blocks, kThreads, 0, ctx.stream>>>(dweight, dbias, d, x, mean, rstd, N, C);
+        <<<param_blocks, dim3(internal::kColumnTile, internal::kRowLanes), 0, ctx.stream>>>(
+            dweight, dbias, d, x, mean, rstd, N, C);
     SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("LayerNormBackward (dweight, dbias)"));
     const int row_blocks = static_cast<int>(internal::BlocksFor(N, kRowsPerBlock));
     LayerNormBackwardInputKernel<F><<<row_blocks, kThreads, 0, ctx.stream>>>(

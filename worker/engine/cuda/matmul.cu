@@ -32,7 +32,6 @@ namespace {
 using internal::CublasStatus;
 using internal::Load;
 
-constexpr int kThreads = 256;
 
 // The largest power of two <= 256 that divides the address of every column
 // of a matrix at p with leading dimension ld elements of elem_bytes bytes:
@@ -179,15 +178,20 @@ absl::Status MatmulForward(const KernelCtx& ctx, void* out, const void* inp, con
 
 namespace {
 
-// One thread per column o of dout (N,OC) with row stride ld_dout, walking
-// the N rows in order (deterministic): dbias[o] += Σ_r dout[r, o].
+// A block per tile of kColumnTile columns of dout (N,OC) with row stride
+// ld_dout, kRowLanes row lanes each (ColumnLaneSum; deterministic):
+// dbias[o] += Σ_r dout[r, o].
 template <typename F>
 __global__ void ColumnSumKernel(float* dbias, const F* dout, int N, int OC, int ld_dout) {
-  const int o = blockIdx.x * blockDim.x + threadIdx.x;
-  if (o >= OC) return;
-  float acc = dbias[o];
-  for (int r = 0; r < N; ++r) acc += Load(dout[int64_t{r} * ld_dout + o]);
-  dbias[o] = acc;
+  const int o = blockIdx.x * internal::kColumnTile + threadIdx.x;
+  float acc = 0.0f;
+  if (o < OC) {
+    for (int r = threadIdx.y; r < N; r += internal::kRowLanes) {
+      acc += Load(dout[int64_t{r} * ld_dout + o]);
+    }
+  }
+  acc = internal::ColumnLaneSum(acc);
+  if (threadIdx.y == 0 && o < OC) dbias[o] += acc;
 }
 
 }  // namespace
@@ -205,9 +209,9 @@ absl::Status MatmulBackward(const KernelCtx& ctx, void* dinp, float* dweight, fl
   if (dbias != nullptr) {
     SHARDTRAIN_RETURN_IF_ERROR(internal::DispatchDtype(ctx.dtype, [&](auto tag) {
       using F = typename decltype(tag)::type;
-      const int blocks = static_cast<int>(internal::BlocksFor(OC, kThreads));
-      ColumnSumKernel<F>
-          <<<blocks, kThreads, 0, ctx.stream>>>(dbias, static_cast<const F*>(dout), N, OC, ld_dout);
+      const int blocks = static_cast<int>(internal::BlocksFor(OC, internal::kColumnTile));
+      ColumnSumKernel<F><<<blocks, dim3(internal::kColumnTile, internal::kRowLanes), 0,
+                           ctx.stream>>>(dbias, static_cast<const F*>(dout), N, OC, ld_dout);
       return internal::CheckLaunch("MatmulBackward (dbias)");
     }));
   }
