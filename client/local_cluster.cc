@@ -10,9 +10,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -38,7 +40,17 @@ struct Child {
   std::string name;
   pid_t pid = -1;
   std::string log;
+  int status = 0;  // waitpid's, once it exited
 };
+
+// "exited with code 1", "killed by signal 6 (Aborted)".
+std::string ExitDescription(int status) {
+  if (WIFSIGNALED(status)) {
+    return absl::StrFormat("killed by signal %d (%s)", WTERMSIG(status),
+                           strsignal(WTERMSIG(status)));
+  }
+  return absl::StrCat("exited with code ", WEXITSTATUS(status));
+}
 
 // The directory of this executable: the daemons are installed next to it.
 std::string SelfDir() {
@@ -116,6 +128,7 @@ bool Exited(Child& c) {
   int status = 0;
   if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
     c.pid = -1;
+    c.status = status;
     return true;
   }
   return false;
@@ -156,7 +169,7 @@ class LocalRun {
   ~LocalRun() {
     TearDown(children_);
     std::error_code ec;
-    if (!dir_.empty() && !o_.keep) fs::remove_all(dir_, ec);
+    if (!dir_.empty() && !o_.keep && !keep_logs_) fs::remove_all(dir_, ec);
   }
 
   int Run() {
@@ -223,7 +236,7 @@ class LocalRun {
                                  gpus.size(), gpus.size()));
       }
     }
-    return SubmitAndWatch(g, text);
+    return SubmitAndWatch(g, text, spec->World());
   }
 
  private:
@@ -281,7 +294,7 @@ class LocalRun {
     return ExitCodeFor(s.code());
   }
 
-  int SubmitAndWatch(const GlobalFlags& g, const std::string& text) {
+  int SubmitAndWatch(const GlobalFlags& g, const std::string& text, int world) {
     worker::CoordinatorClient client(g.coordinator, g.timeout_ms);
     v1::SubmitJobRequest req;
     req.set_spec_yaml(text);
@@ -313,6 +326,44 @@ class LocalRun {
     });
     signals.detach();
 
+    // A worker process that dies (a crash, an abort, the OOM killer) never
+    // comes back in a local cluster: say so at once, with the end of its
+    // log, and once fewer workers are left than the job's world, stop
+    // watching a job that can only wait.
+    std::atomic<bool> watching{true}, workers_lost{false};
+    std::string lost;  // which workers exited, how
+    std::mutex lost_mu;
+    std::thread monitor([&] {
+      std::vector<bool> reported(children_.size(), false);
+      while (watching) {
+        int alive = 0;
+        for (size_t i = 1; i < children_.size(); ++i) {  // [0]: the coordinator
+          if (!Exited(children_[i])) {
+            ++alive;
+            continue;
+          }
+          if (reported[i]) continue;
+          reported[i] = true;
+          const Child& c = children_[i];
+          const std::string what = absl::StrCat(c.name, " ", ExitDescription(c.status));
+          {
+            std::lock_guard<std::mutex> lock(lost_mu);
+            absl::StrAppend(&lost, lost.empty() ? "" : "; ", what);
+          }
+          if (g.output != "json") {
+            std::cerr << "shardtrain: " << what << "; the end of its log (" << c.log << "):\n"
+                      << Tail(c.log, 8) << std::flush;
+          }
+        }
+        if (alive < world) {
+          workers_lost = true;
+          watch_ctx.TryCancel();
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+
     v1::WatchJobRequest wreq;
     wreq.set_job_id(job.job_id());
     auto reader = client.stub().WatchJob(&watch_ctx, wreq);
@@ -324,16 +375,28 @@ class LocalRun {
       }
     }
     grpc::Status ws = reader->Finish();
-    if (interrupted) {
+    watching = false;
+    monitor.join();
+    if (interrupted || workers_lost) {
       v1::CancelJobRequest c;
       c.set_job_id(job.job_id());
-      c.set_reason("interrupted (shardtrain local)");
+      c.set_reason(interrupted ? "interrupted (shardtrain local)"
+                               : "its workers exited (shardtrain local)");
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
       v1::Job ignored;
       client.stub().CancelJob(&ctx, c, &ignored);
-      return ReportError(g, absl::CancelledError(absl::StrCat("interrupted; job ", job.job_id(),
-                                                              " cancelled, cluster stopped")));
+      if (interrupted) {
+        return ReportError(g, absl::CancelledError(absl::StrCat("interrupted; job ", job.job_id(),
+                                                                " cancelled, cluster stopped")));
+      }
+      keep_logs_ = true;  // what the dead workers wrote is the user's lead
+      std::lock_guard<std::mutex> lock(lost_mu);
+      return ReportError(
+          g, absl::AbortedError(absl::StrFormat(
+                 "%s: fewer workers are left than the job's world (%d); job %s cancelled, cluster "
+                 "stopped (logs in %s)",
+                 lost, world, job.job_id(), dir_)));
     }
     if (!ws.ok()) return Failed(FromGrpcStatus(ws, "WatchJob"));
 
@@ -378,6 +441,7 @@ class LocalRun {
   }
 
   const GlobalFlags g_;
+  bool keep_logs_ = false;  // kept after the run even without --keep
   const LocalOptions o_;
   std::string dir_;
   std::vector<Child> children_;

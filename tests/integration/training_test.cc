@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "tests/integration/harness.h"
@@ -443,6 +444,54 @@ TEST_F(TrainingTest, ThreeDMeshOnEightWorkersMatchesOneRankAndSamples) {
                                 "The ", "--tokens", "40", "--temperature", "0.7"});
   ASSERT_EQ(s.exit_code, 0) << s.err;
   EXPECT_GT(s.out.size(), 30u);
+}
+
+// `shardtrain local` whose worker dies (here SIGKILL; on the H100 it was an
+// abort): the CLI says which worker and how at once, with the end of its
+// log, and with fewer workers left than the job's world it cancels the job
+// and exits 1 instead of waiting for a worker that never comes back; the
+// logs stay for the user (removed here by the test).
+TEST(LocalClusterTest, AWorkerThatDiesEndsTheRunNamingHowItExited) {
+  TempDir dir;
+  Process cli({SHARDTRAIN_CLI_BIN, "local", kDdpSpec, "--threads", "1", "--set",
+               "data.train=" + kData, "--set", "checkpoint.dir=" + dir.path() + "/ckpt", "--set",
+               "eval.every=0", "--set", "steps=100000"},
+              dir.path() + "/cli.log");
+  ASSERT_TRUE(WaitFor([&] { return cli.Log().find("step ") != std::string::npos; }, seconds(60)))
+      << cli.Log();
+  // The CLI's children named shardtrain-worker (comm is cut at 15 bytes).
+  std::vector<pid_t> workers;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos || line.find("(shardtrain-work)") == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == cli.pid()) workers.push_back(std::stoi(e.path().filename().string()));
+  }
+  ASSERT_EQ(workers.size(), 4u) << "kDdpSpec runs dp 4 on four workers";
+  const auto killed_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(workers[0], SIGKILL), 0);
+  int code = -1;
+  ASSERT_TRUE(cli.Wait(seconds(20), &code)) << cli.Log();
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  const std::string log = cli.Log();
+  std::printf("[local] exit %d %.2f s after the kill\n", code, took);
+  EXPECT_EQ(code, 1) << log;
+  EXPECT_LT(took, 10.0) << "the 10 s lease: the CLI must not wait for recovery";
+  EXPECT_NE(log.find("killed by signal 9"), std::string::npos) << log;
+  EXPECT_NE(log.find("the end of its log"), std::string::npos) << log;
+  EXPECT_NE(log.find("fewer workers are left than the job's world (4)"), std::string::npos) << log;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex(R"(logs in (/tmp/shardtrain-local-\w+))")))
+      << log;
+  EXPECT_TRUE(std::filesystem::exists(m[1].str() + "/worker-0.log")) << "the logs are kept";
+  std::filesystem::remove_all(m[1].str());
 }
 
 }  // namespace
