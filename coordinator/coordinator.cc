@@ -16,6 +16,10 @@
 #include "coordinator/scheduler.h"
 
 namespace shardtrain::coordinator {
+
+// Tick's whole scheduling pass at least this often, even when nothing
+// changed: the waiting reasons' counts stay fresh.
+constexpr int64_t kSchedulePassEveryMs = 5000;
 namespace {
 
 JobState ToDomain(v1::JobState s) {
@@ -83,9 +87,9 @@ absl::Status Coordinator::Load() {
   const int64_t now = clock_->NowMs();
   for (v1::WorkerInfo& w : state->workers) {
     WorkerEntry& e = workers_[w.worker_id()];
-    e.info = std::move(w);
-    e.info.clear_job_id();
-    e.info.set_rank(0);
+    w.clear_job_id();
+    w.set_rank(0);
+    e.SetInfo(std::move(w));
     e.lease_until = now + options_.lease_ms;  // grace period to re-attach
     next_worker_ = std::max(next_worker_, IdNumber(e.info.worker_id()) + 1);
   }
@@ -146,13 +150,8 @@ absl::Status Coordinator::Load() {
 
 v1::ListWorkersResponse Coordinator::ListWorkers() const {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<const WorkerEntry*> sorted;
-  for (auto& [id, w] : workers_) sorted.push_back(&w);
-  std::sort(sorted.begin(), sorted.end(), [](const WorkerEntry* a, const WorkerEntry* b) {
-    return WorkerIdLess(a->info.worker_id(), b->info.worker_id());
-  });
-  v1::ListWorkersResponse resp;
-  for (const WorkerEntry* w : sorted) *resp.add_workers() = w->info;
+  v1::ListWorkersResponse resp;  // workers_ is in registration order
+  for (const auto& [id, w] : workers_) *resp.add_workers() = w.info;
   return resp;
 }
 
@@ -174,8 +173,12 @@ void Coordinator::Tick() {
       }
     }
     w.info.clear_job_id();
+    SchedulingInputsChanged();
   }
-  ScheduleLocked();
+  // Time alone changes nothing a pass decides (a worker going quiet only
+  // leaves the free pool; its lease running out is an event above), but a
+  // whole pass every few seconds refreshes the waiting reasons' counts.
+  ScheduleLocked(/*force=*/now - last_pass_ms_ >= kSchedulePassEveryMs);
 }
 
 // ------------------------------------------------------------------ jobs
@@ -234,7 +237,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& req,
   job_order_.push_back(job.job_id());
   if (!req.idempotency_key().empty()) submit_keys_[req.idempotency_key()] = job.job_id();
   events_cv_.notify_all();
-  ScheduleLocked();
+  ScheduleSubmittedLocked(e);
   return e.job;
 }
 
@@ -356,6 +359,7 @@ absl::Status Coordinator::Transition(JobEntry& e, v1::JobState to, const std::st
     return s;
   }
   shards_cv_.notify_all();  // a generation may have ended: its waits must see it
+  SchedulingInputsChanged();
   if (IsTerminal(to)) {
     ReleaseWorkers(e);
     e.partial.clear();
@@ -365,6 +369,7 @@ absl::Status Coordinator::Transition(JobEntry& e, v1::JobState to, const std::st
 }
 
 void Coordinator::ReleaseWorkers(JobEntry& e) {
+  SchedulingInputsChanged();
   for (const v1::RankAssignment& r : e.job.ranks()) {
     auto it = workers_.find(r.worker_id());
     if (it != workers_.end() && it->second.info.job_id() == e.job.job_id()) {

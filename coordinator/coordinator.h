@@ -34,6 +34,7 @@
 #include "coordinator/clock.h"
 #include "coordinator/fencing.h"
 #include "coordinator/rendezvous_kv.h"
+#include "coordinator/scheduler.h"
 #include "coordinator/state_store.h"
 #include "shardtrain/v1/coordinator.pb.h"
 
@@ -182,6 +183,10 @@ class Coordinator {
     std::string recent_job;
     int64_t recent_generation = 0;
     std::vector<v1::CollectiveRecord> recent_collectives;
+    // What the scheduler reads of it (id, device kind, precisions), kept
+    // beside `info` so a pass copies nothing (SetInfo).
+    FreeWorker schedulable;
+    void SetInfo(v1::WorkerInfo i);
   };
   // Keeps the bounded tail of a heartbeat's flight-recorder records in `w`.
   static void RecordCollectives(const v1::HeartbeatRequest& req, WorkerEntry& w);
@@ -233,8 +238,23 @@ class Coordinator {
   void ReleaseWorkers(JobEntry& e);
   // One scheduling pass (scheduling.cc): starts the jobs that fit, records
   // why the others wait (job.pending_reason), fails jobs that cannot be
-  // planned.
-  void ScheduleLocked();
+  // planned. Skipped, unless `force`, when nothing a pass reads changed
+  // since the last one that placed nothing: it would decide the same.
+  void ScheduleLocked(bool force = false);
+  // After a submit: when the queue is as the last pass left it, the new job
+  // alone is considered (every earlier one would wait again for the same
+  // reason), so a submit costs O(workers), not O(jobs); else a whole pass.
+  void ScheduleSubmittedLocked(JobEntry& e);
+  // The pending job of e as the scheduler sees it (scheduler.h).
+  PendingJob AsPending(const JobEntry& e, int64_t now) const;
+  // The alive and the schedulable workers, in registration order.
+  void CollectWorkers(int64_t now, std::vector<const FreeWorker*>* free,
+                      std::vector<const FreeWorker*>* alive) const;
+  // Starts a pass's placements and records why the others wait.
+  void ApplyPass(const SchedulePass& pass);
+  // Something a scheduling pass reads changed: a job's state, a worker's
+  // state, job or schedulability. The next pass runs.
+  void SchedulingInputsChanged() { ++schedule_inputs_; }
   // OK when some registered worker can run the spec or none registered yet;
   // FAILED_PRECONDITION naming the field otherwise (scheduling.cc).
   absl::Status CheckRunnable(const JobSpec& spec) const;
@@ -277,12 +297,22 @@ class Coordinator {
   // Notified on every checkpoint report and job state change (a generation
   // ending), for WaitCheckpointShards.
   std::condition_variable shards_cv_;
-  std::map<std::string, WorkerEntry> workers_;  // GUARDED_BY(mu_)
-  std::map<std::string, JobEntry> jobs_;        // GUARDED_BY(mu_)
-  std::vector<std::string> job_order_;          // GUARDED_BY(mu_), submission order
-  int64_t next_worker_ = 1;                     // GUARDED_BY(mu_)
-  int64_t next_job_ = 1;                        // GUARDED_BY(mu_)
-  bool shutdown_ = false;                       // GUARDED_BY(mu_)
+  struct ByRegistration {  // "w-2" before "w-10": a pass walks workers_ in order
+    bool operator()(const std::string& a, const std::string& b) const { return WorkerIdLess(a, b); }
+  };
+  std::map<std::string, WorkerEntry, ByRegistration> workers_;  // GUARDED_BY(mu_)
+  std::map<std::string, JobEntry> jobs_;                        // GUARDED_BY(mu_)
+  std::vector<std::string> job_order_;                          // GUARDED_BY(mu_), submission order
+  int64_t next_worker_ = 1;                                     // GUARDED_BY(mu_)
+  int64_t next_job_ = 1;                                        // GUARDED_BY(mu_)
+  bool shutdown_ = false;                                       // GUARDED_BY(mu_)
+  // Scheduling: the inputs' version, that of the last pass that placed
+  // nothing (the queue is settled while they are equal), when the last
+  // whole pass ran, and the reservations it left (device -> job).
+  uint64_t schedule_inputs_ = 1;                 // GUARDED_BY(mu_)
+  uint64_t settled_inputs_ = 0;                  // GUARDED_BY(mu_)
+  int64_t last_pass_ms_ = 0;                     // GUARDED_BY(mu_)
+  std::map<std::string, std::string> reserved_;  // GUARDED_BY(mu_)
   // SubmitJobRequest.idempotency_key -> job id, for this process's life.
   std::map<std::string, std::string> submit_keys_;  // GUARDED_BY(mu_)
 };

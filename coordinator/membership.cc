@@ -50,7 +50,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     if (!rejoin) workers_.erase(id);
     return s;
   }
-  e.info = std::move(info);
+  e.SetInfo(std::move(info));
+  SchedulingInputsChanged();
   e.lease_until = now + options_.lease_ms;
   e.awaiting_heartbeat = false;
   ScheduleLocked();
@@ -76,9 +77,11 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   }
   WorkerEntry& w = it->second;
   const int64_t now = clock_->NowMs();
+  const bool was_schedulable = Schedulable(w, now);
   w.lease_until = now + options_.lease_ms;
   w.awaiting_heartbeat = false;
   w.info.set_last_heartbeat_ms(now);
+  if (!was_schedulable && Schedulable(w, now)) SchedulingInputsChanged();  // the next Tick places
   RecordCollectives(req, w);
 
   v1::HeartbeatResponse resp;

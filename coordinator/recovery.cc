@@ -9,6 +9,7 @@ void Coordinator::HoldForHeartbeat(const JobEntry& e) {
   for (const v1::RankAssignment& r : e.job.ranks()) {
     auto it = workers_.find(r.worker_id());
     if (it != workers_.end()) it->second.awaiting_heartbeat = true;
+    SchedulingInputsChanged();
   }
 }
 

@@ -36,11 +36,25 @@ struct Pool {
 
 SchedulePass RunSchedulePass(const std::vector<PendingJob>& fifo,
                              const std::vector<FreeWorker>& free,
-                             const std::vector<FreeWorker>& alive, int reserve_after) {
+                             const std::vector<FreeWorker>& alive, int reserve_after,
+                             const std::map<std::string, std::string>& reserved_before) {
+  auto pointers = [](const std::vector<FreeWorker>& v) {
+    std::vector<const FreeWorker*> p;
+    p.reserve(v.size());
+    for (const FreeWorker& w : v) p.push_back(&w);
+    return p;
+  };
+  return RunSchedulePass(fifo, pointers(free), pointers(alive), reserve_after, reserved_before);
+}
+
+SchedulePass RunSchedulePass(const std::vector<PendingJob>& fifo,
+                             const std::vector<const FreeWorker*>& free,
+                             const std::vector<const FreeWorker*>& alive, int reserve_after,
+                             const std::map<std::string, std::string>& reserved_before) {
   SchedulePass out;
-  std::set<std::string> taken;                  // workers placed in this pass
-  std::map<std::string, std::string> reserved;  // kind -> job holding it
-  std::vector<size_t> unplaced;                 // fifo indices not placed, not reserving
+  std::set<std::string> taken;                                    // workers placed in this pass
+  std::map<std::string, std::string> reserved = reserved_before;  // kind -> job holding it
+  std::vector<size_t> unplaced;  // fifo indices not placed, not reserving
   std::map<std::pair<std::string, std::string>, Pool> pools;
   auto pool_for = [&](const PendingJob& job) -> Pool& {
     const auto key = std::make_pair(job.device, job.precision);
@@ -48,10 +62,10 @@ SchedulePass RunSchedulePass(const std::vector<PendingJob>& fifo,
     Pool& p = pools[key];
     p.device = job.device;
     p.precision = job.precision;
-    for (const FreeWorker& w : free) {
-      if (!taken.count(w.worker_id) && CanRun(w, job.device, job.precision)) p.free.push_back(&w);
+    for (const FreeWorker* w : free) {
+      if (!taken.count(w->worker_id) && CanRun(*w, job.device, job.precision)) p.free.push_back(w);
     }
-    for (const FreeWorker& w : alive) p.capacity += CanRun(w, job.device, job.precision) ? 1 : 0;
+    for (const FreeWorker* w : alive) p.capacity += CanRun(*w, job.device, job.precision) ? 1 : 0;
     return p;
   };
   for (size_t i = 0; i < fifo.size(); ++i) {
@@ -118,6 +132,7 @@ SchedulePass RunSchedulePass(const std::vector<PendingJob>& fifo,
     }
     out.waiting[job.job_id] = std::move(why);
   }
+  out.reserved = std::move(reserved);
   std::sort(out.passed_over.begin(), out.passed_over.end());
   out.passed_over.erase(std::unique(out.passed_over.begin(), out.passed_over.end()),
                         out.passed_over.end());

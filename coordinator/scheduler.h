@@ -58,6 +58,8 @@ struct SchedulePass {
   // Jobs not placed although a later job of their device kind was: the
   // caller adds one to their passed_over.
   std::vector<std::string> passed_over;
+  // Device kind -> the job reserving its free workers, as the pass ends.
+  std::map<std::string, std::string> reserved;
 };
 
 // Whether worker `w` can run a job on `device` in `precision`.
@@ -66,9 +68,17 @@ bool CanRun(const FreeWorker& w, const std::string& device, const std::string& p
 // `fifo` in submission order; `free` (workers with no job, healthy) and
 // `alive` (every alive worker, free or busy: the capacity a job can ever
 // count on) in registration order. `reserve_after` as in the policy above.
+// `reserved_before`: reservations of jobs ahead of `fifo` (a queue's tail
+// considered alone: the coordinator passes the last pass's `reserved`).
+SchedulePass RunSchedulePass(const std::vector<PendingJob>& fifo,
+                             const std::vector<const FreeWorker*>& free,
+                             const std::vector<const FreeWorker*>& alive, int reserve_after,
+                             const std::map<std::string, std::string>& reserved_before = {});
+// The same over workers held by value.
 SchedulePass RunSchedulePass(const std::vector<PendingJob>& fifo,
                              const std::vector<FreeWorker>& free,
-                             const std::vector<FreeWorker>& alive, int reserve_after);
+                             const std::vector<FreeWorker>& alive, int reserve_after,
+                             const std::map<std::string, std::string>& reserved_before = {});
 
 // Orders worker ids "w-2" < "w-10" (registration order).
 bool WorkerIdLess(const std::string& a, const std::string& b);

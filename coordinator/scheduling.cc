@@ -39,12 +39,6 @@ std::vector<int> ElasticWorlds(const JobSpec& spec, const ParallelDims& dims) {
   return out;
 }
 
-FreeWorker AsSchedulable(const v1::WorkerInfo& w) {
-  FreeWorker f{w.worker_id(), w.device().kind(), {}};
-  f.precisions.assign(w.device().precisions().begin(), w.device().precisions().end());
-  return f;
-}
-
 // MakePlan, with any exception (std::bad_alloc on a plan too large for
 // memory) turned into an error: the pass must never throw.
 absl::StatusOr<v1::Plan> PlanOrError(const JobSpec& spec, int world) {
@@ -59,13 +53,20 @@ absl::StatusOr<v1::Plan> PlanOrError(const JobSpec& spec, int world) {
 
 }  // namespace
 
+void Coordinator::WorkerEntry::SetInfo(v1::WorkerInfo i) {
+  info = std::move(i);
+  schedulable = FreeWorker{info.worker_id(), info.device().kind(), {}};
+  schedulable.precisions.assign(info.device().precisions().begin(),
+                                info.device().precisions().end());
+}
+
 absl::Status Coordinator::CheckRunnable(const JobSpec& spec) const {
   if (workers_.empty()) return absl::OkStatus();  // a cluster still starting: the job waits
   const std::string device(EnumName(spec.resources.device));
   const std::string precision(EnumName(spec.precision));
   std::set<std::string> kinds;
   for (const auto& [id, w] : workers_) {
-    const FreeWorker f = AsSchedulable(w.info);
+    const FreeWorker& f = w.schedulable;
     if (CanRun(f, device, precision)) return absl::OkStatus();
     std::string kind = f.device;
     for (size_t i = 0; i < f.precisions.size(); ++i) {
@@ -82,37 +83,85 @@ absl::Status Coordinator::CheckRunnable(const JobSpec& spec) const {
       workers_.size(), " workers that registered (they offer: ", absl::StrJoin(kinds, ", "), ")"));
 }
 
-void Coordinator::ScheduleLocked() {
-  std::vector<PendingJob> fifo;
-  for (const std::string& id : job_order_) {
-    JobEntry& e = jobs_.at(id);
-    const v1::Job& j = e.job;
-    if (j.state() != v1::JOB_STATE_PENDING && j.state() != v1::JOB_STATE_RECOVERING) continue;
-    if (!e.valid) continue;  // not reached: only terminal jobs lack a spec
-    PendingJob p{id, j.world(), j.device(), {}};
-    // A recovering job shrinks only once its former ranks' workers cannot
-    // come back (recovery.cc).
-    if (j.state() == v1::JOB_STATE_RECOVERING && !AwaitingFormerRanks(e, clock_->NowMs()))
-      p.fallback_worlds = ElasticWorlds(e.valid->spec, e.valid->dims);
-    p.precision = std::string(EnumName(e.valid->spec.precision));
-    p.passed_over = e.passed_over;
-    fifo.push_back(std::move(p));
-  }
-  if (fifo.empty()) return;
-  std::vector<FreeWorker> free;
-  std::vector<FreeWorker> alive;
-  const int64_t now = clock_->NowMs();
+PendingJob Coordinator::AsPending(const JobEntry& e, int64_t now) const {
+  const v1::Job& j = e.job;
+  PendingJob p{j.job_id(), j.world(), j.device(), {}};
+  // A recovering job shrinks only once its former ranks' workers cannot
+  // come back (recovery.cc).
+  if (j.state() == v1::JOB_STATE_RECOVERING && !AwaitingFormerRanks(e, now))
+    p.fallback_worlds = ElasticWorlds(e.valid->spec, e.valid->dims);
+  p.precision = std::string(EnumName(e.valid->spec.precision));
+  p.passed_over = e.passed_over;
+  return p;
+}
+
+void Coordinator::CollectWorkers(int64_t now, std::vector<const FreeWorker*>* free,
+                                 std::vector<const FreeWorker*>* alive) const {
+  // workers_ is in registration order, and each entry carries its
+  // schedulable view: nothing is copied or sorted here.
+  free->reserve(workers_.size());
+  alive->reserve(workers_.size());
   for (const auto& [id, w] : workers_) {
     if (w.info.state() != v1::WORKER_STATE_ALIVE) continue;
-    alive.push_back(AsSchedulable(w.info));
-    if (Schedulable(w, now)) free.push_back(alive.back());  // recovery.cc
+    alive->push_back(&w.schedulable);
+    if (Schedulable(w, now)) free->push_back(&w.schedulable);  // recovery.cc
   }
-  auto by_id = [](const FreeWorker& a, const FreeWorker& b) {
-    return WorkerIdLess(a.worker_id, b.worker_id);
-  };
-  std::sort(free.begin(), free.end(), by_id);
-  std::sort(alive.begin(), alive.end(), by_id);
+}
+
+void Coordinator::ScheduleLocked(bool force) {
+  if (!force && settled_inputs_ == schedule_inputs_) return;  // it would decide the same
+  const int64_t now = clock_->NowMs();
+  const uint64_t inputs = schedule_inputs_;
+  last_pass_ms_ = now;
+  std::vector<PendingJob> fifo;
+  for (const std::string& id : job_order_) {
+    const JobEntry& e = jobs_.at(id);
+    const v1::JobState state = e.job.state();
+    if (state != v1::JOB_STATE_PENDING && state != v1::JOB_STATE_RECOVERING) continue;
+    if (!e.valid) continue;  // not reached: only terminal jobs lack a spec
+    fifo.push_back(AsPending(e, now));
+  }
+  std::vector<const FreeWorker*> free, alive;
+  if (!fifo.empty()) CollectWorkers(now, &free, &alive);
   const SchedulePass pass = RunSchedulePass(fifo, free, alive, options_.reserve_after);
+  reserved_ = pass.reserved;
+  ApplyPass(pass);
+  // Placing jobs changed the queue (and passed_over may add reservations):
+  // the next pass runs. A pass that placed nothing settled it.
+  if (pass.placements.empty()) settled_inputs_ = inputs;
+}
+
+void Coordinator::ScheduleSubmittedLocked(JobEntry& e) {
+  if (settled_inputs_ != schedule_inputs_ || !e.valid) return ScheduleLocked();
+  // The queue is as the last pass left it, so a whole pass would see every
+  // earlier job wait again and then reach this one with the same free
+  // workers and reservations: consider this one alone.
+  const int64_t now = clock_->NowMs();
+  std::vector<const FreeWorker*> free, alive;
+  CollectWorkers(now, &free, &alive);
+  const SchedulePass pass =
+      RunSchedulePass({AsPending(e, now)}, free, alive, options_.reserve_after, reserved_);
+  reserved_ = pass.reserved;
+  if (pass.placements.empty()) {
+    ApplyPass(pass);
+    settled_inputs_ = schedule_inputs_;
+    return;
+  }
+  // Backfill: every earlier job of its device kind waits, and was passed
+  // over (as in a whole pass's `unplaced`).
+  SchedulingInputsChanged();
+  for (const std::string& id : job_order_) {
+    JobEntry& other = jobs_.at(id);
+    const v1::JobState state = other.job.state();
+    if (&other != &e && other.valid && other.job.device() == e.job.device() &&
+        (state == v1::JOB_STATE_PENDING || state == v1::JOB_STATE_RECOVERING)) {
+      ++other.passed_over;
+    }
+  }
+  ApplyPass(pass);  // its transition marks the inputs changed: the next pass runs
+}
+
+void Coordinator::ApplyPass(const SchedulePass& pass) {
   for (const std::string& id : pass.passed_over) ++jobs_.at(id).passed_over;
   for (const auto& [id, why] : pass.waiting) jobs_.at(id).job.set_pending_reason(why);
   for (const Placement& p : pass.placements) {

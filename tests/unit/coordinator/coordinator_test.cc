@@ -175,6 +175,52 @@ TEST_F(CoordinatorTest, GangWaitsForEnoughWorkersThenAssignsDistinctRanks) {
   EXPECT_EQ(plan->ranks(4).worker_id(), w[4]);
 }
 
+// A submit to a settled queue considers the new job alone (a pass over
+// every waiting job per submit was the control plane's cost at 10,000
+// jobs): it must decide what a whole pass would. Backfill places it at once
+// and passes the earlier job over; a reservation left by the last pass holds
+// it back; a cancel frees the workers and the reserving job starts.
+TEST_F(CoordinatorTest, ASubmitToASettledQueueDecidesWhatAWholePassWould) {
+  CoordinatorOptions o = TestOptions();
+  o.lease_ms = 1000;
+  o.reserve_after = 1;
+  auto c = Coordinator::Create(o, NewMemoryStateStore(), ValidateSpec, &clock_);
+  ASSERT_TRUE(c.ok()) << c.status();
+  core_ = *std::move(c);
+  const std::string w1 = Register(), w2 = Register();
+  const v1::Job running = Submit(1);  // on w1
+  ASSERT_EQ(State(running.job_id()), v1::JOB_STATE_SCHEDULED);
+  const v1::Job big = Submit(2);  // 1 free: waits
+  core_->Tick();
+  EXPECT_EQ(State(big.job_id()), v1::JOB_STATE_PENDING);
+  EXPECT_NE(core_->GetJob(big.job_id())->pending_reason().find("waiting for 2 cpu workers, 1 free"),
+            std::string::npos)
+      << core_->GetJob(big.job_id())->pending_reason();
+  // Settled; a world-1 job backfills onto w2 without a Tick, and `big` was
+  // passed over: the next pass makes it reserve the cpu workers.
+  const v1::Job small = Submit(1);
+  ASSERT_EQ(State(small.job_id()), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(core_->GetJob(small.job_id())->ranks(0).worker_id(), w2);
+  core_->Tick();
+  EXPECT_NE(core_->GetJob(big.job_id())->pending_reason().find("reserving the free cpu workers"),
+            std::string::npos)
+      << core_->GetJob(big.job_id())->pending_reason();
+  // Settled again, with the reservation: a new job waits behind it even
+  // though it was never in a whole pass.
+  const v1::Job late = Submit(1);
+  EXPECT_EQ(State(late.job_id()), v1::JOB_STATE_PENDING);
+  EXPECT_NE(core_->GetJob(late.job_id())->pending_reason().find("queued behind " + big.job_id()),
+            std::string::npos)
+      << core_->GetJob(late.job_id())->pending_reason();
+  // Both running jobs end: the reserving job takes both workers first.
+  ASSERT_TRUE(core_->CancelJob(running.job_id(), "").ok());
+  ASSERT_TRUE(core_->CancelJob(small.job_id(), "").ok());
+  for (const std::string& w : {w1, w2}) Beat(w);
+  core_->Tick();
+  EXPECT_EQ(State(big.job_id()), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(State(late.job_id()), v1::JOB_STATE_PENDING);
+}
+
 TEST_F(CoordinatorTest, HeartbeatReconcilesRunThenRunningThenAbortOnCancel) {
   std::string a = Register(), b = Register();
   v1::Job job = Submit(2);
