@@ -90,6 +90,7 @@ absl::Status Coordinator::Load() {
     w.clear_job_id();
     w.set_rank(0);
     e.SetInfo(std::move(w));
+    AddCapabilities(e.schedulable);
     e.lease_until = now + options_.lease_ms;  // grace period to re-attach
     next_worker_ = std::max(next_worker_, IdNumber(e.info.worker_id()) + 1);
   }
@@ -189,7 +190,9 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& req,
   if (!req.idempotency_key().empty()) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = submit_keys_.find(req.idempotency_key());
-    if (it != submit_keys_.end()) return jobs_.at(it->second).job;  // a retry
+    if (it != submit_keys_.end()) {
+      if (const JobEntry* known = FindJob(it->second)) return known->job;  // a retry
+    }
   }
   std::vector<std::string> overrides(req.overrides().begin(), req.overrides().end());
   absl::StatusOr<ValidSpec> valid = Validate(req.spec_yaml(), overrides);
@@ -199,11 +202,19 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& req,
   const ParallelDims& dims = valid->dims;
   const std::string device(EnumName(spec.resources.device));
   const std::string canonical_yaml = JobSpecToYaml(spec);
-  std::lock_guard<std::mutex> lock(mu_);
+  const std::string& key = req.idempotency_key();
+  std::unique_lock<std::mutex> lock(mu_);
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
-  if (auto it = submit_keys_.find(req.idempotency_key());
-      !req.idempotency_key().empty() && it != submit_keys_.end()) {
-    return jobs_.at(it->second).job;  // a concurrent retry won
+  if (!key.empty()) {
+    // A concurrent submit with this key still being committed: its outcome
+    // decides (its job, or a fresh try when its commit failed).
+    submits_cv_.wait(lock, [&] {
+      auto it = submit_keys_.find(key);
+      return it == submit_keys_.end() || FindJob(it->second) != nullptr;
+    });
+    if (auto it = submit_keys_.find(key); it != submit_keys_.end()) {
+      return jobs_.at(it->second).job;  // a concurrent retry won
+    }
   }
   if (auto s = CheckRunnable(spec); !s.ok()) return s;
   const int64_t now = clock_->NowMs();
@@ -228,14 +239,26 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& req,
   ev.set_message(absl::StrCat("submitted: ", spec.name, ", world ", dims.world(), " (dp ",
                               dims.dp(), " tp ", dims.tp(), " pp ", dims.pp(), "), ", spec.steps,
                               " steps on ", device));
-  if (auto s = store_->PutJobWithEvent(job, ev); !s.ok()) return s;  // durable before OK
+  // Durable before OK, committed outside mu_: heartbeats and every other
+  // call go on during the commit's fsync (held under mu_, a stream of
+  // submits starved heartbeats until leases ran out at 10,000 workers).
+  // The id is taken first; one whose commit fails is never used.
   ++next_job_;
+  if (!key.empty()) submit_keys_[key] = job.job_id();  // in flight: retries wait
+  lock.unlock();
+  const absl::Status stored = store_->PutJobWithEvent(job, ev);
+  lock.lock();
+  if (!stored.ok()) {
+    if (!key.empty()) submit_keys_.erase(key);
+    submits_cv_.notify_all();
+    return stored;
+  }
   JobEntry& e = jobs_[job.job_id()];
   e.job = job;
   e.valid = *std::move(valid);
   e.events.push_back(std::move(ev));
-  job_order_.push_back(job.job_id());
-  if (!req.idempotency_key().empty()) submit_keys_[req.idempotency_key()] = job.job_id();
+  job_order_.push_back(job.job_id());  // commit order: concurrent submits have no other
+  submits_cv_.notify_all();
   events_cv_.notify_all();
   ScheduleSubmittedLocked(e);
   return e.job;

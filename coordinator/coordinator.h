@@ -294,6 +294,8 @@ class Coordinator {
 
   mutable std::mutex mu_;
   std::condition_variable events_cv_;
+  // Notified when a submit's commit ends (its job is known, or it failed).
+  std::condition_variable submits_cv_;
   // Notified on every checkpoint report and job state change (a generation
   // ending), for WaitCheckpointShards.
   std::condition_variable shards_cv_;
@@ -313,7 +315,12 @@ class Coordinator {
   uint64_t settled_inputs_ = 0;                  // GUARDED_BY(mu_)
   int64_t last_pass_ms_ = 0;                     // GUARDED_BY(mu_)
   std::map<std::string, std::string> reserved_;  // GUARDED_BY(mu_)
-  // SubmitJobRequest.idempotency_key -> job id, for this process's life.
+  // (device kind, precision) pairs some registered worker offers: a submit
+  // checks its job against them without walking every worker.
+  std::set<std::pair<std::string, std::string>> capabilities_;  // GUARDED_BY(mu_)
+  void AddCapabilities(const FreeWorker& w);
+  // SubmitJobRequest.idempotency_key -> job id, for this process's life
+  // (from before the job's commit: a retry meanwhile waits on submits_cv_).
   std::map<std::string, std::string> submit_keys_;  // GUARDED_BY(mu_)
 };
 

@@ -51,6 +51,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     return s;
   }
   e.SetInfo(std::move(info));
+  AddCapabilities(e.schedulable);
   SchedulingInputsChanged();
   e.lease_until = now + options_.lease_ms;
   e.awaiting_heartbeat = false;

@@ -60,10 +60,16 @@ void Coordinator::WorkerEntry::SetInfo(v1::WorkerInfo i) {
                                 info.device().precisions().end());
 }
 
+void Coordinator::AddCapabilities(const FreeWorker& w) {
+  if (w.precisions.empty()) capabilities_.emplace(w.device, "fp32");
+  for (const std::string& p : w.precisions) capabilities_.emplace(w.device, p);
+}
+
 absl::Status Coordinator::CheckRunnable(const JobSpec& spec) const {
   if (workers_.empty()) return absl::OkStatus();  // a cluster still starting: the job waits
   const std::string device(EnumName(spec.resources.device));
   const std::string precision(EnumName(spec.precision));
+  if (capabilities_.count({device, precision})) return absl::OkStatus();
   std::set<std::string> kinds;
   for (const auto& [id, w] : workers_) {
     const FreeWorker& f = w.schedulable;

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,8 @@ CREATE TABLE IF NOT EXISTS steps   (job TEXT NOT NULL, step INTEGER NOT NULL, da
 INSERT OR IGNORE INTO meta (key, value) VALUES ('schema', 'shardtrain.v1');
 )sql";
 
+// Thread-safe: every call holds mu_ (the coordinator commits a submit
+// outside its own lock).
 class SqliteStateStore final : public StateStore {
  public:
   explicit SqliteStateStore(sqlite3* db) : db_(db) {}
@@ -41,20 +44,24 @@ class SqliteStateStore final : public StateStore {
   }
 
   absl::Status PutWorker(const v1::WorkerInfo& w) override {
+    std::lock_guard<std::mutex> lock(mu_);
     return InTransaction([&] {
       return Upsert("INSERT OR REPLACE INTO workers VALUES (?1, ?2)", w.worker_id(), 0, w,
                     /*has_int=*/false);
     });
   }
   absl::Status PutJob(const v1::Job& job) override {
+    std::lock_guard<std::mutex> lock(mu_);
     return InTransaction([&] { return PutJobRow(job); });
   }
   absl::Status PutPlan(const v1::Plan& plan) override {
+    std::lock_guard<std::mutex> lock(mu_);
     return InTransaction([&] {
       return Upsert("INSERT OR REPLACE INTO plans VALUES (?1, ?2)", plan.job_id(), 0, plan, false);
     });
   }
   absl::Status PutJobWithEvent(const v1::Job& job, const v1::JobEvent& event) override {
+    std::lock_guard<std::mutex> lock(mu_);
     return InTransaction([&]() -> absl::Status {
       if (auto s = PutJobRow(job); !s.ok()) return s;
       return Upsert("INSERT OR REPLACE INTO events (job, seq, data) VALUES (?1, ?3, ?2)",
@@ -62,6 +69,7 @@ class SqliteStateStore final : public StateStore {
     });
   }
   absl::Status PutStep(const v1::StepReport& step) override {
+    std::lock_guard<std::mutex> lock(mu_);
     return InTransaction([&] {
       return Upsert("INSERT OR REPLACE INTO steps (job, step, data) VALUES (?1, ?3, ?2)",
                     step.job_id(), step.step(), step, true);
@@ -69,6 +77,7 @@ class SqliteStateStore final : public StateStore {
   }
 
   absl::StatusOr<StoredState> Load() override {
+    std::lock_guard<std::mutex> lock(mu_);
     StoredState out;
     if (auto s = ReadAll("SELECT data FROM workers ORDER BY id", &out.workers); !s.ok()) return s;
     if (auto s = ReadAll("SELECT data FROM jobs ORDER BY submitted_ms, id", &out.jobs); !s.ok())
@@ -147,6 +156,7 @@ class SqliteStateStore final : public StateStore {
     return rc == SQLITE_DONE ? absl::OkStatus() : SqlError("read");
   }
 
+  std::mutex mu_;
   sqlite3* db_;
 };
 
@@ -155,27 +165,33 @@ class SqliteStateStore final : public StateStore {
 class MemoryStateStore final : public StateStore {
  public:
   absl::Status PutWorker(const v1::WorkerInfo& w) override {
+    std::lock_guard<std::mutex> lock(mu_);
     workers_[w.worker_id()] = w;
     return absl::OkStatus();
   }
   absl::Status PutJob(const v1::Job& job) override {
+    std::lock_guard<std::mutex> lock(mu_);
     jobs_[job.job_id()] = job;
     return absl::OkStatus();
   }
   absl::Status PutPlan(const v1::Plan& plan) override {
+    std::lock_guard<std::mutex> lock(mu_);
     plans_[plan.job_id()] = plan;
     return absl::OkStatus();
   }
   absl::Status PutJobWithEvent(const v1::Job& job, const v1::JobEvent& event) override {
+    std::lock_guard<std::mutex> lock(mu_);
     jobs_[job.job_id()] = job;
     events_[{event.job_id(), event.seq()}] = event;
     return absl::OkStatus();
   }
   absl::Status PutStep(const v1::StepReport& step) override {
+    std::lock_guard<std::mutex> lock(mu_);
     steps_[{step.job_id(), step.step()}] = step;
     return absl::OkStatus();
   }
   absl::StatusOr<StoredState> Load() override {
+    std::lock_guard<std::mutex> lock(mu_);
     StoredState out;
     for (auto& [id, w] : workers_) out.workers.push_back(w);
     std::multimap<std::pair<int64_t, std::string>, v1::Job> by_time;
@@ -193,6 +209,7 @@ class MemoryStateStore final : public StateStore {
   std::map<std::string, v1::Plan> plans_;
   std::map<std::pair<std::string, int64_t>, v1::JobEvent> events_;
   std::map<std::pair<std::string, int64_t>, v1::StepReport> steps_;
+  std::mutex mu_;
 };
 
 }  // namespace

@@ -30,6 +30,7 @@ struct StoredState {
   std::vector<v1::Plan> plans;          // latest plan of each job
 };
 
+// Implementations are thread-safe (calls are serialized).
 class StateStore {
  public:
   virtual ~StateStore() = default;

@@ -151,7 +151,7 @@ TEST_F(RecoveryTest, PermanentFailureFailsTheJobAtOnceWithoutRestarts) {
 }
 
 TEST_F(RecoveryTest, SubmitRefusesRelativePathsEscapingWithDotDot) {
-  for (const char* set :
+  for (const std::string set :
        {"data.train=../x.txt", "data.val=a/../../v.txt", "checkpoint.dir=../ckpt"}) {
     auto job = Submit(1, {set});
     ASSERT_FALSE(job.ok()) << set;
