@@ -15,6 +15,7 @@
 #include "client/errors.h"
 #include "client/eta.h"
 #include "client/output.h"
+#include "client/pictures.h"
 #include "client/why.h"
 #include "common/auto_layout.h"
 #include "common/grpc_status.h"
@@ -302,13 +303,48 @@ int Workers(const GlobalFlags& g) {
   return 0;
 }
 
-int History(const GlobalFlags& g, const std::string& job_id) {
-  v1::GetHistoryRequest req;
-  req.set_job_id(job_id);
-  v1::GetHistoryResponse resp;
-  if (auto s = Call(g, &v1::Coordinator::Stub::GetHistory, req, &resp); !s.ok()) {
-    return ReportError(g, s);
+int History(const GlobalFlags& g, const std::vector<std::string>& job_ids,
+            const HistoryPlot& plot) {
+  if (job_ids.size() > 1 && !plot.wanted) {
+    return ReportError(g, absl::InvalidArgumentError(
+                              "several jobs: only with --plot (their curves side by side)"));
   }
+  std::vector<v1::GetHistoryResponse> histories;
+  for (const std::string& id : job_ids) {
+    v1::GetHistoryRequest req;
+    req.set_job_id(id);
+    v1::GetHistoryResponse resp;
+    if (auto s = Call(g, &v1::Coordinator::Stub::GetHistory, req, &resp); !s.ok()) {
+      return ReportError(g, s);
+    }
+    histories.push_back(std::move(resp));
+  }
+  if (plot.wanted) {
+    // loss (and val_loss where evaluated) per job; one job's curves say
+    // only which they are.
+    std::vector<Curve> curves;
+    for (size_t k = 0; k < job_ids.size(); ++k) {
+      const std::string prefix = job_ids.size() > 1 ? job_ids[k] + " " : "";
+      Curve loss{prefix + "loss", {}}, val{prefix + "val_loss", {}};
+      for (const v1::StepReport& s : histories[k].steps()) {
+        loss.points.emplace_back(double(s.step()), s.loss());
+        if (s.has_val_loss()) val.points.emplace_back(double(s.step()), s.val_loss());
+      }
+      curves.push_back(std::move(loss));
+      if (!val.points.empty()) curves.push_back(std::move(val));
+    }
+    const std::string title = absl::StrCat("loss: ", absl::StrJoin(job_ids, ", "));
+    if (plot.file.empty()) {
+      std::cout << title << "\n" << TerminalChart(curves);
+      return 0;
+    }
+    if (absl::Status s = WriteFileAtomically(plot.file, SvgChart(curves, title)); !s.ok()) {
+      return ReportError(g, s);
+    }
+    std::cout << "wrote " << plot.file << std::endl;
+    return 0;
+  }
+  const v1::GetHistoryResponse& resp = histories.front();
   if (g.output == "json") {
     std::cout << StepsJson(resp) << std::endl;
     return 0;
@@ -351,7 +387,9 @@ int Plan(const GlobalFlags& g, const std::string& spec_path, const std::vector<s
   if (!spec.ok()) return ReportError(g, spec.status());
   absl::StatusOr<v1::Plan> plan = MakePlan(*spec, world > 0 ? world : spec->World());
   if (!plan.ok()) return ReportError(g, plan.status());
-  std::cout << (g.output == "json" ? PlanJson(*plan) + "\n" : PlanText(*spec, *plan)) << std::flush;
+  std::cout << (g.output == "json" ? PlanJson(*plan) + "\n"
+                                   : PlanText(*spec, *plan) + PlanPictures(*spec, *plan))
+            << std::flush;
   return 0;
 }
 

@@ -32,7 +32,13 @@ int Status(const GlobalFlags& g, const std::string& job_id);
 int Watch(const GlobalFlags& g, const std::string& job_id);
 int Cancel(const GlobalFlags& g, const std::string& job_id);
 int Workers(const GlobalFlags& g);
-int History(const GlobalFlags& g, const std::string& job_id);
+// history --plot: draw loss (and val_loss) in the terminal, or into an SVG
+// file when `file` is set.
+struct HistoryPlot {
+  bool wanted = false;
+  std::string file;
+};
+int History(const GlobalFlags& g, const std::vector<std::string>& job_ids, const HistoryPlot& plot);
 int Checkpoints(const GlobalFlags& g, const std::string& job_id);
 // Which rank a running job waits for (client/why.h): the rank missing from a
 // stuck collective, or the slowest one. Exit 0 when the coordinator answered

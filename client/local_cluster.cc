@@ -26,6 +26,7 @@
 #include "client/eta.h"
 #include "client/local_gpus.h"
 #include "client/output.h"
+#include "client/pictures.h"
 #include "common/grpc_status.h"
 #include "common/job_spec.h"
 #include "common/process.h"
@@ -431,6 +432,16 @@ class LocalRun {
       // The SUCCEEDED event said where the weights are, when they were saved.
       if (ok && final_job.output().empty()) std::cout << "; weights not saved (no checkpoint.dir)";
       std::cout << std::endl;
+      if (o_.plot) {
+        Curve loss{"loss", {}}, val{"val_loss", {}};
+        for (const v1::StepReport& s : history.steps()) {
+          loss.points.emplace_back(double(s.step()), s.loss());
+          if (s.has_val_loss()) val.points.emplace_back(double(s.step()), s.val_loss());
+        }
+        std::vector<Curve> curves = {loss};
+        if (!val.points.empty()) curves.push_back(val);
+        std::cout << "\nloss of " << final_job.job_id() << ":\n" << TerminalChart(curves);
+      }
     }
     if (!ok && g.output != "json") {
       for (const auto& c : children_) {

@@ -26,6 +26,7 @@ struct LocalOptions {
   int threads = 0;                // per worker; 0: cores / workers (at least 1)
   int64_t lease_ms = 10'000;
   bool keep = false;        // keep the temp dir (state + logs)
+  bool plot = false;        // draw the loss curve when the job ends
   std::string resume_from;  // checkpoint dir (or one step-N dir) to start from
 };
 

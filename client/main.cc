@@ -91,8 +91,17 @@ int main(int argc, char** argv) {
   auto* workers = app.add_subcommand("workers", "list attached workers and their state");
   add_common(workers, true, "table|json");
 
-  auto* history = app.add_subcommand("history", "per-step history of a job");
-  history->add_option("job", job_id, "job id")->required();
+  std::vector<std::string> history_jobs;
+  HistoryPlot history_plot;
+  auto* history = app.add_subcommand("history", "per-step history of a job, or its loss curve");
+  history->add_option("job", history_jobs, "job id (several with --plot: side by side)")
+      ->required();
+  auto* plot_opt =
+      history
+          ->add_option("--plot", history_plot.file,
+                       "draw loss and val_loss: in the terminal, or as an SVG chart into "
+                       "FILE.svg when given")
+          ->expected(0, 1);
   add_common(history, true, "table|csv|json");
 
   auto* why = app.add_subcommand(
@@ -157,6 +166,7 @@ int main(int argc, char** argv) {
   lc->add_option("--lease-ms", local.lease_ms, "worker lease of the local coordinator")
       ->capture_default_str();
   lc->add_flag("--keep", local.keep, "keep the temporary state and logs");
+  lc->add_flag("--plot", local.plot, "draw the loss curve (and val_loss) when the job ends");
   lc->add_option("--resume-from", local.resume_from,
                  "start from a committed checkpoint: a checkpoint dir (newest valid commit) or "
                  "one step-N dir; any world size");
@@ -271,7 +281,10 @@ int main(int argc, char** argv) {
   if (*watch) return Watch(g, job_id);
   if (*cancel) return Cancel(g, job_id);
   if (*workers) return Workers(g);
-  if (*history) return History(g, job_id);
+  if (*history) {
+    history_plot.wanted = plot_opt->count() > 0;
+    return History(g, history_jobs, history_plot);
+  }
   if (*plan && plan_auto) {
     if (auto_flags.memory.empty()) {
       return ReportError(g,

@@ -19,7 +19,7 @@ struct SampleOptions {
   double temperature = 0.8;  // 0 = greedy
   uint64_t seed = 1;
   int threads = 1;
-  std::string vocab;  // GPT-2's vocabulary folder (LoadGpt2Vocabulary when empty)
+  std::string vocab;               // GPT-2's vocabulary folder (LoadGpt2Vocabulary when empty)
   std::string tokenizer = "auto";  // auto (by the vocabulary) | byte | gpt2
 };
 

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <regex>
 
 #include "tests/integration/harness.h"
@@ -89,6 +91,25 @@ TEST_F(HardeningTest, KilledRankUnderDefaultLeaseFinishesOnTheFourLiveWorkers) {
     EXPECT_LE(rel, 1e-6) << "step " << s + 1;
   }
   std::printf("max relative loss difference after recovery: %g\n", worst);
+
+  // The curve, drawn: in the terminal (the first and last loss on the value
+  // axis' ends, within rounding) and as an SVG file with one polyline.
+  const CommandResult plot = Cli({"history", job, "--plot"}, c_.address());
+  ASSERT_EQ(plot.exit_code, 0) << plot.err;
+  std::printf("%s", plot.out.c_str());
+  EXPECT_NE(plot.out.find("* loss"), std::string::npos) << plot.out;
+  char top[32];  // the value axis' top label: the largest loss
+  std::snprintf(top, sizeof top, "%.4g |", *std::max_element(got.begin(), got.end()));
+  EXPECT_NE(plot.out.find(top), std::string::npos) << plot.out;
+  const std::string svg_path = dir_.path() + "/loss.svg";
+  const CommandResult svg = Cli({"history", job, job, "--plot", svg_path}, c_.address());
+  ASSERT_EQ(svg.exit_code, 0) << svg.err;
+  std::ifstream in(svg_path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.rfind("<svg", 0), 0u) << text.substr(0, 100);
+  EXPECT_NE(text.find(job + " loss"), std::string::npos);
+  // Several jobs without --plot: a usage error.
+  EXPECT_EQ(Cli({"history", job, job}, c_.address()).exit_code, 2);
 }
 
 // Bug 6, second half: a missing data file is permanent. The job FAILS after
@@ -120,7 +141,7 @@ TEST_F(HardeningTest, SpecPathsStayInsideTheWorkersRoots) {
       seconds(20)))
       << Cli({"workers", "-o", "json"}, c_.address()).out;
 
-  for (const std::string& set : {"data.train=../../etc/passwd", "checkpoint.dir=a/../../ckpt"}) {
+  for (const std::string set : {"data.train=../../etc/passwd", "checkpoint.dir=a/../../ckpt"}) {
     CommandResult r = Cli({"submit", kDdpSpec, "--set", set}, c_.address());
     EXPECT_NE(r.exit_code, 0) << set << ": " << r.out;
     const std::string field = set.substr(0, set.find('='));
