@@ -191,6 +191,10 @@ bool operator==(const TimeoutsSpec& a, const TimeoutsSpec& b);
 bool operator==(const JobSpec& a, const JobSpec& b);
 inline bool operator!=(const JobSpec& a, const JobSpec& b) { return !(a == b); }
 
+// Every field a spec may hold, as dotted paths in schema order ("name",
+// "model.preset", ...): the list docs/spec.md documents, row for row.
+std::vector<std::string> JobSpecFieldPaths();
+
 // Parses and validates a job spec.
 //
 // `overrides` are "key.path=value" strings ("parallel.zero=3", "steps=20",
