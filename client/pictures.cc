@@ -213,6 +213,23 @@ std::string XmlEscape(const std::string& s) {
   return out;
 }
 
+// About five round values inside [lo, hi]: multiples of 1, 2 or 5 times
+// a power of ten.
+std::vector<double> NiceTicks(double lo, double hi) {
+  const double raw = (hi - lo) / 5;
+  const double power = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = power;
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    step = m * power;
+    if (step >= raw) break;
+  }
+  std::vector<double> out;
+  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) {
+    out.push_back(std::abs(v) < step * 1e-9 ? 0.0 : v);
+  }
+  return out;
+}
+
 constexpr const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c",
                                    "#ff7f0e", "#9467bd", "#8c564b"};
 
@@ -239,12 +256,14 @@ std::string SvgChart(const std::vector<Curve>& curves, const std::string& title)
                           W / 2, H / 2);
     return out + "</svg>\n";
   }
-  for (int i = 0; i <= 5; ++i) {  // ticks and grid lines
-    const double fx = b.x0 + (b.x1 - b.x0) * i / 5, fy = b.y0 + (b.y1 - b.y0) * i / 5;
+  // Ticks and grid lines at round values (1, 2 or 5 times a power of ten).
+  for (const double fx : NiceTicks(b.x0, b.x1)) {
     absl::StrAppendFormat(&out,
                           "<line x1=\"%.1f\" y1=\"%g\" x2=\"%.1f\" y2=\"%g\" stroke=\"#ddd\"/>\n"
                           "<text x=\"%.1f\" y=\"%g\" text-anchor=\"middle\">%s</text>\n",
                           px(fx), top, px(fx), top + ph, px(fx), top + ph + 18, Number(fx));
+  }
+  for (const double fy : NiceTicks(b.y0, b.y1)) {
     absl::StrAppendFormat(&out,
                           "<line x1=\"%g\" y1=\"%.1f\" x2=\"%g\" y2=\"%.1f\" stroke=\"#ddd\"/>\n"
                           "<text x=\"%g\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
