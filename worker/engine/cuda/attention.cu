@@ -104,6 +104,58 @@ __global__ void CausalSoftmaxForwardKernel(F* att, const F* scores, int64_t rows
   }
 }
 
+// The same with 16-byte accesses (rows of whole packs on aligned arrays):
+// the scalar kernel's 2-byte loads, one column per lane, used a fraction of
+// the bandwidth on the T² rows (the H100's profile). Sums and maxima in a
+// fixed order per lane, then the warp's butterfly: deterministic.
+template <typename F>
+__global__ void CausalSoftmaxForwardPackedKernel(F* att, const F* scores, int64_t rows, int T) {
+  constexpr int P = internal::kPack<F>;
+  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (row >= rows) return;
+  const int t = static_cast<int>(row % T);
+  const int4* s = reinterpret_cast<const int4*>(scores + row * T);
+  int4* a = reinterpret_cast<int4*>(att + row * T);
+  const int live = t / P + 1;  // packs holding a column <= t
+  float max_v = -INFINITY;
+  for (int k = lane; k < live; k += kWarpSize) {
+    const int4 v = s[k];
+    const F* e = reinterpret_cast<const F*>(&v);
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      if (k * P + j <= t) max_v = fmaxf(max_v, Load(e[j]));
+    }
+  }
+  max_v = WarpMax(max_v);
+  float sum = 0.0f;
+  for (int k = lane; k < live; k += kWarpSize) {
+    const int4 v = s[k];
+    const F* e = reinterpret_cast<const F*>(&v);
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      if (k * P + j <= t) sum += expf(Load(e[j]) - max_v);
+    }
+  }
+  const float inv = 1.0f / WarpSum(sum);
+  for (int k = lane; k < T / P; k += kWarpSize) {
+    int4 out;
+    F* o = reinterpret_cast<F*>(&out);
+    if (k < live) {
+      const int4 v = s[k];
+      const F* e = reinterpret_cast<const F*>(&v);
+#pragma unroll
+      for (int j = 0; j < P; ++j) {
+        o[j] = Store<F>(k * P + j <= t ? expf(Load(e[j]) - max_v) * inv : 0.0f);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < P; ++j) o[j] = Store<F>(0.0f);
+    }
+    a[k] = out;
+  }
+}
+
 }  // namespace
 
 // qkv (B,T,3C) = [Q | K | V]; out (B,T,C); att (B,NH,T,T) saved; scratch
@@ -131,8 +183,13 @@ absl::Status AttentionForward(const KernelCtx& ctx, void* out, void* att, void* 
   SHARDTRAIN_RETURN_IF_ERROR(internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
     const int blocks = static_cast<int>(internal::BlocksFor(rows, kRowsPerBlock));
-    CausalSoftmaxForwardKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
-        static_cast<F*>(att), static_cast<const F*>(scratch), rows, T);
+    if (internal::Packable(T, sizeof(F), {att, scratch})) {
+      CausalSoftmaxForwardPackedKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
+          static_cast<F*>(att), static_cast<const F*>(scratch), rows, T);
+    } else {
+      CausalSoftmaxForwardKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
+          static_cast<F*>(att), static_cast<const F*>(scratch), rows, T);
+    }
     return internal::CheckLaunch("AttentionForward (causal softmax)");
   }));
   // out[b] (T,C), head h in columns [h*hs, (h+1)*hs) = att V
@@ -164,6 +221,48 @@ __global__ void CausalSoftmaxBackwardKernel(F* g, const F* att, int64_t rows, in
   dot = WarpSum(dot);  // each lane rewrites only the elements it read
   for (int j = lane; j < T; j += kWarpSize) {
     gr[j] = Store<F>(j <= t ? Load(a[j]) * (Load(gr[j]) - dot) * scale : 0.0f);
+  }
+}
+
+// The same with 16-byte accesses (see the forward's).
+template <typename F>
+__global__ void CausalSoftmaxBackwardPackedKernel(F* g, const F* att, int64_t rows, int T,
+                                                  float scale) {
+  constexpr int P = internal::kPack<F>;
+  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (row >= rows) return;
+  const int t = static_cast<int>(row % T);
+  const int4* a = reinterpret_cast<const int4*>(att + row * T);
+  int4* gr = reinterpret_cast<int4*>(g + row * T);
+  const int live = t / P + 1;
+  float dot = 0.0f;
+  for (int k = lane; k < live; k += kWarpSize) {
+    const int4 av = a[k], gv = gr[k];
+    const F* ae = reinterpret_cast<const F*>(&av);
+    const F* ge = reinterpret_cast<const F*>(&gv);
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      if (k * P + j <= t) dot += Load(ae[j]) * Load(ge[j]);
+    }
+  }
+  dot = WarpSum(dot);  // each lane rewrites only the packs it read
+  for (int k = lane; k < T / P; k += kWarpSize) {
+    int4 out;
+    F* o = reinterpret_cast<F*>(&out);
+    if (k < live) {
+      const int4 av = a[k], gv = gr[k];
+      const F* ae = reinterpret_cast<const F*>(&av);
+      const F* ge = reinterpret_cast<const F*>(&gv);
+#pragma unroll
+      for (int j = 0; j < P; ++j) {
+        o[j] = Store<F>(k * P + j <= t ? Load(ae[j]) * (Load(ge[j]) - dot) * scale : 0.0f);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < P; ++j) o[j] = Store<F>(0.0f);
+    }
+    gr[k] = out;
   }
 }
 
@@ -202,8 +301,13 @@ absl::Status AttentionBackward(const KernelCtx& ctx, void* dqkv, void* scratch, 
   SHARDTRAIN_RETURN_IF_ERROR(internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
     const int blocks = static_cast<int>(internal::BlocksFor(rows, kRowsPerBlock));
-    CausalSoftmaxBackwardKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
-        static_cast<F*>(scratch), static_cast<const F*>(att), rows, T, scale);
+    if (internal::Packable(T, sizeof(F), {att, scratch})) {
+      CausalSoftmaxBackwardPackedKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
+          static_cast<F*>(scratch), static_cast<const F*>(att), rows, T, scale);
+    } else {
+      CausalSoftmaxBackwardKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
+          static_cast<F*>(scratch), static_cast<const F*>(att), rows, T, scale);
+    }
     return internal::CheckLaunch("AttentionBackward (causal softmax)");
   }));
   // scores = Q K^T: dQ += dscores K, dK += dscores^T Q

@@ -108,8 +108,9 @@ absl::Status EncoderBackward(const KernelCtx& ctx, float* dwte, float* dwpe, con
     const F* d = static_cast<const F*>(dout);
     const dim3 wte_grid(static_cast<unsigned>(internal::BlocksFor(C, internal::kWarpSize)),
                         kTokenClasses / kClassWarps);
-    EncoderBackwardWteKernel<F><<<wte_grid, dim3(internal::kWarpSize, kClassWarps), 0,
-                                  ctx.stream>>>(dwte, d, tokens, static_cast<int>(rows), C);
+    EncoderBackwardWteKernel<F>
+        <<<wte_grid, dim3(internal::kWarpSize, kClassWarps), 0, ctx.stream>>>(
+            dwte, d, tokens, static_cast<int>(rows), C);
     SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("EncoderBackward (dwte)"));
     EncoderBackwardWpeKernel<F>
         <<<static_cast<int>(wpe_blocks), kThreads, 0, ctx.stream>>>(dwpe, d, B, T, C);

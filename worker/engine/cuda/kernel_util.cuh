@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <string>
 
@@ -93,7 +94,7 @@ constexpr int kColumnTile = 32;
 constexpr int kRowLanes = 32;
 __device__ __forceinline__ float ColumnLaneSum(float v) {
   __shared__ float lanes[kRowLanes][kColumnTile + 1];  // +1: no bank conflicts
-  __syncthreads();  // a previous call's reads are done
+  __syncthreads();                                     // a previous call's reads are done
   lanes[threadIdx.y][threadIdx.x] = v;
   __syncthreads();
   for (int s = kRowLanes / 2; s > 0; s >>= 1) {
@@ -101,6 +102,22 @@ __device__ __forceinline__ float ColumnLaneSum(float v) {
     __syncthreads();
   }
   return lanes[0][threadIdx.x];
+}
+
+// ---- 16-byte accesses: kPack<F> elements at a time (int4 loads/stores)
+
+template <typename F>
+constexpr int kPack = 16 / sizeof(F);
+
+// Whether every pointer is 16-byte aligned and rows of n elements of
+// `elem` bytes are whole 16-byte packs: a kernel may then read and write
+// its rows as int4.
+inline bool Packable(int64_t n, size_t elem, std::initializer_list<const void*> pointers) {
+  if ((static_cast<size_t>(n) * elem) % 16 != 0) return false;
+  for (const void* p : pointers) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
 }
 
 // ---- host side: dispatch, sizes, errors

@@ -1,8 +1,5 @@
 // LayerNorm over the last dim (eps 1e-5), forward and backward (kernels.h;
 // the CPU twin is engine/cpu/layers.cc).
-#include <cstdint>
-#include <initializer_list>
-
 #include "worker/engine/cuda/kernel_util.cuh"
 #include "worker/engine/cuda/kernels.h"
 
@@ -107,7 +104,7 @@ template <typename F>
 __global__ void LayerNormBackwardInputPackedKernel(F* dinp, const F* dout, const F* inp,
                                                    const F* weight, const float* mean,
                                                    const float* rstd, int N, int C) {
-  constexpr int kPack = 16 / sizeof(F);
+  constexpr int kPack = internal::kPack<F>;
   const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= N) return;
@@ -147,16 +144,6 @@ __global__ void LayerNormBackwardInputPackedKernel(F* dinp, const F* dout, const
     }
     di[k] = ov;
   }
-}
-
-// Whether every pointer is 16-byte aligned and rows of C elements of
-// `elem` bytes are whole 16-byte packs: the packed kernels apply.
-bool Packable(int C, size_t elem, std::initializer_list<const void*> pointers) {
-  if ((static_cast<size_t>(C) * elem) % 16 != 0) return false;
-  for (const void* p : pointers) {
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  }
-  return true;
 }
 
 // A block per tile of kColumnTile channels, kRowLanes row lanes each
@@ -204,7 +191,7 @@ absl::Status LayerNormBackward(const KernelCtx& ctx, void* dinp, float* dweight,
             dweight, dbias, d, x, mean, rstd, N, C);
     SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("LayerNormBackward (dweight, dbias)"));
     const int row_blocks = static_cast<int>(internal::BlocksFor(N, kRowsPerBlock));
-    if (Packable(C, sizeof(F), {dinp, dout, inp, weight})) {
+    if (internal::Packable(C, sizeof(F), {dinp, dout, inp, weight})) {
       LayerNormBackwardInputPackedKernel<F><<<row_blocks, kThreads, 0, ctx.stream>>>(
           static_cast<F*>(dinp), d, x, static_cast<const F*>(weight), mean, rstd, N, C);
     } else {

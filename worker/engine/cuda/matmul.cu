@@ -32,7 +32,6 @@ namespace {
 using internal::CublasStatus;
 using internal::Load;
 
-
 // The largest power of two <= 256 that divides the address of every column
 // of a matrix at p with leading dimension ld elements of elem_bytes bytes:
 // what the heuristic may assume (its default is 256 for every operand).
@@ -210,8 +209,9 @@ absl::Status MatmulBackward(const KernelCtx& ctx, void* dinp, float* dweight, fl
     SHARDTRAIN_RETURN_IF_ERROR(internal::DispatchDtype(ctx.dtype, [&](auto tag) {
       using F = typename decltype(tag)::type;
       const int blocks = static_cast<int>(internal::BlocksFor(OC, internal::kColumnTile));
-      ColumnSumKernel<F><<<blocks, dim3(internal::kColumnTile, internal::kRowLanes), 0,
-                           ctx.stream>>>(dbias, static_cast<const F*>(dout), N, OC, ld_dout);
+      ColumnSumKernel<F>
+          <<<blocks, dim3(internal::kColumnTile, internal::kRowLanes), 0, ctx.stream>>>(
+              dbias, static_cast<const F*>(dout), N, OC, ld_dout);
       return internal::CheckLaunch("MatmulBackward (dbias)");
     }));
   }

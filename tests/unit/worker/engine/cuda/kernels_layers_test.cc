@@ -3,6 +3,7 @@
 // attention, GELU, residual and cross-entropy, forward and backward, in fp32
 // and bf16/fp16 (tolerances in kernels_test.cc's header comment), and the
 // determinism of the backward reductions. Skip without a GPU.
+#include "absl/strings/str_cat.h"
 #include "tests/unit/worker/engine/cuda/kernels_test_util.h"
 #include "worker/engine/cuda/kernels.h"
 
@@ -102,10 +103,13 @@ TEST_F(CudaKernelsTest, EncoderBackwardIsDeterministic) {
 
 // -------------------------------------------------------------- layernorm
 
+// C = 100: 16-bit rows are not whole 16-byte packs (the scalar kernels);
+// C = 128: they are (the packed dinp kernel). fp32 rows are packs at both.
 struct LayerNormCase {
-  static constexpr int N = 67, C = 100;
+  static constexpr int N = 67;
+  int C;
   std::vector<float> inp, weight, bias, dout, dinp0, dweight0, dbias0;
-  LayerNormCase(std::mt19937& rng, DataType dtype) {
+  LayerNormCase(std::mt19937& rng, DataType dtype, int c) : C(c) {
     inp = Rounded(dtype, Uniform(rng, size_t{N} * C, -2.0f, 3.0f));
     weight = Rounded(dtype, Uniform(rng, C, 0.5f, 1.5f));
     bias = Rounded(dtype, Uniform(rng, C));
@@ -119,11 +123,16 @@ struct LayerNormCase {
 // Forward (out, mean, rstd) and backward (dinp, dweight, dbias accumulated
 // onto non-zero values) against the CPU on the same (rounded) inputs.
 TEST_F(CudaKernelsTest, LayerNormMatchesCpu) {
-  for (DataType dtype : {kF32, DataType::kBFloat16, DataType::kFloat16}) {
-    SCOPED_TRACE(std::string(DataTypeName(dtype)));
+  for (const auto& [dtype, C] : {std::pair<DataType, int>{kF32, 100},
+                                 {DataType::kBFloat16, 100},
+                                 {DataType::kFloat16, 100},
+                                 {kF32, 128},
+                                 {DataType::kBFloat16, 128},
+                                 {DataType::kFloat16, 128}}) {
+    SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " C=", C));
     const double tol = dtype == kF32 ? kFp32Tol : kLowPrecisionTol;
-    LayerNormCase c(rng_, dtype);
-    const int N = LayerNormCase::N, C = LayerNormCase::C;
+    LayerNormCase c(rng_, dtype, C);
+    const int N = LayerNormCase::N;
     const size_t NC = size_t{N} * C;
     std::vector<float> out_ref(NC), mean_ref(N), rstd_ref(N);
     cpu::LayerNormForward<float>(out_ref.data(), mean_ref.data(), rstd_ref.data(), c.inp.data(),
@@ -268,12 +277,17 @@ TEST_F(CudaKernelsTest, MatmulBackwardIsDeterministic) {
 
 // -------------------------------------------------------------- attention
 
+// T = 37: rows of att are not whole 16-byte packs (the scalar softmax
+// kernels); T = 40: they are (the packed ones).
 TEST_F(CudaKernelsTest, AttentionMatchesCpu) {
-  const int B = 2, T = 37, C = 48, NH = 3;
-  const size_t qkv_n = size_t{B} * T * 3 * C, out_n = size_t{B} * T * C;
-  const size_t att_n = size_t{B} * NH * T * T;
-  for (DataType dtype : {kF32, DataType::kBFloat16}) {
-    SCOPED_TRACE(std::string(DataTypeName(dtype)));
+  const int B = 2, C = 48, NH = 3;
+  for (const auto& [dtype, T] : {std::pair<DataType, int>{kF32, 37},
+                                 {DataType::kBFloat16, 37},
+                                 {kF32, 40},
+                                 {DataType::kBFloat16, 40}}) {
+    SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " T=", T));
+    const size_t qkv_n = size_t{B} * T * 3 * C, out_n = size_t{B} * T * C;
+    const size_t att_n = size_t{B} * NH * T * T;
     const double tol = dtype == kF32 ? kFp32Tol : kLowPrecisionTol;
     const std::vector<float> qkv = Rounded(dtype, Uniform(rng_, qkv_n));
     const std::vector<float> dout = Rounded(dtype, Uniform(rng_, out_n));
