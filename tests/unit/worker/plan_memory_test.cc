@@ -147,7 +147,9 @@ TEST_F(PlanMemoryTest, RecomputeModesMatchThePlanWithin5Percent) {
                   std::string(EnumName(mode)).c_str(), static_cast<long long>(want),
                   static_cast<long long>(got), 100 * RelDiff(got, want), double(got) / none);
       EXPECT_LE(RelDiff(got, want), 0.05);
-      if (mode != Recompute::kNone) EXPECT_LT(got, previous);
+      if (mode != Recompute::kNone) {
+        EXPECT_LT(got, previous);
+      }
       previous = got;
     }
   }
@@ -174,7 +176,9 @@ TEST_F(PlanMemoryTest, SequenceParallelOnTp2MatchesThePlanWithin5Percent) {
         for (const MemoryUse& got : MeasuredMemory(spec, 2)) {
           EXPECT_LE(RelDiff(got.activations, want), 0.05);
           if (!sp) without = got.activations;
-          if (sp) EXPECT_LT(got.activations, without);
+          if (sp) {
+            EXPECT_LT(got.activations, without);
+          }
           std::printf("%-9s %-10s %-3s %14lld %14lld %5.2f%% %8.3fx\n", shape.name,
                       std::string(EnumName(mode)).c_str(), sp ? "yes" : "no",
                       static_cast<long long>(want), static_cast<long long>(got.activations),

@@ -197,7 +197,7 @@ TEST(GlobalRunsTest, TpSlicesPartitionTheWholeModel) {
     for (const model::TensorInfo& t : whole.tensors()) {
       const bool split =
           t.name == "wte" || t.name.find("qkv") != std::string::npos ||
-          t.name.find("weight") != std::string::npos && t.shape.size() == 2 && t.name != "wpe" ||
+          (t.name.find("weight") != std::string::npos && t.shape.size() == 2 && t.name != "wpe") ||
           t.name.find("mlp.fc.bias") != std::string::npos;
       for (size_t i = 0; i < t.numel; ++i) {
         ASSERT_EQ(count[t.offset + i], split ? 1 : tp) << t.name << " tp " << tp;
