@@ -17,15 +17,26 @@
 //
 // Without a CUDA device it says so and exits 0, having run nothing.
 //
+// --kernels B profiles a warm-up and 2 steps at batch B under Nsight Compute
+// (ncu, when installed: the toolkit's) and prints the time per kernel
+// family; --ncu-csv FILE prints that table from a saved profile.
+//
 // Usage: gpu_train_bench [--batch 16,32] [--steps 20] [--warmup 3]
 //                        [--peer torch|none] [--compile] [--peak-tflops 989.4]
-//                        [--data FILE] [--peer-dir DIR]
+//                        [--data FILE] [--peer-dir DIR] [--kernels B]
+//        gpu_train_bench --ncu-csv FILE [--ncu-steps 2]
 #include <cuda_runtime.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -125,6 +136,109 @@ std::vector<Row> RunTorch(const Options& o, const std::string& mode) {
   return rows;
 }
 
+// ---- where the time goes: Nsight Compute's per-kernel summary
+
+// One kernel family's time in a profiled run.
+struct KernelTime {
+  std::string family;
+  int64_t launches = 0;
+  double ns = 0;
+};
+
+// Splits one CSV line (quoted fields, commas inside quotes).
+std::vector<std::string> CsvFields(const std::string& line) {
+  std::vector<std::string> out(1);
+  bool quoted = false;
+  for (char c : line) {
+    if (c == '"') {
+      quoted = !quoted;
+    } else if (c == ',' && !quoted) {
+      out.emplace_back();
+    } else {
+      out.back() += c;
+    }
+  }
+  return out;
+}
+
+// "void shardtrain::<unnamed>::LayerNormForwardKernel<__nv_bfloat16>(...)"
+// -> "LayerNormForwardKernel<bf16>"; every cuBLAS kernel (nvjet, cutlass,
+// xmma, ...) -> "GEMM (cuBLAS)".
+std::string KernelFamily(std::string name) {
+  for (const char* gemm : {"nvjet", "cutlass", "gemm", "xmma"}) {
+    if (name.find(gemm) != std::string::npos) return "GEMM (cuBLAS)";
+  }
+  if (name.rfind("void ", 0) == 0) name.erase(0, 5);
+  if (const size_t paren = name.find('('); paren != std::string::npos) name.resize(paren);
+  for (size_t at; (at = name.find("<unnamed>::")) != std::string::npos;) name.erase(at, 11);
+  if (const size_t ns = name.rfind("::", name.find('<')); ns != std::string::npos) {
+    name.erase(0, ns + 2);
+  }
+  for (auto [from, to] :
+       {std::pair<const char*, const char*>{"__nv_bfloat16", "bf16"}, {"__half", "fp16"}}) {
+    for (size_t at; (at = name.find(from)) != std::string::npos;) {
+      name.replace(at, std::strlen(from), to);
+    }
+  }
+  return name;
+}
+
+// The families of `ncu --metrics gpu__time_duration.sum --print-summary
+// per-kernel --csv` output (lines before its header are the program's), by
+// total time, largest first.
+std::vector<KernelTime> ParseNcuSummary(std::istream& in) {
+  std::map<std::string, KernelTime> by_family;
+  std::vector<std::string> header;
+  for (std::string line; std::getline(in, line);) {
+    if (header.empty()) {
+      if (line.rfind("\"Process ID\"", 0) == 0) header = CsvFields(line);
+      continue;
+    }
+    const std::vector<std::string> f = CsvFields(line);
+    if (f.size() != header.size()) continue;
+    std::map<std::string, std::string> row;
+    for (size_t i = 0; i < f.size(); ++i) row[header[i]] = f[i];
+    if (row["Metric Name"] != "gpu__time_duration.sum") continue;
+    std::string avg = row["Average"];
+    avg.erase(std::remove(avg.begin(), avg.end(), ','), avg.end());
+    const std::string& unit = row["Metric Unit"];
+    const double scale = unit == "us" ? 1e3 : unit == "ms" ? 1e6 : unit == "s" ? 1e9 : 1.0;
+    const int64_t n = std::atoll(row["Invocations"].c_str());
+    const std::string family = KernelFamily(row["Kernel Name"]);
+    KernelTime& k = by_family[family];
+    k.family = family;
+    k.launches += n;
+    k.ns += double(n) * std::atof(avg.c_str()) * scale;
+  }
+  std::vector<KernelTime> out;
+  for (auto& [name, k] : by_family) out.push_back(k);
+  std::sort(out.begin(), out.end(),
+            [](const KernelTime& a, const KernelTime& b) { return a.ns > b.ns; });
+  return out;
+}
+
+// Per family: ms per step (the profile's total over `steps` steps), its
+// share of all kernel time and its launches per step.
+void PrintKernelTable(const std::vector<KernelTime>& kernels, int steps) {
+  double total = 0;
+  for (const KernelTime& k : kernels) total += k.ns;
+  std::printf(
+      "\nwhere the time goes (Nsight Compute, per kernel family; %d steps profiled, %.2f ms of "
+      "kernels per step):\n",
+      steps, total / 1e6 / steps);
+  std::printf("%10s %7s %9s  %s\n", "ms/step", "share", "launches", "kernel");
+  for (const KernelTime& k : kernels) {
+    std::printf("%10.3f %6.1f%% %9.1f  %s\n", k.ns / 1e6 / steps, 100 * k.ns / total,
+                double(k.launches) / steps, k.family.c_str());
+  }
+}
+
+// ncu in the CUDA toolkit or on the PATH, or "".
+std::string FindNcu() {
+  if (access("/usr/local/cuda/bin/ncu", X_OK) == 0) return "/usr/local/cuda/bin/ncu";
+  return std::system("command -v ncu >/dev/null 2>&1") == 0 ? "ncu" : "";
+}
+
 int Main(int argc, char** argv) {
   Options o;
   CLI::App app{"GPT-2 124M bf16 training on one GPU: shardtrain next to PyTorch (ratios)"};
@@ -144,7 +258,33 @@ int Main(int argc, char** argv) {
   app.add_option("--peak-tflops", o.peak_tflops, "dense bf16 peak for MFU")->capture_default_str();
   app.add_option("--data", o.data, "training text (bytes)");
   app.add_option("--peer-dir", o.peer_dir, "folder of gpu_train_torch_peer.py (bench/)");
+  int kernels_batch = 0;
+  app.add_option("--kernels", kernels_batch,
+                 "B: also profile a warm-up and 2 steps at batch B under Nsight Compute (ncu) "
+                 "and print the time per kernel family");
+  std::string ncu_csv;
+  app.add_option("--ncu-csv", ncu_csv,
+                 "only print the per-kernel table of a saved `ncu --metrics "
+                 "gpu__time_duration.sum --print-summary per-kernel --csv` output (no GPU needed)");
+  int ncu_steps = 2;
+  app.add_option("--ncu-steps", ncu_steps, "steps that saved profile holds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (!ncu_csv.empty()) {
+    std::ifstream in(ncu_csv);
+    if (!in) {
+      std::fprintf(stderr, "gpu_train_bench: cannot read %s\n", ncu_csv.c_str());
+      return 1;
+    }
+    const std::vector<KernelTime> kernels = ParseNcuSummary(in);
+    if (kernels.empty()) {
+      std::fprintf(stderr, "gpu_train_bench: %s holds no per-kernel summary\n", ncu_csv.c_str());
+      return 1;
+    }
+    PrintKernelTable(kernels, ncu_steps);
+    return 0;
+  }
 
   absl::StatusOr<std::vector<worker::GpuInfo>> gpus = worker::ProbeGpus();
   if (!gpus.ok()) {
@@ -186,6 +326,34 @@ int Main(int argc, char** argv) {
       "(FLOPs/token %.3g; MFU over %.1f TFLOP/s; mem: shardtrain = cudaMemGetInfo delta, "
       "pytorch = max_memory_allocated)\n",
       flops_per_token, o.peak_tflops);
+  if (kernels_batch > 0) {
+    const std::string ncu = FindNcu();
+    if (ncu.empty()) {
+      std::printf("\n(no per-kernel table: ncu is not installed)\n");
+      return 0;
+    }
+    // This program again, a warm-up and 2 steps at one batch size, under ncu.
+    char self[4096] = {};
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    const std::string cmd =
+        absl::StrCat(ncu, " --metrics gpu__time_duration.sum --print-summary per-kernel --csv '",
+                     std::string(self, n > 0 ? n : 0), "' --batch ", kernels_batch,
+                     " --steps 2 --warmup 1 --peer none --data '", o.data, "' 2>&1");
+    std::string text;
+    if (FILE* p = popen(cmd.c_str(), "r")) {
+      char buf[4096];
+      while (std::fgets(buf, sizeof buf, p) != nullptr) text += buf;
+      pclose(p);
+    }
+    std::istringstream in(text);
+    const std::vector<KernelTime> kernels = ParseNcuSummary(in);
+    if (kernels.empty()) {
+      std::printf("\n(ncu gave no per-kernel summary; its output ends:\n%s)\n",
+                  text.substr(text.size() > 2000 ? text.size() - 2000 : 0).c_str());
+      return 0;
+    }
+    PrintKernelTable(kernels, 3);  // the warm-up step is in the profile too
+  }
   return 0;
 }
 
