@@ -22,27 +22,37 @@ int GroupRank(const comm::Communicator* comm) { return comm == nullptr ? 0 : com
 
 absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(engine::Engine* engine,
                                                  const optim::AdamWOptions& adamw,
-                                                 comm::Communicator* comm, size_t bucket_bytes) {
+                                                 comm::Communicator* comm, size_t bucket_bytes,
+                                                 bool stage_through_host) {
   if (engine == nullptr) return absl::InvalidArgumentError("Ddp: null engine");
-  // One rank steps wherever the engine keeps its fp32 master (the host or a
-  // GPU, through the engine's FlatMath); the all-reduce of several ranks
-  // runs on host buffers so far.
-  if (GroupSize(comm) > 1) {
-    if (auto s = CheckHostFp32(*engine, "DDP across ranks"); !s.ok()) return s;
-  } else if (engine->params().dtype != DataType::kFloat32) {
+  // Each rank steps wherever the engine keeps its fp32 master (the host or
+  // a GPU, through the engine's FlatMath); across ranks, gradients off the
+  // host are all-reduced through a host copy.
+  if (engine->params().dtype != DataType::kFloat32) {
     return absl::InvalidArgumentError("DDP: the engine's parameters are not its fp32 master");
   }
+  const bool staged =
+      GroupSize(comm) > 1 && (stage_through_host || engine->grads().device != DeviceKind::kCpu);
   if (bucket_bytes == 0) return absl::InvalidArgumentError("parallel.bucket_mb: must be >= 1");
   auto a = optim::AdamW::Create(engine->layout(), 0, engine->layout().num_params(), adamw,
                                 &engine->math());
   if (!a.ok()) return a.status();
   const size_t bucket_elems = std::max<size_t>(1, bucket_bytes / sizeof(float));
   return std::unique_ptr<Ddp>(
-      new Ddp(engine, *std::move(a), GroupSize(comm) > 1 ? comm : nullptr, bucket_elems));
+      new Ddp(engine, *std::move(a), GroupSize(comm) > 1 ? comm : nullptr, bucket_elems, staged));
 }
 
-Ddp::Ddp(engine::Engine* engine, optim::AdamW adamw, comm::Communicator* comm, size_t bucket_elems)
-    : engine_(engine), adamw_(std::move(adamw)), comm_(comm), bucket_elems_(bucket_elems) {}
+Ddp::Ddp(engine::Engine* engine, optim::AdamW adamw, comm::Communicator* comm, size_t bucket_elems,
+         bool staged)
+    : engine_(engine),
+      adamw_(std::move(adamw)),
+      comm_(comm),
+      bucket_elems_(bucket_elems),
+      staged_(staged) {
+  if (staged_) host_grads_.resize(engine_->grads().count);
+}
+
+float* Ddp::BucketBase() { return staged_ ? host_grads_.data() : engine_->grads().f32().data(); }
 
 Ddp::~Ddp() {
   // Never leave an all-reduce writing into a buffer that is about to go.
@@ -53,8 +63,9 @@ Ddp::~Ddp() {
 void Ddp::BeginMicroBatch(int micro, int accum) {
   if (micro == 0) engine_->ZeroGrad();
   // Gradient accumulation: no communication until the last micro-batch,
-  // whose backward launches the buckets as they become final.
-  if (comm_ != nullptr && micro == accum - 1) {
+  // whose backward launches the buckets as they become final (staged: all
+  // of them once backward is done, from the host copy).
+  if (comm_ != nullptr && !staged_ && micro == accum - 1) {
     unlaunched_end_ = engine_->grads().count;
     engine_->set_grads_ready_hook([this](size_t offset) { LaunchBuckets(offset, false); });
   }
@@ -66,7 +77,7 @@ absl::Status Ddp::EndMicroBatch() {
 }
 
 void Ddp::LaunchBuckets(size_t offset, bool flush) {
-  float* grads = engine_->grads().f32().data();
+  float* grads = BucketBase();
   while (unlaunched_end_ > offset && (flush || unlaunched_end_ - offset >= bucket_elems_)) {
     const size_t n = std::min(bucket_elems_, unlaunched_end_ - offset);
     unlaunched_end_ -= n;
@@ -76,6 +87,11 @@ void Ddp::LaunchBuckets(size_t offset, bool flush) {
 }
 
 absl::Status Ddp::FinishAllReduce(StepStats* stats) {
+  if (staged_) {  // the whole buffer to the host, every bucket from there
+    const engine::FlatView g = engine_->grads();
+    engine_->math().CopyToHost(host_grads_.data(), static_cast<const float*>(g.data), g.count);
+    unlaunched_end_ = g.count;
+  }
   LaunchBuckets(0, /*flush=*/true);
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status status;
@@ -95,6 +111,9 @@ absl::Status Ddp::FinishAllReduce(StepStats* stats) {
   }
   inflight_.clear();
   const engine::FlatView grads = engine_->grads();
+  if (staged_) {
+    engine_->math().CopyFromHost(static_cast<float*>(grads.data), host_grads_.data(), grads.count);
+  }
   const int n = comm_->size();
   stats->comm_bytes += int64_t(grads.bytes()) * 2 * (n - 1) / n;
   // Summed over dp; the mean gradient of the global batch is sum / dp.

@@ -8,6 +8,11 @@
 // gradient), clips by the global norm and steps AdamW — identically on
 // every rank.
 //
+// Ranks on GPUs all-reduce through the host (Gloo with host staging, the
+// way several ranks share one GPU): the gradients are copied to a host
+// buffer once backward is done, all-reduced there in the same buckets and
+// copied back; no overlap with backward yet.
+//
 // Evaluation needs nothing of it: every rank holds the whole model, so a
 // forward-only pass just runs; EndEval sums the losses over dp.
 //
@@ -30,11 +35,14 @@ namespace shardtrain::parallel {
 class Ddp final : public DataParallel {
  public:
   // engine and comm must outlive the Ddp; comm null (or of size 1) means
-  // dp = 1. The engine's buffers must be host fp32 (UNIMPLEMENTED
-  // otherwise). bucket_bytes > 0.
+  // dp = 1. The engine's parameters must be its fp32 master; across ranks,
+  // gradients off the host are staged through it. `stage_through_host`
+  // stages host gradients too (the GPU path's logic, testable on a CPU).
+  // bucket_bytes > 0.
   static absl::StatusOr<std::unique_ptr<Ddp>> Create(engine::Engine* engine,
                                                      const optim::AdamWOptions& adamw,
-                                                     comm::Communicator* comm, size_t bucket_bytes);
+                                                     comm::Communicator* comm, size_t bucket_bytes,
+                                                     bool stage_through_host = false);
   ~Ddp() override;
 
   void InitParams(uint64_t seed) override { engine_->InitParams(seed); }
@@ -59,7 +67,11 @@ class Ddp final : public DataParallel {
   void set_model_parallel(ModelParallelGrads mp) override { mp_ = std::move(mp); }
 
  private:
-  Ddp(engine::Engine* engine, optim::AdamW adamw, comm::Communicator* comm, size_t bucket_elems);
+  Ddp(engine::Engine* engine, optim::AdamW adamw, comm::Communicator* comm, size_t bucket_elems,
+      bool staged);
+  // The buffer the buckets are all-reduced in: the gradients, or their
+  // host copy when staged.
+  float* BucketBase();
   // Launches all-reduces of whole buckets of [offset, unlaunched_end_)
   // (from the end of the buffer); with `flush`, also the remainder.
   void LaunchBuckets(size_t offset, bool flush);
@@ -75,6 +87,8 @@ class Ddp final : public DataParallel {
   std::vector<std::shared_ptr<comm::Work>> inflight_;
   bool measure_ = false;
   ModelParallelGrads mp_;
+  const bool staged_;              // all-reduce through host_grads_
+  std::vector<float> host_grads_;  // staged: the gradients' host copy
 };
 
 }  // namespace shardtrain::parallel
