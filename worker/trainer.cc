@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <chrono>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -36,6 +37,23 @@ absl::Status CheckSupported(const JobSpec& spec) {
         "resources.device: cuda, but this worker was built without CUDA");
   }
 #endif
+  // What GPU ranks can do so far: one whole model each, data parallel
+  // (DDP) through the host. Refused here, naming the field, rather than
+  // failing inside the engine mid-step.
+  if (spec.resources.device == DeviceKind::kCuda) {
+    for (const auto& [field, value, allowed] :
+         {std::tuple<const char*, int, int>{"parallel.tp", spec.parallel.tp, 1},
+          {"parallel.pp", spec.parallel.pp, 1},
+          {"parallel.zero", spec.parallel.zero, 0}}) {
+      if (value != allowed) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(field, ": ", value,
+                         " is not on GPUs yet (resources.device: cuda trains dp ranks "
+                         "of the whole model: ",
+                         field, " ", allowed, "); use resources.device: cpu for it"));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -15,7 +15,7 @@ absl::Status CheckHostFp32(engine::Engine& engine, const char* who) {
   if (p.dtype != DataType::kFloat32 || p.device != DeviceKind::kCpu) {
     return absl::UnimplementedError(absl::StrCat(
         who, " keeps host fp32 parameters; this engine's are ", DataTypeName(p.dtype), " on ",
-        std::string(EnumName(p.device)), " (GPU data parallelism arrives with the GPU engine)"));
+        std::string(EnumName(p.device)), " (on GPUs, data parallelism is DDP: parallel.zero 0)"));
   }
   return absl::OkStatus();
 }

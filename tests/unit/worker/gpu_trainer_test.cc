@@ -187,9 +187,9 @@ TEST_F(GpuTrainerTest, TwoRanksOnOneGpuWithHostStagingEqualOneRank) {
   std::unique_ptr<Trainer> one = MakeTrainer(SpecOf(r));  // global 4 on one rank
   ASSERT_TRUE(one);
   const std::vector<double> want = Train(*one, 1, r.steps);
-  absl::StatusOr<JobSpec> two =
-      ParseJobSpec(JobSpecToYaml(SpecOf(r)), {"parallel.dp=2", "batch.micro=2",
-                                              "resources.min_workers=2", "resources.max_workers=2"});
+  absl::StatusOr<JobSpec> two = ParseJobSpec(
+      JobSpecToYaml(SpecOf(r)),
+      {"parallel.dp=2", "batch.micro=2", "resources.min_workers=2", "resources.max_workers=2"});
   ASSERT_TRUE(two.ok()) << two.status();
   std::vector<double> per_rank[2];  // each rank's loss is over its half of the batch
   comm::testing::RunRanks(2, [&](comm::Communicator& comm) {
@@ -207,6 +207,28 @@ TEST_F(GpuTrainerTest, TwoRanksOnOneGpuWithHostStagingEqualOneRank) {
                 want[step], got.size() > size_t(step) ? got[step] : NAN);
   }
   EXPECT_LE(MaxRelDiff(got, want), 1e-5);
+}
+
+// What GPU ranks cannot do yet is refused before any device is touched,
+// naming the field (the job fails at once instead of a rank aborting in the
+// engine mid-step). Runs anywhere.
+TEST_F(GpuTrainerTest, TensorPipelineAndZeroOnGpusAreRefusedNamingTheField) {
+  RunSpec r;
+  r.device = "cuda";
+  for (const auto& [overrides, field] :
+       {std::pair<std::vector<std::string>, std::string>{
+            {"parallel.tp=2", "resources.min_workers=2", "resources.max_workers=2"}, "parallel.tp"},
+        {{"parallel.pp=2", "resources.min_workers=2", "resources.max_workers=2"}, "parallel.pp"},
+        {{"parallel.dp=2", "parallel.zero=1", "batch.micro=4", "resources.min_workers=2",
+          "resources.max_workers=2"},
+         "parallel.zero"}}) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(JobSpecToYaml(SpecOf(r)), overrides);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*spec, 0, 1, nullptr, 0);
+    ASSERT_FALSE(t.ok()) << field;
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition) << t.status();
+    EXPECT_EQ(t.status().message().rfind(field + ": ", 0), 0u) << t.status();
+  }
 }
 
 TEST_F(GpuTrainerTest, Bf16AndFp16TrainFortunesTinyWithin2PercentOfFp32) {
