@@ -17,13 +17,15 @@
 //
 // Without a CUDA device it says so and exits 0, having run nothing.
 //
+// --ranks N adds N data-parallel ranks sharing the GPU (threads, Gloo
+// through the host, the same global batch): the staging cost, stated.
 // --kernels B profiles a warm-up and 2 steps at batch B under Nsight Compute
 // (ncu, when installed: the toolkit's) and prints the time per kernel
 // family; --ncu-csv FILE prints that table from a saved profile.
 //
 // Usage: gpu_train_bench [--batch 16,32] [--steps 20] [--warmup 3]
 //                        [--peer torch|none] [--compile] [--peak-tflops 989.4]
-//                        [--data FILE] [--peer-dir DIR] [--kernels B]
+//                        [--data FILE] [--peer-dir DIR] [--kernels B] [--ranks N]
 //        gpu_train_bench --ncu-csv FILE [--ncu-steps 2]
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -38,12 +40,15 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/job_spec.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/rendezvous_store.h"
 #include "worker/device_probe.h"
 #include "worker/trainer.h"
 
@@ -59,6 +64,7 @@ struct Options {
   double peak_tflops = 989.4;
   std::string data = SHARDTRAIN_FORTUNES_PATH;
   std::string peer_dir = SHARDTRAIN_BENCH_DIR;  // where gpu_train_torch_peer.py is
+  int ranks = 1;  // > 1: also that many ranks sharing the GPU (Gloo through the host)
 };
 
 struct Row {
@@ -81,30 +87,79 @@ double FlopsPerToken(const model::GptConfig& c, int64_t params, int T) {
   return 6.0 * double(params) + 12.0 * c.layers * c.dim * double(T);
 }
 
-absl::StatusOr<Row> RunOurs(const Options& o, int batch, double* flops_per_token) {
-  absl::StatusOr<JobSpec> spec = SpecFor(o, batch);
-  if (!spec.ok()) return spec.status();
-  size_t free_before = 0, free_after = 0, total = 0;
-  cudaMemGetInfo(&free_before, &total);
-  absl::StatusOr<std::unique_ptr<worker::Trainer>> t =
-      worker::Trainer::Create(*spec, /*rank=*/0, /*threads=*/4, /*comm=*/nullptr, /*gpu=*/0);
-  if (!t.ok()) return t.status();
-  worker::Trainer& trainer = **t;
-  *flops_per_token =
-      FlopsPerToken(trainer.engine().config(), trainer.engine().layout().global_num_params(), 1024);
+// Steps one trainer: (warm-up, then timed) steps; the mean ms of the
+// timed ones. Step() reads the loss, so each step is synchronous.
+absl::StatusOr<double> TimeSteps(worker::Trainer& trainer, const Options& o) {
   double timed_ms = 0;
   for (int step = 1; step <= o.warmup + o.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    absl::StatusOr<worker::StepResult> r = trainer.Step(step);  // reads the loss: synchronous
+    absl::StatusOr<worker::StepResult> r = trainer.Step(step);
     if (!r.ok()) return r.status();
     if (step > o.warmup) {
       timed_ms +=
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
   }
+  return timed_ms / o.steps;
+}
+
+// `batch` sequences per step on `ranks` ranks sharing GPU 0 (threads, dp =
+// ranks, Gloo through the host: the staging cost against one rank).
+absl::StatusOr<Row> RunOurs(const Options& o, int batch, int ranks, double* flops_per_token) {
+  absl::StatusOr<JobSpec> spec = SpecFor(o, batch);
+  if (!spec.ok()) return spec.status();
+  if (ranks > 1) {
+    spec = ParseJobSpec(JobSpecToYaml(*spec), {absl::StrCat("parallel.dp=", ranks),
+                                               absl::StrCat("batch.micro=", batch / ranks),
+                                               absl::StrCat("resources.min_workers=", ranks),
+                                               absl::StrCat("resources.max_workers=", ranks)});
+    if (!spec.ok()) return spec.status();
+  }
+  size_t free_before = 0, free_after = 0, total = 0;
+  cudaMemGetInfo(&free_before, &total);
+  absl::StatusOr<double> ms = absl::InternalError("no rank ran");
+  if (ranks == 1) {
+    absl::StatusOr<std::unique_ptr<worker::Trainer>> t =
+        worker::Trainer::Create(*spec, /*rank=*/0, /*threads=*/4, /*comm=*/nullptr, /*gpu=*/0);
+    if (!t.ok()) return t.status();
+    *flops_per_token =
+        FlopsPerToken((*t)->engine().config(), (*t)->engine().layout().global_num_params(), 1024);
+    ms = TimeSteps(**t, o);
+  } else {
+    auto store = std::make_shared<comm::InMemoryStore>();
+    std::vector<absl::Status> status(ranks);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        comm::GlooOptions go;
+        go.prefix = "gpu_train_bench";
+        absl::StatusOr<std::unique_ptr<comm::Communicator>> c =
+            comm::CreateGlooCommunicator(store, r, ranks, go);
+        if (!c.ok()) {
+          status[r] = c.status();
+          return;
+        }
+        absl::StatusOr<std::unique_ptr<worker::Trainer>> t =
+            worker::Trainer::Create(*spec, r, /*threads=*/2, c->get(), /*gpu=*/0);
+        if (!t.ok()) {
+          status[r] = t.status();
+          return;
+        }
+        absl::StatusOr<double> rank_ms = TimeSteps(**t, o);
+        if (!rank_ms.ok()) status[r] = rank_ms.status();
+        if (r == 0) ms = rank_ms;  // the ranks step in lockstep (the all-reduce)
+        (*c)->Shutdown().IgnoreError();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const absl::Status& s : status) {
+      if (!s.ok()) return s;
+    }
+  }
+  if (!ms.ok()) return ms.status();
   cudaMemGetInfo(&free_after, &total);
-  Row row{"shardtrain", batch};
-  row.ms = timed_ms / o.steps;
+  Row row{ranks == 1 ? "shardtrain" : absl::StrCat("shardtrain dp", ranks, " 1 GPU"), batch};
+  row.ms = *ms;
   row.tok_s = batch * 1024.0 / (row.ms / 1e3);
   row.mem_gib = (double(free_before) - double(free_after)) / double(1ull << 30);
   return row;
@@ -258,6 +313,10 @@ int Main(int argc, char** argv) {
   app.add_option("--peak-tflops", o.peak_tflops, "dense bf16 peak for MFU")->capture_default_str();
   app.add_option("--data", o.data, "training text (bytes)");
   app.add_option("--peer-dir", o.peer_dir, "folder of gpu_train_torch_peer.py (bench/)");
+  app.add_option("--ranks", o.ranks,
+                 "N > 1: also N data-parallel ranks sharing the GPU (threads, Gloo through the "
+                 "host), the same global batch: the staging cost next to one rank")
+      ->check(CLI::PositiveNumber);
   int kernels_batch = 0;
   app.add_option("--kernels", kernels_batch,
                  "B: also profile a warm-up and 2 steps at batch B under Nsight Compute (ncu) "
@@ -297,13 +356,15 @@ int Main(int argc, char** argv) {
   std::vector<Row> rows;
   double flops_per_token = 0;
   for (int b : o.batches) {
-    absl::StatusOr<Row> r = RunOurs(o, b, &flops_per_token);
-    if (!r.ok()) {
-      std::fprintf(stderr, "gpu_train_bench: B=%d: %s\n", b,
-                   std::string(r.status().message()).c_str());
-      return 1;
+    for (int ranks : o.ranks > 1 ? std::vector<int>{1, o.ranks} : std::vector<int>{1}) {
+      absl::StatusOr<Row> r = RunOurs(o, b, ranks, &flops_per_token);
+      if (!r.ok()) {
+        std::fprintf(stderr, "gpu_train_bench: B=%d, %d ranks: %s\n", b, ranks,
+                     std::string(r.status().message()).c_str());
+        return 1;
+      }
+      rows.push_back(*r);
     }
-    rows.push_back(*r);
   }
   if (o.peer == "torch") {
     for (const std::string& mode : o.compile ? std::vector<std::string>{"eager", "compile"}
@@ -324,7 +385,8 @@ int Main(int argc, char** argv) {
   }
   std::printf(
       "(FLOPs/token %.3g; MFU over %.1f TFLOP/s; mem: shardtrain = cudaMemGetInfo delta, "
-      "pytorch = max_memory_allocated)\n",
+      "pytorch = max_memory_allocated; on a dpN row, ours/this row is one rank's speed over N "
+      "ranks sharing the GPU: the cost of staging through the host)\n",
       flops_per_token, o.peak_tflops);
   if (kernels_batch > 0) {
     const std::string ncu = FindNcu();
