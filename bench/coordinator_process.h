@@ -1,7 +1,9 @@
-// CoordinatorProcess: the real shardtrain-coordinator program in a process
-// of its own, for control_plane_bench --process: started, killed (SIGKILL)
-// and started again on the same state and port, its RSS and CPU time read
-// from /proc. Header-only, for the bench alone.
+// The coordinator control_plane_bench measures. CoordinatorUnderTest: the
+// coordinator assembled as coordinator/main.cc does, in the bench's
+// process. CoordinatorProcess: the real shardtrain-coordinator program in a
+// process of its own (--process): started, killed (SIGKILL) and started
+// again on the same state and port, its RSS and CPU time read from /proc.
+// Header-only, for the bench alone.
 #ifndef SHARDTRAIN_BENCH_COORDINATOR_PROCESS_H_
 #define SHARDTRAIN_BENCH_COORDINATOR_PROCESS_H_
 
@@ -12,12 +14,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -26,8 +31,83 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "bench/control_plane_rpc.h"
+#include "common/metrics.h"
+#include "coordinator/clock.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/service.h"
+#include "coordinator/spec_validator.h"
+#include "coordinator/state_store.h"
 
 namespace shardtrain::coordinator {
+
+// The coordinator as coordinator/main.cc assembles it, on 127.0.0.1:0 with the
+// SQLite store in a fresh temp dir (removed on destruction).
+class CoordinatorUnderTest {
+ public:
+  static absl::StatusOr<std::unique_ptr<CoordinatorUnderTest>> Start(int64_t lease_ms) {
+    auto c = std::unique_ptr<CoordinatorUnderTest>(new CoordinatorUnderTest());
+    std::string tmpl = (std::filesystem::temp_directory_path() / "cpbench-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) return absl::UnavailableError("mkdtemp failed");
+    c->dir_ = tmpl;
+    auto store = OpenSqliteStateStore(c->dir_);
+    if (!store.ok()) return store.status();
+    CoordinatorOptions options;
+    options.lease_ms = lease_ms;
+    auto core = Coordinator::Create(options, *std::move(store), ValidateSpec, &c->clock_);
+    if (!core.ok()) return core.status();
+    c->core_ = *std::move(core);
+    RegisterCoordinatorMetrics(c->core_.get(), &c->registry_);
+    c->service_ = std::make_unique<CoordinatorService>(c->core_.get(), &c->registry_);
+    c->server_ = StartServer(c->service_.get(), &c->port_);
+    if (!c->server_) return absl::UnavailableError("cannot listen on 127.0.0.1:0");
+    const auto period = std::chrono::milliseconds(std::clamp<int64_t>(lease_ms / 10, 20, 500));
+    c->ticker_ = std::thread([raw = c.get(), period] {
+      std::unique_lock<std::mutex> lock(raw->tick_mu_);
+      while (!raw->tick_cv_.wait_for(lock, period, [raw] { return raw->stopping_; })) {
+        lock.unlock();
+        raw->core_->Tick();
+        lock.lock();
+      }
+    });
+    return c;
+  }
+
+  ~CoordinatorUnderTest() {
+    if (ticker_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(tick_mu_);
+        stopping_ = true;
+      }
+      tick_cv_.notify_all();
+      ticker_.join();
+    }
+    if (core_) core_->Shutdown();
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    server_.reset();
+    service_.reset();
+    core_.reset();
+    std::error_code ec;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+  }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+ private:
+  CoordinatorUnderTest() = default;
+
+  std::string dir_;
+  RealClock clock_;
+  MetricsRegistry registry_;
+  std::unique_ptr<Coordinator> core_;
+  std::unique_ptr<CoordinatorService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::mutex tick_mu_;
+  std::condition_variable tick_cv_;
+  bool stopping_ = false;  // GUARDED_BY(tick_mu_)
+  std::thread ticker_;
+};
 
 // The real shardtrain-coordinator program in its own process (--process):
 // 127.0.0.1:0, --port-file, its own --state-dir; TLS and tokens when the run
