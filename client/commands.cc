@@ -324,14 +324,7 @@ int History(const GlobalFlags& g, const std::vector<std::string>& job_ids,
     // only which they are.
     std::vector<Curve> curves;
     for (size_t k = 0; k < job_ids.size(); ++k) {
-      const std::string prefix = job_ids.size() > 1 ? job_ids[k] + " " : "";
-      Curve loss{prefix + "loss", {}}, val{prefix + "val_loss", {}};
-      for (const v1::StepReport& s : histories[k].steps()) {
-        loss.points.emplace_back(double(s.step()), s.loss());
-        if (s.has_val_loss()) val.points.emplace_back(double(s.step()), s.val_loss());
-      }
-      curves.push_back(std::move(loss));
-      if (!val.points.empty()) curves.push_back(std::move(val));
+      AppendLossCurves(histories[k], job_ids.size() > 1 ? job_ids[k] + " " : "", &curves);
     }
     const std::string title = absl::StrCat("loss: ", absl::StrJoin(job_ids, ", "));
     if (plot.file.empty()) {

@@ -433,13 +433,8 @@ class LocalRun {
       if (ok && final_job.output().empty()) std::cout << "; weights not saved (no checkpoint.dir)";
       std::cout << std::endl;
       if (o_.plot) {
-        Curve loss{"loss", {}}, val{"val_loss", {}};
-        for (const v1::StepReport& s : history.steps()) {
-          loss.points.emplace_back(double(s.step()), s.loss());
-          if (s.has_val_loss()) val.points.emplace_back(double(s.step()), s.val_loss());
-        }
-        std::vector<Curve> curves = {loss};
-        if (!val.points.empty()) curves.push_back(val);
+        std::vector<Curve> curves;
+        AppendLossCurves(history, "", &curves);
         std::cout << "\nloss of " << final_job.job_id() << ":\n" << TerminalChart(curves);
       }
     }

@@ -156,6 +156,17 @@ constexpr char kMarks[] = {'*', 'o', '+', 'x', '#', '@'};
 
 }  // namespace
 
+void AppendLossCurves(const v1::GetHistoryResponse& history, const std::string& prefix,
+                      std::vector<Curve>* curves) {
+  Curve loss{prefix + "loss", {}}, val{prefix + "val_loss", {}};
+  for (const v1::StepReport& s : history.steps()) {
+    loss.points.emplace_back(double(s.step()), s.loss());
+    if (s.has_val_loss()) val.points.emplace_back(double(s.step()), s.val_loss());
+  }
+  curves->push_back(std::move(loss));
+  if (!val.points.empty()) curves->push_back(std::move(val));
+}
+
 std::string TerminalChart(const std::vector<Curve>& curves, int width, int height) {
   const Bounds b = BoundsOf(curves);
   if (!b.any) return "(no points)\n";

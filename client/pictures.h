@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/job_spec.h"
+#include "shardtrain/v1/coordinator.pb.h"
 #include "shardtrain/v1/types.pb.h"
 
 namespace shardtrain::client {
@@ -45,6 +46,11 @@ struct Curve {
   std::string name;
   std::vector<std::pair<double, double>> points;
 };
+// A job's history as curves: "<prefix>loss" over every step, and
+// "<prefix>val_loss" over the evaluated ones when there are any.
+void AppendLossCurves(const v1::GetHistoryResponse& history, const std::string& prefix,
+                      std::vector<Curve>* curves);
+
 // The curves on one grid of `width` x `height` characters, each with its
 // own mark, with the value axis on the left, the step axis below and a
 // legend. "(no points)" when no curve has any.

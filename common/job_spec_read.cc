@@ -61,27 +61,6 @@ const std::vector<absl::string_view>* SectionKeys(absl::string_view key) {
 
 const std::vector<absl::string_view>& kTopKeys = kTopKeys_def;
 
-}  // namespace shardtrain::spec_read
-
-namespace shardtrain {
-
-std::vector<std::string> JobSpecFieldPaths() {
-  std::vector<std::string> out;
-  for (absl::string_view top : spec_read::kTopKeys) {
-    const std::vector<absl::string_view>* keys = spec_read::SectionKeys(top);
-    if (keys == nullptr) {
-      out.emplace_back(top);
-      continue;
-    }
-    for (absl::string_view k : *keys) out.push_back(absl::StrCat(top, ".", k));
-  }
-  return out;
-}
-
-}  // namespace shardtrain
-
-namespace shardtrain::spec_read {
-
 // ---------------------------------------------------------------------------
 // Messages.
 
@@ -324,3 +303,20 @@ absl::Status ApplyOverride(Node& root, const std::string& override_text) {
 }
 
 }  // namespace shardtrain::spec_read
+
+namespace shardtrain {
+
+std::vector<std::string> JobSpecFieldPaths() {
+  std::vector<std::string> out;
+  for (absl::string_view top : spec_read::kTopKeys) {
+    const std::vector<absl::string_view>* keys = spec_read::SectionKeys(top);
+    if (keys == nullptr) {
+      out.emplace_back(top);
+      continue;
+    }
+    for (absl::string_view k : *keys) out.push_back(absl::StrCat(top, ".", k));
+  }
+  return out;
+}
+
+}  // namespace shardtrain

@@ -60,6 +60,9 @@ std::string WorkerStateLabel(v1::WorkerState s) {
   return StripPrefix(v1::WorkerState_Name(s), "WORKER_STATE_");
 }
 bool IsTerminal(v1::JobState s) { return shardtrain::IsTerminal(ToDomain(s)); }
+bool WaitsForWorkers(v1::JobState s) {
+  return s == v1::JOB_STATE_PENDING || s == v1::JOB_STATE_RECOVERING;
+}
 
 Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<StateStore> store,
                          SpecValidator validator, const Clock* clock)
@@ -374,7 +377,7 @@ absl::Status Coordinator::Transition(JobEntry& e, v1::JobState to, const std::st
   const v1::Job before = e.job;
   e.job.set_state(to);
   e.job.set_updated_ms(clock_->NowMs());
-  if (to != v1::JOB_STATE_PENDING && to != v1::JOB_STATE_RECOVERING) {
+  if (!WaitsForWorkers(to)) {
     e.job.clear_pending_reason();  // it waits no more
   }
   if (auto s = AppendEvent(e, v1::EVENT_KIND_STATE, message, nullptr); !s.ok()) {

@@ -328,6 +328,8 @@ class Coordinator {
 std::string JobStateLabel(v1::JobState s);
 std::string WorkerStateLabel(v1::WorkerState s);
 bool IsTerminal(v1::JobState s);
+// PENDING or RECOVERING: the job waits for the scheduler to gang workers.
+bool WaitsForWorkers(v1::JobState s);
 
 }  // namespace shardtrain::coordinator
 

@@ -122,9 +122,7 @@ void Coordinator::ScheduleLocked(bool force) {
   std::vector<PendingJob> fifo;
   for (const std::string& id : job_order_) {
     const JobEntry& e = jobs_.at(id);
-    const v1::JobState state = e.job.state();
-    if (state != v1::JOB_STATE_PENDING && state != v1::JOB_STATE_RECOVERING) continue;
-    if (!e.valid) continue;  // not reached: only terminal jobs lack a spec
+    if (!WaitsForWorkers(e.job.state()) || !e.valid) continue;  // only terminal jobs lack a spec
     fifo.push_back(AsPending(e, now));
   }
   std::vector<const FreeWorker*> free, alive;
@@ -158,9 +156,8 @@ void Coordinator::ScheduleSubmittedLocked(JobEntry& e) {
   SchedulingInputsChanged();
   for (const std::string& id : job_order_) {
     JobEntry& other = jobs_.at(id);
-    const v1::JobState state = other.job.state();
-    if (&other != &e && other.valid && other.job.device() == e.job.device() &&
-        (state == v1::JOB_STATE_PENDING || state == v1::JOB_STATE_RECOVERING)) {
+    if (&other != &e && other.valid && WaitsForWorkers(other.job.state()) &&
+        other.job.device() == e.job.device()) {
       ++other.passed_over;
     }
   }

@@ -36,7 +36,7 @@ double SquaredNormOutside(absl::Span<const float> grads, size_t offset, const Fl
 }
 
 absl::Status SumTpPartials(const ModelParallelGrads& mp, absl::Span<float> grads, size_t offset) {
-  if (!mp.sum_tp || mp.tp_partial.empty()) return absl::OkStatus();
+  if (!mp.has_tp_partials()) return absl::OkStatus();
   const size_t end = offset + grads.size();
   std::vector<std::pair<size_t, size_t>> parts;  // [first, last) in grads' coordinates
   size_t total = 0;

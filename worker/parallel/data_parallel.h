@@ -91,6 +91,9 @@ struct ModelParallelGrads {
   // group that completes them — before the norm, like sum_tied.
   FlatRanges tp_partial;
   std::function<absl::Status(absl::Span<float>)> sum_tp;
+  // Whether there is anything for SumTpPartials to sum (CPU ranks only:
+  // tensor parallelism is not on GPUs yet).
+  bool has_tp_partials() const { return sum_tp && !tp_partial.empty(); }
 };
 
 // Sums over the tp group (mp.sum_tp, one call) the parts of `grads` (flat

@@ -132,9 +132,9 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) 
   if (mp_.sum_tied && mp_.tied_end > 0) {
     if (absl::Status s = mp_.sum_tied(g.f32().subspan(0, mp_.tied_end)); !s.ok()) return s;
   }
-  // Tensor-parallel partials exist on CPU ranks only (tp is not on the GPU
-  // yet): a GPU rank's gradients are never viewed as host memory.
-  if (mp_.sum_tp && !mp_.tp_partial.empty()) {
+  // Only with tp partials (CPU ranks): a GPU rank's gradients are never
+  // viewed as host memory.
+  if (mp_.has_tp_partials()) {
     if (absl::Status s = SumTpPartials(mp_, g.f32(), 0); !s.ok()) return s;
   }
   double squared = SquaredNormOutside(math, grads, g.count, 0, mp_.norm_skip);

@@ -104,7 +104,18 @@ __global__ void CausalSoftmaxForwardKernel(F* att, const F* scores, int64_t rows
   }
 }
 
-// The same with 16-byte accesses (rows of whole packs on aligned arrays):
+// Writes a causal row's packs [0, T / kPack<F>) to `out`, a warp's lanes
+// striding: pack k < live (holding a column <= the row's t) is make(k), the
+// ones above are zeros (all-zero bits: 0 in fp32, bf16 and fp16).
+template <typename F, typename Make>
+__device__ __forceinline__ void WriteCausalPacks(int4* out, int T, int live, int lane, Make make) {
+  for (int k = lane; k < T / internal::kPack<F>; k += kWarpSize) {
+    out[k] = k < live ? make(k) : make_int4(0, 0, 0, 0);
+  }
+}
+
+// CausalSoftmaxForwardKernel with 16-byte accesses (rows of whole packs on
+// aligned arrays):
 // the scalar kernel's 2-byte loads, one column per lane, used a fraction of
 // the bandwidth on the T² rows (the H100's profile). Sums and maxima in a
 // fixed order per lane, then the warp's butterfly: deterministic.
@@ -138,22 +149,17 @@ __global__ void CausalSoftmaxForwardPackedKernel(F* att, const F* scores, int64_
     }
   }
   const float inv = 1.0f / WarpSum(sum);
-  for (int k = lane; k < T / P; k += kWarpSize) {
+  WriteCausalPacks<F>(a, T, live, lane, [&](int k) {
+    const int4 v = s[k];
+    const F* e = reinterpret_cast<const F*>(&v);
     int4 out;
     F* o = reinterpret_cast<F*>(&out);
-    if (k < live) {
-      const int4 v = s[k];
-      const F* e = reinterpret_cast<const F*>(&v);
 #pragma unroll
-      for (int j = 0; j < P; ++j) {
-        o[j] = Store<F>(k * P + j <= t ? expf(Load(e[j]) - max_v) * inv : 0.0f);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < P; ++j) o[j] = Store<F>(0.0f);
+    for (int j = 0; j < P; ++j) {
+      o[j] = Store<F>(k * P + j <= t ? expf(Load(e[j]) - max_v) * inv : 0.0f);
     }
-    a[k] = out;
-  }
+    return out;
+  });
 }
 
 }  // namespace
@@ -224,7 +230,7 @@ __global__ void CausalSoftmaxBackwardKernel(F* g, const F* att, int64_t rows, in
   }
 }
 
-// The same with 16-byte accesses (see the forward's).
+// CausalSoftmaxBackwardKernel with 16-byte accesses (see the forward's).
 template <typename F>
 __global__ void CausalSoftmaxBackwardPackedKernel(F* g, const F* att, int64_t rows, int T,
                                                   float scale) {
@@ -247,23 +253,18 @@ __global__ void CausalSoftmaxBackwardPackedKernel(F* g, const F* att, int64_t ro
     }
   }
   dot = WarpSum(dot);  // each lane rewrites only the packs it read
-  for (int k = lane; k < T / P; k += kWarpSize) {
+  WriteCausalPacks<F>(gr, T, live, lane, [&](int k) {
+    const int4 av = a[k], gv = gr[k];
+    const F* ae = reinterpret_cast<const F*>(&av);
+    const F* ge = reinterpret_cast<const F*>(&gv);
     int4 out;
     F* o = reinterpret_cast<F*>(&out);
-    if (k < live) {
-      const int4 av = a[k], gv = gr[k];
-      const F* ae = reinterpret_cast<const F*>(&av);
-      const F* ge = reinterpret_cast<const F*>(&gv);
 #pragma unroll
-      for (int j = 0; j < P; ++j) {
-        o[j] = Store<F>(k * P + j <= t ? Load(ae[j]) * (Load(ge[j]) - dot) * scale : 0.0f);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < P; ++j) o[j] = Store<F>(0.0f);
+    for (int j = 0; j < P; ++j) {
+      o[j] = Store<F>(k * P + j <= t ? Load(ae[j]) * (Load(ge[j]) - dot) * scale : 0.0f);
     }
-    gr[k] = out;
-  }
+    return out;
+  });
 }
 
 }  // namespace
