@@ -18,7 +18,10 @@
 // Without a CUDA device it says so and exits 0, having run nothing.
 //
 // --ranks N adds N data-parallel ranks sharing the GPU (threads, Gloo
-// through the host, the same global batch): the staging cost, stated.
+// through the host, the same global batch): the staging cost, stated; under
+// each ZeRO stage of --zero (default 0, DDP). --offload adds one rank with
+// parallel.offload: optimizer (AdamW on the host): its step time and device
+// memory next to the plain rank's.
 // --kernels B profiles a warm-up and 2 steps at batch B under Nsight Compute
 // (ncu, when installed: the toolkit's) and prints the time per kernel
 // family; --ncu-csv FILE prints that table from a saved profile.
@@ -26,6 +29,7 @@
 // Usage: gpu_train_bench [--batch 16,32] [--steps 20] [--warmup 3]
 //                        [--peer torch|none] [--compile] [--peak-tflops 989.4]
 //                        [--data FILE] [--peer-dir DIR] [--kernels B] [--ranks N]
+//                        [--zero 0,3] [--offload]
 //        gpu_train_bench --ncu-csv FILE [--ncu-steps 2]
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -65,6 +69,23 @@ struct Options {
   std::string data = SHARDTRAIN_FORTUNES_PATH;
   std::string peer_dir = SHARDTRAIN_BENCH_DIR;  // where gpu_train_torch_peer.py is
   int ranks = 1;  // > 1: also that many ranks sharing the GPU (Gloo through the host)
+  std::vector<int> zeros = {0};  // the ZeRO stages of those ranks' rows
+  bool offload = false;          // also one rank with the optimizer on the host
+};
+
+// One row's layout of ours: ranks sharing GPU 0, their ZeRO stage, offload.
+struct Variant {
+  int ranks = 1;
+  int zero = 0;
+  bool offload = false;
+  std::string Name() const {
+    if (ranks == 1 && zero == 0 && !offload) return "shardtrain";
+    std::string name = "shardtrain";
+    if (ranks > 1) absl::StrAppend(&name, " dp", ranks);
+    if (zero > 0) absl::StrAppend(&name, " z", zero);
+    if (offload) absl::StrAppend(&name, " offload");
+    return name;
+  }
 };
 
 struct Row {
@@ -103,18 +124,20 @@ absl::StatusOr<double> TimeSteps(worker::Trainer& trainer, const Options& o) {
   return timed_ms / o.steps;
 }
 
-// `batch` sequences per step on `ranks` ranks sharing GPU 0 (threads, dp =
+// `batch` sequences per step on v.ranks ranks sharing GPU 0 (threads, dp =
 // ranks, Gloo through the host: the staging cost against one rank).
-absl::StatusOr<Row> RunOurs(const Options& o, int batch, int ranks, double* flops_per_token) {
+absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
+                            double* flops_per_token) {
+  const int ranks = v.ranks;
   absl::StatusOr<JobSpec> spec = SpecFor(o, batch);
   if (!spec.ok()) return spec.status();
-  if (ranks > 1) {
-    spec = ParseJobSpec(JobSpecToYaml(*spec), {absl::StrCat("parallel.dp=", ranks),
-                                               absl::StrCat("batch.micro=", batch / ranks),
-                                               absl::StrCat("resources.min_workers=", ranks),
-                                               absl::StrCat("resources.max_workers=", ranks)});
-    if (!spec.ok()) return spec.status();
-  }
+  spec = ParseJobSpec(
+      JobSpecToYaml(*spec),
+      {absl::StrCat("parallel.dp=", ranks), absl::StrCat("batch.micro=", batch / ranks),
+       absl::StrCat("resources.min_workers=", ranks), absl::StrCat("resources.max_workers=", ranks),
+       absl::StrCat("parallel.zero=", v.zero),
+       absl::StrCat("parallel.offload=", v.offload ? "optimizer" : "none")});
+  if (!spec.ok()) return spec.status();
   size_t free_before = 0, free_after = 0, total = 0;
   cudaMemGetInfo(&free_before, &total);
   absl::StatusOr<double> ms = absl::InternalError("no rank ran");
@@ -158,7 +181,7 @@ absl::StatusOr<Row> RunOurs(const Options& o, int batch, int ranks, double* flop
   }
   if (!ms.ok()) return ms.status();
   cudaMemGetInfo(&free_after, &total);
-  Row row{ranks == 1 ? "shardtrain" : absl::StrCat("shardtrain dp", ranks, " 1 GPU"), batch};
+  Row row{v.Name(), batch};
   row.ms = *ms;
   row.tok_s = batch * 1024.0 / (row.ms / 1e3);
   row.mem_gib = (double(free_before) - double(free_after)) / double(1ull << 30);
@@ -317,6 +340,12 @@ int Main(int argc, char** argv) {
                  "N > 1: also N data-parallel ranks sharing the GPU (threads, Gloo through the "
                  "host), the same global batch: the staging cost next to one rank")
       ->check(CLI::PositiveNumber);
+  app.add_option("--zero", o.zeros, "ZeRO stages of the --ranks rows (0: DDP)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 3))
+      ->capture_default_str();
+  app.add_flag("--offload", o.offload,
+               "also one rank with parallel.offload: optimizer (AdamW on the host)");
   int kernels_batch = 0;
   app.add_option("--kernels", kernels_batch,
                  "B: also profile a warm-up and 2 steps at batch B under Nsight Compute (ncu) "
@@ -356,10 +385,15 @@ int Main(int argc, char** argv) {
   std::vector<Row> rows;
   double flops_per_token = 0;
   for (int b : o.batches) {
-    for (int ranks : o.ranks > 1 ? std::vector<int>{1, o.ranks} : std::vector<int>{1}) {
-      absl::StatusOr<Row> r = RunOurs(o, b, ranks, &flops_per_token);
+    std::vector<Variant> variants = {Variant{}};
+    if (o.ranks > 1) {
+      for (int z : o.zeros) variants.push_back(Variant{o.ranks, z, false});
+    }
+    if (o.offload) variants.push_back(Variant{1, 0, true});
+    for (const Variant& v : variants) {
+      absl::StatusOr<Row> r = RunOurs(o, b, v, &flops_per_token);
       if (!r.ok()) {
-        std::fprintf(stderr, "gpu_train_bench: B=%d, %d ranks: %s\n", b, ranks,
+        std::fprintf(stderr, "gpu_train_bench: B=%d, %s: %s\n", b, v.Name().c_str(),
                      std::string(r.status().message()).c_str());
         return 1;
       }
@@ -372,7 +406,7 @@ int Main(int argc, char** argv) {
       for (Row& r : RunTorch(o, mode)) rows.push_back(r);
     }
   }
-  std::printf("\n%-18s %4s %10s %9s %7s %9s %14s\n", "who", "B", "tok/s", "ms/step", "MFU",
+  std::printf("\n%-24s %4s %10s %9s %7s %9s %14s\n", "who", "B", "tok/s", "ms/step", "MFU",
               "mem GiB", "ours/this row");
   for (const Row& r : rows) {
     double ours = 0;
@@ -380,13 +414,14 @@ int Main(int argc, char** argv) {
       if (s.who == "shardtrain" && s.batch == r.batch) ours = s.tok_s;
     }
     const double mfu = r.tok_s * flops_per_token / (o.peak_tflops * 1e12);
-    std::printf("%-18s %4d %10.0f %9.2f %6.1f%% %9.2f %13.3fx\n", r.who.c_str(), r.batch, r.tok_s,
+    std::printf("%-24s %4d %10.0f %9.2f %6.1f%% %9.2f %13.3fx\n", r.who.c_str(), r.batch, r.tok_s,
                 r.ms, 100 * mfu, r.mem_gib, r.tok_s > 0 ? ours / r.tok_s : 0.0);
   }
   std::printf(
       "(FLOPs/token %.3g; MFU over %.1f TFLOP/s; mem: shardtrain = cudaMemGetInfo delta, "
-      "pytorch = max_memory_allocated; on a dpN row, ours/this row is one rank's speed over N "
-      "ranks sharing the GPU: the cost of staging through the host)\n",
+      "pytorch = max_memory_allocated; on a dpN row (zK: ZeRO-K), ours/this row is one rank's "
+      "speed over N ranks sharing the GPU: the cost of staging through the host; on the offload "
+      "row, the cost of AdamW on the host)\n",
       flops_per_token, o.peak_tflops);
   if (kernels_batch > 0) {
     const std::string ncu = FindNcu();

@@ -120,6 +120,7 @@ absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpe
       ReadBool(n, "parallel", "reshard_after_forward", &p->reshard_after_forward));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "bucket_mb", 1, &p->bucket_mb));
   SHARDTRAIN_RETURN_IF_ERROR(ReadBool(n, "parallel", "sequence_parallel", &p->sequence_parallel));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "parallel", "comm", si::kCommBackends, &p->comm));
   if (p->sequence_parallel && p->tp < 2) {
     return FieldError("parallel.sequence_parallel", "needs parallel.tp > 1 (tp is ", p->tp, ")");
   }
@@ -219,6 +220,10 @@ absl::Status ParseEval(const Node& root, const DataSpec& data, int steps, EvalSp
 absl::Status ParseResources(const Node& root, const ParallelSpec& par, ResourcesSpec* r) {
   SHARDTRAIN_ASSIGN_OR_RETURN(Node n, Section(root, "resources"));
   SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "resources", "device", si::kDevices, &r->device));
+  if (par.comm == CommBackend::kNccl && r->device != DeviceKind::kCuda) {
+    return FieldError("parallel.comm", "nccl needs resources.device: cuda (NCCL moves GPU memory; ",
+                      "CPU ranks use gloo)");
+  }
   const int world = par.dp * par.tp * par.pp;
   r->min_workers = world;
   r->max_workers = world;

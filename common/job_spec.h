@@ -32,6 +32,7 @@ namespace shardtrain {
 enum class DataFormat { kText, kLlmc };                 // "text" | "llmc"
 enum class TokenizerKind { kByte, kGpt2 };              // "byte" | "gpt2"
 enum class OffloadMode { kNone, kOptimizer };           // "none" | "optimizer"
+enum class CommBackend { kAuto, kGloo, kNccl };         // "auto" | "gloo" | "nccl"
 enum class PipelineSchedule { kGpipe, k1F1B };          // "gpipe" | "1f1b"
 enum class Precision { kFp32, kBf16, kFp16 };           // "fp32" | "bf16" | "fp16"
 enum class OptimizerKind { kAdamW };                    // "adamw"
@@ -43,6 +44,7 @@ using model::Recompute;                                 // "none" | "selective" 
 std::string_view EnumName(DataFormat v);
 std::string_view EnumName(TokenizerKind v);
 std::string_view EnumName(OffloadMode v);
+std::string_view EnumName(CommBackend v);
 std::string_view EnumName(PipelineSchedule v);
 std::string_view EnumName(Precision v);
 std::string_view EnumName(OptimizerKind v);
@@ -106,6 +108,10 @@ struct ParallelSpec {
   // batch.micro · batch.seq_len); activations outside the tp region / tp.
   bool sequence_parallel = false;
   int bucket_mb = 25;  // gradient bucket size for all-reduce, MiB (> 0)
+  // The ranks' collectives: Gloo over TCP on host memory (GPU ranks copy
+  // through the host: how several ranks share one GPU), or NCCL on device
+  // memory (GPU ranks only, one GPU each). auto: gloo for now.
+  CommBackend comm = CommBackend::kAuto;
 };
 
 struct OptimizerSpec {

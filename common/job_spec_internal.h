@@ -23,6 +23,8 @@ inline const EnumTable<TokenizerKind> kTokenizers = {{"byte", TokenizerKind::kBy
                                                      {"gpt2", TokenizerKind::kGpt2}};
 inline const EnumTable<OffloadMode> kOffloadModes = {{"none", OffloadMode::kNone},
                                                      {"optimizer", OffloadMode::kOptimizer}};
+inline const EnumTable<CommBackend> kCommBackends = {
+    {"auto", CommBackend::kAuto}, {"gloo", CommBackend::kGloo}, {"nccl", CommBackend::kNccl}};
 inline const EnumTable<PipelineSchedule> kPipelineSchedules = {{"gpipe", PipelineSchedule::kGpipe},
                                                                {"1f1b", PipelineSchedule::k1F1B}};
 inline const EnumTable<Precision> kPrecisions = {

@@ -34,7 +34,8 @@ const std::vector<absl::string_view> kParallelKeys = {"dp",        "tp",
                                                       "pp",        "stages",
                                                       "zero",      "offload",
                                                       "schedule",  "reshard_after_forward",
-                                                      "bucket_mb", "sequence_parallel"};
+                                                      "bucket_mb", "sequence_parallel",
+                                                      "comm"};
 const std::vector<absl::string_view> kOptimizerKeys = {"name",         "lr",       "min_lr",
                                                        "betas",        "eps",      "weight_decay",
                                                        "warmup_steps", "schedule", "grad_clip"};

@@ -223,10 +223,12 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
 
   Estimate e;
   v1::MemoryEstimate& mem = e.memory;
-  int64_t emb = 0, largest_block = 0;
+  const bool through_host = StateThroughHost(spec);
+  int64_t emb = 0, largest_block = 0, host = 0;
   for (size_t i = 0; i < shape.local_numel.size(); ++i) {
     const int64_t n = shape.local_numel[i];
-    const ModelStateBytes b = ZeroMemoryBytes(n, dp, zero, per);
+    const ModelStateBytes b = through_host ? GpuThroughHostBytes(n, dp, zero, per, &host)
+                                           : ZeroMemoryBytes(n, dp, zero, per);
     mem.set_params_bytes(mem.params_bytes() + b.params);
     mem.set_grads_bytes(mem.grads_bytes() + b.grads);
     mem.set_optimizer_bytes(mem.optimizer_bytes() + b.optimizer);
@@ -253,9 +255,10 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   // reduce-scattered — plus, for ZeRO-3, the gathered parameters
   // (GatheredPeak). Reported as the sum of the two peaks, which bounds their
   // simultaneous peak.
+  // (Through the host, the engine's whole buffers hold the units.)
   int64_t working = 0;
-  if (zero >= 2) working += gb * (emb + (dp > 1 ? 2 : 1) * largest_block);
-  if (zero == 3) working += pb * GatheredPeak(shape, reshard);
+  if (zero >= 2 && !through_host) working += gb * (emb + (dp > 1 ? 2 : 1) * largest_block);
+  if (zero == 3 && !through_host) working += pb * GatheredPeak(shape, reshard);
   mem.set_working_bytes(working);
   // Communication buffers. Collectives run in place on the model's buffers;
   // ZeRO-2/3 with gradient accumulation receive each micro-batch's
@@ -274,7 +277,7 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
     if (zero >= 2 && m > 1) {
       int64_t shard = 0;
       for (int64_t n : shape.local_numel) shard += BusiestShard(n, dp);
-      bytes += shard * gb;
+      (through_host ? host : bytes) += shard * gb;
     }
     if (spec.resources.device == DeviceKind::kCpu) {
       constexpr int64_t kF32 = 4;
@@ -285,8 +288,8 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
     }
     mem.set_comm_buffer_bytes(bytes);
   }
-  const bool offload = spec.parallel.offload == OffloadMode::kOptimizer;
-  if (offload) mem.set_host_bytes(mem.optimizer_bytes());
+  const bool offload = spec.parallel.offload == OffloadMode::kOptimizer || through_host;
+  if (offload) mem.set_host_bytes(through_host ? host : mem.optimizer_bytes());
   mem.set_total_bytes(mem.params_bytes() + mem.grads_bytes() +
                       (offload ? 0 : mem.optimizer_bytes()) + mem.activations_bytes() +
                       mem.comm_buffer_bytes() + mem.working_bytes());
@@ -383,6 +386,26 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
 StateBytesPerElement EngineStateBytes(Precision precision) {
   if (!IsMixed(precision)) return {4, 4, 8};
   return {2, 4, 12};
+}
+
+bool StateThroughHost(const JobSpec& spec) {
+  return spec.resources.device == DeviceKind::kCuda && spec.parallel.comm != CommBackend::kNccl &&
+         (spec.parallel.zero >= 1 || spec.parallel.offload == OffloadMode::kOptimizer);
+}
+
+ModelStateBytes GpuThroughHostBytes(int64_t num_params, int dp, int stage,
+                                    const StateBytesPerElement& per, int64_t* host) {
+  const int64_t n = num_params, shard = stage >= 1 ? BusiestShard(n, dp) : n;
+  ModelStateBytes b;
+  // The device: the engine's whole buffers — parameters (the compute copy,
+  // and under mixed precision the fp32 master beside it) and gradients.
+  b.params = per.params * n + (per.optimizer - 8) * n;
+  b.grads = per.grads * n;
+  // The host: AdamW's m and v of the shard, fp32 copies of the whole
+  // parameters and gradients, the gradient shard (2-3), the parameter shard (3).
+  b.optimizer = 8 * shard;
+  *host += b.optimizer + 8 * n + (stage >= 2 ? 4 * shard : 0) + (stage == 3 ? 4 * shard : 0);
+  return b;
 }
 
 ModelStateBytes ZeroMemoryBytes(int64_t num_params, int dp, int stage,

@@ -71,6 +71,24 @@ struct ModelStateBytes {
 ModelStateBytes ZeroMemoryBytes(int64_t num_params, int dp, int stage,
                                 const StateBytesPerElement& per);
 
+// GPU ranks keep their model state through the host when they run ZeRO
+// through Gloo or offload the optimizer (parallel::Zero's and Ddp's host
+// paths): true for resources.device cuda, parallel.comm not nccl, with
+// parallel.zero >= 1 or parallel.offload optimizer. (parallel.comm: nccl is
+// planned as ZeRO's shards on the devices, the design; the workers refuse it
+// for now.)
+bool StateThroughHost(const JobSpec& spec);
+// Where that state lies, for `num_params` elements under `stage`: returned,
+// the device's — the engine's whole buffers (a CUDA Buffer::Release zeroes a
+// range, it does not give it back): params = the compute copy plus, under
+// mixed precision, the fp32 master; grads whole; optimizer = AdamW's m and v
+// of the shard, which live on the host. Added to *host: m and v, fp32 host
+// copies of the whole parameters and gradients (the collectives' and the
+// host step's), the gradient shard (stages 2-3) and the parameter shard (3).
+// Stage 0 (DDP with the optimizer offloaded): the shard is the whole.
+ModelStateBytes GpuThroughHostBytes(int64_t num_params, int dp, int stage,
+                                    const StateBytesPerElement& per, int64_t* host);
+
 // FLOPs one rank of a pipeline stage's slice computes per micro-batch of
 // B·T tokens (N = B·T, Ct = C/tp, Ls the slice's layers, Vp the padded
 // vocabulary):

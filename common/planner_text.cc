@@ -129,10 +129,14 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
                         spec.model.layers, spec.model.heads, spec.model.dim, spec.model.context,
                         spec.model.vocab, model::PaddedVocab(spec.model.vocab),
                         Thousands(plan.num_params()));
-  absl::StrAppendFormat(&out, "ZeRO-%d: %s; precision %s%s\n", plan.zero_stage(),
+  absl::StrAppendFormat(&out, "ZeRO-%d: %s; precision %s%s%s\n", plan.zero_stage(),
                         ZeroWhat(plan.zero_stage()), std::string(EnumName(spec.precision)),
                         spec.parallel.offload == OffloadMode::kOptimizer
                             ? "; optimizer state offloaded to host memory"
+                            : "",
+                        StateThroughHost(spec)
+                            ? "; GPU ranks: through the host (Gloo), the device keeps the "
+                              "whole model, the host the shards and the optimizer"
                             : "");
   absl::StrAppendFormat(&out, "activations: recompute %s%s\n", RecomputeWhat(spec.model),
                         spec.parallel.sequence_parallel
@@ -187,7 +191,7 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
 
   const v1::MemoryEstimate& mem = plan.memory_per_rank();
   absl::StrAppendFormat(&out, "\nmemory per rank (busiest stage), ZeRO-%d:\n", plan.zero_stage());
-  const bool offload = spec.parallel.offload == OffloadMode::kOptimizer;
+  const bool offload = spec.parallel.offload == OffloadMode::kOptimizer || StateThroughHost(spec);
   for (auto [what, b] :
        {std::pair<const char*, int64_t>{"params", mem.params_bytes()},
         {"grads", mem.grads_bytes()},

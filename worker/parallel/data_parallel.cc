@@ -10,16 +10,6 @@
 
 namespace shardtrain::parallel {
 
-absl::Status CheckHostFp32(engine::Engine& engine, const char* who) {
-  const engine::FlatView p = engine.params();
-  if (p.dtype != DataType::kFloat32 || p.device != DeviceKind::kCpu) {
-    return absl::UnimplementedError(absl::StrCat(
-        who, " keeps host fp32 parameters; this engine's are ", DataTypeName(p.dtype), " on ",
-        std::string(EnumName(p.device)), " (on GPUs, data parallelism is DDP: parallel.zero 0)"));
-  }
-  return absl::OkStatus();
-}
-
 double SquaredNormOutside(engine::FlatMath& math, const float* grads, size_t count, size_t offset,
                           const FlatRanges& skip) {
   double squared = 0;
@@ -85,7 +75,9 @@ absl::StatusOr<std::unique_ptr<DataParallel>> MakeDataParallel(const ParallelSpe
                                                                const optim::AdamWOptions& adamw,
                                                                comm::Communicator* comm) {
   if (parallel.zero == 0) {
-    auto ddp = Ddp::Create(engine, adamw, comm, size_t(parallel.bucket_mb) << 20);
+    auto ddp =
+        Ddp::Create(engine, adamw, comm, size_t(parallel.bucket_mb) << 20,
+                    /*stage_through_host=*/false, parallel.offload == OffloadMode::kOptimizer);
     if (!ddp.ok()) return ddp.status();
     return std::unique_ptr<DataParallel>(*std::move(ddp));
   }

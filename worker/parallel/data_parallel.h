@@ -189,11 +189,6 @@ double SquaredNormOutside(engine::FlatMath& math, const float* grads, size_t cou
 // Collective.
 absl::StatusOr<double> SumOverGroup(comm::Communicator* comm, double local);
 
-// OK when the engine's parameters are host fp32, which DDP and ZeRO step on
-// the host today; UNIMPLEMENTED naming `who` and the engine's type and device
-// otherwise.
-absl::Status CheckHostFp32(engine::Engine& engine, const char* who);
-
 // The strategy a job's parallel section asks for (zero 0: DDP, 1-3: ZeRO)
 // over `comm` (the data-parallel group; null or of size 1 when dp == 1).
 // engine and comm must outlive the result.

@@ -23,7 +23,7 @@ int GroupRank(const comm::Communicator* comm) { return comm == nullptr ? 0 : com
 absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(engine::Engine* engine,
                                                  const optim::AdamWOptions& adamw,
                                                  comm::Communicator* comm, size_t bucket_bytes,
-                                                 bool stage_through_host) {
+                                                 bool stage_through_host, bool offload_optimizer) {
   if (engine == nullptr) return absl::InvalidArgumentError("Ddp: null engine");
   // Each rank steps wherever the engine keeps its fp32 master (the host or
   // a GPU, through the engine's FlatMath); across ranks, gradients off the
@@ -31,25 +31,42 @@ absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(engine::Engine* engine,
   if (engine->params().dtype != DataType::kFloat32) {
     return absl::InvalidArgumentError("DDP: the engine's parameters are not its fp32 master");
   }
+  // The optimizer offloaded from a GPU steps a host copy of the master.
+  const bool host_master =
+      offload_optimizer && (stage_through_host || engine->params().device != DeviceKind::kCpu);
   const bool staged =
-      GroupSize(comm) > 1 && (stage_through_host || engine->grads().device != DeviceKind::kCpu);
+      host_master ||
+      (GroupSize(comm) > 1 && (stage_through_host || engine->grads().device != DeviceKind::kCpu));
   if (bucket_bytes == 0) return absl::InvalidArgumentError("parallel.bucket_mb: must be >= 1");
   auto a = optim::AdamW::Create(engine->layout(), 0, engine->layout().num_params(), adamw,
-                                &engine->math());
+                                host_master ? nullptr : &engine->math());
   if (!a.ok()) return a.status();
   const size_t bucket_elems = std::max<size_t>(1, bucket_bytes / sizeof(float));
-  return std::unique_ptr<Ddp>(
-      new Ddp(engine, *std::move(a), GroupSize(comm) > 1 ? comm : nullptr, bucket_elems, staged));
+  return std::unique_ptr<Ddp>(new Ddp(engine, *std::move(a), GroupSize(comm) > 1 ? comm : nullptr,
+                                      bucket_elems, staged, offload_optimizer, host_master));
 }
 
 Ddp::Ddp(engine::Engine* engine, optim::AdamW adamw, comm::Communicator* comm, size_t bucket_elems,
-         bool staged)
+         bool staged, bool offload, bool host_master)
     : engine_(engine),
       adamw_(std::move(adamw)),
       comm_(comm),
       bucket_elems_(bucket_elems),
-      staged_(staged) {
+      staged_(staged),
+      offload_(offload),
+      host_master_(host_master),
+      host_math_(engine->host_pool()) {
   if (staged_) host_grads_.resize(engine_->grads().count);
+  if (host_master_) host_params_.resize(engine_->params().count);
+}
+
+void Ddp::InitParams(uint64_t seed) {
+  engine_->InitParams(seed);
+  if (host_master_) {
+    engine_->math().CopyToHost(host_params_.data(),
+                               static_cast<const float*>(engine_->params().data),
+                               host_params_.size());
+  }
 }
 
 float* Ddp::BucketBase() { return staged_ ? host_grads_.data() : engine_->grads().f32().data(); }
@@ -111,31 +128,40 @@ absl::Status Ddp::FinishAllReduce(StepStats* stats) {
   }
   inflight_.clear();
   const engine::FlatView grads = engine_->grads();
-  if (staged_) {
-    engine_->math().CopyFromHost(static_cast<float*>(grads.data), host_grads_.data(), grads.count);
-  }
   const int n = comm_->size();
   stats->comm_bytes += int64_t(grads.bytes()) * 2 * (n - 1) / n;
   // Summed over dp; the mean gradient of the global batch is sum / dp.
+  if (host_master_) {  // the optimizer reads them where they are
+    host_math_.Scale(host_grads_.data(), host_grads_.size(), 1.0f / n);
+    return absl::OkStatus();
+  }
+  if (staged_) {
+    engine_->math().CopyFromHost(static_cast<float*>(grads.data), host_grads_.data(), grads.count);
+  }
   engine_->math().Scale(static_cast<float*>(grads.data), grads.count, 1.0f / n);
   return absl::OkStatus();
 }
 
 absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) {
   StepStats stats;
+  const engine::FlatView g = engine_->grads();
   if (comm_ != nullptr) {
     if (absl::Status s = FinishAllReduce(&stats); !s.ok()) return s;
+  } else if (host_master_) {
+    engine_->math().CopyToHost(host_grads_.data(), static_cast<const float*>(g.data), g.count);
   }
-  engine::FlatMath& math = engine_->math();
-  const engine::FlatView g = engine_->grads();
-  float* grads = static_cast<float*>(g.data);
+  // Where the optimizer steps: the engine's memory, or the host's.
+  engine::FlatMath& math = host_master_ ? host_math_ : engine_->math();
+  float* grads = host_master_ ? host_grads_.data() : static_cast<float*>(g.data);
+  float* params = host_master_ ? host_params_.data() : static_cast<float*>(engine_->params().data);
+  // Only CPU ranks (and offloaded ones) have tied or tp parts: a GPU rank's
+  // gradients are never viewed as host memory.
+  const auto host_grads = [&] { return host_master_ ? absl::MakeSpan(host_grads_) : g.f32(); };
   if (mp_.sum_tied && mp_.tied_end > 0) {
-    if (absl::Status s = mp_.sum_tied(g.f32().subspan(0, mp_.tied_end)); !s.ok()) return s;
+    if (absl::Status s = mp_.sum_tied(host_grads().subspan(0, mp_.tied_end)); !s.ok()) return s;
   }
-  // Only with tp partials (CPU ranks): a GPU rank's gradients are never
-  // viewed as host memory.
   if (mp_.has_tp_partials()) {
-    if (absl::Status s = SumTpPartials(mp_, g.f32(), 0); !s.ok()) return s;
+    if (absl::Status s = SumTpPartials(mp_, host_grads(), 0); !s.ok()) return s;
   }
   double squared = SquaredNormOutside(math, grads, g.count, 0, mp_.norm_skip);
   if (mp_.sum_squares) {
@@ -154,7 +180,10 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) 
   if (const float scale = optim::ClipScale(norm, max_norm) / loss_scale; scale != 1.0f) {
     math.Scale(grads, g.count, scale);
   }
-  adamw_.Step(static_cast<float*>(engine_->params().data), grads, lr, /*zero_grads=*/false);
+  adamw_.Step(params, grads, lr, /*zero_grads=*/false);
+  if (host_master_) {
+    engine_->math().CopyFromHost(static_cast<float*>(engine_->params().data), params, g.count);
+  }
   return stats;
 }
 
@@ -191,6 +220,7 @@ absl::Status Ddp::Restore(absl::Span<const float> params, absl::Span<const float
                                                    " parameters"));
   }
   engine_->math().CopyFromHost(static_cast<float*>(engine_->params().data), params.data(), n);
+  if (host_master_) host_params_.assign(params.begin(), params.end());
   adamw_.SetState(m, v);
   adamw_.set_step(optimizer_step);
   return absl::OkStatus();
@@ -203,7 +233,11 @@ ModelStateMemory Ddp::memory() const {
   mem.params = measure_ ? params.ResidentBytes() : int64_t(params.bytes());
   mem.grads = measure_ ? grads.ResidentBytes() : int64_t(grads.bytes());
   mem.optimizer = int64_t(2 * adamw_.count() * sizeof(float));  // m and v, wherever they live
-  return mem;  // the all-reduces run in place on the gradient buffer
+  mem.optimizer_on_host = offload_;
+  // Staged, the host copies exist for the all-reduce and the offloaded step;
+  // otherwise the all-reduces run in place on the gradient buffer.
+  mem.comm_buffers = int64_t((host_grads_.size() + host_params_.size()) * sizeof(float));
+  return mem;
 }
 
 }  // namespace shardtrain::parallel

@@ -13,6 +13,13 @@
 // buffer once backward is done, all-reduced there in the same buckets and
 // copied back; no overlap with backward yet.
 //
+// offload_optimizer (parallel.offload: optimizer): on an engine off the
+// host, AdamW's m and v and its update live in host memory over a host copy
+// of the fp32 master — the gradients come out once per step (as staged), the
+// clipped update runs on the host and the parameters go back. On a host
+// engine nothing moves (they are there anyway); memory() says where the
+// optimizer state is either way.
+//
 // Evaluation needs nothing of it: every rank holds the whole model, so a
 // forward-only pass just runs; EndEval sums the losses over dp.
 //
@@ -27,6 +34,7 @@
 #include <memory>
 #include <vector>
 
+#include "worker/engine/flat_math.h"
 #include "worker/optim/adamw.h"
 #include "worker/parallel/data_parallel.h"
 
@@ -37,15 +45,17 @@ class Ddp final : public DataParallel {
   // engine and comm must outlive the Ddp; comm null (or of size 1) means
   // dp = 1. The engine's parameters must be its fp32 master; across ranks,
   // gradients off the host are staged through it. `stage_through_host`
-  // stages host gradients too (the GPU path's logic, testable on a CPU).
+  // stages host gradients too, and offloads a host engine's optimizer as
+  // one off the host (the GPU paths' logic, testable on a CPU).
   // bucket_bytes > 0.
   static absl::StatusOr<std::unique_ptr<Ddp>> Create(engine::Engine* engine,
                                                      const optim::AdamWOptions& adamw,
                                                      comm::Communicator* comm, size_t bucket_bytes,
-                                                     bool stage_through_host = false);
+                                                     bool stage_through_host = false,
+                                                     bool offload_optimizer = false);
   ~Ddp() override;
 
-  void InitParams(uint64_t seed) override { engine_->InitParams(seed); }
+  void InitParams(uint64_t seed) override;
   void BeginMicroBatch(int micro, int accum) override;
   absl::Status EndMicroBatch() override;
   absl::StatusOr<StepStats> Step(float lr, float max_norm, float loss_scale = 1.0f) override;
@@ -68,7 +78,7 @@ class Ddp final : public DataParallel {
 
  private:
   Ddp(engine::Engine* engine, optim::AdamW adamw, comm::Communicator* comm, size_t bucket_elems,
-      bool staged);
+      bool staged, bool offload, bool host_master);
   // The buffer the buckets are all-reduced in: the gradients, or their
   // host copy when staged.
   float* BucketBase();
@@ -77,7 +87,6 @@ class Ddp final : public DataParallel {
   void LaunchBuckets(size_t offset, bool flush);
   // Waits for the launched buckets, then averages over dp.
   absl::Status FinishAllReduce(StepStats* stats);
-  // The elements of SaveRanges() of a whole-buffer span.
 
   engine::Engine* const engine_;
   optim::AdamW adamw_;              // the whole buffer
@@ -87,8 +96,14 @@ class Ddp final : public DataParallel {
   std::vector<std::shared_ptr<comm::Work>> inflight_;
   bool measure_ = false;
   ModelParallelGrads mp_;
-  const bool staged_;              // all-reduce through host_grads_
+  const bool staged_;              // the gradients through host_grads_
   std::vector<float> host_grads_;  // staged: the gradients' host copy
+  const bool offload_;             // parallel.offload: optimizer (accounting)
+  // The optimizer steps host_params_ (the master's host copy) with
+  // host_grads_ and copies the result to the engine: offload off the host.
+  const bool host_master_;
+  std::vector<float> host_params_;
+  engine::HostFlatMath host_math_;
 };
 
 }  // namespace shardtrain::parallel

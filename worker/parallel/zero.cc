@@ -34,9 +34,24 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
                                                    " — Zero handles stages 1..3 (0 is plain DDP)"));
   }
   if (engine == nullptr) return absl::InvalidArgumentError("Zero: null engine");
-  if (auto s = CheckHostFp32(*engine, "ZeRO"); !s.ok()) return s;
-  std::unique_ptr<Zero> z(new Zero(options, engine, comm));
+  if (engine->params().dtype != DataType::kFloat32 || engine->grads().dtype != DataType::kFloat32) {
+    return absl::UnimplementedError(absl::StrCat(
+        "ZeRO keeps fp32 parameters and gradients; this engine's are ",
+        DataTypeName(engine->params().dtype), " and ", DataTypeName(engine->grads().dtype)));
+  }
+  const bool staged = options.stage_through_host || engine->params().device != DeviceKind::kCpu ||
+                      engine->grads().device != DeviceKind::kCpu;
+  std::unique_ptr<Zero> z(new Zero(options, engine, comm, staged));
   const model::ParamLayout& layout = engine->layout();
+  if (staged) {
+    z->host_params_.assign(layout.num_params(), 0.0f);
+    z->host_grads_.assign(layout.num_params(), 0.0f);
+    z->params_ = z->host_params_.data();
+    z->grads_ = z->host_grads_.data();
+  } else {
+    z->params_ = engine->param_buffer().as<float>();
+    z->grads_ = engine->grad_buffer().as<float>();
+  }
   for (const model::UnitInfo& info : layout.units()) {
     Unit u;
     u.offset = info.offset;
@@ -81,12 +96,24 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
   return z;
 }
 
-Zero::Zero(const ZeroOptions& options, engine::Engine* engine, comm::Communicator* comm)
+Zero::Zero(const ZeroOptions& options, engine::Engine* engine, comm::Communicator* comm,
+           bool staged)
     : options_(options),
       engine_(engine),
       comm_(comm != nullptr && comm->size() > 1 ? comm : nullptr),
       dp_(comm_ == nullptr ? 1 : comm_->size()),
-      rank_(comm_ == nullptr ? 0 : comm_->rank()) {}
+      rank_(comm_ == nullptr ? 0 : comm_->rank()),
+      staged_(staged) {}
+
+void Zero::PushParams(size_t offset, size_t n) {
+  if (!staged_ || n == 0) return;
+  engine_->math().CopyFromHost(engine_->param_buffer().as<float>() + offset, params_ + offset, n);
+}
+
+void Zero::PullGrads(size_t offset, size_t n) {
+  if (!staged_ || n == 0) return;
+  engine_->math().CopyToHost(grads_ + offset, engine_->grad_buffer().as<float>() + offset, n);
+}
 
 Zero::~Zero() {
   // Never leave an op writing into buffers that are about to be freed.
@@ -117,12 +144,25 @@ int64_t Zero::TakeCommBytes() { return std::exchange(comm_bytes_, 0); }
 void Zero::InitParams(uint64_t seed) {
   if (options_.stage < 3) {
     engine_->InitParams(seed);
+    if (staged_) {
+      engine_->math().CopyToHost(params_, engine_->param_buffer().as<float>(),
+                                 engine_->layout().num_params());
+    }
     return;
   }
   for (Unit& u : units_) {
-    const size_t begin = u.offset + u.own.begin;
-    engine_->InitParamsInto(seed, begin, begin + u.own.size(),
-                            shard_params_.data() + u.shard_offset);
+    const size_t begin = u.offset + u.own.begin, n = u.own.size();
+    float* shard = shard_params_.data() + u.shard_offset;
+    if (!staged_) {
+      engine_->InitParamsInto(seed, begin, begin + n, shard);
+      continue;
+    }
+    // InitParamsInto writes the engine's memory: through the (released)
+    // range the shard comes from, which is released again after.
+    float* through = engine_->param_buffer().as<float>() + begin;
+    engine_->InitParamsInto(seed, begin, begin + n, through);
+    engine_->math().CopyToHost(shard, through, n);
+    engine_->param_buffer().Release(begin, n);
   }
 }
 
@@ -150,7 +190,8 @@ void Zero::BeginMicroBatch(int micro, int accum) {
     engine_->set_param_hook([this](int unit, bool begin) { OnParamUse(unit, begin); });
   }
   // Stage 1 accumulates locally and reduces during the last backward only.
-  if (options_.stage >= 2 || (micro == accum - 1 && comm_ != nullptr)) {
+  // Staged, the last backward also copies the gradients to the host mirror.
+  if (options_.stage >= 2 || (micro == accum - 1 && (comm_ != nullptr || staged_))) {
     engine_->set_grads_ready_hook([this](size_t offset) { OnGradsReady(offset); });
   }
 }
@@ -229,11 +270,11 @@ void Zero::Gather(Unit& u) {
   u.state = Unit::State::kGathering;
   live_param_elems_ += u.numel;
   peak_live_param_elems_ = std::max(peak_live_param_elems_, live_param_elems_);
-  float* out = engine_->param_buffer().as<float>() + u.offset;
+  float* out = params_ + u.offset;
   const float* mine = shard_params_.data() + u.shard_offset;
   if (comm_ == nullptr) {
     std::memcpy(out, mine, u.numel * sizeof(float));
-    u.state = Unit::State::kGathered;
+    WaitGathered(u);  // nothing in flight: staged, the copy to the engine
     return;
   }
   const size_t body = u.body * dp_, tail = u.numel - body;
@@ -252,6 +293,7 @@ void Zero::Gather(Unit& u) {
 void Zero::WaitGathered(Unit& u) {
   if (u.state != Unit::State::kGathering) return;
   Wait(u.gather);
+  PushParams(u.offset, u.numel);
   u.state = Unit::State::kGathered;
 }
 
@@ -277,6 +319,7 @@ void Zero::OnGradsReady(size_t offset) {
     for (const Reduction& r : reductions_) alive += units_[r.unit].numel;
     peak_live_grad_elems_ = std::max(peak_live_grad_elems_, alive);
   }
+  PullGrads(it->offset, it->numel);
   Sample();
   LaunchReduction(unit);
   // Finish (and release the gradients of) reductions already done, in order.
@@ -293,7 +336,7 @@ void Zero::OnGradsReady(size_t offset) {
 void Zero::LaunchReduction(int unit) {
   Unit& u = units_[unit];
   Reduction r{unit, {}};
-  float* g = engine_->grad_buffer().as<float>() + u.offset;
+  float* g = grads_ + u.offset;
   if (comm_ != nullptr) {
     const size_t body = u.body * dp_, tail = u.numel - body;
     if (options_.stage == 1) {
@@ -321,7 +364,7 @@ void Zero::CompleteReduction(Reduction& r) {
   Wait(r.works);
   if (options_.stage == 1) return;  // the all-reduced gradient stays in place
   Unit& u = units_[r.unit];
-  const float* g = engine_->grad_buffer().as<float>() + u.offset;
+  const float* g = grads_ + u.offset;
   float* dst = shard_grads_.data() + u.shard_offset;
   const bool add = micro_ > 0;
   if (comm_ == nullptr) {
@@ -348,14 +391,14 @@ void Zero::Sample() {
 
 absl::Span<float> Zero::ShardGrad(const Unit& u) {
   if (options_.stage == 1) {
-    return engine_->grads().f32().subspan(u.offset + u.own.begin, u.own.size());
+    return absl::MakeSpan(grads_ + u.offset + u.own.begin, u.own.size());
   }
   return absl::MakeSpan(shard_grads_).subspan(u.shard_offset, u.own.size());
 }
 
 float* Zero::ShardParamPtr(Unit& u) {
   if (options_.stage == 3) return shard_params_.data() + u.shard_offset;
-  return engine_->param_buffer().as<float>() + u.offset + u.own.begin;
+  return params_ + u.offset + u.own.begin;
 }
 
 absl::StatusOr<double> Zero::SumOverRanks(double local) {
@@ -432,11 +475,14 @@ absl::StatusOr<double> Zero::StepShard(float lr, float max_norm, float loss_scal
 }
 
 absl::Status Zero::GatherAllParams() {
-  if (comm_ == nullptr) return absl::OkStatus();
+  const size_t n = engine_->layout().num_params();
+  if (comm_ == nullptr) {
+    PushParams(0, n);
+    return absl::OkStatus();
+  }
   std::vector<std::shared_ptr<comm::Work>> works;
-  float* params = engine_->param_buffer().as<float>();
   for (Unit& u : units_) {
-    float* out = params + u.offset;
+    float* out = params_ + u.offset;
     const size_t body = u.body * dp_, tail = u.numel - body;
     if (u.body > 0) {  // in place: this rank's block is already where it belongs
       works.push_back(
@@ -450,6 +496,7 @@ absl::Status Zero::GatherAllParams() {
     }
   }
   Wait(works);
+  if (status_.ok()) PushParams(0, n);
   return status_;
 }
 
@@ -465,7 +512,7 @@ std::vector<float> Zero::SaveParams() const {
   if (options_.stage == 3) return shard_params_;
   std::vector<float> out;
   out.reserve(shard_size_);
-  const float* p = engine_->params().f32().data();
+  const float* p = params_;
   for (const Unit& u : units_) {
     out.insert(out.end(), p + u.offset + u.own.begin, p + u.offset + u.own.end);
   }
@@ -510,14 +557,17 @@ ZeroMemory Zero::zero_memory() const {
   z.grads = options_.stage >= 2 ? int64_t(shard_grads_.size()) * kF32
                                 : int64_t(engine_->grad_buffer().bytes());
   for (const optim::AdamW& a : adamw_) z.optimizer += int64_t(a.m().size() + a.v().size()) * kF32;
-  z.comm_buffers = static_cast<int64_t>(reduce_scratch_.size()) * kF32;
+  // Staged, the host mirrors exist for the collectives only.
+  z.comm_buffers =
+      static_cast<int64_t>(reduce_scratch_.size() + host_params_.size() + host_grads_.size()) *
+      kF32;
   if (options_.stage == 3) {
     z.gathered = measure_ ? peak_gathered_bytes_ : int64_t(peak_live_param_elems_) * kF32;
   }
   if (options_.stage >= 2) {
     z.unit_grads = measure_ ? peak_unit_grad_bytes_ : int64_t(peak_live_grad_elems_) * kF32;
   }
-  z.optimizer_on_host = options_.offload_optimizer;
+  z.optimizer_on_host = options_.offload_optimizer || staged_;
   return z;
 }
 

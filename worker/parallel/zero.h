@@ -36,6 +36,18 @@
 //            memory. On a CPU worker that is where they are anyway: the
 //            option changes only the accounting (memory().host_bytes), the
 //            numbers are identical.
+//   staged   (an engine whose buffers are off the host — a GPU rank — or
+//            stage_through_host) ZeRO runs on host mirrors of the engine's
+//            parameter and gradient buffers, through a host communicator
+//            (Gloo), the way several ranks share one GPU: a unit's gradient
+//            is copied to the host when the engine reports it final, then
+//            reduced there; a gathered unit (stage 3) or the all-gathered
+//            parameters after a step (1-2) are copied to the engine before
+//            use. Shards and AdamW state live on the host (the optimizer is
+//            offloaded by construction). The numbers equal the unstaged run
+//            bit for bit (the same collectives on the same values). The
+//            engine's device buffers stay allocated whole: the device saves
+//            no memory yet (a CUDA Buffer::Release zeroes, it does not unmap).
 //
 // Collective: every rank must run the same micro-batches and steps (the
 // hooks then issue the same ops in the same order). Communication errors
@@ -68,6 +80,8 @@ struct ZeroOptions {
   int stage = 1;                      // 1, 2 or 3
   bool reshard_after_forward = true;  // stage 3 only
   bool offload_optimizer = false;
+  // Staged even on a host engine (the GPU path's logic, testable on a CPU).
+  bool stage_through_host = false;
 };
 
 // Bytes one rank holds, by kind: the sizes of the shard buffers (resident
@@ -89,9 +103,9 @@ class Zero final : public DataParallel {
  public:
   // engine and comm must outlive the Zero; comm null means dp = 1 (the same
   // code path with local copies instead of collectives). InvalidArgument for
-  // a stage outside 1..3; UNIMPLEMENTED unless the engine's buffers are host
-  // fp32. Stage 3 releases the engine's parameters (call InitParams or
-  // Restore next); stages 2-3 release its gradients.
+  // a stage outside 1..3; UNIMPLEMENTED unless the engine's parameters and
+  // gradients are fp32 (on the host, or staged through it). Stage 3 releases the engine's
+  // parameters (call InitParams or Restore next); stages 2-3 release its gradients.
   static absl::StatusOr<std::unique_ptr<Zero>> Create(const ZeroOptions& options,
                                                       engine::Engine* engine,
                                                       const optim::AdamWOptions& adamw,
@@ -180,7 +194,11 @@ class Zero final : public DataParallel {
     std::vector<std::shared_ptr<comm::Work>> works;
   };
 
-  Zero(const ZeroOptions& options, engine::Engine* engine, comm::Communicator* comm);
+  Zero(const ZeroOptions& options, engine::Engine* engine, comm::Communicator* comm, bool staged);
+  // Staged: the engine's [offset, offset + n) of the parameters from the
+  // host mirror, and of the gradients to it. No-ops otherwise.
+  void PushParams(size_t offset, size_t n);
+  void PullGrads(size_t offset, size_t n);
   // Bytes sent in the collectives since the last call (ring model of each
   // op actually issued: all-gather and reduce-scatter (dp-1)·count,
   // all-reduce 2(dp-1)/dp·count, broadcast (dp-1)/dp·count elements).
@@ -200,7 +218,7 @@ class Zero final : public DataParallel {
   void Sample();
   absl::Span<float> ShardGrad(const Unit& u);
   float* ShardParamPtr(Unit& u);
-  absl::Status GatherAllParams();  // stages 1-2: every unit, in place
+  absl::Status GatherAllParams();  // stages 1-2: every unit, in place; staged, then to the engine
   absl::StatusOr<double> SumOverRanks(double local);
   std::shared_ptr<comm::Work> Count(std::shared_ptr<comm::Work> w, int64_t bytes);
   // One AdamW state (m or v) of every unit, concatenated in unit order.
@@ -219,6 +237,12 @@ class Zero final : public DataParallel {
   engine::Engine* const engine_;
   comm::Communicator* const comm_;  // null when dp == 1
   const int dp_, rank_;
+  const bool staged_;
+  // Where Zero reads and writes whole-model parameters and gradients: the
+  // engine's buffers, or (staged) their host mirrors below.
+  std::vector<float> host_params_, host_grads_;
+  float* params_ = nullptr;
+  float* grads_ = nullptr;
   std::vector<Unit> units_;
   size_t shard_size_ = 0;
   std::vector<optim::AdamW> adamw_;    // one per unit, over its own range

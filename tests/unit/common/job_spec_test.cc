@@ -86,6 +86,7 @@ TEST(JobSpecTest, MinimalSpecGetsDefaults) {
   EXPECT_EQ(spec->parallel.schedule, PipelineSchedule::k1F1B);
   EXPECT_TRUE(spec->parallel.reshard_after_forward);
   EXPECT_EQ(spec->parallel.bucket_mb, 25);
+  EXPECT_EQ(spec->parallel.comm, CommBackend::kAuto);
   EXPECT_EQ(spec->precision, Precision::kFp32);
   EXPECT_EQ(spec->optimizer.name, OptimizerKind::kAdamW);
   EXPECT_DOUBLE_EQ(spec->optimizer.lr, 3e-4);
@@ -227,7 +228,7 @@ model: {preset: gpt2-124m, layers: 8, context: 512, recompute: full, recompute_l
 data: {train: "a path: with colon", val: 'v.bin', format: llmc, tokenizer: gpt2}
 batch: {global: 96, micro: 4, seq_len: 300}
 parallel: {dp: 2, tp: 4, pp: 2, stages: [3, 5], zero: 2, offload: optimizer, schedule: gpipe,
-           reshard_after_forward: false, bucket_mb: 7, sequence_parallel: true}
+           reshard_after_forward: false, bucket_mb: 7, sequence_parallel: true, comm: nccl}
 precision: fp16
 optimizer: {name: adamw, lr: 0.0007, min_lr: 1.2345678901234567e-5, betas: [0.8, 0.999],
             eps: 1e-6, weight_decay: 0.01, warmup_steps: 13, schedule: linear, grad_clip: 0}
@@ -247,6 +248,7 @@ timeouts: {collective_s: 5}
   EXPECT_EQ(spec->parallel.schedule, PipelineSchedule::kGpipe);
   EXPECT_FALSE(spec->parallel.reshard_after_forward);
   EXPECT_TRUE(spec->parallel.sequence_parallel);
+  EXPECT_EQ(spec->parallel.comm, CommBackend::kNccl);
   EXPECT_EQ(spec->model.recompute, Recompute::kFull);
   EXPECT_EQ(spec->model.recompute_layers, 2);
   EXPECT_EQ(spec->parallel.stages, (std::vector<int>{3, 5}));
@@ -519,6 +521,9 @@ TEST(JobSpecTest, BadSpecsNameTheirField) {
              {"parallel", "{tp: 4, sequence_parallel: true}"},
              {"batch", "{global: 1, micro: 1, seq_len: 6}"}}),
        "parallel.sequence_parallel: parallel.tp 4 must divide batch.micro × batch.seq_len = 1 × 6"},
+      {"nccl on cpu", Make({{"parallel", "{comm: nccl}"}}),
+       "parallel.comm: nccl needs resources.device: cuda"},
+      {"comm unknown", Make({{"parallel", "{comm: mpi}"}}), "parallel.comm: "},
   };
   ASSERT_GE(cases.size(), 20u);
   for (const BadSpec& c : cases) {

@@ -187,15 +187,27 @@ TEST(PlanMemoryTest, PipelineKeepsOnlyItsStageAndSchedulesDiffer) {
 TEST(PlanMemoryTest, AccumulationAddsAShardBufferToZero2And3) {
   JobSpec s = SmallSpec(2, 1, 1);  // global 48 = micro 2 × dp 2 × 12 micro-batches
   ASSERT_GT(s.Split()->accum, 1);
-  s.resources.device = DeviceKind::kCuda;  // no Gloo scratch: the shard buffer alone
-  for (int zero = 0; zero <= 3; ++zero) {
-    s.parallel.zero = zero;
-    const v1::Plan p = *MakePlan(s, 2);
-    int64_t shard = 0;
-    for (const v1::ShardUnit& u : p.units()) shard += u.shard_sizes(1);
-    // ZeRO-2/3 receive each micro-batch's reduce-scatter into a shard-sized
-    // buffer before adding it; everything else runs in place.
-    EXPECT_EQ(p.memory_per_rank().comm_buffer_bytes(), zero >= 2 ? 4 * shard : 0) << zero;
+  for (DeviceKind device : {DeviceKind::kCpu, DeviceKind::kCuda}) {
+    s.resources.device = device;
+    for (int zero = 0; zero <= 3; ++zero) {
+      SCOPED_TRACE(testing::Message() << EnumName(device) << " zero " << zero);
+      s.parallel.zero = zero;
+      const v1::Plan p = *MakePlan(s, 2);
+      JobSpec one = s;
+      one.batch.global = 4;  // one micro-batch per step
+      const v1::Plan q = *MakePlan(one, 2);
+      int64_t shard = 0;
+      for (const v1::ShardUnit& u : p.units()) shard += u.shard_sizes(1);
+      // ZeRO-2/3 receive each micro-batch's reduce-scatter into a
+      // shard-sized buffer before adding it; everything else runs in place.
+      // On GPU ranks ZeRO runs through the host: the buffer is the host's.
+      const int64_t buffer = zero >= 2 ? 4 * shard : 0;
+      const bool host = device == DeviceKind::kCuda && zero >= 1;
+      EXPECT_EQ(p.memory_per_rank().comm_buffer_bytes() - q.memory_per_rank().comm_buffer_bytes(),
+                host ? 0 : buffer);
+      EXPECT_EQ(p.memory_per_rank().host_bytes() - q.memory_per_rank().host_bytes(),
+                host ? buffer : 0);
+    }
   }
 }
 
@@ -210,6 +222,47 @@ TEST(PlanMemoryTest, OffloadMovesTheOptimizerStateToHostMemory) {
   EXPECT_EQ(b.host_bytes(), a.optimizer_bytes());
   EXPECT_EQ(b.total_bytes(), a.total_bytes() - a.optimizer_bytes());
   EXPECT_NE(PlanText(s, offloaded).find("host memory"), std::string::npos);
+}
+
+// GPU ranks run ZeRO and the offloaded optimizer through the host
+// (parallel::Zero's and Ddp's host paths): the device keeps the engine's
+// whole buffers — the bf16 compute copy, the fp32 master and gradients,
+// 2 + 4 + 4 bytes per element — and the host m and v of the shard, fp32
+// copies of the whole parameters and gradients, and the shards.
+TEST(PlanMemoryTest, GpuRanksKeepTheWholeModelOnTheDeviceAndTheShardsOnTheHost) {
+  for (int zero = 0; zero <= 3; ++zero) {
+    SCOPED_TRACE(testing::Message() << "zero " << zero);
+    JobSpec s = SmallSpec(4, 1, 1);
+    s.batch.global = 8;  // m = 1: no accumulation buffer
+    s.precision = Precision::kBf16;
+    s.resources.device = DeviceKind::kCuda;
+    s.parallel.zero = zero;
+    if (zero == 0) s.parallel.offload = OffloadMode::kOptimizer;
+    ASSERT_TRUE(StateThroughHost(s));
+    const v1::Plan p = *MakePlan(s, 4);
+    int64_t n = 0, shard = 0;
+    for (const v1::ShardUnit& u : p.units()) {
+      n += u.numel();
+      shard += zero == 0 ? u.numel() : u.shard_sizes(3);
+    }
+    const v1::MemoryEstimate& mem = p.memory_per_rank();
+    EXPECT_EQ(mem.params_bytes(), (2 + 4) * n);
+    EXPECT_EQ(mem.grads_bytes(), 4 * n);
+    EXPECT_EQ(mem.optimizer_bytes(), 8 * shard);
+    EXPECT_EQ(mem.working_bytes(), 0);
+    EXPECT_EQ(mem.host_bytes(),
+              8 * shard + 8 * n + (zero >= 2 ? 4 * shard : 0) + (zero == 3 ? 4 * shard : 0));
+    EXPECT_EQ(mem.total_bytes(), mem.params_bytes() + mem.grads_bytes() + mem.activations_bytes() +
+                                     mem.comm_buffer_bytes());
+    EXPECT_NE(PlanText(s, p).find("GPU ranks: through the host"), std::string::npos);
+  }
+  // CPU ranks, and GPU DDP without offload, are planned as before.
+  JobSpec s = SmallSpec(4, 1, 1);
+  s.resources.device = DeviceKind::kCuda;
+  EXPECT_FALSE(StateThroughHost(s));
+  s.resources.device = DeviceKind::kCpu;
+  s.parallel.zero = 3;
+  EXPECT_FALSE(StateThroughHost(s));
 }
 
 TEST(PlanMemoryTest, TensorParallelSplitsMatmulsAndVocabulary) {

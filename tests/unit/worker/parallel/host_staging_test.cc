@@ -1,0 +1,159 @@
+// Data parallelism through host copies — the path GPU ranks take when they
+// share one GPU and all-reduce with Gloo — against the plain host path, on
+// 3 thread ranks with Gloo (unit sizes leave remainders over 3, so the tail
+// ops run too):
+//   DDP      the gradients copied out once backward is done, all-reduced in
+//            the same buckets on the host, copied back;
+//   DDP with parallel.offload: optimizer — also AdamW on the host over a host
+//            copy of the master, the parameters copied back after the step;
+//   ZeRO-k   host mirrors of the engine's buffers: each unit's gradient
+//            copied out when final and reduced there, gathered units (3) or
+//            the gathered parameters after a step (1-2) copied in.
+// The staged runs use an OffHostEngine, whose buffers say they are a GPU's:
+// any host view of them aborts as on a real GPU rank. Losses (training and
+// evaluation), the parameters after 3 steps of 2 micro-batches, and every
+// rank's checkpoint shard (params, m, v) equal the plain path bit for bit
+// (the same collectives on the same values), through a Restore midway (ZeRO).
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/model/config.h"
+#include "gtest/gtest.h"
+#include "tests/unit/worker/comm/test_util.h"
+#include "tests/unit/worker/parallel/off_host_engine.h"
+#include "worker/engine/cpu/gpt.h"
+#include "worker/parallel/ddp.h"
+#include "worker/parallel/zero.h"
+
+namespace shardtrain::parallel {
+namespace {
+
+constexpr int kRanks = 3, kB = 2, kT = 8, kAccum = 2, kSteps = 3, kVocab = 50;
+
+struct RankResult {
+  std::vector<double> losses;  // per micro-batch, then the evaluation's sum
+  std::vector<float> params;   // the whole model after the last step
+  std::vector<float> shard;    // SaveParams, SaveM, SaveV after the last step
+  bool optimizer_on_host = false;
+};
+
+constexpr int kDdpOffload = 4;  // the cases: ZeRO stage 0 (DDP) to 3, then this
+
+absl::StatusOr<std::unique_ptr<DataParallel>> Strategy(int zero, bool staged, engine::Engine* e,
+                                                       comm::Communicator* comm) {
+  if (zero == 0 || zero == kDdpOffload) {
+    auto ddp = Ddp::Create(e, optim::AdamWOptions(), comm, /*bucket_bytes=*/4096, staged,
+                           /*offload_optimizer=*/zero == kDdpOffload);
+    if (!ddp.ok()) return ddp.status();
+    return std::unique_ptr<DataParallel>(*std::move(ddp));
+  }
+  ZeroOptions o;
+  o.stage = zero;
+  o.stage_through_host = staged;
+  auto z = Zero::Create(o, e, optim::AdamWOptions(), comm);
+  if (!z.ok()) return z.status();
+  return std::unique_ptr<DataParallel>(*std::move(z));
+}
+
+void Tokens(int step, int micro, int rank, std::vector<int>* in, std::vector<int>* tgt) {
+  for (int i = 0; i < kB * kT; ++i) {
+    (*in)[i] = (step * 31 + micro * 7 + rank * 13 + i * 5) % kVocab;
+    (*tgt)[i] = ((*in)[i] * 3 + 1) % kVocab;
+  }
+}
+
+void RankRun(comm::Communicator& comm, int zero, bool off_host, RankResult* out) {
+  // L=2, NH=2, C=10, vocab 50: units of 730, 1330, 1330 and 20 elements.
+  auto config = model::MakeGptConfig(2, 2, 10, kT, kVocab);
+  ASSERT_TRUE(config.ok());
+  auto gpt = engine::cpu::Gpt::Create(*config, kB, kT, 1);
+  ASSERT_TRUE(gpt.ok());
+  engine::Engine* host = gpt->get();
+  std::unique_ptr<testing::OffHostEngine> wrapped;
+  engine::Engine* e = host;
+  if (off_host) {
+    wrapped = std::make_unique<testing::OffHostEngine>(*std::move(gpt));
+    e = wrapped.get();
+    host = &wrapped->inner();
+  }
+  auto dp = Strategy(zero, off_host, e, &comm);
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  DataParallel& s = **dp;
+  s.InitParams(5);
+  std::vector<int> in(kB * kT), tgt(kB * kT);
+  for (int step = 0; step < kSteps; ++step) {
+    for (int micro = 0; micro < kAccum; ++micro) {
+      Tokens(step, micro, comm.rank(), &in, &tgt);
+      s.BeginMicroBatch(micro, kAccum);
+      out->losses.push_back(e->Forward(in.data(), tgt.data()));
+      e->Backward(1.0f / kAccum);
+      ASSERT_TRUE(s.EndMicroBatch().ok());
+    }
+    auto stats = s.Step(1e-2f, 1.0f);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    ASSERT_FALSE(stats->skipped);
+    // A checkpoint's shard back into the strategy, midway (where a rank
+    // reads what it writes: ZeRO; DDP writes a split and reads the whole).
+    if (step == 1 && s.LoadRanges() == s.SaveRanges()) {
+      auto restored = s.Restore(s.SaveParams(), s.SaveM(), s.SaveV(), s.optimizer_step());
+      ASSERT_TRUE(restored.ok()) << restored;
+    }
+  }
+  s.BeginEval();
+  Tokens(kSteps, 0, comm.rank(), &in, &tgt);
+  auto eval = s.EndEval(e->Forward(in.data(), tgt.data()));
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  out->losses.push_back(*eval);
+  for (const auto& part : {s.SaveParams(), s.SaveM(), s.SaveV()}) {
+    out->shard.insert(out->shard.end(), part.begin(), part.end());
+  }
+  ASSERT_TRUE(s.GatherWholeModel().ok());
+  out->params.assign(host->params().f32().begin(), host->params().f32().end());
+  out->optimizer_on_host = s.memory().optimizer_on_host;
+}
+
+bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class HostStagingTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(HostStagingTest, OffHostBuffersThroughTheHostEqualThePlainPathBitForBit) {
+  const int zero = GetParam();
+  std::vector<RankResult> plain(kRanks), staged(kRanks);
+  comm::testing::RunRanks(
+      kRanks, [&](comm::Communicator& c) { RankRun(c, zero, false, &plain[c.rank()]); });
+  comm::testing::RunRanks(
+      kRanks, [&](comm::Communicator& c) { RankRun(c, zero, true, &staged[c.rank()]); });
+  for (int r = 0; r < kRanks; ++r) {
+    SCOPED_TRACE(r);
+    ASSERT_EQ(plain[r].losses.size(), size_t{kSteps * kAccum + 1});
+    EXPECT_EQ(staged[r].losses, plain[r].losses);
+    EXPECT_TRUE(BitEqual(staged[r].params, plain[r].params));
+    EXPECT_TRUE(BitEqual(staged[r].shard, plain[r].shard));
+    EXPECT_EQ(staged[r].params, plain[0].params);  // every rank holds the same model
+    if (zero > 0) {
+      EXPECT_TRUE(staged[r].optimizer_on_host);
+    } else {
+      EXPECT_FALSE(staged[r].optimizer_on_host);
+    }
+  }
+  std::printf(
+      "[host-staging] case %d: %zu losses, %zu parameters, %zu shard values equal; "
+      "last training loss %.7f\n",
+      zero, staged[0].losses.size(), staged[0].params.size(), staged[0].shard.size(),
+      staged[0].losses[kSteps * kAccum - 1]);
+}
+
+INSTANTIATE_TEST_SUITE_P(DdpAndZero, HostStagingTest, ::testing::Values(0, 1, 2, 3, kDdpOffload),
+                         [](const ::testing::TestParamInfo<int>& p) {
+                           if (p.param == 0) return std::string("Ddp");
+                           if (p.param == kDdpOffload) return std::string("DdpOffloadOptimizer");
+                           return "Zero" + std::to_string(p.param);
+                         });
+
+}  // namespace
+}  // namespace shardtrain::parallel
