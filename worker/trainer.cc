@@ -37,26 +37,20 @@ absl::Status CheckSupported(const JobSpec& spec) {
         "resources.device: cuda, but this worker was built without CUDA");
   }
 #endif
-  // What GPU ranks can do so far: one whole model each (no tp, no pp),
-  // data parallel (DDP or ZeRO-1/2/3) through the host with Gloo. Refused
-  // here, naming the field, rather than failing inside the engine mid-step.
+  // What GPU ranks can do so far: data parallel (DDP or ZeRO-1/2/3) and
+  // pipeline stages, through the host with Gloo; no tensor parallelism.
+  // Refused here, naming the field, rather than failing inside the engine.
   if (spec.parallel.comm == CommBackend::kNccl) {
     return absl::FailedPreconditionError(
         "parallel.comm: nccl is not wired into training yet (the NCCL communicator passes its "
         "own tests; ranks do not use it); use parallel.comm: gloo, which GPU ranks reach "
         "through host copies");
   }
-  if (spec.resources.device == DeviceKind::kCuda) {
-    for (const auto& [field, value] : {std::pair<const char*, int>{"parallel.tp", spec.parallel.tp},
-                                       {"parallel.pp", spec.parallel.pp}}) {
-      if (value != 1) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(field, ": ", value,
-                         " is not on GPUs yet (resources.device: cuda trains data-parallel "
-                         "ranks of the whole model: ",
-                         field, " 1, any parallel.zero); use resources.device: cpu for it"));
-      }
-    }
+  if (spec.resources.device == DeviceKind::kCuda && spec.parallel.tp != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parallel.tp: ", spec.parallel.tp,
+        " is not on GPUs yet (resources.device: cuda trains data-parallel ranks and pipeline "
+        "stages: parallel.tp 1); use resources.device: cpu for it"));
   }
   return absl::OkStatus();
 }
@@ -532,7 +526,14 @@ absl::StatusOr<absl::Span<const float>> Trainer::WholeModel() {
   // no tp or tied replicas) into zeros, summed into rank 0: exact.
   whole_.assign(layout.global_num_params(), 0.0f);
   if (dp_rank_ == 0) {
-    const absl::Span<const float> p = engine_->params().f32();
+    const engine::FlatView view = engine_->params();
+    std::vector<float> copy;  // the slice's fp32 master on a GPU, copied to the host
+    if (view.device != DeviceKind::kCpu) {
+      copy.resize(view.count);
+      engine_->math().CopyToHost(copy.data(), static_cast<const float*>(view.data), view.count);
+    }
+    const absl::Span<const float> p =
+        view.device == DeviceKind::kCpu ? absl::Span<const float>(view.f32()) : copy;
     ForEachGlobalPiece(layout, {{0, layout.num_params()}}, layout.ReplicaRanges(),
                        [&](size_t at, size_t global, size_t n) {
                          std::copy(p.begin() + at, p.begin() + at + n, whole_.begin() + global);

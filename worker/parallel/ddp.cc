@@ -154,14 +154,17 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) 
   engine::FlatMath& math = host_master_ ? host_math_ : engine_->math();
   float* grads = host_master_ ? host_grads_.data() : static_cast<float*>(g.data);
   float* params = host_master_ ? host_params_.data() : static_cast<float*>(engine_->params().data);
-  // Only CPU ranks (and offloaded ones) have tied or tp parts: a GPU rank's
-  // gradients are never viewed as host memory.
-  const auto host_grads = [&] { return host_master_ ? absl::MakeSpan(host_grads_) : g.f32(); };
+  // Tied embeddings and tp partials are summed on the host: off it (a GPU
+  // rank's pipeline stages), through a host copy of the range.
   if (mp_.sum_tied && mp_.tied_end > 0) {
-    if (absl::Status s = mp_.sum_tied(host_grads().subspan(0, mp_.tied_end)); !s.ok()) return s;
+    if (absl::Status s = OnHost(grads, mp_.tied_end, mp_.sum_tied); !s.ok()) return s;
   }
   if (mp_.has_tp_partials()) {
-    if (absl::Status s = SumTpPartials(mp_, host_grads(), 0); !s.ok()) return s;
+    if (absl::Status s =
+            OnHost(grads, g.count, [&](absl::Span<float> h) { return SumTpPartials(mp_, h, 0); });
+        !s.ok()) {
+      return s;
+    }
   }
   double squared = SquaredNormOutside(math, grads, g.count, 0, mp_.norm_skip);
   if (mp_.sum_squares) {
@@ -185,6 +188,18 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) 
     engine_->math().CopyFromHost(static_cast<float*>(engine_->params().data), params, g.count);
   }
   return stats;
+}
+
+absl::Status Ddp::OnHost(float* grads, size_t n,
+                         const std::function<absl::Status(absl::Span<float>)>& fn) {
+  if (host_master_ || engine_->grads().device == DeviceKind::kCpu) {
+    return fn(absl::MakeSpan(grads, n));
+  }
+  std::vector<float> host(n);
+  engine_->math().CopyToHost(host.data(), grads, n);
+  if (absl::Status s = fn(absl::MakeSpan(host)); !s.ok()) return s;
+  engine_->math().CopyFromHost(grads, host.data(), n);
+  return absl::OkStatus();
 }
 
 FlatRanges Ddp::SaveRanges() const {

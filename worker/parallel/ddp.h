@@ -31,6 +31,7 @@
 #define SHARDTRAIN_WORKER_PARALLEL_DDP_H_
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -87,6 +88,10 @@ class Ddp final : public DataParallel {
   void LaunchBuckets(size_t offset, bool flush);
   // Waits for the launched buckets, then averages over dp.
   absl::Status FinishAllReduce(StepStats* stats);
+  // fn over grads[0, n) (where the optimizer reads them) as host memory:
+  // itself on the host, else through a host copy written back after.
+  absl::Status OnHost(float* grads, size_t n,
+                      const std::function<absl::Status(absl::Span<float>)>& fn);
 
   engine::Engine* const engine_;
   optim::AdamW adamw_;              // the whole buffer

@@ -84,12 +84,26 @@ PipelineExecutor::PipelineExecutor(engine::Engine* engine, comm::Communicator* p
       tokens_(slots_, std::vector<int>(tokens_per_micro_)),
       targets_(slots_, std::vector<int>(tokens_per_micro_)),
       fwd_sends_(slots_),
-      bwd_sends_(slots_) {
+      bwd_sends_(slots_),
+      staged_(engine->math().kind() != DeviceKind::kCpu) {
   if (!first()) {
     input_.resize(act_elems_);
     grad_send_.assign(slots_, std::vector<float>(act_elems_));
+    if (staged_) dev_input_ = engine->math().Allocate(act_elems_);
   }
-  if (!last()) doutput_.resize(act_elems_);
+  if (!last()) {
+    doutput_.resize(act_elems_);
+    if (staged_) {
+      dev_doutput_ = engine->math().Allocate(act_elems_);
+      out_send_.assign(slots_, std::vector<float>(act_elems_));
+    }
+  }
+}
+
+const float* PipelineExecutor::ToEngine(std::vector<float>& host, engine::Buffer* device) {
+  if (!staged_) return host.data();
+  engine_->math().CopyFromHost(device->as<float>(), host.data(), act_elems_);
+  return device->as<float>();
 }
 
 PipelineExecutor::~PipelineExecutor() {
@@ -141,13 +155,18 @@ absl::Status PipelineExecutor::Forward(int micro, int slot, const MicroBatchFn& 
   if (absl::Status s = WaitFor(&fwd_sends_[slot], wait_ms); !s.ok()) {
     return Prefix(s, absl::StrCat(where, ": sending activations to stage ", stage_ + 1));
   }
-  *loss += engine_->StageForward(slot, tokens, targets, first() ? nullptr : input_.data(),
+  *loss += engine_->StageForward(slot, tokens, targets,
+                                 first() ? nullptr : ToEngine(input_, dev_input_.get()),
                                  engine_->max_batch(), engine_->max_seq_len());
   if (!last()) {
     const float* out = engine_->StageOutput(slot);
     if (out == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat(where, ": the engine gives no stage output to send (StageOutput)"));
+    }
+    if (staged_) {  // the slot's previous send is done (waited for above)
+      engine_->math().CopyToHost(out_send_[slot].data(), out, act_elems_);
+      out = out_send_[slot].data();
     }
     fwd_sends_[slot] = pp_forward_->SendAsync(out, act_elems_, DataType::kFloat32, stage_ + 1,
                                               static_cast<uint32_t>(micro));
@@ -168,7 +187,8 @@ absl::Status PipelineExecutor::Backward(int micro, int slot, const Bracket& befo
   if (before) {
     if (absl::Status s = before(micro); !s.ok()) return s;
   }
-  engine_->StageBackward(slot, loss_scale, last() ? nullptr : doutput_.data());
+  engine_->StageBackward(slot, loss_scale,
+                         last() ? nullptr : ToEngine(doutput_, dev_doutput_.get()));
   if (!first()) {
     const float* dinput = engine_->InputGrad();
     if (dinput == nullptr) {
@@ -178,7 +198,11 @@ absl::Status PipelineExecutor::Backward(int micro, int slot, const Bracket& befo
     if (absl::Status s = WaitFor(&bwd_sends_[slot], wait_ms); !s.ok()) {
       return Prefix(s, absl::StrCat(where, ": sending gradients to stage ", stage_ - 1));
     }
-    std::memcpy(grad_send_[slot].data(), dinput, act_elems_ * sizeof(float));
+    if (staged_) {
+      engine_->math().CopyToHost(grad_send_[slot].data(), dinput, act_elems_);
+    } else {
+      std::memcpy(grad_send_[slot].data(), dinput, act_elems_ * sizeof(float));
+    }
     bwd_sends_[slot] =
         pp_backward_->SendAsync(grad_send_[slot].data(), act_elems_, DataType::kFloat32, stage_ - 1,
                                 static_cast<uint32_t>(micro));

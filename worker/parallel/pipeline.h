@@ -16,6 +16,11 @@
 //         asynchronously; after_backward(m). (The send goes before
 //         after_backward so that the previous stage is not kept waiting by
 //         this stage's data-parallel gradient reduction.)
+// An engine off the host (a GPU rank, whose StageOutput, InputGrad and
+// inputs are device memory) exchanges through the host: its output and input
+// gradient are copied to host buffers before they are sent, what arrives is
+// copied into device buffers of the engine's before StageForward /
+// StageBackward read it (how ranks sharing one GPU pipeline over Gloo).
 // An asynchronous send reads its buffer until it completes: the executor
 // waits for a slot's previous send before that slot's output or send buffer
 // is written again, and for every send before RunStep returns. A Gloo send
@@ -126,6 +131,9 @@ class PipelineExecutor {
                        double* wait_ms);
   absl::Status Backward(int micro, int slot, const Bracket& before, const Bracket& after,
                         float loss_scale, double* wait_ms);
+  // What the engine reads of a received buffer: `host` itself, or staged
+  // its copy in `device`.
+  const float* ToEngine(std::vector<float>& host, engine::Buffer* device);
   // Waits for *work (if any) and clears it; adds the time blocked to *wait_ms.
   static absl::Status WaitFor(std::shared_ptr<comm::Work>* work, double* wait_ms);
   // Waits for every outstanding send; the first error.
@@ -143,6 +151,12 @@ class PipelineExecutor {
   std::vector<float> input_, doutput_;                              // receive buffers
   std::vector<std::vector<float>> grad_send_;                       // per slot: InputGrad copies
   std::vector<std::shared_ptr<comm::Work>> fwd_sends_, bwd_sends_;  // per slot
+  // Staged (an engine off the host): the received activations and gradients
+  // copied into the engine's memory, and per slot the StageOutput copies
+  // that are sent.
+  const bool staged_;
+  std::unique_ptr<engine::Buffer> dev_input_, dev_doutput_;
+  std::vector<std::vector<float>> out_send_;
 };
 
 }  // namespace shardtrain::parallel

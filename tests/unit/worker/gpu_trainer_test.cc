@@ -11,9 +11,9 @@
 //     the CPU on the GPU) and continues the loss curve within 1e-5;
 //   - the plan's model state and activations against what the device gave
 //     the trainer (cudaMemGetInfo before and after), printed;
-//   - DDP and ZeRO-1/2/3 with ranks sharing one GPU (Gloo through host
-//     copies) equal one rank; a ZeRO-3 checkpoint of 2 GPU ranks resumes
-//     on 1 CPU rank and on 4 GPU ranks.
+//   - DDP, ZeRO-1/2/3, pp 2 and dp 2 × pp 2 with ranks sharing one GPU
+//     (Gloo through host copies) equal one rank; a ZeRO-3 checkpoint of 2
+//     GPU ranks resumes on 1 CPU rank and on 4 GPU ranks.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -194,16 +194,16 @@ JobSpec OnRanks(const JobSpec& spec, int ranks, int zero, std::vector<std::strin
   return *out;
 }
 
-// Runs `body` on one thread rank per rank of `spec`, each with its Trainer
-// over Gloo (a cuda spec's ranks all on GPU 0: Gloo through host copies, the
-// way ranks share one GPU, which NCCL refuses). The losses of steps [first,
-// last] averaged over the ranks (each rank's is over its share of the
-// batch), with `before` run on each rank's trainer first (e.g. a Restore)
-// and `at` after each step.
+// One thread rank per rank of `spec`, each with its Trainer over Gloo (a
+// cuda spec's ranks all on GPU 0: Gloo through host copies, the way ranks
+// share one GPU, which NCCL refuses). The losses of steps [first, last]
+// averaged over the last pipeline stage's ranks (each one's is over its dp
+// share of the batch; the other stages compute none), with `before` run on
+// each rank's trainer first (e.g. a Restore) and `at` after each step.
 std::vector<double> TrainRanks(
     const JobSpec& spec, int first, int last, const std::function<void(Trainer&)>& before = nullptr,
     const std::function<void(Trainer&, int rank, int step)>& at = nullptr) {
-  const int ranks = spec.parallel.dp;
+  const int ranks = spec.World();
   std::vector<std::vector<double>> per_rank(ranks);
   comm::testing::RunRanks(ranks, [&](comm::Communicator& comm) {
     absl::StatusOr<std::unique_ptr<Trainer>> t =
@@ -219,13 +219,17 @@ std::vector<double> TrainRanks(
       if (at) at(**t, comm.rank(), step);
     }
   });
+  const absl::StatusOr<ParallelDims> dims = spec.Dims();
   std::vector<double> mean(last + 1, NAN);
   for (int step = first; step <= last; ++step) {
     double sum = 0;
-    for (const std::vector<double>& loss : per_rank) {
-      sum += loss.size() > size_t(step) ? loss[step] : NAN;
+    int n = 0;
+    for (int r = 0; r < ranks; ++r) {
+      if (dims->Coord(r).pp != dims->pp() - 1) continue;
+      sum += per_rank[r].size() > size_t(step) ? per_rank[r][step] : NAN;
+      ++n;
     }
-    mean[step] = sum / ranks;
+    mean[step] = sum / n;
   }
   return mean;
 }
@@ -252,6 +256,41 @@ TEST_F(GpuTrainerTest, DataParallelRanksOnOneGpuEqualOneRank) {
           "%.7f / %.7f, max rel diff %.3g\n",
           precision, zero, got[1], want[1], r.steps, got[r.steps], want[r.steps], diff);
       EXPECT_LE(diff, tolerance) << precision << " zero " << zero;
+    }
+  }
+}
+
+// Pipeline stages on one GPU (Gloo through host copies; each stage's output
+// and input gradient in fp32): pp 2 with 1F1B over 4 micro-batches, and dp 2
+// × pp 2 under ZeRO-1, equal one rank with the same global batch — 1e-5 in
+// fp32 over 20 steps, 1e-2 in bf16.
+TEST_F(GpuTrainerTest, PipelineStagesOnOneGpuEqualOneRank) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [precision, tolerance] :
+       {std::pair<const char*, double>{"fp32", 1e-5}, {"bf16", 1e-2}}) {
+    RunSpec r;
+    r.device = "cuda";
+    r.precision = precision;
+    r.micro = 8;
+    r.steps = 20;
+    const JobSpec spec = SpecOf(r);
+    const std::vector<double> want = TrainRanks(spec, 1, r.steps);
+    for (const auto& [name, overrides] :
+         {std::pair<const char*, std::vector<std::string>>{
+              "pp2",
+              {"parallel.pp=2", "batch.micro=2", "resources.min_workers=2",
+               "resources.max_workers=2"}},
+          {"dp2 pp2 zero1",
+           {"parallel.dp=2", "parallel.pp=2", "parallel.zero=1", "batch.micro=2",
+            "resources.min_workers=4", "resources.max_workers=4"}}}) {
+      absl::StatusOr<JobSpec> split = ParseJobSpec(JobSpecToYaml(spec), overrides);
+      ASSERT_TRUE(split.ok()) << split.status();
+      const std::vector<double> got = TrainRanks(*split, 1, r.steps);
+      const double diff = MaxRelDiff(got, want);
+      std::printf(
+          "[gpu-trainer] %s %s on one GPU vs 1 rank: step %d %.7f / %.7f, max rel diff %.3g\n",
+          precision, name, r.steps, got[r.steps], want[r.steps], diff);
+      EXPECT_LE(diff, tolerance) << precision << " " << name;
     }
   }
 }
@@ -326,13 +365,12 @@ TEST_F(GpuTrainerTest, Zero3CheckpointHarnessOnCpuRanks) {
 // What GPU ranks cannot do yet is refused before any device is touched,
 // naming the field (the job fails at once instead of a rank aborting in the
 // engine mid-step). Runs anywhere.
-TEST_F(GpuTrainerTest, TensorPipelineAndNcclOnGpusAreRefusedNamingTheField) {
+TEST_F(GpuTrainerTest, TensorParallelAndNcclOnGpusAreRefusedNamingTheField) {
   RunSpec r;
   r.device = "cuda";
   for (const auto& [overrides, field] :
        {std::pair<std::vector<std::string>, std::string>{
             {"parallel.tp=2", "resources.min_workers=2", "resources.max_workers=2"}, "parallel.tp"},
-        {{"parallel.pp=2", "resources.min_workers=2", "resources.max_workers=2"}, "parallel.pp"},
         {{"parallel.comm=nccl"}, "parallel.comm"}}) {
     absl::StatusOr<JobSpec> spec = ParseJobSpec(JobSpecToYaml(SpecOf(r)), overrides);
     ASSERT_TRUE(spec.ok()) << spec.status();

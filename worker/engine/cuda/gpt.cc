@@ -113,9 +113,9 @@ absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const model::GptConfig&
                                                          const GptEngineOptions& options) {
   if (auto s = ValidateGptEngine(config, B, T, options); !s.ok()) return s;
   const model::ModelSlice& sl = options.slice;
-  if (sl.tp > 1 || !sl.first_stage || !sl.last_stage) {
+  if (sl.tp > 1) {
     return absl::UnimplementedError(
-        "the CUDA engine runs whole models so far: parallel.tp and parallel.pp must be 1 on cuda");
+        "the CUDA engine runs no tensor-parallel slice yet: parallel.tp must be 1 on cuda");
   }
   if (host_threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", host_threads));
@@ -159,6 +159,13 @@ absl::Status CudaGpt::Init() {
   // Token ids and targets of every slot (int32, 4 bytes like fp32).
   if (s.ok()) s = alloc(static_cast<size_t>(2 * slots() * BT), DataType::kFloat32, &ids_);
   if (s.ok()) s = alloc(static_cast<size_t>(config().padded_vocab), DataType::kFloat32, &row_);
+  const size_t io = StageIoElements();
+  if (s.ok() && compute() != DataType::kFloat32 && !layout().slice().last_stage) {
+    s = alloc(io * size_t(slots()), DataType::kFloat32, &stage_out_);
+  }
+  if (s.ok() && compute() != DataType::kFloat32 && !layout().slice().first_stage) {
+    s = alloc(io, DataType::kFloat32, &input_grad_);
+  }
   if (!s.ok()) return s;
   BindActivations(acts_->as<char>());
   host_losses_.resize(BT);
@@ -167,7 +174,8 @@ absl::Status CudaGpt::Init() {
 
 int64_t CudaGpt::allocated_bytes() const {
   int64_t total = 0;
-  for (const auto* b : {&params_, &grads_, &compute_, &acts_, &ids_, &row_}) {
+  for (const auto* b :
+       {&params_, &grads_, &compute_, &acts_, &ids_, &row_, &stage_out_, &input_grad_}) {
     if (*b != nullptr) total += int64_t((*b)->bytes());
   }
   return total;
@@ -204,6 +212,25 @@ void CudaGpt::InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out
   std::vector<float> host(end - begin);
   InitSliceHost(seed, begin, end, host.data(), &pool_);
   math_->CopyFromHost(out, host.data(), host.size());
+}
+
+const float* CudaGpt::AsFloat32(float* dst, const void* src, int64_t n) const {
+  if (compute() == DataType::kFloat32) return static_cast<const float*>(src);
+  Check(ConvertToFloat32(k(), dst, src, n));
+  return dst;
+}
+
+const float* CudaGpt::StageOutput(int k_slot) const {
+  if (layout().slice().last_stage) return nullptr;
+  const int64_t n = static_cast<int64_t>(StageIoElements());
+  float* dst = stage_out_ == nullptr ? nullptr : stage_out_->as<float>() + k_slot * n;
+  return AsFloat32(dst, LastOutput(slot(k_slot)), n);
+}
+
+const float* CudaGpt::InputGrad() const {
+  if (layout().slice().first_stage) return nullptr;
+  float* dst = input_grad_ == nullptr ? nullptr : input_grad_->as<float>();
+  return AsFloat32(dst, dresidual(), static_cast<int64_t>(StageIoElements()));
 }
 
 void CudaGpt::ZeroGrad() {

@@ -13,9 +13,9 @@
 // fp32 the compute copy is the master itself and TF32 is never used, so the
 // engine equals the CPU engine to rounding.
 //
-// So far one whole model per GPU: tensor-parallel slices and pipeline stages
-// are refused by Create (they arrive with GPU part 3). The host synchronises
-// once per forward, to read the losses back.
+// Pipeline stages run like whole models (GptEngine's slots and slices);
+// tensor-parallel slices are refused by Create (GPU part 3). The host
+// synchronises once per forward, to read the losses back.
 //
 // CUDA errors inside a pass abort the process with the kernel's message (a
 // worker crash: the coordinator recovers the job like any failed rank).
@@ -54,7 +54,12 @@ class CudaGpt final : public GptEngine {
   ThreadPool* host_pool() override { return &pool_; }
   FlatMath& math() override { return *math_; }
   void InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) override;
-  const float* StageOutput(int slot) const override { return nullptr; }
+  // Pipeline stages exchange fp32 in device memory: the slot's output and
+  // the input gradient as they are (fp32 compute) or converted from the
+  // compute type into buffers of this engine's (valid until the slot's next
+  // forward, the next backward). Null where the stage sends none.
+  const float* StageOutput(int slot) const override;
+  const float* InputGrad() const override;
   void ZeroGrad() override;
   void ReadLogits(int row, float* out) const override;
 
@@ -105,6 +110,9 @@ class CudaGpt final : public GptEngine {
   const void* param(int tensor) const;
   float* grad(int tensor) const;
   int SlotIndex(const SlotActs& s) const { return static_cast<int>(&s - &slot(0)); }
+  // `src` (n of the compute type) as fp32: itself under fp32, else
+  // converted into dst (on the compute stream).
+  const float* AsFloat32(float* dst, const void* src, int64_t n) const;
   int* DeviceTokens(int slot) const;
   int* DeviceTargets(int slot) const;
 
@@ -113,6 +121,9 @@ class CudaGpt final : public GptEngine {
   std::unique_ptr<FlatMath> math_;
   KernelContext kernels_;
   std::unique_ptr<Buffer> params_, grads_, compute_, acts_, ids_, row_;
+  // Pipeline exchange in fp32 under a 16-bit compute type: every slot's
+  // output (not on the last stage), the input gradient (not on the first).
+  std::unique_ptr<Buffer> stage_out_, input_grad_;
   std::vector<float> host_losses_;
 };
 

@@ -1,28 +1,97 @@
-// OffHostEngine: a CPU engine whose parameter and gradient buffers say they
-// live on a GPU (DeviceKind::kCuda). The memory is the host's, so the
-// engine computes as usual, but a data-parallel strategy that views them as
-// host memory (FlatView::f32) aborts as it would on a real GPU rank — where
-// such a view is a crash (seen on an H100: Ddp::Step's tp sum). Strategies
-// must reach the buffers through engine().math() (copies, norms, AdamW),
-// which here is the host's and works on the real pointers.
+// OffHostEngine: a CPU engine that poses as a GPU one. Its parameter and
+// gradient buffers say they live on a GPU (DeviceKind::kCuda), and every
+// pointer into its memory that it hands out — the buffers' data, pipeline
+// outputs and input gradients, what its math() allocates — is "device"
+// address: the host address plus kTag, which the host cannot dereference
+// (a direct read or write faults, as on a real GPU rank, where such a read
+// crashed Ddp::Step on an H100). Its FlatMath (norms, scaling, AdamW, the
+// copies to and from the host) and its own entry points (InitParamsInto,
+// StageForward's input, StageBackward's doutput) take device addresses and
+// translate them. So a data-parallel strategy or a pipeline executor that
+// runs with it reaches the engine's memory only as it must on a GPU:
+// through math() and the engine.
 //
 // Tests run the GPU path's logic (host staging) with it and compare it with
 // the plain CPU path.
 #ifndef SHARDTRAIN_TESTS_UNIT_WORKER_PARALLEL_OFF_HOST_ENGINE_H_
 #define SHARDTRAIN_TESTS_UNIT_WORKER_PARALLEL_OFF_HOST_ENGINE_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <utility>
 
 #include "worker/engine/engine.h"
+#include "worker/engine/flat_math.h"
 
 namespace shardtrain::parallel::testing {
+
+// Device address of host memory p, and back (null stays null). kTag puts it
+// outside any mapping of a 47-bit user address space.
+inline constexpr uintptr_t kTag = uintptr_t{1} << 62;
+template <typename T>
+T* ToDevice(T* p) {
+  return p == nullptr ? nullptr : reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) + kTag);
+}
+template <typename T>
+T* ToHost(T* p) {
+  return p == nullptr ? nullptr : reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) - kTag);
+}
+
+// A host buffer under a GPU's label and at its device address; owns the
+// buffer it wraps or refers to one.
+class DeviceLabelled final : public engine::Buffer {
+ public:
+  explicit DeviceLabelled(engine::Buffer& inner)
+      : Buffer(ToDevice(static_cast<char*>(inner.data())), inner.count(), inner.dtype(),
+               DeviceKind::kCuda),
+        inner_(inner) {}
+  explicit DeviceLabelled(std::unique_ptr<engine::Buffer> owned) : DeviceLabelled(*owned) {
+    owned_ = std::move(owned);
+  }
+  void Release(size_t begin, size_t n) override { inner_.Release(begin, n); }
+  int64_t ResidentBytes(size_t begin, size_t n) const override {
+    return inner_.ResidentBytes(begin, n);
+  }
+  void SetReleaseBoundary(size_t offset) override { inner_.SetReleaseBoundary(offset); }
+
+ private:
+  engine::Buffer& inner_;
+  std::unique_ptr<engine::Buffer> owned_;
+};
+
+// The inner engine's math over device addresses.
+class DeviceMath final : public engine::FlatMath {
+ public:
+  explicit DeviceMath(engine::FlatMath& inner) : inner_(inner) {}
+  double SquaredNorm(const float* x, size_t n) override { return inner_.SquaredNorm(ToHost(x), n); }
+  void Scale(float* x, size_t n, float s) override { inner_.Scale(ToHost(x), n, s); }
+  void AdamWUpdate(float* p, float* g, float* m, float* v, size_t n,
+                   const engine::AdamWCoefficients& c, bool zero_grads) override {
+    inner_.AdamWUpdate(ToHost(p), ToHost(g), ToHost(m), ToHost(v), n, c, zero_grads);
+  }
+  void CopyToHost(float* host, const float* x, size_t n) override {
+    inner_.CopyToHost(host, ToHost(x), n);
+  }
+  void CopyFromHost(float* x, const float* host, size_t n) override {
+    inner_.CopyFromHost(ToHost(x), host, n);
+  }
+  std::unique_ptr<engine::Buffer> Allocate(size_t n) override {
+    return std::make_unique<DeviceLabelled>(inner_.Allocate(n));
+  }
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+
+ private:
+  engine::FlatMath& inner_;
+};
 
 class OffHostEngine final : public engine::Engine {
  public:
   explicit OffHostEngine(std::unique_ptr<engine::Engine> inner)
-      : inner_(std::move(inner)), params_(inner_->param_buffer()), grads_(inner_->grad_buffer()) {}
+      : inner_(std::move(inner)),
+        params_(inner_->param_buffer()),
+        grads_(inner_->grad_buffer()),
+        math_(inner_->math()) {}
 
   // The wrapped engine, whose buffers are plainly the host's (for checks).
   engine::Engine& inner() { return *inner_; }
@@ -37,9 +106,9 @@ class OffHostEngine final : public engine::Engine {
   int64_t activation_bytes() const override { return inner_->activation_bytes(); }
   int64_t ResidentActivationBytes() const override { return inner_->ResidentActivationBytes(); }
   engine::ThreadPool* host_pool() override { return inner_->host_pool(); }
-  engine::FlatMath& math() override { return inner_->math(); }
+  engine::FlatMath& math() override { return math_; }
   void InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) override {
-    inner_->InitParamsInto(seed, begin, end, out);
+    inner_->InitParamsInto(seed, begin, end, ToHost(out));
   }
   using Engine::Forward;
   float Forward(const int* tokens, const int* targets, int b, int t) override {
@@ -54,25 +123,23 @@ class OffHostEngine final : public engine::Engine {
   void set_param_hook(std::function<void(int, bool)> hook) override {
     inner_->set_param_hook(std::move(hook));
   }
+  // Pipeline stages: what the engine reads and gives is device memory too.
+  int slots() const override { return inner_->slots(); }
+  float StageForward(int slot, const int* tokens, const int* targets, const float* input, int b,
+                     int t) override {
+    return inner_->StageForward(slot, tokens, targets, ToHost(input), b, t);
+  }
+  const float* StageOutput(int slot) const override { return ToDevice(inner_->StageOutput(slot)); }
+  void StageBackward(int slot, float loss_scale, const float* doutput) override {
+    inner_->StageBackward(slot, loss_scale, ToHost(doutput));
+  }
+  const float* InputGrad() const override { return ToDevice(inner_->InputGrad()); }
+  size_t StageIoElements() const override { return inner_->StageIoElements(); }
 
  private:
-  // The inner buffer under a GPU's label.
-  class Labelled final : public engine::Buffer {
-   public:
-    explicit Labelled(engine::Buffer& inner)
-        : Buffer(inner.data(), inner.count(), inner.dtype(), DeviceKind::kCuda), inner_(inner) {}
-    void Release(size_t begin, size_t n) override { inner_.Release(begin, n); }
-    int64_t ResidentBytes(size_t begin, size_t n) const override {
-      return inner_.ResidentBytes(begin, n);
-    }
-    void SetReleaseBoundary(size_t offset) override { inner_.SetReleaseBoundary(offset); }
-
-   private:
-    engine::Buffer& inner_;
-  };
-
   std::unique_ptr<engine::Engine> inner_;
-  Labelled params_, grads_;
+  DeviceLabelled params_, grads_;
+  DeviceMath math_;
 };
 
 }  // namespace shardtrain::parallel::testing
