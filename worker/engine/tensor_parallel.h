@@ -34,11 +34,27 @@
 #ifndef SHARDTRAIN_WORKER_ENGINE_TENSOR_PARALLEL_H_
 #define SHARDTRAIN_WORKER_ENGINE_TENSOR_PARALLEL_H_
 
+#include <algorithm>
 #include <cstddef>
 
 #include "absl/status/status.h"
 
 namespace shardtrain::engine {
+
+// The rows of wte one tp rank holds: [v0, v0 + Vpt), of which `real`
+// (< vocab) are tokens (the padded rows are never looked up or scored).
+// Every engine's vocabulary-parallel ends (the embedding, the LM head, the
+// cross-entropy) use it.
+struct VocabShard {
+  int v0 = 0, Vpt = 0, real = 0;
+};
+inline VocabShard VocabShardOf(int vocab, int padded_vocab, int tp, int tp_rank) {
+  VocabShard v;
+  v.Vpt = padded_vocab / tp;
+  v.v0 = tp_rank * v.Vpt;
+  v.real = std::clamp(vocab - v.v0, 0, v.Vpt);
+  return v;
+}
 
 class TensorParallel {
  public:

@@ -11,8 +11,8 @@
 //     the CPU on the GPU) and continues the loss curve within 1e-5;
 //   - the plan's model state and activations against what the device gave
 //     the trainer (cudaMemGetInfo before and after), printed;
-//   - DDP, ZeRO-1/2/3, pp 2 and dp 2 × pp 2 with ranks sharing one GPU
-//     (Gloo through host copies) equal one rank; a ZeRO-3 checkpoint of 2
+//   - DDP, ZeRO-1/2/3, pp 2, dp 2 × pp 2, tp 2 and dp 2 × tp 2 with ranks
+//     sharing one GPU (Gloo through host copies) equal one rank; a ZeRO-3 checkpoint of 2
 //     GPU ranks resumes on 1 CPU rank and on 4 GPU ranks.
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -260,11 +260,11 @@ TEST_F(GpuTrainerTest, DataParallelRanksOnOneGpuEqualOneRank) {
   }
 }
 
-// Pipeline stages on one GPU (Gloo through host copies; each stage's output
-// and input gradient in fp32): pp 2 with 1F1B over 4 micro-batches, and dp 2
-// × pp 2 under ZeRO-1, equal one rank with the same global batch — 1e-5 in
-// fp32 over 20 steps, 1e-2 in bf16.
-TEST_F(GpuTrainerTest, PipelineStagesOnOneGpuEqualOneRank) {
+// Model parallelism on one GPU (Gloo through host copies): pp 2 with 1F1B
+// over 4 micro-batches, dp 2 × pp 2 under ZeRO-1, tp 2 (vocabulary-parallel
+// ends, the tp sums through the host in fp32) and dp 2 × tp 2 equal one rank
+// with the same global batch — 1e-5 in fp32 over 20 steps, 1e-2 in bf16.
+TEST_F(GpuTrainerTest, TensorAndPipelineParallelOnOneGpuEqualOneRank) {
   SKIP_WITHOUT_GPU();
   for (const auto& [precision, tolerance] :
        {std::pair<const char*, double>{"fp32", 1e-5}, {"bf16", 1e-2}}) {
@@ -282,7 +282,11 @@ TEST_F(GpuTrainerTest, PipelineStagesOnOneGpuEqualOneRank) {
                "resources.max_workers=2"}},
           {"dp2 pp2 zero1",
            {"parallel.dp=2", "parallel.pp=2", "parallel.zero=1", "batch.micro=2",
-            "resources.min_workers=4", "resources.max_workers=4"}}}) {
+            "resources.min_workers=4", "resources.max_workers=4"}},
+          {"tp2", {"parallel.tp=2", "resources.min_workers=2", "resources.max_workers=2"}},
+          {"dp2 tp2",
+           {"parallel.dp=2", "parallel.tp=2", "batch.micro=4", "resources.min_workers=4",
+            "resources.max_workers=4"}}}) {
       absl::StatusOr<JobSpec> split = ParseJobSpec(JobSpecToYaml(spec), overrides);
       ASSERT_TRUE(split.ok()) << split.status();
       const std::vector<double> got = TrainRanks(*split, 1, r.steps);
@@ -365,13 +369,14 @@ TEST_F(GpuTrainerTest, Zero3CheckpointHarnessOnCpuRanks) {
 // What GPU ranks cannot do yet is refused before any device is touched,
 // naming the field (the job fails at once instead of a rank aborting in the
 // engine mid-step). Runs anywhere.
-TEST_F(GpuTrainerTest, TensorParallelAndNcclOnGpusAreRefusedNamingTheField) {
+TEST_F(GpuTrainerTest, SequenceParallelAndNcclOnGpusAreRefusedNamingTheField) {
   RunSpec r;
   r.device = "cuda";
-  for (const auto& [overrides, field] :
-       {std::pair<std::vector<std::string>, std::string>{
-            {"parallel.tp=2", "resources.min_workers=2", "resources.max_workers=2"}, "parallel.tp"},
-        {{"parallel.comm=nccl"}, "parallel.comm"}}) {
+  for (const auto& [overrides, field] : {std::pair<std::vector<std::string>, std::string>{
+                                             {"parallel.tp=2", "parallel.sequence_parallel=true",
+                                              "resources.min_workers=2", "resources.max_workers=2"},
+                                             "parallel.sequence_parallel"},
+                                         {{"parallel.comm=nccl"}, "parallel.comm"}}) {
     absl::StatusOr<JobSpec> spec = ParseJobSpec(JobSpecToYaml(SpecOf(r)), overrides);
     ASSERT_TRUE(spec.ok()) << spec.status();
     absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*spec, 0, 1, nullptr, 0);

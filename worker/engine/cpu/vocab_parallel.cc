@@ -7,14 +7,6 @@
 
 namespace shardtrain::engine::cpu {
 
-VocabShard VocabShardOf(int vocab, int padded_vocab, int tp, int tp_rank) {
-  VocabShard v;
-  v.Vpt = padded_vocab / tp;
-  v.v0 = tp_rank * v.Vpt;
-  v.real = std::clamp(vocab - v.v0, 0, v.Vpt);
-  return v;
-}
-
 void VocabParallelEncoderForward(float* out, const int* tokens, const float* wte_shard,
                                  const float* wpe, int B, int T, int C, const VocabShard& v,
                                  TensorParallel* tp, ThreadPool* pool, float* local) {

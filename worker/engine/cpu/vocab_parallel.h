@@ -16,12 +16,8 @@
 
 namespace shardtrain::engine::cpu {
 
-// The rows of wte one tp rank holds: [v0, v0 + Vpt), of which `real`
-// (< vocab) are tokens (the padded rows are never looked up or scored).
-struct VocabShard {
-  int v0 = 0, Vpt = 0, real = 0;
-};
-VocabShard VocabShardOf(int vocab, int padded_vocab, int tp, int tp_rank);
+using engine::VocabShard;  // tensor_parallel.h
+using engine::VocabShardOf;
 
 // out (N·C) = wte[tok] (this rank's rows, summed over tp) + wpe[t].
 // Sequence parallelism (`local` given): out holds the partial sums only, and

@@ -1,5 +1,7 @@
 // Encoder: token + position embedding, forward and backward (kernels.h; the
 // CPU twin is engine/cpu/layers.cc).
+#include <limits>
+
 #include "worker/engine/cuda/kernel_util.cuh"
 #include "worker/engine/cuda/kernels.h"
 
@@ -20,18 +22,20 @@ absl::Status CheckEncoderSizes(const char* kernel, int B, int T, int C, int64_t*
   return absl::OkStatus();
 }
 
-// One thread per output element (b, t, c) of out (B,T,C):
-// out[b,t,c] = wte[tokens[b,t], c] + wpe[t, c].
+// One thread per output element (b, t, c) of out (B,T,C): out[b,t,c] =
+// wte[tokens[b,t] - v0, c] (0 outside [0, real)) + wpe[t, c] (0 when null).
 template <typename F>
-__global__ void EncoderForwardKernel(F* out, const int* tokens, const F* wte, const F* wpe, int B,
-                                     int T, int C) {
+__global__ void EncoderForwardKernel(F* out, const int* tokens, const F* wte, const F* wpe, int v0,
+                                     int real, int B, int T, int C) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= int64_t{B} * T * C) return;
   const int64_t row = i / C;  // b * T + t
   const int c = static_cast<int>(i % C);
   const int t = static_cast<int>(row % T);
-  const int64_t token = tokens[row];
-  out[i] = Store<F>(Load(wte[token * C + c]) + Load(wpe[int64_t{t} * C + c]));
+  const int64_t token = int64_t{tokens[row]} - v0;
+  float x = token >= 0 && token < real ? Load(wte[token * C + c]) : 0.0f;
+  if (wpe != nullptr) x += Load(wpe[int64_t{t} * C + c]);
+  out[i] = Store<F>(x);
 }
 
 }  // namespace
@@ -39,6 +43,13 @@ __global__ void EncoderForwardKernel(F* out, const int* tokens, const F* wte, co
 // out (B,T,C) = wte (Vp,C)[tokens (B,T)] + wpe (context,C)[t]. Saves nothing.
 absl::Status EncoderForward(const KernelCtx& ctx, void* out, const int* tokens, const void* wte,
                             const void* wpe, int B, int T, int C) {
+  return EncoderForwardShard(ctx, out, tokens, wte, wpe, 0, std::numeric_limits<int>::max(), B, T,
+                             C);
+}
+
+absl::Status EncoderForwardShard(const KernelCtx& ctx, void* out, const int* tokens,
+                                 const void* wte_shard, const void* wpe, int v0, int real, int B,
+                                 int T, int C) {
   constexpr const char* kName = "EncoderForward";
   int64_t n = 0;
   SHARDTRAIN_RETURN_IF_ERROR(CheckEncoderSizes(kName, B, T, C, &n));
@@ -48,8 +59,8 @@ absl::Status EncoderForward(const KernelCtx& ctx, void* out, const int* tokens, 
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
     EncoderForwardKernel<F><<<static_cast<int>(blocks), kThreads, 0, ctx.stream>>>(
-        static_cast<F*>(out), tokens, static_cast<const F*>(wte), static_cast<const F*>(wpe), B, T,
-        C);
+        static_cast<F*>(out), tokens, static_cast<const F*>(wte_shard),
+        static_cast<const F*>(wpe), v0, real, B, T, C);
     return internal::CheckLaunch(kName);
   });
 }
@@ -63,15 +74,16 @@ namespace {
 // Grid: (channel tiles, kTokenClasses / warps per block).
 constexpr int kTokenClasses = 64;
 constexpr int kClassWarps = 8;  // token classes per block (blockDim.y)
+// Tokens outside this rank's rows [v0, v0 + real) are skipped.
 template <typename F>
-__global__ void EncoderBackwardWteKernel(float* dwte, const F* dout, const int* tokens, int rows,
-                                         int C) {
+__global__ void EncoderBackwardWteKernel(float* dwte, const F* dout, const int* tokens, int v0,
+                                         int real, int rows, int C) {
   const int c = blockIdx.x * internal::kWarpSize + threadIdx.x;
   const int token_class = blockIdx.y * kClassWarps + threadIdx.y;
   if (c >= C) return;
   for (int r = 0; r < rows; ++r) {
-    const int64_t token = tokens[r];
-    if (token % kTokenClasses != token_class) continue;
+    const int64_t token = int64_t{tokens[r]} - v0;
+    if (token < 0 || token >= real || token % kTokenClasses != token_class) continue;
     dwte[token * C + c] += Load(dout[int64_t{r} * C + c]);
   }
 }
@@ -93,6 +105,12 @@ __global__ void EncoderBackwardWpeKernel(float* dwpe, const F* dout, int B, int 
 // rows of (context,C), fp32) += sum over B.
 absl::Status EncoderBackward(const KernelCtx& ctx, float* dwte, float* dwpe, const void* dout,
                              const int* tokens, int B, int T, int C) {
+  return EncoderBackwardShard(ctx, dwte, dwpe, dout, tokens, 0, std::numeric_limits<int>::max(),
+                              B, T, C);
+}
+
+absl::Status EncoderBackwardShard(const KernelCtx& ctx, float* dwte, float* dwpe, const void* dout,
+                                  const int* tokens, int v0, int real, int B, int T, int C) {
   constexpr const char* kName = "EncoderBackward";
   int64_t n = 0;
   SHARDTRAIN_RETURN_IF_ERROR(CheckEncoderSizes(kName, B, T, C, &n));
@@ -110,7 +128,7 @@ absl::Status EncoderBackward(const KernelCtx& ctx, float* dwte, float* dwpe, con
                         kTokenClasses / kClassWarps);
     EncoderBackwardWteKernel<F>
         <<<wte_grid, dim3(internal::kWarpSize, kClassWarps), 0, ctx.stream>>>(
-            dwte, d, tokens, static_cast<int>(rows), C);
+            dwte, d, tokens, v0, real, static_cast<int>(rows), C);
     SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("EncoderBackward (dwte)"));
     EncoderBackwardWpeKernel<F>
         <<<static_cast<int>(wpe_blocks), kThreads, 0, ctx.stream>>>(dwpe, d, B, T, C);

@@ -83,24 +83,27 @@ absl::Status GeluBackward(const KernelCtx& ctx, void* dinp, const void* inp, con
 
 namespace {
 
-// One thread per element: out = a + b.
+// One thread per element: out[i] = a[i] + b[i mod period] (period n: an
+// elementwise sum; a row's width: a bias on every row).
 template <typename F>
-__global__ void AddKernel(F* out, const F* a, const F* b, int64_t n) {
+__global__ void AddKernel(F* out, const F* a, const F* b, int64_t n, int64_t period) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = Store<F>(Load(a[i]) + Load(b[i]));
+  if (i < n) out[i] = Store<F>(Load(a[i]) + Load(b[i % period]));
 }
 
-// out = a + b over n elements of ctx.dtype (out may alias a).
+// out = a + b (b repeated every `period` elements; 0: n) over n elements of
+// ctx.dtype (out may alias a).
 absl::Status LaunchAdd(const KernelCtx& ctx, const char* kernel, void* out, const void* a,
-                       const void* b, int64_t n) {
+                       const void* b, int64_t n, int64_t period = 0) {
   bool skip = false;
   SHARDTRAIN_RETURN_IF_ERROR(CheckElementwise(kernel, n, &skip));
   if (skip) return absl::OkStatus();
+  if (period <= 0) period = n;
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
     const int blocks = static_cast<int>(internal::BlocksFor(n, kThreads));
     AddKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
-        static_cast<F*>(out), static_cast<const F*>(a), static_cast<const F*>(b), n);
+        static_cast<F*>(out), static_cast<const F*>(a), static_cast<const F*>(b), n, period);
     return internal::CheckLaunch(kernel);
   });
 }
@@ -116,6 +119,14 @@ absl::Status ResidualForward(const KernelCtx& ctx, void* out, const void* inp1, 
 // dst (n) += src (n).
 absl::Status AddInPlace(const KernelCtx& ctx, void* dst, const void* src, int64_t n) {
   return LaunchAdd(ctx, "AddInPlace", dst, dst, src, n);
+}
+
+// out (N, OC) += bias (OC) on every row.
+absl::Status AddBias(const KernelCtx& ctx, void* out, const void* bias, int N, int OC) {
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative("AddBias", "N", N));
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative("AddBias", "OC", OC));
+  if (OC == 0) return absl::OkStatus();
+  return LaunchAdd(ctx, "AddBias", out, out, bias, int64_t{N} * OC, OC);
 }
 
 }  // namespace shardtrain::engine::cuda

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -113,9 +114,10 @@ absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const model::GptConfig&
                                                          const GptEngineOptions& options) {
   if (auto s = ValidateGptEngine(config, B, T, options); !s.ok()) return s;
   const model::ModelSlice& sl = options.slice;
-  if (sl.tp > 1) {
+  if (sl.tp > 1 && options.activations.sequence_parallel) {
     return absl::UnimplementedError(
-        "the CUDA engine runs no tensor-parallel slice yet: parallel.tp must be 1 on cuda");
+        "the CUDA engine runs no sequence parallelism yet: parallel.sequence_parallel must be "
+        "false on cuda");
   }
   if (host_threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", host_threads));
@@ -133,7 +135,9 @@ CudaGpt::CudaGpt(const model::GptConfig& config, int B, int T, DataType compute,
     : GptEngine(config, B, T, options, compute),
       pool_(host_threads),
       device_(std::move(device)),
-      math_(MakeCudaFlatMath(device_.get())) {}
+      math_(MakeCudaFlatMath(device_.get())),
+      vocab_(VocabShardOf(config.vocab, config.padded_vocab, options.slice.tp,
+                          options.slice.tp_rank)) {}
 
 CudaGpt::~CudaGpt() {
   // Nothing may still write into the buffers about to be freed.
@@ -160,6 +164,10 @@ absl::Status CudaGpt::Init() {
   if (s.ok()) s = alloc(static_cast<size_t>(2 * slots() * BT), DataType::kFloat32, &ids_);
   if (s.ok()) s = alloc(static_cast<size_t>(config().padded_vocab), DataType::kFloat32, &row_);
   const size_t io = StageIoElements();
+  // The tp sums through the host convert a 16-bit compute type in fp32 here.
+  if (s.ok() && tp() != nullptr && compute() != DataType::kFloat32) {
+    s = alloc(size_t(BT) * size_t(config().dim), DataType::kFloat32, &tp_scratch_);
+  }
   if (s.ok() && compute() != DataType::kFloat32 && !layout().slice().last_stage) {
     s = alloc(io * size_t(slots()), DataType::kFloat32, &stage_out_);
   }
@@ -174,8 +182,8 @@ absl::Status CudaGpt::Init() {
 
 int64_t CudaGpt::allocated_bytes() const {
   int64_t total = 0;
-  for (const auto* b :
-       {&params_, &grads_, &compute_, &acts_, &ids_, &row_, &stage_out_, &input_grad_}) {
+  for (const auto* b : {&params_, &grads_, &compute_, &acts_, &ids_, &row_, &stage_out_,
+                        &input_grad_, &tp_scratch_}) {
     if (*b != nullptr) total += int64_t((*b)->bytes());
   }
   return total;
@@ -239,11 +247,11 @@ void CudaGpt::ZeroGrad() {
 }
 
 void CudaGpt::ReadLogits(int row, float* out) const {
-  const int Vp = config().padded_vocab;
-  const void* logits = Bytes(slot(0).logits) + int64_t{row} * Vp * DataTypeSize(compute());
-  Check(ConvertToFloat32(k(), row_->as<float>(), logits, config().vocab));
-  CheckCuda(cudaMemcpyAsync(out, row_->data(), sizeof(float) * config().vocab,
-                            cudaMemcpyDeviceToHost, stream()),
+  // This rank's real columns (all of them without tp), as the CPU engine.
+  const void* logits = Bytes(slot(0).logits) + int64_t{row} * vocab_.Vpt * DataTypeSize(compute());
+  Check(ConvertToFloat32(k(), row_->as<float>(), logits, vocab_.real));
+  CheckCuda(cudaMemcpyAsync(out, row_->data(), sizeof(float) * vocab_.real, cudaMemcpyDeviceToHost,
+                            stream()),
             "cudaMemcpyAsync (logits)");
   CheckCuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (logits)");
 }
@@ -262,13 +270,23 @@ void CudaGpt::EncoderForward(SlotActs& s) {
   CheckCuda(cudaMemcpyAsync(DeviceTokens(k_slot), s.tokens.data(), sizeof(int) * s.b * s.t,
                             cudaMemcpyHostToDevice, stream()),
             "cudaMemcpyAsync (tokens)");
-  Check(cuda::EncoderForward(k(), s.encoded, DeviceTokens(k_slot), param(layout().wte()),
-                             param(layout().wpe()), s.b, s.t, config().dim));
+  if (tp() == nullptr) {
+    Check(cuda::EncoderForward(k(), s.encoded, DeviceTokens(k_slot), param(layout().wte()),
+                               param(layout().wpe()), s.b, s.t, config().dim));
+    return;
+  }
+  // Vocabulary-parallel: this rank's rows (wpe added by tp rank 0 only),
+  // summed over tp (one rank holds each token's row: the sum is exact).
+  Check(cuda::EncoderForwardShard(k(), s.encoded, DeviceTokens(k_slot), param(layout().wte()),
+                                  tp()->rank() == 0 ? param(layout().wpe()) : nullptr, vocab_.v0,
+                                  vocab_.real, s.b, s.t, config().dim));
+  TpAllReduceSum(s.encoded, int64_t{s.b} * s.t * config().dim);
 }
 
 void CudaGpt::EncoderBackward(const SlotActs& s, const void* dout) {
-  Check(cuda::EncoderBackward(k(), grad(layout().wte()), grad(layout().wpe()), dout,
-                              DeviceTokens(SlotIndex(s)), s.b, s.t, config().dim));
+  Check(cuda::EncoderBackwardShard(k(), grad(layout().wte()), grad(layout().wpe()), dout,
+                                   DeviceTokens(SlotIndex(s)), vocab_.v0, vocab_.real, s.b, s.t,
+                                   config().dim));
 }
 
 void CudaGpt::CopyFromFloat32(void* dst, const float* src, int64_t n) {
@@ -303,7 +321,7 @@ void CudaGpt::MatmulBackward(void* dinp, const void* dout, int ld_dout, const vo
 }
 
 void CudaGpt::AddBias(void* out, int bias, int N, int OC) {
-  Fail("CudaGpt::AddBias: tensor parallelism is not on the GPU yet");
+  Check(cuda::AddBias(k(), out, param(bias), N, OC));
 }
 
 void CudaGpt::AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t,
@@ -328,53 +346,111 @@ void CudaGpt::ResidualForward(void* out, const void* inp1, const void* inp2, int
   Check(cuda::ResidualForward(k(), out, inp1, inp2, n));
 }
 
-// The LM head runs over all Vp rows of wte, not V: GEMMs whose m is a
-// multiple of 8 get Hopper's fast kernels (V = 50257 fell back to align-1
-// ones, 10% of a GPT-2 step). The padding rows of wte stay zero (their
-// gradient is 0: CrossEntropyBackward zeroes the padding columns of
-// dlogits), and no one reads the padding logits.
+// The LM head runs over all Vpt rows of this rank's wte (Vp without tp),
+// not its real ones: GEMMs whose m is a multiple of 8 get Hopper's fast
+// kernels (V = 50257 fell back to align-1 ones, 10% of a GPT-2 step). The
+// padding rows of wte stay zero (their gradient is 0: CrossEntropyBackward
+// zeroes the padding columns of dlogits), and no one reads the padding
+// logits.
 void CudaGpt::LmHeadForward(SlotActs& s) {
   Check(cuda::MatmulForward(k(), s.logits, s.lnf, param(layout().wte()), nullptr, s.b * s.t,
-                            config().dim, config().padded_vocab, config().padded_vocab));
+                            config().dim, vocab_.Vpt, vocab_.Vpt));
 }
 
 double CudaGpt::CrossEntropyForward(SlotActs& s) {
   const int N = s.b * s.t, k_slot = SlotIndex(s);
-  CheckCuda(cudaMemcpyAsync(DeviceTargets(k_slot), s.targets.data(), sizeof(int) * N,
+  // The targets as columns of this rank's logits (v0 = 0 without tp): one
+  // held by another tp rank matches none.
+  shifted_targets_.resize(N);
+  for (int i = 0; i < N; ++i) shifted_targets_[i] = s.targets[i] - vocab_.v0;
+  CheckCuda(cudaMemcpyAsync(DeviceTargets(k_slot), shifted_targets_.data(), sizeof(int) * N,
                             cudaMemcpyHostToDevice, stream()),
             "cudaMemcpyAsync (targets)");
-  Check(cuda::CrossEntropyForward(k(), s.losses, s.lse, s.logits, DeviceTargets(k_slot), N,
-                                  config().vocab, config().padded_vocab));
-  CheckCuda(cudaMemcpyAsync(host_losses_.data(), s.losses, sizeof(float) * N,
-                            cudaMemcpyDeviceToHost, stream()),
-            "cudaMemcpyAsync (losses)");
-  CheckCuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (losses)");
+  host_losses_.assign(N, NAN);
+  host_lse_.assign(N, -INFINITY);  // a rank holding no real column adds nothing
+  if (vocab_.real > 0) {
+    Check(cuda::CrossEntropyForward(k(), s.losses, s.lse, s.logits, DeviceTargets(k_slot), N,
+                                    vocab_.real, vocab_.Vpt));
+    CheckCuda(cudaMemcpyAsync(host_losses_.data(), s.losses, sizeof(float) * N,
+                              cudaMemcpyDeviceToHost, stream()),
+              "cudaMemcpyAsync (losses)");
+    if (tp() != nullptr) {
+      CheckCuda(cudaMemcpyAsync(host_lse_.data(), s.lse, sizeof(float) * N, cudaMemcpyDeviceToHost,
+                                stream()),
+                "cudaMemcpyAsync (lse)");
+    }
+    CheckCuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (losses)");
+  }
+  if (tp() != nullptr) CombineVocabShards(s, N);
   double sum = 0;
   for (int i = 0; i < N; ++i) sum += host_losses_[i];
   return sum;
 }
 
+// Each tp rank has its columns' log-sum-exp (host_lse_) and, where it holds
+// the target, lse - logit[target] (host_losses_): the row's log-sum-exp over
+// the whole vocabulary is max + log Σ exp(lse_r - max) over the ranks, the
+// target logit the sum of lse_r - loss_r over the one rank holding it. Only
+// these N floats each cross the host (engine/cpu/vocab_parallel.h exchanges
+// the same); the result goes back to s.lse for the backward.
+void CudaGpt::CombineVocabShards(SlotActs& s, int N) {
+  std::vector<float> max(host_lse_), sum(N), target(N);
+  tp()->AllReduceMax(max.data(), N);
+  for (int r = 0; r < N; ++r) {
+    sum[r] = vocab_.real > 0 ? std::exp(host_lse_[r] - max[r]) : 0.0f;
+    const int t = shifted_targets_[r];
+    target[r] = t >= 0 && t < vocab_.real ? host_lse_[r] - host_losses_[r] : 0.0f;
+  }
+  tp()->AllReduceSum(sum.data(), N);
+  tp()->AllReduceSum(target.data(), N);
+  for (int r = 0; r < N; ++r) {
+    host_lse_[r] = max[r] + std::log(sum[r]);
+    host_losses_[r] = host_lse_[r] - target[r];
+  }
+  CheckCuda(
+      cudaMemcpyAsync(s.lse, host_lse_.data(), sizeof(float) * N, cudaMemcpyHostToDevice, stream()),
+      "cudaMemcpyAsync (lse to the device)");
+  CheckCuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (lse)");
+}
+
 void CudaGpt::CrossEntropyBackward(SlotActs& s, float dloss) {
-  Check(cuda::CrossEntropyBackward(k(), s.logits, s.lse, DeviceTargets(SlotIndex(s)), dloss,
-                                   s.b * s.t, config().vocab, config().padded_vocab));
+  const int N = s.b * s.t;
+  if (vocab_.real == 0) {  // no real column here: the gradient is 0
+    Zero(s.logits, int64_t{N} * vocab_.Vpt);
+    return;
+  }
+  Check(cuda::CrossEntropyBackward(k(), s.logits, s.lse, DeviceTargets(SlotIndex(s)), dloss, N,
+                                   vocab_.real, vocab_.Vpt));
 }
 
 void CudaGpt::LmHeadBackward(SlotActs& s, void* dln) {
-  Check(cuda::MatmulBackward(k(), dln, grad(layout().wte()), nullptr, s.logits,
-                             config().padded_vocab, s.lnf, param(layout().wte()), s.b * s.t,
-                             config().dim, config().padded_vocab));
+  Check(cuda::MatmulBackward(k(), dln, grad(layout().wte()), nullptr, s.logits, vocab_.Vpt, s.lnf,
+                             param(layout().wte()), s.b * s.t, config().dim, vocab_.Vpt));
 }
 
+// Through the host in fp32, the tp group's sum (tensor_parallel.h): a 16-bit
+// compute type is converted on the device first and back after, so every
+// rank rounds the same fp32 sum.
 void CudaGpt::TpAllReduceSum(void* x, int64_t n) {
-  Fail("CudaGpt::TpAllReduceSum: tensor parallelism is not on the GPU yet");
+  const bool fp32 = compute() == DataType::kFloat32;
+  if (!fp32 && (tp_scratch_ == nullptr || size_t(n) > tp_scratch_->count())) {
+    Fail("CudaGpt::TpAllReduceSum: more elements than the tp scratch holds");
+  }
+  float* dev = fp32 ? static_cast<float*>(x) : tp_scratch_->as<float>();
+  if (!fp32) Check(ConvertToFloat32(k(), dev, x, n));
+  tp_host_.resize(size_t(n));
+  math_->CopyToHost(tp_host_.data(), dev, size_t(n));
+  tp()->AllReduceSum(tp_host_.data(), size_t(n));
+  math_->CopyFromHost(dev, tp_host_.data(), size_t(n));
+  if (!fp32) Check(ConvertFromFloat32(k(), x, dev, n));
 }
 
 void CudaGpt::TpAllGather(void* full, const void* local, int64_t n) {
-  Fail("CudaGpt::TpAllGather: tensor parallelism is not on the GPU yet");
+  Fail("CudaGpt::TpAllGather: sequence parallelism is not on the GPU yet (Create refuses it)");
 }
 
 void CudaGpt::TpReduceScatter(void* local, const void* full, int64_t n) {
-  Fail("CudaGpt::TpReduceScatter: tensor parallelism is not on the GPU yet");
+  Fail("CudaGpt::TpReduceScatter: sequence parallelism is not on the GPU yet (Create refuses it)");
 }
 
 }  // namespace shardtrain::engine::cuda

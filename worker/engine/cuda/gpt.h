@@ -110,6 +110,9 @@ class CudaGpt final : public GptEngine {
   const void* param(int tensor) const;
   float* grad(int tensor) const;
   int SlotIndex(const SlotActs& s) const { return static_cast<int>(&s - &slot(0)); }
+  // The vocabulary-parallel cross-entropy's exchange over tp (host_lse_,
+  // host_losses_ become the whole vocabulary's; s.lse too).
+  void CombineVocabShards(SlotActs& s, int N);
   // `src` (n of the compute type) as fp32: itself under fp32, else
   // converted into dst (on the compute stream).
   const float* AsFloat32(float* dst, const void* src, int64_t n) const;
@@ -124,6 +127,13 @@ class CudaGpt final : public GptEngine {
   // Pipeline exchange in fp32 under a 16-bit compute type: every slot's
   // output (not on the last stage), the input gradient (not on the first).
   std::unique_ptr<Buffer> stage_out_, input_grad_;
+  // The tp sums' fp32 staging on the device (16-bit compute only) and on
+  // the host; the targets as this rank's vocabulary columns; the losses'
+  // and log-sum-exps' host copies.
+  std::unique_ptr<Buffer> tp_scratch_;
+  std::vector<float> tp_host_, host_lse_;
+  std::vector<int> shifted_targets_;
+  const VocabShard vocab_;  // this rank's rows of wte (all of them without tp)
   std::vector<float> host_losses_;
 };
 

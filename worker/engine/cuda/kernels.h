@@ -77,6 +77,18 @@ absl::Status EncoderForward(const KernelCtx& ctx, void* out, const int* tokens, 
 // although token ids repeat.
 absl::Status EncoderBackward(const KernelCtx& ctx, float* dwte, float* dwpe, const void* dout,
                              const int* tokens, int B, int T, int C);
+// The vocabulary-parallel embedding (engine/cpu/vocab_parallel.h): this tp
+// rank holds wte rows [v0, v0 + real) as wte_shard (real, C). Forward: out
+// (B,T,C) = (token's row if this rank holds it, else 0) + wpe[t], wpe
+// skipped when null (the tp sum adds it once: one rank passes it).
+// Backward: dwte_shard += the rows of this rank's tokens, dwpe += every row
+// (as EncoderBackward).
+absl::Status EncoderForwardShard(const KernelCtx& ctx, void* out, const int* tokens,
+                                 const void* wte_shard, const void* wpe, int v0, int real, int B,
+                                 int T, int C);
+absl::Status EncoderBackwardShard(const KernelCtx& ctx, float* dwte_shard, float* dwpe,
+                                  const void* dout, const int* tokens, int v0, int real, int B,
+                                  int T, int C);
 
 // ---- layernorm over the last dim, eps 1e-5 ----
 // inp, out (N,C); weight, bias (C); saves mean, rstd (N, fp32).
@@ -126,6 +138,9 @@ absl::Status ResidualForward(const KernelCtx& ctx, void* out, const void* inp1, 
                              int64_t n);
 // dst (n) += src (n), both ctx.dtype.
 absl::Status AddInPlace(const KernelCtx& ctx, void* dst, const void* src, int64_t n);
+// out (N, OC) += bias (OC) on every row (a row-parallel matmul's bias, added
+// once after the tp sum), both ctx.dtype.
+absl::Status AddBias(const KernelCtx& ctx, void* out, const void* bias, int N, int OC);
 
 // ---- fused softmax + cross-entropy over the real vocab ----
 // logits (N,Vp) row stride Vp, only columns [0,V) read (padding is never in

@@ -5,6 +5,7 @@
 // determinism of the backward reductions. Skip without a GPU.
 #include "absl/strings/str_cat.h"
 #include "tests/unit/worker/engine/cuda/kernels_test_util.h"
+#include "worker/engine/cpu/vocab_parallel.h"
 #include "worker/engine/cuda/kernels.h"
 
 namespace shardtrain::engine::cuda {
@@ -99,6 +100,46 @@ TEST_F(CudaKernelsTest, EncoderBackwardIsDeterministic) {
   }
   ExpectSameBits(runs[0][0], runs[1][0], "dwte");
   ExpectSameBits(runs[0][1], runs[1][1], "dwpe");
+}
+
+// The vocabulary-parallel embedding over 3 tp ranks (V = 61, Vp = 66: the
+// last rank holds 19 real rows of 22): each rank's shard lookup (wpe added
+// by rank 0 only) summed over the ranks is the whole encoder's output
+// exactly, and each rank's backward equals the CPU's VocabParallel one.
+TEST_F(CudaKernelsTest, EncoderShardsMatchTheVocabParallelCpu) {
+  const int B = 2, T = 37, C = 48, V = 61, Vp = 66, context = 40, tp = 3;
+  const std::vector<float> wte = Uniform(rng_, size_t{Vp} * C), wpe = Uniform(rng_, context * C);
+  const std::vector<int> tokens = Ids(rng_, B * T, V);
+  const std::vector<float> dout = Uniform(rng_, size_t{B} * T * C);
+  std::vector<float> whole(size_t{B} * T * C);
+  cpu::EncoderForward<float>(whole.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, nullptr);
+  const KernelCtx& k = Ctx(kF32);
+  DevicePtr d_tok = UploadInts(tokens), d_wpe = UploadF32(wpe), d_dout = UploadF32(dout);
+  std::vector<float> sum(whole.size(), 0.0f);
+  for (int r = 0; r < tp; ++r) {
+    SCOPED_TRACE(r);
+    const VocabShard v = VocabShardOf(V, Vp, tp, r);
+    const std::vector<float> shard(wte.begin() + int64_t{v.v0} * C,
+                                   wte.begin() + int64_t{v.v0 + v.Vpt} * C);
+    DevicePtr d_shard = UploadF32(shard), d_out = Alloc(whole.size() * sizeof(float));
+    ASSERT_OK(EncoderForwardShard(k, d_out.get(), static_cast<const int*>(d_tok.get()),
+                                  d_shard.get(), r == 0 ? d_wpe.get() : nullptr, v.v0, v.real, B, T,
+                                  C));
+    const std::vector<float> out = DownloadF32(d_out.get(), whole.size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += out[i];
+
+    std::vector<float> dshard_ref(size_t{v.Vpt} * C, 0.5f), dwpe_ref(size_t{context} * C, 0.25f);
+    cpu::VocabParallelEncoderBackward(dshard_ref.data(), dwpe_ref.data(), dout.data(),
+                                      tokens.data(), B, T, C, v);
+    DevicePtr d_dshard = UploadF32(std::vector<float>(dshard_ref.size(), 0.5f));
+    DevicePtr d_dwpe = UploadF32(std::vector<float>(dwpe_ref.size(), 0.25f));
+    ASSERT_OK(EncoderBackwardShard(k, static_cast<float*>(d_dshard.get()),
+                                   static_cast<float*>(d_dwpe.get()), d_dout.get(),
+                                   static_cast<const int*>(d_tok.get()), v.v0, v.real, B, T, C));
+    ExpectSameBits(DownloadF32(d_dshard.get(), dshard_ref.size()), dshard_ref, "dwte shard");
+    ExpectClose(DownloadF32(d_dwpe.get(), dwpe_ref.size()), dwpe_ref, kFp32Tol, "dwpe");
+  }
+  ExpectSameBits(sum, whole, "sum of the shards' embeddings");
 }
 
 // -------------------------------------------------------------- layernorm
@@ -351,6 +392,26 @@ TEST_F(CudaKernelsTest, ResidualAndAddInPlaceMatchCpu) {
   ExpectSameBits(DownloadF32(d_out.get(), n), sum_ref, "residual out");
   ASSERT_OK(AddInPlace(k, d_a.get(), d_b.get(), n));
   ExpectSameBits(DownloadF32(d_a.get(), n), sum_ref, "AddInPlace dst");
+}
+
+// A row-parallel matmul's bias, added once after the tp sum: one fp32 add
+// per element, the host's bits; in bf16 the rounded sum.
+TEST_F(CudaKernelsTest, AddBiasMatchesHost) {
+  const int N = 37, OC = 100;
+  for (DataType dtype : {kF32, DataType::kBFloat16}) {
+    SCOPED_TRACE(std::string(DataTypeName(dtype)));
+    const std::vector<float> out0 = Rounded(dtype, Uniform(rng_, size_t{N} * OC));
+    const std::vector<float> bias = Rounded(dtype, Uniform(rng_, OC));
+    std::vector<float> want(out0.size());
+    for (int r = 0; r < N; ++r) {
+      for (int c = 0; c < OC; ++c) want[size_t(r) * OC + c] = out0[size_t(r) * OC + c] + bias[c];
+    }
+    want = Rounded(dtype, want);
+    const KernelCtx& k = Ctx(dtype);
+    DevicePtr d_out = Upload(dtype, out0), d_bias = Upload(dtype, bias);
+    ASSERT_OK(AddBias(k, d_out.get(), d_bias.get(), N, OC));
+    ExpectSameBits(Download(dtype, d_out.get(), out0.size()), want, "out + bias");
+  }
 }
 
 // ---------------------------------------------------------- cross-entropy
