@@ -255,10 +255,13 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   // reduce-scattered — plus, for ZeRO-3, the gathered parameters
   // (GatheredPeak). Reported as the sum of the two peaks, which bounds their
   // simultaneous peak.
-  // (Through the host, the engine's whole buffers hold the units.)
+  // Through the host (GPU ranks), a unit's device gradient lives only until
+  // it is copied out, and the gathered units are fp32 masters.
   int64_t working = 0;
-  if (zero >= 2 && !through_host) working += gb * (emb + (dp > 1 ? 2 : 1) * largest_block);
-  if (zero == 3 && !through_host) working += pb * GatheredPeak(shape, reshard);
+  if (zero >= 2) {
+    working += gb * (emb + (dp > 1 && !through_host ? 2 : 1) * largest_block);
+  }
+  if (zero == 3) working += (through_host ? 4 : pb) * GatheredPeak(shape, reshard);
   mem.set_working_bytes(working);
   // Communication buffers. Collectives run in place on the model's buffers;
   // ZeRO-2/3 with gradient accumulation receive each micro-batch's
@@ -396,11 +399,14 @@ bool StateThroughHost(const JobSpec& spec) {
 ModelStateBytes GpuThroughHostBytes(int64_t num_params, int dp, int stage,
                                     const StateBytesPerElement& per, int64_t* host) {
   const int64_t n = num_params, shard = stage >= 1 ? BusiestShard(n, dp) : n;
+  const int64_t master = per.optimizer - 8;  // fp32 master beside a 16-bit compute copy
   ModelStateBytes b;
-  // The device: the engine's whole buffers — parameters (the compute copy,
-  // and under mixed precision the fp32 master beside it) and gradients.
-  b.params = per.params * n + (per.optimizer - 8) * n;
-  b.grads = per.grads * n;
+  // The device: the compute copy (the fp32 master itself in fp32), whole
+  // but under ZeRO-3 in fp32; the fp32 master beside a 16-bit one up to
+  // ZeRO-2; the gradients under ZeRO-0/1. (ZeRO-2/3's units in use are the
+  // working set.)
+  b.params = (stage < 3 || master > 0 ? per.params * n : 0) + (stage < 3 ? master * n : 0);
+  b.grads = stage < 2 ? per.grads * n : 0;
   // The host: AdamW's m and v of the shard, fp32 copies of the whole
   // parameters and gradients, the gradient shard (2-3), the parameter shard (3).
   b.optimizer = 8 * shard;

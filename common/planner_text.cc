@@ -135,8 +135,8 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
                             ? "; optimizer state offloaded to host memory"
                             : "",
                         StateThroughHost(spec)
-                            ? "; GPU ranks: through the host (Gloo), the device keeps the "
-                              "whole model, the host the shards and the optimizer"
+                            ? "; GPU ranks: through the host (Gloo), the shards and the "
+                              "optimizer state in host memory"
                             : "");
   absl::StrAppendFormat(&out, "activations: recompute %s%s\n", RecomputeWhat(spec.model),
                         spec.parallel.sequence_parallel

@@ -179,6 +179,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   engine::cpu::GptOptions options;
   options.slice = model::SliceOf(*stages, coord.pp, dims->tp(), coord.tp);
   options.activations = spec.Activations();
+  // ZeRO-2/3 give the device memory of the units not in use back.
+  options.release_state = spec.parallel.zero >= 2;
   options.slots = parallel::PeakInFlight(
       parallel::PipelineActions(ScheduleOf(spec), coord.pp, dims->pp(), split->accum));
   if (mesh != nullptr && mesh->tp() != nullptr) {

@@ -96,10 +96,19 @@ class Buffer {
   }
 
   // Sets elements [begin, begin + n) to zero and gives the memory lying
-  // wholly inside the range back to the device; it is taken again when next
-  // written. Precondition: begin + n <= count().
+  // wholly inside the range back to the device. Host memory is taken again
+  // when next written; device memory that was given back must be taken with
+  // Acquire before anything reads or writes it again (a GPU cannot fault it
+  // in). Precondition: begin + n <= count().
   virtual void Release(size_t begin, size_t n) = 0;
   void ReleaseAll() { Release(0, count_); }
+  // Makes [begin, begin + n) memory again where Release gave it back, zero
+  // filled (ordered like Release). A no-op where nothing was given back, and
+  // on the host. Aborts when the device has no memory left for it.
+  virtual void Acquire(size_t begin, size_t n) {
+    (void)begin;
+    (void)n;
+  }
   // Bytes of the memory overlapping [begin, begin + n) that is held now.
   virtual int64_t ResidentBytes(size_t begin, size_t n) const = 0;
   int64_t ResidentBytes() const { return ResidentBytes(0, count_); }

@@ -44,6 +44,10 @@ struct GptEngineOptions {
   // What each block keeps for backward and what it recomputes
   // (model.recompute; common/model/activations.h).
   model::ActivationPolicy activations;
+  // The parameter and gradient buffers give memory back when released
+  // (ZeRO-2/3: Buffer::Release / Acquire). Host memory always does; a GPU
+  // engine allocates them with virtual memory management when set.
+  bool release_state = false;
 };
 
 // The checks every GPT engine makes of its shape and slice: B >= 1, 1 <= T

@@ -107,7 +107,13 @@ Zero::Zero(const ZeroOptions& options, engine::Engine* engine, comm::Communicato
 
 void Zero::PushParams(size_t offset, size_t n) {
   if (!staged_ || n == 0) return;
+  engine_->param_buffer().Acquire(offset, n);
   engine_->math().CopyFromHost(engine_->param_buffer().as<float>() + offset, params_ + offset, n);
+}
+
+void Zero::AcquireGrads(int unit) {
+  if (!staged_ || options_.stage < 2 || unit < 0) return;
+  engine_->grad_buffer().Acquire(units_[unit].offset, units_[unit].numel);
 }
 
 void Zero::PullGrads(size_t offset, size_t n) {
@@ -160,6 +166,7 @@ void Zero::InitParams(uint64_t seed) {
     // InitParamsInto writes the engine's memory: through the (released)
     // range the shard comes from, which is released again after.
     float* through = engine_->param_buffer().as<float>() + begin;
+    engine_->param_buffer().Acquire(begin, n);
     engine_->InitParamsInto(seed, begin, begin + n, through);
     engine_->math().CopyToHost(shard, through, n);
     engine_->param_buffer().Release(begin, n);
@@ -189,6 +196,13 @@ void Zero::BeginMicroBatch(int micro, int accum) {
   if (options_.stage == 3) {
     engine_->set_param_hook([this](int unit, bool begin) { OnParamUse(unit, begin); });
   }
+  // Staged, stages 2-3 hold a unit's device gradients only from just before
+  // its backward writes them until they are copied out (OnGradsReady): the
+  // first two written are the embeddings' (the LM head's, also the encoder's
+  // at the end) and the last unit's; each next one is taken when the one
+  // after it is done.
+  AcquireGrads(0);
+  AcquireGrads(static_cast<int>(units_.size()) - 1);
   // Stage 1 accumulates locally and reduces during the last backward only.
   // Staged, the last backward also copies the gradients to the host mirror.
   if (options_.stage >= 2 || (micro == accum - 1 && (comm_ != nullptr || staged_))) {
@@ -320,6 +334,11 @@ void Zero::OnGradsReady(size_t offset) {
     peak_live_grad_elems_ = std::max(peak_live_grad_elems_, alive);
   }
   PullGrads(it->offset, it->numel);
+  if (staged_ && options_.stage >= 2) {
+    // Reduced from the host copy: the device's can go (zeroed) at once.
+    engine_->grad_buffer().Release(it->offset, it->numel);
+    AcquireGrads(unit - 1);
+  }
   Sample();
   LaunchReduction(unit);
   // Finish (and release the gradients of) reductions already done, in order.
@@ -375,8 +394,8 @@ void Zero::CompleteReduction(Reduction& r) {
     if (tail > 0 && rank_ == dp_ - 1) Accumulate(dst + u.body, g + body, tail, add);
   }
   // The unit's full gradient is no longer needed: zero it for the next
-  // backward and give its pages back.
-  engine_->grad_buffer().Release(u.offset, u.numel);
+  // backward and give its pages back (staged: done when it was copied out).
+  if (!staged_) engine_->grad_buffer().Release(u.offset, u.numel);
 }
 
 void Zero::Sample() {

@@ -45,9 +45,13 @@
 //            parameters after a step (1-2) are copied to the engine before
 //            use. Shards and AdamW state live on the host (the optimizer is
 //            offloaded by construction). The numbers equal the unstaged run
-//            bit for bit (the same collectives on the same values). The
-//            engine's device buffers stay allocated whole: the device saves
-//            no memory yet (a CUDA Buffer::Release zeroes, it does not unmap).
+//            bit for bit (the same collectives on the same values). Device
+//            memory follows Buffer's Release/Acquire protocol: stage 3 takes
+//            a unit's parameters when it is gathered and gives them back
+//            after use; stages 2-3 take a unit's gradients just before the
+//            backward writes them and give them back once copied out. On a
+//            GPU whose buffers give memory back (GptEngineOptions::
+//            release_state) the device then holds only the units in use.
 //
 // Collective: every rank must run the same micro-batches and steps (the
 // hooks then issue the same ops in the same order). Communication errors
@@ -199,6 +203,9 @@ class Zero final : public DataParallel {
   // host mirror, and of the gradients to it. No-ops otherwise.
   void PushParams(size_t offset, size_t n);
   void PullGrads(size_t offset, size_t n);
+  // Staged, stages 2-3: takes `unit`'s device gradients (Buffer::Acquire)
+  // before the engine writes them. No-op otherwise, or for unit -1.
+  void AcquireGrads(int unit);
   // Bytes sent in the collectives since the last call (ring model of each
   // op actually issued: all-gather and reduce-scatter (dp-1)·count,
   // all-reduce 2(dp-1)/dp·count, broadcast (dp-1)/dp·count elements).

@@ -225,11 +225,13 @@ TEST(PlanMemoryTest, OffloadMovesTheOptimizerStateToHostMemory) {
 }
 
 // GPU ranks run ZeRO and the offloaded optimizer through the host
-// (parallel::Zero's and Ddp's host paths): the device keeps the engine's
-// whole buffers — the bf16 compute copy, the fp32 master and gradients,
-// 2 + 4 + 4 bytes per element — and the host m and v of the shard, fp32
-// copies of the whole parameters and gradients, and the shards.
-TEST(PlanMemoryTest, GpuRanksKeepTheWholeModelOnTheDeviceAndTheShardsOnTheHost) {
+// (parallel::Zero's and Ddp's host paths): in bf16 the device keeps the
+// compute copy (2 bytes per element), up to ZeRO-2 the fp32 master (4), under
+// ZeRO-0/1 the gradients (4), and ZeRO-2/3's units in use; the host m and v
+// of the shard, fp32 copies of the whole parameters and gradients, and the
+// shards.
+TEST(PlanMemoryTest, GpuRanksKeepUnitsInUseOnTheDeviceAndTheShardsOnTheHost) {
+  int64_t working[4] = {};
   for (int zero = 0; zero <= 3; ++zero) {
     SCOPED_TRACE(testing::Message() << "zero " << zero);
     JobSpec s = SmallSpec(4, 1, 1);
@@ -246,16 +248,22 @@ TEST(PlanMemoryTest, GpuRanksKeepTheWholeModelOnTheDeviceAndTheShardsOnTheHost) 
       shard += zero == 0 ? u.numel() : u.shard_sizes(3);
     }
     const v1::MemoryEstimate& mem = p.memory_per_rank();
-    EXPECT_EQ(mem.params_bytes(), (2 + 4) * n);
-    EXPECT_EQ(mem.grads_bytes(), 4 * n);
+    EXPECT_EQ(mem.params_bytes(), 2 * n + (zero < 3 ? 4 * n : 0));
+    EXPECT_EQ(mem.grads_bytes(), zero < 2 ? 4 * n : 0);
     EXPECT_EQ(mem.optimizer_bytes(), 8 * shard);
-    EXPECT_EQ(mem.working_bytes(), 0);
+    working[zero] = mem.working_bytes();
     EXPECT_EQ(mem.host_bytes(),
               8 * shard + 8 * n + (zero >= 2 ? 4 * shard : 0) + (zero == 3 ? 4 * shard : 0));
     EXPECT_EQ(mem.total_bytes(), mem.params_bytes() + mem.grads_bytes() + mem.activations_bytes() +
-                                     mem.comm_buffer_bytes());
+                                     mem.comm_buffer_bytes() + mem.working_bytes());
     EXPECT_NE(PlanText(s, p).find("GPU ranks: through the host"), std::string::npos);
   }
+  // ZeRO-2's working set: the embeddings' gradient and one block's; ZeRO-3
+  // adds the gathered fp32 units. None below.
+  EXPECT_EQ(working[0], 0);
+  EXPECT_EQ(working[1], 0);
+  EXPECT_GT(working[2], 0);
+  EXPECT_GT(working[3], working[2]);
   // CPU ranks, and GPU DDP without offload, are planned as before.
   JobSpec s = SmallSpec(4, 1, 1);
   s.resources.device = DeviceKind::kCuda;

@@ -181,15 +181,20 @@ TEST_F(GpuTrainerTest, Fp32StepsAndParametersMatchTheCpuEngine) {
   EXPECT_LE(diff, 1e-5);
 }
 
+// `ranks` ranks' overrides of the other fields of a layout.
+std::vector<std::string> Ranks(int ranks, std::vector<std::string> fields) {
+  fields.push_back(absl::StrCat("resources.min_workers=", ranks));
+  fields.push_back(absl::StrCat("resources.max_workers=", ranks));
+  return fields;
+}
+
 // `spec` over `ranks` data-parallel ranks under ZeRO stage `zero` (0: DDP),
 // the same global batch split over them.
-JobSpec OnRanks(const JobSpec& spec, int ranks, int zero, std::vector<std::string> more = {}) {
-  std::vector<std::string> overrides = {
-      absl::StrCat("parallel.dp=", ranks), absl::StrCat("parallel.zero=", zero),
-      absl::StrCat("batch.micro=", spec.batch.global / ranks),
-      absl::StrCat("resources.min_workers=", ranks), absl::StrCat("resources.max_workers=", ranks)};
-  overrides.insert(overrides.end(), more.begin(), more.end());
-  absl::StatusOr<JobSpec> out = ParseJobSpec(JobSpecToYaml(spec), overrides);
+JobSpec OnRanks(const JobSpec& spec, int ranks, int zero) {
+  absl::StatusOr<JobSpec> out = ParseJobSpec(
+      JobSpecToYaml(spec),
+      Ranks(ranks, {absl::StrCat("parallel.dp=", ranks), absl::StrCat("parallel.zero=", zero),
+                    absl::StrCat("batch.micro=", spec.batch.global / ranks)}));
   EXPECT_TRUE(out.ok()) << out.status();
   return *out;
 }
@@ -234,69 +239,57 @@ std::vector<double> TrainRanks(
   return mean;
 }
 
-// DDP and ZeRO-1/2/3 with 2 ranks on one GPU (Gloo through host copies)
-// equal one rank with the same global batch: within 1e-5 in fp32 over 20
-// steps, 1e-2 in bf16 (against the 1-rank bf16 run).
-TEST_F(GpuTrainerTest, DataParallelRanksOnOneGpuEqualOneRank) {
-  SKIP_WITHOUT_GPU();
+// Each named layout (overrides of the 1-rank spec: the same global batch of
+// `micro` sequences) with its ranks sharing one GPU equals one rank over 20
+// steps: within 1e-5 in fp32, 1e-2 in bf16 (against the 1-rank bf16 run).
+using Layouts = std::vector<std::pair<std::string, std::vector<std::string>>>;
+void ExpectLayoutsOnOneGpuEqualOneRank(int micro, const Layouts& layouts) {
   for (const auto& [precision, tolerance] :
        {std::pair<const char*, double>{"fp32", 1e-5}, {"bf16", 1e-2}}) {
     RunSpec r;
     r.device = "cuda";
     r.precision = precision;
-    r.micro = 4;
+    r.micro = micro;
     r.steps = 20;
     const JobSpec spec = SpecOf(r);
     const std::vector<double> want = TrainRanks(spec, 1, r.steps);
-    for (int zero = 0; zero <= 3; ++zero) {
-      const std::vector<double> got = TrainRanks(OnRanks(spec, 2, zero), 1, r.steps);
-      const double diff = MaxRelDiff(got, want);
-      std::printf(
-          "[gpu-trainer] %s zero %d, 2 ranks on one GPU vs 1 rank: step 1 %.7f / %.7f, step %d "
-          "%.7f / %.7f, max rel diff %.3g\n",
-          precision, zero, got[1], want[1], r.steps, got[r.steps], want[r.steps], diff);
-      EXPECT_LE(diff, tolerance) << precision << " zero " << zero;
-    }
-  }
-}
-
-// Model parallelism on one GPU (Gloo through host copies): pp 2 with 1F1B
-// over 4 micro-batches, dp 2 × pp 2 under ZeRO-1, tp 2 (vocabulary-parallel
-// ends, the tp sums through the host in fp32) and dp 2 × tp 2 equal one rank
-// with the same global batch — 1e-5 in fp32 over 20 steps, 1e-2 in bf16.
-TEST_F(GpuTrainerTest, TensorAndPipelineParallelOnOneGpuEqualOneRank) {
-  SKIP_WITHOUT_GPU();
-  for (const auto& [precision, tolerance] :
-       {std::pair<const char*, double>{"fp32", 1e-5}, {"bf16", 1e-2}}) {
-    RunSpec r;
-    r.device = "cuda";
-    r.precision = precision;
-    r.micro = 8;
-    r.steps = 20;
-    const JobSpec spec = SpecOf(r);
-    const std::vector<double> want = TrainRanks(spec, 1, r.steps);
-    for (const auto& [name, overrides] :
-         {std::pair<const char*, std::vector<std::string>>{
-              "pp2",
-              {"parallel.pp=2", "batch.micro=2", "resources.min_workers=2",
-               "resources.max_workers=2"}},
-          {"dp2 pp2 zero1",
-           {"parallel.dp=2", "parallel.pp=2", "parallel.zero=1", "batch.micro=2",
-            "resources.min_workers=4", "resources.max_workers=4"}},
-          {"tp2", {"parallel.tp=2", "resources.min_workers=2", "resources.max_workers=2"}},
-          {"dp2 tp2",
-           {"parallel.dp=2", "parallel.tp=2", "batch.micro=4", "resources.min_workers=4",
-            "resources.max_workers=4"}}}) {
+    for (const auto& [name, overrides] : layouts) {
       absl::StatusOr<JobSpec> split = ParseJobSpec(JobSpecToYaml(spec), overrides);
       ASSERT_TRUE(split.ok()) << split.status();
       const std::vector<double> got = TrainRanks(*split, 1, r.steps);
       const double diff = MaxRelDiff(got, want);
       std::printf(
-          "[gpu-trainer] %s %s on one GPU vs 1 rank: step %d %.7f / %.7f, max rel diff %.3g\n",
-          precision, name, r.steps, got[r.steps], want[r.steps], diff);
+          "[gpu-trainer] %s %s on one GPU vs 1 rank: step 1 %.7f / %.7f, step %d %.7f / %.7f, "
+          "max rel diff %.3g\n",
+          precision, name.c_str(), got[1], want[1], r.steps, got[r.steps], want[r.steps], diff);
       EXPECT_LE(diff, tolerance) << precision << " " << name;
     }
   }
+}
+
+// DDP and ZeRO-1/2/3 with 2 ranks on one GPU (Gloo through host copies).
+TEST_F(GpuTrainerTest, DataParallelRanksOnOneGpuEqualOneRank) {
+  SKIP_WITHOUT_GPU();
+  Layouts layouts;
+  for (int zero = 0; zero <= 3; ++zero) {
+    layouts.push_back(
+        {absl::StrCat("dp2 zero", zero),
+         Ranks(2, {"parallel.dp=2", absl::StrCat("parallel.zero=", zero), "batch.micro=2"})});
+  }
+  ExpectLayoutsOnOneGpuEqualOneRank(4, layouts);
+}
+
+// Model parallelism on one GPU (Gloo through host copies): pp 2 with 1F1B
+// over 4 micro-batches, dp 2 × pp 2 under ZeRO-1, tp 2 (vocabulary-parallel
+// ends, the tp sums through the host in fp32) and dp 2 × tp 2.
+TEST_F(GpuTrainerTest, TensorAndPipelineParallelOnOneGpuEqualOneRank) {
+  SKIP_WITHOUT_GPU();
+  ExpectLayoutsOnOneGpuEqualOneRank(
+      8, {{"pp2", Ranks(2, {"parallel.pp=2", "batch.micro=2"})},
+          {"dp2 pp2 zero1",
+           Ranks(4, {"parallel.dp=2", "parallel.pp=2", "parallel.zero=1", "batch.micro=2"})},
+          {"tp2", Ranks(2, {"parallel.tp=2"})},
+          {"dp2 tp2", Ranks(4, {"parallel.dp=2", "parallel.tp=2", "batch.micro=4"})}});
 }
 
 // A ZeRO-3 checkpoint written by 2 ranks of `from` resumes on 1 rank of

@@ -1,9 +1,16 @@
 #include "worker/engine/cuda/cuda_device.h"
 
+#include <cuda.h>  // the driver's types; libcuda itself is opened at run time
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -132,6 +139,217 @@ class CudaBuffer final : public Buffer {
   const std::shared_ptr<CudaStream> compute_;
 };
 
+// The driver's virtual memory management, from libcuda.so.1 opened at run
+// time (binaries never link the driver library). Null members: not offered.
+struct VmmApi {
+  decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
+  decltype(&::cuMemAddressReserve) reserve = nullptr;
+  decltype(&::cuMemAddressFree) free_addresses = nullptr;
+  decltype(&::cuMemCreate) create = nullptr;
+  decltype(&::cuMemRelease) release = nullptr;
+  decltype(&::cuMemMap) map = nullptr;
+  decltype(&::cuMemUnmap) unmap = nullptr;
+  decltype(&::cuMemSetAccess) set_access = nullptr;
+  decltype(&::cuGetErrorString) error_string = nullptr;
+  bool ok() const {
+    return granularity && reserve && free_addresses && create && release && map && unmap &&
+           set_access;
+  }
+};
+
+const VmmApi& Vmm() {
+  static const VmmApi api = [] {
+    VmmApi a;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return a;
+    const auto get = [lib](auto* fn, const char* name) {
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib, name));
+    };
+    get(&a.granularity, "cuMemGetAllocationGranularity");
+    get(&a.reserve, "cuMemAddressReserve");
+    get(&a.free_addresses, "cuMemAddressFree");
+    get(&a.create, "cuMemCreate");
+    get(&a.release, "cuMemRelease");
+    get(&a.map, "cuMemMap");
+    get(&a.unmap, "cuMemUnmap");
+    get(&a.set_access, "cuMemSetAccess");
+    get(&a.error_string, "cuGetErrorString");
+    return a;
+  }();
+  return api;
+}
+
+std::string DriverError(CUresult r, absl::string_view call, int ordinal) {
+  const char* text = nullptr;
+  if (Vmm().error_string != nullptr) Vmm().error_string(r, &text);
+  return absl::StrCat(call, " on cuda:", ordinal, ": CUDA driver error ", static_cast<int>(r), " (",
+                      text != nullptr ? text : "?", ")");
+}
+
+// Device memory at reserved addresses, backed granule by granule while
+// taken (cuda_device.h, AllocateReleasable).
+class ReleasableBuffer final : public Buffer {
+ public:
+  ~ReleasableBuffer() override {
+    cudaSetDevice(ordinal_);
+    cudaStreamSynchronize(compute_->get());
+    for (size_t g = 0; g < handles_.size(); ++g) Unmap(g);
+    Vmm().free_addresses(base_, reserved_);
+  }
+
+  static absl::StatusOr<std::unique_ptr<Buffer>> Create(size_t count, DataType dtype, int ordinal,
+                                                        std::shared_ptr<CudaStream> compute) {
+    const VmmApi& vmm = Vmm();
+    if (!vmm.ok()) return absl::UnimplementedError("no virtual memory management in libcuda");
+    CUmemAllocationProp prop = Prop(ordinal);
+    size_t granule = 0;
+    CUresult r = vmm.granularity(&granule, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (r != CUDA_SUCCESS || granule == 0) {
+      return absl::UnimplementedError(DriverError(r, "cuMemGetAllocationGranularity", ordinal));
+    }
+    const size_t bytes = std::max<size_t>(1, count * DataTypeSize(dtype));
+    const size_t granules = (bytes + granule - 1) / granule;
+    CUdeviceptr base = 0;
+    r = vmm.reserve(&base, granules * granule, 0, 0, 0);
+    if (r != CUDA_SUCCESS) {
+      return absl::ResourceExhaustedError(DriverError(r, "cuMemAddressReserve", ordinal));
+    }
+    std::unique_ptr<ReleasableBuffer> b(new ReleasableBuffer(reinterpret_cast<void*>(base), count,
+                                                             dtype, ordinal, std::move(compute),
+                                                             base, granule, granules));
+    // Everything taken and zeroed, as Allocate's buffers start.
+    if (absl::Status s = b->MapRange(0, granules); !s.ok()) return s;
+    cudaError_t e = cudaStreamSynchronize(b->compute_->get());
+    if (e != cudaSuccess) return CudaError(e, "cudaStreamSynchronize", ordinal);
+    return std::unique_ptr<Buffer>(std::move(b));
+  }
+
+  void Release(size_t begin, size_t n) override {
+    if (n == 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    cudaSetDevice(ordinal_);
+    const size_t esz = DataTypeSize(dtype());
+    // A range up to the end also covers the last granule's unused tail.
+    const size_t b0 = begin * esz, b1 = begin + n >= count() ? reserved_ : (begin + n) * esz;
+    bool waited = false;
+    for (size_t g = b0 / granule_; g * granule_ < b1; ++g) {
+      const size_t g0 = g * granule_, g1 = g0 + granule_;
+      if (handles_[g] == 0) continue;  // given back already: zeros
+      if (g0 >= b0 && g1 <= b1) {
+        if (!waited) {  // no queued kernel may still use what goes
+          Fatal(cudaStreamSynchronize(compute_->get()), "cudaStreamSynchronize");
+          waited = true;
+        }
+        Unmap(g);
+      } else {  // shared with a neighbour: zero only this range's part
+        const size_t lo = std::max(b0, g0), hi = std::min({b1, g1, count() * esz});
+        Fatal(cudaMemsetAsync(Bytes(lo), 0, hi - lo, compute_->get()), "cudaMemsetAsync");
+      }
+    }
+  }
+
+  void Acquire(size_t begin, size_t n) override {
+    if (n == 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    cudaSetDevice(ordinal_);
+    const size_t esz = DataTypeSize(dtype());
+    const size_t b0 = begin * esz, b1 = (begin + n) * esz;
+    const size_t first = b0 / granule_, last = (b1 + granule_ - 1) / granule_;
+    if (absl::Status s = MapRange(first, last); !s.ok()) {
+      std::fprintf(stderr, "ReleasableBuffer::Acquire: %s\n", std::string(s.message()).c_str());
+      std::abort();
+    }
+  }
+
+  int64_t ResidentBytes(size_t begin, size_t n) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t esz = DataTypeSize(dtype());
+    begin = std::min(begin, count());
+    n = std::min(n, count() - begin);
+    const size_t b0 = begin * esz, b1 = (begin + n) * esz;
+    int64_t held = 0;
+    for (size_t g = b0 / granule_; g * granule_ < b1; ++g) {
+      if (handles_[g] == 0) continue;
+      held += int64_t(std::min(b1, (g + 1) * granule_) - std::max(b0, g * granule_));
+    }
+    return held;
+  }
+
+  void SetReleaseBoundary(size_t) override {}
+
+ private:
+  ReleasableBuffer(void* data, size_t count, DataType dtype, int ordinal,
+                   std::shared_ptr<CudaStream> compute, CUdeviceptr base, size_t granule,
+                   size_t granules)
+      : Buffer(data, count, dtype, DeviceKind::kCuda),
+        ordinal_(ordinal),
+        compute_(std::move(compute)),
+        base_(base),
+        granule_(granule),
+        reserved_(granule * granules),
+        handles_(granules, 0) {}
+
+  static CUmemAllocationProp Prop(int ordinal) {
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ordinal;
+    return prop;
+  }
+  char* Bytes(size_t offset) const { return reinterpret_cast<char*>(base_) + offset; }
+
+  // Maps and zeroes (on the compute stream) the unmapped granules of
+  // [first, last).
+  absl::Status MapRange(size_t first, size_t last) {
+    const VmmApi& vmm = Vmm();
+    const CUmemAllocationProp prop = Prop(ordinal_);
+    CUmemAccessDesc access = {};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (size_t g = first; g < last && g < handles_.size(); ++g) {
+      if (handles_[g] != 0) continue;
+      CUmemGenericAllocationHandle h = 0;
+      CUresult r = vmm.create(&h, granule_, &prop, 0);
+      if (r != CUDA_SUCCESS) {
+        return absl::ResourceExhaustedError(DriverError(r, "cuMemCreate", ordinal_));
+      }
+      const CUdeviceptr at = base_ + g * granule_;
+      r = vmm.map(at, granule_, 0, h, 0);
+      if (r == CUDA_SUCCESS) r = vmm.set_access(at, granule_, &access, 1);
+      if (r != CUDA_SUCCESS) {
+        vmm.unmap(at, granule_);
+        vmm.release(h);
+        return absl::InternalError(DriverError(r, "cuMemMap/cuMemSetAccess", ordinal_));
+      }
+      handles_[g] = h;
+      cudaError_t e = cudaMemsetAsync(Bytes(g * granule_), 0, granule_, compute_->get());
+      if (e != cudaSuccess) return CudaError(e, "cudaMemsetAsync", ordinal_);
+    }
+    return absl::OkStatus();
+  }
+
+  void Unmap(size_t g) {
+    if (handles_[g] == 0) return;
+    Vmm().unmap(base_ + g * granule_, granule_);
+    Vmm().release(handles_[g]);
+    handles_[g] = 0;
+  }
+
+  void Fatal(cudaError_t e, const char* call) const {
+    if (e == cudaSuccess) return;
+    std::fprintf(stderr, "ReleasableBuffer::Release: %s\n",
+                 std::string(CudaError(e, call, ordinal_).message()).c_str());
+    std::abort();
+  }
+
+  const int ordinal_;
+  const std::shared_ptr<CudaStream> compute_;
+  const CUdeviceptr base_;
+  const size_t granule_, reserved_;
+  mutable std::mutex mu_;
+  std::vector<CUmemGenericAllocationHandle> handles_;  // per granule; 0: unmapped
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal) {
@@ -196,6 +414,24 @@ absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::Allocate(size_t count, DataT
     }
   }
   return std::unique_ptr<Buffer>(new CudaBuffer(ptr, count, dtype, ordinal_, compute_));
+}
+
+absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::AllocateReleasable(size_t count,
+                                                                       DataType dtype) {
+  if (dtype != DataType::kFloat32 && dtype != DataType::kBFloat16 && dtype != DataType::kFloat16) {
+    return Allocate(count, dtype);  // its error
+  }
+  cudaError_t e = cudaSetDevice(ordinal_);
+  if (e != cudaSuccess) return CudaError(e, "cudaSetDevice", ordinal_);
+  absl::StatusOr<std::unique_ptr<Buffer>> b =
+      ReleasableBuffer::Create(count, dtype, ordinal_, compute_);
+  if (b.ok() || b.status().code() != absl::StatusCode::kUnimplemented) return b;
+  static std::once_flag said;
+  std::call_once(said, [&] {
+    std::fprintf(stderr, "%s: %s; buffers keep their memory when released\n", name_.c_str(),
+                 std::string(b.status().message()).c_str());
+  });
+  return Allocate(count, dtype);
 }
 
 absl::StatusOr<std::unique_ptr<Stream>> CudaDevice::NewStream() {

@@ -10,9 +10,25 @@
 //           streams with events) and returns immediately. Device memory is
 //           NOT given back: a buffer holds all of it until destroyed, so
 //           ResidentBytes(begin, n) is the bytes of the range, released or
-//           not. SetReleaseBoundary does nothing. Release cannot report
-//           errors; a failed memset leaves the context's sticky error, which
-//           the next call that checks reports (e.g. Stream::Synchronize).
+//           not; Acquire does nothing. SetReleaseBoundary does nothing.
+//           Release cannot report errors; a failed memset leaves the
+//           context's sticky error, which the next call that checks reports
+//           (e.g. Stream::Synchronize).
+//   AllocateReleasable: a buffer that does give memory back (ZeRO-2/3's
+//           parameters and gradients), built on the driver's virtual memory
+//           management (cuMemAddressReserve, cuMemCreate, cuMemMap; libcuda
+//           is opened at run time, never linked): the addresses are reserved
+//           once and backed granule by granule (cuMemGetAllocationGranularity,
+//           2 MiB on current GPUs). Release waits for the compute stream (no
+//           kernel may still use what goes), unmaps the granules lying wholly
+//           inside the range and zeroes the rest of it; Acquire maps the
+//           unmapped granules overlapping its range again, zero-filled on the
+//           compute stream; ResidentBytes counts mapped granules. A granule
+//           shared by two ranges stays mapped while either needs it. Where
+//           the driver offers no virtual memory management it falls back to
+//           Allocate's buffer (saying so once on stderr). Failures inside
+//           Release/Acquire abort the process with the driver's message (a
+//           worker crash, recovered like any failed rank).
 //   Stream  a cudaStream_t created non-blocking: it does not synchronise
 //           with the legacy default stream. WaitEvent on a host event
 //           (native() == nullptr) waits on the host.
@@ -51,6 +67,8 @@ class CudaDevice final : public Device {
   int ordinal() const { return ordinal_; }
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t count, DataType dtype) override;
+  // As Allocate, a buffer whose Release gives device memory back (above).
+  absl::StatusOr<std::unique_ptr<Buffer>> AllocateReleasable(size_t count, DataType dtype);
   Stream& compute_stream() override;
   absl::StatusOr<std::unique_ptr<Stream>> NewStream() override;
   absl::StatusOr<std::unique_ptr<Event>> NewEvent() override;

@@ -136,8 +136,9 @@ CudaGpt::CudaGpt(const model::GptConfig& config, int B, int T, DataType compute,
       pool_(host_threads),
       device_(std::move(device)),
       math_(MakeCudaFlatMath(device_.get())),
-      vocab_(VocabShardOf(config.vocab, config.padded_vocab, options.slice.tp,
-                          options.slice.tp_rank)) {}
+      vocab_(
+          VocabShardOf(config.vocab, config.padded_vocab, options.slice.tp, options.slice.tp_rank)),
+      release_state_(options.release_state) {}
 
 CudaGpt::~CudaGpt() {
   // Nothing may still write into the buffers about to be freed.
@@ -154,8 +155,16 @@ absl::Status CudaGpt::Init() {
     *out = *std::move(b);
     return absl::OkStatus();
   };
-  absl::Status s = alloc(n, DataType::kFloat32, &params_);
-  if (s.ok()) s = alloc(n, DataType::kFloat32, &grads_);
+  // ZeRO-2/3 give ranges of the fp32 master and gradients back.
+  auto state = [&](std::unique_ptr<Buffer>* out) -> absl::Status {
+    if (!release_state_) return alloc(n, DataType::kFloat32, out);
+    absl::StatusOr<std::unique_ptr<Buffer>> b = device_->AllocateReleasable(n, DataType::kFloat32);
+    if (!b.ok()) return b.status();
+    *out = *std::move(b);
+    return absl::OkStatus();
+  };
+  absl::Status s = state(&params_);
+  if (s.ok()) s = state(&grads_);
   if (s.ok() && compute() != DataType::kFloat32) s = alloc(n, compute(), &compute_);
   if (s.ok()) {
     s = alloc(static_cast<size_t>(activations().bytes(slots()) / 4), DataType::kFloat32, &acts_);

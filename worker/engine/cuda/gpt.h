@@ -133,7 +133,8 @@ class CudaGpt final : public GptEngine {
   std::unique_ptr<Buffer> tp_scratch_;
   std::vector<float> tp_host_, host_lse_;
   std::vector<int> shifted_targets_;
-  const VocabShard vocab_;  // this rank's rows of wte (all of them without tp)
+  const VocabShard vocab_;    // this rank's rows of wte (all of them without tp)
+  const bool release_state_;  // params_ and grads_ give memory back (VMM)
   std::vector<float> host_losses_;
 };
 

@@ -64,6 +64,23 @@ absl::StatusOr<std::unique_ptr<DataParallel>> Strategy(int zero, bool staged, en
   return std::unique_ptr<DataParallel>(*std::move(z));
 }
 
+// The engine a run drives — `gpt` itself, or (off_host) the OffHostEngine
+// around it — and the plain CPU engine underneath, for reading results.
+struct Driven {
+  std::unique_ptr<engine::Engine> engine;
+  engine::Engine* host = nullptr;
+};
+Driven Drive(std::unique_ptr<engine::cpu::Gpt> gpt, bool off_host) {
+  Driven d;
+  d.host = gpt.get();
+  if (off_host) {
+    d.engine = std::make_unique<testing::OffHostEngine>(std::move(gpt));
+  } else {
+    d.engine = std::move(gpt);
+  }
+  return d;
+}
+
 void Tokens(int step, int micro, int rank, std::vector<int>* in, std::vector<int>* tgt) {
   for (int i = 0; i < kB * kT; ++i) {
     (*in)[i] = (step * 31 + micro * 7 + rank * 13 + i * 5) % kVocab;
@@ -77,14 +94,8 @@ void RankRun(comm::Communicator& comm, int zero, bool off_host, RankResult* out)
   ASSERT_TRUE(config.ok());
   auto gpt = engine::cpu::Gpt::Create(*config, kB, kT, 1);
   ASSERT_TRUE(gpt.ok());
-  engine::Engine* host = gpt->get();
-  std::unique_ptr<testing::OffHostEngine> wrapped;
-  engine::Engine* e = host;
-  if (off_host) {
-    wrapped = std::make_unique<testing::OffHostEngine>(*std::move(gpt));
-    e = wrapped.get();
-    host = &wrapped->inner();
-  }
+  Driven d = Drive(*std::move(gpt), off_host);
+  engine::Engine *e = d.engine.get(), *host = d.host;
   auto dp = Strategy(zero, off_host, e, &comm);
   ASSERT_TRUE(dp.ok()) << dp.status();
   DataParallel& s = **dp;
@@ -177,14 +188,8 @@ void StageRun(comm::Communicator& comm, bool off_host, RankResult* out) {
   options.slots = 2;  // 1F1B on 2 stages keeps at most 2 micro-batches
   auto gpt = engine::cpu::Gpt::Create(*config, kB, kT, 1, options);
   ASSERT_TRUE(gpt.ok()) << gpt.status();
-  engine::Engine* host = gpt->get();
-  std::unique_ptr<testing::OffHostEngine> wrapped;
-  engine::Engine* e = host;
-  if (off_host) {
-    wrapped = std::make_unique<testing::OffHostEngine>(*std::move(gpt));
-    e = wrapped.get();
-    host = &wrapped->inner();
-  }
+  Driven d = Drive(*std::move(gpt), off_host);
+  engine::Engine *e = d.engine.get(), *host = d.host;
   auto backward = comm.Split(0, comm.rank());  // the pipeline's second direction
   ASSERT_TRUE(backward.ok()) << backward.status();
   auto pipe = PipelineExecutor::Create(e, &comm, backward->get(), comm.rank(), 2,

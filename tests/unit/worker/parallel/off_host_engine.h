@@ -9,17 +9,23 @@
 // StageForward's input, StageBackward's doutput) take device addresses and
 // translate them. So a data-parallel strategy or a pipeline executor that
 // runs with it reaches the engine's memory only as it must on a GPU:
-// through math() and the engine.
+// through math() and the engine — and its buffers' Release/Acquire
+// protocol (see DeviceLabelled).
 //
 // Tests run the GPU path's logic (host staging) with it and compare it with
 // the plain CPU path.
 #ifndef SHARDTRAIN_TESTS_UNIT_WORKER_PARALLEL_OFF_HOST_ENGINE_H_
 #define SHARDTRAIN_TESTS_UNIT_WORKER_PARALLEL_OFF_HOST_ENGINE_H_
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "worker/engine/engine.h"
 #include "worker/engine/flat_math.h"
@@ -39,7 +45,10 @@ T* ToHost(T* p) {
 }
 
 // A host buffer under a GPU's label and at its device address; owns the
-// buffer it wraps or refers to one.
+// buffer it wraps or refers to one. Like a GPU's memory given back, a
+// Released range must be Acquired before it is used again: until then it
+// holds NaN (fp32 buffers), so a read of it or an accumulation into it shows
+// in every result; Acquire zeroes it.
 class DeviceLabelled final : public engine::Buffer {
  public:
   explicit DeviceLabelled(engine::Buffer& inner)
@@ -49,7 +58,39 @@ class DeviceLabelled final : public engine::Buffer {
   explicit DeviceLabelled(std::unique_ptr<engine::Buffer> owned) : DeviceLabelled(*owned) {
     owned_ = std::move(owned);
   }
-  void Release(size_t begin, size_t n) override { inner_.Release(begin, n); }
+  void Release(size_t begin, size_t n) override {
+    inner_.Release(begin, n);
+    if (inner_.dtype() != DataType::kFloat32) return;
+    std::fill_n(inner_.as<float>() + begin, n, std::numeric_limits<float>::quiet_NaN());
+    released_.resize(count(), false);
+    std::fill_n(released_.begin() + begin, n, true);
+  }
+  // Aborts when [p, p + n elements) (device addresses) overlaps a range
+  // given back and not acquired since: on a GPU that memory is unmapped.
+  void CheckHeld(const void* p, size_t n, const char* who) const {
+    if (released_.empty()) return;
+    const char* lo = static_cast<const char*>(data());
+    const char* at = static_cast<const char*>(p);
+    const size_t esz = DataTypeSize(dtype());
+    if (at < lo || at >= lo + count() * esz) return;
+    const size_t first = size_t(at - lo) / esz;
+    for (size_t i = first; i < first + n && i < count(); ++i) {
+      if (released_[i]) {
+        std::fprintf(stderr, "OffHostEngine: %s touches element %zu, released and not acquired\n",
+                     who, i);
+        std::abort();
+      }
+    }
+  }
+  // Only what was given back comes back zeroed; what is held keeps its data.
+  void Acquire(size_t begin, size_t n) override {
+    if (released_.empty()) return;
+    for (size_t i = begin; i < begin + n; ++i) {
+      if (!released_[i]) continue;
+      inner_.as<float>()[i] = 0.0f;
+      released_[i] = false;
+    }
+  }
   int64_t ResidentBytes(size_t begin, size_t n) const override {
     return inner_.ResidentBytes(begin, n);
   }
@@ -58,22 +99,37 @@ class DeviceLabelled final : public engine::Buffer {
  private:
   engine::Buffer& inner_;
   std::unique_ptr<engine::Buffer> owned_;
+  std::vector<bool> released_;  // per element: given back, not acquired since
 };
 
-// The inner engine's math over device addresses.
+// The inner engine's math over device addresses; every access to a watched
+// buffer must be to memory it holds (DeviceLabelled::CheckHeld).
 class DeviceMath final : public engine::FlatMath {
  public:
   explicit DeviceMath(engine::FlatMath& inner) : inner_(inner) {}
-  double SquaredNorm(const float* x, size_t n) override { return inner_.SquaredNorm(ToHost(x), n); }
-  void Scale(float* x, size_t n, float s) override { inner_.Scale(ToHost(x), n, s); }
+  void Watch(const DeviceLabelled* b) { watched_.push_back(b); }
+  void Check(const void* p, size_t n, const char* who) const {
+    for (const DeviceLabelled* b : watched_) b->CheckHeld(p, n, who);
+  }
+  double SquaredNorm(const float* x, size_t n) override {
+    Check(x, n, "SquaredNorm");
+    return inner_.SquaredNorm(ToHost(x), n);
+  }
+  void Scale(float* x, size_t n, float s) override {
+    Check(x, n, "Scale");
+    inner_.Scale(ToHost(x), n, s);
+  }
   void AdamWUpdate(float* p, float* g, float* m, float* v, size_t n,
                    const engine::AdamWCoefficients& c, bool zero_grads) override {
+    for (const float* x : {p, g, m, v}) Check(x, n, "AdamWUpdate");
     inner_.AdamWUpdate(ToHost(p), ToHost(g), ToHost(m), ToHost(v), n, c, zero_grads);
   }
   void CopyToHost(float* host, const float* x, size_t n) override {
+    Check(x, n, "CopyToHost");
     inner_.CopyToHost(host, ToHost(x), n);
   }
   void CopyFromHost(float* x, const float* host, size_t n) override {
+    Check(x, n, "CopyFromHost");
     inner_.CopyFromHost(ToHost(x), host, n);
   }
   std::unique_ptr<engine::Buffer> Allocate(size_t n) override {
@@ -83,6 +139,7 @@ class DeviceMath final : public engine::FlatMath {
 
  private:
   engine::FlatMath& inner_;
+  std::vector<const DeviceLabelled*> watched_;
 };
 
 class OffHostEngine final : public engine::Engine {
@@ -91,7 +148,10 @@ class OffHostEngine final : public engine::Engine {
       : inner_(std::move(inner)),
         params_(inner_->param_buffer()),
         grads_(inner_->grad_buffer()),
-        math_(inner_->math()) {}
+        math_(inner_->math()) {
+    math_.Watch(&params_);
+    math_.Watch(&grads_);
+  }
 
   // The wrapped engine, whose buffers are plainly the host's (for checks).
   engine::Engine& inner() { return *inner_; }
@@ -108,6 +168,7 @@ class OffHostEngine final : public engine::Engine {
   engine::ThreadPool* host_pool() override { return inner_->host_pool(); }
   engine::FlatMath& math() override { return math_; }
   void InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) override {
+    math_.Check(out, end - begin, "InitParamsInto");
     inner_->InitParamsInto(seed, begin, end, ToHost(out));
   }
   using Engine::Forward;

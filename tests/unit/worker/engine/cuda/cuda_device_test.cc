@@ -1,7 +1,7 @@
 // One GPU as an engine::Device: zero-filled buffers whose released ranges
-// read back as zero (memory kept, so still resident), non-blocking streams
-// and events that order them. Tests that need a GPU GTEST_SKIP without one;
-// the ones that check the failure without a GPU run anywhere.
+// read back as zero (memory kept, so still resident; releasable buffers give
+// whole granules back), non-blocking streams and events that order them. Tests that need a GPU
+// GTEST_SKIP without one; the ones that check the failure without a GPU run anywhere.
 #include "worker/engine/cuda/cuda_device.h"
 
 #include <cuda_runtime.h>
@@ -114,6 +114,47 @@ TEST(CudaDeviceTest, AllocateZeroesReleaseZeroesTheRangeAndKeepsIt) {
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_EQ((*empty)->count(), 0u);
   EXPECT_EQ((*empty)->ResidentBytes(), 0);
+}
+
+// AllocateReleasable: 5 MiB and a bit of fp32 (3 granules of 2 MiB on
+// current GPUs). Release of a range covering a whole granule gives that
+// granule back (ResidentBytes drops by it) and zeroes the rest of the range;
+// Acquire maps it again zero-filled; the data outside the range is intact.
+TEST(CudaDeviceTest, ReleasableBuffersGiveWholeGranulesBackAndAcquireRemapsThemZeroed) {
+  SKIP_WITHOUT_GPU();
+  absl::StatusOr<std::unique_ptr<CudaDevice>> dev = CudaDevice::Create(0);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  CudaDevice& device = **dev;
+  cudaStream_t compute = static_cast<cudaStream_t>(device.compute_stream().native());
+  const size_t n = (5u << 20) / 4 + 1001, bytes = n * 4;
+  absl::StatusOr<std::unique_ptr<Buffer>> b = device.AllocateReleasable(n, DataType::kFloat32);
+  ASSERT_TRUE(b.ok()) << b.status();
+  Buffer& buf = **b;
+  const int64_t all = buf.ResidentBytes();
+  EXPECT_EQ(all, static_cast<int64_t>(bytes));
+  PinnedBytes host(bytes);
+  std::memset(host.ptr, 0xAB, bytes);
+  ASSERT_EQ(cudaMemcpy(buf.data(), host.ptr, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  // Bytes [400, 400 + 4 MiB): the second 2 MiB granule lies inside, the
+  // first and third only in part.
+  const size_t begin = 100, count = (4u << 20) / 4;
+  buf.Release(begin, count);
+  EXPECT_EQ(buf.ResidentBytes(), all - (2 << 20)) << "one 2 MiB granule given back";
+  buf.Acquire(begin, count);
+  EXPECT_EQ(buf.ResidentBytes(), all);
+  ASSERT_EQ(cudaMemcpyAsync(host.ptr, buf.data(), bytes, cudaMemcpyDeviceToHost, compute),
+            cudaSuccess);
+  ASSERT_TRUE(device.compute_stream().Synchronize().ok());
+  size_t wrong = 0;
+  for (size_t i = 0; i < bytes; ++i) {
+    const bool released = i >= begin * 4 && i < (begin + count) * 4;
+    wrong += host.bytes()[i] != (released ? 0x00 : 0xAB);
+  }
+  EXPECT_EQ(wrong, 0u) << "bytes wrong after Release and Acquire";
+  buf.ReleaseAll();  // the last granule's unused tail counts as inside
+  EXPECT_EQ(buf.ResidentBytes(), 0);
+  buf.Acquire(0, n);
+  EXPECT_EQ(buf.ResidentBytes(), all);
 }
 
 // A host function holds the compute stream; a copy issued after it and an

@@ -128,7 +128,8 @@ TEST_F(CudaKernelsTest, EncoderShardsMatchTheVocabParallelCpu) {
     const std::vector<float> out = DownloadF32(d_out.get(), whole.size());
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += out[i];
 
-    std::vector<float> dshard_ref(size_t{v.Vpt} * C, 0.5f), dwpe_ref(size_t{context} * C, 0.25f);
+    std::vector<float> dshard_ref(static_cast<size_t>(v.Vpt) * C, 0.5f);
+    std::vector<float> dwpe_ref(static_cast<size_t>(context) * C, 0.25f);
     cpu::VocabParallelEncoderBackward(dshard_ref.data(), dwpe_ref.data(), dout.data(),
                                       tokens.data(), B, T, C, v);
     DevicePtr d_dshard = UploadF32(std::vector<float>(dshard_ref.size(), 0.5f));
