@@ -80,9 +80,9 @@ Ddp::~Ddp() {
 void Ddp::BeginMicroBatch(int micro, int accum) {
   if (micro == 0) engine_->ZeroGrad();
   // Gradient accumulation: no communication until the last micro-batch,
-  // whose backward launches the buckets as they become final (staged: all
-  // of them once backward is done, from the host copy).
-  if (comm_ != nullptr && !staged_ && micro == accum - 1) {
+  // whose backward launches the buckets as they become final (staged: each
+  // copied to the host first).
+  if (comm_ != nullptr && micro == accum - 1) {
     unlaunched_end_ = engine_->grads().count;
     engine_->set_grads_ready_hook([this](size_t offset) { LaunchBuckets(offset, false); });
   }
@@ -95,20 +95,19 @@ absl::Status Ddp::EndMicroBatch() {
 
 void Ddp::LaunchBuckets(size_t offset, bool flush) {
   float* grads = BucketBase();
+  const float* device = static_cast<const float*>(engine_->grads().data);
   while (unlaunched_end_ > offset && (flush || unlaunched_end_ - offset >= bucket_elems_)) {
     const size_t n = std::min(bucket_elems_, unlaunched_end_ - offset);
     unlaunched_end_ -= n;
+    if (staged_) {  // final on the device: its host copy is reduced
+      engine_->math().CopyToHost(grads + unlaunched_end_, device + unlaunched_end_, n);
+    }
     inflight_.push_back(comm_->AllReduceAsync(grads + unlaunched_end_, n, comm::DataType::kFloat32,
                                               comm::ReduceOp::kSum));
   }
 }
 
 absl::Status Ddp::FinishAllReduce(StepStats* stats) {
-  if (staged_) {  // the whole buffer to the host, every bucket from there
-    const engine::FlatView g = engine_->grads();
-    engine_->math().CopyToHost(host_grads_.data(), static_cast<const float*>(g.data), g.count);
-    unlaunched_end_ = g.count;
-  }
   LaunchBuckets(0, /*flush=*/true);
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status status;

@@ -9,9 +9,9 @@
 // every rank.
 //
 // Ranks on GPUs all-reduce through the host (Gloo with host staging, the
-// way several ranks share one GPU): the gradients are copied to a host
-// buffer once backward is done, all-reduced there in the same buckets and
-// copied back; no overlap with backward yet.
+// way several ranks share one GPU): each bucket, once final, is copied to a
+// host buffer and all-reduced there while backward goes on (the copy waits
+// for the work queued before it); the sums are copied back after.
 //
 // offload_optimizer (parallel.offload: optimizer): on an engine off the
 // host, AdamW's m and v and its update live in host memory over a host copy

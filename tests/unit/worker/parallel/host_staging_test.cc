@@ -2,8 +2,8 @@
 // share one GPU and all-reduce with Gloo — against the plain host path, on
 // 3 thread ranks with Gloo (unit sizes leave remainders over 3, so the tail
 // ops run too):
-//   DDP      the gradients copied out once backward is done, all-reduced in
-//            the same buckets on the host, copied back;
+//   DDP      each bucket copied out once final, all-reduced on the host
+//            while backward goes on, the sums copied back;
 //   DDP with parallel.offload: optimizer — also AdamW on the host over a host
 //            copy of the master, the parameters copied back after the step;
 //   ZeRO-k   host mirrors of the engine's buffers: each unit's gradient
