@@ -83,18 +83,20 @@ absl::Status GeluBackward(const KernelCtx& ctx, void* dinp, const void* inp, con
 
 namespace {
 
-// One thread per element: out[i] = a[i] + b[i mod period] (period n: an
-// elementwise sum; a row's width: a bias on every row).
+// One thread per element: out[i] = a[i] + b[(i + shift) mod period]
+// (period n, shift 0: an elementwise sum; a row's width: a bias on every
+// row; T rows of position embeddings from row first: shift first·C).
 template <typename F>
-__global__ void AddKernel(F* out, const F* a, const F* b, int64_t n, int64_t period) {
+__global__ void AddKernel(F* out, const F* a, const F* b, int64_t n, int64_t period,
+                          int64_t shift) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = Store<F>(Load(a[i]) + Load(b[i % period]));
+  if (i < n) out[i] = Store<F>(Load(a[i]) + Load(b[(i + shift) % period]));
 }
 
-// out = a + b (b repeated every `period` elements; 0: n) over n elements of
-// ctx.dtype (out may alias a).
+// out = a + b (b read cyclically: every `period` elements, 0: n, starting
+// `shift` in) over n elements of ctx.dtype (out may alias a).
 absl::Status LaunchAdd(const KernelCtx& ctx, const char* kernel, void* out, const void* a,
-                       const void* b, int64_t n, int64_t period = 0) {
+                       const void* b, int64_t n, int64_t period = 0, int64_t shift = 0) {
   bool skip = false;
   SHARDTRAIN_RETURN_IF_ERROR(CheckElementwise(kernel, n, &skip));
   if (skip) return absl::OkStatus();
@@ -102,8 +104,9 @@ absl::Status LaunchAdd(const KernelCtx& ctx, const char* kernel, void* out, cons
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
     const int blocks = static_cast<int>(internal::BlocksFor(n, kThreads));
-    AddKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
-        static_cast<F*>(out), static_cast<const F*>(a), static_cast<const F*>(b), n, period);
+    AddKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(static_cast<F*>(out),
+                                                      static_cast<const F*>(a),
+                                                      static_cast<const F*>(b), n, period, shift);
     return internal::CheckLaunch(kernel);
   });
 }
@@ -127,6 +130,19 @@ absl::Status AddBias(const KernelCtx& ctx, void* out, const void* bias, int N, i
   SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative("AddBias", "OC", OC));
   if (OC == 0) return absl::OkStatus();
   return LaunchAdd(ctx, "AddBias", out, out, bias, int64_t{N} * OC, OC);
+}
+
+// out (rows, C) += wpe[(first + r) mod T] on row r.
+absl::Status AddPositionRows(const KernelCtx& ctx, void* out, const void* wpe, int64_t first,
+                             int rows, int T, int C) {
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative("AddPositionRows", "rows", rows));
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative("AddPositionRows", "C", C));
+  if (T < 1 || first < 0) {
+    return absl::InvalidArgumentError("AddPositionRows: need T >= 1 and first >= 0");
+  }
+  if (C == 0) return absl::OkStatus();
+  return LaunchAdd(ctx, "AddPositionRows", out, out, wpe, int64_t{rows} * C, int64_t{T} * C,
+                   (first % T) * C);
 }
 
 }  // namespace shardtrain::engine::cuda

@@ -113,12 +113,6 @@ absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const model::GptConfig&
                                                          int host_threads,
                                                          const GptEngineOptions& options) {
   if (auto s = ValidateGptEngine(config, B, T, options); !s.ok()) return s;
-  const model::ModelSlice& sl = options.slice;
-  if (sl.tp > 1 && options.activations.sequence_parallel) {
-    return absl::UnimplementedError(
-        "the CUDA engine runs no sequence parallelism yet: parallel.sequence_parallel must be "
-        "false on cuda");
-  }
   if (host_threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", host_threads));
   }
@@ -284,12 +278,24 @@ void CudaGpt::EncoderForward(SlotActs& s) {
                                param(layout().wpe()), s.b, s.t, config().dim));
     return;
   }
+  const int C = config().dim, N = s.b * s.t;
+  if (sequence_parallel()) {
+    // This rank's rows of wte for all N rows into sp_full, reduce-scattered
+    // to its LocalRows(N) rows [rank·N/tp, +N/tp), then their positions.
+    Check(cuda::EncoderForwardShard(k(), sp_full(), DeviceTokens(k_slot), param(layout().wte()),
+                                    nullptr, vocab_.v0, vocab_.real, s.b, s.t, C));
+    const int rows = LocalRows(N);
+    TpReduceScatter(s.encoded, sp_full(), int64_t{rows} * C);
+    Check(cuda::AddPositionRows(k(), s.encoded, param(layout().wpe()), int64_t{rows} * tp()->rank(),
+                                rows, s.t, C));
+    return;
+  }
   // Vocabulary-parallel: this rank's rows (wpe added by tp rank 0 only),
   // summed over tp (one rank holds each token's row: the sum is exact).
   Check(cuda::EncoderForwardShard(k(), s.encoded, DeviceTokens(k_slot), param(layout().wte()),
                                   tp()->rank() == 0 ? param(layout().wpe()) : nullptr, vocab_.v0,
-                                  vocab_.real, s.b, s.t, config().dim));
-  TpAllReduceSum(s.encoded, int64_t{s.b} * s.t * config().dim);
+                                  vocab_.real, s.b, s.t, C));
+  TpAllReduceSum(s.encoded, int64_t{N} * C);
 }
 
 void CudaGpt::EncoderBackward(const SlotActs& s, const void* dout) {
@@ -437,29 +443,59 @@ void CudaGpt::LmHeadBackward(SlotActs& s, void* dln) {
                              param(layout().wte()), s.b * s.t, config().dim, vocab_.Vpt));
 }
 
-// Through the host in fp32, the tp group's sum (tensor_parallel.h): a 16-bit
-// compute type is converted on the device first and back after, so every
-// rank rounds the same fp32 sum.
-void CudaGpt::TpAllReduceSum(void* x, int64_t n) {
+// The tp collectives go through the host in fp32 (tensor_parallel.h): a
+// 16-bit compute type is converted on the device first and back after, so
+// every rank rounds the same fp32 values. ToHostF32 / FromHostF32 move n
+// elements of the compute type at x to tp_host_[at, at + n) and back,
+// through tp_scratch_ (fp32 compute: directly).
+void CudaGpt::ToHostF32(const void* x, int64_t n, size_t at) {
   const bool fp32 = compute() == DataType::kFloat32;
   if (!fp32 && (tp_scratch_ == nullptr || size_t(n) > tp_scratch_->count())) {
-    Fail("CudaGpt::TpAllReduceSum: more elements than the tp scratch holds");
+    Fail("CudaGpt: a tp exchange larger than the tp scratch");
+  }
+  const float* dev = static_cast<const float*>(x);
+  if (!fp32) {
+    Check(ConvertToFloat32(k(), tp_scratch_->as<float>(), x, n));
+    dev = tp_scratch_->as<float>();
+  }
+  if (tp_host_.size() < at + size_t(n)) tp_host_.resize(at + size_t(n));
+  math_->CopyToHost(tp_host_.data() + at, dev, size_t(n));
+}
+
+void CudaGpt::FromHostF32(void* x, int64_t n, size_t at) {
+  const bool fp32 = compute() == DataType::kFloat32;
+  if (!fp32 && (tp_scratch_ == nullptr || size_t(n) > tp_scratch_->count())) {
+    Fail("CudaGpt: a tp exchange larger than the tp scratch");
   }
   float* dev = fp32 ? static_cast<float*>(x) : tp_scratch_->as<float>();
-  if (!fp32) Check(ConvertToFloat32(k(), dev, x, n));
-  tp_host_.resize(size_t(n));
-  math_->CopyToHost(tp_host_.data(), dev, size_t(n));
-  tp()->AllReduceSum(tp_host_.data(), size_t(n));
-  math_->CopyFromHost(dev, tp_host_.data(), size_t(n));
+  math_->CopyFromHost(dev, tp_host_.data() + at, size_t(n));
   if (!fp32) Check(ConvertFromFloat32(k(), x, dev, n));
 }
 
-void CudaGpt::TpAllGather(void* full, const void* local, int64_t n) {
-  Fail("CudaGpt::TpAllGather: sequence parallelism is not on the GPU yet (Create refuses it)");
+void CudaGpt::TpAllReduceSum(void* x, int64_t n) {
+  ToHostF32(x, n, 0);
+  tp()->AllReduceSum(tp_host_.data(), size_t(n));
+  FromHostF32(x, n, 0);
 }
 
+// full (tp·n) = every rank's local (n); local at tp_host_[0, n), the
+// gathered full at [n, n + tp·n).
+void CudaGpt::TpAllGather(void* full, const void* local, int64_t n) {
+  const size_t tp_n = size_t(n) * size_t(tp()->size());
+  ToHostF32(local, n, 0);
+  tp_host_.resize(size_t(n) + tp_n);
+  tp()->AllGather(tp_host_.data(), tp_host_.data() + n, size_t(n));
+  FromHostF32(full, int64_t(tp_n), size_t(n));
+}
+
+// local (n) = the sum over ranks of their full[rank·n, +n); full at
+// tp_host_[0, tp·n), the local sum at [tp·n, tp·n + n).
 void CudaGpt::TpReduceScatter(void* local, const void* full, int64_t n) {
-  Fail("CudaGpt::TpReduceScatter: sequence parallelism is not on the GPU yet (Create refuses it)");
+  const size_t tp_n = size_t(n) * size_t(tp()->size());
+  ToHostF32(full, int64_t(tp_n), 0);
+  tp_host_.resize(tp_n + size_t(n));
+  tp()->ReduceScatterSum(tp_host_.data(), tp_host_.data() + tp_n, size_t(n));
+  FromHostF32(local, n, tp_n);
 }
 
 }  // namespace shardtrain::engine::cuda

@@ -14,8 +14,9 @@
 // engine equals the CPU engine to rounding.
 //
 // Pipeline stages run like whole models (GptEngine's slots and slices);
-// tensor-parallel slices are refused by Create (GPU part 3). The host
-// synchronises once per forward, to read the losses back.
+// tensor-parallel slices (with sequence parallelism too) exchange through
+// the host in fp32 over the tp group. The host synchronises once per
+// forward, to read the losses back.
 //
 // CUDA errors inside a pass abort the process with the kernel's message (a
 // worker crash: the coordinator recovers the job like any failed rank).
@@ -110,6 +111,10 @@ class CudaGpt final : public GptEngine {
   const void* param(int tensor) const;
   float* grad(int tensor) const;
   int SlotIndex(const SlotActs& s) const { return static_cast<int>(&s - &slot(0)); }
+  // n elements of the compute type at x to tp_host_[at, at + n) as fp32,
+  // and back (the tp collectives' staging through the host).
+  void ToHostF32(const void* x, int64_t n, size_t at);
+  void FromHostF32(void* x, int64_t n, size_t at);
   // The vocabulary-parallel cross-entropy's exchange over tp (host_lse_,
   // host_losses_ become the whole vocabulary's; s.lse too).
   void CombineVocabShards(SlotActs& s, int N);

@@ -141,6 +141,11 @@ absl::Status AddInPlace(const KernelCtx& ctx, void* dst, const void* src, int64_
 // out (N, OC) += bias (OC) on every row (a row-parallel matmul's bias, added
 // once after the tp sum), both ctx.dtype.
 absl::Status AddBias(const KernelCtx& ctx, void* out, const void* bias, int N, int OC);
+// out (rows, C) += wpe (T rows of C)[(first + r) mod T] on row r: the
+// position embeddings of a sequence-parallel rank's rows [first, first +
+// rows) of the (B·T) rows, added after the tp reduce-scatter.
+absl::Status AddPositionRows(const KernelCtx& ctx, void* out, const void* wpe, int64_t first,
+                             int rows, int T, int C);
 
 // ---- fused softmax + cross-entropy over the real vocab ----
 // logits (N,Vp) row stride Vp, only columns [0,V) read (padding is never in

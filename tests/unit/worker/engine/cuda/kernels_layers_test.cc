@@ -415,6 +415,22 @@ TEST_F(CudaKernelsTest, AddBiasMatchesHost) {
   }
 }
 
+// A sequence-parallel rank's rows [first, first + rows) of B·T rows get
+// the position embeddings of (first + r) mod T: the host's bits in fp32.
+TEST_F(CudaKernelsTest, AddPositionRowsMatchesHost) {
+  const int T = 37, C = 48, rows = 50;
+  const int64_t first = 61;  // wraps past T twice
+  const std::vector<float> out0 = Uniform(rng_, size_t{rows} * C), wpe = Uniform(rng_, T * C);
+  std::vector<float> want(out0);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < C; ++c) want[size_t(r) * C + c] += wpe[((first + r) % T) * C + c];
+  }
+  const KernelCtx& k = Ctx(kF32);
+  DevicePtr d_out = UploadF32(out0), d_wpe = UploadF32(wpe);
+  ASSERT_OK(AddPositionRows(k, d_out.get(), d_wpe.get(), first, rows, T, C));
+  ExpectSameBits(DownloadF32(d_out.get(), out0.size()), want, "out + wpe rows");
+}
+
 // ---------------------------------------------------------- cross-entropy
 
 // Padding columns hold large values the softmax must not see; backward sets
