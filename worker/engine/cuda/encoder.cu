@@ -59,8 +59,8 @@ absl::Status EncoderForwardShard(const KernelCtx& ctx, void* out, const int* tok
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
     EncoderForwardKernel<F><<<static_cast<int>(blocks), kThreads, 0, ctx.stream>>>(
-        static_cast<F*>(out), tokens, static_cast<const F*>(wte_shard),
-        static_cast<const F*>(wpe), v0, real, B, T, C);
+        static_cast<F*>(out), tokens, static_cast<const F*>(wte_shard), static_cast<const F*>(wpe),
+        v0, real, B, T, C);
     return internal::CheckLaunch(kName);
   });
 }
@@ -105,8 +105,8 @@ __global__ void EncoderBackwardWpeKernel(float* dwpe, const F* dout, int B, int 
 // rows of (context,C), fp32) += sum over B.
 absl::Status EncoderBackward(const KernelCtx& ctx, float* dwte, float* dwpe, const void* dout,
                              const int* tokens, int B, int T, int C) {
-  return EncoderBackwardShard(ctx, dwte, dwpe, dout, tokens, 0, std::numeric_limits<int>::max(),
-                              B, T, C);
+  return EncoderBackwardShard(ctx, dwte, dwpe, dout, tokens, 0, std::numeric_limits<int>::max(), B,
+                              T, C);
 }
 
 absl::Status EncoderBackwardShard(const KernelCtx& ctx, float* dwte, float* dwpe, const void* dout,

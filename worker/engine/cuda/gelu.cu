@@ -104,9 +104,8 @@ absl::Status LaunchAdd(const KernelCtx& ctx, const char* kernel, void* out, cons
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
     const int blocks = static_cast<int>(internal::BlocksFor(n, kThreads));
-    AddKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(static_cast<F*>(out),
-                                                      static_cast<const F*>(a),
-                                                      static_cast<const F*>(b), n, period, shift);
+    AddKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
+        static_cast<F*>(out), static_cast<const F*>(a), static_cast<const F*>(b), n, period, shift);
     return internal::CheckLaunch(kernel);
   });
 }
