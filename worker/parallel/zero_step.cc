@@ -1,0 +1,215 @@
+// Zero's step over this rank's shard (averaging, clipping by the global
+// norm, AdamW, the all-gather of updated params for stages 1-2), the
+// shard's checkpoint state, and the memory accounting; the hooks, gathers
+// and reductions of the micro-batches are in zero.cc.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/parallel/zero.h"
+
+namespace shardtrain::parallel {
+namespace {
+
+constexpr int64_t kF32 = sizeof(float);
+
+}  // namespace
+
+absl::Span<float> Zero::ShardGrad(const Unit& u) {
+  if (options_.stage == 1) {
+    return absl::MakeSpan(grads_ + u.offset + u.own.begin, u.own.size());
+  }
+  return absl::MakeSpan(shard_grads_).subspan(u.shard_offset, u.own.size());
+}
+
+float* Zero::ShardParamPtr(Unit& u) {
+  if (options_.stage == 3) return shard_params_.data() + u.shard_offset;
+  return params_ + u.offset + u.own.begin;
+}
+
+absl::StatusOr<double> Zero::SumOverRanks(double local) {
+  static_assert(sizeof(double) == 2 * sizeof(float));
+  if (comm_ == nullptr) return local;
+  float mine[2];
+  std::memcpy(mine, &local, sizeof(local));
+  // AllGather moves fp32 bytes unchanged, so the doubles arrive bit-exact.
+  comm_bytes_ += (dp_ - 1) * 2 * kF32;
+  if (absl::Status s = comm_->AllGather(mine, norm_scratch_.data(), 2, comm::DataType::kFloat32);
+      !s.ok()) {
+    return s;
+  }
+  double total = 0;
+  for (int r = 0; r < dp_; ++r) {
+    double v;
+    std::memcpy(&v, &norm_scratch_[2 * size_t(r)], sizeof(v));
+    total += v;
+  }
+  return total;
+}
+
+absl::StatusOr<StepStats> Zero::Step(float lr, float max_norm, float loss_scale) {
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<double> norm = StepShard(lr, max_norm, loss_scale);
+  if (!norm.ok()) return norm.status();
+  StepStats stats;
+  stats.grad_norm = *norm;
+  stats.skipped = !std::isfinite(*norm);
+  if (dp_ > 1) {
+    stats.comm_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  stats.comm_bytes = TakeCommBytes();
+  return stats;
+}
+
+absl::StatusOr<double> Zero::StepShard(float lr, float max_norm, float loss_scale) {
+  if (!status_.ok()) return status_;
+  engine::ThreadPool* pool = engine_->host_pool();
+  // Summed over dp; the mean gradient of the global batch is sum / dp.
+  double squared = 0;
+  for (size_t k = 0; k < units_.size(); ++k) {
+    Unit& u = units_[k];
+    absl::Span<float> g = ShardGrad(u);
+    if (dp_ > 1) optim::ScaleGrads(g, 1.0f / static_cast<float>(dp_), pool);
+    // The tied embeddings: this shard of the unit and the tied stage's
+    // (the same range of the same unit shape) are summed.
+    if (k == 0 && mp_.sum_tied && mp_.tied_end == u.numel && !g.empty()) {
+      if (absl::Status s = mp_.sum_tied(g); !s.ok()) return s;
+    }
+    if (absl::Status s = SumTpPartials(mp_, g, u.offset + u.own.begin); !s.ok()) return s;
+    squared += SquaredNormOutside(g, u.offset + u.own.begin, mp_.norm_skip, pool);
+  }
+  auto total = SumOverRanks(squared);
+  if (!total.ok()) return total.status();
+  if (mp_.sum_squares) total = mp_.sum_squares(*total);
+  if (!total.ok()) return total.status();
+  // The gradients carry the loss scale (fp16): the norm without it decides
+  // clipping; a non-finite one skips the step, parameters unchanged.
+  const float norm = static_cast<float>(std::sqrt(*total) / loss_scale);
+  if (!std::isfinite(norm)) return static_cast<double>(norm);
+  const float clip = optim::ClipScale(norm, max_norm) / loss_scale;
+  for (size_t k = 0; k < units_.size(); ++k) {
+    Unit& u = units_[k];
+    absl::Span<float> g = ShardGrad(u);
+    if (clip != 1.0f) optim::ScaleGrads(g, clip, pool);
+    adamw_[k].Step(absl::MakeSpan(ShardParamPtr(u), u.own.size()), g, lr, pool);
+  }
+  if (options_.stage < 3) {
+    if (absl::Status s = GatherAllParams(); !s.ok()) return s;
+  }
+  return static_cast<double>(norm);
+}
+
+absl::Status Zero::GatherAllParams() {
+  const size_t n = engine_->layout().num_params();
+  if (comm_ == nullptr) {
+    PushParams(0, n);
+    return absl::OkStatus();
+  }
+  std::vector<std::shared_ptr<comm::Work>> works;
+  for (Unit& u : units_) {
+    float* out = params_ + u.offset;
+    const size_t body = u.body * dp_, tail = u.numel - body;
+    if (u.body > 0) {  // in place: this rank's block is already where it belongs
+      works.push_back(
+          Count(comm_->AllGatherAsync(out + u.own.begin, out, u.body, comm::DataType::kFloat32),
+                (dp_ - 1) * int64_t(u.body) * kF32));
+    }
+    if (tail > 0) {
+      works.push_back(
+          Count(comm_->BroadcastAsync(out + body, tail, comm::DataType::kFloat32, dp_ - 1),
+                (dp_ - 1) * int64_t(tail) * kF32 / dp_));
+    }
+  }
+  Wait(works);
+  if (status_.ok()) PushParams(0, n);
+  return status_;
+}
+
+FlatRanges Zero::SaveRanges() const {
+  std::vector<std::pair<size_t, size_t>> out;
+  for (const Unit& u : units_) {
+    if (u.own.size() > 0) out.emplace_back(u.offset + u.own.begin, u.offset + u.own.end);
+  }
+  return out;
+}
+
+std::vector<float> Zero::SaveParams() const {
+  if (options_.stage == 3) return shard_params_;
+  std::vector<float> out;
+  out.reserve(shard_size_);
+  const float* p = params_;
+  for (const Unit& u : units_) {
+    out.insert(out.end(), p + u.offset + u.own.begin, p + u.offset + u.own.end);
+  }
+  return out;
+}
+
+std::vector<float> Zero::SaveM() const {
+  return ConcatState([](const optim::AdamW& a) { return a.m(); });
+}
+
+std::vector<float> Zero::SaveV() const {
+  return ConcatState([](const optim::AdamW& a) { return a.v(); });
+}
+
+int64_t Zero::optimizer_step() const { return adamw_.empty() ? 0 : adamw_.front().step(); }
+
+absl::Status Zero::Restore(absl::Span<const float> params, absl::Span<const float> m,
+                           absl::Span<const float> v, int64_t step) {
+  if (params.size() != shard_size_ || m.size() != shard_size_ || v.size() != shard_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("Zero::Restore: ", params.size(), "/", m.size(),
+                                                   "/", v.size(), " elements for a shard of ",
+                                                   shard_size_));
+  }
+  for (size_t k = 0; k < units_.size(); ++k) {
+    Unit& u = units_[k];
+    const size_t at = u.shard_offset, n = u.own.size();
+    std::copy(params.begin() + at, params.begin() + at + n, ShardParamPtr(u));
+    std::copy(m.begin() + at, m.begin() + at + n, adamw_[k].m().begin());
+    std::copy(v.begin() + at, v.begin() + at + n, adamw_[k].v().begin());
+    adamw_[k].set_step(step);
+  }
+  return options_.stage < 3 ? GatherAllParams() : absl::OkStatus();
+}
+
+ZeroMemory Zero::zero_memory() const {
+  // The buffers this rank really holds: the engine's whole-model buffers
+  // where the stage keeps them whole, else the shard vectors; m and v of
+  // every unit's optimizer.
+  ZeroMemory z;
+  z.params = options_.stage == 3 ? int64_t(shard_params_.size()) * kF32
+                                 : int64_t(engine_->param_buffer().bytes());
+  z.grads = options_.stage >= 2 ? int64_t(shard_grads_.size()) * kF32
+                                : int64_t(engine_->grad_buffer().bytes());
+  for (const optim::AdamW& a : adamw_) z.optimizer += int64_t(a.m().size() + a.v().size()) * kF32;
+  // Staged, the host mirrors exist for the collectives only.
+  z.comm_buffers =
+      static_cast<int64_t>(reduce_scratch_.size() + host_params_.size() + host_grads_.size()) *
+      kF32;
+  if (options_.stage == 3) {
+    z.gathered = measure_ ? peak_gathered_bytes_ : int64_t(peak_live_param_elems_) * kF32;
+  }
+  if (options_.stage >= 2) {
+    z.unit_grads = measure_ ? peak_unit_grad_bytes_ : int64_t(peak_live_grad_elems_) * kF32;
+  }
+  z.optimizer_on_host = options_.offload_optimizer || staged_;
+  return z;
+}
+
+ModelStateMemory Zero::memory() const {
+  const ZeroMemory z = zero_memory();
+  ModelStateMemory m;
+  m.params = z.params;
+  m.grads = z.grads;
+  m.optimizer = z.optimizer;
+  m.comm_buffers = z.comm_buffers;
+  m.working = z.gathered + z.unit_grads;
+  m.optimizer_on_host = z.optimizer_on_host;
+  return m;
+}
+
+}  // namespace shardtrain::parallel
