@@ -507,28 +507,24 @@ absl::Status Trainer::LoadInitialWeights(const std::string& path) {
   return strategy_->Restore(params, zeros, zeros, 0);
 }
 
+absl::Span<const float> Trainer::ParamsOnHost(std::vector<float>* copy) {
+  const engine::FlatView p = engine_->params();
+  if (p.device == DeviceKind::kCpu) return p.f32();
+  copy->resize(p.count);  // the fp32 master on a GPU: copied to the host
+  engine_->math().CopyToHost(copy->data(), static_cast<const float*>(p.data), p.count);
+  return *copy;
+}
+
 absl::StatusOr<absl::Span<const float>> Trainer::WholeModel() {
   if (absl::Status s = strategy_->GatherWholeModel(); !s.ok()) return s;
   const model::ParamLayout& layout = engine_->layout();
-  if (layout.slice().whole()) {
-    const engine::FlatView p = engine_->params();
-    if (p.device == DeviceKind::kCpu) return absl::Span<const float>(p.f32());
-    whole_.resize(p.count);  // the fp32 master on a GPU: copied to the host
-    engine_->math().CopyToHost(whole_.data(), static_cast<const float*>(p.data), p.count);
-    return absl::Span<const float>(whole_);
-  }
+  if (layout.slice().whole()) return ParamsOnHost(&whole_);
   // Every slice adds its elements (one replica of each: dp coordinate 0,
   // no tp or tied replicas) into zeros, summed into rank 0: exact.
   whole_.assign(layout.global_num_params(), 0.0f);
   if (dp_rank_ == 0) {
-    const engine::FlatView view = engine_->params();
-    std::vector<float> copy;  // the slice's fp32 master on a GPU, copied to the host
-    if (view.device != DeviceKind::kCpu) {
-      copy.resize(view.count);
-      engine_->math().CopyToHost(copy.data(), static_cast<const float*>(view.data), view.count);
-    }
-    const absl::Span<const float> p =
-        view.device == DeviceKind::kCpu ? absl::Span<const float>(view.f32()) : copy;
+    std::vector<float> copy;
+    const absl::Span<const float> p = ParamsOnHost(&copy);
     ForEachGlobalPiece(layout, {{0, layout.num_params()}}, layout.ReplicaRanges(),
                        [&](size_t at, size_t global, size_t n) {
                          std::copy(p.begin() + at, p.begin() + at + n, whole_.begin() + global);

@@ -178,6 +178,9 @@ class Trainer {
   // spec.model.init: the whole model's weights from `path`
   // (checkpoint::LoadModelWeights), this rank's share into the strategy.
   absl::Status LoadInitialWeights(const std::string& path);
+  // The engine's parameters as host memory: themselves, or (on a GPU)
+  // copied into *copy.
+  absl::Span<const float> ParamsOnHost(std::vector<float>* copy);
   // Installs the tensor/pipeline parts on a composed trainer.
   absl::Status AttachModelParallel(std::unique_ptr<parallel::Mesh> mesh,
                                    std::unique_ptr<parallel::TensorParallelGroup> tp,
