@@ -36,12 +36,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -124,6 +126,34 @@ absl::StatusOr<double> TimeSteps(worker::Trainer& trainer, const Options& o) {
   return timed_ms / o.steps;
 }
 
+// The device memory the ranks' trainers hold: free memory before they are
+// made, and again once every rank has stepped but none has been destroyed
+// (the last rank to arrive measures; the others wait for it).
+class MemoryHeld {
+ public:
+  explicit MemoryHeld(int ranks) : ranks_(ranks) {
+    size_t total = 0;
+    cudaMemGetInfo(&free_before_, &total);
+  }
+  void Arrive() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (++arrived_ == ranks_) {
+      size_t total = 0;
+      cudaMemGetInfo(&free_after_, &total);
+      cv_.notify_all();
+    }
+    cv_.wait(lock, [&] { return arrived_ >= ranks_; });
+  }
+  double gib() const { return (double(free_before_) - double(free_after_)) / double(1ull << 30); }
+
+ private:
+  const int ranks_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  size_t free_before_ = 0, free_after_ = 0;
+};
+
 // `batch` sequences per step on v.ranks ranks sharing GPU 0 (threads, dp =
 // ranks, Gloo through the host: the staging cost against one rank).
 absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
@@ -138,8 +168,7 @@ absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
        absl::StrCat("parallel.zero=", v.zero),
        absl::StrCat("parallel.offload=", v.offload ? "optimizer" : "none")});
   if (!spec.ok()) return spec.status();
-  size_t free_before = 0, free_after = 0, total = 0;
-  cudaMemGetInfo(&free_before, &total);
+  MemoryHeld memory(ranks);
   absl::StatusOr<double> ms = absl::InternalError("no rank ran");
   if (ranks == 1) {
     absl::StatusOr<std::unique_ptr<worker::Trainer>> t =
@@ -148,6 +177,7 @@ absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
     *flops_per_token =
         FlopsPerToken((*t)->engine().config(), (*t)->engine().layout().global_num_params(), 1024);
     ms = TimeSteps(**t, o);
+    memory.Arrive();
   } else {
     auto store = std::make_shared<comm::InMemoryStore>();
     std::vector<absl::Status> status(ranks);
@@ -160,15 +190,18 @@ absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
             comm::CreateGlooCommunicator(store, r, ranks, go);
         if (!c.ok()) {
           status[r] = c.status();
+          memory.Arrive();
           return;
         }
         absl::StatusOr<std::unique_ptr<worker::Trainer>> t =
             worker::Trainer::Create(*spec, r, /*threads=*/2, c->get(), /*gpu=*/0);
         if (!t.ok()) {
           status[r] = t.status();
+          memory.Arrive();
           return;
         }
         absl::StatusOr<double> rank_ms = TimeSteps(**t, o);
+        memory.Arrive();
         if (!rank_ms.ok()) status[r] = rank_ms.status();
         if (r == 0) ms = rank_ms;  // the ranks step in lockstep (the all-reduce)
         (*c)->Shutdown().IgnoreError();
@@ -180,11 +213,10 @@ absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
     }
   }
   if (!ms.ok()) return ms.status();
-  cudaMemGetInfo(&free_after, &total);
   Row row{v.Name(), batch};
   row.ms = *ms;
   row.tok_s = batch * 1024.0 / (row.ms / 1e3);
-  row.mem_gib = (double(free_before) - double(free_after)) / double(1ull << 30);
+  row.mem_gib = memory.gib();
   return row;
 }
 
