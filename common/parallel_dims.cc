@@ -29,9 +29,10 @@ absl::StatusOr<ParallelDims> ParallelDims::Create(int dp, int tp, int pp, int wo
     if (v < 1) problems.push_back(absl::StrCat(field, ": must be >= 1, got ", v));
   }
   const int64_t product = int64_t{dp} * tp * pp;
-  if (problems.empty() && product > INT_MAX / 2) {
+  if (problems.empty() && product > kMaxWorld) {
     problems.push_back(absl::StrCat("parallel.dp × parallel.tp × parallel.pp = ", dp, " × ", tp,
-                                    " × ", pp, " = ", product, " is too large"));
+                                    " × ", pp, " = ", product, " is too large (at most ", kMaxWorld,
+                                    " ranks)"));
   } else if (problems.empty() && product != world) {
     problems.push_back(absl::StrCat("parallel.dp × parallel.tp × parallel.pp = ", dp, " × ", tp,
                                     " × ", pp, " = ", product, " ≠ world ", world));

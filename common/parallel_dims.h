@@ -21,6 +21,7 @@
 #ifndef SHARDTRAIN_COMMON_PARALLEL_DIMS_H_
 #define SHARDTRAIN_COMMON_PARALLEL_DIMS_H_
 
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
@@ -39,6 +40,11 @@ bool operator==(const MeshCoord& a, const MeshCoord& b);
 // in that coordinate.
 enum class GroupKind { kDp, kTp, kPp };
 std::string_view GroupKindName(GroupKind kind);  // "dp", "tp", "pp"
+
+// The largest world a job may ask for: 2^20 ranks, far above any cluster
+// yet small enough that per-rank and per-stage tables built from a spec
+// (the pipeline's stage split, the plan) stay megabytes and milliseconds.
+inline constexpr int64_t kMaxWorld = int64_t{1} << 20;
 
 class ParallelDims {
  public:

@@ -62,32 +62,38 @@ absl::StatusOr<std::vector<int>> StageLayers(const GptConfig& config, int pp,
   // Every block has the same count, so a split is the number of layers n_k
   // of each stage, and a largest-stage bound `limit` allows stage k at most
   // cap_k = (limit - extra_k) / block layers: feasible iff every cap_k >= 1
-  // and they sum to >= L. Binary search the smallest feasible limit (O(pp ·
-  // log) instead of a search over split points, for any L); then take each
+  // and they sum to >= L. Binary search the smallest feasible limit (O(log)
+  // steps instead of a search over split points, for any L); then take each
   // stage as short as the later stages' caps allow: the earliest split
   // points among the optimal splits.
   auto extra = [&](int k) { return cost(k, 0, 0); };
-  auto caps = [&](int64_t limit, std::vector<int64_t>* out) {
-    int64_t sum = 0;
-    for (int k = 0; k < pp; ++k) {
-      const int64_t c = limit < extra(k) ? 0 : (limit - extra(k)) / block;
-      if (c < 1) return false;
-      if (out != nullptr) (*out)[k] = c;
-      sum += std::min<int64_t>(c, L);
-    }
+  auto cap_of = [&](int64_t limit, int k) -> int64_t {
+    return limit < extra(k) ? 0 : (limit - extra(k)) / block;
+  };
+  // Stages 1 .. pp-2 carry no extra and share one cap: O(1) per limit, not
+  // O(pp) (a spec may ask for up to kMaxWorld stages).
+  auto feasible = [&](int64_t limit) {
+    const int64_t first = cap_of(limit, 0);
+    if (first < 1) return false;
+    if (pp == 1) return first >= L;
+    const int64_t last = cap_of(limit, pp - 1);
+    const int64_t middle = pp > 2 ? cap_of(limit, 1) : L;
+    if (last < 1 || middle < 1) return false;
+    const int64_t sum = std::min<int64_t>(first, L) + std::min<int64_t>(last, L) +
+                        int64_t{pp - 2} * std::min<int64_t>(middle, L);
     return sum >= L;
   };
   int64_t lo = 0, hi = int64_t{L} * block + first_extra + last_extra;  // hi is feasible
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
-    if (caps(mid, nullptr)) {
+    if (feasible(mid)) {
       hi = mid;
     } else {
       lo = mid + 1;
     }
   }
   std::vector<int64_t> cap(pp);
-  caps(lo, &cap);
+  for (int k = 0; k < pp; ++k) cap[k] = cap_of(lo, k);
   std::vector<int64_t> later(pp + 1, 0);  // sum of the caps of stages > k
   for (int k = pp - 1; k >= 0; --k) later[k] = std::min<int64_t>(L, later[k + 1] + cap[k]);
   std::vector<int> out;

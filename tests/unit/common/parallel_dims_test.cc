@@ -85,6 +85,12 @@ TEST(ParallelDimsTest, RefusalsNameEveryFactor) {
             "parallel.dp: must be >= 1, got 0; parallel.pp: must be >= 1, got -2");
   EXPECT_NE(Message(ParallelDims::Create(1 << 20, 1 << 20, 1).status()).find("is too large"),
             std::string::npos);
+  // A world of 2^20 ranks is the largest: one more pipeline stage is refused
+  // (a spec's stage split is built per stage; 2^27 stages took minutes).
+  EXPECT_TRUE(ParallelDims::Create(1, 1 << 10, 1 << 10).ok());
+  EXPECT_EQ(Message(ParallelDims::Create(1, 1, (1 << 20) + 1).status()),
+            "parallel.dp × parallel.tp × parallel.pp = 1 × 1 × 1048577 = 1048577 is too large (at "
+            "most 1048576 ranks)");
   EXPECT_EQ(ParallelDims::Create(2, 1, 3, 4).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParallelDims::Create(2, 2, 1)->WithDp(3)->world(), 6);
 }
