@@ -127,6 +127,13 @@ class Buffer {
   const DeviceKind device_;
 };
 
+// Host memory page-locked for a device (see Device::PinHost) until this is
+// destroyed.
+class HostPin {
+ public:
+  virtual ~HostPin() = default;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -142,6 +149,16 @@ class Device {
   // A new stream (e.g. for communication that overlaps computation).
   virtual absl::StatusOr<std::unique_ptr<Stream>> NewStream() = 0;
   virtual absl::StatusOr<std::unique_ptr<Event>> NewEvent() = 0;
+  // Page-locks host memory [p, p + bytes) (cudaHostRegister) so that copies
+  // between it and the device run at the bus's speed rather than through a
+  // driver bounce buffer, until the returned pin is destroyed (before the
+  // memory is freed). nullptr where there is nothing to pin (the host) or
+  // the device refused: copies then stay correct, only slower.
+  virtual std::unique_ptr<HostPin> PinHost(void* p, size_t bytes) {
+    (void)p;
+    (void)bytes;
+    return nullptr;
+  }
 };
 
 }  // namespace shardtrain::engine

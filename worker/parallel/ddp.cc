@@ -58,6 +58,10 @@ Ddp::Ddp(engine::Engine* engine, optim::AdamW adamw, comm::Communicator* comm, s
       host_math_(engine->host_pool()) {
   if (staged_) host_grads_.resize(engine_->grads().count);
   if (host_master_) host_params_.resize(engine_->params().count);
+  for (std::vector<float>* v : {&host_grads_, &host_params_}) {
+    if (!v->empty())
+      pins_.push_back(engine_->device().PinHost(v->data(), v->size() * sizeof(float)));
+  }
 }
 
 void Ddp::InitParams(uint64_t seed) {
@@ -182,7 +186,12 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) 
   if (const float scale = optim::ClipScale(norm, max_norm) / loss_scale; scale != 1.0f) {
     math.Scale(grads, g.count, scale);
   }
-  adamw_.Step(params, grads, lr, /*zero_grads=*/false);
+  if (host_master_) {  // on the host's threads
+    adamw_.Step(absl::MakeSpan(params, g.count), absl::MakeConstSpan(grads, g.count), lr,
+                engine_->host_pool());
+  } else {
+    adamw_.Step(params, grads, lr, /*zero_grads=*/false);
+  }
   if (host_master_) {
     engine_->math().CopyFromHost(static_cast<float*>(engine_->params().data), params, g.count);
   }

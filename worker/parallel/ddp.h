@@ -109,6 +109,9 @@ class Ddp final : public DataParallel {
   const bool host_master_;
   std::vector<float> host_params_;
   engine::HostFlatMath host_math_;
+  // host_grads_ and host_params_ page-locked for the engine's device
+  // (declared after them: unpinned before they are freed).
+  std::vector<std::unique_ptr<engine::HostPin>> pins_;
 };
 
 }  // namespace shardtrain::parallel

@@ -49,6 +49,9 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
     z->host_grads_.assign(layout.num_params(), 0.0f);
     z->params_ = z->host_params_.data();
     z->grads_ = z->host_grads_.data();
+    for (std::vector<float>* v : {&z->host_params_, &z->host_grads_}) {
+      z->pins_.push_back(engine->device().PinHost(v->data(), v->size() * sizeof(float)));
+    }
   } else {
     z->params_ = engine->param_buffer().as<float>();
     z->grads_ = engine->grad_buffer().as<float>();

@@ -248,6 +248,7 @@ class Zero final : public DataParallel {
   // Where Zero reads and writes whole-model parameters and gradients: the
   // engine's buffers, or (staged) their host mirrors below.
   std::vector<float> host_params_, host_grads_;
+  std::vector<std::unique_ptr<engine::HostPin>> pins_;  // the mirrors, page-locked
   float* params_ = nullptr;
   float* grads_ = nullptr;
   std::vector<Unit> units_;

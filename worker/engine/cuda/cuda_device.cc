@@ -449,4 +449,29 @@ absl::StatusOr<std::unique_ptr<Event>> CudaDevice::NewEvent() {
   return std::unique_ptr<Event>(new CudaEvent(ordinal_, event));
 }
 
+namespace {
+
+class CudaHostPin final : public HostPin {
+ public:
+  explicit CudaHostPin(void* p) : p_(p) {}
+  ~CudaHostPin() override { cudaHostUnregister(p_); }
+
+ private:
+  void* const p_;
+};
+
+}  // namespace
+
+std::unique_ptr<HostPin> CudaDevice::PinHost(void* p, size_t bytes) {
+  if (p == nullptr || bytes == 0) return nullptr;
+  const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // not sticky; the copies stay pageable
+    std::fprintf(stderr, "%s: cudaHostRegister of %zu bytes: %s; host copies stay pageable\n",
+                 name_.c_str(), bytes, cudaGetErrorString(e));
+    return nullptr;
+  }
+  return std::make_unique<CudaHostPin>(p);
+}
+
 }  // namespace shardtrain::engine::cuda

@@ -72,6 +72,7 @@ class CudaDevice final : public Device {
   Stream& compute_stream() override;
   absl::StatusOr<std::unique_ptr<Stream>> NewStream() override;
   absl::StatusOr<std::unique_ptr<Event>> NewEvent() override;
+  std::unique_ptr<HostPin> PinHost(void* p, size_t bytes) override;
 
  private:
   CudaDevice(int ordinal, std::shared_ptr<CudaStream> compute, std::unique_ptr<CudaStream> zero);
