@@ -171,11 +171,11 @@ absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
   MemoryHeld memory(ranks);
   // Host threads as workers take them by default (all cores), shared by the
   // ranks on this machine: the offloaded optimizer and host copies use them.
-  const int threads = std::max(1, int(std::thread::hardware_concurrency()) / ranks);
+  const int host_threads = std::max(1, int(std::thread::hardware_concurrency()) / ranks);
   absl::StatusOr<double> ms = absl::InternalError("no rank ran");
   if (ranks == 1) {
     absl::StatusOr<std::unique_ptr<worker::Trainer>> t =
-        worker::Trainer::Create(*spec, /*rank=*/0, threads, /*comm=*/nullptr, /*gpu=*/0);
+        worker::Trainer::Create(*spec, /*rank=*/0, host_threads, /*comm=*/nullptr, /*gpu=*/0);
     if (!t.ok()) return t.status();
     *flops_per_token =
         FlopsPerToken((*t)->engine().config(), (*t)->engine().layout().global_num_params(), 1024);
@@ -197,7 +197,7 @@ absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
           return;
         }
         absl::StatusOr<std::unique_ptr<worker::Trainer>> t =
-            worker::Trainer::Create(*spec, r, threads, c->get(), /*gpu=*/0);
+            worker::Trainer::Create(*spec, r, host_threads, c->get(), /*gpu=*/0);
         if (!t.ok()) {
           status[r] = t.status();
           memory.Arrive();
