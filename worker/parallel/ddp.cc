@@ -150,21 +150,22 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) 
   const engine::FlatView g = engine_->grads();
   if (comm_ != nullptr) {
     if (absl::Status s = FinishAllReduce(&stats); !s.ok()) return s;
-  } else if (host_master_) {
-    engine_->math().CopyToHost(host_grads_.data(), static_cast<const float*>(g.data), g.count);
   }
-  // Where the optimizer steps: the engine's memory, or the host's.
-  engine::FlatMath& math = host_master_ ? host_math_ : engine_->math();
-  float* grads = host_master_ ? host_grads_.data() : static_cast<float*>(g.data);
-  float* params = host_master_ ? host_params_.data() : static_cast<float*>(engine_->params().data);
+  // Where the gradient is made final (tied and tp sums, norm, clipping): on
+  // the host when the all-reduce left it there for an offloaded optimizer,
+  // otherwise in the engine's memory (a GPU's: its passes take a fraction of
+  // a host pass), copied to the host afterwards for an offloaded optimizer.
+  const bool on_host = host_master_ && comm_ != nullptr;
+  engine::FlatMath& math = on_host ? host_math_ : engine_->math();
+  float* grads = on_host ? host_grads_.data() : static_cast<float*>(g.data);
   // Tied embeddings and tp partials are summed on the host: off it (a GPU
   // rank's pipeline stages), through a host copy of the range.
   if (mp_.sum_tied && mp_.tied_end > 0) {
-    if (absl::Status s = OnHost(grads, mp_.tied_end, mp_.sum_tied); !s.ok()) return s;
+    if (absl::Status s = OnHost(on_host, grads, mp_.tied_end, mp_.sum_tied); !s.ok()) return s;
   }
   if (mp_.has_tp_partials()) {
-    if (absl::Status s =
-            OnHost(grads, g.count, [&](absl::Span<float> h) { return SumTpPartials(mp_, h, 0); });
+    if (absl::Status s = OnHost(on_host, grads, g.count,
+                                [&](absl::Span<float> h) { return SumTpPartials(mp_, h, 0); });
         !s.ok()) {
       return s;
     }
@@ -186,21 +187,23 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) 
   if (const float scale = optim::ClipScale(norm, max_norm) / loss_scale; scale != 1.0f) {
     math.Scale(grads, g.count, scale);
   }
-  if (host_master_) {  // on the host's threads
-    adamw_.Step(absl::MakeSpan(params, g.count), absl::MakeConstSpan(grads, g.count), lr,
-                engine_->host_pool());
-  } else {
-    adamw_.Step(params, grads, lr, /*zero_grads=*/false);
+  if (!host_master_) {
+    adamw_.Step(static_cast<float*>(engine_->params().data), grads, lr, /*zero_grads=*/false);
+    return stats;
   }
-  if (host_master_) {
-    engine_->math().CopyFromHost(static_cast<float*>(engine_->params().data), params, g.count);
-  }
+  // The offloaded optimizer: AdamW on the host's threads over the host
+  // copy of the master; the result goes back to the engine.
+  if (!on_host) engine_->math().CopyToHost(host_grads_.data(), grads, g.count);
+  adamw_.Step(absl::MakeSpan(host_params_), absl::MakeConstSpan(host_grads_), lr,
+              engine_->host_pool());
+  engine_->math().CopyFromHost(static_cast<float*>(engine_->params().data), host_params_.data(),
+                               g.count);
   return stats;
 }
 
-absl::Status Ddp::OnHost(float* grads, size_t n,
+absl::Status Ddp::OnHost(bool on_host, float* grads, size_t n,
                          const std::function<absl::Status(absl::Span<float>)>& fn) {
-  if (host_master_ || engine_->grads().device == DeviceKind::kCpu) {
+  if (on_host || engine_->grads().device == DeviceKind::kCpu) {
     return fn(absl::MakeSpan(grads, n));
   }
   std::vector<float> host(n);

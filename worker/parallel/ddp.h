@@ -88,9 +88,9 @@ class Ddp final : public DataParallel {
   void LaunchBuckets(size_t offset, bool flush);
   // Waits for the launched buckets, then averages over dp.
   absl::Status FinishAllReduce(StepStats* stats);
-  // fn over grads[0, n) (where the optimizer reads them) as host memory:
-  // itself on the host, else through a host copy written back after.
-  absl::Status OnHost(float* grads, size_t n,
+  // fn over grads[0, n) as host memory: itself when they are on the host
+  // (`on_host`, or a host engine's), else through a host copy written back.
+  absl::Status OnHost(bool on_host, float* grads, size_t n,
                       const std::function<absl::Status(absl::Span<float>)>& fn);
 
   engine::Engine* const engine_;
