@@ -44,6 +44,14 @@ class FlatMath {
   // host[0, n) = x[0, n) and back (host memory is the caller's).
   virtual void CopyToHost(float* host, const float* x, size_t n) = 0;
   virtual void CopyFromHost(float* x, const float* host, size_t n) = 0;
+  // The same, queued on the device's compute stream: they may return before
+  // the copy is done (from page-locked host memory, Device::PinHost); an
+  // Event recorded on that stream afterwards marks its end. The host memory
+  // must stay untouched until then. Defaults: the synchronous copies.
+  virtual void CopyToHostAsync(float* host, const float* x, size_t n) { CopyToHost(host, x, n); }
+  virtual void CopyFromHostAsync(float* x, const float* host, size_t n) {
+    CopyFromHost(x, host, n);
+  }
   // n zero fp32 elements in this math's memory (aborts when it cannot).
   virtual std::unique_ptr<Buffer> Allocate(size_t n) = 0;
   // Where this math's arrays live.

@@ -64,8 +64,19 @@ void AdamW::Step(float* params, float* grads, float lr, bool zero_grads) {
   StepImpl(params, grads, lr, math(), zero_grads);
 }
 
+void AdamW::UpdateRange(absl::Span<float> params, absl::Span<const float> grads, float lr,
+                        size_t begin, size_t end, engine::ThreadPool* pool) {
+  engine::HostFlatMath host(pool);
+  Update(params.data(), const_cast<float*>(grads.data()), lr, host, false, begin, end);
+}
+
 void AdamW::StepImpl(float* p, float* g, float lr, engine::FlatMath& math, bool zero_grads) {
   ++step_;
+  Update(p, g, lr, math, zero_grads, 0, count_);
+}
+
+void AdamW::Update(float* p, float* g, float lr, engine::FlatMath& math, bool zero_grads,
+                   size_t begin, size_t end) {
   const float b1 = options_.beta1, b2 = options_.beta2;
   const float bc1 = 1.0f - static_cast<float>(std::pow(double{b1}, step_));
   const float bc2 = 1.0f - static_cast<float>(std::pow(double{b2}, step_));
@@ -79,9 +90,10 @@ void AdamW::StepImpl(float* p, float* g, float lr, engine::FlatMath& math, bool 
   float* m = m_->as<float>();
   float* v = v_->as<float>();
   for (const Segment& s : segments_) {
+    const size_t first = std::max(s.begin, begin), last = std::min(s.end, end);
+    if (first >= last) continue;
     c.decay = s.decay ? 1.0f - lr * options_.weight_decay : 1.0f;
-    math.AdamWUpdate(p + s.begin, g + s.begin, m + s.begin, v + s.begin, s.end - s.begin, c,
-                     zero_grads);
+    math.AdamWUpdate(p + first, g + first, m + first, v + first, last - first, c, zero_grads);
   }
 }
 

@@ -59,6 +59,12 @@ class AdamW {
   // The same on the arrays of the optimizer's math (count elements each, in
   // its memory): the step of a device-held model.
   void Step(float* params, float* grads, float lr, bool zero_grads);
+  // One host step in pieces, so that copies of other pieces can overlap it:
+  // Advance() once, then UpdateRange over disjoint [begin, end) covering
+  // the range (indices and spans as Step's). Equal to Step.
+  void Advance() { ++step_; }
+  void UpdateRange(absl::Span<float> params, absl::Span<const float> grads, float lr, size_t begin,
+                   size_t end, engine::ThreadPool* pool);
 
   size_t offset() const { return offset_; }
   size_t count() const { return count_; }
@@ -86,6 +92,9 @@ class AdamW {
   AdamW(size_t offset, size_t count, const AdamWOptions& options, std::vector<Segment> segments,
         engine::FlatMath* math);
   void StepImpl(float* params, float* grads, float lr, engine::FlatMath& math, bool zero_grads);
+  // The update (step_ already advanced) of [begin, end).
+  void Update(float* params, float* grads, float lr, engine::FlatMath& math, bool zero_grads,
+              size_t begin, size_t end);
   engine::FlatMath& math() const;
 
   size_t offset_, count_;

@@ -191,14 +191,44 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) 
     adamw_.Step(static_cast<float*>(engine_->params().data), grads, lr, /*zero_grads=*/false);
     return stats;
   }
-  // The offloaded optimizer: AdamW on the host's threads over the host
-  // copy of the master; the result goes back to the engine.
-  if (!on_host) engine_->math().CopyToHost(host_grads_.data(), grads, g.count);
-  adamw_.Step(absl::MakeSpan(host_params_), absl::MakeConstSpan(host_grads_), lr,
-              engine_->host_pool());
-  engine_->math().CopyFromHost(static_cast<float*>(engine_->params().data), host_params_.data(),
-                               g.count);
+  if (absl::Status s = StepOnHost(on_host ? nullptr : grads, lr); !s.ok()) return s;
   return stats;
+}
+
+absl::Status Ddp::StepOnHost(const float* device_grads, float lr) {
+  // Pieces of 8 Mi elements (32 MiB): every gradient piece's copy out is
+  // queued at once, each marked by an event; AdamW steps piece k on the
+  // host's threads as soon as it arrived, and queues its parameters back,
+  // so copies in both directions overlap the host's arithmetic.
+  constexpr size_t kPiece = size_t{8} << 20;
+  const size_t n = host_params_.size();
+  engine::FlatMath& math = engine_->math();
+  engine::Device& device = engine_->device();
+  float* device_params = static_cast<float*>(engine_->params().data);
+  std::vector<std::unique_ptr<engine::Event>> arrived;
+  if (device_grads != nullptr) {
+    for (size_t begin = 0; begin < n; begin += kPiece) {
+      const size_t len = std::min(kPiece, n - begin);
+      math.CopyToHostAsync(host_grads_.data() + begin, device_grads + begin, len);
+      absl::StatusOr<std::unique_ptr<engine::Event>> e = device.NewEvent();
+      if (!e.ok()) return e.status();
+      if (absl::Status s = (*e)->Record(device.compute_stream()); !s.ok()) return s;
+      arrived.push_back(*std::move(e));
+    }
+  }
+  adamw_.Advance();
+  for (size_t begin = 0, k = 0; begin < n; begin += kPiece, ++k) {
+    const size_t end = std::min(n, begin + kPiece);
+    if (!arrived.empty()) {
+      if (absl::Status s = arrived[k]->Synchronize(); !s.ok()) return s;
+    }
+    adamw_.UpdateRange(absl::MakeSpan(host_params_), absl::MakeConstSpan(host_grads_), lr, begin,
+                       end, engine_->host_pool());
+    math.CopyFromHostAsync(device_params + begin, host_params_.data() + begin, end - begin);
+  }
+  // The next forward reads the parameters on the same stream; the host
+  // waits only so that host_params_ is not written while still being read.
+  return device.compute_stream().Synchronize();
 }
 
 absl::Status Ddp::OnHost(bool on_host, float* grads, size_t n,

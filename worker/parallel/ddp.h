@@ -88,6 +88,10 @@ class Ddp final : public DataParallel {
   void LaunchBuckets(size_t offset, bool flush);
   // Waits for the launched buckets, then averages over dp.
   absl::Status FinishAllReduce(StepStats* stats);
+  // The offloaded optimizer's step: AdamW on the host's threads over the
+  // host copy of the master, the result copied to the engine. The gradient
+  // is copied out of `device_grads` first, or already in host_grads_ (null).
+  absl::Status StepOnHost(const float* device_grads, float lr);
   // fn over grads[0, n) as host memory: itself when they are on the host
   // (`on_host`, or a host engine's), else through a host copy written back.
   absl::Status OnHost(bool on_host, float* grads, size_t n,

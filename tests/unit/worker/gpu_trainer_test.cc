@@ -267,7 +267,8 @@ void ExpectLayoutsOnOneGpuEqualOneRank(int micro, const Layouts& layouts) {
   }
 }
 
-// DDP and ZeRO-1/2/3 with 2 ranks on one GPU (Gloo through host copies).
+// DDP and ZeRO-1/2/3 with 2 ranks on one GPU (Gloo through host copies),
+// and DDP with the optimizer offloaded to the host on 1 and 2 ranks.
 TEST_F(GpuTrainerTest, DataParallelRanksOnOneGpuEqualOneRank) {
   SKIP_WITHOUT_GPU();
   Layouts layouts;
@@ -276,6 +277,9 @@ TEST_F(GpuTrainerTest, DataParallelRanksOnOneGpuEqualOneRank) {
         {absl::StrCat("dp2 zero", zero),
          Ranks(2, {"parallel.dp=2", absl::StrCat("parallel.zero=", zero), "batch.micro=2"})});
   }
+  layouts.push_back({"offload", {"parallel.offload=optimizer"}});
+  layouts.push_back(
+      {"dp2 offload", Ranks(2, {"parallel.dp=2", "parallel.offload=optimizer", "batch.micro=2"})});
   ExpectLayoutsOnOneGpuEqualOneRank(4, layouts);
 }
 

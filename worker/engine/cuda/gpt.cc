@@ -77,6 +77,14 @@ class CudaFlatMath final : public FlatMath {
               "cudaMemcpyAsync (from host)");
     CheckCuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (from host)");
   }
+  void CopyToHostAsync(float* host, const float* x, size_t n) override {
+    CheckCuda(cudaMemcpyAsync(host, x, n * sizeof(float), cudaMemcpyDeviceToHost, stream()),
+              "cudaMemcpyAsync (to host, queued)");
+  }
+  void CopyFromHostAsync(float* x, const float* host, size_t n) override {
+    CheckCuda(cudaMemcpyAsync(x, host, n * sizeof(float), cudaMemcpyHostToDevice, stream()),
+              "cudaMemcpyAsync (from host, queued)");
+  }
   std::unique_ptr<Buffer> Allocate(size_t n) override { return Alloc(n); }
   DeviceKind kind() const override { return DeviceKind::kCuda; }
 
