@@ -20,6 +20,13 @@ if(TARGET shardtrain_engine_cuda_gpt)
 else()
   target_compile_definitions(shardtrain_worker_core PUBLIC SHARDTRAIN_HAVE_CUDA=0)
 endif()
+# parallel.comm: nccl — the NCCL communicator (runtime and NCCL only).
+if(TARGET shardtrain_comm_nccl)
+  target_link_libraries(shardtrain_worker_core PUBLIC shardtrain_comm_nccl)
+  target_compile_definitions(shardtrain_worker_core PRIVATE SHARDTRAIN_HAVE_NCCL=1)
+else()
+  target_compile_definitions(shardtrain_worker_core PRIVATE SHARDTRAIN_HAVE_NCCL=0)
+endif()
 
 # The device a worker drives and this machine's GPUs (device_probe.h): the
 # CUDA runtime in a CUDA build (never the driver library: the worker still

@@ -20,6 +20,9 @@
 #include "worker/checkpoint/weights_file.h"
 #include "worker/checkpoint_commit.h"
 #include "worker/comm/gloo_communicator.h"
+#if SHARDTRAIN_HAVE_NCCL
+#include "worker/comm/nccl_communicator.h"
+#endif
 #include "worker/kv_rendezvous_store.h"
 #include "worker/trainer.h"
 
@@ -369,18 +372,36 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   if (!plan.ok()) return report.Failure(plan.status(), 0, nullptr);
   if (absl::Status s = CheckPlan(*plan, *spec, a); !s.ok()) return report.Failure(s, 0, nullptr);
 
-  // Collectives: a Gloo group over the coordinator's KV, namespaced by
-  // (job, generation), when the job has more than one rank.
+  // Collectives: a Gloo group (or NCCL's, parallel.comm: nccl) over the
+  // coordinator's KV, namespaced by (job, generation), when the job has
+  // more than one rank.
   std::shared_ptr<comm::RendezvousStore> store;
   std::unique_ptr<comm::Communicator> comm;
   if (a.world() > 1) {
     store = std::make_shared<KvRendezvousStore>(ctx.client, a.job_id(), a.generation(),
                                                 a.lease_token());
-    comm::GlooOptions o;
-    o.hostname = ctx.options->collective_address;
-    o.timeout = absl::Seconds(spec->timeouts.collective_s);
-    o.prefix = absl::StrCat(a.job_id(), "/gen", a.generation());
-    auto c = comm::CreateGlooCommunicator(store, a.rank(), a.world(), o);
+    const absl::Duration timeout = absl::Seconds(spec->timeouts.collective_s);
+    const std::string prefix = absl::StrCat(a.job_id(), "/gen", a.generation());
+    absl::StatusOr<std::unique_ptr<comm::Communicator>> c;
+    if (spec->parallel.comm == CommBackend::kNccl) {
+#if SHARDTRAIN_HAVE_NCCL
+      comm::NcclOptions o;
+      o.device = GpuOrdinal(opts.device);
+      o.timeout = timeout;
+      o.prefix = prefix;
+      c = comm::CreateNcclCommunicator(store, a.rank(), a.world(), o);
+#else
+      return report.Failure(absl::FailedPreconditionError(
+                                "parallel.comm: nccl, but this worker was built without NCCL"),
+                            0, nullptr, /*permanent=*/true);
+#endif
+    } else {
+      comm::GlooOptions o;
+      o.hostname = ctx.options->collective_address;
+      o.timeout = timeout;
+      o.prefix = prefix;
+      c = comm::CreateGlooCommunicator(store, a.rank(), a.world(), o);
+    }
     if (!c.ok()) return report.Failure(c.status(), 0, nullptr);
     comm = *std::move(c);
   }

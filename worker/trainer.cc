@@ -37,13 +37,18 @@ absl::Status CheckSupported(const JobSpec& spec) {
         "resources.device: cuda, but this worker was built without CUDA");
   }
 #endif
-  // GPU ranks run every parallelism through the host with Gloo; NCCL is
-  // not wired into training yet: refused here, naming the field.
-  if (spec.parallel.comm == CommBackend::kNccl) {
-    return absl::FailedPreconditionError(
-        "parallel.comm: nccl is not wired into training yet (the NCCL communicator passes its "
-        "own tests; ranks do not use it); use parallel.comm: gloo, which GPU ranks reach "
-        "through host copies");
+  // NCCL carries DDP (each bucket all-reduced in device memory); ZeRO, tp,
+  // pp and the offloaded optimizer run with Gloo through the host so far:
+  // refused here, naming the field.
+  const ParallelSpec& par = spec.parallel;
+  if (par.comm == CommBackend::kNccl &&
+      (par.zero != 0 || par.tp != 1 || par.pp != 1 || par.offload != OffloadMode::kNone)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parallel.comm: nccl runs data parallelism without sharding so far (parallel.zero: 0, "
+        "tp: 1, pp: 1, offload: none; this job has zero ",
+        par.zero, ", tp ", par.tp, ", pp ", par.pp, ", offload ",
+        std::string(EnumName(par.offload)),
+        "); use parallel.comm: gloo, which GPU ranks reach through host copies"));
   }
   return absl::OkStatus();
 }

@@ -127,6 +127,11 @@ class Communicator {
   // OK while usable; otherwise the failure that poisoned it.
   virtual absl::Status health() const = 0;
 
+  // True when ops take device memory (NCCL: a GPU's buffers, ordered on the
+  // device through OpArgs::after); false when they take host memory (Gloo),
+  // which GPU ranks reach through host copies.
+  virtual bool device_memory() const { return false; }
+
   // Enqueues `args`; never blocks on peers. Argument errors and a poisoned
   // communicator are reported through the returned Work.
   virtual std::shared_ptr<Work> Submit(const OpArgs& args) = 0;

@@ -140,6 +140,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::string& group_name() const override { return options_.group_name; }
+  bool device_memory() const override { return true; }
   const FlightRecorder& flight_recorder() const override { return recorder_; }
   absl::Status health() const override {
     absl::MutexLock lock(&mu_);

@@ -51,20 +51,33 @@ absl::Status SumTpPartials(const ModelParallelGrads& mp, absl::Span<float> grads
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> SumOverGroup(comm::Communicator* comm, double local) {
+absl::StatusOr<double> SumOverGroup(comm::Communicator* comm, double local,
+                                    engine::FlatMath* device) {
   static_assert(sizeof(double) == 2 * sizeof(float));
   if (comm == nullptr || comm->size() == 1) return local;
   // AllGather moves fp32 bytes unchanged, so the doubles arrive bit-exact.
-  float mine[2];
-  std::memcpy(mine, &local, sizeof(local));
-  std::vector<float> all(2 * size_t(comm->size()));
-  if (absl::Status s = comm->AllGather(mine, all.data(), 2, comm::DataType::kFloat32); !s.ok()) {
-    return s;
+  const size_t n = size_t(comm->size());
+  std::vector<float> all(2 + 2 * n);  // [mine | everyone's]
+  std::memcpy(all.data(), &local, sizeof(local));
+  if (!comm->device_memory()) {
+    if (absl::Status s = comm->AllGather(all.data(), all.data() + 2, 2, comm::DataType::kFloat32);
+        !s.ok()) {
+      return s;
+    }
+  } else {  // the group reads device memory: through a scratch there
+    if (device == nullptr || device->kind() == DeviceKind::kCpu) {
+      return absl::InternalError("SumOverGroup: a device communicator without device memory");
+    }
+    std::unique_ptr<engine::Buffer> scratch = device->Allocate(all.size());
+    float* d = scratch->as<float>();
+    device->CopyFromHost(d, all.data(), 2);
+    if (absl::Status s = comm->AllGather(d, d + 2, 2, comm::DataType::kFloat32); !s.ok()) return s;
+    device->CopyToHost(all.data() + 2, d + 2, 2 * n);
   }
   double total = 0;
-  for (int r = 0; r < comm->size(); ++r) {
+  for (size_t r = 0; r < n; ++r) {
     double v;
-    std::memcpy(&v, &all[2 * size_t(r)], sizeof(v));
+    std::memcpy(&v, &all[2 + 2 * r], sizeof(v));
     total += v;
   }
   return total;

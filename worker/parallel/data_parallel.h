@@ -186,8 +186,10 @@ double SquaredNormOutside(engine::FlatMath& math, const float* grads, size_t cou
 
 // The sum of `local` over the ranks of `comm` (null: local alone), added in
 // rank order from bit-exact copies, so every rank gets the same double.
-// Collective.
-absl::StatusOr<double> SumOverGroup(comm::Communicator* comm, double local);
+// A communicator of device memory (NCCL) exchanges them through a scratch
+// of `device`'s memory (required then). Collective.
+absl::StatusOr<double> SumOverGroup(comm::Communicator* comm, double local,
+                                    engine::FlatMath* device = nullptr);
 
 // The strategy a job's parallel section asks for (zero 0: DDP, 1-3: ZeRO)
 // over `comm` (the data-parallel group; null or of size 1 when dp == 1).

@@ -34,9 +34,18 @@ absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(engine::Engine* engine,
   // The optimizer offloaded from a GPU steps a host copy of the master.
   const bool host_master =
       offload_optimizer && (stage_through_host || engine->params().device != DeviceKind::kCpu);
+  // A communicator of device memory (NCCL) all-reduces the engine's
+  // gradient buffer where it is; Gloo reaches a GPU's through host copies.
+  const bool device_comm = GroupSize(comm) > 1 && comm->device_memory();
+  if (device_comm &&
+      (offload_optimizer || stage_through_host || engine->grads().device == DeviceKind::kCpu)) {
+    return absl::InvalidArgumentError(
+        "DDP: a device-memory communicator (parallel.comm: nccl) needs the gradients on the "
+        "device and the optimizer there (parallel.offload: none)");
+  }
   const bool staged =
-      host_master ||
-      (GroupSize(comm) > 1 && (stage_through_host || engine->grads().device != DeviceKind::kCpu));
+      host_master || (GroupSize(comm) > 1 && !device_comm &&
+                      (stage_through_host || engine->grads().device != DeviceKind::kCpu));
   if (bucket_bytes == 0) return absl::InvalidArgumentError("parallel.bucket_mb: must be >= 1");
   auto a = optim::AdamW::Create(engine->layout(), 0, engine->layout().num_params(), adamw,
                                 host_master ? nullptr : &engine->math());
@@ -73,7 +82,9 @@ void Ddp::InitParams(uint64_t seed) {
   }
 }
 
-float* Ddp::BucketBase() { return staged_ ? host_grads_.data() : engine_->grads().f32().data(); }
+float* Ddp::BucketBase() {
+  return staged_ ? host_grads_.data() : static_cast<float*>(engine_->grads().data);
+}
 
 Ddp::~Ddp() {
   // Never leave an all-reduce writing into a buffer that is about to go.
@@ -106,8 +117,20 @@ void Ddp::LaunchBuckets(size_t offset, bool flush) {
     if (staged_) {  // final on the device: its host copy is reduced
       engine_->math().CopyToHost(grads + unlaunched_end_, device + unlaunched_end_, n);
     }
+    // On the device (NCCL), the all-reduce waits on the device for the
+    // backward kernels issued so far, which wrote this bucket: never the host.
+    const engine::Event* after = nullptr;
+    if (comm_->device_memory()) {
+      absl::StatusOr<std::unique_ptr<engine::Event>> e = engine_->device().NewEvent();
+      if (e.ok() && (*e)->Record(engine_->device().compute_stream()).ok()) {
+        bucket_events_.push_back(*std::move(e));
+        after = bucket_events_.back().get();
+      } else {  // the op must not run ahead of the kernels: order it on the host
+        engine_->device().compute_stream().Synchronize().IgnoreError();
+      }
+    }
     inflight_.push_back(comm_->AllReduceAsync(grads + unlaunched_end_, n, comm::DataType::kFloat32,
-                                              comm::ReduceOp::kSum));
+                                              comm::ReduceOp::kSum, after));
   }
 }
 
@@ -121,6 +144,7 @@ absl::Status Ddp::FinishAllReduce(StepStats* stats) {
   stats->comm_ms += MsSince(t0);
   if (!status.ok()) {
     inflight_.clear();
+    bucket_events_.clear();
     return status;
   }
   const uint64_t first = inflight_.front()->seq(), last = inflight_.back()->seq();
@@ -130,6 +154,7 @@ absl::Status Ddp::FinishAllReduce(StepStats* stats) {
     }
   }
   inflight_.clear();
+  bucket_events_.clear();
   const engine::FlatView grads = engine_->grads();
   const int n = comm_->size();
   stats->comm_bytes += int64_t(grads.bytes()) * 2 * (n - 1) / n;

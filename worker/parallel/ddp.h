@@ -61,7 +61,9 @@ class Ddp final : public DataParallel {
   absl::Status EndMicroBatch() override;
   absl::StatusOr<StepStats> Step(float lr, float max_norm, float loss_scale = 1.0f) override;
   void BeginEval() override {}
-  absl::StatusOr<double> EndEval(double loss_sum) override { return SumOverGroup(comm_, loss_sum); }
+  absl::StatusOr<double> EndEval(double loss_sum) override {
+    return SumOverGroup(comm_, loss_sum, &engine_->math());
+  }
   absl::Status GatherWholeModel() override { return absl::OkStatus(); }
 
   FlatRanges SaveRanges() const override;
@@ -103,6 +105,8 @@ class Ddp final : public DataParallel {
   const size_t bucket_elems_;
   size_t unlaunched_end_ = 0;  // gradients [unlaunched_end_, end) are in flight
   std::vector<std::shared_ptr<comm::Work>> inflight_;
+  // A device communicator's buckets wait for these (on the compute stream).
+  std::vector<std::unique_ptr<engine::Event>> bucket_events_;
   bool measure_ = false;
   ModelParallelGrads mp_;
   const bool staged_;              // the gradients through host_grads_

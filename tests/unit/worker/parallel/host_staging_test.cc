@@ -9,6 +9,10 @@
 //   ZeRO-k   host mirrors of the engine's buffers: each unit's gradient
 //            copied out when final and reduced there, gathered units (3) or
 //            the gathered parameters after a step (1-2) copied in.
+//   DDP over a device-memory communicator (NCCL's path, played by Gloo
+//            behind a wrapper that takes device addresses): each bucket
+//            all-reduced in the engine's memory, ordered after the backward
+//            by an event, never copied to the host;
 //   pipeline 2 stages of the same GPT on 2 ranks, 1F1B over 4 micro-batches:
 //            each stage's output and input gradient copied to the host before
 //            they are sent, what arrives copied into the engine's memory; and
@@ -96,7 +100,8 @@ void RankRun(comm::Communicator& comm, int zero, bool off_host, RankResult* out)
   ASSERT_TRUE(gpt.ok());
   Driven d = Drive(*std::move(gpt), off_host);
   engine::Engine *e = d.engine.get(), *host = d.host;
-  auto dp = Strategy(zero, off_host, e, &comm);
+  // A device-memory communicator needs no host staging (NCCL's way).
+  auto dp = Strategy(zero, off_host && !comm.device_memory(), e, &comm);
   ASSERT_TRUE(dp.ok()) << dp.status();
   DataParallel& s = **dp;
   s.InitParams(5);
@@ -175,6 +180,78 @@ TEST_P(HostStagingTest, OffHostBuffersThroughTheHostEqualThePlainPathBitForBit) 
 // memory and copied out for the host's AdamW.
 TEST(HostStagingTest, OneRankWithTheOptimizerOffloadedEqualsThePlainPathBitForBit) {
   ExpectStagedEqualsPlain(1, kDdpOffload);
+}
+
+// Gloo posing as a communicator of device memory: ops take the
+// OffHostEngine's device addresses (translated to host ones for Gloo) and
+// every all-reduce of them must be ordered after the device's work through
+// OpArgs::after, as NCCL's are; anything else is counted as a violation.
+class DeviceMemoryComm final : public comm::Communicator {
+ public:
+  explicit DeviceMemoryComm(comm::Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  const std::string& group_name() const override { return inner_.group_name(); }
+  absl::Status health() const override { return inner_.health(); }
+  bool device_memory() const override { return true; }
+  std::shared_ptr<comm::Work> Submit(const comm::OpArgs& args) override {
+    comm::OpArgs host = args;
+    const bool device = OnDevice(args.input) || OnDevice(args.output);
+    if (!device || (args.input != nullptr && !OnDevice(args.input)) ||
+        (args.output != nullptr && !OnDevice(args.output))) {
+      ++host_ops_;  // NCCL cannot read host memory
+    }
+    if (args.type == comm::OpType::kAllReduce && args.after == nullptr) ++unordered_;
+    host.input = testing::ToHost(args.input);
+    host.output = testing::ToHost(args.output);
+    ++ops_;
+    return inner_.Submit(host);
+  }
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> Split(int, int) override {
+    return absl::UnimplementedError("DeviceMemoryComm::Split");
+  }
+  absl::Status Shutdown() override { return absl::OkStatus(); }
+  const comm::FlightRecorder& flight_recorder() const override { return inner_.flight_recorder(); }
+  int ops() const { return ops_; }
+  int host_ops() const { return host_ops_; }
+  int unordered() const { return unordered_; }
+
+ private:
+  static bool OnDevice(const void* p) {
+    return p != nullptr && (reinterpret_cast<uintptr_t>(p) & testing::kTag) != 0;
+  }
+  comm::Communicator& inner_;
+  int ops_ = 0, host_ops_ = 0, unordered_ = 0;
+};
+
+// DDP on GPU ranks with NCCL, its logic on CPU: the buckets all-reduced in
+// place in the engine's (device) memory, the evaluation's loss sum through a
+// device scratch, equal to the plain host path bit for bit.
+TEST(HostStagingTest, DdpOverADeviceMemoryCommunicatorEqualsThePlainPathBitForBit) {
+  std::vector<RankResult> plain(kRanks), device(kRanks);
+  std::vector<int> ops(kRanks), host_ops(kRanks), unordered(kRanks);
+  comm::testing::RunRanks(kRanks,
+                          [&](comm::Communicator& c) { RankRun(c, 0, false, &plain[c.rank()]); });
+  comm::testing::RunRanks(kRanks, [&](comm::Communicator& c) {
+    DeviceMemoryComm d(c);
+    RankRun(d, 0, true, &device[c.rank()]);
+    ops[c.rank()] = d.ops();
+    host_ops[c.rank()] = d.host_ops();
+    unordered[c.rank()] = d.unordered();
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    SCOPED_TRACE(r);
+    EXPECT_EQ(device[r].losses, plain[r].losses);
+    EXPECT_TRUE(BitEqual(device[r].params, plain[r].params));
+    EXPECT_TRUE(BitEqual(device[r].shard, plain[r].shard));
+    EXPECT_GT(ops[r], kSteps);  // buckets each step, and the evaluation
+    EXPECT_EQ(host_ops[r], 0) << "ops on host memory";
+    EXPECT_EQ(unordered[r], 0) << "all-reduces not ordered after the device's work";
+  }
+  std::printf(
+      "[host-staging] DDP over a device-memory communicator, %d ranks: %d ops, none on host "
+      "memory, every all-reduce after an event; %zu parameters equal\n",
+      kRanks, ops[0], device[0].params.size());
 }
 
 INSTANTIATE_TEST_SUITE_P(DdpAndZero, HostStagingTest, ::testing::Values(0, 1, 2, 3, kDdpOffload),
