@@ -202,6 +202,11 @@ class LocalRun {
       absl::StatusOr<std::vector<std::string>> found = FindGpus(bin, *spec);
       if (!found.ok()) return ReportError(g_, found.status());
       gpus = *std::move(found);
+      // NCCL refuses two ranks on one GPU: say so before anything starts.
+      if (absl::Status fit = CheckWorkersFitGpus(*spec, workers, static_cast<int>(gpus.size()));
+          !fit.ok()) {
+        return ReportError(g_, fit);
+      }
     }
     const std::string port_file = dir_ + "/coordinator.port";
     auto coord =

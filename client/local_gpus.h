@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "common/job_spec.h"
+
 namespace shardtrain::client {
 
 // The names ("cuda:0", ...) of the GPUs that can train, in the order of
@@ -19,6 +22,12 @@ std::vector<std::string> UsableGpus(const std::string& probe_output);
 // The --device of local worker `index`: gpus[index mod gpus.size()]
 // (`gpus` non-empty), so that N workers spread over the GPUs round-robin.
 std::string WorkerGpu(int index, const std::vector<std::string>& gpus);
+
+// OK unless `spec`'s collectives cannot run with `workers` local workers on
+// `gpus` GPUs: parallel.comm: nccl over more than one rank needs a GPU per
+// worker (NCCL refuses two ranks on one GPU) — FAILED_PRECONDITION naming
+// the field, before anything is started.
+absl::Status CheckWorkersFitGpus(const JobSpec& spec, int workers, int gpus);
 
 }  // namespace shardtrain::client
 

@@ -28,5 +28,29 @@ TEST(LocalGpusTest, WorkersGoRoundRobinOverTheGpus) {
   EXPECT_EQ(WorkerGpu(3, {"cuda:0"}), "cuda:0");
 }
 
+TEST(LocalGpusTest, NcclNeedsAGpuPerWorker) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      "name: t\nmodel: {layers: 1, heads: 1, dim: 8, context: 8, vocab: 256}\n"
+      "data: {train: a.bin}\nbatch: {global: 2, micro: 1, seq_len: 8}\n"
+      "parallel: {dp: 2, comm: nccl}\nresources: {device: cuda}\nsteps: 1\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(CheckWorkersFitGpus(*spec, 2, 2).ok());
+  const absl::Status shared = CheckWorkersFitGpus(*spec, 2, 1);
+  EXPECT_EQ(shared.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      shared.message().rfind("parallel.comm: nccl needs one GPU per worker (2 workers, 1 GPUs", 0),
+      0u)
+      << shared;
+  // Gloo shares GPUs; one rank needs no collectives at all.
+  absl::StatusOr<JobSpec> gloo = ParseJobSpec(JobSpecToYaml(*spec), {"parallel.comm=gloo"});
+  ASSERT_TRUE(gloo.ok());
+  EXPECT_TRUE(CheckWorkersFitGpus(*gloo, 2, 1).ok());
+  absl::StatusOr<JobSpec> one = ParseJobSpec(
+      JobSpecToYaml(*spec),
+      {"parallel.dp=1", "batch.global=1", "resources.min_workers=1", "resources.max_workers=1"});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_TRUE(CheckWorkersFitGpus(*one, 2, 1).ok());
+}
+
 }  // namespace
 }  // namespace shardtrain::client
