@@ -21,7 +21,9 @@
 // through the host, the same global batch): the staging cost, stated; under
 // each ZeRO stage of --zero (default 0, DDP). --offload adds one rank with
 // parallel.offload: optimizer (AdamW on the host): its step time and device
-// memory next to the plain rank's.
+// memory next to the plain rank's. --nccl adds N DDP ranks over NCCL, rank r
+// on GPU r (with N GPUs; says so and skips them otherwise): the speed-up
+// over one GPU at the same global batch.
 // --kernels B profiles a warm-up and 2 steps at batch B under Nsight Compute
 // (ncu, when installed: the toolkit's) and prints the time per kernel
 // family; --ncu-csv FILE prints that table from a saved profile.
@@ -29,7 +31,7 @@
 // Usage: gpu_train_bench [--batch 16,32] [--steps 20] [--warmup 3]
 //                        [--peer torch|none] [--compile] [--peak-tflops 989.4]
 //                        [--data FILE] [--peer-dir DIR] [--kernels B] [--ranks N]
-//                        [--zero 0,3] [--offload]
+//                        [--zero 0,3] [--offload] [--nccl]
 //        gpu_train_bench --ncu-csv FILE [--ncu-steps 2]
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -54,6 +56,7 @@
 #include "absl/strings/str_join.h"
 #include "common/job_spec.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/comm/nccl_communicator.h"
 #include "worker/comm/rendezvous_store.h"
 #include "worker/device_probe.h"
 #include "worker/trainer.h"
@@ -73,16 +76,20 @@ struct Options {
   int ranks = 1;  // > 1: also that many ranks sharing the GPU (Gloo through the host)
   std::vector<int> zeros = {0};  // the ZeRO stages of those ranks' rows
   bool offload = false;          // also one rank with the optimizer on the host
+  bool nccl = false;             // also --ranks ranks over NCCL, one per GPU
 };
 
-// One row's layout of ours: ranks sharing GPU 0, their ZeRO stage, offload.
+// One row's layout of ours: ranks sharing GPU 0 (or over NCCL, rank r on
+// GPU r), their ZeRO stage, offload.
 struct Variant {
   int ranks = 1;
   int zero = 0;
   bool offload = false;
+  bool nccl = false;
   std::string Name() const {
     if (ranks == 1 && zero == 0 && !offload) return "shardtrain";
     std::string name = "shardtrain";
+    if (nccl) absl::StrAppend(&name, " nccl");
     if (ranks > 1) absl::StrAppend(&name, " dp", ranks);
     if (zero > 0) absl::StrAppend(&name, " z", zero);
     if (offload) absl::StrAppend(&name, " offload");
@@ -166,7 +173,8 @@ absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
       {absl::StrCat("parallel.dp=", ranks), absl::StrCat("batch.micro=", batch / ranks),
        absl::StrCat("resources.min_workers=", ranks), absl::StrCat("resources.max_workers=", ranks),
        absl::StrCat("parallel.zero=", v.zero),
-       absl::StrCat("parallel.offload=", v.offload ? "optimizer" : "none")});
+       absl::StrCat("parallel.offload=", v.offload ? "optimizer" : "none"),
+       absl::StrCat("parallel.comm=", v.nccl ? "nccl" : "gloo")});
   if (!spec.ok()) return spec.status();
   MemoryHeld memory(ranks);
   // Host threads as workers take them by default (all cores), shared by the
@@ -187,17 +195,24 @@ absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
     std::vector<std::thread> threads;
     for (int r = 0; r < ranks; ++r) {
       threads.emplace_back([&, r] {
-        comm::GlooOptions go;
-        go.prefix = "gpu_train_bench";
-        absl::StatusOr<std::unique_ptr<comm::Communicator>> c =
-            comm::CreateGlooCommunicator(store, r, ranks, go);
+        absl::StatusOr<std::unique_ptr<comm::Communicator>> c;
+        if (v.nccl) {
+          comm::NcclOptions no;
+          no.device = r;
+          no.prefix = absl::StrCat("gpu_train_bench/B", batch);
+          c = comm::CreateNcclCommunicator(store, r, ranks, no);
+        } else {
+          comm::GlooOptions go;
+          go.prefix = absl::StrCat("gpu_train_bench/B", batch, "/z", v.zero);
+          c = comm::CreateGlooCommunicator(store, r, ranks, go);
+        }
         if (!c.ok()) {
           status[r] = c.status();
           memory.Arrive();
           return;
         }
         absl::StatusOr<std::unique_ptr<worker::Trainer>> t =
-            worker::Trainer::Create(*spec, r, host_threads, c->get(), /*gpu=*/0);
+            worker::Trainer::Create(*spec, r, host_threads, c->get(), /*gpu=*/v.nccl ? r : 0);
         if (!t.ok()) {
           status[r] = t.status();
           memory.Arrive();
@@ -381,6 +396,9 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--offload", o.offload,
                "also one rank with parallel.offload: optimizer (AdamW on the host)");
+  app.add_flag("--nccl", o.nccl,
+               "also --ranks DDP ranks over NCCL, rank r on GPU r (skipped, saying so, with "
+               "fewer GPUs): the speed-up over one GPU at the same global batch");
   int kernels_batch = 0;
   app.add_option("--kernels", kernels_batch,
                  "B: also profile a warm-up and 2 steps at batch B under Nsight Compute (ncu) "
@@ -425,6 +443,14 @@ int Main(int argc, char** argv) {
       for (int z : o.zeros) variants.push_back(Variant{o.ranks, z, false});
     }
     if (o.offload) variants.push_back(Variant{1, 0, true});
+    if (o.nccl && o.ranks > 1) {
+      if (int(gpus->size()) >= o.ranks) {
+        variants.push_back(Variant{o.ranks, 0, false, true});
+      } else if (b == o.batches.front()) {
+        std::printf("(no nccl rows: %d ranks need %d GPUs, this machine has %zu)\n", o.ranks,
+                    o.ranks, gpus->size());
+      }
+    }
     for (const Variant& v : variants) {
       absl::StatusOr<Row> r = RunOurs(o, b, v, &flops_per_token);
       if (!r.ok()) {
@@ -456,7 +482,8 @@ int Main(int argc, char** argv) {
       "(FLOPs/token %.3g; MFU over %.1f TFLOP/s; mem: shardtrain = cudaMemGetInfo delta, "
       "pytorch = max_memory_allocated; on a dpN row (zK: ZeRO-K), ours/this row is one rank's "
       "speed over N ranks sharing the GPU: the cost of staging through the host; on the offload "
-      "row, the cost of AdamW on the host)\n",
+      "row, the cost of AdamW on the host; on an nccl row (rank r on GPU r, mem: GPU 0's), "
+      "1 / (ours/this row) is the speed-up over one GPU at the same global batch)\n",
       flops_per_token, o.peak_tflops);
   if (kernels_batch > 0) {
     const std::string ncu = FindNcu();
