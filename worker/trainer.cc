@@ -37,15 +37,15 @@ absl::Status CheckSupported(const JobSpec& spec) {
         "resources.device: cuda, but this worker was built without CUDA");
   }
 #endif
-  // NCCL carries DDP (each bucket all-reduced in device memory); ZeRO, tp,
-  // pp and the offloaded optimizer run with Gloo through the host so far:
-  // refused here, naming the field.
+  // NCCL carries DDP and ZeRO-1 (gradients and shards in device memory);
+  // ZeRO-2/3, tp, pp and the offloaded optimizer run with Gloo through the
+  // host so far: refused here, naming the field.
   const ParallelSpec& par = spec.parallel;
   if (par.comm == CommBackend::kNccl &&
-      (par.zero != 0 || par.tp != 1 || par.pp != 1 || par.offload != OffloadMode::kNone)) {
+      (par.zero > 1 || par.tp != 1 || par.pp != 1 || par.offload != OffloadMode::kNone)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "parallel.comm: nccl runs data parallelism without sharding so far (parallel.zero: 0, "
-        "tp: 1, pp: 1, offload: none; this job has zero ",
+        "parallel.comm: nccl runs data parallelism with at most the optimizer state sharded so "
+        "far (parallel.zero: 0 or 1, tp: 1, pp: 1, offload: none; this job has zero ",
         par.zero, ", tp ", par.tp, ", pp ", par.pp, ", offload ",
         std::string(EnumName(par.offload)),
         "); use parallel.comm: gloo, which GPU ranks reach through host copies"));

@@ -40,9 +40,23 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
         "ZeRO keeps fp32 parameters and gradients; this engine's are ",
         DataTypeName(engine->params().dtype), " and ", DataTypeName(engine->grads().dtype)));
   }
-  const bool staged = options.stage_through_host || engine->params().device != DeviceKind::kCpu ||
-                      engine->grads().device != DeviceKind::kCpu;
+  // A communicator of device memory (NCCL) reduces and gathers the
+  // engine's buffers where they are, and the shard steps there: stage 1 so
+  // far (stages 2-3 keep shards in host vectors).
+  const bool on_device = comm != nullptr && comm->size() > 1 && comm->device_memory();
+  if (on_device && (options.stage != 1 || options.offload_optimizer || options.stage_through_host ||
+                    engine->grads().device == DeviceKind::kCpu)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "parallel.comm: nccl runs ZeRO stage 1 with the optimizer on the device so far (this job "
+        "has zero ",
+        options.stage, options.offload_optimizer ? ", offload: optimizer" : "",
+        "); use parallel.comm: gloo"));
+  }
+  const bool staged =
+      !on_device && (options.stage_through_host || engine->params().device != DeviceKind::kCpu ||
+                     engine->grads().device != DeviceKind::kCpu);
   std::unique_ptr<Zero> z(new Zero(options, engine, comm, staged));
+  z->on_device_ = on_device;
   const model::ParamLayout& layout = engine->layout();
   if (staged) {
     z->host_params_.assign(layout.num_params(), 0.0f);
@@ -64,7 +78,8 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
     u.own = UnitShardRange(info.numel, z->dp_, z->rank_);
     u.shard_offset = z->shard_size_;
     z->shard_size_ += u.own.size();
-    auto a = optim::AdamW::Create(layout, u.offset + u.own.begin, u.own.size(), adamw);
+    auto a = optim::AdamW::Create(layout, u.offset + u.own.begin, u.own.size(), adamw,
+                                  on_device ? &engine->math() : nullptr);
     if (!a.ok()) return a.status();
     z->adamw_.push_back(*std::move(a));
     z->units_.push_back(std::move(u));
@@ -107,7 +122,8 @@ Zero::Zero(const ZeroOptions& options, engine::Engine* engine, comm::Communicato
       comm_(comm != nullptr && comm->size() > 1 ? comm : nullptr),
       dp_(comm_ == nullptr ? 1 : comm_->size()),
       rank_(comm_ == nullptr ? 0 : comm_->rank()),
-      staged_(staged) {}
+      staged_(staged),
+      host_math_(engine->host_pool()) {}
 
 void Zero::PushParams(size_t offset, size_t n) {
   if (!staged_ || n == 0) return;
@@ -363,9 +379,9 @@ void Zero::LaunchReduction(int unit) {
   if (comm_ != nullptr) {
     const size_t body = u.body * dp_, tail = u.numel - body;
     if (options_.stage == 1) {
-      r.works.push_back(
-          Count(comm_->AllReduceAsync(g, u.numel, comm::DataType::kFloat32, comm::ReduceOp::kSum),
-                2 * (dp_ - 1) * int64_t(u.numel) * kF32 / dp_));
+      r.works.push_back(Count(comm_->AllReduceAsync(g, u.numel, comm::DataType::kFloat32,
+                                                    comm::ReduceOp::kSum, AfterDeviceWork()),
+                              2 * (dp_ - 1) * int64_t(u.numel) * kF32 / dp_));
     } else {
       if (u.body > 0) {
         float* out = (micro_ == 0 ? shard_grads_.data() : reduce_scratch_.data()) + u.shard_offset;
@@ -400,6 +416,18 @@ void Zero::CompleteReduction(Reduction& r) {
   // The unit's full gradient is no longer needed: zero it for the next
   // backward and give its pages back (staged: done when it was copied out).
   if (!staged_) engine_->grad_buffer().Release(u.offset, u.numel);
+}
+
+const engine::Event* Zero::AfterDeviceWork() {
+  if (!on_device_) return nullptr;
+  absl::StatusOr<std::unique_ptr<engine::Event>> e = engine_->device().NewEvent();
+  if (e.ok() && (*e)->Record(engine_->device().compute_stream()).ok()) {
+    events_.push_back(*std::move(e));
+    return events_.back().get();
+  }
+  // The op must not run ahead of the kernels: order it on the host.
+  engine_->device().compute_stream().Synchronize().IgnoreError();
+  return nullptr;
 }
 
 void Zero::Sample() {

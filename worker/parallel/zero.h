@@ -52,6 +52,11 @@
 //            backward writes them and give them back once copied out. On a
 //            GPU whose buffers give memory back (GptEngineOptions::
 //            release_state) the device then holds only the units in use.
+//   on the device (a communicator of device memory: NCCL; stage 1 only so
+//            far) the gradient reductions and the all-gather of the updated
+//            shards run in the engine's (GPU) buffers, each ordered after the
+//            kernels that wrote them by an event on the compute stream; the
+//            shard's m, v and AdamW step live on the device too.
 //
 // Collective: every rank must run the same micro-batches and steps (the
 // hooks then issue the same ops in the same order). Communication errors
@@ -227,6 +232,13 @@ class Zero final : public DataParallel {
   float* ShardParamPtr(Unit& u);
   absl::Status GatherAllParams();  // stages 1-2: every unit, in place; staged, then to the engine
   absl::StatusOr<double> SumOverRanks(double local);
+  // On the device: an event after the compute stream's work so far, for an
+  // op that reads what that work wrote (kept until the next step); null
+  // otherwise.
+  const engine::Event* AfterDeviceWork();
+  // Where the shard's arithmetic runs: the engine's math on the device,
+  // else the host's threads.
+  engine::FlatMath& ShardMath();
   std::shared_ptr<comm::Work> Count(std::shared_ptr<comm::Work> w, int64_t bytes);
   // One AdamW state (m or v) of every unit, concatenated in unit order.
   template <typename Get>
@@ -234,7 +246,7 @@ class Zero final : public DataParallel {
     std::vector<float> out;
     out.reserve(shard_size_);
     for (const optim::AdamW& a : adamw_) {
-      absl::Span<const float> s = get(a);
+      const std::vector<float> s = get(a);  // a copy: m and v may live on a device
       out.insert(out.end(), s.begin(), s.end());
     }
     return out;
@@ -245,6 +257,10 @@ class Zero final : public DataParallel {
   comm::Communicator* const comm_;  // null when dp == 1
   const int dp_, rank_;
   const bool staged_;
+  // The collectives take the engine's (device) buffers: stage 1 over NCCL.
+  bool on_device_ = false;
+  std::vector<std::unique_ptr<engine::Event>> events_;  // see AfterDeviceWork
+  engine::HostFlatMath host_math_{nullptr};             // ShardMath off the device
   // Where Zero reads and writes whole-model parameters and gradients: the
   // engine's buffers, or (staged) their host mirrors below.
   std::vector<float> host_params_, host_grads_;

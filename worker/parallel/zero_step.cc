@@ -30,9 +30,15 @@ float* Zero::ShardParamPtr(Unit& u) {
   return params_ + u.offset + u.own.begin;
 }
 
+engine::FlatMath& Zero::ShardMath() { return on_device_ ? engine_->math() : host_math_; }
+
 absl::StatusOr<double> Zero::SumOverRanks(double local) {
   static_assert(sizeof(double) == 2 * sizeof(float));
   if (comm_ == nullptr) return local;
+  if (on_device_) {  // through a device scratch
+    comm_bytes_ += (dp_ - 1) * 2 * kF32;
+    return SumOverGroup(comm_, local, &engine_->math());
+  }
   float mine[2];
   std::memcpy(mine, &local, sizeof(local));
   // AllGather moves fp32 bytes unchanged, so the doubles arrive bit-exact.
@@ -67,20 +73,22 @@ absl::StatusOr<StepStats> Zero::Step(float lr, float max_norm, float loss_scale)
 
 absl::StatusOr<double> Zero::StepShard(float lr, float max_norm, float loss_scale) {
   if (!status_.ok()) return status_;
+  events_.clear();  // every reduction that waited on them is done
   engine::ThreadPool* pool = engine_->host_pool();
+  engine::FlatMath& math = ShardMath();
   // Summed over dp; the mean gradient of the global batch is sum / dp.
   double squared = 0;
   for (size_t k = 0; k < units_.size(); ++k) {
     Unit& u = units_[k];
     absl::Span<float> g = ShardGrad(u);
-    if (dp_ > 1) optim::ScaleGrads(g, 1.0f / static_cast<float>(dp_), pool);
+    if (dp_ > 1) math.Scale(g.data(), g.size(), 1.0f / static_cast<float>(dp_));
     // The tied embeddings: this shard of the unit and the tied stage's
     // (the same range of the same unit shape) are summed.
     if (k == 0 && mp_.sum_tied && mp_.tied_end == u.numel && !g.empty()) {
       if (absl::Status s = mp_.sum_tied(g); !s.ok()) return s;
     }
     if (absl::Status s = SumTpPartials(mp_, g, u.offset + u.own.begin); !s.ok()) return s;
-    squared += SquaredNormOutside(g, u.offset + u.own.begin, mp_.norm_skip, pool);
+    squared += SquaredNormOutside(math, g.data(), g.size(), u.offset + u.own.begin, mp_.norm_skip);
   }
   auto total = SumOverRanks(squared);
   if (!total.ok()) return total.status();
@@ -94,8 +102,12 @@ absl::StatusOr<double> Zero::StepShard(float lr, float max_norm, float loss_scal
   for (size_t k = 0; k < units_.size(); ++k) {
     Unit& u = units_[k];
     absl::Span<float> g = ShardGrad(u);
-    if (clip != 1.0f) optim::ScaleGrads(g, clip, pool);
-    adamw_[k].Step(absl::MakeSpan(ShardParamPtr(u), u.own.size()), g, lr, pool);
+    if (clip != 1.0f) math.Scale(g.data(), g.size(), clip);
+    if (on_device_) {  // the shard's m and v live on the device
+      adamw_[k].Step(ShardParamPtr(u), g.data(), lr, /*zero_grads=*/false);
+    } else {
+      adamw_[k].Step(absl::MakeSpan(ShardParamPtr(u), u.own.size()), g, lr, pool);
+    }
   }
   if (options_.stage < 3) {
     if (absl::Status s = GatherAllParams(); !s.ok()) return s;
@@ -110,21 +122,23 @@ absl::Status Zero::GatherAllParams() {
     return absl::OkStatus();
   }
   std::vector<std::shared_ptr<comm::Work>> works;
+  const engine::Event* after = AfterDeviceWork();  // the step wrote the shards
   for (Unit& u : units_) {
     float* out = params_ + u.offset;
     const size_t body = u.body * dp_, tail = u.numel - body;
     if (u.body > 0) {  // in place: this rank's block is already where it belongs
-      works.push_back(
-          Count(comm_->AllGatherAsync(out + u.own.begin, out, u.body, comm::DataType::kFloat32),
-                (dp_ - 1) * int64_t(u.body) * kF32));
+      works.push_back(Count(
+          comm_->AllGatherAsync(out + u.own.begin, out, u.body, comm::DataType::kFloat32, after),
+          (dp_ - 1) * int64_t(u.body) * kF32));
     }
     if (tail > 0) {
       works.push_back(
-          Count(comm_->BroadcastAsync(out + body, tail, comm::DataType::kFloat32, dp_ - 1),
+          Count(comm_->BroadcastAsync(out + body, tail, comm::DataType::kFloat32, dp_ - 1, after),
                 (dp_ - 1) * int64_t(tail) * kF32 / dp_));
     }
   }
   Wait(works);
+  events_.clear();
   if (status_.ok()) PushParams(0, n);
   return status_;
 }
@@ -139,21 +153,24 @@ FlatRanges Zero::SaveRanges() const {
 
 std::vector<float> Zero::SaveParams() const {
   if (options_.stage == 3) return shard_params_;
-  std::vector<float> out;
-  out.reserve(shard_size_);
-  const float* p = params_;
+  std::vector<float> out(shard_size_);
   for (const Unit& u : units_) {
-    out.insert(out.end(), p + u.offset + u.own.begin, p + u.offset + u.own.end);
+    const float* p = params_ + u.offset + u.own.begin;
+    if (on_device_) {
+      engine_->math().CopyToHost(out.data() + u.shard_offset, p, u.own.size());
+    } else {
+      std::copy(p, p + u.own.size(), out.begin() + u.shard_offset);
+    }
   }
   return out;
 }
 
 std::vector<float> Zero::SaveM() const {
-  return ConcatState([](const optim::AdamW& a) { return a.m(); });
+  return ConcatState([](const optim::AdamW& a) { return a.CopyM(0, a.count()); });
 }
 
 std::vector<float> Zero::SaveV() const {
-  return ConcatState([](const optim::AdamW& a) { return a.v(); });
+  return ConcatState([](const optim::AdamW& a) { return a.CopyV(0, a.count()); });
 }
 
 int64_t Zero::optimizer_step() const { return adamw_.empty() ? 0 : adamw_.front().step(); }
@@ -168,9 +185,12 @@ absl::Status Zero::Restore(absl::Span<const float> params, absl::Span<const floa
   for (size_t k = 0; k < units_.size(); ++k) {
     Unit& u = units_[k];
     const size_t at = u.shard_offset, n = u.own.size();
-    std::copy(params.begin() + at, params.begin() + at + n, ShardParamPtr(u));
-    std::copy(m.begin() + at, m.begin() + at + n, adamw_[k].m().begin());
-    std::copy(v.begin() + at, v.begin() + at + n, adamw_[k].v().begin());
+    if (on_device_) {
+      engine_->math().CopyFromHost(ShardParamPtr(u), params.data() + at, n);
+    } else {
+      std::copy(params.begin() + at, params.begin() + at + n, ShardParamPtr(u));
+    }
+    adamw_[k].SetState(m.subspan(at, n), v.subspan(at, n));
     adamw_[k].set_step(step);
   }
   return options_.stage < 3 ? GatherAllParams() : absl::OkStatus();
@@ -185,7 +205,7 @@ ZeroMemory Zero::zero_memory() const {
                                  : int64_t(engine_->param_buffer().bytes());
   z.grads = options_.stage >= 2 ? int64_t(shard_grads_.size()) * kF32
                                 : int64_t(engine_->grad_buffer().bytes());
-  for (const optim::AdamW& a : adamw_) z.optimizer += int64_t(a.m().size() + a.v().size()) * kF32;
+  for (const optim::AdamW& a : adamw_) z.optimizer += 2 * int64_t(a.count()) * kF32;
   // Staged, the host mirrors exist for the collectives only.
   z.comm_buffers =
       static_cast<int64_t>(reduce_scratch_.size() + host_params_.size() + host_grads_.size()) *

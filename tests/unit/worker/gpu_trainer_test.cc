@@ -368,8 +368,8 @@ TEST_F(GpuTrainerTest, Zero3CheckpointHarnessOnCpuRanks) {
 
 // What GPU ranks cannot do yet is refused before any device is touched,
 // naming the field (the job fails at once instead of a rank aborting in the
-// engine mid-step): NCCL carries DDP only so far. Runs anywhere.
-TEST_F(GpuTrainerTest, NcclBeyondDdpIsRefusedNamingTheField) {
+// engine mid-step): NCCL carries DDP and ZeRO-1 only so far. Runs anywhere.
+TEST_F(GpuTrainerTest, NcclBeyondZero1IsRefusedNamingTheField) {
   RunSpec r;
   r.device = "cuda";
   for (const std::vector<std::string>& overrides :
@@ -385,10 +385,45 @@ TEST_F(GpuTrainerTest, NcclBeyondDdpIsRefusedNamingTheField) {
   }
 }
 
-// DDP over NCCL: one rank per GPU (NCCL refuses two on one), each bucket
-// all-reduced in device memory as backward makes it final; equal to one
-// rank over 20 steps within 1e-5 in fp32, 1e-2 in bf16. Needs two GPUs.
-TEST_F(GpuTrainerTest, NcclDdpOnTwoGpusEqualsOneRank) {
+// `spec`'s ranks over NCCL, rank r on GPU r (threads); the mean loss of
+// steps 1..steps over the ranks.
+std::vector<double> TrainNcclRanks(const JobSpec& spec, int steps, const std::string& prefix) {
+  const int ranks = spec.World();
+  auto store = std::make_shared<comm::InMemoryStore>();
+  std::vector<std::vector<double>> losses(ranks, std::vector<double>(steps + 1, NAN));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < ranks; ++rank) {
+    threads.emplace_back([&, rank] {
+      comm::NcclOptions o;
+      o.device = rank;
+      o.prefix = prefix;
+      absl::StatusOr<std::unique_ptr<comm::Communicator>> c =
+          comm::CreateNcclCommunicator(store, rank, ranks, o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      absl::StatusOr<std::unique_ptr<Trainer>> t =
+          Trainer::Create(spec, rank, /*threads=*/2, c->get(), /*gpu=*/rank);
+      ASSERT_TRUE(t.ok()) << t.status();
+      for (int step = 1; step <= steps; ++step) {
+        absl::StatusOr<StepResult> s = (*t)->Step(step);
+        ASSERT_TRUE(s.ok()) << "rank " << rank << " step " << step << ": " << s.status();
+        losses[rank][step] = s->loss;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::vector<double> mean(steps + 1, NAN);
+  for (int step = 1; step <= steps; ++step) {
+    mean[step] = 0;
+    for (int rank = 0; rank < ranks; ++rank) mean[step] += losses[rank][step] / ranks;
+  }
+  return mean;
+}
+
+// DDP and ZeRO-1 over NCCL: one rank per GPU (NCCL refuses two on one),
+// gradients all-reduced in device memory as backward makes them final;
+// equal to one rank over 20 steps within 1e-5 in fp32, 1e-2 in bf16. Needs
+// two GPUs.
+TEST_F(GpuTrainerTest, NcclDataParallelOnTwoGpusEqualsOneRank) {
   SKIP_WITHOUT_GPU();
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) {
@@ -403,39 +438,20 @@ TEST_F(GpuTrainerTest, NcclDdpOnTwoGpusEqualsOneRank) {
     r.steps = 20;
     const JobSpec spec = SpecOf(r);
     const std::vector<double> want = TrainRanks(spec, 1, r.steps);
-    absl::StatusOr<JobSpec> nccl = ParseJobSpec(
-        JobSpecToYaml(spec), Ranks(2, {"parallel.dp=2", "parallel.comm=nccl", "batch.micro=2"}));
-    ASSERT_TRUE(nccl.ok()) << nccl.status();
-    auto store = std::make_shared<comm::InMemoryStore>();
-    std::vector<std::vector<double>> losses(2, std::vector<double>(r.steps + 1, NAN));
-    std::vector<std::thread> ranks;
-    for (int rank = 0; rank < 2; ++rank) {
-      ranks.emplace_back([&, rank] {
-        comm::NcclOptions o;
-        o.device = rank;
-        o.prefix = absl::StrCat("NcclDdpOnTwoGpusEqualsOneRank/", precision);
-        absl::StatusOr<std::unique_ptr<comm::Communicator>> c =
-            comm::CreateNcclCommunicator(store, rank, 2, o);
-        ASSERT_TRUE(c.ok()) << c.status();
-        absl::StatusOr<std::unique_ptr<Trainer>> t =
-            Trainer::Create(*nccl, rank, /*threads=*/2, c->get(), /*gpu=*/rank);
-        ASSERT_TRUE(t.ok()) << t.status();
-        for (int step = 1; step <= r.steps; ++step) {
-          absl::StatusOr<StepResult> s = (*t)->Step(step);
-          ASSERT_TRUE(s.ok()) << "rank " << rank << " step " << step << ": " << s.status();
-          losses[rank][step] = s->loss;
-        }
-      });
+    for (int zero : {0, 1}) {
+      absl::StatusOr<JobSpec> nccl = ParseJobSpec(
+          JobSpecToYaml(spec), Ranks(2, {"parallel.dp=2", "parallel.comm=nccl", "batch.micro=2",
+                                         absl::StrCat("parallel.zero=", zero)}));
+      ASSERT_TRUE(nccl.ok()) << nccl.status();
+      const std::vector<double> got =
+          TrainNcclRanks(*nccl, r.steps, absl::StrCat("nccl-dp/", precision, "/zero", zero));
+      const double diff = MaxRelDiff(got, want);
+      std::printf(
+          "[gpu-trainer] %s NCCL dp2 zero%d on 2 GPUs vs 1 rank: step %d %.7f / %.7f, max rel "
+          "diff %.3g\n",
+          precision, zero, r.steps, got[r.steps], want[r.steps], diff);
+      EXPECT_LE(diff, tolerance) << precision << " zero " << zero;
     }
-    for (std::thread& t : ranks) t.join();
-    std::vector<double> got(r.steps + 1, NAN);
-    for (int step = 1; step <= r.steps; ++step) got[step] = (losses[0][step] + losses[1][step]) / 2;
-    const double diff = MaxRelDiff(got, want);
-    std::printf(
-        "[gpu-trainer] %s NCCL dp2 on 2 GPUs vs 1 rank: step %d %.7f / %.7f, max rel "
-        "diff %.3g\n",
-        precision, r.steps, got[r.steps], want[r.steps], diff);
-    EXPECT_LE(diff, tolerance) << precision;
   }
 }
 

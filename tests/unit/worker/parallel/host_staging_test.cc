@@ -9,10 +9,11 @@
 //   ZeRO-k   host mirrors of the engine's buffers: each unit's gradient
 //            copied out when final and reduced there, gathered units (3) or
 //            the gathered parameters after a step (1-2) copied in.
-//   DDP over a device-memory communicator (NCCL's path, played by Gloo
-//            behind a wrapper that takes device addresses): each bucket
-//            all-reduced in the engine's memory, ordered after the backward
-//            by an event, never copied to the host;
+//   DDP and ZeRO-1 over a device-memory communicator (NCCL's path, played
+//            by Gloo behind a wrapper that takes device addresses): each
+//            bucket or unit all-reduced in the engine's memory, ordered after
+//            the backward by an event, never copied to the host; ZeRO-1's
+//            shard stepped and all-gathered there;
 //   pipeline 2 stages of the same GPT on 2 ranks, 1F1B over 4 micro-batches:
 //            each stage's output and input gradient copied to the host before
 //            they are sent, what arrives copied into the engine's memory; and
@@ -224,34 +225,41 @@ class DeviceMemoryComm final : public comm::Communicator {
   int ops_ = 0, host_ops_ = 0, unordered_ = 0;
 };
 
-// DDP on GPU ranks with NCCL, its logic on CPU: the buckets all-reduced in
-// place in the engine's (device) memory, the evaluation's loss sum through a
-// device scratch, equal to the plain host path bit for bit.
-TEST(HostStagingTest, DdpOverADeviceMemoryCommunicatorEqualsThePlainPathBitForBit) {
-  std::vector<RankResult> plain(kRanks), device(kRanks);
-  std::vector<int> ops(kRanks), host_ops(kRanks), unordered(kRanks);
-  comm::testing::RunRanks(kRanks,
-                          [&](comm::Communicator& c) { RankRun(c, 0, false, &plain[c.rank()]); });
-  comm::testing::RunRanks(kRanks, [&](comm::Communicator& c) {
-    DeviceMemoryComm d(c);
-    RankRun(d, 0, true, &device[c.rank()]);
-    ops[c.rank()] = d.ops();
-    host_ops[c.rank()] = d.host_ops();
-    unordered[c.rank()] = d.unordered();
-  });
-  for (int r = 0; r < kRanks; ++r) {
-    SCOPED_TRACE(r);
-    EXPECT_EQ(device[r].losses, plain[r].losses);
-    EXPECT_TRUE(BitEqual(device[r].params, plain[r].params));
-    EXPECT_TRUE(BitEqual(device[r].shard, plain[r].shard));
-    EXPECT_GT(ops[r], kSteps);  // buckets each step, and the evaluation
-    EXPECT_EQ(host_ops[r], 0) << "ops on host memory";
-    EXPECT_EQ(unordered[r], 0) << "all-reduces not ordered after the device's work";
+// DDP and ZeRO-1 on GPU ranks with NCCL, their logic on CPU: the buckets
+// (units) all-reduced in place in the engine's (device) memory, ZeRO-1's
+// shard stepped there and all-gathered in place, the norm and the
+// evaluation's loss sum through a device scratch; equal to the plain host
+// path bit for bit, checkpoint shards included.
+TEST(HostStagingTest, DataParallelOverADeviceMemoryCommunicatorEqualsThePlainPathBitForBit) {
+  for (int zero : {0, 1}) {
+    SCOPED_TRACE(zero);
+    std::vector<RankResult> plain(kRanks), device(kRanks);
+    std::vector<int> ops(kRanks), host_ops(kRanks), unordered(kRanks);
+    comm::testing::RunRanks(
+        kRanks, [&](comm::Communicator& c) { RankRun(c, zero, false, &plain[c.rank()]); });
+    comm::testing::RunRanks(kRanks, [&](comm::Communicator& c) {
+      DeviceMemoryComm d(c);
+      RankRun(d, zero, true, &device[c.rank()]);
+      ops[c.rank()] = d.ops();
+      host_ops[c.rank()] = d.host_ops();
+      unordered[c.rank()] = d.unordered();
+    });
+    for (int r = 0; r < kRanks; ++r) {
+      SCOPED_TRACE(r);
+      EXPECT_EQ(device[r].losses, plain[r].losses);
+      EXPECT_TRUE(BitEqual(device[r].params, plain[r].params));
+      EXPECT_TRUE(BitEqual(device[r].shard, plain[r].shard));
+      EXPECT_FALSE(device[r].optimizer_on_host);
+      EXPECT_GT(ops[r], kSteps);  // reductions each step, and the evaluation
+      EXPECT_EQ(host_ops[r], 0) << "ops on host memory";
+      EXPECT_EQ(unordered[r], 0) << "all-reduces not ordered after the device's work";
+    }
+    std::printf(
+        "[host-staging] %s over a device-memory communicator, %d ranks: %d ops, none on host "
+        "memory, every all-reduce after an event; %zu parameters, %zu shard values equal\n",
+        zero == 0 ? "DDP" : "ZeRO-1", kRanks, ops[0], device[0].params.size(),
+        device[0].shard.size());
   }
-  std::printf(
-      "[host-staging] DDP over a device-memory communicator, %d ranks: %d ops, none on host "
-      "memory, every all-reduce after an event; %zu parameters equal\n",
-      kRanks, ops[0], device[0].params.size());
 }
 
 INSTANTIATE_TEST_SUITE_P(DdpAndZero, HostStagingTest, ::testing::Values(0, 1, 2, 3, kDdpOffload),
