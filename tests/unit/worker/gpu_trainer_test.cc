@@ -11,9 +11,9 @@
 //     the CPU on the GPU) and continues the loss curve within 1e-5;
 //   - the plan's model state and activations against what the device gave
 //     the trainer (cudaMemGetInfo before and after), printed;
-//   - DDP, ZeRO-1/2/3, pp 2, dp 2 × pp 2, tp 2 and dp 2 × tp 2 with ranks
-//     sharing one GPU (Gloo through host copies) equal one rank; a ZeRO-3 checkpoint of 2
-//     GPU ranks resumes on 1 CPU rank and on 4 GPU ranks.
+//   - a ZeRO-3 checkpoint of 2 GPU ranks (sharing one GPU) resumes on 1 CPU
+//     rank and on 4 GPU ranks.
+// Parallel layouts' equality to one rank: gpu_parallel_trainer_test.cc.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -33,11 +33,11 @@
 #include "common/planner.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/comm/test_util.h"
+#include "tests/unit/worker/gpu_trainer_util.h"
 #include "worker/checkpoint/directory.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/shard_file.h"
 #include "worker/checkpoint/storage.h"
-#include "worker/comm/nccl_communicator.h"
 #include "worker/device_probe.h"
 #include "worker/trainer.h"
 
@@ -48,81 +48,15 @@
 namespace shardtrain::worker {
 namespace {
 namespace fs = std::filesystem;
-
-// Skips the test, with the runtime's reason, where there is no GPU to train on.
-#define SKIP_WITHOUT_GPU()                                                       \
-  do {                                                                           \
-    absl::StatusOr<std::vector<GpuInfo>> gpus = ProbeGpus();                     \
-    if (!gpus.ok()) GTEST_SKIP() << gpus.status().message();                     \
-    if (gpus->front().major < kMinComputeMajor) {                                \
-      GTEST_SKIP() << gpus->front().model << " is below compute capability 8.0"; \
-    }                                                                            \
-  } while (0)
-
-struct RunSpec {
-  std::string device = "cpu";
-  std::string precision = "fp32";
-  int steps = 10;
-  std::string model = "{layers: 2, heads: 4, dim: 64, context: 64, vocab: 256}";
-  int micro = 8, seq_len = 37;  // T not a multiple of 32: the kernels' tails run
-  std::string checkpoint_dir;   // checkpoint.every 5 when set
-  std::string recompute = "none";
-};
-
-JobSpec SpecOf(const RunSpec& r) {
-  absl::StatusOr<JobSpec> spec = ParseJobSpec(
-      absl::StrCat(
-          "name: gpu-trainer\n", "model: ", r.model, "\n",
-          "data: {train: ", SHARDTRAIN_FORTUNES_PATH, "}\n", "batch: {global: ", r.micro,
-          ", micro: ", r.micro, ", seq_len: ", r.seq_len, "}\n", "precision: ", r.precision, "\n",
-          "optimizer: {lr: 0.003, warmup_steps: 20, weight_decay: 0.1, grad_clip: 1.0}\n",
-          "steps: ", r.steps, "\n", "resources: {device: ", r.device, "}\n", "seed: 1337\n",
-          r.checkpoint_dir.empty()
-              ? ""
-              : absl::StrCat("checkpoint: {every: 5, dir: ", r.checkpoint_dir, "}\n")),
-      std::vector<std::string>{"model.recompute=" + r.recompute});
-  EXPECT_TRUE(spec.ok()) << spec.status();
-  return *spec;
-}
-
-std::unique_ptr<Trainer> MakeTrainer(const JobSpec& spec) {
-  absl::StatusOr<std::unique_ptr<Trainer>> t =
-      Trainer::Create(spec, /*rank=*/0, /*threads=*/2, /*comm=*/nullptr, /*gpu=*/0);
-  EXPECT_TRUE(t.ok()) << t.status();
-  return t.ok() ? *std::move(t) : nullptr;
-}
-
-// Steps [first, last] of `trainer`; the losses (index = step).
-std::vector<double> Train(Trainer& trainer, int first, int last) {
-  std::vector<double> loss(last + 1, NAN);
-  for (int step = first; step <= last; ++step) {
-    absl::StatusOr<StepResult> r = trainer.Step(step);
-    EXPECT_TRUE(r.ok()) << "step " << step << ": " << r.status();
-    if (!r.ok()) break;
-    loss[step] = r->loss;
-  }
-  return loss;
-}
-
-std::vector<float> Params(Trainer& trainer) {
-  absl::StatusOr<absl::Span<const float>> p = trainer.WholeModel();
-  EXPECT_TRUE(p.ok()) << p.status();
-  return p.ok() ? std::vector<float>(p->begin(), p->end()) : std::vector<float>{};
-}
-
-// max |a - b| / max(1, |b|): relative where values are large, absolute near 0.
-double MaxRelDiff(const std::vector<double>& a, const std::vector<double>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
-    worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(1.0, std::abs(b[i])));
-  }
-  return worst;
-}
-
-double Mean(const std::vector<double>& v, size_t from) {
-  return std::accumulate(v.begin() + from, v.end(), 0.0) / double(v.size() - from);
-}
+using gpu_testing::MakeTrainer;
+using gpu_testing::MaxRelDiff;
+using gpu_testing::Mean;
+using gpu_testing::OnRanks;
+using gpu_testing::Params;
+using gpu_testing::RunSpec;
+using gpu_testing::SpecOf;
+using gpu_testing::Train;
+using gpu_testing::TrainRanks;
 
 class GpuTrainerTest : public ::testing::Test {
  protected:
@@ -181,122 +115,6 @@ TEST_F(GpuTrainerTest, Fp32StepsAndParametersMatchTheCpuEngine) {
                                  std::vector<double>(p_cpu.begin(), p_cpu.end()));
   std::printf("[gpu-trainer] parameters after %d AdamW steps: max diff %.3g\n", r.steps, diff);
   EXPECT_LE(diff, 1e-5);
-}
-
-// `ranks` ranks' overrides of the other fields of a layout.
-std::vector<std::string> Ranks(int ranks, std::vector<std::string> fields) {
-  fields.push_back(absl::StrCat("resources.min_workers=", ranks));
-  fields.push_back(absl::StrCat("resources.max_workers=", ranks));
-  return fields;
-}
-
-// `spec` over `ranks` data-parallel ranks under ZeRO stage `zero` (0: DDP),
-// the same global batch split over them.
-JobSpec OnRanks(const JobSpec& spec, int ranks, int zero) {
-  absl::StatusOr<JobSpec> out = ParseJobSpec(
-      JobSpecToYaml(spec),
-      Ranks(ranks, {absl::StrCat("parallel.dp=", ranks), absl::StrCat("parallel.zero=", zero),
-                    absl::StrCat("batch.micro=", spec.batch.global / ranks)}));
-  EXPECT_TRUE(out.ok()) << out.status();
-  return *out;
-}
-
-// One thread rank per rank of `spec`, each with its Trainer over Gloo (a
-// cuda spec's ranks all on GPU 0: Gloo through host copies, the way ranks
-// share one GPU, which NCCL refuses). The losses of steps [first, last]
-// averaged over the last pipeline stage's ranks (each one's is over its dp
-// share of the batch; the other stages compute none), with `before` run on
-// each rank's trainer first (e.g. a Restore) and `at` after each step.
-std::vector<double> TrainRanks(
-    const JobSpec& spec, int first, int last, const std::function<void(Trainer&)>& before = nullptr,
-    const std::function<void(Trainer&, int rank, int step)>& at = nullptr) {
-  const int ranks = spec.World();
-  std::vector<std::vector<double>> per_rank(ranks);
-  comm::testing::RunRanks(ranks, [&](comm::Communicator& comm) {
-    absl::StatusOr<std::unique_ptr<Trainer>> t =
-        Trainer::Create(spec, comm.rank(), /*threads=*/2, &comm, /*gpu=*/0);
-    ASSERT_TRUE(t.ok()) << t.status();
-    if (before) before(**t);
-    std::vector<double>& loss = per_rank[comm.rank()];
-    loss.assign(last + 1, NAN);
-    for (int step = first; step <= last; ++step) {
-      absl::StatusOr<StepResult> r = (*t)->Step(step);
-      ASSERT_TRUE(r.ok()) << "rank " << comm.rank() << " step " << step << ": " << r.status();
-      loss[step] = r->loss;
-      if (at) at(**t, comm.rank(), step);
-    }
-  });
-  const absl::StatusOr<ParallelDims> dims = spec.Dims();
-  std::vector<double> mean(last + 1, NAN);
-  for (int step = first; step <= last; ++step) {
-    double sum = 0;
-    int n = 0;
-    for (int r = 0; r < ranks; ++r) {
-      if (dims->Coord(r).pp != dims->pp() - 1) continue;
-      sum += per_rank[r].size() > size_t(step) ? per_rank[r][step] : NAN;
-      ++n;
-    }
-    mean[step] = sum / n;
-  }
-  return mean;
-}
-
-// Each named layout (overrides of the 1-rank spec: the same global batch of
-// `micro` sequences) with its ranks sharing one GPU equals one rank over 20
-// steps: within 1e-5 in fp32, 1e-2 in bf16 (against the 1-rank bf16 run).
-using Layouts = std::vector<std::pair<std::string, std::vector<std::string>>>;
-void ExpectLayoutsOnOneGpuEqualOneRank(int micro, const Layouts& layouts) {
-  for (const auto& [precision, tolerance] :
-       {std::pair<const char*, double>{"fp32", 1e-5}, {"bf16", 1e-2}}) {
-    RunSpec r;
-    r.device = "cuda";
-    r.precision = precision;
-    r.micro = micro;
-    r.steps = 20;
-    const JobSpec spec = SpecOf(r);
-    const std::vector<double> want = TrainRanks(spec, 1, r.steps);
-    for (const auto& [name, overrides] : layouts) {
-      absl::StatusOr<JobSpec> split = ParseJobSpec(JobSpecToYaml(spec), overrides);
-      ASSERT_TRUE(split.ok()) << split.status();
-      const std::vector<double> got = TrainRanks(*split, 1, r.steps);
-      const double diff = MaxRelDiff(got, want);
-      std::printf(
-          "[gpu-trainer] %s %s on one GPU vs 1 rank: step 1 %.7f / %.7f, step %d %.7f / %.7f, "
-          "max rel diff %.3g\n",
-          precision, name.c_str(), got[1], want[1], r.steps, got[r.steps], want[r.steps], diff);
-      EXPECT_LE(diff, tolerance) << precision << " " << name;
-    }
-  }
-}
-
-// DDP and ZeRO-1/2/3 with 2 ranks on one GPU (Gloo through host copies),
-// and DDP with the optimizer offloaded to the host on 1 and 2 ranks.
-TEST_F(GpuTrainerTest, DataParallelRanksOnOneGpuEqualOneRank) {
-  SKIP_WITHOUT_GPU();
-  Layouts layouts;
-  for (int zero = 0; zero <= 3; ++zero) {
-    layouts.push_back(
-        {absl::StrCat("dp2 zero", zero),
-         Ranks(2, {"parallel.dp=2", absl::StrCat("parallel.zero=", zero), "batch.micro=2"})});
-  }
-  layouts.push_back({"offload", {"parallel.offload=optimizer"}});
-  layouts.push_back(
-      {"dp2 offload", Ranks(2, {"parallel.dp=2", "parallel.offload=optimizer", "batch.micro=2"})});
-  ExpectLayoutsOnOneGpuEqualOneRank(4, layouts);
-}
-
-// Model parallelism on one GPU (Gloo through host copies): pp 2 with 1F1B
-// over 4 micro-batches, dp 2 × pp 2 under ZeRO-1, tp 2 (vocabulary-parallel
-// ends, the tp sums through the host in fp32) and dp 2 × tp 2.
-TEST_F(GpuTrainerTest, TensorAndPipelineParallelOnOneGpuEqualOneRank) {
-  SKIP_WITHOUT_GPU();
-  ExpectLayoutsOnOneGpuEqualOneRank(
-      8, {{"pp2", Ranks(2, {"parallel.pp=2", "batch.micro=2"})},
-          {"dp2 pp2 zero1",
-           Ranks(4, {"parallel.dp=2", "parallel.pp=2", "parallel.zero=1", "batch.micro=2"})},
-          {"tp2", Ranks(2, {"parallel.tp=2"})},
-          {"tp2 sp", Ranks(2, {"parallel.tp=2", "parallel.sequence_parallel=true"})},
-          {"dp2 tp2", Ranks(4, {"parallel.dp=2", "parallel.tp=2", "batch.micro=4"})}});
 }
 
 // A ZeRO-3 checkpoint written by 2 ranks of `from` resumes on 1 rank of
@@ -364,95 +182,6 @@ TEST_F(GpuTrainerTest, Zero3CheckpointOfTwoGpuRanksResumesOnOneCpuRankAndFourGpu
 // checks holds where it can be checked without a device.
 TEST_F(GpuTrainerTest, Zero3CheckpointHarnessOnCpuRanks) {
   ExpectZero3CheckpointMovesAcrossLayouts(dir_, storage_, "cpu", "cpu", "cpu", 1e-5);
-}
-
-// What GPU ranks cannot do yet is refused before any device is touched,
-// naming the field (the job fails at once instead of a rank aborting in the
-// engine mid-step): NCCL carries DDP and ZeRO-1 only so far. Runs anywhere.
-TEST_F(GpuTrainerTest, NcclBeyondZero1IsRefusedNamingTheField) {
-  RunSpec r;
-  r.device = "cuda";
-  for (const std::vector<std::string>& overrides :
-       {std::vector<std::string>{"parallel.comm=nccl", "parallel.zero=3"},
-        {"parallel.comm=nccl", "parallel.offload=optimizer"}}) {
-    absl::StatusOr<JobSpec> spec = ParseJobSpec(JobSpecToYaml(SpecOf(r)), overrides);
-    ASSERT_TRUE(spec.ok()) << spec.status();
-    absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*spec, 0, 1, nullptr, 0);
-    ASSERT_FALSE(t.ok()) << overrides[1];
-    EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition) << t.status();
-    EXPECT_EQ(t.status().message().rfind("parallel.comm: nccl runs data parallelism", 0), 0u)
-        << t.status();
-  }
-}
-
-// `spec`'s ranks over NCCL, rank r on GPU r (threads); the mean loss of
-// steps 1..steps over the ranks.
-std::vector<double> TrainNcclRanks(const JobSpec& spec, int steps, const std::string& prefix) {
-  const int ranks = spec.World();
-  auto store = std::make_shared<comm::InMemoryStore>();
-  std::vector<std::vector<double>> losses(ranks, std::vector<double>(steps + 1, NAN));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < ranks; ++rank) {
-    threads.emplace_back([&, rank] {
-      comm::NcclOptions o;
-      o.device = rank;
-      o.prefix = prefix;
-      absl::StatusOr<std::unique_ptr<comm::Communicator>> c =
-          comm::CreateNcclCommunicator(store, rank, ranks, o);
-      ASSERT_TRUE(c.ok()) << c.status();
-      absl::StatusOr<std::unique_ptr<Trainer>> t =
-          Trainer::Create(spec, rank, /*threads=*/2, c->get(), /*gpu=*/rank);
-      ASSERT_TRUE(t.ok()) << t.status();
-      for (int step = 1; step <= steps; ++step) {
-        absl::StatusOr<StepResult> s = (*t)->Step(step);
-        ASSERT_TRUE(s.ok()) << "rank " << rank << " step " << step << ": " << s.status();
-        losses[rank][step] = s->loss;
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  std::vector<double> mean(steps + 1, NAN);
-  for (int step = 1; step <= steps; ++step) {
-    mean[step] = 0;
-    for (int rank = 0; rank < ranks; ++rank) mean[step] += losses[rank][step] / ranks;
-  }
-  return mean;
-}
-
-// DDP and ZeRO-1 over NCCL: one rank per GPU (NCCL refuses two on one),
-// gradients all-reduced in device memory as backward makes them final;
-// equal to one rank over 20 steps within 1e-5 in fp32, 1e-2 in bf16. Needs
-// two GPUs.
-TEST_F(GpuTrainerTest, NcclDataParallelOnTwoGpusEqualsOneRank) {
-  SKIP_WITHOUT_GPU();
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) {
-    GTEST_SKIP() << "needs two CUDA devices (NCCL refuses two ranks on one GPU); found " << devices;
-  }
-  for (const auto& [precision, tolerance] :
-       {std::pair<const char*, double>{"fp32", 1e-5}, {"bf16", 1e-2}}) {
-    RunSpec r;
-    r.device = "cuda";
-    r.precision = precision;
-    r.micro = 4;
-    r.steps = 20;
-    const JobSpec spec = SpecOf(r);
-    const std::vector<double> want = TrainRanks(spec, 1, r.steps);
-    for (int zero : {0, 1}) {
-      absl::StatusOr<JobSpec> nccl = ParseJobSpec(
-          JobSpecToYaml(spec), Ranks(2, {"parallel.dp=2", "parallel.comm=nccl", "batch.micro=2",
-                                         absl::StrCat("parallel.zero=", zero)}));
-      ASSERT_TRUE(nccl.ok()) << nccl.status();
-      const std::vector<double> got =
-          TrainNcclRanks(*nccl, r.steps, absl::StrCat("nccl-dp/", precision, "/zero", zero));
-      const double diff = MaxRelDiff(got, want);
-      std::printf(
-          "[gpu-trainer] %s NCCL dp2 zero%d on 2 GPUs vs 1 rank: step %d %.7f / %.7f, max rel "
-          "diff %.3g\n",
-          precision, zero, r.steps, got[r.steps], want[r.steps], diff);
-      EXPECT_LE(diff, tolerance) << precision << " zero " << zero;
-    }
-  }
 }
 
 TEST_F(GpuTrainerTest, Bf16AndFp16TrainFortunesTinyWithin2PercentOfFp32) {
