@@ -62,6 +62,20 @@ void HostFlatMath::Scale(float* g, size_t n, float scale) {
       1 << 14);
 }
 
+void HostFlatMath::Accumulate(float* dst, const float* src, size_t n, bool add) {
+  if (!add) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  ParallelFor(
+      pool_, static_cast<int64_t>(n),
+      [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+        for (int64_t i = i0; i < i1; ++i) dst[i] += src[i];
+      },
+      1 << 14);
+}
+
 void HostFlatMath::AdamWUpdate(float* p, float* g, float* m, float* v, size_t n,
                                const AdamWCoefficients& c, bool zero_grads) {
   const float b1 = c.beta1, b2 = c.beta2, eps = c.eps, decay = c.decay;

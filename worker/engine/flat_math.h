@@ -37,6 +37,9 @@ class FlatMath {
   virtual double SquaredNorm(const float* x, size_t n) = 0;
   // x[i] *= s over [0, n).
   virtual void Scale(float* x, size_t n, float s) = 0;
+  // dst[i] += src[i] over [0, n) (add), or dst = src (both in this math's
+  // memory, not overlapping).
+  virtual void Accumulate(float* dst, const float* src, size_t n, bool add) = 0;
   // The AdamW update of n elements; when zero_grads, g is set to 0 in the
   // same pass.
   virtual void AdamWUpdate(float* p, float* g, float* m, float* v, size_t n,
@@ -64,6 +67,7 @@ class HostFlatMath final : public FlatMath {
   explicit HostFlatMath(ThreadPool* pool) : pool_(pool) {}
   double SquaredNorm(const float* x, size_t n) override;
   void Scale(float* x, size_t n, float s) override;
+  void Accumulate(float* dst, const float* src, size_t n, bool add) override;
   void AdamWUpdate(float* p, float* g, float* m, float* v, size_t n, const AdamWCoefficients& c,
                    bool zero_grads) override;
   void CopyToHost(float* host, const float* x, size_t n) override;

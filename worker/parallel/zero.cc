@@ -16,14 +16,6 @@ namespace {
 
 constexpr int64_t kF32 = sizeof(float);
 
-void Accumulate(float* dst, const float* src, size_t n, bool add) {
-  if (add) {
-    for (size_t i = 0; i < n; ++i) dst[i] += src[i];
-  } else {
-    std::memcpy(dst, src, n * sizeof(float));
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
@@ -41,13 +33,14 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
         DataTypeName(engine->params().dtype), " and ", DataTypeName(engine->grads().dtype)));
   }
   // A communicator of device memory (NCCL) reduces and gathers the
-  // engine's buffers where they are, and the shard steps there: stage 1 so
-  // far (stages 2-3 keep shards in host vectors).
+  // engine's buffers where they are, and the shard steps there: stages 1-2
+  // so far (stage 3's parameter shards and gathers are host-side).
   const bool on_device = comm != nullptr && comm->size() > 1 && comm->device_memory();
-  if (on_device && (options.stage != 1 || options.offload_optimizer || options.stage_through_host ||
+  if (on_device && (options.stage > 2 || options.offload_optimizer || options.stage_through_host ||
                     engine->grads().device == DeviceKind::kCpu)) {
     return absl::UnimplementedError(absl::StrCat(
-        "parallel.comm: nccl runs ZeRO stage 1 with the optimizer on the device so far (this job "
+        "parallel.comm: nccl runs ZeRO stages 1-2 with the optimizer on the device so far (this "
+        "job "
         "has zero ",
         options.stage, options.offload_optimizer ? ", offload: optimizer" : "",
         "); use parallel.comm: gloo"));
@@ -103,7 +96,11 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
     engine->grad_buffer().SetReleaseBoundary(u.offset);
   }
   if (options.stage >= 2) {
-    z->shard_grads_.assign(z->shard_size_, 0.0f);
+    if (on_device) {
+      z->device_shard_grads_ = engine->math().Allocate(z->shard_size_);
+    } else {
+      z->shard_grads_.assign(z->shard_size_, 0.0f);
+    }
     engine->grad_buffer().ReleaseAll();
   }
   if (options.stage == 3) {
@@ -132,7 +129,7 @@ void Zero::PushParams(size_t offset, size_t n) {
 }
 
 void Zero::AcquireGrads(int unit) {
-  if (!staged_ || options_.stage < 2 || unit < 0) return;
+  if (!(staged_ || on_device_) || options_.stage < 2 || unit < 0) return;
   engine_->grad_buffer().Acquire(units_[unit].offset, units_[unit].numel);
 }
 
@@ -210,14 +207,19 @@ void Zero::BeginMicroBatch(int micro, int accum) {
   for (Unit& u : units_) {  // after GatherWholeModel
     if (options_.stage == 3 && u.state != Unit::State::kReleased) ReleaseParams(u);
   }
-  if (options_.stage >= 2 && accum > 1 && comm_ != nullptr && reduce_scratch_.empty()) {
-    reduce_scratch_.assign(shard_size_, 0.0f);
+  if (options_.stage >= 2 && accum > 1 && comm_ != nullptr && !has_reduce_scratch()) {
+    if (on_device_) {
+      device_reduce_scratch_ = engine_->math().Allocate(shard_size_);
+    } else {
+      reduce_scratch_.assign(shard_size_, 0.0f);
+    }
   }
   if (options_.stage == 3) {
     engine_->set_param_hook([this](int unit, bool begin) { OnParamUse(unit, begin); });
   }
   // Staged, stages 2-3 hold a unit's device gradients only from just before
-  // its backward writes them until they are copied out (OnGradsReady): the
+  // its backward writes them until they are copied out (OnGradsReady); on
+  // the device, until their reduction completed (CompleteReduction): the
   // first two written are the embeddings' (the LM head's, also the encoder's
   // at the end) and the last unit's; each next one is taken when the one
   // after it is done.
@@ -357,8 +359,8 @@ void Zero::OnGradsReady(size_t offset) {
   if (staged_ && options_.stage >= 2) {
     // Reduced from the host copy: the device's can go (zeroed) at once.
     engine_->grad_buffer().Release(it->offset, it->numel);
-    AcquireGrads(unit - 1);
   }
+  AcquireGrads(unit - 1);  // the next one backward writes
   Sample();
   LaunchReduction(unit);
   // Finish (and release the gradients of) reductions already done, in order.
@@ -383,16 +385,17 @@ void Zero::LaunchReduction(int unit) {
                                                     comm::ReduceOp::kSum, AfterDeviceWork()),
                               2 * (dp_ - 1) * int64_t(u.numel) * kF32 / dp_));
     } else {
+      const engine::Event* after = AfterDeviceWork();  // the backward wrote g
       if (u.body > 0) {
-        float* out = (micro_ == 0 ? shard_grads_.data() : reduce_scratch_.data()) + u.shard_offset;
+        float* out = (micro_ == 0 ? ShardGrads() : ReduceScratch()) + u.shard_offset;
         r.works.push_back(Count(comm_->ReduceScatterAsync(g, out, u.body, comm::DataType::kFloat32,
-                                                          comm::ReduceOp::kSum),
+                                                          comm::ReduceOp::kSum, after),
                                 (dp_ - 1) * int64_t(u.body) * kF32));
       }
       if (tail > 0) {
-        r.works.push_back(Count(
-            comm_->AllReduceAsync(g + body, tail, comm::DataType::kFloat32, comm::ReduceOp::kSum),
-            2 * (dp_ - 1) * int64_t(tail) * kF32 / dp_));
+        r.works.push_back(Count(comm_->AllReduceAsync(g + body, tail, comm::DataType::kFloat32,
+                                                      comm::ReduceOp::kSum, after),
+                                2 * (dp_ - 1) * int64_t(tail) * kF32 / dp_));
       }
     }
   }
@@ -404,14 +407,15 @@ void Zero::CompleteReduction(Reduction& r) {
   if (options_.stage == 1) return;  // the all-reduced gradient stays in place
   Unit& u = units_[r.unit];
   const float* g = grads_ + u.offset;
-  float* dst = shard_grads_.data() + u.shard_offset;
+  float* dst = ShardGrads() + u.shard_offset;
   const bool add = micro_ > 0;
+  engine::FlatMath& math = ShardMath();
   if (comm_ == nullptr) {
-    Accumulate(dst, g, u.numel, add);
+    math.Accumulate(dst, g, u.numel, add);
   } else {
-    if (add) Accumulate(dst, reduce_scratch_.data() + u.shard_offset, u.body, true);
+    if (add) math.Accumulate(dst, ReduceScratch() + u.shard_offset, u.body, true);
     const size_t body = u.body * dp_, tail = u.numel - body;
-    if (tail > 0 && rank_ == dp_ - 1) Accumulate(dst + u.body, g + body, tail, add);
+    if (tail > 0 && rank_ == dp_ - 1) math.Accumulate(dst + u.body, g + body, tail, add);
   }
   // The unit's full gradient is no longer needed: zero it for the next
   // backward and give its pages back (staged: done when it was copied out).

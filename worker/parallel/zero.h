@@ -52,11 +52,14 @@
 //            backward writes them and give them back once copied out. On a
 //            GPU whose buffers give memory back (GptEngineOptions::
 //            release_state) the device then holds only the units in use.
-//   on the device (a communicator of device memory: NCCL; stage 1 only so
+//   on the device (a communicator of device memory: NCCL; stages 1-2 so
 //            far) the gradient reductions and the all-gather of the updated
 //            shards run in the engine's (GPU) buffers, each ordered after the
 //            kernels that wrote them by an event on the compute stream; the
-//            shard's m, v and AdamW step live on the device too.
+//            gradient shard (stage 2, with its accumulation scratch), m, v
+//            and the AdamW step live on the device too; stage 2 takes a
+//            unit's gradients (Buffer::Acquire) just before the backward
+//            writes them and gives them back once reduced.
 //
 // Collective: every rank must run the same micro-batches and steps (the
 // hooks then issue the same ops in the same order). Communication errors
@@ -273,6 +276,17 @@ class Zero final : public DataParallel {
   std::vector<float> shard_params_;    // stage 3
   std::vector<float> shard_grads_;     // stages 2-3
   std::vector<float> reduce_scratch_;  // stages 2-3 with accumulation > 1
+  // On the device, the same two in the engine's memory.
+  std::unique_ptr<engine::Buffer> device_shard_grads_, device_reduce_scratch_;
+  float* ShardGrads() {
+    return on_device_ ? device_shard_grads_->as<float>() : shard_grads_.data();
+  }
+  bool has_reduce_scratch() const {  // made once accumulation needs it
+    return on_device_ ? device_reduce_scratch_ != nullptr : !reduce_scratch_.empty();
+  }
+  float* ReduceScratch() {
+    return on_device_ ? device_reduce_scratch_->as<float>() : reduce_scratch_.data();
+  }
   std::vector<float> norm_scratch_;
   std::vector<int> uses_;  // the order of Engine::set_param_hook calls of one micro-batch
   size_t forward_uses_ = 0;

@@ -22,7 +22,7 @@ absl::Span<float> Zero::ShardGrad(const Unit& u) {
   if (options_.stage == 1) {
     return absl::MakeSpan(grads_ + u.offset + u.own.begin, u.own.size());
   }
-  return absl::MakeSpan(shard_grads_).subspan(u.shard_offset, u.own.size());
+  return absl::MakeSpan(ShardGrads() + u.shard_offset, u.own.size());
 }
 
 float* Zero::ShardParamPtr(Unit& u) {
@@ -203,13 +203,13 @@ ZeroMemory Zero::zero_memory() const {
   ZeroMemory z;
   z.params = options_.stage == 3 ? int64_t(shard_params_.size()) * kF32
                                  : int64_t(engine_->param_buffer().bytes());
-  z.grads = options_.stage >= 2 ? int64_t(shard_grads_.size()) * kF32
-                                : int64_t(engine_->grad_buffer().bytes());
+  z.grads =
+      options_.stage >= 2 ? int64_t(shard_size_) * kF32 : int64_t(engine_->grad_buffer().bytes());
   for (const optim::AdamW& a : adamw_) z.optimizer += 2 * int64_t(a.count()) * kF32;
   // Staged, the host mirrors exist for the collectives only.
-  z.comm_buffers =
-      static_cast<int64_t>(reduce_scratch_.size() + host_params_.size() + host_grads_.size()) *
-      kF32;
+  z.comm_buffers = static_cast<int64_t>((has_reduce_scratch() ? shard_size_ : 0) +
+                                        host_params_.size() + host_grads_.size()) *
+                   kF32;
   if (options_.stage == 3) {
     z.gathered = measure_ ? peak_gathered_bytes_ : int64_t(peak_live_param_elems_) * kF32;
   }

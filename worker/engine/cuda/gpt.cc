@@ -77,6 +77,18 @@ class CudaFlatMath final : public FlatMath {
               "cudaMemcpyAsync (from host)");
     CheckCuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (from host)");
   }
+  void Accumulate(float* dst, const float* src, size_t n, bool add) override {
+    if (n == 0) return;
+    if (!add) {
+      CheckCuda(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream()),
+                "cudaMemcpyAsync (device to device)");
+      return;
+    }
+    KernelCtx ctx;
+    ctx.stream = stream();
+    ctx.dtype = DataType::kFloat32;
+    Check(AddInPlace(ctx, dst, src, static_cast<int64_t>(n)));
+  }
   void CopyToHostAsync(float* host, const float* x, size_t n) override {
     CheckCuda(cudaMemcpyAsync(host, x, n * sizeof(float), cudaMemcpyDeviceToHost, stream()),
               "cudaMemcpyAsync (to host, queued)");

@@ -9,10 +9,10 @@
 //   ZeRO-k   host mirrors of the engine's buffers: each unit's gradient
 //            copied out when final and reduced there, gathered units (3) or
 //            the gathered parameters after a step (1-2) copied in.
-//   DDP and ZeRO-1 over a device-memory communicator (NCCL's path, played
-//            by Gloo behind a wrapper that takes device addresses): each
-//            bucket or unit all-reduced in the engine's memory, ordered after
-//            the backward by an event, never copied to the host; ZeRO-1's
+//   DDP and ZeRO-1/2 over a device-memory communicator (NCCL's path,
+//            played by Gloo behind a wrapper that takes device addresses):
+//            each bucket or unit reduced in the engine's memory, ordered
+//            after the backward by an event, never copied to the host; the
 //            shard stepped and all-gathered there;
 //   pipeline 2 stages of the same GPT on 2 ranks, 1F1B over 4 micro-batches:
 //            each stage's output and input gradient copied to the host before
@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/model/config.h"
 #include "common/model/slice.h"
 #include "gtest/gtest.h"
@@ -185,7 +186,7 @@ TEST(HostStagingTest, OneRankWithTheOptimizerOffloadedEqualsThePlainPathBitForBi
 
 // Gloo posing as a communicator of device memory: ops take the
 // OffHostEngine's device addresses (translated to host ones for Gloo) and
-// every all-reduce of them must be ordered after the device's work through
+// every reduction of them must be ordered after the device's work through
 // OpArgs::after, as NCCL's are; anything else is counted as a violation.
 class DeviceMemoryComm final : public comm::Communicator {
  public:
@@ -202,7 +203,10 @@ class DeviceMemoryComm final : public comm::Communicator {
         (args.output != nullptr && !OnDevice(args.output))) {
       ++host_ops_;  // NCCL cannot read host memory
     }
-    if (args.type == comm::OpType::kAllReduce && args.after == nullptr) ++unordered_;
+    if ((args.type == comm::OpType::kAllReduce || args.type == comm::OpType::kReduceScatter) &&
+        args.after == nullptr) {
+      ++unordered_;
+    }
     host.input = testing::ToHost(args.input);
     host.output = testing::ToHost(args.output);
     ++ops_;
@@ -225,13 +229,15 @@ class DeviceMemoryComm final : public comm::Communicator {
   int ops_ = 0, host_ops_ = 0, unordered_ = 0;
 };
 
-// DDP and ZeRO-1 on GPU ranks with NCCL, their logic on CPU: the buckets
-// (units) all-reduced in place in the engine's (device) memory, ZeRO-1's
-// shard stepped there and all-gathered in place, the norm and the
-// evaluation's loss sum through a device scratch; equal to the plain host
-// path bit for bit, checkpoint shards included.
+// DDP and ZeRO-1/2 on GPU ranks with NCCL, their logic on CPU: the buckets
+// (units) all-reduced (ZeRO-2: reduce-scattered into a device shard,
+// accumulated over micro-batches there) in place in the engine's (device)
+// memory, the unit gradients released and acquired again around their use,
+// the shard stepped and all-gathered in place, the norm and the evaluation's
+// loss sum through a device scratch; equal to the plain host path bit for
+// bit, checkpoint shards included.
 TEST(HostStagingTest, DataParallelOverADeviceMemoryCommunicatorEqualsThePlainPathBitForBit) {
-  for (int zero : {0, 1}) {
+  for (int zero : {0, 1, 2}) {
     SCOPED_TRACE(zero);
     std::vector<RankResult> plain(kRanks), device(kRanks);
     std::vector<int> ops(kRanks), host_ops(kRanks), unordered(kRanks);
@@ -252,13 +258,13 @@ TEST(HostStagingTest, DataParallelOverADeviceMemoryCommunicatorEqualsThePlainPat
       EXPECT_FALSE(device[r].optimizer_on_host);
       EXPECT_GT(ops[r], kSteps);  // reductions each step, and the evaluation
       EXPECT_EQ(host_ops[r], 0) << "ops on host memory";
-      EXPECT_EQ(unordered[r], 0) << "all-reduces not ordered after the device's work";
+      EXPECT_EQ(unordered[r], 0) << "reductions not ordered after the device's work";
     }
     std::printf(
         "[host-staging] %s over a device-memory communicator, %d ranks: %d ops, none on host "
-        "memory, every all-reduce after an event; %zu parameters, %zu shard values equal\n",
-        zero == 0 ? "DDP" : "ZeRO-1", kRanks, ops[0], device[0].params.size(),
-        device[0].shard.size());
+        "memory, every reduction after an event; %zu parameters, %zu shard values equal\n",
+        zero == 0 ? "DDP" : absl::StrCat("ZeRO-", zero).c_str(), kRanks, ops[0],
+        device[0].params.size(), device[0].shard.size());
   }
 }
 

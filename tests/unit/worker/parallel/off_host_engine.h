@@ -119,6 +119,11 @@ class DeviceMath final : public engine::FlatMath {
     Check(x, n, "Scale");
     inner_.Scale(ToHost(x), n, s);
   }
+  void Accumulate(float* dst, const float* src, size_t n, bool add) override {
+    Check(dst, n, "Accumulate");
+    Check(src, n, "Accumulate");
+    inner_.Accumulate(ToHost(dst), ToHost(src), n, add);
+  }
   void AdamWUpdate(float* p, float* g, float* m, float* v, size_t n,
                    const engine::AdamWCoefficients& c, bool zero_grads) override {
     for (const float* x : {p, g, m, v}) Check(x, n, "AdamWUpdate");
