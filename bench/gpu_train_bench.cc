@@ -21,8 +21,8 @@
 // through the host, the same global batch): the staging cost, stated; under
 // each ZeRO stage of --zero (default 0, DDP). --offload adds one rank with
 // parallel.offload: optimizer (AdamW on the host): its step time and device
-// memory next to the plain rank's. --nccl adds N ranks over NCCL (DDP and
-// ZeRO-1/2, as --zero asks), rank r on GPU r (with N GPUs; says so and skips
+// memory next to the plain rank's. --nccl adds N ranks over NCCL (each
+// ZeRO stage of --zero), rank r on GPU r (with N GPUs; says so and skips
 // them otherwise): the speed-up over one GPU at the same global batch.
 // --kernels B profiles a warm-up and 2 steps at batch B under Nsight Compute
 // (ncu, when installed: the toolkit's) and prints the time per kernel
@@ -397,7 +397,7 @@ int Main(int argc, char** argv) {
   app.add_flag("--offload", o.offload,
                "also one rank with parallel.offload: optimizer (AdamW on the host)");
   app.add_flag("--nccl", o.nccl,
-               "also --ranks ranks over NCCL (DDP and ZeRO-1/2 of --zero), rank r on GPU r "
+               "also --ranks ranks over NCCL (each ZeRO stage of --zero), rank r on GPU r "
                "(skipped, saying so, with fewer GPUs): the speed-up over one GPU at the same "
                "global batch");
   int kernels_batch = 0;
@@ -447,7 +447,7 @@ int Main(int argc, char** argv) {
     if (o.nccl && o.ranks > 1) {
       if (int(gpus->size()) >= o.ranks) {
         for (int z : o.zeros) {
-          if (z <= 2) variants.push_back(Variant{o.ranks, z, false, true});  // NCCL: ZeRO-0..2
+          variants.push_back(Variant{o.ranks, z, false, true});
         }
       } else if (b == o.batches.front()) {
         std::printf("(no nccl rows: %d ranks need %d GPUs, this machine has %zu)\n", o.ranks,

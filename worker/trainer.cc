@@ -37,17 +37,16 @@ absl::Status CheckSupported(const JobSpec& spec) {
         "resources.device: cuda, but this worker was built without CUDA");
   }
 #endif
-  // NCCL carries DDP and ZeRO-1/2 (gradients and shards in device memory);
-  // ZeRO-3, tp, pp and the offloaded optimizer run with Gloo through the
+  // NCCL carries DDP and ZeRO-1/2/3 (gradients and shards in device
+  // memory); tp, pp and the offloaded optimizer run with Gloo through the
   // host so far: refused here, naming the field.
   const ParallelSpec& par = spec.parallel;
   if (par.comm == CommBackend::kNccl &&
-      (par.zero > 2 || par.tp != 1 || par.pp != 1 || par.offload != OffloadMode::kNone)) {
+      (par.tp != 1 || par.pp != 1 || par.offload != OffloadMode::kNone)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "parallel.comm: nccl runs data parallelism with at most the optimizer state and gradients "
-        "sharded so far (parallel.zero: 0 to 2, tp: 1, pp: 1, offload: none; this job has zero ",
-        par.zero, ", tp ", par.tp, ", pp ", par.pp, ", offload ",
-        std::string(EnumName(par.offload)),
+        "parallel.comm: nccl runs data parallelism (DDP, ZeRO-1/2/3) so far: tp 1, pp 1, offload "
+        "none (this job has tp ",
+        par.tp, ", pp ", par.pp, ", offload ", std::string(EnumName(par.offload)),
         "); use parallel.comm: gloo, which GPU ranks reach through host copies"));
   }
   return absl::OkStatus();

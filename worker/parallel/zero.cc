@@ -33,15 +33,12 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
         DataTypeName(engine->params().dtype), " and ", DataTypeName(engine->grads().dtype)));
   }
   // A communicator of device memory (NCCL) reduces and gathers the
-  // engine's buffers where they are, and the shard steps there: stages 1-2
-  // so far (stage 3's parameter shards and gathers are host-side).
+  // engine's buffers where they are, and the shard steps there.
   const bool on_device = comm != nullptr && comm->size() > 1 && comm->device_memory();
-  if (on_device && (options.stage > 2 || options.offload_optimizer || options.stage_through_host ||
+  if (on_device && (options.offload_optimizer || options.stage_through_host ||
                     engine->grads().device == DeviceKind::kCpu)) {
     return absl::UnimplementedError(absl::StrCat(
-        "parallel.comm: nccl runs ZeRO stages 1-2 with the optimizer on the device so far (this "
-        "job "
-        "has zero ",
+        "parallel.comm: nccl runs ZeRO with the optimizer on the device (this job has zero ",
         options.stage, options.offload_optimizer ? ", offload: optimizer" : "",
         "); use parallel.comm: gloo"));
   }
@@ -104,7 +101,11 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
     engine->grad_buffer().ReleaseAll();
   }
   if (options.stage == 3) {
-    z->shard_params_.assign(z->shard_size_, 0.0f);
+    if (on_device) {
+      z->device_shard_params_ = engine->math().Allocate(z->shard_size_);
+    } else {
+      z->shard_params_.assign(z->shard_size_, 0.0f);
+    }
     engine->param_buffer().ReleaseAll();
   } else {
     z->live_param_elems_ = z->peak_live_param_elems_ = layout.num_params();
@@ -175,8 +176,8 @@ void Zero::InitParams(uint64_t seed) {
   }
   for (Unit& u : units_) {
     const size_t begin = u.offset + u.own.begin, n = u.own.size();
-    float* shard = shard_params_.data() + u.shard_offset;
-    if (!staged_) {
+    float* shard = ShardParamPtr(u);
+    if (!staged_) {  // into the shard, wherever it lives
       engine_->InitParamsInto(seed, begin, begin + n, shard);
       continue;
     }
@@ -307,21 +308,27 @@ void Zero::Gather(Unit& u) {
   live_param_elems_ += u.numel;
   peak_live_param_elems_ = std::max(peak_live_param_elems_, live_param_elems_);
   float* out = params_ + u.offset;
-  const float* mine = shard_params_.data() + u.shard_offset;
+  const float* mine = ShardParamPtr(u);
   if (comm_ == nullptr) {
     std::memcpy(out, mine, u.numel * sizeof(float));
     WaitGathered(u);  // nothing in flight: staged, the copy to the engine
     return;
   }
   const size_t body = u.body * dp_, tail = u.numel - body;
+  // On the device the unit's memory is taken again first (zero-filled on
+  // the compute stream) and the last rank's tail copied in place there; the
+  // ops wait for both.
+  if (on_device_) engine_->param_buffer().Acquire(u.offset, u.numel);
+  if (tail > 0 && rank_ == dp_ - 1) ShardMath().Accumulate(out + body, mine + u.body, tail, false);
+  const engine::Event* after = AfterDeviceWork();
   if (u.body > 0) {
-    u.gather.push_back(Count(comm_->AllGatherAsync(mine, out, u.body, comm::DataType::kFloat32),
-                             (dp_ - 1) * int64_t(u.body) * kF32));
+    u.gather.push_back(
+        Count(comm_->AllGatherAsync(mine, out, u.body, comm::DataType::kFloat32, after),
+              (dp_ - 1) * int64_t(u.body) * kF32));
   }
   if (tail > 0) {
-    if (rank_ == dp_ - 1) std::memcpy(out + body, mine + u.body, tail * sizeof(float));
     u.gather.push_back(
-        Count(comm_->BroadcastAsync(out + body, tail, comm::DataType::kFloat32, dp_ - 1),
+        Count(comm_->BroadcastAsync(out + body, tail, comm::DataType::kFloat32, dp_ - 1, after),
               (dp_ - 1) * int64_t(tail) * kF32 / dp_));
   }
 }

@@ -52,14 +52,16 @@
 //            backward writes them and give them back once copied out. On a
 //            GPU whose buffers give memory back (GptEngineOptions::
 //            release_state) the device then holds only the units in use.
-//   on the device (a communicator of device memory: NCCL; stages 1-2 so
-//            far) the gradient reductions and the all-gather of the updated
-//            shards run in the engine's (GPU) buffers, each ordered after the
-//            kernels that wrote them by an event on the compute stream; the
-//            gradient shard (stage 2, with its accumulation scratch), m, v
-//            and the AdamW step live on the device too; stage 2 takes a
-//            unit's gradients (Buffer::Acquire) just before the backward
-//            writes them and gives them back once reduced.
+//   on the device (a communicator of device memory: NCCL) the gradient
+//            reductions and the all-gathers (of the updated shards, stages
+//            1-2; of each unit before its use, stage 3) run in the engine's
+//            (GPU) buffers, each ordered after the kernels that wrote or
+//            freed what it touches by an event on the compute stream; the
+//            parameter shard (3), the gradient shard (2-3, with its
+//            accumulation scratch), m, v and the AdamW step live on the
+//            device too; a unit's memory is taken (Buffer::Acquire) just
+//            before it is gathered or its gradients written, and given back
+//            after use / once reduced.
 //
 // Collective: every rank must run the same micro-batches and steps (the
 // hooks then issue the same ops in the same order). Communication errors
@@ -276,8 +278,11 @@ class Zero final : public DataParallel {
   std::vector<float> shard_params_;    // stage 3
   std::vector<float> shard_grads_;     // stages 2-3
   std::vector<float> reduce_scratch_;  // stages 2-3 with accumulation > 1
-  // On the device, the same two in the engine's memory.
-  std::unique_ptr<engine::Buffer> device_shard_grads_, device_reduce_scratch_;
+  // On the device, the same three in the engine's memory.
+  std::unique_ptr<engine::Buffer> device_shard_params_, device_shard_grads_, device_reduce_scratch_;
+  float* ShardParams() {
+    return on_device_ ? device_shard_params_->as<float>() : shard_params_.data();
+  }
   float* ShardGrads() {
     return on_device_ ? device_shard_grads_->as<float>() : shard_grads_.data();
   }

@@ -26,7 +26,7 @@ absl::Span<float> Zero::ShardGrad(const Unit& u) {
 }
 
 float* Zero::ShardParamPtr(Unit& u) {
-  if (options_.stage == 3) return shard_params_.data() + u.shard_offset;
+  if (options_.stage == 3) return ShardParams() + u.shard_offset;
   return params_ + u.offset + u.own.begin;
 }
 
@@ -152,8 +152,12 @@ FlatRanges Zero::SaveRanges() const {
 }
 
 std::vector<float> Zero::SaveParams() const {
-  if (options_.stage == 3) return shard_params_;
+  if (options_.stage == 3 && !on_device_) return shard_params_;
   std::vector<float> out(shard_size_);
+  if (options_.stage == 3) {
+    engine_->math().CopyToHost(out.data(), device_shard_params_->as<float>(), shard_size_);
+    return out;
+  }
   for (const Unit& u : units_) {
     const float* p = params_ + u.offset + u.own.begin;
     if (on_device_) {
@@ -201,8 +205,8 @@ ZeroMemory Zero::zero_memory() const {
   // where the stage keeps them whole, else the shard vectors; m and v of
   // every unit's optimizer.
   ZeroMemory z;
-  z.params = options_.stage == 3 ? int64_t(shard_params_.size()) * kF32
-                                 : int64_t(engine_->param_buffer().bytes());
+  z.params =
+      options_.stage == 3 ? int64_t(shard_size_) * kF32 : int64_t(engine_->param_buffer().bytes());
   z.grads =
       options_.stage >= 2 ? int64_t(shard_size_) * kF32 : int64_t(engine_->grad_buffer().bytes());
   for (const optim::AdamW& a : adamw_) z.optimizer += 2 * int64_t(a.count()) * kF32;

@@ -3,7 +3,7 @@
 //   - DDP, ZeRO-1/2/3, DDP with the optimizer offloaded, pp 2, dp 2 × pp 2,
 //     tp 2 (also with sequence parallelism) and dp 2 × tp 2 with ranks
 //     sharing one GPU (Gloo through host copies) equal one rank;
-//   - over NCCL (one rank per GPU; needs two GPUs): DDP and ZeRO-1/2 equal one
+//   - over NCCL (one rank per GPU; needs two GPUs): DDP and ZeRO-1/2/3 equal one
 //     rank; what NCCL does not carry yet is refused naming the field.
 #include <cuda_runtime.h>
 
@@ -91,13 +91,15 @@ TEST(GpuParallelTrainerTest, TensorAndPipelineParallelOnOneGpuEqualOneRank) {
 
 // What GPU ranks cannot do yet is refused before any device is touched,
 // naming the field (the job fails at once instead of a rank aborting in the
-// engine mid-step): NCCL carries DDP and ZeRO-1/2 only so far. Runs anywhere.
-TEST(GpuParallelTrainerTest, NcclBeyondZero2IsRefusedNamingTheField) {
+// engine mid-step): NCCL carries data parallelism only so far (no tp, pp
+// or offload). Runs anywhere.
+TEST(GpuParallelTrainerTest, NcclWithModelParallelismOrOffloadIsRefusedNamingTheField) {
   RunSpec r;
   r.device = "cuda";
   for (const std::vector<std::string>& overrides :
-       {std::vector<std::string>{"parallel.comm=nccl", "parallel.zero=3"},
-        {"parallel.comm=nccl", "parallel.offload=optimizer"}}) {
+       {std::vector<std::string>{"parallel.comm=nccl", "parallel.offload=optimizer"},
+        {"parallel.comm=nccl", "parallel.tp=2", "resources.min_workers=2",
+         "resources.max_workers=2"}}) {
     absl::StatusOr<JobSpec> spec = ParseJobSpec(JobSpecToYaml(SpecOf(r)), overrides);
     ASSERT_TRUE(spec.ok()) << spec.status();
     absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*spec, 0, 1, nullptr, 0);
@@ -142,7 +144,7 @@ std::vector<double> TrainNcclRanks(const JobSpec& spec, int steps, const std::st
   return mean;
 }
 
-// DDP and ZeRO-1/2 over NCCL: one rank per GPU (NCCL refuses two on one),
+// DDP and ZeRO-1/2/3 over NCCL: one rank per GPU (NCCL refuses two on one),
 // gradients all-reduced in device memory as backward makes them final;
 // equal to one rank over 20 steps within 1e-5 in fp32, 1e-2 in bf16. Needs
 // two GPUs.
@@ -161,7 +163,7 @@ TEST(GpuParallelTrainerTest, NcclDataParallelOnTwoGpusEqualsOneRank) {
     r.steps = 20;
     const JobSpec spec = SpecOf(r);
     const std::vector<double> want = TrainRanks(spec, 1, r.steps);
-    for (int zero : {0, 1, 2}) {
+    for (int zero : {0, 1, 2, 3}) {
       absl::StatusOr<JobSpec> nccl = ParseJobSpec(
           JobSpecToYaml(spec), Ranks(2, {"parallel.dp=2", "parallel.comm=nccl", "batch.micro=2",
                                          absl::StrCat("parallel.zero=", zero)}));

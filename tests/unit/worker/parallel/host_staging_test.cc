@@ -237,7 +237,7 @@ class DeviceMemoryComm final : public comm::Communicator {
 // loss sum through a device scratch; equal to the plain host path bit for
 // bit, checkpoint shards included.
 TEST(HostStagingTest, DataParallelOverADeviceMemoryCommunicatorEqualsThePlainPathBitForBit) {
-  for (int zero : {0, 1, 2}) {
+  for (int zero : {0, 1, 2, 3}) {
     SCOPED_TRACE(zero);
     std::vector<RankResult> plain(kRanks), device(kRanks);
     std::vector<int> ops(kRanks), host_ops(kRanks), unordered(kRanks);
