@@ -51,8 +51,22 @@ absl::Status SumTpPartials(const ModelParallelGrads& mp, absl::Span<float> grads
   return absl::OkStatus();
 }
 
+const engine::Event* AfterComputeWork(engine::Engine& engine,
+                                      std::vector<std::unique_ptr<engine::Event>>* keep) {
+  engine::Device& device = engine.device();
+  absl::StatusOr<std::unique_ptr<engine::Event>> e = device.NewEvent();
+  if (e.ok() && (*e)->Record(device.compute_stream()).ok()) {
+    keep->push_back(*std::move(e));
+    return keep->back().get();
+  }
+  // The op must not run ahead of the kernels: order it on the host.
+  device.compute_stream().Synchronize().IgnoreError();
+  return nullptr;
+}
+
 absl::StatusOr<double> SumOverGroup(comm::Communicator* comm, double local,
-                                    engine::FlatMath* device) {
+                                    engine::FlatMath* device,
+                                    std::unique_ptr<engine::Buffer>* scratch) {
   static_assert(sizeof(double) == 2 * sizeof(float));
   if (comm == nullptr || comm->size() == 1) return local;
   // AllGather moves fp32 bytes unchanged, so the doubles arrive bit-exact.
@@ -68,8 +82,12 @@ absl::StatusOr<double> SumOverGroup(comm::Communicator* comm, double local,
     if (device == nullptr || device->kind() == DeviceKind::kCpu) {
       return absl::InternalError("SumOverGroup: a device communicator without device memory");
     }
-    std::unique_ptr<engine::Buffer> scratch = device->Allocate(all.size());
-    float* d = scratch->as<float>();
+    std::unique_ptr<engine::Buffer> own;
+    if (scratch == nullptr) scratch = &own;
+    if (*scratch == nullptr || (*scratch)->count() < all.size()) {
+      *scratch = device->Allocate(all.size());
+    }
+    float* d = (*scratch)->as<float>();
     device->CopyFromHost(d, all.data(), 2);
     if (absl::Status s = comm->AllGather(d, d + 2, 2, comm::DataType::kFloat32); !s.ok()) return s;
     device->CopyToHost(all.data() + 2, d + 2, 2 * n);

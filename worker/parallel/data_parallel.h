@@ -184,12 +184,23 @@ double SquaredNormOutside(absl::Span<const float> grads, size_t offset, const Fl
 double SquaredNormOutside(engine::FlatMath& math, const float* grads, size_t count, size_t offset,
                           const FlatRanges& skip);
 
+// For a collective of device memory that reads what the engine's kernels
+// queued so far wrote: an event recorded on the compute stream now, kept in
+// `keep` (the caller clears it once those collectives are done), to pass as
+// OpArgs::after. Where no event can be made, the host waits for the stream
+// instead and this returns null.
+const engine::Event* AfterComputeWork(engine::Engine& engine,
+                                      std::vector<std::unique_ptr<engine::Event>>* keep);
+
 // The sum of `local` over the ranks of `comm` (null: local alone), added in
 // rank order from bit-exact copies, so every rank gets the same double.
 // A communicator of device memory (NCCL) exchanges them through a scratch
-// of `device`'s memory (required then). Collective.
+// of `device`'s memory (required then): `*scratch`, made on first use and
+// kept by a caller that sums every step, else one made for this call.
+// Collective.
 absl::StatusOr<double> SumOverGroup(comm::Communicator* comm, double local,
-                                    engine::FlatMath* device = nullptr);
+                                    engine::FlatMath* device = nullptr,
+                                    std::unique_ptr<engine::Buffer>* scratch = nullptr);
 
 // The strategy a job's parallel section asks for (zero 0: DDP, 1-3: ZeRO)
 // over `comm` (the data-parallel group; null or of size 1 when dp == 1).

@@ -119,16 +119,8 @@ void Ddp::LaunchBuckets(size_t offset, bool flush) {
     }
     // On the device (NCCL), the all-reduce waits on the device for the
     // backward kernels issued so far, which wrote this bucket: never the host.
-    const engine::Event* after = nullptr;
-    if (comm_->device_memory()) {
-      absl::StatusOr<std::unique_ptr<engine::Event>> e = engine_->device().NewEvent();
-      if (e.ok() && (*e)->Record(engine_->device().compute_stream()).ok()) {
-        bucket_events_.push_back(*std::move(e));
-        after = bucket_events_.back().get();
-      } else {  // the op must not run ahead of the kernels: order it on the host
-        engine_->device().compute_stream().Synchronize().IgnoreError();
-      }
-    }
+    const engine::Event* after =
+        comm_->device_memory() ? AfterComputeWork(*engine_, &bucket_events_) : nullptr;
     inflight_.push_back(comm_->AllReduceAsync(grads + unlaunched_end_, n, comm::DataType::kFloat32,
                                               comm::ReduceOp::kSum, after));
   }

@@ -84,7 +84,6 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
   }
   z->uses_ = UnitUseOrder(emb, blocks, fin, &z->forward_uses_);
 
-  z->norm_scratch_.resize(2 * static_cast<size_t>(z->dp_));
   // Units are gathered and released one by one: no huge page may straddle
   // two of them, or releasing one would leave part of a neighbour's page
   // resident (and gathering one would commit part of a released neighbour).
@@ -430,15 +429,7 @@ void Zero::CompleteReduction(Reduction& r) {
 }
 
 const engine::Event* Zero::AfterDeviceWork() {
-  if (!on_device_) return nullptr;
-  absl::StatusOr<std::unique_ptr<engine::Event>> e = engine_->device().NewEvent();
-  if (e.ok() && (*e)->Record(engine_->device().compute_stream()).ok()) {
-    events_.push_back(*std::move(e));
-    return events_.back().get();
-  }
-  // The op must not run ahead of the kernels: order it on the host.
-  engine_->device().compute_stream().Synchronize().IgnoreError();
-  return nullptr;
+  return on_device_ ? AfterComputeWork(*engine_, &events_) : nullptr;
 }
 
 void Zero::Sample() {

@@ -292,7 +292,7 @@ class Zero final : public DataParallel {
   float* ReduceScratch() {
     return on_device_ ? device_reduce_scratch_->as<float>() : reduce_scratch_.data();
   }
-  std::vector<float> norm_scratch_;
+  std::unique_ptr<engine::Buffer> device_norm_scratch_;  // SumOverRanks on the device
   std::vector<int> uses_;  // the order of Engine::set_param_hook calls of one micro-batch
   size_t forward_uses_ = 0;
   size_t cursor_ = 0;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -33,27 +32,9 @@ float* Zero::ShardParamPtr(Unit& u) {
 engine::FlatMath& Zero::ShardMath() { return on_device_ ? engine_->math() : host_math_; }
 
 absl::StatusOr<double> Zero::SumOverRanks(double local) {
-  static_assert(sizeof(double) == 2 * sizeof(float));
   if (comm_ == nullptr) return local;
-  if (on_device_) {  // through a device scratch
-    comm_bytes_ += (dp_ - 1) * 2 * kF32;
-    return SumOverGroup(comm_, local, &engine_->math());
-  }
-  float mine[2];
-  std::memcpy(mine, &local, sizeof(local));
-  // AllGather moves fp32 bytes unchanged, so the doubles arrive bit-exact.
-  comm_bytes_ += (dp_ - 1) * 2 * kF32;
-  if (absl::Status s = comm_->AllGather(mine, norm_scratch_.data(), 2, comm::DataType::kFloat32);
-      !s.ok()) {
-    return s;
-  }
-  double total = 0;
-  for (int r = 0; r < dp_; ++r) {
-    double v;
-    std::memcpy(&v, &norm_scratch_[2 * size_t(r)], sizeof(v));
-    total += v;
-  }
-  return total;
+  comm_bytes_ += (dp_ - 1) * 2 * kF32;  // an all-gather of one double
+  return SumOverGroup(comm_, local, on_device_ ? &engine_->math() : nullptr, &device_norm_scratch_);
 }
 
 absl::StatusOr<StepStats> Zero::Step(float lr, float max_norm, float loss_scale) {
