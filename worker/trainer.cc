@@ -37,16 +37,14 @@ absl::Status CheckSupported(const JobSpec& spec) {
         "resources.device: cuda, but this worker was built without CUDA");
   }
 #endif
-  // NCCL carries DDP and ZeRO-1/2/3 (gradients and shards in device
-  // memory); tp, pp and the offloaded optimizer run with Gloo through the
-  // host so far: refused here, naming the field.
+  // NCCL carries DDP, ZeRO-1/2/3, tp and pp in device memory; the
+  // offloaded optimizer steps a host copy that Gloo's host staging keeps:
+  // refused here, naming the field.
   const ParallelSpec& par = spec.parallel;
-  if (par.comm == CommBackend::kNccl &&
-      (par.tp != 1 || par.pp != 1 || par.offload != OffloadMode::kNone)) {
+  if (par.comm == CommBackend::kNccl && par.offload != OffloadMode::kNone) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "parallel.comm: nccl runs data parallelism (DDP, ZeRO-1/2/3) so far: tp 1, pp 1, offload "
-        "none (this job has tp ",
-        par.tp, ", pp ", par.pp, ", offload ", std::string(EnumName(par.offload)),
+        "parallel.comm: nccl runs the optimizer on the device so far (this job has offload ",
+        std::string(EnumName(par.offload)),
         "); use parallel.comm: gloo, which GPU ranks reach through host copies"));
   }
   return absl::OkStatus();
@@ -186,6 +184,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   }
   auto engine = MakeEngine(spec, *config, threads, gpu, options);
   if (!engine.ok()) return engine.status();
+  if (tp != nullptr) tp->set_device(&(*engine)->device());  // orders a device group's ops
   const optim::AdamWOptions adamw = AdamWOptionsOf(spec.optimizer);
   auto t = Compose(
       spec, rank, *std::move(engine),
@@ -212,16 +211,19 @@ absl::Status Trainer::AttachModelParallel(std::unique_ptr<parallel::Mesh> mesh,
   parallel::ModelParallelGrads mp;
   mp.norm_skip = layout.ReplicaRanges();
   parallel::Mesh* m = mesh_.get();
-  mp.sum_squares = [m](double squared) -> absl::StatusOr<double> {
-    absl::StatusOr<double> over_tp = parallel::SumOverGroup(m->tp(), squared);
+  // The mesh's groups are the world's kind: host memory (Gloo) or device
+  // memory (NCCL), where the sums below then take their data.
+  mp.device_memory = world != nullptr && world->device_memory();
+  mp.sum_squares = [this, m](double squared) -> absl::StatusOr<double> {
+    absl::StatusOr<double> over_tp = SumOverModelGroup(m->tp(), squared);
     if (!over_tp.ok()) return over_tp.status();
-    return parallel::SumOverGroup(m->pp_forward(), *over_tp);
+    return SumOverModelGroup(m->pp_forward(), *over_tp);
   };
   if (m->tied() != nullptr) {
     mp.tied_end = layout.units()[0].numel;
-    mp.sum_tied = [m](absl::Span<float> g) {
-      return m->tied()->AllReduce(g.data(), g.size(), comm::DataType::kFloat32,
-                                  comm::ReduceOp::kSum);
+    engine::Engine* e = engine_.get();
+    mp.sum_tied = [m, e](absl::Span<float> g) {
+      return parallel::AllReduceSumNow(*m->tied(), *e, g.data(), g.size());
     };
   }
   if (spec_.parallel.sequence_parallel && tp_group_ != nullptr) {
@@ -229,7 +231,7 @@ absl::Status Trainer::AttachModelParallel(std::unique_ptr<parallel::Mesh> mesh,
     parallel::TensorParallelGroup* tp = tp_group_.get();
     mp.sum_tp = [tp](absl::Span<float> g) {
       tp->AllReduceSum(g.data(), g.size());
-      return tp->status();
+      return tp->Finish();
     };
   }
   strategy_->set_model_parallel(std::move(mp));
@@ -240,6 +242,10 @@ absl::Status Trainer::AttachModelParallel(std::unique_ptr<parallel::Mesh> mesh,
     pipeline_ = *std::move(p);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<double> Trainer::SumOverModelGroup(comm::Communicator* group, double local) {
+  return parallel::SumOverGroup(group, local, &engine_->math(), &model_group_scratch_);
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Compose(const JobSpec& spec, int rank,
@@ -343,7 +349,7 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   r.step = step;
   if (absl::Status s = RunMicroBatches(step, &r); !s.ok()) return s;
   if (tp_group_ != nullptr) {
-    if (absl::Status s = tp_group_->status(); !s.ok()) return s;
+    if (absl::Status s = tp_group_->Finish(); !s.ok()) return s;
     r.tp_bytes = tp_group_->TakeBytes();
   }
   r.lr = optim::LearningRate(spec_.optimizer, step - 1, spec_.steps);
@@ -403,9 +409,9 @@ absl::StatusOr<double> Trainer::Evaluate() {
   absl::StatusOr<double> total = strategy_->EndEval(loss_sum);
   if (!total.ok()) return total.status();
   if (tp_group_ != nullptr) {
-    if (absl::Status s = tp_group_->status(); !s.ok()) return s;
+    if (absl::Status s = tp_group_->Finish(); !s.ok()) return s;
   }
-  if (mesh_ != nullptr) total = parallel::SumOverGroup(mesh_->pp_forward(), *total);
+  if (mesh_ != nullptr) total = SumOverModelGroup(mesh_->pp_forward(), *total);
   if (!total.ok()) return total.status();
   return *total / double(count);
 }

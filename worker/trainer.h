@@ -181,6 +181,10 @@ class Trainer {
   // The engine's parameters as host memory: themselves, or (on a GPU)
   // copied into *copy.
   absl::Span<const float> ParamsOnHost(std::vector<float>* copy);
+  // The sum of `local` over a tp or pp group of the mesh (null: local),
+  // identical on every rank (parallel::SumOverGroup), through a scratch of
+  // the engine's memory when the group is a device's.
+  absl::StatusOr<double> SumOverModelGroup(comm::Communicator* group, double local);
   // Installs the tensor/pipeline parts on a composed trainer.
   absl::Status AttachModelParallel(std::unique_ptr<parallel::Mesh> mesh,
                                    std::unique_ptr<parallel::TensorParallelGroup> tp,
@@ -204,6 +208,8 @@ class Trainer {
   std::unique_ptr<parallel::TensorParallelGroup> tp_group_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<parallel::DataParallel> strategy_;  // after engine_: destroyed first
+  // SumOverModelGroup's scratch in the engine's memory (device groups).
+  std::unique_ptr<engine::Buffer> model_group_scratch_;
   // The pipeline executor when pp > 1 (destroyed first: it waits for its
   // sends).
   std::unique_ptr<parallel::PipelineExecutor> pipeline_;

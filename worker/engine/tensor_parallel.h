@@ -30,7 +30,8 @@
 // the data as it was on failure (the pass finishes on stale numbers) and
 // reports the error through status(); the caller (the trainer) checks it
 // after every step, and the communicator is poisoned by then, so nothing
-// waits. parallel/tensor_parallel_group.h implements it over a Communicator.
+// waits. parallel/tensor_parallel_group.h implements it over a Communicator
+// (of host memory, or of device memory: see device_memory()).
 #ifndef SHARDTRAIN_WORKER_ENGINE_TENSOR_PARALLEL_H_
 #define SHARDTRAIN_WORKER_ENGINE_TENSOR_PARALLEL_H_
 
@@ -70,6 +71,12 @@ class TensorParallel {
   virtual void ReduceScatterSum(const float* full, float* local, size_t count) = 0;
   // OK, or the first error of an all-reduce.
   virtual absl::Status status() const = 0;
+  // Where the buffers of the calls above live: false, host memory (Gloo; a
+  // GPU engine stages its data through the host); true, the engine's device
+  // memory (NCCL), each collective ordered after the work already queued on
+  // the engine's compute stream and that stream's later work after it,
+  // without the host waiting.
+  virtual bool device_memory() const { return false; }
 };
 
 // A null group means tp = 1: every function below is then a no-op.

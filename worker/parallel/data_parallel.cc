@@ -25,9 +25,52 @@ double SquaredNormOutside(absl::Span<const float> grads, size_t offset, const Fl
   return SquaredNormOutside(host, grads.data(), grads.size(), offset, skip);
 }
 
-absl::Status SumTpPartials(const ModelParallelGrads& mp, absl::Span<float> grads, size_t offset) {
+namespace {
+
+// A buffer of n floats in host memory (on_device false) or `engine`'s, and
+// the math over it.
+struct Scratch {
+  Scratch(engine::Engine& engine, bool on_device, size_t n)
+      : host_math(engine.host_pool()),
+        math(on_device ? engine.math() : host_math),
+        buffer(math.Allocate(n)) {}
+  float* data() { return buffer->as<float>(); }
+  engine::HostFlatMath host_math;
+  engine::FlatMath& math;
+  std::unique_ptr<engine::Buffer> buffer;
+};
+
+bool OffHost(engine::Engine& engine, bool in_engine) {
+  return in_engine && engine.math().kind() != DeviceKind::kCpu;
+}
+
+}  // namespace
+
+absl::Status SumInPlace(const ModelParallelGrads& mp, engine::Engine& engine, bool in_engine,
+                        float* data, size_t n,
+                        const std::function<absl::Status(absl::Span<float>)>& sum) {
+  const bool on_device = OffHost(engine, in_engine);
+  if (on_device == mp.device_memory || n == 0) return sum(absl::MakeSpan(data, n));
+  Scratch there(engine, mp.device_memory, n);  // where `sum` takes it
+  engine::FlatMath& math = engine.math();
+  if (on_device) {
+    math.CopyToHost(there.data(), data, n);
+  } else {
+    math.CopyFromHost(there.data(), data, n);
+  }
+  if (absl::Status s = sum(absl::MakeSpan(there.data(), n)); !s.ok()) return s;
+  if (on_device) {
+    math.CopyFromHost(data, there.data(), n);
+  } else {
+    math.CopyToHost(data, there.data(), n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SumTpPartials(const ModelParallelGrads& mp, engine::Engine& engine, bool in_engine,
+                           float* grads, size_t size, size_t offset) {
   if (!mp.has_tp_partials()) return absl::OkStatus();
-  const size_t end = offset + grads.size();
+  const size_t end = offset + size;
   std::vector<std::pair<size_t, size_t>> parts;  // [first, last) in grads' coordinates
   size_t total = 0;
   for (const auto& [begin, stop] : mp.tp_partial) {
@@ -37,23 +80,27 @@ absl::Status SumTpPartials(const ModelParallelGrads& mp, absl::Span<float> grads
     total += last - first;
   }
   if (total == 0) return absl::OkStatus();
-  std::vector<float> packed;
-  packed.reserve(total);
+  const bool on_device = OffHost(engine, in_engine);
+  Scratch packed(engine, on_device, total);  // beside the gradients
+  size_t at = 0;
   for (const auto& [first, last] : parts) {
-    packed.insert(packed.end(), grads.begin() + first, grads.begin() + last);
+    packed.math.Accumulate(packed.data() + at, grads + first, last - first, /*add=*/false);
+    at += last - first;
   }
-  if (absl::Status s = mp.sum_tp(absl::MakeSpan(packed)); !s.ok()) return s;
-  const float* from = packed.data();
+  if (absl::Status s = SumInPlace(mp, engine, on_device, packed.data(), total, mp.sum_tp);
+      !s.ok()) {
+    return s;
+  }
+  at = 0;
   for (const auto& [first, last] : parts) {
-    std::copy(from, from + (last - first), grads.begin() + first);
-    from += last - first;
+    packed.math.Accumulate(grads + first, packed.data() + at, last - first, /*add=*/false);
+    at += last - first;
   }
   return absl::OkStatus();
 }
 
-const engine::Event* AfterComputeWork(engine::Engine& engine,
+const engine::Event* AfterComputeWork(engine::Device& device,
                                       std::vector<std::unique_ptr<engine::Event>>* keep) {
-  engine::Device& device = engine.device();
   absl::StatusOr<std::unique_ptr<engine::Event>> e = device.NewEvent();
   if (e.ok() && (*e)->Record(device.compute_stream()).ok()) {
     keep->push_back(*std::move(e));
@@ -62,6 +109,15 @@ const engine::Event* AfterComputeWork(engine::Engine& engine,
   // The op must not run ahead of the kernels: order it on the host.
   device.compute_stream().Synchronize().IgnoreError();
   return nullptr;
+}
+
+absl::Status AllReduceSumNow(comm::Communicator& comm, engine::Engine& engine, float* data,
+                             size_t n) {
+  std::vector<std::unique_ptr<engine::Event>> keep;
+  const engine::Event* after =
+      comm.device_memory() ? AfterComputeWork(engine.device(), &keep) : nullptr;
+  return comm.AllReduceAsync(data, n, comm::DataType::kFloat32, comm::ReduceOp::kSum, after)
+      ->Wait();
 }
 
 absl::StatusOr<double> SumOverGroup(comm::Communicator* comm, double local,

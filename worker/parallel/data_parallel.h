@@ -91,15 +91,29 @@ struct ModelParallelGrads {
   // group that completes them — before the norm, like sum_tied.
   FlatRanges tp_partial;
   std::function<absl::Status(absl::Span<float>)> sum_tp;
-  // Whether there is anything for SumTpPartials to sum (CPU ranks only:
-  // tensor parallelism is not on GPUs yet).
+  // Where sum_tied and sum_tp take their data: host memory (false: Gloo),
+  // or the engine's memory (true: NCCL groups, a GPU's memory). The
+  // strategies pass them their gradients through SumInPlace, which copies
+  // where the two differ.
+  bool device_memory = false;
   bool has_tp_partials() const { return sum_tp && !tp_partial.empty(); }
 };
 
-// Sums over the tp group (mp.sum_tp, one call) the parts of `grads` (flat
-// elements [offset, offset + size), host memory) inside mp.tp_partial. Every
-// tp rank of a stage holds the same ranges, so each issues the same call.
-absl::Status SumTpPartials(const ModelParallelGrads& mp, absl::Span<float> grads, size_t offset);
+// Runs `sum` (sum_tied or sum_tp of `mp`) over data[0, n), which lives in
+// the engine's memory when `in_engine` and the engine is off the host,
+// else in host memory: on the data itself when that is where the sum takes
+// it (mp.device_memory), otherwise on a copy there, written back.
+absl::Status SumInPlace(const ModelParallelGrads& mp, engine::Engine& engine, bool in_engine,
+                        float* data, size_t n,
+                        const std::function<absl::Status(absl::Span<float>)>& sum);
+
+// Sums over the tp group (mp.sum_tp, one call) the parts of grads[0, size)
+// (flat elements [offset, offset + size); memory as SumInPlace's
+// `in_engine` says) inside mp.tp_partial, packed into one buffer there.
+// Every tp rank of a stage holds the same ranges, so each issues the same
+// call.
+absl::Status SumTpPartials(const ModelParallelGrads& mp, engine::Engine& engine, bool in_engine,
+                           float* grads, size_t size, size_t offset);
 
 class DataParallel {
  public:
@@ -184,13 +198,19 @@ double SquaredNormOutside(absl::Span<const float> grads, size_t offset, const Fl
 double SquaredNormOutside(engine::FlatMath& math, const float* grads, size_t count, size_t offset,
                           const FlatRanges& skip);
 
-// For a collective of device memory that reads what the engine's kernels
-// queued so far wrote: an event recorded on the compute stream now, kept in
-// `keep` (the caller clears it once those collectives are done), to pass as
-// OpArgs::after. Where no event can be made, the host waits for the stream
-// instead and this returns null.
-const engine::Event* AfterComputeWork(engine::Engine& engine,
+// For a collective of device memory that reads what the kernels queued so
+// far on `device`'s compute stream wrote: an event recorded on that stream
+// now, kept in `keep` (the caller clears it once those collectives are
+// done), to pass as OpArgs::after. Where no event can be made, the host
+// waits for the stream instead and this returns null.
+const engine::Event* AfterComputeWork(engine::Device& device,
                                       std::vector<std::unique_ptr<engine::Event>>* keep);
+
+// All-reduces (sum) data[0, n) in place over `comm` and waits for it: host
+// memory, or, for a communicator of device memory, `engine`'s memory, the
+// op ordered after the engine's queued work. (The tied embeddings' sum.)
+absl::Status AllReduceSumNow(comm::Communicator& comm, engine::Engine& engine, float* data,
+                             size_t n);
 
 // The sum of `local` over the ranks of `comm` (null: local alone), added in
 // rank order from bit-exact copies, so every rank gets the same double.

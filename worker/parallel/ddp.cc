@@ -120,7 +120,7 @@ void Ddp::LaunchBuckets(size_t offset, bool flush) {
     // On the device (NCCL), the all-reduce waits on the device for the
     // backward kernels issued so far, which wrote this bucket: never the host.
     const engine::Event* after =
-        comm_->device_memory() ? AfterComputeWork(*engine_, &bucket_events_) : nullptr;
+        comm_->device_memory() ? AfterComputeWork(engine_->device(), &bucket_events_) : nullptr;
     inflight_.push_back(comm_->AllReduceAsync(grads + unlaunched_end_, n, comm::DataType::kFloat32,
                                               comm::ReduceOp::kSum, after));
   }
@@ -175,17 +175,16 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) 
   const bool on_host = host_master_ && comm_ != nullptr;
   engine::FlatMath& math = on_host ? host_math_ : engine_->math();
   float* grads = on_host ? host_grads_.data() : static_cast<float*>(g.data);
-  // Tied embeddings and tp partials are summed on the host: off it (a GPU
-  // rank's pipeline stages), through a host copy of the range.
+  // Tied embeddings and tp partials are summed where their groups take them
+  // (the host for Gloo, the device for NCCL), through a copy if elsewhere.
   if (mp_.sum_tied && mp_.tied_end > 0) {
-    if (absl::Status s = OnHost(on_host, grads, mp_.tied_end, mp_.sum_tied); !s.ok()) return s;
-  }
-  if (mp_.has_tp_partials()) {
-    if (absl::Status s = OnHost(on_host, grads, g.count,
-                                [&](absl::Span<float> h) { return SumTpPartials(mp_, h, 0); });
+    if (absl::Status s = SumInPlace(mp_, *engine_, !on_host, grads, mp_.tied_end, mp_.sum_tied);
         !s.ok()) {
       return s;
     }
+  }
+  if (absl::Status s = SumTpPartials(mp_, *engine_, !on_host, grads, g.count, 0); !s.ok()) {
+    return s;
   }
   double squared = SquaredNormOutside(math, grads, g.count, 0, mp_.norm_skip);
   if (mp_.sum_squares) {
@@ -246,18 +245,6 @@ absl::Status Ddp::StepOnHost(const float* device_grads, float lr) {
   // The next forward reads the parameters on the same stream; the host
   // waits only so that host_params_ is not written while still being read.
   return device.compute_stream().Synchronize();
-}
-
-absl::Status Ddp::OnHost(bool on_host, float* grads, size_t n,
-                         const std::function<absl::Status(absl::Span<float>)>& fn) {
-  if (on_host || engine_->grads().device == DeviceKind::kCpu) {
-    return fn(absl::MakeSpan(grads, n));
-  }
-  std::vector<float> host(n);
-  engine_->math().CopyToHost(host.data(), grads, n);
-  if (absl::Status s = fn(absl::MakeSpan(host)); !s.ok()) return s;
-  engine_->math().CopyFromHost(grads, host.data(), n);
-  return absl::OkStatus();
 }
 
 FlatRanges Ddp::SaveRanges() const {

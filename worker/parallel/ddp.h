@@ -94,10 +94,6 @@ class Ddp final : public DataParallel {
   // host copy of the master, the result copied to the engine. The gradient
   // is copied out of `device_grads` first, or already in host_grads_ (null).
   absl::Status StepOnHost(const float* device_grads, float lr);
-  // fn over grads[0, n) as host memory: itself when they are on the host
-  // (`on_host`, or a host engine's), else through a host copy written back.
-  absl::Status OnHost(bool on_host, float* grads, size_t n,
-                      const std::function<absl::Status(absl::Span<float>)>& fn);
 
   engine::Engine* const engine_;
   optim::AdamW adamw_;              // the whole buffer

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/parallel/data_parallel.h"
 
 namespace shardtrain::parallel {
 namespace {
@@ -49,6 +50,12 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
                                       : absl::StrCat("rank ", c->rank(), " of ", c->size())));
       }
     }
+    if (pp_forward->device_memory() != pp_backward->device_memory() ||
+        (pp_forward->device_memory() && engine->math().kind() == DeviceKind::kCpu)) {
+      return absl::InvalidArgumentError(
+          "pipeline: communicators of device memory need both directions so and an engine off "
+          "the host");
+    }
   }
   std::vector<PipelineAction> actions = PipelineActions(schedule, stage, stages, micro_batches);
   const int peak = PeakInFlight(actions);
@@ -85,25 +92,42 @@ PipelineExecutor::PipelineExecutor(engine::Engine* engine, comm::Communicator* p
       targets_(slots_, std::vector<int>(tokens_per_micro_)),
       fwd_sends_(slots_),
       bwd_sends_(slots_),
-      staged_(engine->math().kind() != DeviceKind::kCpu) {
+      staged_(engine->math().kind() != DeviceKind::kCpu &&
+              !(pp_forward != nullptr && pp_forward->device_memory())),
+      device_(pp_forward != nullptr && pp_forward->device_memory()) {
+  engine::FlatMath& math = engine->math();
   if (!first()) {
-    input_.resize(act_elems_);
-    grad_send_.assign(slots_, std::vector<float>(act_elems_));
-    if (staged_) dev_input_ = engine->math().Allocate(act_elems_);
+    if (!device_) {
+      input_.resize(act_elems_);
+      grad_send_.assign(slots_, std::vector<float>(act_elems_));
+    }
+    if (staged_ || device_) dev_input_ = math.Allocate(act_elems_);
+    for (int s = 0; device_ && s < slots_; ++s) dev_grad_send_.push_back(math.Allocate(act_elems_));
   }
   if (!last()) {
-    doutput_.resize(act_elems_);
-    if (staged_) {
-      dev_doutput_ = engine->math().Allocate(act_elems_);
-      out_send_.assign(slots_, std::vector<float>(act_elems_));
-    }
+    if (!device_) doutput_.resize(act_elems_);
+    if (staged_ || device_) dev_doutput_ = math.Allocate(act_elems_);
+    if (staged_) out_send_.assign(slots_, std::vector<float>(act_elems_));
   }
 }
 
 const float* PipelineExecutor::ToEngine(std::vector<float>& host, engine::Buffer* device) {
+  if (device_) return device->as<float>();  // received there
   if (!staged_) return host.data();
   engine_->math().CopyFromHost(device->as<float>(), host.data(), act_elems_);
   return device->as<float>();
+}
+
+absl::Status PipelineExecutor::Order(std::shared_ptr<comm::Work>* work, double* wait_ms) {
+  if (!device_ || *work == nullptr) return WaitFor(work, wait_ms);
+  absl::Status s = (*work)->BlockStream(engine_->device().compute_stream());
+  ordered_.push_back(std::move(*work));
+  work->reset();
+  return s;
+}
+
+const engine::Event* PipelineExecutor::AfterEngine() {
+  return device_ ? AfterComputeWork(engine_->device(), &events_) : nullptr;
 }
 
 PipelineExecutor::~PipelineExecutor() {
@@ -123,6 +147,14 @@ absl::Status PipelineExecutor::WaitFor(std::shared_ptr<comm::Work>* work, double
 
 absl::Status PipelineExecutor::DrainSends(double* wait_ms) {
   absl::Status first_error;
+  for (std::shared_ptr<comm::Work>& w : ordered_) {
+    absl::Status s = WaitFor(&w, wait_ms);
+    if (!s.ok() && first_error.ok()) {
+      first_error = Prefix(s, absl::StrCat("pipeline stage ", stage_, "/", stages_,
+                                           ": a transfer ordered on the device"));
+    }
+  }
+  ordered_.clear();
   for (int s = 0; s < slots_; ++s) {
     absl::Status f = WaitFor(&fwd_sends_[s], wait_ms);
     if (!f.ok() && first_error.ok()) {
@@ -135,6 +167,7 @@ absl::Status PipelineExecutor::DrainSends(double* wait_ms) {
                                            ": sending gradients to stage ", stage_ - 1));
     }
   }
+  events_.clear();  // every op that waited for them is done
   return first_error;
 }
 
@@ -145,14 +178,16 @@ absl::Status PipelineExecutor::Forward(int micro, int slot, const MicroBatchFn& 
   int* targets = targets_[slot].data();
   if (absl::Status s = fill(micro, tokens, targets); !s.ok()) return s;
   if (!first()) {
+    // Device mode: into the engine's buffer, once the last forward read it.
     std::shared_ptr<comm::Work> recv = pp_forward_->RecvAsync(
-        input_.data(), act_elems_, DataType::kFloat32, stage_ - 1, static_cast<uint32_t>(micro));
-    if (absl::Status s = WaitFor(&recv, wait_ms); !s.ok()) {
+        device_ ? dev_input_->as<float>() : input_.data(), act_elems_, DataType::kFloat32,
+        stage_ - 1, static_cast<uint32_t>(micro), AfterEngine());
+    if (absl::Status s = Order(&recv, wait_ms); !s.ok()) {
       return Prefix(s, absl::StrCat(where, ": receiving activations from stage ", stage_ - 1));
     }
   }
   // StageForward overwrites StageOutput(slot): its previous send must be done.
-  if (absl::Status s = WaitFor(&fwd_sends_[slot], wait_ms); !s.ok()) {
+  if (absl::Status s = Order(&fwd_sends_[slot], wait_ms); !s.ok()) {
     return Prefix(s, absl::StrCat(where, ": sending activations to stage ", stage_ + 1));
   }
   *loss += engine_->StageForward(slot, tokens, targets,
@@ -169,7 +204,7 @@ absl::Status PipelineExecutor::Forward(int micro, int slot, const MicroBatchFn& 
       out = out_send_[slot].data();
     }
     fwd_sends_[slot] = pp_forward_->SendAsync(out, act_elems_, DataType::kFloat32, stage_ + 1,
-                                              static_cast<uint32_t>(micro));
+                                              static_cast<uint32_t>(micro), AfterEngine());
   }
   return absl::OkStatus();
 }
@@ -179,8 +214,9 @@ absl::Status PipelineExecutor::Backward(int micro, int slot, const Bracket& befo
   const std::string where = absl::StrCat("pipeline stage ", stage_, "/", stages_, " B", micro);
   if (!last()) {
     std::shared_ptr<comm::Work> recv = pp_backward_->RecvAsync(
-        doutput_.data(), act_elems_, DataType::kFloat32, stage_ + 1, static_cast<uint32_t>(micro));
-    if (absl::Status s = WaitFor(&recv, wait_ms); !s.ok()) {
+        device_ ? dev_doutput_->as<float>() : doutput_.data(), act_elems_, DataType::kFloat32,
+        stage_ + 1, static_cast<uint32_t>(micro), AfterEngine());
+    if (absl::Status s = Order(&recv, wait_ms); !s.ok()) {
       return Prefix(s, absl::StrCat(where, ": receiving gradients from stage ", stage_ + 1));
     }
   }
@@ -195,17 +231,21 @@ absl::Status PipelineExecutor::Backward(int micro, int slot, const Bracket& befo
       return absl::FailedPreconditionError(
           absl::StrCat(where, ": the engine gives no input gradient to send (InputGrad)"));
     }
-    if (absl::Status s = WaitFor(&bwd_sends_[slot], wait_ms); !s.ok()) {
+    if (absl::Status s = Order(&bwd_sends_[slot], wait_ms); !s.ok()) {
       return Prefix(s, absl::StrCat(where, ": sending gradients to stage ", stage_ - 1));
     }
-    if (staged_) {
+    const float* send = grad_send_.empty() ? nullptr : grad_send_[slot].data();
+    if (device_) {
+      float* copy = dev_grad_send_[slot]->as<float>();
+      engine_->math().Accumulate(copy, dinput, act_elems_, /*add=*/false);
+      send = copy;
+    } else if (staged_) {
       engine_->math().CopyToHost(grad_send_[slot].data(), dinput, act_elems_);
     } else {
       std::memcpy(grad_send_[slot].data(), dinput, act_elems_ * sizeof(float));
     }
-    bwd_sends_[slot] =
-        pp_backward_->SendAsync(grad_send_[slot].data(), act_elems_, DataType::kFloat32, stage_ - 1,
-                                static_cast<uint32_t>(micro));
+    bwd_sends_[slot] = pp_backward_->SendAsync(send, act_elems_, DataType::kFloat32, stage_ - 1,
+                                               static_cast<uint32_t>(micro), AfterEngine());
   }
   if (after) {
     if (absl::Status s = after(micro); !s.ok()) return s;

@@ -17,10 +17,22 @@
 //         after_backward so that the previous stage is not kept waiting by
 //         this stage's data-parallel gradient reduction.)
 // An engine off the host (a GPU rank, whose StageOutput, InputGrad and
-// inputs are device memory) exchanges through the host: its output and input
-// gradient are copied to host buffers before they are sent, what arrives is
-// copied into device buffers of the engine's before StageForward /
-// StageBackward read it (how ranks sharing one GPU pipeline over Gloo).
+// inputs are device memory) exchanges in one of two ways:
+//   staged  (communicators of host memory: Gloo) its output and input
+//           gradient are copied to host buffers before they are sent, what
+//           arrives is copied into device buffers of the engine's before
+//           StageForward / StageBackward read it (how ranks sharing one GPU
+//           pipeline);
+//   device  (communicators of device memory: NCCL) activations and
+//           gradients go from the engine's memory to the peer's directly.
+//           Every transfer is ordered on the device: it waits for the work
+//           queued on the engine's compute stream (OpArgs::after) and what
+//           reads its result waits for it (Work::BlockStream), so the host
+//           only waits at the end of the step (and where the engine itself
+//           synchronises, e.g. for the last stage's loss). The input
+//           gradient is copied to a per-slot device buffer before it is
+//           sent, as the staged path copies it to the host. Timings then
+//           measure the host's issuing, not the device: wait_ms is ~0.
 // An asynchronous send reads its buffer until it completes: the executor
 // waits for a slot's previous send before that slot's output or send buffer
 // is written again, and for every send before RunStep returns. A Gloo send
@@ -85,7 +97,8 @@ class PipelineExecutor {
   // pp_forward / pp_backward: the pipeline group's two communicators (rank =
   // stage, size = stages; not owned; may be null when stages == 1).
   // INVALID_ARGUMENT when the shape is inconsistent (stage outside [0,
-  // stages), micro_batches < 1, communicators that do not match), or when
+  // stages), micro_batches < 1, communicators that do not match, or of
+  // device memory with an engine on the host), or when
   // engine->slots() is below PeakInFlight of the stage's actions: the engine
   // cannot keep the activations the schedule holds at once.
   static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(
@@ -136,7 +149,15 @@ class PipelineExecutor {
   const float* ToEngine(std::vector<float>& host, engine::Buffer* device);
   // Waits for *work (if any) and clears it; adds the time blocked to *wait_ms.
   static absl::Status WaitFor(std::shared_ptr<comm::Work>* work, double* wait_ms);
-  // Waits for every outstanding send; the first error.
+  // Makes what the engine does next wait for *work (if any) and clears it:
+  // WaitFor, or in device mode the compute stream waits for it on the
+  // device (the work is kept for DrainSends).
+  absl::Status Order(std::shared_ptr<comm::Work>* work, double* wait_ms);
+  // Device mode: an event after the engine's queued work, for OpArgs::after
+  // (null otherwise).
+  const engine::Event* AfterEngine();
+  // Waits for every outstanding send (device mode: every transfer); the
+  // first error.
   absl::Status DrainSends(double* wait_ms);
 
   engine::Engine* const engine_;
@@ -157,6 +178,12 @@ class PipelineExecutor {
   const bool staged_;
   std::unique_ptr<engine::Buffer> dev_input_, dev_doutput_;
   std::vector<std::vector<float>> out_send_;
+  // Device mode: transfers ordered on the device, not yet waited for; the
+  // events they wait for; per slot the InputGrad copies that are sent.
+  const bool device_;
+  std::vector<std::shared_ptr<comm::Work>> ordered_;
+  std::vector<std::unique_ptr<engine::Event>> events_;
+  std::vector<std::unique_ptr<engine::Buffer>> dev_grad_send_;
 };
 
 }  // namespace shardtrain::parallel

@@ -429,7 +429,7 @@ void Zero::CompleteReduction(Reduction& r) {
 }
 
 const engine::Event* Zero::AfterDeviceWork() {
-  return on_device_ ? AfterComputeWork(*engine_, &events_) : nullptr;
+  return on_device_ ? AfterComputeWork(engine_->device(), &events_) : nullptr;
 }
 
 void Zero::Sample() {

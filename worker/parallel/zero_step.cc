@@ -66,9 +66,16 @@ absl::StatusOr<double> Zero::StepShard(float lr, float max_norm, float loss_scal
     // The tied embeddings: this shard of the unit and the tied stage's
     // (the same range of the same unit shape) are summed.
     if (k == 0 && mp_.sum_tied && mp_.tied_end == u.numel && !g.empty()) {
-      if (absl::Status s = mp_.sum_tied(g); !s.ok()) return s;
+      if (absl::Status s = SumInPlace(mp_, *engine_, on_device_, g.data(), g.size(), mp_.sum_tied);
+          !s.ok()) {
+        return s;
+      }
     }
-    if (absl::Status s = SumTpPartials(mp_, g, u.offset + u.own.begin); !s.ok()) return s;
+    if (absl::Status s =
+            SumTpPartials(mp_, *engine_, on_device_, g.data(), g.size(), u.offset + u.own.begin);
+        !s.ok()) {
+      return s;
+    }
     squared += SquaredNormOutside(math, g.data(), g.size(), u.offset + u.own.begin, mp_.norm_skip);
   }
   auto total = SumOverRanks(squared);

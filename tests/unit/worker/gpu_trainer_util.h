@@ -16,6 +16,7 @@
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/comm/test_util.h"
+#include "tests/unit/worker/host_backed_device_comm.h"
 #include "worker/device_probe.h"
 #include "worker/trainer.h"
 
@@ -124,12 +125,18 @@ inline JobSpec OnRanks(const JobSpec& spec, int ranks, int zero) {
 // averaged over the last pipeline stage's ranks (each one's is over its dp
 // share of the batch; the other stages compute none), with `before` run on
 // each rank's trainer first (e.g. a Restore) and `at` after each step.
+// `device_memory_comm`: each rank's Gloo behind a HostBackedDeviceComm, so
+// the trainer takes NCCL's device-memory paths on the one GPU.
 inline std::vector<double> TrainRanks(
     const JobSpec& spec, int first, int last, const std::function<void(Trainer&)>& before = nullptr,
-    const std::function<void(Trainer&, int rank, int step)>& at = nullptr) {
+    const std::function<void(Trainer&, int rank, int step)>& at = nullptr,
+    bool device_memory_comm = false) {
   const int ranks = spec.World();
   std::vector<std::vector<double>> per_rank(ranks);
-  comm::testing::RunRanks(ranks, [&](comm::Communicator& comm) {
+  comm::testing::RunRanks(ranks, [&](comm::Communicator& gloo) {
+    std::unique_ptr<HostBackedDeviceComm> device;  // outlives the trainer
+    if (device_memory_comm) device = std::make_unique<HostBackedDeviceComm>(gloo);
+    comm::Communicator& comm = device != nullptr ? *device : gloo;
     absl::StatusOr<std::unique_ptr<Trainer>> t =
         Trainer::Create(spec, comm.rank(), /*threads=*/2, &comm, /*gpu=*/0);
     ASSERT_TRUE(t.ok()) << t.status();

@@ -187,9 +187,17 @@ absl::Status CudaGpt::Init() {
   if (s.ok()) s = alloc(static_cast<size_t>(2 * slots() * BT), DataType::kFloat32, &ids_);
   if (s.ok()) s = alloc(static_cast<size_t>(config().padded_vocab), DataType::kFloat32, &row_);
   const size_t io = StageIoElements();
-  // The tp sums through the host convert a 16-bit compute type in fp32 here.
+  // The tp collectives convert a 16-bit compute type to fp32 here; in
+  // device memory a reduce-scatter needs its whole input (BT·C at most) and
+  // its output (BT·C / tp) at once.
   if (s.ok() && tp() != nullptr && compute() != DataType::kFloat32) {
-    s = alloc(size_t(BT) * size_t(config().dim), DataType::kFloat32, &tp_scratch_);
+    const size_t full = size_t(BT) * size_t(config().dim);
+    s = alloc(full + (tp()->device_memory() ? full / size_t(tp()->size()) : 0), DataType::kFloat32,
+              &tp_scratch_);
+  }
+  // The vocabulary-parallel cross-entropy's 3·BT floats, in device memory.
+  if (s.ok() && tp() != nullptr && tp()->device_memory()) {
+    s = alloc(size_t(3 * BT), DataType::kFloat32, &lse_scratch_);
   }
   if (s.ok() && compute() != DataType::kFloat32 && !layout().slice().last_stage) {
     s = alloc(io * size_t(slots()), DataType::kFloat32, &stage_out_);
@@ -206,7 +214,7 @@ absl::Status CudaGpt::Init() {
 int64_t CudaGpt::allocated_bytes() const {
   int64_t total = 0;
   for (const auto* b : {&params_, &grads_, &compute_, &acts_, &ids_, &row_, &stage_out_,
-                        &input_grad_, &tp_scratch_}) {
+                        &input_grad_, &tp_scratch_, &lse_scratch_}) {
     if (*b != nullptr) total += int64_t((*b)->bytes());
   }
   return total;
@@ -430,14 +438,16 @@ double CudaGpt::CrossEntropyForward(SlotActs& s) {
 // the same); the result goes back to s.lse for the backward.
 void CudaGpt::CombineVocabShards(SlotActs& s, int N) {
   std::vector<float> max(host_lse_), sum(N), target(N);
-  tp()->AllReduceMax(max.data(), N);
+  TpHostAllReduce(max.data(), N, /*max=*/true);
   for (int r = 0; r < N; ++r) {
     sum[r] = vocab_.real > 0 ? std::exp(host_lse_[r] - max[r]) : 0.0f;
     const int t = shifted_targets_[r];
     target[r] = t >= 0 && t < vocab_.real ? host_lse_[r] - host_losses_[r] : 0.0f;
   }
-  tp()->AllReduceSum(sum.data(), N);
-  tp()->AllReduceSum(target.data(), N);
+  // One sum of both halves: [sum | target] (the same values as two sums).
+  sum.insert(sum.end(), target.begin(), target.end());
+  TpHostAllReduce(sum.data(), 2 * N, /*max=*/false);
+  std::copy(sum.begin() + N, sum.end(), target.begin());
   for (int r = 0; r < N; ++r) {
     host_lse_[r] = max[r] + std::log(sum[r]);
     host_losses_[r] = host_lse_[r] - target[r];
@@ -492,16 +502,65 @@ void CudaGpt::FromHostF32(void* x, int64_t n, size_t at) {
   if (!fp32) Check(ConvertFromFloat32(k(), x, dev, n));
 }
 
+// n host floats summed (or maxed) over tp: directly, or through
+// lse_scratch_ when the group takes device memory.
+void CudaGpt::TpHostAllReduce(float* host, int n, bool max) {
+  if (!tp()->device_memory()) {
+    if (max) {
+      tp()->AllReduceMax(host, size_t(n));
+    } else {
+      tp()->AllReduceSum(host, size_t(n));
+    }
+    return;
+  }
+  float* dev = lse_scratch_->as<float>();
+  math_->CopyFromHost(dev, host, size_t(n));
+  if (max) {
+    tp()->AllReduceMax(dev, size_t(n));
+  } else {
+    tp()->AllReduceSum(dev, size_t(n));
+  }
+  math_->CopyToHost(host, dev, size_t(n));  // the stream waits for the sum
+}
+
+// In device memory (tp()->device_memory(), NCCL): fp32 compute exchanges the
+// buffers themselves; a 16-bit one converts to fp32 in tp_scratch_ first
+// and back after, so the values summed are those of the host path. The
+// group orders each collective on the compute stream (no host wait).
+float* CudaGpt::TpScratch(size_t at) const { return tp_scratch_->as<float>() + at; }
+
 void CudaGpt::TpAllReduceSum(void* x, int64_t n) {
+  if (tp()->device_memory()) {
+    if (compute() == DataType::kFloat32) {
+      tp()->AllReduceSum(static_cast<float*>(x), size_t(n));
+      return;
+    }
+    Check(ConvertToFloat32(k(), TpScratch(0), x, n));
+    tp()->AllReduceSum(TpScratch(0), size_t(n));
+    Check(ConvertFromFloat32(k(), x, TpScratch(0), n));
+    return;
+  }
   ToHostF32(x, n, 0);
   tp()->AllReduceSum(tp_host_.data(), size_t(n));
   FromHostF32(x, n, 0);
 }
 
 // full (tp·n) = every rank's local (n); local at tp_host_[0, n), the
-// gathered full at [n, n + tp·n).
+// gathered full at [n, n + tp·n). In device memory (16-bit) in place: local
+// converted into its block of the gathered scratch.
 void CudaGpt::TpAllGather(void* full, const void* local, int64_t n) {
   const size_t tp_n = size_t(n) * size_t(tp()->size());
+  if (tp()->device_memory()) {
+    if (compute() == DataType::kFloat32) {
+      tp()->AllGather(static_cast<const float*>(local), static_cast<float*>(full), size_t(n));
+      return;
+    }
+    float* mine = TpScratch(size_t(n) * size_t(tp()->rank()));
+    Check(ConvertToFloat32(k(), mine, local, n));
+    tp()->AllGather(mine, TpScratch(0), size_t(n));
+    Check(ConvertFromFloat32(k(), full, TpScratch(0), int64_t(tp_n)));
+    return;
+  }
   ToHostF32(local, n, 0);
   tp_host_.resize(size_t(n) + tp_n);
   tp()->AllGather(tp_host_.data(), tp_host_.data() + n, size_t(n));
@@ -512,6 +571,17 @@ void CudaGpt::TpAllGather(void* full, const void* local, int64_t n) {
 // tp_host_[0, tp·n), the local sum at [tp·n, tp·n + n).
 void CudaGpt::TpReduceScatter(void* local, const void* full, int64_t n) {
   const size_t tp_n = size_t(n) * size_t(tp()->size());
+  if (tp()->device_memory()) {
+    if (compute() == DataType::kFloat32) {
+      tp()->ReduceScatterSum(static_cast<const float*>(full), static_cast<float*>(local),
+                             size_t(n));
+      return;
+    }
+    Check(ConvertToFloat32(k(), TpScratch(0), full, int64_t(tp_n)));
+    tp()->ReduceScatterSum(TpScratch(0), TpScratch(tp_n), size_t(n));
+    Check(ConvertFromFloat32(k(), local, TpScratch(tp_n), n));
+    return;
+  }
   ToHostF32(full, int64_t(tp_n), 0);
   tp_host_.resize(tp_n + size_t(n));
   tp()->ReduceScatterSum(tp_host_.data(), tp_host_.data() + tp_n, size_t(n));

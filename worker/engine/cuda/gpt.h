@@ -118,6 +118,11 @@ class CudaGpt final : public GptEngine {
   // The vocabulary-parallel cross-entropy's exchange over tp (host_lse_,
   // host_losses_ become the whole vocabulary's; s.lse too).
   void CombineVocabShards(SlotActs& s, int N);
+  // n host floats summed (max: maxed) over the tp group, wherever it
+  // takes its buffers.
+  void TpHostAllReduce(float* host, int n, bool max);
+  // tp_scratch_'s fp32 element `at`.
+  float* TpScratch(size_t at) const;
   // `src` (n of the compute type) as fp32: itself under fp32, else
   // converted into dst (on the compute stream).
   const float* AsFloat32(float* dst, const void* src, int64_t n) const;
@@ -136,6 +141,8 @@ class CudaGpt final : public GptEngine {
   // the host; the targets as this rank's vocabulary columns; the losses'
   // and log-sum-exps' host copies.
   std::unique_ptr<Buffer> tp_scratch_;
+  // The cross-entropy's tp exchange in device memory (a device group only).
+  std::unique_ptr<Buffer> lse_scratch_;
   std::vector<float> tp_host_, host_lse_;
   std::vector<int> shifted_targets_;
   const VocabShard vocab_;    // this rank's rows of wte (all of them without tp)

@@ -15,9 +15,13 @@
 //            after the backward by an event, never copied to the host; the
 //            shard stepped and all-gathered there;
 //   pipeline 2 stages of the same GPT on 2 ranks, 1F1B over 4 micro-batches:
-//            each stage's output and input gradient copied to the host before
-//            they are sent, what arrives copied into the engine's memory; and
-//            DDP summing a stage's tied embeddings through a host copy.
+//            staged, each stage's output and input gradient copied to the
+//            host before they are sent, what arrives copied into the
+//            engine's memory; over device-memory communicators, sent and
+//            received in the engine's memory, each transfer after an event;
+//            DDP and ZeRO-1 summing a stage's tied embeddings and tp
+//            partials where those groups take them (through a copy when
+//            elsewhere).
 // The staged runs use an OffHostEngine, whose buffers say they are a GPU's:
 // any host view of them aborts as on a real GPU rank. Losses (training and
 // evaluation), the parameters after 3 steps of 2 micro-batches, and every
@@ -34,6 +38,7 @@
 #include "common/model/slice.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/comm/test_util.h"
+#include "tests/unit/worker/parallel/device_memory_comm.h"
 #include "tests/unit/worker/parallel/off_host_engine.h"
 #include "worker/engine/cpu/gpt.h"
 #include "worker/parallel/ddp.h"
@@ -184,50 +189,7 @@ TEST(HostStagingTest, OneRankWithTheOptimizerOffloadedEqualsThePlainPathBitForBi
   ExpectStagedEqualsPlain(1, kDdpOffload);
 }
 
-// Gloo posing as a communicator of device memory: ops take the
-// OffHostEngine's device addresses (translated to host ones for Gloo) and
-// every reduction of them must be ordered after the device's work through
-// OpArgs::after, as NCCL's are; anything else is counted as a violation.
-class DeviceMemoryComm final : public comm::Communicator {
- public:
-  explicit DeviceMemoryComm(comm::Communicator& inner) : inner_(inner) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  const std::string& group_name() const override { return inner_.group_name(); }
-  absl::Status health() const override { return inner_.health(); }
-  bool device_memory() const override { return true; }
-  std::shared_ptr<comm::Work> Submit(const comm::OpArgs& args) override {
-    comm::OpArgs host = args;
-    const bool device = OnDevice(args.input) || OnDevice(args.output);
-    if (!device || (args.input != nullptr && !OnDevice(args.input)) ||
-        (args.output != nullptr && !OnDevice(args.output))) {
-      ++host_ops_;  // NCCL cannot read host memory
-    }
-    if ((args.type == comm::OpType::kAllReduce || args.type == comm::OpType::kReduceScatter) &&
-        args.after == nullptr) {
-      ++unordered_;
-    }
-    host.input = testing::ToHost(args.input);
-    host.output = testing::ToHost(args.output);
-    ++ops_;
-    return inner_.Submit(host);
-  }
-  absl::StatusOr<std::unique_ptr<comm::Communicator>> Split(int, int) override {
-    return absl::UnimplementedError("DeviceMemoryComm::Split");
-  }
-  absl::Status Shutdown() override { return absl::OkStatus(); }
-  const comm::FlightRecorder& flight_recorder() const override { return inner_.flight_recorder(); }
-  int ops() const { return ops_; }
-  int host_ops() const { return host_ops_; }
-  int unordered() const { return unordered_; }
-
- private:
-  static bool OnDevice(const void* p) {
-    return p != nullptr && (reinterpret_cast<uintptr_t>(p) & testing::kTag) != 0;
-  }
-  comm::Communicator& inner_;
-  int ops_ = 0, host_ops_ = 0, unordered_ = 0;
-};
+using testing::DeviceMemoryComm;
 
 // DDP and ZeRO-1/2 on GPU ranks with NCCL, their logic on CPU: the buckets
 // (units) all-reduced (ZeRO-2: reduce-scattered into a device shard,
@@ -276,40 +238,67 @@ INSTANTIATE_TEST_SUITE_P(DdpAndZero, HostStagingTest, ::testing::Values(0, 1, 2,
                          });
 
 // One pipeline stage per rank (2 ranks) of the GPT above, 1F1B over
-// kMicros micro-batches for kSteps steps under DDP (dp 1) whose tied
-// embeddings sum (stand-in for the other stage's copy) doubles them: the
-// summed losses per step, and the stage's parameters after the last step.
+// kMicros micro-batches for kSteps steps under DDP or ZeRO-1 (dp 1), the
+// strategy bracketing each backward as the trainer does. Stand-ins for the
+// model-parallel sums: the tied embeddings' sum doubles them, the tp
+// partials' (the LayerNorms' ranges) triples them — in host memory, or in
+// the engine's when the run's groups are of device memory. The summed
+// losses per step, and the stage's parameters after the last step.
 constexpr int kMicros = 4;
 
-void StageRun(comm::Communicator& comm, bool off_host, RankResult* out) {
+enum class Exchange { kPlain, kStaged, kDevice };
+
+struct StageCounts {
+  int ops = 0, host_ops = 0, unordered = 0;  // device mode: the pipeline's
+};
+
+void StageRun(comm::Communicator& world, Exchange how, int zero, RankResult* out,
+              StageCounts* counts = nullptr) {
   auto config = model::MakeGptConfig(2, 2, 10, kT, kVocab);
   ASSERT_TRUE(config.ok());
   auto layers = model::StageLayers(*config, 2, {});
   ASSERT_TRUE(layers.ok());
   engine::cpu::GptOptions options;
-  options.slice = model::SliceOf(*layers, comm.rank(), 1, 0);
+  options.slice = model::SliceOf(*layers, world.rank(), 1, 0);
   options.slots = 2;  // 1F1B on 2 stages keeps at most 2 micro-batches
   auto gpt = engine::cpu::Gpt::Create(*config, kB, kT, 1, options);
   ASSERT_TRUE(gpt.ok()) << gpt.status();
-  Driven d = Drive(*std::move(gpt), off_host);
+  const bool device = how == Exchange::kDevice;
+  Driven d = Drive(*std::move(gpt), how != Exchange::kPlain);
   engine::Engine *e = d.engine.get(), *host = d.host;
-  auto backward = comm.Split(0, comm.rank());  // the pipeline's second direction
+  std::unique_ptr<DeviceMemoryComm> device_world;
+  comm::Communicator* comm = &world;
+  if (device) {
+    device_world = std::make_unique<DeviceMemoryComm>(world);
+    comm = device_world.get();
+  }
+  auto backward = comm->Split(0, comm->rank());  // the pipeline's second direction
   ASSERT_TRUE(backward.ok()) << backward.status();
-  auto pipe = PipelineExecutor::Create(e, &comm, backward->get(), comm.rank(), 2,
+  auto pipe = PipelineExecutor::Create(e, comm, backward->get(), comm->rank(), 2,
                                        PipelineSchedule::k1F1B, kMicros);
   ASSERT_TRUE(pipe.ok()) << pipe.status();
-  auto ddp = Ddp::Create(e, optim::AdamWOptions(), nullptr, 4096, off_host);
-  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  auto strategy = Strategy(zero, how == Exchange::kStaged, e, nullptr);
+  ASSERT_TRUE(strategy.ok()) << strategy.status();
+  DataParallel& s = **strategy;
   ModelParallelGrads mp;
-  mp.tied_end = e->layout().num_params();  // stand-in: the whole stage is "tied"
-  mp.sum_tied = [](absl::Span<float> g) {
-    for (float& x : g) x *= 2;
-    return absl::OkStatus();
+  mp.device_memory = device;
+  auto times = [e, device](float k) {
+    return [e, device, k](absl::Span<float> g) {
+      if (device) {
+        e->math().Scale(g.data(), g.size(), k);  // reads device addresses only
+      } else {
+        for (float& x : g) x *= k;
+      }
+      return absl::OkStatus();
+    };
   };
-  (*ddp)->set_model_parallel(mp);
-  (*ddp)->InitParams(9);
+  mp.tied_end = e->layout().units()[0].numel;
+  mp.sum_tied = times(2.0f);
+  mp.tp_partial = e->layout().SequenceParallelRanges();
+  mp.sum_tp = times(3.0f);
+  s.set_model_parallel(mp);
+  s.InitParams(9);
   for (int step = 0; step < kSteps; ++step) {
-    (*ddp)->BeginMicroBatch(0, 1);
     auto fill = [&](int micro, int* tokens, int* targets) {
       std::vector<int> in(kB * kT), tgt(kB * kT);
       Tokens(step, micro, 0, &in, &tgt);
@@ -317,31 +306,65 @@ void StageRun(comm::Communicator& comm, bool off_host, RankResult* out) {
       std::copy(tgt.begin(), tgt.end(), targets);
       return absl::OkStatus();
     };
-    auto r = (*pipe)->RunStep(fill, nullptr, nullptr, 1.0f / kMicros);
+    auto begin = [&](int m) {
+      s.BeginMicroBatch(m, kMicros);
+      return absl::OkStatus();
+    };
+    auto end = [&](int) { return s.EndMicroBatch(); };
+    auto r = (*pipe)->RunStep(fill, begin, end, 1.0f / kMicros);
     ASSERT_TRUE(r.ok()) << r.status();
     out->losses.push_back(r->loss_sum);
-    ASSERT_TRUE((*ddp)->EndMicroBatch().ok());
-    auto stats = (*ddp)->Step(1e-2f, 1.0f);
+    auto stats = s.Step(1e-2f, 1.0f);
     ASSERT_TRUE(stats.ok()) << stats.status();
   }
+  ASSERT_TRUE(s.GatherWholeModel().ok());
   out->params.assign(host->params().f32().begin(), host->params().f32().end());
+  if (counts != nullptr && device) {
+    for (const comm::Communicator* c : {comm, backward->get()}) {
+      const auto* dc = static_cast<const DeviceMemoryComm*>(c);
+      counts->ops += dc->ops();
+      counts->host_ops += dc->host_ops();
+      counts->unordered += dc->unordered();
+    }
+  }
 }
 
-TEST(HostStagingTest, PipelineStagesAndTiedSumThroughTheHostEqualThePlainPathBitForBit) {
-  std::vector<RankResult> plain(2), staged(2);
-  comm::testing::RunRanks(2, [&](comm::Communicator& c) { StageRun(c, false, &plain[c.rank()]); });
-  comm::testing::RunRanks(2, [&](comm::Communicator& c) { StageRun(c, true, &staged[c.rank()]); });
-  for (int r = 0; r < 2; ++r) {
-    SCOPED_TRACE(r);
-    ASSERT_EQ(plain[r].losses.size(), size_t{kSteps});
-    EXPECT_EQ(staged[r].losses, plain[r].losses);
-    EXPECT_TRUE(BitEqual(staged[r].params, plain[r].params));
+// The staged (Gloo through the host) and device-memory (NCCL's way) pipeline
+// exchanges, with the tied and tp-partial sums where their groups take
+// them, equal the plain host path bit for bit — under DDP, and under ZeRO-1
+// with dp 1, whose host shard reaches a device-memory sum through a copy.
+TEST(HostStagingTest, PipelineStagesAndModelParallelSumsOffTheHostEqualThePlainPathBitForBit) {
+  for (int zero : {0, 1}) {
+    SCOPED_TRACE(zero);
+    std::vector<RankResult> plain(2), staged(2), device(2);
+    std::vector<StageCounts> counts(2);
+    comm::testing::RunRanks(
+        2, [&](comm::Communicator& c) { StageRun(c, Exchange::kPlain, zero, &plain[c.rank()]); });
+    comm::testing::RunRanks(
+        2, [&](comm::Communicator& c) { StageRun(c, Exchange::kStaged, zero, &staged[c.rank()]); });
+    comm::testing::RunRanks(2, [&](comm::Communicator& c) {
+      StageRun(c, Exchange::kDevice, zero, &device[c.rank()], &counts[c.rank()]);
+    });
+    for (int r = 0; r < 2; ++r) {
+      SCOPED_TRACE(r);
+      ASSERT_EQ(plain[r].losses.size(), size_t{kSteps});
+      EXPECT_EQ(staged[r].losses, plain[r].losses);
+      EXPECT_TRUE(BitEqual(staged[r].params, plain[r].params));
+      EXPECT_EQ(device[r].losses, plain[r].losses);
+      EXPECT_TRUE(BitEqual(device[r].params, plain[r].params));
+      // Each stage sends and receives once per micro-batch and direction it has.
+      EXPECT_EQ(counts[r].ops, 2 * kMicros * kSteps);
+      EXPECT_EQ(counts[r].host_ops, 0) << "transfers of host memory";
+      EXPECT_EQ(counts[r].unordered, 0) << "transfers not ordered after the device's work";
+    }
+    EXPECT_GT(plain[1].losses.back(), 0.0);  // the last stage computes the loss
+    std::printf(
+        "[host-staging] pipeline 2 stages x %d micro-batches, %s, staged and device-memory "
+        "exchanges: %zu + %zu parameters equal; %d transfers per stage, all of device memory "
+        "after an event; last step's loss sum %.7f\n",
+        kMicros, zero == 0 ? "DDP" : "ZeRO-1", staged[0].params.size(), staged[1].params.size(),
+        counts[0].ops, staged[1].losses.back());
   }
-  EXPECT_GT(plain[1].losses.back(), 0.0);  // the last stage computes the loss
-  std::printf(
-      "[host-staging] pipeline 2 stages x %d micro-batches: %zu + %zu parameters equal; "
-      "last step's loss sum %.7f\n",
-      kMicros, staged[0].params.size(), staged[1].params.size(), staged[1].losses.back());
 }
 
 }  // namespace

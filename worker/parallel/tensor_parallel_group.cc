@@ -1,0 +1,70 @@
+#include "worker/parallel/tensor_parallel_group.h"
+
+#include <algorithm>
+
+#include "worker/parallel/data_parallel.h"
+
+namespace shardtrain::parallel {
+
+void TensorParallelGroup::AllReduce(float* data, size_t count, comm::ReduceOp op) {
+  const int n = comm_->size();
+  Run(static_cast<int64_t>(2.0 * (n - 1) / n * count * sizeof(float)),
+      [&](const engine::Event* after) {
+        return comm_->AllReduceAsync(data, count, comm::DataType::kFloat32, op, after);
+      });
+}
+
+void TensorParallelGroup::AllGather(const float* local, float* full, size_t count) {
+  Run(static_cast<int64_t>((comm_->size() - 1) * count * sizeof(float)),
+      [&](const engine::Event* after) {
+        return comm_->AllGatherAsync(local, full, count, comm::DataType::kFloat32, after);
+      });
+}
+
+void TensorParallelGroup::ReduceScatterSum(const float* full, float* local, size_t count) {
+  Run(static_cast<int64_t>((comm_->size() - 1) * count * sizeof(float)),
+      [&](const engine::Event* after) {
+        return comm_->ReduceScatterAsync(full, local, count, comm::DataType::kFloat32,
+                                         comm::ReduceOp::kSum, after);
+      });
+}
+
+void TensorParallelGroup::Run(
+    int64_t bytes, const std::function<std::shared_ptr<comm::Work>(const engine::Event*)>& submit) {
+  if (!status_.ok()) return;
+  ++calls_;
+  bytes_ += bytes;
+  if (!comm_->device_memory()) {
+    status_ = submit(nullptr)->Wait();
+    return;
+  }
+  if (device_ == nullptr) {
+    status_ = absl::FailedPreconditionError(
+        "TensorParallelGroup: a device-memory group without the engine's device (set_device)");
+    return;
+  }
+  // Forget what finished (and, once nothing is in flight, the events).
+  in_flight_.erase(std::remove_if(in_flight_.begin(), in_flight_.end(),
+                                  [](const std::shared_ptr<comm::Work>& w) {
+                                    if (!w->Done()) return false;
+                                    return w->Wait().ok();  // a failure stays for Finish
+                                  }),
+                   in_flight_.end());
+  if (in_flight_.empty()) events_.clear();
+  const engine::Event* after = AfterComputeWork(*device_, &events_);
+  std::shared_ptr<comm::Work> work = submit(after);
+  status_ = work->BlockStream(device_->compute_stream());
+  in_flight_.push_back(std::move(work));
+}
+
+absl::Status TensorParallelGroup::Finish() {
+  for (const std::shared_ptr<comm::Work>& w : in_flight_) {
+    absl::Status s = w->Wait();
+    if (status_.ok()) status_ = s;
+  }
+  in_flight_.clear();
+  events_.clear();
+  return status_;
+}
+
+}  // namespace shardtrain::parallel
