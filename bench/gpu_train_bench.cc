@@ -22,8 +22,9 @@
 // each ZeRO stage of --zero (default 0, DDP). --offload adds one rank with
 // parallel.offload: optimizer (AdamW on the host): its step time and device
 // memory next to the plain rank's. --nccl adds N ranks over NCCL (each
-// ZeRO stage of --zero), rank r on GPU r (with N GPUs; says so and skips
-// them otherwise): the speed-up over one GPU at the same global batch.
+// ZeRO stage of --zero, and DDP with the optimizer offloaded when --offload
+// is given too), rank r on GPU r (with N GPUs; says so and skips them
+// otherwise): the speed-up over one GPU at the same global batch.
 // --kernels B profiles a warm-up and 2 steps at batch B under Nsight Compute
 // (ncu, when installed: the toolkit's) and prints the time per kernel
 // family; --ncu-csv FILE prints that table from a saved profile.
@@ -449,6 +450,9 @@ int Main(int argc, char** argv) {
         for (int z : o.zeros) {
           variants.push_back(Variant{o.ranks, z, false, true});
         }
+        // DDP over NCCL with the optimizer offloaded: reduced on the GPUs,
+        // AdamW on the host.
+        if (o.offload) variants.push_back(Variant{o.ranks, 0, true, true});
       } else if (b == o.batches.front()) {
         std::printf("(no nccl rows: %d ranks need %d GPUs, this machine has %zu)\n", o.ranks,
                     o.ranks, gpus->size());

@@ -392,8 +392,9 @@ StateBytesPerElement EngineStateBytes(Precision precision) {
 }
 
 bool StateThroughHost(const JobSpec& spec) {
-  return spec.resources.device == DeviceKind::kCuda && spec.parallel.comm != CommBackend::kNccl &&
-         (spec.parallel.zero >= 1 || spec.parallel.offload == OffloadMode::kOptimizer);
+  return spec.resources.device == DeviceKind::kCuda &&
+         (spec.parallel.offload == OffloadMode::kOptimizer ||
+          (spec.parallel.comm != CommBackend::kNccl && spec.parallel.zero >= 1));
 }
 
 ModelStateBytes GpuThroughHostBytes(int64_t num_params, int dp, int stage,

@@ -73,10 +73,10 @@ ModelStateBytes ZeroMemoryBytes(int64_t num_params, int dp, int stage,
 
 // GPU ranks keep their model state through the host when they run ZeRO
 // through Gloo or offload the optimizer (parallel::Zero's and Ddp's host
-// paths): true for resources.device cuda, parallel.comm not nccl, with
-// parallel.zero >= 1 or parallel.offload optimizer. (parallel.comm: nccl is
-// planned as ZeRO's shards on the devices, the design; the workers refuse it
-// for now.)
+// paths): true for resources.device cuda with parallel.offload optimizer
+// (over NCCL: DDP, which reduces on the GPUs and steps a host copy), or
+// with parallel.zero >= 1 and parallel.comm not nccl (NCCL keeps ZeRO's
+// shards on the devices).
 bool StateThroughHost(const JobSpec& spec);
 // Where that state lies, for `num_params` elements under `stage`: returned,
 // the device's (ZeRO-2/3 engines give released units back: GptEngineOptions::

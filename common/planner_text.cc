@@ -134,10 +134,12 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
                         spec.parallel.offload == OffloadMode::kOptimizer
                             ? "; optimizer state offloaded to host memory"
                             : "",
-                        StateThroughHost(spec)
-                            ? "; GPU ranks: through the host (Gloo), the shards and the "
-                              "optimizer state in host memory"
-                            : "");
+                        !StateThroughHost(spec) ? ""
+                        : spec.parallel.comm == CommBackend::kNccl
+                            ? "; GPU ranks: the optimizer through the host (NCCL reduces on "
+                              "the GPUs, AdamW steps a host copy)"
+                            : "; GPU ranks: through the host (Gloo), the shards and the "
+                              "optimizer state in host memory");
   absl::StrAppendFormat(&out, "activations: recompute %s%s\n", RecomputeWhat(spec.model),
                         spec.parallel.sequence_parallel
                             ? absl::StrFormat("; sequence parallel: the residual stream and "

@@ -37,14 +37,14 @@ absl::Status CheckSupported(const JobSpec& spec) {
         "resources.device: cuda, but this worker was built without CUDA");
   }
 #endif
-  // NCCL carries DDP, ZeRO-1/2/3, tp and pp in device memory; the
-  // offloaded optimizer steps a host copy that Gloo's host staging keeps:
-  // refused here, naming the field.
+  // NCCL carries DDP (its optimizer also offloaded), ZeRO-1/2/3, tp and pp
+  // in device memory; ZeRO's offloaded optimizer steps host shards that
+  // only Gloo's host staging keeps: refused here, naming the field.
   const ParallelSpec& par = spec.parallel;
-  if (par.comm == CommBackend::kNccl && par.offload != OffloadMode::kNone) {
+  if (par.comm == CommBackend::kNccl && par.offload != OffloadMode::kNone && par.zero >= 1) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "parallel.comm: nccl runs the optimizer on the device so far (this job has offload ",
-        std::string(EnumName(par.offload)),
+        "parallel.comm: nccl offloads the optimizer under DDP (zero 0) so far (this job has zero ",
+        par.zero, ", offload ", std::string(EnumName(par.offload)),
         "); use parallel.comm: gloo, which GPU ranks reach through host copies"));
   }
   return absl::OkStatus();

@@ -35,17 +35,18 @@ absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(engine::Engine* engine,
   const bool host_master =
       offload_optimizer && (stage_through_host || engine->params().device != DeviceKind::kCpu);
   // A communicator of device memory (NCCL) all-reduces the engine's
-  // gradient buffer where it is; Gloo reaches a GPU's through host copies.
+  // gradient buffer where it is (an offloaded optimizer then copies the
+  // reduced gradient out, as with one rank); Gloo reaches a GPU's through
+  // host copies, reduced on the host.
   const bool device_comm = GroupSize(comm) > 1 && comm->device_memory();
-  if (device_comm &&
-      (offload_optimizer || stage_through_host || engine->grads().device == DeviceKind::kCpu)) {
+  if (device_comm && (stage_through_host || engine->grads().device == DeviceKind::kCpu)) {
     return absl::InvalidArgumentError(
         "DDP: a device-memory communicator (parallel.comm: nccl) needs the gradients on the "
-        "device and the optimizer there (parallel.offload: none)");
+        "device");
   }
   const bool staged =
-      host_master || (GroupSize(comm) > 1 && !device_comm &&
-                      (stage_through_host || engine->grads().device != DeviceKind::kCpu));
+      GroupSize(comm) > 1 && !device_comm &&
+      (host_master || stage_through_host || engine->grads().device != DeviceKind::kCpu);
   if (bucket_bytes == 0) return absl::InvalidArgumentError("parallel.bucket_mb: must be >= 1");
   auto a = optim::AdamW::Create(engine->layout(), 0, engine->layout().num_params(), adamw,
                                 host_master ? nullptr : &engine->math());
@@ -65,7 +66,7 @@ Ddp::Ddp(engine::Engine* engine, optim::AdamW adamw, comm::Communicator* comm, s
       offload_(offload),
       host_master_(host_master),
       host_math_(engine->host_pool()) {
-  if (staged_) host_grads_.resize(engine_->grads().count);
+  if (staged_ || host_master_) host_grads_.resize(engine_->grads().count);
   if (host_master_) host_params_.resize(engine_->params().count);
   for (std::vector<float>* v : {&host_grads_, &host_params_}) {
     if (!v->empty())
@@ -151,7 +152,7 @@ absl::Status Ddp::FinishAllReduce(StepStats* stats) {
   const int n = comm_->size();
   stats->comm_bytes += int64_t(grads.bytes()) * 2 * (n - 1) / n;
   // Summed over dp; the mean gradient of the global batch is sum / dp.
-  if (host_master_) {  // the optimizer reads them where they are
+  if (host_master_ && staged_) {  // the optimizer reads them where they are
     host_math_.Scale(host_grads_.data(), host_grads_.size(), 1.0f / n);
     return absl::OkStatus();
   }
@@ -172,7 +173,7 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) 
   // the host when the all-reduce left it there for an offloaded optimizer,
   // otherwise in the engine's memory (a GPU's: its passes take a fraction of
   // a host pass), copied to the host afterwards for an offloaded optimizer.
-  const bool on_host = host_master_ && comm_ != nullptr;
+  const bool on_host = host_master_ && staged_;
   engine::FlatMath& math = on_host ? host_math_ : engine_->math();
   float* grads = on_host ? host_grads_.data() : static_cast<float*>(g.data);
   // Tied embeddings and tp partials are summed where their groups take them

@@ -271,6 +271,23 @@ TEST(PlanMemoryTest, GpuRanksKeepUnitsInUseOnTheDeviceAndTheShardsOnTheHost) {
   s.resources.device = DeviceKind::kCpu;
   s.parallel.zero = 3;
   EXPECT_FALSE(StateThroughHost(s));
+  // Over NCCL, ZeRO keeps its shards on the GPUs; DDP's offloaded optimizer
+  // steps a host copy as over Gloo, planned the same (the plan says how).
+  s.resources.device = DeviceKind::kCuda;
+  s.parallel.comm = CommBackend::kNccl;
+  EXPECT_FALSE(StateThroughHost(s));
+  s.parallel.zero = 0;
+  s.parallel.offload = OffloadMode::kOptimizer;
+  EXPECT_TRUE(StateThroughHost(s));
+  const v1::Plan nccl = *MakePlan(s, 4);
+  s.parallel.comm = CommBackend::kGloo;
+  const v1::Plan gloo = *MakePlan(s, 4);
+  EXPECT_EQ(nccl.memory_per_rank().host_bytes(), gloo.memory_per_rank().host_bytes());
+  EXPECT_EQ(nccl.memory_per_rank().params_bytes(), gloo.memory_per_rank().params_bytes());
+  s.parallel.comm = CommBackend::kNccl;
+  EXPECT_NE(PlanText(s, nccl).find("the optimizer through the host (NCCL reduces on the GPUs"),
+            std::string::npos)
+      << PlanText(s, nccl);
 }
 
 TEST(PlanMemoryTest, TensorParallelSplitsMatmulsAndVocabulary) {

@@ -6,8 +6,9 @@
 //   - the same layouts over device-memory communicators (NCCL's paths; Gloo
 //     through host copies behind them, so on one GPU) equal one rank;
 //   - over NCCL (one rank per GPU; needs two, four for dp 2 × tp 2): DDP,
-//     ZeRO-1/2/3, tp 2, pp 2 and dp 2 × tp 2 equal one rank; what NCCL does
-//     not carry yet (the offloaded optimizer) is refused naming the field.
+//     ZeRO-1/2/3, DDP with the optimizer offloaded, tp 2, pp 2 and dp 2 × tp 2
+//     equal one rank; what NCCL does not carry yet (ZeRO with the optimizer
+//     offloaded) is refused naming the field.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -112,32 +113,35 @@ TEST(GpuParallelTrainerTest, TensorAndPipelineParallelOnOneGpuEqualOneRank) {
 // NCCL's device-memory paths with every layout's ranks on one GPU (the
 // communicators are Gloo behind HostBackedDeviceComm, since NCCL refuses two
 // ranks on one device): DDP and ZeRO-1/2/3 reducing in the engine's
-// buffers; pp 2 sending device buffers (1F1B over 4 micro-batches) with the
-// tied embeddings summed in device memory; tp 2 (with sequence parallelism,
-// its LayerNorm partials summed on the device) with the CUDA engine's tp
-// collectives in device memory; dp 2 × tp 2 and dp 2 × pp 2 under ZeRO-1.
-// Each equals one rank like the Gloo-staged layouts above.
+// buffers (DDP also with the optimizer offloaded to the host); pp 2 sending device buffers (1F1B
+// over 4 micro-batches) with the tied embeddings summed in device memory; tp 2 (with sequence
+// parallelism, its LayerNorm partials summed on the device) with the CUDA engine's tp collectives
+// in device memory; dp 2 × tp 2 and dp 2 × pp 2 under ZeRO-1. Each equals one rank like the
+// Gloo-staged layouts above.
 TEST(GpuParallelTrainerTest, DeviceMemoryPathsWithRanksOnOneGpuEqualOneRank) {
   SKIP_WITHOUT_GPU();
   Layouts layouts = DataParallelLayouts(4);
+  layouts.push_back(
+      {"dp2 offload", Ranks(2, {"parallel.dp=2", "parallel.offload=optimizer", "batch.micro=4"})});
   for (auto& layout : ModelParallelLayouts()) layouts.push_back(std::move(layout));
   ExpectLayoutsOnOneGpuEqualOneRank(8, layouts, /*device_memory_comm=*/true);
 }
 
 // What GPU ranks cannot do yet is refused before any device is touched,
 // naming the field (the job fails at once instead of a rank aborting in the
-// engine mid-step): NCCL runs the optimizer on the device only so far (no
-// offload). Runs anywhere.
-TEST(GpuParallelTrainerTest, NcclWithOffloadIsRefusedNamingTheField) {
+// engine mid-step): NCCL offloads the optimizer under DDP only so far (not
+// ZeRO's shards). Runs anywhere.
+TEST(GpuParallelTrainerTest, NcclWithZeroAndOffloadIsRefusedNamingTheField) {
   RunSpec r;
   r.device = "cuda";
   absl::StatusOr<JobSpec> spec =
-      ParseJobSpec(JobSpecToYaml(SpecOf(r)), {"parallel.comm=nccl", "parallel.offload=optimizer"});
+      ParseJobSpec(JobSpecToYaml(SpecOf(r)),
+                   {"parallel.comm=nccl", "parallel.offload=optimizer", "parallel.zero=1"});
   ASSERT_TRUE(spec.ok()) << spec.status();
   absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*spec, 0, 1, nullptr, 0);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition) << t.status();
-  EXPECT_EQ(t.status().message().rfind("parallel.comm: nccl runs the optimizer on the device", 0),
+  EXPECT_EQ(t.status().message().rfind("parallel.comm: nccl offloads the optimizer under DDP", 0),
             0u)
       << t.status();
 }
@@ -186,11 +190,11 @@ std::vector<double> TrainNcclRanks(const JobSpec& spec, int steps, const std::st
 
 // Layouts over NCCL, one rank per GPU (NCCL refuses two on one): DDP and
 // ZeRO-1/2/3 (gradients reduced in device memory as backward makes them
-// final), pp 2 (activations sent between GPUs), tp 2 with and without
-// sequence parallelism (the engine's tp collectives in device memory) on
-// two GPUs, and dp 2 × tp 2, dp 2 × pp 2 ZeRO-1 on four; each equal to one
-// rank over 20 steps within 1e-5 in fp32, 1e-2 in bf16. A layout needing
-// more GPUs than there are is left out, saying so; none at all below two.
+// final), DDP with the optimizer offloaded, pp 2 (activations sent between GPUs), tp 2 with and
+// without sequence parallelism (the engine's tp collectives in device memory) on two GPUs, and dp 2
+// × tp 2, dp 2 × pp 2 ZeRO-1 on four; each equal to one rank over 20 steps within 1e-5 in fp32,
+// 1e-2 in bf16. A layout needing more GPUs than there are is left out, saying so; none at all below
+// two.
 TEST(GpuParallelTrainerTest, NcclLayoutsOnSeveralGpusEqualOneRank) {
   SKIP_WITHOUT_GPU();
   int devices = 0;
@@ -198,6 +202,8 @@ TEST(GpuParallelTrainerTest, NcclLayoutsOnSeveralGpusEqualOneRank) {
     GTEST_SKIP() << "needs two CUDA devices (NCCL refuses two ranks on one GPU); found " << devices;
   }
   Layouts layouts = DataParallelLayouts(4);
+  layouts.push_back(
+      {"dp2 offload", Ranks(2, {"parallel.dp=2", "parallel.offload=optimizer", "batch.micro=4"})});
   for (auto& layout : ModelParallelLayouts()) layouts.push_back(std::move(layout));
   for (const auto& [precision, tolerance] :
        {std::pair<const char*, double>{"fp32", 1e-5}, {"bf16", 1e-2}}) {
