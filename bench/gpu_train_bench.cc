@@ -24,7 +24,8 @@
 // memory next to the plain rank's. --nccl adds N ranks over NCCL (each
 // ZeRO stage of --zero, and DDP with the optimizer offloaded when --offload
 // is given too), rank r on GPU r (with N GPUs; says so and skips them
-// otherwise): the speed-up over one GPU at the same global batch.
+// otherwise): the speed-up over one GPU at the same global batch, next to
+// PyTorch DDP and FSDP2 on as many GPUs (the peer's ddpN and fsdp2xN rows).
 // --kernels B profiles a warm-up and 2 steps at batch B under Nsight Compute
 // (ncu, when installed: the toolkit's) and prints the time per kernel
 // family; --ncu-csv FILE prints that table from a saved profile.
@@ -241,11 +242,12 @@ absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
 
 // The PyTorch peer's rows ("torch <mode> B=<b> tok_s <x> ms_per_step <y>
 // peak_gib <z>"), run beside this binary's source tree.
-std::vector<Row> RunTorch(const Options& o, const std::string& mode) {
+// `ranks` > 1: DDP or FSDP2 over that many GPUs (mode ddp, fsdp2).
+std::vector<Row> RunTorch(const Options& o, const std::string& mode, int ranks = 1) {
   const std::string cmd = absl::StrCat(
-      "cd '", o.peer_dir, "' && python3 gpu_train_torch_peer.py --mode ", mode, " --steps ",
-      o.steps, " --warmup ", std::max(o.warmup, mode == "compile" ? 5 : 3), " --batch ",
-      absl::StrJoin(o.batches, " "), " 2>&1");
+      "cd '", o.peer_dir, "' && python3 gpu_train_torch_peer.py --mode ", mode, " --ranks ", ranks,
+      " --steps ", o.steps, " --warmup ", std::max(o.warmup, mode == "compile" ? 5 : 3),
+      " --batch ", absl::StrJoin(o.batches, " "), " 2>&1");
   std::vector<Row> rows;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return rows;
@@ -473,6 +475,12 @@ int Main(int argc, char** argv) {
                                              : std::vector<std::string>{"eager"}) {
       for (Row& r : RunTorch(o, mode)) rows.push_back(r);
     }
+    // Beside the nccl rows: PyTorch DDP and FSDP2 (ZeRO-3) on as many GPUs.
+    if (o.nccl && o.ranks > 1 && int(gpus->size()) >= o.ranks) {
+      for (const char* mode : {"ddp", "fsdp2"}) {
+        for (Row& r : RunTorch(o, mode, o.ranks)) rows.push_back(r);
+      }
+    }
   }
   std::printf("\n%-24s %4s %10s %9s %7s %9s %14s\n", "who", "B", "tok/s", "ms/step", "MFU",
               "mem GiB", "ours/this row");
@@ -490,7 +498,8 @@ int Main(int argc, char** argv) {
       "pytorch = max_memory_allocated; on a dpN row (zK: ZeRO-K), ours/this row is one rank's "
       "speed over N ranks sharing the GPU: the cost of staging through the host; on the offload "
       "row, the cost of AdamW on the host; on an nccl row (rank r on GPU r, mem: GPU 0's), "
-      "1 / (ours/this row) is the speed-up over one GPU at the same global batch)\n",
+      "1 / (ours/this row) is the speed-up over one GPU at the same global batch, as on the "
+      "pytorch ddpN / fsdp2xN rows)\n",
       flops_per_token, o.peak_tflops);
   if (kernels_batch > 0) {
     const std::string ncu = FindNcu();

@@ -2,10 +2,16 @@
 """PyTorch peer for gpu_train_bench: GPT-2 124M training steps on one GPU the
 way a PyTorch user writes them (bench/torch_gpt.py's model with SDPA
 attention, autocast bf16, fused AdamW, gradient clipping at 1.0), eager or
-torch.compile. One line per batch size:
+torch.compile; or on --ranks GPUs (one process each, NCCL, the global batch
+split over them) under DistributedDataParallel (--mode ddp) or FSDP2
+(--mode fsdp2: fully_shard per block, then the root; ZeRO-3's sharding).
+One line per batch size (the global batch), from rank 0:
   torch <mode> B=<b> tok_s <x> ms_per_step <y> peak_gib <z>
+with <mode> eager, compile, ddpN or fsdp2xN (N ranks; peak_gib: GPU 0's).
 Example: gpu_train_torch_peer.py --mode eager --batch 16 32 --steps 20"""
 import argparse
+import os
+import socket
 import time
 
 import torch
@@ -13,17 +19,35 @@ import torch
 from torch_gpt import GPT  # bench/torch_gpt.py, beside this script
 
 
-def run(a, batch):
+def wrap(a, model, rank):
+    """The model as the mode trains it: itself (eager), compiled, or spread
+    over the process group (ddp, fsdp2)."""
+    if a.mode == "compile":
+        return torch.compile(model)
+    if a.mode == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    if a.mode == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+        for block in model.blocks:
+            fully_shard(block)
+        return fully_shard(model)
+    return model
+
+
+def run(a, batch, rank=0):
     torch.manual_seed(0)
     model = GPT(a.layers, a.heads, a.dim, a.seq, a.vocab, sdpa=True).cuda()
+    step_model = wrap(a, model, rank)
+    if a.mode == "fsdp2":
+        model = step_model  # its parameters are the shards now
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
-    step_model = torch.compile(model) if a.mode == "compile" else model
-    idx = torch.randint(0, a.vocab, (batch, a.seq), device="cuda")
-    tgt = torch.randint(0, a.vocab, (batch, a.seq), device="cuda")
+    local = batch // a.ranks  # this rank's share of the global batch
+    idx = torch.randint(0, a.vocab, (local, a.seq), device="cuda")
+    tgt = torch.randint(0, a.vocab, (local, a.seq), device="cuda")
     torch.cuda.reset_peak_memory_stats()
 
     def step():
@@ -35,31 +59,66 @@ def run(a, batch):
         opt.step()
         return loss
 
+    def barrier():
+        torch.cuda.synchronize()
+        if a.ranks > 1:
+            torch.distributed.barrier()
+
     for _ in range(a.warmup):
         step()
-    torch.cuda.synchronize()
+    barrier()
     t0 = time.perf_counter()
     for _ in range(a.steps):
         loss = step()
     loss.item()
-    torch.cuda.synchronize()
+    barrier()  # the slowest rank's time
     ms = (time.perf_counter() - t0) / a.steps * 1e3
     peak = torch.cuda.max_memory_allocated() / 2**30
-    print(f"torch {a.mode} B={batch} tok_s {batch * a.seq / (ms / 1e3):.0f} "
-          f"ms_per_step {ms:.2f} peak_gib {peak:.2f}", flush=True)
+    name = a.mode if a.ranks == 1 else (f"ddp{a.ranks}" if a.mode == "ddp" else f"fsdp2x{a.ranks}")
+    if rank == 0:
+        print(f"torch {name} B={batch} tok_s {batch * a.seq / (ms / 1e3):.0f} "
+              f"ms_per_step {ms:.2f} peak_gib {peak:.2f}", flush=True)
     del model, opt, step_model
     torch.cuda.empty_cache()
 
 
+def rank_main(rank, a, port):
+    """One process of a --ranks run: GPU `rank`, NCCL."""
+    torch.cuda.set_device(rank)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.distributed.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}",
+                                         rank=rank, world_size=a.ranks)
+    try:
+        for b in a.batch:
+            run(a, b, rank)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", choices=("eager", "compile"), default="eager")
+    p.add_argument("--mode", choices=("eager", "compile", "ddp", "fsdp2"), default="eager")
+    p.add_argument("--ranks", type=int, default=1,
+                   help="GPUs (processes) for ddp and fsdp2; the batch is split over them")
     p.add_argument("--batch", type=int, nargs="+", default=[16, 32])
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compile happens here)")
     for name, v in (("layers", 12), ("heads", 12), ("dim", 768), ("seq", 1024), ("vocab", 50257)):
         p.add_argument("--" + name, type=int, default=v)
     a = p.parse_args()
+    if a.mode in ("ddp", "fsdp2"):
+        if a.ranks < 2 or torch.cuda.device_count() < a.ranks:
+            p.error(f"--mode {a.mode} needs --ranks >= 2 GPUs; this machine has "
+                    f"{torch.cuda.device_count()}")
+        if any(b % a.ranks for b in a.batch):
+            p.error(f"every --batch must divide over --ranks {a.ranks}")
+        with socket.socket() as s:  # a free port for the rendezvous
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.setdefault("NCCL_DEBUG", "WARN")
+        torch.multiprocessing.spawn(rank_main, args=(a, port), nprocs=a.ranks)
+        return
+    a.ranks = 1
     torch.backends.cuda.matmul.allow_tf32 = True
     for b in a.batch:
         run(a, b)

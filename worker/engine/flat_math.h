@@ -55,6 +55,14 @@ class FlatMath {
   virtual void CopyFromHostAsync(float* x, const float* host, size_t n) {
     CopyFromHost(x, host, n);
   }
+  // CopyToHostAsync queued on `stream`, another stream of the same device
+  // (a copy stream beside the compute stream, so the copy runs while the
+  // kernels do); the caller orders it after the work that wrote x (an
+  // Event). Default: CopyToHostAsync (the same result, without overlap).
+  virtual void CopyToHostAsyncOn(Stream& stream, float* host, const float* x, size_t n) {
+    (void)stream;
+    CopyToHostAsync(host, x, n);
+  }
   // n zero fp32 elements in this math's memory (aborts when it cannot).
   virtual std::unique_ptr<Buffer> Allocate(size_t n) = 0;
   // Where this math's arrays live.

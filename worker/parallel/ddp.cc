@@ -15,6 +15,10 @@ double MsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
 
+// The offloaded step's unit of overlap: pieces of 8 Mi elements (32 MiB),
+// each stepped on the host while others are copied.
+constexpr size_t kPiece = size_t{8} << 20;
+
 int GroupSize(const comm::Communicator* comm) { return comm == nullptr ? 1 : comm->size(); }
 int GroupRank(const comm::Communicator* comm) { return comm == nullptr ? 0 : comm->rank(); }
 
@@ -72,6 +76,44 @@ Ddp::Ddp(engine::Engine* engine, optim::AdamW adamw, comm::Communicator* comm, s
     if (!v->empty())
       pins_.push_back(engine_->device().PinHost(v->data(), v->size() * sizeof(float)));
   }
+  if (host_master_ && comm_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<engine::Stream>> s = engine_->device().NewStream();
+    if (s.ok()) copy_stream_ = *std::move(s);
+  }
+}
+
+bool Ddp::CopiesEarly() const {
+  return copy_stream_ != nullptr && !(mp_.sum_tied && mp_.tied_end > 0) && !mp_.has_tp_partials();
+}
+
+void Ddp::LaunchCopy(size_t offset) {
+  if (offset >= uncopied_end_) return;
+  engine::Device& device = engine_->device();
+  const engine::Event* after = AfterComputeWork(device, &copy_after_);
+  if (after != nullptr && !copy_stream_->WaitEvent(*after).ok()) {
+    device.compute_stream().Synchronize().IgnoreError();  // order it on the host
+  }
+  const size_t n = uncopied_end_ - offset;
+  engine_->math().CopyToHostAsyncOn(*copy_stream_, host_grads_.data() + offset,
+                                    static_cast<const float*>(engine_->grads().data) + offset, n);
+  Arrival a;
+  a.begin = offset;
+  a.end = uncopied_end_;
+  absl::StatusOr<std::unique_ptr<engine::Event>> e = device.NewEvent();
+  if (e.ok() && (*e)->Record(*copy_stream_).ok()) {
+    a.done = *std::move(e);
+  } else {
+    copy_stream_->Synchronize().IgnoreError();  // arrived by now
+  }
+  arrivals_.push_back(std::move(a));
+  uncopied_end_ = offset;
+}
+
+void Ddp::DrainCopies() {
+  if (copy_stream_ != nullptr) copy_stream_->Synchronize().IgnoreError();
+  arrivals_.clear();
+  copy_after_.clear();
+  copying_ = false;
 }
 
 void Ddp::InitParams(uint64_t seed) {
@@ -88,8 +130,10 @@ float* Ddp::BucketBase() {
 }
 
 Ddp::~Ddp() {
-  // Never leave an all-reduce writing into a buffer that is about to go.
+  // Never leave an all-reduce or a copy writing into a buffer that is about
+  // to go.
   for (auto& w : inflight_) w->Wait().IgnoreError();
+  DrainCopies();
   engine_->set_grads_ready_hook(nullptr);
 }
 
@@ -101,6 +145,12 @@ void Ddp::BeginMicroBatch(int micro, int accum) {
   if (comm_ != nullptr && micro == accum - 1) {
     unlaunched_end_ = engine_->grads().count;
     engine_->set_grads_ready_hook([this](size_t offset) { LaunchBuckets(offset, false); });
+  }
+  if (micro == accum - 1 && CopiesEarly()) {
+    DrainCopies();  // nothing left from a step that did not finish
+    copying_ = true;
+    uncopied_end_ = engine_->grads().count;
+    engine_->set_grads_ready_hook([this](size_t offset) { LaunchCopy(offset); });
   }
 }
 
@@ -169,6 +219,7 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) 
   if (comm_ != nullptr) {
     if (absl::Status s = FinishAllReduce(&stats); !s.ok()) return s;
   }
+  if (copying_) LaunchCopy(0);  // whatever the backward did not report
   // Where the gradient is made final (tied and tp sums, norm, clipping): on
   // the host when the all-reduce left it there for an offloaded optimizer,
   // otherwise in the engine's memory (a GPU's: its passes take a fraction of
@@ -198,12 +249,16 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) 
   const float norm = static_cast<float>(std::sqrt(squared) / loss_scale);
   stats.grad_norm = norm;
   if (!std::isfinite(norm)) {
+    DrainCopies();  // the next micro-batch zeroes what they read
     stats.skipped = true;
     return stats;
   }
-  if (const float scale = optim::ClipScale(norm, max_norm) / loss_scale; scale != 1.0f) {
-    math.Scale(grads, g.count, scale);
+  const float scale = optim::ClipScale(norm, max_norm) / loss_scale;
+  if (copying_) {
+    if (absl::Status s = StepCopiedOut(lr, scale); !s.ok()) return s;
+    return stats;
   }
+  if (scale != 1.0f) math.Scale(grads, g.count, scale);
   if (!host_master_) {
     adamw_.Step(static_cast<float*>(engine_->params().data), grads, lr, /*zero_grads=*/false);
     return stats;
@@ -213,11 +268,10 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) 
 }
 
 absl::Status Ddp::StepOnHost(const float* device_grads, float lr) {
-  // Pieces of 8 Mi elements (32 MiB): every gradient piece's copy out is
-  // queued at once, each marked by an event; AdamW steps piece k on the
-  // host's threads as soon as it arrived, and queues its parameters back,
-  // so copies in both directions overlap the host's arithmetic.
-  constexpr size_t kPiece = size_t{8} << 20;
+  // Pieces of kPiece: every gradient piece's copy out is queued at once,
+  // each marked by an event; AdamW steps piece k on the host's threads as
+  // soon as it arrived, and queues its parameters back, so copies in both
+  // directions overlap the host's arithmetic.
   const size_t n = host_params_.size();
   engine::FlatMath& math = engine_->math();
   engine::Device& device = engine_->device();
@@ -246,6 +300,31 @@ absl::Status Ddp::StepOnHost(const float* device_grads, float lr) {
   // The next forward reads the parameters on the same stream; the host
   // waits only so that host_params_ is not written while still being read.
   return device.compute_stream().Synchronize();
+}
+
+absl::Status Ddp::StepCopiedOut(float lr, float scale) {
+  engine::FlatMath& math = engine_->math();
+  float* device_params = static_cast<float*>(engine_->params().data);
+  absl::Status status;
+  adamw_.Advance();
+  // In the order the copies were queued: the last layers' first, as the
+  // backward finished them.
+  for (const Arrival& a : arrivals_) {
+    if (a.done != nullptr) status = a.done->Synchronize();
+    if (!status.ok()) break;
+    for (size_t begin = a.begin; begin < a.end; begin += kPiece) {
+      const size_t end = std::min(a.end, begin + kPiece);
+      if (scale != 1.0f) host_math_.Scale(host_grads_.data() + begin, end - begin, scale);
+      adamw_.UpdateRange(absl::MakeSpan(host_params_), absl::MakeConstSpan(host_grads_), lr, begin,
+                         end, engine_->host_pool());
+      math.CopyFromHostAsync(device_params + begin, host_params_.data() + begin, end - begin);
+    }
+  }
+  DrainCopies();
+  if (!status.ok()) return status;
+  // As StepOnHost: the next forward reads the parameters on the compute
+  // stream; the host waits so that host_params_ is not written while read.
+  return engine_->device().compute_stream().Synchronize();
 }
 
 FlatRanges Ddp::SaveRanges() const {

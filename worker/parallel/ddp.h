@@ -16,9 +16,13 @@
 // offload_optimizer (parallel.offload: optimizer): on an engine off the
 // host, AdamW's m and v and its update live in host memory over a host copy
 // of the fp32 master — the gradients come out once per step (as staged), the
-// clipped update runs on the host and the parameters go back. On a host
-// engine nothing moves (they are there anyway); memory() says where the
-// optimizer state is either way.
+// clipped update runs on the host and the parameters go back. With one rank
+// and nothing for tp or pp to add to the gradient, it comes out during the
+// last micro-batch's backward instead: each unit, once final, is copied to
+// the host on a copy stream beside the compute stream (ordered after the
+// backward's kernels by an event), so Step only waits for the last one and
+// applies the clip factor on the host. On a host engine nothing moves (they
+// are there anyway); memory() says where the optimizer state is either way.
 //
 // Evaluation needs nothing of it: every rank holds the whole model, so a
 // forward-only pass just runs; EndEval sums the losses over dp.
@@ -94,6 +98,18 @@ class Ddp final : public DataParallel {
   // host copy of the master, the result copied to the engine. The gradient
   // is copied out of `device_grads` first, or already in host_grads_ (null).
   absl::Status StepOnHost(const float* device_grads, float lr);
+  // Whether this step's gradient leaves during the backward (see the class
+  // comment).
+  bool CopiesEarly() const;
+  // Queues the copy of gradients [offset, uncopied_end_) to host_grads_ on
+  // copy_stream_, after the compute stream's work so far.
+  void LaunchCopy(size_t offset);
+  // The offloaded step over the copies LaunchCopy made: each range, once
+  // arrived, scaled by `scale` (clipping, loss scale) and stepped on the
+  // host, its parameters queued back.
+  absl::Status StepCopiedOut(float lr, float scale);
+  // Waits for the copies in flight and forgets them.
+  void DrainCopies();
 
   engine::Engine* const engine_;
   optim::AdamW adamw_;              // the whole buffer
@@ -116,6 +132,19 @@ class Ddp final : public DataParallel {
   // host_grads_ and host_params_ page-locked for the engine's device
   // (declared after them: unpinned before they are freed).
   std::vector<std::unique_ptr<engine::HostPin>> pins_;
+  // The gradient's copies during the backward (CopiesEarly): the stream
+  // (null where the device gives none), the events they wait for, each
+  // range queued with the event marking its arrival (in the order queued:
+  // from the end of the buffer), and the part not queued yet.
+  std::unique_ptr<engine::Stream> copy_stream_;
+  std::vector<std::unique_ptr<engine::Event>> copy_after_;
+  struct Arrival {
+    size_t begin = 0, end = 0;
+    std::unique_ptr<engine::Event> done;
+  };
+  std::vector<Arrival> arrivals_;
+  size_t uncopied_end_ = 0;
+  bool copying_ = false;  // this step's gradient is being copied out early
 };
 
 }  // namespace shardtrain::parallel

@@ -97,6 +97,11 @@ class CudaFlatMath final : public FlatMath {
     CheckCuda(cudaMemcpyAsync(x, host, n * sizeof(float), cudaMemcpyHostToDevice, stream()),
               "cudaMemcpyAsync (from host, queued)");
   }
+  void CopyToHostAsyncOn(Stream& on, float* host, const float* x, size_t n) override {
+    CheckCuda(cudaMemcpyAsync(host, x, n * sizeof(float), cudaMemcpyDeviceToHost,
+                              static_cast<cudaStream_t>(on.native())),
+              "cudaMemcpyAsync (to host, on a copy stream)");
+  }
   std::unique_ptr<Buffer> Allocate(size_t n) override { return Alloc(n); }
   DeviceKind kind() const override { return DeviceKind::kCuda; }
 
