@@ -261,7 +261,11 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   if (zero >= 2) {
     working += gb * (emb + (dp > 1 && !through_host ? 2 : 1) * largest_block);
   }
-  if (zero == 3) working += (through_host ? 4 : pb) * GatheredPeak(shape, reshard);
+  // A gathered unit: its parameters in the compute type, and under mixed
+  // precision also its fp32 master, from which the engine refreshes the
+  // compute copy (held only while the unit is in use:
+  // GptEngineOptions::release_compute_copy).
+  if (zero == 3) working += (pb + per.optimizer - 8) * GatheredPeak(shape, reshard);
   mem.set_working_bytes(working);
   // Communication buffers. Collectives run in place on the model's buffers;
   // ZeRO-2/3 with gradient accumulation receive each micro-batch's
@@ -402,11 +406,11 @@ ModelStateBytes GpuThroughHostBytes(int64_t num_params, int dp, int stage,
   const int64_t n = num_params, shard = stage >= 1 ? BusiestShard(n, dp) : n;
   const int64_t master = per.optimizer - 8;  // fp32 master beside a 16-bit compute copy
   ModelStateBytes b;
-  // The device: the compute copy (the fp32 master itself in fp32), whole
-  // but under ZeRO-3 in fp32; the fp32 master beside a 16-bit one up to
-  // ZeRO-2; the gradients under ZeRO-0/1. (ZeRO-2/3's units in use are the
-  // working set.)
-  b.params = (stage < 3 || master > 0 ? per.params * n : 0) + (stage < 3 ? master * n : 0);
+  // The device: up to ZeRO-2 the compute copy (the fp32 master itself in
+  // fp32) and the fp32 master beside a 16-bit one, whole; the gradients
+  // under ZeRO-0/1. (ZeRO-2/3's units in use are the working set: ZeRO-3
+  // holds a unit's master and compute copy only while it is in use.)
+  b.params = stage < 3 ? (per.params + master) * n : 0;
   b.grads = stage < 2 ? per.grads * n : 0;
   // The host: AdamW's m and v of the shard, fp32 copies of the whole
   // parameters and gradients, the gradient shard (2-3), the parameter shard (3).

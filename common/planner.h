@@ -80,12 +80,13 @@ ModelStateBytes ZeroMemoryBytes(int64_t num_params, int dp, int stage,
 bool StateThroughHost(const JobSpec& spec);
 // Where that state lies, for `num_params` elements under `stage`: returned,
 // the device's (ZeRO-2/3 engines give released units back: GptEngineOptions::
-// release_state) — params: the compute copy (the fp32 master itself in
-// fp32; whole, but gone under ZeRO-3 in fp32) and, up to ZeRO-2, the fp32
-// master beside a 16-bit copy; grads: whole under ZeRO-0/1, else none
+// release_state, release_compute_copy) — params: up to ZeRO-2 the compute
+// copy (the fp32 master itself in fp32) and the fp32 master beside a 16-bit
+// copy, none under ZeRO-3; grads: whole under ZeRO-0/1, else none
 // (ZeRO-2/3's units in use are MakePlan's working set: a unit's gradient
 // from just before its backward until it is copied out, the embeddings'
-// through the whole backward, and ZeRO-3's gathered fp32 units); optimizer:
+// through the whole backward, and ZeRO-3's gathered units, fp32 master and
+// compute copy); optimizer:
 // AdamW's m and v of the shard, which live on the host. Added to *host: m
 // and v, fp32 host copies of the whole parameters and gradients (the
 // collectives' and the host step's), the gradient shard (stages 2-3) and the

@@ -176,6 +176,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   options.activations = spec.Activations();
   // ZeRO-2/3 give the device memory of the units not in use back.
   options.release_state = spec.parallel.zero >= 2;
+  // ZeRO-3 also holds a unit's 16-bit compute copy only while it is in use.
+  options.release_compute_copy = spec.parallel.zero == 3;
   options.slots = parallel::PeakInFlight(
       parallel::PipelineActions(ScheduleOf(spec), coord.pp, dims->pp(), split->accum));
   if (mesh != nullptr && mesh->tp() != nullptr) {

@@ -71,21 +71,24 @@ absl::Status ValidateGptEngine(const GptConfig& config, int B, int T,
 }
 
 // Calls the parameter hook (if any) for the unit of `tensor` before and after
-// a scope, and lets the device prepare the unit's parameters.
+// a scope, and lets the device prepare the unit's parameters (OnUnitUse) and
+// let them go (OnUnitDone).
 class GptEngine::UnitScope {
  public:
   UnitScope(GptEngine& gpt, int tensor)
-      : hook_(gpt.param_hook_), unit_(gpt.layout_.tensors()[tensor].unit) {
+      : gpt_(gpt), hook_(gpt.param_hook_), unit_(gpt.layout_.tensors()[tensor].unit) {
     if (hook_) hook_(unit_, true);
     gpt.OnUnitUse(unit_);
   }
   ~UnitScope() {
     if (hook_) hook_(unit_, false);
+    gpt_.OnUnitDone(unit_);
   }
   UnitScope(const UnitScope&) = delete;
   UnitScope& operator=(const UnitScope&) = delete;
 
  private:
+  GptEngine& gpt_;
   const std::function<void(int, bool)>& hook_;
   const int unit_;
 };

@@ -48,6 +48,10 @@ struct GptEngineOptions {
   // (ZeRO-2/3: Buffer::Release / Acquire). Host memory always does; a GPU
   // engine allocates them with virtual memory management when set.
   bool release_state = false;
+  // The 16-bit compute copy of a unit is held only while the unit is in use
+  // (ZeRO-3: OnUnitUse maps and refreshes it, OnUnitDone gives it back), so
+  // the device never holds the whole model in the compute type.
+  bool release_compute_copy = false;
 };
 
 // The checks every GPT engine makes of its shape and slice: B >= 1, 1 <= T
@@ -192,6 +196,10 @@ class GptEngine : public Engine {
   // parameter hook: a mixed-precision engine refreshes the unit's compute
   // copy from its fp32 master here. Default: nothing.
   virtual void OnUnitUse(int unit) {}
+  // Called when a unit's parameters are no longer read, after the parameter
+  // hook (release_compute_copy gives the compute copy back here). Default:
+  // nothing.
+  virtual void OnUnitDone(int unit) {}
   // Precondition failures (programming errors, not data errors): print and
   // abort.
   [[noreturn]] void Fail(const char* what) const;

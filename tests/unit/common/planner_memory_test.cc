@@ -54,12 +54,13 @@ TEST(PlanMemoryTest, ZeroStagesOnDataParallelOnly) {
         if (dp > 1 && zero >= 2) comm_buffer = 4 * 3 * (largest / dp);
         EXPECT_EQ(mem.comm_buffer_bytes(), comm_buffer);
         // Working set: ZeRO-2/3 full-unit gradients (embeddings + the block
-        // computing + the one being reduced), ZeRO-3 also two gathered units.
+        // computing + the one being reduced), ZeRO-3 also two gathered units
+        // (mixed: each unit's fp32 master beside its compute copy).
         const int64_t emb = p.units(0).numel(), blk = p.units(1).numel();
         ASSERT_GT(blk, emb);  // a block: 12C² + 13C > (Vp + context)·C here
         int64_t working = 0;
         if (zero >= 2) working += gb * (emb + (dp > 1 ? 2 : 1) * blk);
-        if (zero == 3) working += pb * 2 * blk;
+        if (zero == 3) working += (mixed ? pb + 4 : pb) * 2 * blk;
         EXPECT_EQ(mem.working_bytes(), working);
         EXPECT_EQ(mem.host_bytes(), 0);
         EXPECT_EQ(mem.total_bytes(), mem.params_bytes() + mem.grads_bytes() +
@@ -225,11 +226,12 @@ TEST(PlanMemoryTest, OffloadMovesTheOptimizerStateToHostMemory) {
 }
 
 // GPU ranks run ZeRO and the offloaded optimizer through the host
-// (parallel::Zero's and Ddp's host paths): in bf16 the device keeps the
-// compute copy (2 bytes per element), up to ZeRO-2 the fp32 master (4), under
-// ZeRO-0/1 the gradients (4), and ZeRO-2/3's units in use; the host m and v
-// of the shard, fp32 copies of the whole parameters and gradients, and the
-// shards.
+// (parallel::Zero's and Ddp's host paths): in bf16 the device keeps, up to
+// ZeRO-2, the compute copy (2 bytes per element) and the fp32 master (4),
+// under ZeRO-0/1 the gradients (4), and ZeRO-2/3's units in use (ZeRO-3: a
+// gathered unit's master and compute copy, 6 bytes per element); the host m
+// and v of the shard, fp32 copies of the whole parameters and gradients, and
+// the shards.
 TEST(PlanMemoryTest, GpuRanksKeepUnitsInUseOnTheDeviceAndTheShardsOnTheHost) {
   int64_t working[4] = {};
   for (int zero = 0; zero <= 3; ++zero) {
@@ -248,7 +250,7 @@ TEST(PlanMemoryTest, GpuRanksKeepUnitsInUseOnTheDeviceAndTheShardsOnTheHost) {
       shard += zero == 0 ? u.numel() : u.shard_sizes(3);
     }
     const v1::MemoryEstimate& mem = p.memory_per_rank();
-    EXPECT_EQ(mem.params_bytes(), 2 * n + (zero < 3 ? 4 * n : 0));
+    EXPECT_EQ(mem.params_bytes(), zero < 3 ? (2 + 4) * n : 0);
     EXPECT_EQ(mem.grads_bytes(), zero < 2 ? 4 * n : 0);
     EXPECT_EQ(mem.optimizer_bytes(), 8 * shard);
     working[zero] = mem.working_bytes();
@@ -259,11 +261,20 @@ TEST(PlanMemoryTest, GpuRanksKeepUnitsInUseOnTheDeviceAndTheShardsOnTheHost) {
     EXPECT_NE(PlanText(s, p).find("GPU ranks: through the host"), std::string::npos);
   }
   // ZeRO-2's working set: the embeddings' gradient and one block's; ZeRO-3
-  // adds the gathered fp32 units. None below.
+  // adds the gathered units, 6 bytes per element. None below.
   EXPECT_EQ(working[0], 0);
   EXPECT_EQ(working[1], 0);
   EXPECT_GT(working[2], 0);
-  EXPECT_GT(working[3], working[2]);
+  JobSpec peak = SmallSpec(4, 1, 1);
+  peak.batch.global = 8;  // fp32 on CPU: 4 bytes per gathered element
+  int64_t cpu_working[4] = {};
+  for (int zero : {2, 3}) {
+    peak.parallel.zero = zero;
+    cpu_working[zero] = MakePlan(peak, 4)->memory_per_rank().working_bytes();
+  }
+  const int64_t gathered_fp32 = cpu_working[3] - cpu_working[2];
+  EXPECT_GT(gathered_fp32, 0);
+  EXPECT_EQ((working[3] - working[2]) * 4, gathered_fp32 * 6);
   // CPU ranks, and GPU DDP without offload, are planned as before.
   JobSpec s = SmallSpec(4, 1, 1);
   s.resources.device = DeviceKind::kCuda;

@@ -77,7 +77,9 @@ Reference ReferenceFor(const JobSpec& s, const v1::Plan& plan, int stage) {
     int64_t gathered = fwd.size() == 1 ? fwd[0] : 0;
     for (size_t i = 0; i + 1 < fwd.size(); ++i) gathered = std::max(gathered, fwd[i] + fwd[i + 1]);
     if (emb > 0) gathered = std::max(gathered, fwd.back() + emb);
-    r.working += pb * (s.parallel.reshard_after_forward ? gathered : local);
+    // A gathered unit in the compute type, and under mixed precision its
+    // fp32 master too (the compute copy is refreshed from it).
+    r.working += (mixed ? pb + 4 : pb) * (s.parallel.reshard_after_forward ? gathered : local);
   }
   r.total = r.params + r.grads + r.optimizer + r.activations + r.comm_buffer + r.working;
 

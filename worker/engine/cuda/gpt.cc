@@ -157,7 +157,8 @@ CudaGpt::CudaGpt(const model::GptConfig& config, int B, int T, DataType compute,
       math_(MakeCudaFlatMath(device_.get())),
       vocab_(
           VocabShardOf(config.vocab, config.padded_vocab, options.slice.tp, options.slice.tp_rank)),
-      release_state_(options.release_state) {}
+      release_state_(options.release_state),
+      release_compute_(options.release_compute_copy) {}
 
 CudaGpt::~CudaGpt() {
   // Nothing may still write into the buffers about to be freed.
@@ -184,7 +185,16 @@ absl::Status CudaGpt::Init() {
   };
   absl::Status s = state(&params_);
   if (s.ok()) s = state(&grads_);
-  if (s.ok() && compute() != DataType::kFloat32) s = alloc(n, compute(), &compute_);
+  if (s.ok() && compute() != DataType::kFloat32) {
+    if (release_compute_) {  // mapped unit by unit while in use (OnUnitUse)
+      absl::StatusOr<std::unique_ptr<Buffer>> b = device_->AllocateReleasable(n, compute());
+      if (!b.ok()) return b.status();
+      compute_ = *std::move(b);
+      compute_->Release(0, n);
+    } else {
+      s = alloc(n, compute(), &compute_);
+    }
+  }
   if (s.ok()) {
     s = alloc(static_cast<size_t>(activations().bytes(slots()) / 4), DataType::kFloat32, &acts_);
   }
@@ -295,8 +305,15 @@ void CudaGpt::ReadLogits(int row, float* out) const {
 void CudaGpt::OnUnitUse(int unit) {
   if (compute_ == nullptr) return;  // fp32: the master is the compute copy
   const model::UnitInfo& u = layout().units()[unit];
+  if (release_compute_) compute_->Acquire(u.offset, u.numel);
   Check(ConvertFromFloat32(k(), compute_->as<char>() + u.offset * DataTypeSize(compute()),
                            params_->as<float>() + u.offset, static_cast<int64_t>(u.numel)));
+}
+
+void CudaGpt::OnUnitDone(int unit) {
+  if (compute_ == nullptr || !release_compute_) return;
+  const model::UnitInfo& u = layout().units()[unit];
+  compute_->Release(u.offset, u.numel);  // waits for the kernels reading it
 }
 
 // ---- the layers

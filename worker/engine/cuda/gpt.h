@@ -98,6 +98,7 @@ class CudaGpt final : public GptEngine {
   void TpAllGather(void* full, const void* local, int64_t n) override;
   void TpReduceScatter(void* local, const void* full, int64_t n) override;
   void OnUnitUse(int unit) override;
+  void OnUnitDone(int unit) override;
 
  private:
   CudaGpt(const model::GptConfig& config, int B, int T, DataType compute, int host_threads,
@@ -145,8 +146,9 @@ class CudaGpt final : public GptEngine {
   std::unique_ptr<Buffer> lse_scratch_;
   std::vector<float> tp_host_, host_lse_;
   std::vector<int> shifted_targets_;
-  const VocabShard vocab_;    // this rank's rows of wte (all of them without tp)
-  const bool release_state_;  // params_ and grads_ give memory back (VMM)
+  const VocabShard vocab_;      // this rank's rows of wte (all of them without tp)
+  const bool release_state_;    // params_ and grads_ give memory back (VMM)
+  const bool release_compute_;  // compute_ held per unit in use (VMM)
   std::vector<float> host_losses_;
 };
 
