@@ -136,7 +136,8 @@ std::string FinalWeightsPath(const JobSpec& spec) {
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, int rank, int threads,
-                                                         comm::Communicator* comm, int gpu) {
+                                                         comm::Communicator* comm, int gpu,
+                                                         const EngineWrapper& wrap_engine) {
   if (absl::Status s = CheckSupported(spec); !s.ok()) return s;
   absl::StatusOr<ParallelDims> dims = spec.Dims();
   if (!dims.ok()) return dims.status();
@@ -186,6 +187,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   }
   auto engine = MakeEngine(spec, *config, threads, gpu, options);
   if (!engine.ok()) return engine.status();
+  if (wrap_engine) *engine = wrap_engine(*std::move(engine));
   if (tp != nullptr) tp->set_device(&(*engine)->device());  // orders a device group's ops
   const optim::AdamWOptions adamw = AdamWOptionsOf(spec.optimizer);
   auto t = Compose(
@@ -542,10 +544,28 @@ absl::StatusOr<absl::Span<const float>> Trainer::WholeModel() {
                          std::copy(p.begin() + at, p.begin() + at + n, whole_.begin() + global);
                        });
   }
-  if (absl::Status s = world_->Reduce(whole_.data(), whole_.size(), comm::DataType::kFloat32,
-                                      comm::ReduceOp::kSum, 0);
-      !s.ok()) {
-    return s;
+  if (!world_->device_memory()) {
+    if (absl::Status s = world_->Reduce(whole_.data(), whole_.size(), comm::DataType::kFloat32,
+                                        comm::ReduceOp::kSum, 0);
+        !s.ok()) {
+      return s;
+    }
+    return absl::Span<const float>(whole_);
+  }
+  // A world of device memory (NCCL) reduces through a scratch of the
+  // engine's memory, in pieces of 16 Mi elements (64 MiB).
+  constexpr size_t kPiece = size_t{16} << 20;
+  engine::FlatMath& math = engine_->math();
+  const std::unique_ptr<engine::Buffer> scratch = math.Allocate(std::min(kPiece, whole_.size()));
+  float* d = scratch->as<float>();
+  for (size_t at = 0; at < whole_.size(); at += kPiece) {
+    const size_t n = std::min(kPiece, whole_.size() - at);
+    math.CopyFromHost(d, whole_.data() + at, n);  // done when it returns
+    if (absl::Status s = world_->Reduce(d, n, comm::DataType::kFloat32, comm::ReduceOp::kSum, 0);
+        !s.ok()) {
+      return s;
+    }
+    math.CopyToHost(whole_.data() + at, d, n);
   }
   return absl::Span<const float>(whole_);
 }

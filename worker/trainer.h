@@ -110,9 +110,13 @@ class Trainer {
   // data.val (errors name the field and the file). Collective when the
   // mesh has tp or pp groups (Mesh::Create).
   // `gpu`: the CUDA device ordinal this worker drives (resources.device:
-  // cuda).
-  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec, int rank, int threads,
-                                                         comm::Communicator* comm, int gpu = 0);
+  // cuda). `wrap_engine` (tests): replaces the engine made for the spec by
+  // what it returns, e.g. the same engine posing as a GPU's.
+  using EngineWrapper =
+      std::function<std::unique_ptr<engine::Engine>(std::unique_ptr<engine::Engine>)>;
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      const JobSpec& spec, int rank, int threads, comm::Communicator* comm, int gpu = 0,
+      const EngineWrapper& wrap_engine = nullptr);
   // Composes a trainer from given parts (tests pass fakes). `make_strategy`
   // builds the data-parallel strategy over the engine. Initialises the
   // parameters from spec.seed through the strategy. `val_tokens` is

@@ -5,11 +5,14 @@
 // that is not ordered after the device's work through OpArgs::after (a
 // wrong order that a CPU run cannot show, since the "device" is the host).
 // Split wraps the inner communicator's sub-groups the same way, so a mesh
-// built from it is a device-memory mesh.
+// built from it is a device-memory mesh; the counts are the family's (a
+// communicator and every group split from it, however deep).
 #ifndef SHARDTRAIN_TESTS_UNIT_WORKER_PARALLEL_DEVICE_MEMORY_COMM_H_
 #define SHARDTRAIN_TESTS_UNIT_WORKER_PARALLEL_DEVICE_MEMORY_COMM_H_
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
@@ -22,10 +25,9 @@ namespace shardtrain::parallel::testing {
 
 class DeviceMemoryComm final : public comm::Communicator {
  public:
-  // inner: not owned (must outlive this), or owned (a Split's child).
-  explicit DeviceMemoryComm(comm::Communicator& inner) : inner_(inner) {}
-  explicit DeviceMemoryComm(std::unique_ptr<comm::Communicator> owned)
-      : inner_(*owned), owned_(std::move(owned)) {}
+  // inner: not owned (must outlive this).
+  explicit DeviceMemoryComm(comm::Communicator& inner)
+      : inner_(inner), counts_(std::make_shared<Counts>()) {}
 
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
@@ -37,37 +39,49 @@ class DeviceMemoryComm final : public comm::Communicator {
     const bool device = OnDevice(args.input) || OnDevice(args.output);
     if (!device || (args.input != nullptr && !OnDevice(args.input)) ||
         (args.output != nullptr && !OnDevice(args.output))) {
-      ++host_ops_;  // NCCL cannot read host memory
+      ++counts_->host_ops;  // NCCL cannot read host memory
+      if (std::getenv("DEVICE_MEMORY_COMM_TRACE") != nullptr) {
+        std::fprintf(stderr, "DeviceMemoryComm: op %d of %zu elements on host memory (%s)\n",
+                     static_cast<int>(args.type), args.count, group_name().c_str());
+      }
     }
     const comm::OpType t = args.type;
     if ((t == comm::OpType::kAllReduce || t == comm::OpType::kReduceScatter ||
          t == comm::OpType::kSend || t == comm::OpType::kRecv) &&
         args.after == nullptr) {
-      ++unordered_;
+      ++counts_->unordered;
     }
-    host.input = ToHost(args.input);
-    host.output = ToHost(args.output);
-    ++ops_;
+    // A host address (counted above) goes through as it is, so the run
+    // fails its check instead of crashing.
+    if (OnDevice(args.input)) host.input = ToHost(args.input);
+    if (OnDevice(args.output)) host.output = ToHost(args.output);
+    ++counts_->ops;
     return inner_.Submit(host);
   }
   absl::StatusOr<std::unique_ptr<comm::Communicator>> Split(int color, int key) override {
     absl::StatusOr<std::unique_ptr<comm::Communicator>> child = inner_.Split(color, key);
     if (!child.ok() || *child == nullptr) return child;
-    return std::unique_ptr<comm::Communicator>(new DeviceMemoryComm(*std::move(child)));
+    return std::unique_ptr<comm::Communicator>(new DeviceMemoryComm(*std::move(child), counts_));
   }
   absl::Status Shutdown() override { return owned_ ? owned_->Shutdown() : absl::OkStatus(); }
   const comm::FlightRecorder& flight_recorder() const override { return inner_.flight_recorder(); }
-  int ops() const { return ops_; }
-  int host_ops() const { return host_ops_; }
-  int unordered() const { return unordered_; }
+  int ops() const { return counts_->ops; }
+  int host_ops() const { return counts_->host_ops; }
+  int unordered() const { return counts_->unordered; }
 
  private:
+  struct Counts {
+    std::atomic<int> ops{0}, host_ops{0}, unordered{0};
+  };
+  // A Split's child: owns its inner communicator, counts with its parent.
+  DeviceMemoryComm(std::unique_ptr<comm::Communicator> owned, std::shared_ptr<Counts> counts)
+      : inner_(*owned), owned_(std::move(owned)), counts_(std::move(counts)) {}
   static bool OnDevice(const void* p) {
     return p != nullptr && (reinterpret_cast<uintptr_t>(p) & kTag) != 0;
   }
   comm::Communicator& inner_;
   std::unique_ptr<comm::Communicator> owned_;
-  std::atomic<int> ops_{0}, host_ops_{0}, unordered_{0};
+  std::shared_ptr<Counts> counts_;
 };
 
 }  // namespace shardtrain::parallel::testing

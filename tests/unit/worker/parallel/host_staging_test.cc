@@ -323,13 +323,10 @@ void StageRun(comm::Communicator& world, Exchange how, int zero, RankResult* out
   }
   ASSERT_TRUE(s.GatherWholeModel().ok());
   out->params.assign(host->params().f32().begin(), host->params().f32().end());
-  if (counts != nullptr && device) {
-    for (const comm::Communicator* c : {comm, backward->get()}) {
-      const auto* dc = static_cast<const DeviceMemoryComm*>(c);
-      counts->ops += dc->ops();
-      counts->host_ops += dc->host_ops();
-      counts->unordered += dc->unordered();
-    }
+  if (counts != nullptr && device) {  // the world's and its split's
+    counts->ops = device_world->ops();
+    counts->host_ops = device_world->host_ops();
+    counts->unordered = device_world->unordered();
   }
 }
 
