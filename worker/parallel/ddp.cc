@@ -138,6 +138,8 @@ Ddp::~Ddp() {
 }
 
 void Ddp::BeginMicroBatch(int micro, int accum) {
+  // Copies left by a step that failed must not read what is zeroed next.
+  if (copying_) DrainCopies();
   if (micro == 0) engine_->ZeroGrad();
   // Gradient accumulation: no communication until the last micro-batch,
   // whose backward launches the buckets as they become final (staged: each
@@ -147,7 +149,6 @@ void Ddp::BeginMicroBatch(int micro, int accum) {
     engine_->set_grads_ready_hook([this](size_t offset) { LaunchBuckets(offset, false); });
   }
   if (micro == accum - 1 && CopiesEarly()) {
-    DrainCopies();  // nothing left from a step that did not finish
     copying_ = true;
     uncopied_end_ = engine_->grads().count;
     engine_->set_grads_ready_hook([this](size_t offset) { LaunchCopy(offset); });
