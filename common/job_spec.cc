@@ -121,6 +121,15 @@ absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpe
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "bucket_mb", 1, &p->bucket_mb));
   SHARDTRAIN_RETURN_IF_ERROR(ReadBool(n, "parallel", "sequence_parallel", &p->sequence_parallel));
   SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "parallel", "comm", si::kCommBackends, &p->comm));
+  SHARDTRAIN_RETURN_IF_ERROR(
+      ReadEnum(n, "parallel", "reduce_dtype", si::kReduceDtypes, &p->reduce_dtype));
+  if (p->reduce_dtype == ReduceDtype::kBf16 && (p->comm != CommBackend::kNccl || p->zero != 0)) {
+    return FieldError("parallel.reduce_dtype",
+                      "bf16 reduces DDP's buckets over NCCL: it needs parallel.comm nccl and "
+                      "parallel.zero 0 (comm is ",
+                      std::string(EnumName(p->comm)), ", zero ", p->zero,
+                      "; Gloo sums in fp32 whatever the type, so bf16 would only lose digits)");
+  }
   if (p->sequence_parallel && p->tp < 2) {
     return FieldError("parallel.sequence_parallel", "needs parallel.tp > 1 (tp is ", p->tp, ")");
   }

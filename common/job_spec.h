@@ -33,6 +33,7 @@ enum class DataFormat { kText, kLlmc };                 // "text" | "llmc"
 enum class TokenizerKind { kByte, kGpt2 };              // "byte" | "gpt2"
 enum class OffloadMode { kNone, kOptimizer };           // "none" | "optimizer"
 enum class CommBackend { kAuto, kGloo, kNccl };         // "auto" | "gloo" | "nccl"
+enum class ReduceDtype { kFp32, kBf16 };                // "fp32" | "bf16"
 enum class PipelineSchedule { kGpipe, k1F1B };          // "gpipe" | "1f1b"
 enum class Precision { kFp32, kBf16, kFp16 };           // "fp32" | "bf16" | "fp16"
 enum class OptimizerKind { kAdamW };                    // "adamw"
@@ -45,6 +46,7 @@ std::string_view EnumName(DataFormat v);
 std::string_view EnumName(TokenizerKind v);
 std::string_view EnumName(OffloadMode v);
 std::string_view EnumName(CommBackend v);
+std::string_view EnumName(ReduceDtype v);
 std::string_view EnumName(PipelineSchedule v);
 std::string_view EnumName(Precision v);
 std::string_view EnumName(OptimizerKind v);
@@ -112,6 +114,11 @@ struct ParallelSpec {
   // through the host: how several ranks share one GPU), or NCCL on device
   // memory (GPU ranks only, one GPU each). auto: gloo for now.
   CommBackend comm = CommBackend::kAuto;
+  // The type DDP's gradient buckets are all-reduced in: fp32, or bf16 (half
+  // the bytes; NCCL sums natively in bf16, rounding at each hop; the mean is
+  // added back into the fp32 gradient). bf16 needs parallel.comm nccl and
+  // zero 0.
+  ReduceDtype reduce_dtype = ReduceDtype::kFp32;
 };
 
 struct OptimizerSpec {

@@ -25,6 +25,8 @@ inline const EnumTable<OffloadMode> kOffloadModes = {{"none", OffloadMode::kNone
                                                      {"optimizer", OffloadMode::kOptimizer}};
 inline const EnumTable<CommBackend> kCommBackends = {
     {"auto", CommBackend::kAuto}, {"gloo", CommBackend::kGloo}, {"nccl", CommBackend::kNccl}};
+inline const EnumTable<ReduceDtype> kReduceDtypes = {{"fp32", ReduceDtype::kFp32},
+                                                    {"bf16", ReduceDtype::kBf16}};
 inline const EnumTable<PipelineSchedule> kPipelineSchedules = {{"gpipe", PipelineSchedule::kGpipe},
                                                                {"1f1b", PipelineSchedule::k1F1B}};
 inline const EnumTable<Precision> kPrecisions = {

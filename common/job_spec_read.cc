@@ -35,7 +35,7 @@ const std::vector<absl::string_view> kParallelKeys = {"dp",        "tp",
                                                       "zero",      "offload",
                                                       "schedule",  "reshard_after_forward",
                                                       "bucket_mb", "sequence_parallel",
-                                                      "comm"};
+                                                      "comm",      "reduce_dtype"};
 const std::vector<absl::string_view> kOptimizerKeys = {"name",         "lr",       "min_lr",
                                                        "betas",        "eps",      "weight_decay",
                                                        "warmup_steps", "schedule", "grad_clip"};

@@ -29,6 +29,7 @@ using spec_internal::NameIn;
 std::string_view EnumName(DataFormat v) { return NameIn(spec_internal::kDataFormats, v); }
 std::string_view EnumName(TokenizerKind v) { return NameIn(spec_internal::kTokenizers, v); }
 std::string_view EnumName(OffloadMode v) { return NameIn(spec_internal::kOffloadModes, v); }
+std::string_view EnumName(ReduceDtype v) { return NameIn(spec_internal::kReduceDtypes, v); }
 std::string_view EnumName(CommBackend v) { return NameIn(spec_internal::kCommBackends, v); }
 std::string_view EnumName(PipelineSchedule v) {
   return NameIn(spec_internal::kPipelineSchedules, v);
@@ -53,9 +54,11 @@ bool operator==(const BatchSpec& a, const BatchSpec& b) {
 }
 bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
   return std::tie(a.dp, a.tp, a.pp, a.stages, a.zero, a.offload, a.schedule,
-                  a.reshard_after_forward, a.bucket_mb, a.sequence_parallel, a.comm) ==
+                  a.reshard_after_forward, a.bucket_mb, a.sequence_parallel, a.comm,
+                  a.reduce_dtype) ==
          std::tie(b.dp, b.tp, b.pp, b.stages, b.zero, b.offload, b.schedule,
-                  b.reshard_after_forward, b.bucket_mb, b.sequence_parallel, b.comm);
+                  b.reshard_after_forward, b.bucket_mb, b.sequence_parallel, b.comm,
+                  b.reduce_dtype);
 }
 bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
   return std::tie(a.name, a.lr, a.min_lr, a.betas, a.eps, a.weight_decay, a.warmup_steps,
@@ -132,6 +135,8 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "bucket_mb" << YAML::Value << s.parallel.bucket_mb;
   out << YAML::Key << "sequence_parallel" << YAML::Value << boolean(s.parallel.sequence_parallel);
   out << YAML::Key << "comm" << YAML::Value << std::string(EnumName(s.parallel.comm));
+  out << YAML::Key << "reduce_dtype" << YAML::Value
+      << std::string(EnumName(s.parallel.reduce_dtype));
   out << YAML::EndMap;
 
   out << YAML::Key << "precision" << YAML::Value << std::string(EnumName(s.precision));

@@ -286,6 +286,8 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
       for (int64_t n : shape.local_numel) shard += BusiestShard(n, dp);
       (through_host ? host : bytes) += shard * gb;
     }
+    // parallel.reduce_dtype bf16: DDP's bf16 copy of the gradient.
+    if (zero == 0 && spec.parallel.reduce_dtype == ReduceDtype::kBf16) bytes += 2 * local;
     if (spec.resources.device == DeviceKind::kCpu) {
       constexpr int64_t kF32 = 4;
       const int64_t bucket = std::min(int64_t{spec.parallel.bucket_mb} * kMiB / kF32, local);
@@ -338,7 +340,10 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
         }
       }
     }
-    if (zero == 0) comm += AllReduceBytes(local, dp, gb);
+    if (zero == 0) {
+      const int64_t rb = spec.parallel.reduce_dtype == ReduceDtype::kBf16 ? 2 : gb;
+      comm += AllReduceBytes(local, dp, rb);
+    }
     if (zero >= 1) comm += (dp - 1) * 8;
   }
   e.dp_comm = comm;

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include "common/dtype.h"
+
 namespace shardtrain::engine {
 namespace {
 
@@ -58,6 +60,24 @@ void HostFlatMath::Scale(float* g, size_t n, float scale) {
       [&](int64_t i0, int64_t i1) {
 #pragma omp simd
         for (int64_t i = i0; i < i1; ++i) g[i] *= scale;
+      },
+      1 << 14);
+}
+
+void HostFlatMath::ToBFloat16(uint16_t* dst, const float* src, size_t n) {
+  ParallelFor(
+      pool_, static_cast<int64_t>(n),
+      [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) dst[i] = FloatToBFloat16(src[i]);
+      },
+      1 << 14);
+}
+
+void HostFlatMath::FromBFloat16(float* dst, const uint16_t* src, size_t n) {
+  ParallelFor(
+      pool_, static_cast<int64_t>(n),
+      [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) dst[i] = BFloat16ToFloat(src[i]);
       },
       1 << 14);
 }

@@ -12,6 +12,7 @@
 #define SHARDTRAIN_WORKER_ENGINE_FLAT_MATH_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "worker/engine/device.h"
@@ -63,6 +64,10 @@ class FlatMath {
     (void)stream;
     CopyToHostAsync(host, x, n);
   }
+  // bf16 copies of fp32 values (round to nearest even) and back, both
+  // arrays in this math's memory: a reduction in bf16 (half the bytes).
+  virtual void ToBFloat16(uint16_t* dst, const float* src, size_t n) = 0;
+  virtual void FromBFloat16(float* dst, const uint16_t* src, size_t n) = 0;
   // n zero fp32 elements in this math's memory (aborts when it cannot).
   virtual std::unique_ptr<Buffer> Allocate(size_t n) = 0;
   // Where this math's arrays live.
@@ -80,6 +85,8 @@ class HostFlatMath final : public FlatMath {
                    bool zero_grads) override;
   void CopyToHost(float* host, const float* x, size_t n) override;
   void CopyFromHost(float* x, const float* host, size_t n) override;
+  void ToBFloat16(uint16_t* dst, const float* src, size_t n) override;
+  void FromBFloat16(float* dst, const uint16_t* src, size_t n) override;
   std::unique_ptr<Buffer> Allocate(size_t n) override;
   DeviceKind kind() const override { return DeviceKind::kCpu; }
 

@@ -164,7 +164,8 @@ absl::StatusOr<std::unique_ptr<DataParallel>> MakeDataParallel(const ParallelSpe
   if (parallel.zero == 0) {
     auto ddp =
         Ddp::Create(engine, adamw, comm, size_t(parallel.bucket_mb) << 20,
-                    /*stage_through_host=*/false, parallel.offload == OffloadMode::kOptimizer);
+                    /*stage_through_host=*/false, parallel.offload == OffloadMode::kOptimizer,
+                    parallel.reduce_dtype == ReduceDtype::kBf16);
     if (!ddp.ok()) return ddp.status();
     return std::unique_ptr<DataParallel>(*std::move(ddp));
   }

@@ -27,7 +27,8 @@ int GroupRank(const comm::Communicator* comm) { return comm == nullptr ? 0 : com
 absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(engine::Engine* engine,
                                                  const optim::AdamWOptions& adamw,
                                                  comm::Communicator* comm, size_t bucket_bytes,
-                                                 bool stage_through_host, bool offload_optimizer) {
+                                                 bool stage_through_host, bool offload_optimizer,
+                                                 bool reduce_bf16) {
   if (engine == nullptr) return absl::InvalidArgumentError("Ddp: null engine");
   // Each rank steps wherever the engine keeps its fp32 master (the host or
   // a GPU, through the engine's FlatMath); across ranks, gradients off the
@@ -48,6 +49,11 @@ absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(engine::Engine* engine,
         "DDP: a device-memory communicator (parallel.comm: nccl) needs the gradients on the "
         "device");
   }
+  if (reduce_bf16 && GroupSize(comm) > 1 && !device_comm) {
+    return absl::InvalidArgumentError(
+        "parallel.reduce_dtype: bf16 all-reduces in device memory (parallel.comm: nccl); this "
+        "communicator takes host memory");
+  }
   const bool staged =
       GroupSize(comm) > 1 && !device_comm &&
       (host_master || stage_through_host || engine->grads().device != DeviceKind::kCpu);
@@ -57,11 +63,12 @@ absl::StatusOr<std::unique_ptr<Ddp>> Ddp::Create(engine::Engine* engine,
   if (!a.ok()) return a.status();
   const size_t bucket_elems = std::max<size_t>(1, bucket_bytes / sizeof(float));
   return std::unique_ptr<Ddp>(new Ddp(engine, *std::move(a), GroupSize(comm) > 1 ? comm : nullptr,
-                                      bucket_elems, staged, offload_optimizer, host_master));
+                                      bucket_elems, staged, offload_optimizer, host_master,
+                                      reduce_bf16 && device_comm));
 }
 
 Ddp::Ddp(engine::Engine* engine, optim::AdamW adamw, comm::Communicator* comm, size_t bucket_elems,
-         bool staged, bool offload, bool host_master)
+         bool staged, bool offload, bool host_master, bool reduce_bf16)
     : engine_(engine),
       adamw_(std::move(adamw)),
       comm_(comm),
@@ -79,6 +86,9 @@ Ddp::Ddp(engine::Engine* engine, optim::AdamW adamw, comm::Communicator* comm, s
   if (host_master_ && comm_ == nullptr) {
     absl::StatusOr<std::unique_ptr<engine::Stream>> s = engine_->device().NewStream();
     if (s.ok()) copy_stream_ = *std::move(s);
+  }
+  if (reduce_bf16) {  // n 16-bit values in (n + 1) / 2 floats
+    bf16_grads_ = engine_->math().Allocate((engine_->grads().count + 1) / 2);
   }
 }
 
@@ -169,12 +179,20 @@ void Ddp::LaunchBuckets(size_t offset, bool flush) {
     if (staged_) {  // final on the device: its host copy is reduced
       engine_->math().CopyToHost(grads + unlaunched_end_, device + unlaunched_end_, n);
     }
+    // bf16: the bucket's 16-bit copy is reduced (converted on the device
+    // first, queued before the event below).
+    void* data = grads + unlaunched_end_;
+    comm::DataType dtype = comm::DataType::kFloat32;
+    if (bf16_grads_ != nullptr) {
+      engine_->math().ToBFloat16(Bf16Grads() + unlaunched_end_, device + unlaunched_end_, n);
+      data = Bf16Grads() + unlaunched_end_;
+      dtype = comm::DataType::kBFloat16;
+    }
     // On the device (NCCL), the all-reduce waits on the device for the
     // backward kernels issued so far, which wrote this bucket: never the host.
     const engine::Event* after =
         comm_->device_memory() ? AfterComputeWork(engine_->device(), &bucket_events_) : nullptr;
-    inflight_.push_back(comm_->AllReduceAsync(grads + unlaunched_end_, n, comm::DataType::kFloat32,
-                                              comm::ReduceOp::kSum, after));
+    inflight_.push_back(comm_->AllReduceAsync(data, n, dtype, comm::ReduceOp::kSum, after));
   }
 }
 
@@ -201,7 +219,9 @@ absl::Status Ddp::FinishAllReduce(StepStats* stats) {
   bucket_events_.clear();
   const engine::FlatView grads = engine_->grads();
   const int n = comm_->size();
-  stats->comm_bytes += int64_t(grads.bytes()) * 2 * (n - 1) / n;
+  const int64_t reduced =
+      bf16_grads_ != nullptr ? int64_t(grads.count) * 2 : int64_t(grads.bytes());
+  stats->comm_bytes += reduced * 2 * (n - 1) / n;
   // Summed over dp; the mean gradient of the global batch is sum / dp.
   if (host_master_ && staged_) {  // the optimizer reads them where they are
     host_math_.Scale(host_grads_.data(), host_grads_.size(), 1.0f / n);
@@ -209,6 +229,9 @@ absl::Status Ddp::FinishAllReduce(StepStats* stats) {
   }
   if (staged_) {
     engine_->math().CopyFromHost(static_cast<float*>(grads.data), host_grads_.data(), grads.count);
+  }
+  if (bf16_grads_ != nullptr) {  // the sum back into the fp32 gradient
+    engine_->math().FromBFloat16(static_cast<float*>(grads.data), Bf16Grads(), grads.count);
   }
   engine_->math().Scale(static_cast<float*>(grads.data), grads.count, 1.0f / n);
   return absl::OkStatus();
@@ -377,7 +400,8 @@ ModelStateMemory Ddp::memory() const {
   mem.optimizer_on_host = offload_;
   // Staged, the host copies exist for the all-reduce and the offloaded step;
   // otherwise the all-reduces run in place on the gradient buffer.
-  mem.comm_buffers = int64_t((host_grads_.size() + host_params_.size()) * sizeof(float));
+  mem.comm_buffers = int64_t((host_grads_.size() + host_params_.size()) * sizeof(float)) +
+                     (bf16_grads_ != nullptr ? int64_t(bf16_grads_->bytes()) : 0);
   return mem;
 }
 

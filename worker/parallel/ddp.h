@@ -52,12 +52,16 @@ class Ddp final : public DataParallel {
   // gradients off the host are staged through it. `stage_through_host`
   // stages host gradients too, and offloads a host engine's optimizer as
   // one off the host (the GPU paths' logic, testable on a CPU).
-  // bucket_bytes > 0.
+  // bucket_bytes > 0. `reduce_bf16` (parallel.reduce_dtype bf16): each
+  // bucket is converted to bf16 in the engine's memory and all-reduced so,
+  // the sum converted back into the fp32 gradient; a device-memory
+  // communicator only (INVALID_ARGUMENT otherwise, when dp > 1).
   static absl::StatusOr<std::unique_ptr<Ddp>> Create(engine::Engine* engine,
                                                      const optim::AdamWOptions& adamw,
                                                      comm::Communicator* comm, size_t bucket_bytes,
                                                      bool stage_through_host = false,
-                                                     bool offload_optimizer = false);
+                                                     bool offload_optimizer = false,
+                                                     bool reduce_bf16 = false);
   ~Ddp() override;
 
   void InitParams(uint64_t seed) override;
@@ -85,7 +89,7 @@ class Ddp final : public DataParallel {
 
  private:
   Ddp(engine::Engine* engine, optim::AdamW adamw, comm::Communicator* comm, size_t bucket_elems,
-      bool staged, bool offload, bool host_master);
+      bool staged, bool offload, bool host_master, bool reduce_bf16);
   // The buffer the buckets are all-reduced in: the gradients, or their
   // host copy when staged.
   float* BucketBase();
@@ -145,6 +149,10 @@ class Ddp final : public DataParallel {
   std::vector<Arrival> arrivals_;
   size_t uncopied_end_ = 0;
   bool copying_ = false;  // this step's gradient is being copied out early
+  // parallel.reduce_dtype bf16: the gradient's bf16 copy the buckets are
+  // all-reduced in (the engine's memory), as 16-bit values.
+  std::unique_ptr<engine::Buffer> bf16_grads_;
+  uint16_t* Bf16Grads() { return static_cast<uint16_t*>(bf16_grads_->data()); }
 };
 
 }  // namespace shardtrain::parallel

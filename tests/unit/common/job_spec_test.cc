@@ -87,6 +87,7 @@ TEST(JobSpecTest, MinimalSpecGetsDefaults) {
   EXPECT_TRUE(spec->parallel.reshard_after_forward);
   EXPECT_EQ(spec->parallel.bucket_mb, 25);
   EXPECT_EQ(spec->parallel.comm, CommBackend::kAuto);
+  EXPECT_EQ(spec->parallel.reduce_dtype, ReduceDtype::kFp32);
   EXPECT_EQ(spec->precision, Precision::kFp32);
   EXPECT_EQ(spec->optimizer.name, OptimizerKind::kAdamW);
   EXPECT_DOUBLE_EQ(spec->optimizer.lr, 3e-4);
@@ -524,6 +525,16 @@ TEST(JobSpecTest, BadSpecsNameTheirField) {
       {"nccl on cpu", Make({{"parallel", "{comm: nccl}"}}),
        "parallel.comm: nccl needs resources.device: cuda"},
       {"comm unknown", Make({{"parallel", "{comm: mpi}"}}), "parallel.comm: "},
+      {"bf16 reduce over gloo", Make({{"parallel", "{reduce_dtype: bf16}"}}),
+       "parallel.reduce_dtype: bf16 reduces DDP's buckets over NCCL: it needs parallel.comm nccl "
+       "and parallel.zero 0 (comm is auto, zero 0"},
+      {"bf16 reduce under zero",
+       Make({{"parallel", "{comm: nccl, zero: 1, reduce_dtype: bf16}"},
+             {"resources", "{device: cuda}"}}),
+       "parallel.reduce_dtype: bf16 reduces DDP's buckets over NCCL: it needs parallel.comm nccl "
+       "and parallel.zero 0 (comm is nccl, zero 1"},
+      {"reduce dtype unknown", Make({{"parallel", "{reduce_dtype: fp8}"}}),
+       "parallel.reduce_dtype: "},
   };
   ASSERT_GE(cases.size(), 20u);
   for (const BadSpec& c : cases) {
@@ -564,4 +575,16 @@ TEST(JobSpecTest, EnumNames) {
 }
 
 }  // namespace
+// parallel.reduce_dtype: bf16 with NCCL DDP, kept through the YAML form.
+TEST(JobSpecTest, Bf16GradientReductionForNcclDdpRoundTrips) {
+  auto spec = ParseJobSpec(Make(
+      {{"parallel", "{dp: 2, comm: nccl, reduce_dtype: bf16}"}, {"resources", "{device: cuda}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->parallel.reduce_dtype, ReduceDtype::kBf16);
+  auto again = ParseJobSpec(JobSpecToYaml(*spec));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->parallel.reduce_dtype, ReduceDtype::kBf16);
+  EXPECT_TRUE(*again == *spec);
+}
+
 }  // namespace shardtrain

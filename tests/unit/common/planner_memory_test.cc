@@ -401,4 +401,20 @@ TEST(PlanTextTest, Gpt2ElidesMiddleUnits) {
 }
 
 }  // namespace
+// parallel.reduce_dtype bf16 (NCCL DDP): the gradient all-reduce sends half
+// the bytes, and the ranks keep the gradient's bf16 copy (2 B per element)
+// as a communication buffer.
+TEST(PlanMemoryTest, Bf16GradientReductionHalvesDdpBytesAndKeepsABf16Copy) {
+  JobSpec s = SmallSpec(4, 1, 1);
+  s.resources.device = DeviceKind::kCuda;
+  s.parallel.comm = CommBackend::kNccl;
+  const v1::Plan fp32 = *MakePlan(s, 4);
+  s.parallel.reduce_dtype = ReduceDtype::kBf16;
+  const v1::Plan bf16 = *MakePlan(s, 4);
+  EXPECT_EQ(bf16.dp_comm_bytes_per_step() * 2, fp32.dp_comm_bytes_per_step());
+  EXPECT_GT(fp32.dp_comm_bytes_per_step(), 0);
+  EXPECT_EQ(bf16.memory_per_rank().comm_buffer_bytes(),
+            fp32.memory_per_rank().comm_buffer_bytes() + 2 * bf16.num_params());
+}
+
 }  // namespace shardtrain

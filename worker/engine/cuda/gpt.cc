@@ -97,6 +97,12 @@ class CudaFlatMath final : public FlatMath {
     CheckCuda(cudaMemcpyAsync(x, host, n * sizeof(float), cudaMemcpyHostToDevice, stream()),
               "cudaMemcpyAsync (from host, queued)");
   }
+  void ToBFloat16(uint16_t* dst, const float* src, size_t n) override {
+    Check(ConvertFromFloat32(Bf16Ctx(), dst, src, static_cast<int64_t>(n)));
+  }
+  void FromBFloat16(float* dst, const uint16_t* src, size_t n) override {
+    Check(ConvertToFloat32(Bf16Ctx(), dst, src, static_cast<int64_t>(n)));
+  }
   void CopyToHostAsyncOn(Stream& on, float* host, const float* x, size_t n) override {
     CheckCuda(cudaMemcpyAsync(host, x, n * sizeof(float), cudaMemcpyDeviceToHost,
                               static_cast<cudaStream_t>(on.native())),
@@ -108,6 +114,13 @@ class CudaFlatMath final : public FlatMath {
  private:
   cudaStream_t stream() const {
     return static_cast<cudaStream_t>(device_->compute_stream().native());
+  }
+  // The conversion kernels' context: bf16 on the compute stream.
+  KernelCtx Bf16Ctx() const {
+    KernelCtx ctx;
+    ctx.stream = stream();
+    ctx.dtype = DataType::kBFloat16;
+    return ctx;
   }
   std::unique_ptr<Buffer> Alloc(size_t n) {
     absl::StatusOr<std::unique_ptr<Buffer>> b = device_->Allocate(n, DataType::kFloat32);

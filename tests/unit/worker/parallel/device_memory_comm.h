@@ -56,6 +56,7 @@ class DeviceMemoryComm final : public comm::Communicator {
     if (OnDevice(args.input)) host.input = ToHost(args.input);
     if (OnDevice(args.output)) host.output = ToHost(args.output);
     ++counts_->ops;
+    if (args.dtype == DataType::kBFloat16) ++counts_->bf16_ops;
     return inner_.Submit(host);
   }
   absl::StatusOr<std::unique_ptr<comm::Communicator>> Split(int color, int key) override {
@@ -68,10 +69,11 @@ class DeviceMemoryComm final : public comm::Communicator {
   int ops() const { return counts_->ops; }
   int host_ops() const { return counts_->host_ops; }
   int unordered() const { return counts_->unordered; }
+  int bf16_ops() const { return counts_->bf16_ops; }
 
  private:
   struct Counts {
-    std::atomic<int> ops{0}, host_ops{0}, unordered{0};
+    std::atomic<int> ops{0}, host_ops{0}, unordered{0}, bf16_ops{0};
   };
   // A Split's child: owns its inner communicator, counts with its parent.
   DeviceMemoryComm(std::unique_ptr<comm::Communicator> owned, std::shared_ptr<Counts> counts)

@@ -137,6 +137,14 @@ class DeviceMath final : public engine::FlatMath {
     Check(x, n, "CopyFromHost");
     inner_.CopyFromHost(ToHost(x), host, n);
   }
+  void ToBFloat16(uint16_t* dst, const float* src, size_t n) override {
+    Check(src, n, "ToBFloat16");
+    inner_.ToBFloat16(ToHost(dst), ToHost(src), n);
+  }
+  void FromBFloat16(float* dst, const uint16_t* src, size_t n) override {
+    Check(dst, n, "FromBFloat16");
+    inner_.FromBFloat16(ToHost(dst), ToHost(src), n);
+  }
   std::unique_ptr<engine::Buffer> Allocate(size_t n) override {
     return std::make_unique<DeviceLabelled>(inner_.Allocate(n));
   }
