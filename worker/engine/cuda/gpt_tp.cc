@@ -3,6 +3,7 @@
 // and the vocabulary-parallel cross-entropy's combination of the ranks'
 // log-sum-exps — through the host for a group of host memory (Gloo), in the
 // engine's buffers for one of device memory (NCCL).
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
