@@ -26,7 +26,7 @@ inline const EnumTable<OffloadMode> kOffloadModes = {{"none", OffloadMode::kNone
 inline const EnumTable<CommBackend> kCommBackends = {
     {"auto", CommBackend::kAuto}, {"gloo", CommBackend::kGloo}, {"nccl", CommBackend::kNccl}};
 inline const EnumTable<ReduceDtype> kReduceDtypes = {{"fp32", ReduceDtype::kFp32},
-                                                    {"bf16", ReduceDtype::kBf16}};
+                                                     {"bf16", ReduceDtype::kBf16}};
 inline const EnumTable<PipelineSchedule> kPipelineSchedules = {{"gpipe", PipelineSchedule::kGpipe},
                                                                {"1f1b", PipelineSchedule::k1F1B}};
 inline const EnumTable<Precision> kPrecisions = {

@@ -55,10 +55,9 @@ bool operator==(const BatchSpec& a, const BatchSpec& b) {
 bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
   return std::tie(a.dp, a.tp, a.pp, a.stages, a.zero, a.offload, a.schedule,
                   a.reshard_after_forward, a.bucket_mb, a.sequence_parallel, a.comm,
-                  a.reduce_dtype) ==
-         std::tie(b.dp, b.tp, b.pp, b.stages, b.zero, b.offload, b.schedule,
-                  b.reshard_after_forward, b.bucket_mb, b.sequence_parallel, b.comm,
-                  b.reduce_dtype);
+                  a.reduce_dtype) == std::tie(b.dp, b.tp, b.pp, b.stages, b.zero, b.offload,
+                                              b.schedule, b.reshard_after_forward, b.bucket_mb,
+                                              b.sequence_parallel, b.comm, b.reduce_dtype);
 }
 bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
   return std::tie(a.name, a.lr, a.min_lr, a.betas, a.eps, a.weight_decay, a.warmup_steps,
