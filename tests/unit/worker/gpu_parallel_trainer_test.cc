@@ -35,6 +35,18 @@ using gpu_testing::RunSpec;
 using gpu_testing::SpecOf;
 using gpu_testing::TrainRanks;
 
+constexpr int kSteps = 20;
+
+// The small GPT's 1-rank cuda spec in `precision`, batch `micro`, kSteps steps.
+JobSpec OneGpuSpec(const char* precision, int micro) {
+  RunSpec r;
+  r.device = "cuda";
+  r.precision = precision;
+  r.micro = micro;
+  r.steps = kSteps;
+  return SpecOf(r);
+}
+
 // Each named layout (overrides of the 1-rank spec: the same global batch of
 // `micro` sequences) with its ranks sharing one GPU equals one rank over 20
 // steps: within 1e-5 in fp32, 1e-2 in bf16 (against the 1-rank bf16 run).
@@ -45,24 +57,19 @@ void ExpectLayoutsOnOneGpuEqualOneRank(int micro, const Layouts& layouts,
                                        bool device_memory_comm = false) {
   for (const auto& [precision, tolerance] :
        {std::pair<const char*, double>{"fp32", 1e-5}, {"bf16", 1e-2}}) {
-    RunSpec r;
-    r.device = "cuda";
-    r.precision = precision;
-    r.micro = micro;
-    r.steps = 20;
-    const JobSpec spec = SpecOf(r);
-    const std::vector<double> want = TrainRanks(spec, 1, r.steps);
+    const JobSpec spec = OneGpuSpec(precision, micro);
+    const std::vector<double> want = TrainRanks(spec, 1, kSteps);
     for (const auto& [name, overrides] : layouts) {
       absl::StatusOr<JobSpec> split = ParseJobSpec(JobSpecToYaml(spec), overrides);
       ASSERT_TRUE(split.ok()) << split.status();
       const std::vector<double> got =
-          TrainRanks(*split, 1, r.steps, nullptr, nullptr, device_memory_comm);
+          TrainRanks(*split, 1, kSteps, nullptr, nullptr, device_memory_comm);
       const double diff = MaxRelDiff(got, want);
       std::printf(
           "[gpu-trainer] %s %s on one GPU%s vs 1 rank: step 1 %.7f / %.7f, step %d %.7f / %.7f, "
           "max rel diff %.3g\n",
           precision, name.c_str(), device_memory_comm ? " (device-memory comm)" : "", got[1],
-          want[1], r.steps, got[r.steps], want[r.steps], diff);
+          want[1], kSteps, got[kSteps], want[kSteps], diff);
       EXPECT_LE(diff, tolerance) << precision << " " << name;
     }
   }
@@ -89,6 +96,16 @@ Layouts ModelParallelLayouts() {
           {"tp2", Ranks(2, {"parallel.tp=2"})},
           {"tp2 sp", Ranks(2, {"parallel.tp=2", "parallel.sequence_parallel=true"})},
           {"dp2 tp2", Ranks(4, {"parallel.dp=2", "parallel.tp=2", "batch.micro=4"})}};
+}
+
+// What NCCL's device-memory paths run: DataParallelLayouts(4), DDP with the
+// optimizer offloaded on 2 ranks, and ModelParallelLayouts().
+Layouts NcclPathLayouts() {
+  Layouts layouts = DataParallelLayouts(4);
+  layouts.push_back(
+      {"dp2 offload", Ranks(2, {"parallel.dp=2", "parallel.offload=optimizer", "batch.micro=4"})});
+  for (auto& layout : ModelParallelLayouts()) layouts.push_back(std::move(layout));
+  return layouts;
 }
 
 // DDP and ZeRO-1/2/3 with 2 ranks on one GPU (Gloo through host copies),
@@ -120,11 +137,7 @@ TEST(GpuParallelTrainerTest, TensorAndPipelineParallelOnOneGpuEqualOneRank) {
 // Gloo-staged layouts above.
 TEST(GpuParallelTrainerTest, DeviceMemoryPathsWithRanksOnOneGpuEqualOneRank) {
   SKIP_WITHOUT_GPU();
-  Layouts layouts = DataParallelLayouts(4);
-  layouts.push_back(
-      {"dp2 offload", Ranks(2, {"parallel.dp=2", "parallel.offload=optimizer", "batch.micro=4"})});
-  for (auto& layout : ModelParallelLayouts()) layouts.push_back(std::move(layout));
-  ExpectLayoutsOnOneGpuEqualOneRank(8, layouts, /*device_memory_comm=*/true);
+  ExpectLayoutsOnOneGpuEqualOneRank(8, NcclPathLayouts(), /*device_memory_comm=*/true);
 }
 
 // DDP reducing its buckets in bf16 (parallel.reduce_dtype: bf16, NCCL's
@@ -134,24 +147,19 @@ TEST(GpuParallelTrainerTest, DeviceMemoryPathsWithRanksOnOneGpuEqualOneRank) {
 TEST(GpuParallelTrainerTest, Bf16GradientReductionOnOneGpuStaysNearOneRank) {
   SKIP_WITHOUT_GPU();
   for (const char* precision : {"fp32", "bf16"}) {
-    RunSpec r;
-    r.device = "cuda";
-    r.precision = precision;
-    r.micro = 8;
-    r.steps = 20;
-    const JobSpec spec = SpecOf(r);
-    const std::vector<double> want = TrainRanks(spec, 1, r.steps);
+    const JobSpec spec = OneGpuSpec(precision, 8);
+    const std::vector<double> want = TrainRanks(spec, 1, kSteps);
     absl::StatusOr<JobSpec> bf16 = ParseJobSpec(
         JobSpecToYaml(spec), Ranks(2, {"parallel.dp=2", "batch.micro=4", "parallel.comm=nccl",
                                        "parallel.reduce_dtype=bf16"}));
     ASSERT_TRUE(bf16.ok()) << bf16.status();
     const std::vector<double> got =
-        TrainRanks(*bf16, 1, r.steps, nullptr, nullptr, /*device_memory_comm=*/true);
+        TrainRanks(*bf16, 1, kSteps, nullptr, nullptr, /*device_memory_comm=*/true);
     const double diff = MaxRelDiff(got, want);
     std::printf(
         "[gpu-trainer] %s dp2 reduce_dtype bf16 on one GPU (device-memory comm) vs 1 rank: step "
         "%d %.7f / %.7f, max rel diff %.3g\n",
-        precision, r.steps, got[r.steps], want[r.steps], diff);
+        precision, kSteps, got[kSteps], want[kSteps], diff);
     EXPECT_LE(diff, 1e-2) << precision;
   }
 }
@@ -230,19 +238,11 @@ TEST(GpuParallelTrainerTest, NcclLayoutsOnSeveralGpusEqualOneRank) {
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) {
     GTEST_SKIP() << "needs two CUDA devices (NCCL refuses two ranks on one GPU); found " << devices;
   }
-  Layouts layouts = DataParallelLayouts(4);
-  layouts.push_back(
-      {"dp2 offload", Ranks(2, {"parallel.dp=2", "parallel.offload=optimizer", "batch.micro=4"})});
-  for (auto& layout : ModelParallelLayouts()) layouts.push_back(std::move(layout));
+  const Layouts layouts = NcclPathLayouts();
   for (const auto& [precision, tolerance] :
        {std::pair<const char*, double>{"fp32", 1e-5}, {"bf16", 1e-2}}) {
-    RunSpec r;
-    r.device = "cuda";
-    r.precision = precision;
-    r.micro = 8;
-    r.steps = 20;
-    const JobSpec spec = SpecOf(r);
-    const std::vector<double> want = TrainRanks(spec, 1, r.steps);
+    const JobSpec spec = OneGpuSpec(precision, 8);
+    const std::vector<double> want = TrainRanks(spec, 1, kSteps);
     for (const auto& [name, overrides] : layouts) {
       std::vector<std::string> o = overrides;
       o.push_back("parallel.comm=nccl");
@@ -254,12 +254,12 @@ TEST(GpuParallelTrainerTest, NcclLayoutsOnSeveralGpusEqualOneRank) {
         continue;
       }
       const std::vector<double> got =
-          TrainNcclRanks(*nccl, r.steps, absl::StrCat("nccl/", precision, "/", name));
+          TrainNcclRanks(*nccl, kSteps, absl::StrCat("nccl/", precision, "/", name));
       const double diff = MaxRelDiff(got, want);
       std::printf(
           "[gpu-trainer] %s NCCL %s on %d GPUs vs 1 rank: step %d %.7f / %.7f, max rel diff "
           "%.3g\n",
-          precision, name.c_str(), nccl->World(), r.steps, got[r.steps], want[r.steps], diff);
+          precision, name.c_str(), nccl->World(), kSteps, got[kSteps], want[kSteps], diff);
       EXPECT_LE(diff, tolerance) << precision << " " << name;
     }
   }
