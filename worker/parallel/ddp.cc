@@ -299,7 +299,6 @@ absl::Status Ddp::StepOnHost(const float* device_grads, float lr) {
   const size_t n = host_params_.size();
   engine::FlatMath& math = engine_->math();
   engine::Device& device = engine_->device();
-  float* device_params = static_cast<float*>(engine_->params().data);
   std::vector<std::unique_ptr<engine::Event>> arrived;
   if (device_grads != nullptr) {
     for (size_t begin = 0; begin < n; begin += kPiece) {
@@ -317,18 +316,21 @@ absl::Status Ddp::StepOnHost(const float* device_grads, float lr) {
     if (!arrived.empty()) {
       if (absl::Status s = arrived[k]->Synchronize(); !s.ok()) return s;
     }
-    adamw_.UpdateRange(absl::MakeSpan(host_params_), absl::MakeConstSpan(host_grads_), lr, begin,
-                       end, engine_->host_pool());
-    math.CopyFromHostAsync(device_params + begin, host_params_.data() + begin, end - begin);
+    StepPieceOnHost(begin, end, lr);
   }
   // The next forward reads the parameters on the same stream; the host
   // waits only so that host_params_ is not written while still being read.
   return device.compute_stream().Synchronize();
 }
 
+void Ddp::StepPieceOnHost(size_t begin, size_t end, float lr) {
+  adamw_.UpdateRange(absl::MakeSpan(host_params_), absl::MakeConstSpan(host_grads_), lr, begin, end,
+                     engine_->host_pool());
+  engine_->math().CopyFromHostAsync(static_cast<float*>(engine_->params().data) + begin,
+                                    host_params_.data() + begin, end - begin);
+}
+
 absl::Status Ddp::StepCopiedOut(float lr, float scale) {
-  engine::FlatMath& math = engine_->math();
-  float* device_params = static_cast<float*>(engine_->params().data);
   absl::Status status;
   adamw_.Advance();
   // In the order the copies were queued: the last layers' first, as the
@@ -339,9 +341,7 @@ absl::Status Ddp::StepCopiedOut(float lr, float scale) {
     for (size_t begin = a.begin; begin < a.end; begin += kPiece) {
       const size_t end = std::min(a.end, begin + kPiece);
       if (scale != 1.0f) host_math_.Scale(host_grads_.data() + begin, end - begin, scale);
-      adamw_.UpdateRange(absl::MakeSpan(host_params_), absl::MakeConstSpan(host_grads_), lr, begin,
-                         end, engine_->host_pool());
-      math.CopyFromHostAsync(device_params + begin, host_params_.data() + begin, end - begin);
+      StepPieceOnHost(begin, end, lr);
     }
   }
   DrainCopies();

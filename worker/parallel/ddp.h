@@ -102,6 +102,9 @@ class Ddp final : public DataParallel {
   // host copy of the master, the result copied to the engine. The gradient
   // is copied out of `device_grads` first, or already in host_grads_ (null).
   absl::Status StepOnHost(const float* device_grads, float lr);
+  // AdamW (advanced already) over host elements [begin, end), the result
+  // queued back to the engine's parameters.
+  void StepPieceOnHost(size_t begin, size_t end, float lr);
   // Whether this step's gradient leaves during the backward (see the class
   // comment).
   bool CopiesEarly() const;
