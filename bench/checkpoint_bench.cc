@@ -191,14 +191,14 @@ void Parallel(int n, const std::function<void(int)>& fn) {
 // The gpt2-124m preset, or for --params N the same shape (12 layers, 12
 // heads, context 1024, vocab 50257) with the largest dim (a multiple of 12)
 // whose layout has at most N params (dim 12, ~0.64M params, at the least).
-model::GptConfig PickConfig(uint64_t want) {
-  auto preset = model::GptPreset("gpt2-124m");
-  if (!preset.ok()) Die("GptPreset", preset.status());
+model::ModelConfig PickConfig(uint64_t want) {
+  auto preset = model::ModelPreset("gpt2-124m");
+  if (!preset.ok()) Die("ModelPreset", preset.status());
   if (want == 0 || want >= model::ParamLayout(*preset).num_params()) return *preset;
-  model::GptConfig best = *preset;
+  model::ModelConfig best = *preset;
   best.dim = 12;
   for (int dim = 24; dim <= preset->dim; dim += 12) {
-    model::GptConfig c = *preset;
+    model::ModelConfig c = *preset;
     c.dim = dim;
     if (model::ParamLayout(c).num_params() > want) break;
     best = c;
@@ -233,7 +233,7 @@ int Main(int argc, char** argv) {
   app.add_flag("--json", cfg.json, "one JSON object per row on stdout");
   CLI11_PARSE(app, argc, argv);
 
-  const model::GptConfig config = PickConfig(cfg.params);
+  const model::ModelConfig config = PickConfig(cfg.params);
   const model::ParamLayout layout(config);
   const uint64_t n = layout.num_params();
   const int world = cfg.ranks;

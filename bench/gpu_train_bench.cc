@@ -115,7 +115,7 @@ absl::StatusOr<JobSpec> SpecFor(const Options& o, int batch) {
 
 // FLOPs per token: 6 per parameter per token (forward + backward) plus
 // attention's QK^T and att·V, 12·L·C·T.
-double FlopsPerToken(const model::GptConfig& c, int64_t params, int T) {
+double FlopsPerToken(const model::ModelConfig& c, int64_t params, int T) {
   return 6.0 * double(params) + 12.0 * c.layers * c.dim * double(T);
 }
 

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/engine/cpu/gpt.h"
+#include "worker/engine/cpu/cpu_model.h"
 #include "worker/engine/cpu/layers.h"
 #include "worker/optim/adamw.h"
 
@@ -51,28 +51,28 @@ struct Options {
 
 struct BenchConfig {
   std::string name;
-  model::GptConfig config;
+  model::ModelConfig config;
   int B, T;
 };
 
-double FlopsPerToken(const model::GptConfig& c, int T) {
+double FlopsPerToken(const model::ModelConfig& c, int T) {
   const double L = c.layers, C = c.dim, V = c.vocab;
   return 6.0 * (12.0 * L * C * C + V * C) + 6.0 * L * T * C;
 }
 
 struct Result {
   double ms_step = 0, tok_s = 0, gflops = 0;
-  engine::cpu::Gpt::Timing fwd, bwd;
+  engine::cpu::CpuModel::Timing fwd, bwd;
   double zero_ms = 0, adam_ms = 0;
 };
 
 Result RunEngine(const BenchConfig& bc, const Options& opt) {
-  auto m = engine::cpu::Gpt::Create(bc.config, bc.B, bc.T, opt.threads);
+  auto m = engine::cpu::CpuModel::Create(bc.config, bc.B, bc.T, opt.threads);
   if (!m.ok()) {
     std::fprintf(stderr, "%s\n", m.status().ToString().c_str());
     std::exit(1);
   }
-  engine::cpu::Gpt& gpt = **m;
+  engine::cpu::CpuModel& gpt = **m;
   gpt.InitParams(1337);
   auto adam = optim::AdamW::Create(gpt.layout(), 0, gpt.params().f32().size(), {});
   std::mt19937 rng(1);
@@ -106,7 +106,7 @@ Result RunEngine(const BenchConfig& bc, const Options& opt) {
       // Backward's timers accumulate on top of Forward's: take the delta.
       gpt.set_profiling(true);
     }
-    const engine::cpu::Gpt::Timing before = gpt.timing();
+    const engine::cpu::CpuModel::Timing before = gpt.timing();
     gpt.Backward();
     if (opt.profile && measure) {
       const auto& t = gpt.timing();

@@ -15,7 +15,7 @@
 #include "worker/checkpoint/storage.h"
 #include "worker/checkpoint/weights_file.h"
 #include "worker/data/tokens.h"
-#include "worker/engine/cpu/gpt.h"
+#include "worker/engine/cpu/cpu_model.h"
 #include "worker/engine/generate.h"
 
 namespace shardtrain::client {
@@ -86,7 +86,7 @@ int Sample(const GlobalFlags& g, const SampleOptions& o) {
                               "50257)")));
   }
   const int T = weights->config.context;
-  auto model = engine::cpu::Gpt::Create(weights->config, 1, T, o.threads);
+  auto model = engine::cpu::CpuModel::Create(weights->config, 1, T, o.threads);
   if (!model.ok()) return ReportError(g, model.status());
   std::copy(weights->params.begin(), weights->params.end(), (*model)->params().f32().begin());
   engine::GenerateOptions go;
@@ -161,7 +161,7 @@ int Export(const GlobalFlags& g, const ExportOptions& o) {
     if (s.ok()) s = WriteFileAtomically(o.out + "/merges.txt", merges_text);
   }
   if (!s.ok()) return ReportError(g, s);
-  const model::GptConfig& c = weights->config;
+  const model::ModelConfig& c = weights->config;
   if (g.output == "json") {
     std::cout << "{\"from\": " << JsonString(from) << ", \"out\": " << JsonString(o.out)
               << ", \"format\": \"safetensors\", \"tokenizer_files\": "

@@ -73,7 +73,7 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
         absl::StrCat("--memory-per-rank: must be >= 1 byte, got ", options.memory_per_rank));
   }
   const ModelSpec& model = spec.model;
-  const absl::StatusOr<model::GptConfig> config =
+  const absl::StatusOr<model::ModelConfig> config =
       model::MakeGptConfig(model.layers, model.heads, model.dim, model.context, model.vocab);
   if (!config.ok()) return config.status();
   AutoLayoutResult result;

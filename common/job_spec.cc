@@ -38,7 +38,7 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
   SHARDTRAIN_ASSIGN_OR_RETURN(Node n, Section(root, "model"));
   SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, "model", "preset", &m->preset));
   if (!m->preset.empty()) {
-    absl::StatusOr<model::GptConfig> preset = model::GptPreset(m->preset);
+    absl::StatusOr<model::ModelConfig> preset = model::ModelPreset(m->preset);
     if (!preset.ok()) return FieldError("model.preset", preset.status().message());
     m->layers = preset->layers;
     m->heads = preset->heads;
@@ -139,7 +139,7 @@ absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpe
       dims.CheckModelFits(model.layers, model.heads, model.dim, model.vocab));
   SHARDTRAIN_RETURN_IF_ERROR(dims.CheckZero(p->zero));
   SHARDTRAIN_ASSIGN_OR_RETURN(
-      model::GptConfig config,
+      model::ModelConfig config,
       model::MakeGptConfig(model.layers, model.heads, model.dim, model.context, model.vocab));
   return model::StageLayers(config, p->pp, p->stages).status();
 }

@@ -54,7 +54,7 @@ std::vector<std::string> LayoutProblems(const JobSpec& spec, int world) {
     add(fits);
     // The split of the layers, once pp fits them.
     if (fits.ok()) {
-      model::GptConfig cfg = *model::MakeGptConfig(m.layers, m.heads, m.dim, m.context, m.vocab);
+      model::ModelConfig cfg = *model::MakeGptConfig(m.layers, m.heads, m.dim, m.context, m.vocab);
       add(model::StageLayers(cfg, par.pp, par.stages).status());
     }
   }
@@ -97,7 +97,7 @@ struct StageShape {
   std::vector<std::string> names;    // their names
 };
 
-StageShape ShapeOfStage(const model::GptConfig& cfg, const model::ModelSlice& slice) {
+StageShape ShapeOfStage(const model::ModelConfig& cfg, const model::ModelSlice& slice) {
   StageShape shape;
   shape.slice = slice;
   const model::ParamLayout layout(cfg, slice);
@@ -117,7 +117,7 @@ int RecomputedLayers(const model::ActivationPolicy& policy, int layers) {
   return policy.recompute_layers < 0 ? layers : std::min(layers, policy.recompute_layers);
 }
 
-MicroBatchFlops StageFlops(const model::GptConfig& cfg, int B, int T,
+MicroBatchFlops StageFlops(const model::ModelConfig& cfg, int B, int T,
                            const model::ModelSlice& slice, const model::ActivationPolicy& policy) {
   const double N = double(B) * T, C = cfg.dim, Ct = C / slice.tp;
   const int Ls = slice.end_layer(cfg) - slice.first_layer;
@@ -207,7 +207,7 @@ int64_t GatheredPeak(const StageShape& shape, bool reshard) {
 }
 
 // Memory and bytes sent per step for one rank of stage `s` under ZeRO `zero`.
-Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const StageShape& shape,
+Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const StageShape& shape,
                        int s, int zero, int m) {
   const std::vector<std::string>& names = shape.names;
   const int dp = spec.parallel.dp, tp = spec.parallel.tp, pp = spec.parallel.pp;
@@ -264,7 +264,7 @@ Estimate EstimateStage(const JobSpec& spec, const model::GptConfig& cfg, const S
   // A gathered unit: its parameters in the compute type, and under mixed
   // precision also its fp32 master, from which the engine refreshes the
   // compute copy (held only while the unit is in use:
-  // GptEngineOptions::release_compute_copy).
+  // ModelEngineOptions::release_compute_copy).
   if (zero == 3) working += (pb + per.optimizer - 8) * GatheredPeak(shape, reshard);
   mem.set_working_bytes(working);
   // Communication buffers. Collectives run in place on the model's buffers;
@@ -440,7 +440,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
 
   const ParallelSpec& par = spec.parallel;
   const int dp = par.dp, tp = par.tp, pp = par.pp;
-  const model::GptConfig cfg = *model::MakeGptConfig(
+  const model::ModelConfig cfg = *model::MakeGptConfig(
       spec.model.layers, spec.model.heads, spec.model.dim, spec.model.context, spec.model.vocab);
   const model::ParamLayout layout(cfg);
   const ParallelDims dims = *ParallelDims::Create(dp, tp, pp, world);

@@ -79,7 +79,7 @@ ModelStateBytes ZeroMemoryBytes(int64_t num_params, int dp, int stage,
 // shards on the devices).
 bool StateThroughHost(const JobSpec& spec);
 // Where that state lies, for `num_params` elements under `stage`: returned,
-// the device's (ZeRO-2/3 engines give released units back: GptEngineOptions::
+// the device's (ZeRO-2/3 engines give released units back: ModelEngineOptions::
 // release_state, release_compute_copy) — params: up to ZeRO-2 the compute
 // copy (the fp32 master itself in fp32) and the fp32 master beside a 16-bit
 // copy, none under ZeRO-3; grads: whole under ZeRO-0/1, else none
@@ -110,7 +110,7 @@ struct MicroBatchFlops {
   double train = 0;
   double recompute = 0;
 };
-MicroBatchFlops StageFlops(const model::GptConfig& config, int B, int T,
+MicroBatchFlops StageFlops(const model::ModelConfig& config, int B, int T,
                            const model::ModelSlice& slice, const model::ActivationPolicy& policy);
 
 // StageFlops of the stage where `spec`'s model.recompute adds the most

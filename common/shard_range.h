@@ -37,7 +37,7 @@ inline ShardRange UnitShardRange(size_t numel, int dp, int rank) {
 }
 
 // The units whose parameters one micro-batch reads, in the order
-// Gpt::set_param_hook reports them: forward embeddings (encoder), the blocks
+// CpuModel::set_param_hook reports them: forward embeddings (encoder), the blocks
 // in order, final, embeddings (the LM head, tied to wte); backward
 // embeddings (LM head), final, the blocks in reverse (the encoder's backward
 // reads no parameter). Units < 0 are absent (a pipeline stage holding no

@@ -10,9 +10,9 @@
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/data/tokens.h"
-#include "worker/engine/cpu/gpt.h"
+#include "worker/engine/cpu/cpu_model.h"
 #if SHARDTRAIN_HAVE_CUDA
-#include "worker/engine/cuda/gpt.h"
+#include "worker/engine/cuda/cuda_model.h"
 #endif
 #include "worker/optim/lr_schedule.h"
 #include "worker/parallel/schedule.h"
@@ -63,17 +63,18 @@ DataType ComputeType(Precision p) {
 
 // The engine of the spec's device on this rank's slice.
 absl::StatusOr<std::unique_ptr<engine::Engine>> MakeEngine(
-    const JobSpec& spec, const model::GptConfig& config, int threads, int gpu,
-    const engine::GptEngineOptions& options) {
+    const JobSpec& spec, const model::ModelConfig& config, int threads, int gpu,
+    const engine::ModelEngineOptions& options) {
   if (spec.resources.device == DeviceKind::kCuda) {
 #if SHARDTRAIN_HAVE_CUDA
-    auto e = engine::cuda::CudaGpt::Create(config, spec.batch.micro, spec.batch.seq_len, gpu,
-                                           ComputeType(spec.precision), threads, options);
+    auto e = engine::cuda::CudaModel::Create(config, spec.batch.micro, spec.batch.seq_len, gpu,
+                                             ComputeType(spec.precision), threads, options);
     if (!e.ok()) return e.status();
     return std::unique_ptr<engine::Engine>(*std::move(e));
 #endif
   }
-  auto e = engine::cpu::Gpt::Create(config, spec.batch.micro, spec.batch.seq_len, threads, options);
+  auto e =
+      engine::cpu::CpuModel::Create(config, spec.batch.micro, spec.batch.seq_len, threads, options);
   if (!e.ok()) return e.status();
   return std::unique_ptr<engine::Engine>(*std::move(e));
 }
@@ -172,7 +173,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
     dp_comm = mesh->dp();
   }
   std::unique_ptr<parallel::TensorParallelGroup> tp;
-  engine::cpu::GptOptions options;
+  engine::ModelEngineOptions options;
   options.slice = model::SliceOf(*stages, coord.pp, dims->tp(), coord.tp);
   options.activations = spec.Activations();
   // ZeRO-2/3 give the device memory of the units not in use back.
@@ -500,7 +501,7 @@ absl::StatusOr<int64_t> Trainer::Restore(checkpoint::CheckpointStorage& storage,
 }
 
 absl::Status Trainer::LoadInitialWeights(const std::string& path) {
-  absl::StatusOr<model::GptConfig> config =
+  absl::StatusOr<model::ModelConfig> config =
       model::MakeGptConfig(spec_.model.layers, spec_.model.heads, spec_.model.dim,
                            spec_.model.context, spec_.model.vocab);
   if (!config.ok()) return config.status();

@@ -10,7 +10,7 @@
 
 namespace shardtrain::model {
 
-ActivationTable::ActivationTable(const GptConfig& config, int B, int T, const ModelSlice& slice,
+ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const ModelSlice& slice,
                                  DataType compute, const ActivationPolicy& policy)
     : compute_(compute) {
   const int64_t BT = int64_t{B} * T, C = config.dim, tp = slice.tp;

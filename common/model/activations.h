@@ -101,7 +101,7 @@ class ActivationTable {
   // Preconditions (the callers validate them): B, T >= 1; slice within the
   // config's layers; tp divides heads. `compute`: the type of every tensor
   // but the fp32 statistics.
-  ActivationTable(const GptConfig& config, int B, int T, const ModelSlice& slice = {},
+  ActivationTable(const ModelConfig& config, int B, int T, const ModelSlice& slice = {},
                   DataType compute = DataType::kFloat32, const ActivationPolicy& policy = {});
 
   // In allocation order: the saved tensors (layers in order, then the

@@ -26,7 +26,7 @@ constexpr Preset kPresets[] = {
 
 }  // namespace
 
-absl::Status ValidateGptConfig(const GptConfig& c) {
+absl::Status ValidateModelConfig(const ModelConfig& c) {
   auto positive = [](const char* field, int v) -> absl::Status {
     if (v < 1) {
       return absl::InvalidArgumentError(absl::StrCat("model.", field, ": must be >= 1, got ", v));
@@ -52,32 +52,32 @@ absl::Status ValidateGptConfig(const GptConfig& c) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<GptConfig> MakeGptConfig(int layers, int heads, int dim, int context, int vocab) {
-  GptConfig c{layers, heads, dim, context, vocab, PaddedVocab(vocab)};
-  if (auto s = ValidateGptConfig(c); !s.ok()) return s;
+absl::StatusOr<ModelConfig> MakeGptConfig(int layers, int heads, int dim, int context, int vocab) {
+  ModelConfig c{layers, heads, dim, context, vocab, PaddedVocab(vocab)};
+  if (auto s = ValidateModelConfig(c); !s.ok()) return s;
   return c;
 }
 
-absl::StatusOr<GptConfig> GptPreset(const std::string& name) {
+absl::StatusOr<ModelConfig> ModelPreset(const std::string& name) {
   for (const Preset& p : kPresets) {
     if (name == p.name) return MakeGptConfig(p.layers, p.heads, p.dim, p.context, p.vocab);
   }
   return absl::NotFoundError(absl::StrCat("unknown preset \"", absl::CEscape(name), "\" (known: ",
-                                          absl::StrJoin(GptPresetNames(), ", "), ")"));
+                                          absl::StrJoin(ModelPresetNames(), ", "), ")"));
 }
 
-std::vector<std::string> GptPresetNames() {
+std::vector<std::string> ModelPresetNames() {
   std::vector<std::string> names;
   for (const Preset& p : kPresets) names.push_back(p.name);
   return names;
 }
 
-bool operator==(const GptConfig& a, const GptConfig& b) {
+bool operator==(const ModelConfig& a, const ModelConfig& b) {
   return a.layers == b.layers && a.heads == b.heads && a.dim == b.dim && a.context == b.context &&
          a.vocab == b.vocab && a.padded_vocab == b.padded_vocab;
 }
 
-std::string ToString(const GptConfig& c) {
+std::string ToString(const ModelConfig& c) {
   return absl::StrCat("{layers ", c.layers, ", heads ", c.heads, ", dim ", c.dim, ", context ",
                       c.context, ", vocab ", c.vocab, ", padded_vocab ", c.padded_vocab, "}");
 }

@@ -16,7 +16,7 @@
 
 namespace shardtrain::model {
 
-struct GptConfig {
+struct ModelConfig {
   int layers = 0;        // L
   int heads = 0;         // NH
   int dim = 0;           // C
@@ -34,22 +34,22 @@ int PaddedVocab(int vocab);
 // Returns InvalidArgument naming the offending field the way a job spec
 // does ("model.heads: must be >= 1, got 0", "model.dim: 10 is not divisible
 // by model.heads: 4").
-absl::StatusOr<GptConfig> MakeGptConfig(int layers, int heads, int dim, int context, int vocab);
+absl::StatusOr<ModelConfig> MakeGptConfig(int layers, int heads, int dim, int context, int vocab);
 
 // Validates an already filled config (including padded_vocab ==
 // PaddedVocab(vocab)).
-absl::Status ValidateGptConfig(const GptConfig& config);
+absl::Status ValidateModelConfig(const ModelConfig& config);
 
 // Named presets, the one table of them: "gpt2-124m" (12/12/768/1024/50257),
 // "gpt2-350m", "gpt2-774m", "gpt2-1558m". NotFound otherwise, listing the
 // known names.
-absl::StatusOr<GptConfig> GptPreset(const std::string& name);
+absl::StatusOr<ModelConfig> ModelPreset(const std::string& name);
 // Their names, in the table's order.
-std::vector<std::string> GptPresetNames();
+std::vector<std::string> ModelPresetNames();
 
-bool operator==(const GptConfig& a, const GptConfig& b);
-inline bool operator!=(const GptConfig& a, const GptConfig& b) { return !(a == b); }
-std::string ToString(const GptConfig& config);
+bool operator==(const ModelConfig& a, const ModelConfig& b);
+inline bool operator!=(const ModelConfig& a, const ModelConfig& b) { return !(a == b); }
+std::string ToString(const ModelConfig& config);
 
 }  // namespace shardtrain::model
 

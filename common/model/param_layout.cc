@@ -25,7 +25,7 @@ void MixTensor(uint64_t& h, const std::string& name, const std::vector<int64_t>&
 
 }  // namespace
 
-ParamLayout::ParamLayout(const GptConfig& config, const ModelSlice& slice)
+ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
     : config_(config), slice_(slice) {
   const int64_t C = config.dim, Vp = config.padded_vocab;
   const int tp = slice.tp;

@@ -86,9 +86,9 @@ enum BlockTensor : int {
 // Immutable after construction; thread-compatible.
 class ParamLayout {
  public:
-  explicit ParamLayout(const GptConfig& config, const ModelSlice& slice = {});
+  explicit ParamLayout(const ModelConfig& config, const ModelSlice& slice = {});
 
-  const GptConfig& config() const { return config_; }
+  const ModelConfig& config() const { return config_; }
   const ModelSlice& slice() const { return slice_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const std::vector<UnitInfo>& units() const { return units_; }
@@ -138,7 +138,7 @@ class ParamLayout {
   uint64_t GlobalFingerprint() const;
 
  private:
-  GptConfig config_;
+  ModelConfig config_;
   ModelSlice slice_;
   int first_block_ = 0, num_layers_ = 0;
   size_t global_num_params_ = 0;

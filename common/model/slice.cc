@@ -10,7 +10,7 @@
 namespace shardtrain::model {
 namespace {
 
-absl::Status CheckRequested(const GptConfig& config, int pp, const std::vector<int>& requested) {
+absl::Status CheckRequested(const ModelConfig& config, int pp, const std::vector<int>& requested) {
   if (static_cast<int>(requested.size()) != pp) {
     return absl::InvalidArgumentError(absl::StrCat("parallel.stages: has ", requested.size(),
                                                    " entries, expected one per pipeline stage "
@@ -34,7 +34,7 @@ absl::Status CheckRequested(const GptConfig& config, int pp, const std::vector<i
 
 }  // namespace
 
-absl::StatusOr<std::vector<int>> StageLayers(const GptConfig& config, int pp,
+absl::StatusOr<std::vector<int>> StageLayers(const ModelConfig& config, int pp,
                                              const std::vector<int>& requested) {
   if (pp < 1) {
     return absl::InvalidArgumentError(absl::StrCat("parallel.pp: must be >= 1, got ", pp));

@@ -41,7 +41,7 @@ struct ModelSlice {
   int tp_rank = 0;  // this rank's index in [0, tp)
 
   // The end of the layer range for `config` (first_layer + num_layers).
-  int end_layer(const GptConfig& config) const {
+  int end_layer(const ModelConfig& config) const {
     return num_layers < 0 ? config.layers : first_layer + num_layers;
   }
   // True when the slice holds the embeddings unit: the first stage (the
@@ -66,7 +66,7 @@ enum class TpSplit {
 // tied wte on the last), ties to the earliest split. Otherwise it must have pp entries,
 // each >= 1, summing to config.layers. INVALID_ARGUMENT naming
 // parallel.stages or parallel.pp otherwise.
-absl::StatusOr<std::vector<int>> StageLayers(const GptConfig& config, int pp,
+absl::StatusOr<std::vector<int>> StageLayers(const ModelConfig& config, int pp,
                                              const std::vector<int>& requested = {});
 
 // The slice of pipeline stage `stage` (of stage_layers.size()) and tensor

@@ -68,11 +68,12 @@ absl::Status WriteSafetensors(const std::string& path,
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     if (Numel(t.shape) != int64_t(t.data.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": ", t.data.size(),
-                                                     " values for shape ", ShapeText(t.shape)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": ", t.data.size(), " values for shape ", ShapeText(t.shape)));
     }
     const uint64_t bytes = t.data.size() * sizeof(float);
-    header[name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[name] = {
+        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -83,7 +84,8 @@ absl::Status WriteSafetensors(const std::string& path,
   for (int i = 0; i < 8; ++i) length[i] = char((n >> (8 * i)) & 0xff);  // little-endian
   std::vector<std::string_view> pieces = {std::string_view(length, 8), text};
   for (const auto& [name, t] : tensors) {
-    pieces.emplace_back(reinterpret_cast<const char*>(t.data.data()), t.data.size() * sizeof(float));
+    pieces.emplace_back(reinterpret_cast<const char*>(t.data.data()),
+                        t.data.size() * sizeof(float));
   }
   return WriteFileAtomically(path, pieces);
 }
@@ -124,8 +126,7 @@ absl::StatusOr<std::map<std::string, NamedTensor>> ReadSafetensors(const std::st
       return bad(absl::StrCat("tensor ", it.key(), ": bad data_offsets"));
     }
     const uint64_t begin = e["data_offsets"][0], end = e["data_offsets"][1];
-    if (begin > end || end > data_size ||
-        end - begin != uint64_t(Numel(t.shape)) * sizeof(float)) {
+    if (begin > end || end > data_size || end - begin != uint64_t(Numel(t.shape)) * sizeof(float)) {
       return bad(absl::StrCat("tensor ", it.key(), ": data_offsets [", begin, ", ", end,
                               ") do not hold shape ", ShapeText(t.shape), " of F32 within ",
                               data_size, " data bytes"));
@@ -137,7 +138,7 @@ absl::StatusOr<std::map<std::string, NamedTensor>> ReadSafetensors(const std::st
   return out;
 }
 
-std::map<std::string, NamedTensor> ToHfGpt2(const model::GptConfig& config,
+std::map<std::string, NamedTensor> ToHfGpt2(const model::ModelConfig& config,
                                             absl::Span<const float> params) {
   const model::ParamLayout layout(config);
   std::map<std::string, NamedTensor> out;
@@ -160,7 +161,7 @@ std::map<std::string, NamedTensor> ToHfGpt2(const model::GptConfig& config,
   return out;
 }
 
-absl::StatusOr<std::vector<float>> FromHfGpt2(const model::GptConfig& config,
+absl::StatusOr<std::vector<float>> FromHfGpt2(const model::ModelConfig& config,
                                               const std::map<std::string, NamedTensor>& tensors) {
   const model::ParamLayout layout(config);
   std::vector<float> params(layout.num_params(), 0.0f);
@@ -191,7 +192,7 @@ absl::StatusOr<std::vector<float>> FromHfGpt2(const model::GptConfig& config,
   return params;
 }
 
-std::string HfGpt2ConfigJson(const model::GptConfig& config) {
+std::string HfGpt2ConfigJson(const model::ModelConfig& config) {
   Json j = {
       {"architectures", {"GPT2LMHeadModel"}},
       {"model_type", "gpt2"},
@@ -201,7 +202,7 @@ std::string HfGpt2ConfigJson(const model::GptConfig& config) {
       {"n_embd", config.dim},
       {"n_layer", config.layers},
       {"n_head", config.heads},
-      {"n_inner", nullptr},  // 4 × n_embd
+      {"n_inner", nullptr},                 // 4 × n_embd
       {"activation_function", "gelu_new"},  // GELU's tanh approximation, as our engines
       {"layer_norm_epsilon", 1e-5},
       {"resid_pdrop", 0.0},
@@ -217,7 +218,7 @@ std::string HfGpt2ConfigJson(const model::GptConfig& config) {
 }
 
 absl::StatusOr<std::vector<float>> LoadModelWeights(const std::string& path,
-                                                    const model::GptConfig& config) {
+                                                    const model::ModelConfig& config) {
   std::error_code ec;
   std::string file = path;
   if (std::filesystem::is_directory(path, ec)) file = path + "/model.safetensors";
@@ -235,13 +236,13 @@ absl::StatusOr<std::vector<float>> LoadModelWeights(const std::string& path,
   }
   absl::StatusOr<LoadedWeights> w = LoadWeights(file);
   if (!w.ok()) return w.status();
-  const model::GptConfig& c = w->config;
+  const model::ModelConfig& c = w->config;
   if (c.layers != config.layers || c.heads != config.heads || c.dim != config.dim ||
       c.context != config.context || c.vocab != config.vocab) {
     return absl::InvalidArgumentError(absl::StrCat(
         file, ": weights of layers ", c.layers, ", heads ", c.heads, ", dim ", c.dim, ", context ",
-        c.context, ", vocab ", c.vocab, " where the model has ", config.layers, ", ",
-        config.heads, ", ", config.dim, ", ", config.context, ", ", config.vocab));
+        c.context, ", vocab ", c.vocab, " where the model has ", config.layers, ", ", config.heads,
+        ", ", config.dim, ", ", config.context, ", ", config.vocab));
   }
   return std::move(w->params);
 }

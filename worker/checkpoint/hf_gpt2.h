@@ -59,18 +59,18 @@ absl::StatusOr<std::map<std::string, NamedTensor>> ReadSafetensors(const std::st
 
 // The whole model's flat parameters (ParamLayout(config) order) as GPT-2's
 // named tensors.
-std::map<std::string, NamedTensor> ToHfGpt2(const model::GptConfig& config,
+std::map<std::string, NamedTensor> ToHfGpt2(const model::ModelConfig& config,
                                             absl::Span<const float> params);
 
 // GPT-2's named tensors -> the flat parameters of `config` (the padded wte
 // rows zero). INVALID_ARGUMENT naming the first tensor that is missing or
 // whose shape differs ("transformer.h.0.attn.c_attn.weight: shape [768, 2304]
 // in the file, [64, 192] for the model").
-absl::StatusOr<std::vector<float>> FromHfGpt2(const model::GptConfig& config,
+absl::StatusOr<std::vector<float>> FromHfGpt2(const model::ModelConfig& config,
                                               const std::map<std::string, NamedTensor>& tensors);
 
 // transformers' config.json of a GPT2LMHeadModel of `config`.
-std::string HfGpt2ConfigJson(const model::GptConfig& config);
+std::string HfGpt2ConfigJson(const model::ModelConfig& config);
 
 // The whole model's flat parameters for `config` from `path`: a safetensors
 // file in GPT-2's layout (FromHfGpt2), a folder holding model.safetensors,
@@ -78,7 +78,7 @@ std::string HfGpt2ConfigJson(const model::GptConfig& config);
 // NOT_FOUND naming the path; INVALID_ARGUMENT naming the first mismatching
 // tensor, or the config fields that differ.
 absl::StatusOr<std::vector<float>> LoadModelWeights(const std::string& path,
-                                                    const model::GptConfig& config);
+                                                    const model::ModelConfig& config);
 
 // True when `path` starts like a safetensors file (a plausible header
 // length followed by '{').

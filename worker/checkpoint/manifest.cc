@@ -276,7 +276,7 @@ absl::Status ValidateManifest(const Manifest& m) {
   if (m.zero_stage < 0 || m.zero_stage > 3) {
     return absl::InvalidArgumentError(absl::StrCat("zero_stage ", m.zero_stage, " not in 0..3"));
   }
-  if (absl::Status s = model::ValidateGptConfig(m.config); !s.ok()) {
+  if (absl::Status s = model::ValidateModelConfig(m.config); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", s.message()));
   }
   const model::ParamLayout layout(m.config);

@@ -49,7 +49,7 @@ struct ManifestTensor {
 
 struct Manifest {
   int64_t step = 0;
-  model::GptConfig config;
+  model::ModelConfig config;
   uint64_t num_params = 0;
   uint64_t layout_fingerprint = 0;
   std::vector<ManifestTensor> tensors;

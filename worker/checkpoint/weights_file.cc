@@ -34,9 +34,9 @@ uint64_t Fnv1a(const void* data, size_t n) {
 
 }  // namespace
 
-absl::Status SaveWeights(const std::string& path, const model::GptConfig& config,
+absl::Status SaveWeights(const std::string& path, const model::ModelConfig& config,
                          absl::Span<const float> params) {
-  if (auto s = model::ValidateGptConfig(config); !s.ok()) return s;
+  if (auto s = model::ValidateModelConfig(config); !s.ok()) return s;
   const model::ParamLayout layout(config);
   if (params.size() != layout.num_params()) {
     return absl::InvalidArgumentError(absl::StrCat("SaveWeights(", path, "): ", params.size(),
@@ -82,8 +82,8 @@ absl::StatusOr<LoadedWeights> LoadWeights(const std::string& path) {
         absl::StrCat("weights file ", path, " has unsupported version ", h.version));
   }
   LoadedWeights out;
-  out.config = model::GptConfig{h.cfg[0], h.cfg[1], h.cfg[2], h.cfg[3], h.cfg[4], h.cfg[5]};
-  if (auto s = model::ValidateGptConfig(out.config); !s.ok()) {
+  out.config = model::ModelConfig{h.cfg[0], h.cfg[1], h.cfg[2], h.cfg[3], h.cfg[4], h.cfg[5]};
+  if (auto s = model::ValidateModelConfig(out.config); !s.ok()) {
     return absl::DataLossError(
         absl::StrCat("weights file ", path, " has an invalid config: ", s.message()));
   }

@@ -25,11 +25,11 @@ inline constexpr uint32_t kWeightsVersion = 1;
 // Writes atomically: path.tmp.<pid> → fsync → rename → fsync(directory).
 // InvalidArgument if params.size() != ParamLayout(config).num_params();
 // Unavailable/DataLoss on I/O errors (naming the path).
-absl::Status SaveWeights(const std::string& path, const model::GptConfig& config,
+absl::Status SaveWeights(const std::string& path, const model::ModelConfig& config,
                          absl::Span<const float> params);
 
 struct LoadedWeights {
-  model::GptConfig config;
+  model::ModelConfig config;
   std::vector<float> params;
 };
 

@@ -36,7 +36,7 @@ class Engine {
   virtual ~Engine() = default;
 
   virtual const model::ParamLayout& layout() const = 0;
-  const model::GptConfig& config() const { return layout().config(); }
+  const model::ModelConfig& config() const { return layout().config(); }
   virtual int max_batch() const = 0;    // B
   virtual int max_seq_len() const = 0;  // T
   virtual Device& device() = 0;

@@ -74,7 +74,7 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
     z->adamw_.push_back(*std::move(a));
     z->units_.push_back(std::move(u));
   }
-  // Uses of one micro-batch, in the order Gpt calls the param hook.
+  // Uses of one micro-batch, in the order CpuModel calls the param hook.
   const int emb = layout.tensors()[layout.wte()].unit;
   z->emb_unit_ = emb;
   const int fin = layout.tensors()[layout.lnf_w()].unit;

@@ -50,7 +50,7 @@
 //            a unit's parameters when it is gathered and gives them back
 //            after use; stages 2-3 take a unit's gradients just before the
 //            backward writes them and give them back once copied out. On a
-//            GPU whose buffers give memory back (GptEngineOptions::
+//            GPU whose buffers give memory back (ModelEngineOptions::
 //            release_state) the device then holds only the units in use.
 //   on the device (a communicator of device memory: NCCL) the gradient
 //            reductions and the all-gathers (of the updated shards, stages

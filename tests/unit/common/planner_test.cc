@@ -268,7 +268,7 @@ TEST_P(PlanMeshTest, ShardsPartitionEachUnit) {
 
 TEST_P(PlanMeshTest, StagesAreTheBalancedSplitOrTheJobs) {
   JobSpec s = SmallSpec(dp(), tp(), pp());
-  const model::GptConfig cfg = *model::MakeGptConfig(5, 12, 96, 16, 150);
+  const model::ModelConfig cfg = *model::MakeGptConfig(5, 12, 96, 16, 150);
   // The balanced split, then an explicit one: the last stage takes the rest.
   std::vector<int> explicit_split(pp(), 1);
   explicit_split.back() = 5 - (pp() - 1);

@@ -272,7 +272,7 @@ TEST_F(GpuTrainerTest, CheckpointsMoveBetweenGpuAndCpuAndContinueTheLossCurve) {
   }
 }
 
-// model.recompute on the GPU engine (GptEngine's refill, the CUDA layers):
+// model.recompute on the GPU engine (ModelEngine's refill, the CUDA layers):
 // the same losses as keeping every activation, in fp32 and bf16.
 TEST_F(GpuTrainerTest, RecomputationTrainsLikeKeepingEveryActivation) {
   SKIP_WITHOUT_GPU();

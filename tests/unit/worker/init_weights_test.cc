@@ -40,8 +40,9 @@ class InitWeightsTest : public ::testing::Test {
     std::error_code ec;
     fs::remove_all(dir_, ec);
   }
-  JobSpec Spec(const std::string& layout, const std::string& init = "",
-               const std::string& model = "{layers: 4, heads: 4, dim: 32, context: 32, vocab: 256}") {
+  JobSpec Spec(
+      const std::string& layout, const std::string& init = "",
+      const std::string& model = "{layers: 4, heads: 4, dim: 32, context: 32, vocab: 256}") {
     absl::StatusOr<JobSpec> spec = ParseJobSpec(absl::StrCat(
         "name: init\n", "model: ", model.substr(0, model.size() - 1),
         init.empty() ? "" : absl::StrCat(", init: ", init), "}\n",
@@ -90,7 +91,7 @@ TEST_F(InitWeightsTest, JobsOfAnyLayoutStartFromExportedWeights) {
   const JobSpec source = Spec("{dp: 1}");
   const Result trained = TrainRanks(source, 5);
   ASSERT_FALSE(trained.params.empty());
-  const model::GptConfig config = *model::MakeGptConfig(4, 4, 32, 32, 256);
+  const model::ModelConfig config = *model::MakeGptConfig(4, 4, 32, 32, 256);
   const std::string hf = (dir_ / "export").string();
   fs::create_directories(hf);
   ASSERT_TRUE(checkpoint::WriteSafetensors(hf + "/model.safetensors",
@@ -115,7 +116,7 @@ TEST_F(InitWeightsTest, JobsOfAnyLayoutStartFromExportedWeights) {
 }
 
 TEST_F(InitWeightsTest, AnotherShapeFailsNamingModelInitAndTheTensor) {
-  const model::GptConfig small = *model::MakeGptConfig(4, 4, 16, 32, 256);
+  const model::ModelConfig small = *model::MakeGptConfig(4, 4, 16, 32, 256);
   const std::vector<float> p(model::ParamLayout(small).num_params(), 0.5f);
   const std::string file = (dir_ / "small.safetensors").string();
   ASSERT_TRUE(checkpoint::WriteSafetensors(file, checkpoint::ToHfGpt2(small, p)).ok());

@@ -24,7 +24,7 @@ using Calls = std::vector<std::string>;
 
 class FakeEngine final : public engine::Engine {
  public:
-  FakeEngine(const model::GptConfig& config, int B, int T, Calls* calls)
+  FakeEngine(const model::ModelConfig& config, int B, int T, Calls* calls)
       : layout_(config), table_(config, B, T), B_(B), T_(T), calls_(calls) {
     params_ = *device_.Allocate(layout_.num_params(), DataType::kFloat32);
     grads_ = *device_.Allocate(layout_.num_params(), DataType::kFloat32);
@@ -279,7 +279,7 @@ TEST(TrainerTest, EvaluationNeedsValidationData) {
   JobSpec spec = Spec();
   spec.data.val = "val.txt";
   spec.eval.every = 2;
-  const model::GptConfig cfg = *model::MakeGptConfig(1, 2, 8, 8, 256);
+  const model::ModelConfig cfg = *model::MakeGptConfig(1, 2, 8, 8, 256);
   Calls calls;
   auto factory =
       [&calls](engine::Engine*) -> absl::StatusOr<std::unique_ptr<parallel::DataParallel>> {
@@ -361,7 +361,7 @@ TEST(TrainerTest, ComposeRefusesARankOutsideTheWorldAndASmallEngine) {
     return absl::InternalError("not reached");
   };
   Calls calls;
-  const model::GptConfig cfg = *model::MakeGptConfig(1, 2, 8, 8, 256);
+  const model::ModelConfig cfg = *model::MakeGptConfig(1, 2, 8, 8, 256);
   EXPECT_EQ(
       Trainer::Compose(spec, 2, std::make_unique<FakeEngine>(cfg, 2, 4, &calls), factory, Tokens())
           .status()

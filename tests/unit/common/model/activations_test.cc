@@ -20,8 +20,8 @@ bool IsStat(const std::string& name) {
 }
 
 TEST(ActivationTableTest, StatisticsStayFp32AndTheRestTakeTheComputeType) {
-  const GptConfig cfg = *MakeGptConfig(/*layers=*/2, /*heads=*/2, /*dim=*/6, /*context=*/8,
-                                       /*vocab=*/11);
+  const ModelConfig cfg = *MakeGptConfig(/*layers=*/2, /*heads=*/2, /*dim=*/6, /*context=*/8,
+                                         /*vocab=*/11);
   for (DataType dt : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16}) {
     SCOPED_TRACE(std::string(DataTypeName(dt)));
     const ActivationTable t(cfg, /*B=*/3, /*T=*/5, {}, dt);
@@ -68,7 +68,7 @@ TEST(ActivationTableTest, StatisticsStayFp32AndTheRestTakeTheComputeType) {
 //     the previous layer), residual2, ln1 and ln2: the same 8sbh.
 TEST(ActivationTableTest, MatchesKorthikantiTable2ForAGpt3Layer) {
   const int64_t h = 12288, a = 96, s = 2048, b = 1, t = 8;
-  const GptConfig cfg = *MakeGptConfig(/*layers=*/96, a, h, /*context=*/s, /*vocab=*/50257);
+  const ModelConfig cfg = *MakeGptConfig(/*layers=*/96, a, h, /*context=*/s, /*vocab=*/50257);
   const ModelSlice middle{/*first_layer=*/1,     /*num_layers=*/1,
                           /*first_stage=*/false,
                           /*last_stage=*/false,  t,

@@ -8,7 +8,7 @@
 namespace shardtrain::model {
 namespace {
 
-GptConfig Tiny(int vocab = 100) {
+ModelConfig Tiny(int vocab = 100) {
   auto c = MakeGptConfig(2, 4, 32, 16, vocab);
   EXPECT_TRUE(c.ok());
   return *c;
@@ -19,13 +19,13 @@ TEST(ConfigTest, PaddedVocabAndPresets) {
   EXPECT_EQ(PaddedVocab(256), 256);
   EXPECT_EQ(PaddedVocab(100), 128);
   EXPECT_EQ(PaddedVocab(300), 384);
-  auto p = GptPreset("gpt2-124m");
+  auto p = ModelPreset("gpt2-124m");
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->layers, 12);
   EXPECT_EQ(p->padded_vocab, 50304);
   // llm.c's parameter count for GPT-2 124M with the padded vocab.
   EXPECT_EQ(ParamLayout(*p).num_params(), 124475904u);
-  EXPECT_EQ(GptPreset("gpt9").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ModelPreset("gpt9").status().code(), absl::StatusCode::kNotFound);
   auto bad = MakeGptConfig(2, 3, 32, 16, 100);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("model.heads"), std::string::npos);

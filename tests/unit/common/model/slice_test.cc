@@ -24,7 +24,7 @@ std::string Message(const absl::StatusOr<std::vector<int>>& s) {
 // A stage's parameters as StageLayers documents them: the slice's own layout
 // (blocks, embeddings, final norm) less wpe on a last stage that is not also
 // the first (the tied head needs wte only).
-int64_t StageParams(const GptConfig& c, const std::vector<int>& split, int s) {
+int64_t StageParams(const ModelConfig& c, const std::vector<int>& split, int s) {
   const ModelSlice slice = SliceOf(split, s, 1, 0);
   int64_t n = static_cast<int64_t>(ParamLayout(c, slice).num_params());
   if (slice.last_stage && !slice.first_stage) n -= int64_t{c.context} * c.dim;
@@ -33,7 +33,7 @@ int64_t StageParams(const GptConfig& c, const std::vector<int>& split, int s) {
 
 // Every split of c.layers into pp stages of >= 1 layer, in lexicographic
 // order; the first with the smallest largest stage.
-std::vector<int> BruteForce(const GptConfig& c, int pp) {
+std::vector<int> BruteForce(const ModelConfig& c, int pp) {
   std::vector<int> best, cur;
   int64_t best_max = -1;
   std::function<void(int)> rec = [&](int left) {
@@ -60,7 +60,7 @@ TEST(StageLayersTest, BalancedEqualsBruteForce) {
   // blocks, so the end stages get fewer layers.
   for (int vocab : {64, 300, 5000}) {
     for (int layers : {1, 2, 3, 5, 8, 9}) {
-      const GptConfig c = *MakeGptConfig(layers, 4, 32, 16, vocab);
+      const ModelConfig c = *MakeGptConfig(layers, 4, 32, 16, vocab);
       for (int pp = 1; pp <= std::min(layers, 4); ++pp) {
         absl::StatusOr<std::vector<int>> got = StageLayers(c, pp);
         ASSERT_TRUE(got.ok()) << got.status();
@@ -72,7 +72,7 @@ TEST(StageLayersTest, BalancedEqualsBruteForce) {
 }
 
 TEST(StageLayersTest, Gpt2SmallEndsGetFewerLayers) {
-  const GptConfig c = *GptPreset("gpt2-124m");
+  const ModelConfig c = *ModelPreset("gpt2-124m");
   EXPECT_EQ(*StageLayers(c, 1), std::vector<int>({12}));
   // wte is 50304 × 768 ≈ 38.6M elements ≈ 5.5 blocks (7.1M each).
   EXPECT_EQ(*StageLayers(c, 2), std::vector<int>({6, 6}));
@@ -83,12 +83,12 @@ TEST(StageLayersTest, Gpt2SmallEndsGetFewerLayers) {
 }
 
 TEST(StageLayersTest, ExplicitSplitIsKeptWhenValid) {
-  const GptConfig c = *MakeGptConfig(5, 4, 32, 16, 100);
+  const ModelConfig c = *MakeGptConfig(5, 4, 32, 16, 100);
   EXPECT_EQ(*StageLayers(c, 3, {1, 3, 1}), std::vector<int>({1, 3, 1}));
 }
 
 TEST(StageLayersTest, ErrorsNameTheField) {
-  const GptConfig c = *MakeGptConfig(5, 4, 32, 16, 100);
+  const ModelConfig c = *MakeGptConfig(5, 4, 32, 16, 100);
   EXPECT_EQ(Message(StageLayers(c, 2, {1, 2, 2})),
             "parallel.stages: has 3 entries, expected one per pipeline stage (parallel.pp: 2)");
   EXPECT_EQ(Message(StageLayers(c, 2, {5, 0})), "parallel.stages[1]: must be >= 1 layer, got 0");

@@ -30,10 +30,10 @@
 
 namespace shardtrain::checkpoint {
 
-inline model::GptConfig SmallConfig() {
-  absl::StatusOr<model::GptConfig> c = model::MakeGptConfig(/*layers=*/2, /*heads=*/2,
-                                                            /*dim=*/16, /*context=*/16,
-                                                            /*vocab=*/256);
+inline model::ModelConfig SmallConfig() {
+  absl::StatusOr<model::ModelConfig> c = model::MakeGptConfig(/*layers=*/2, /*heads=*/2,
+                                                              /*dim=*/16, /*context=*/16,
+                                                              /*vocab=*/256);
   EXPECT_TRUE(c.ok()) << c.status();
   return *c;
 }

@@ -20,7 +20,7 @@
 #include "common/model/param_layout.h"
 #include "common/process.h"
 #include "worker/checkpoint/weights_file.h"
-#include "worker/engine/cpu/gpt.h"
+#include "worker/engine/cpu/cpu_model.h"
 
 #ifndef SHARDTRAIN_HF_LOGITS_SCRIPT
 #error "SHARDTRAIN_HF_LOGITS_SCRIPT must be defined by CMake"
@@ -31,9 +31,9 @@ namespace {
 namespace fs = std::filesystem;
 
 // V = 300 pads to Vp = 384: the export drops the padded rows.
-model::GptConfig Config() { return *model::MakeGptConfig(2, 4, 32, 16, 300); }
+model::ModelConfig Config() { return *model::MakeGptConfig(2, 4, 32, 16, 300); }
 
-std::vector<float> RandomParams(const model::GptConfig& c) {
+std::vector<float> RandomParams(const model::ModelConfig& c) {
   const model::ParamLayout layout(c);
   std::vector<float> p(layout.num_params());
   std::mt19937 rng(3);
@@ -61,7 +61,7 @@ class HfGpt2Test : public ::testing::Test {
 };
 
 TEST_F(HfGpt2Test, NamesShapesAndOrientationAreGpt2s) {
-  const model::GptConfig c = Config();
+  const model::ModelConfig c = Config();
   const std::vector<float> p = RandomParams(c);
   const std::map<std::string, NamedTensor> hf = ToHfGpt2(c, p);
   EXPECT_EQ(hf.size(), 2u + 12u * c.layers + 2u);  // wte, wpe, 12 per block, ln_f
@@ -84,7 +84,7 @@ TEST_F(HfGpt2Test, NamesShapesAndOrientationAreGpt2s) {
 }
 
 TEST_F(HfGpt2Test, ExportThenImportIsBitExact) {
-  const model::GptConfig c = Config();
+  const model::ModelConfig c = Config();
   const std::vector<float> p = RandomParams(c);
   ASSERT_TRUE(WriteSafetensors(Path("model.safetensors"), ToHfGpt2(c, p), {{"format", "pt"}}).ok());
   EXPECT_TRUE(LooksLikeSafetensors(Path("model.safetensors")));
@@ -100,17 +100,17 @@ TEST_F(HfGpt2Test, ExportThenImportIsBitExact) {
 }
 
 TEST_F(HfGpt2Test, MismatchesNameTheTensorAndTheShapes) {
-  const model::GptConfig c = Config();
+  const model::ModelConfig c = Config();
   const std::vector<float> p = RandomParams(c);
   ASSERT_TRUE(WriteSafetensors(Path("model.safetensors"), ToHfGpt2(c, p)).ok());
-  const model::GptConfig wider = *model::MakeGptConfig(2, 4, 64, 16, 300);
+  const model::ModelConfig wider = *model::MakeGptConfig(2, 4, 64, 16, 300);
   absl::StatusOr<std::vector<float>> w = LoadModelWeights(Path("model.safetensors"), wider);
   EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(w.status().message().find("transformer.wte.weight: shape [300, 32] in the file, "
                                       "[300, 64] for the model"),
             std::string::npos)
       << w.status();
-  const model::GptConfig deeper = *model::MakeGptConfig(3, 4, 32, 16, 300);
+  const model::ModelConfig deeper = *model::MakeGptConfig(3, 4, 32, 16, 300);
   w = LoadModelWeights(Path("model.safetensors"), deeper);
   EXPECT_NE(w.status().message().find("transformer.h.2.ln_1.weight: missing"), std::string::npos)
       << w.status();
@@ -121,7 +121,7 @@ TEST_F(HfGpt2Test, MismatchesNameTheTensorAndTheShapes) {
 }
 
 TEST_F(HfGpt2Test, MalformedSafetensorsAreDataLossNamingTheTensor) {
-  const model::GptConfig c = Config();
+  const model::ModelConfig c = Config();
   const std::map<std::string, NamedTensor> hf = ToHfGpt2(c, RandomParams(c));
   ASSERT_TRUE(WriteSafetensors(Path("ok.safetensors"), hf).ok());
   std::string bytes;
@@ -151,7 +151,7 @@ TEST_F(HfGpt2Test, PlainPytorchGpt2OnTheExportGivesTheEnginesLogits) {
   if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "/usr/bin/python3 cannot import torch (scripts/setup installs python3-torch)";
   }
-  const model::GptConfig c = Config();
+  const model::ModelConfig c = Config();
   const std::vector<float> p = RandomParams(c);
   ASSERT_TRUE(WriteSafetensors(Path("model.safetensors"), ToHfGpt2(c, p)).ok());
   ASSERT_TRUE(WriteFileAtomically(Path("config.json"), HfGpt2ConfigJson(c)).ok());
@@ -171,7 +171,7 @@ TEST_F(HfGpt2Test, PlainPytorchGpt2OnTheExportGivesTheEnginesLogits) {
   std::ifstream(Path("logits.bin"), std::ios::binary)
       .read(reinterpret_cast<char*>(torch_logits.data()), torch_logits.size() * sizeof(float));
 
-  auto gpt = engine::cpu::Gpt::Create(c, B, T, 1);
+  auto gpt = engine::cpu::CpuModel::Create(c, B, T, 1);
   ASSERT_TRUE(gpt.ok()) << gpt.status();
   std::copy(p.begin(), p.end(), (*gpt)->params().f32().begin());
   (*gpt)->Forward(tokens.data(), targets.data(), B, T);
@@ -184,9 +184,10 @@ TEST_F(HfGpt2Test, PlainPytorchGpt2OnTheExportGivesTheEnginesLogits) {
       worst = std::max(worst, std::abs(a - b) / std::max(1.0, std::abs(b)));
     }
   }
-  std::printf("[hf-gpt2] PyTorch GPT-2 on the export vs the CPU engine: max logit diff %.3g "
-              "over %d x %d tokens x %d vocab\n",
-              worst, B, T, c.vocab);
+  std::printf(
+      "[hf-gpt2] PyTorch GPT-2 on the export vs the CPU engine: max logit diff %.3g "
+      "over %d x %d tokens x %d vocab\n",
+      worst, B, T, c.vocab);
   EXPECT_LE(worst, 1e-5);
 }
 

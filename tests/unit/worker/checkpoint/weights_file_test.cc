@@ -17,7 +17,7 @@ namespace shardtrain::checkpoint {
 namespace {
 namespace fs = std::filesystem;
 
-model::GptConfig Tiny() { return *model::MakeGptConfig(2, 4, 32, 16, 100); }
+model::ModelConfig Tiny() { return *model::MakeGptConfig(2, 4, 32, 16, 100); }
 
 class WeightsFileTest : public ::testing::Test {
  protected:
@@ -33,7 +33,7 @@ class WeightsFileTest : public ::testing::Test {
 };
 
 TEST_F(WeightsFileTest, RoundTripAndErrors) {
-  const model::GptConfig cfg = Tiny();
+  const model::ModelConfig cfg = Tiny();
   std::vector<float> params(model::ParamLayout(cfg).num_params());
   for (size_t i = 0; i < params.size(); ++i) params[i] = 0.001f * float(i % 997) - 0.5f;
   const std::string path = (dir_ / "w.bin").string();

@@ -1,6 +1,6 @@
 // Forward-only passes (DataParallel::BeginEval / EndEval) under every
 // strategy — DDP (zero 0) and ZeRO-1/2/3 — on 1 and 2 thread ranks, each
-// with its own Gpt and Gloo communicator over 127.0.0.1. Between training
+// with its own CpuModel and Gloo communicator over 127.0.0.1. Between training
 // steps every rank evaluates its share of the same validation sequences;
 // the summed loss over dp must equal the single-rank DDP value (fp32,
 // relative 1e-5). Under ZeRO-3 the parameters are gathered per unit by the
@@ -21,7 +21,7 @@
 #include "common/model/config.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/comm/test_util.h"
-#include "worker/engine/cpu/gpt.h"
+#include "worker/engine/cpu/cpu_model.h"
 #include "worker/parallel/data_parallel.h"
 #include "worker/parallel/zero.h"
 
@@ -34,7 +34,7 @@ constexpr int kValSeqs = 8;  // validation sequences per evaluation
 constexpr int kEvals = 2;    // after step 1 and after step 2
 constexpr uint64_t kSeed = 77;
 
-model::GptConfig SmallConfig() {
+model::ModelConfig SmallConfig() {
   auto config = model::MakeGptConfig(2, 2, 10, 9, 50);  // units of 730, 1330, 1330, 20
   EXPECT_TRUE(config.ok()) << config.status();
   return *config;
@@ -90,9 +90,9 @@ double Evaluate(DataParallel& dp_strategy, engine::Engine& m, comm::Communicator
 
 void RankRun(comm::Communicator& comm, const Variant& v, EvalRun* run) {
   const int dp = comm.size(), accum = kGlobal / (kB * dp);
-  auto gpt = engine::cpu::Gpt::Create(SmallConfig(), kB, kT, 1);
+  auto gpt = engine::cpu::CpuModel::Create(SmallConfig(), kB, kT, 1);
   ASSERT_TRUE(gpt.ok());
-  engine::cpu::Gpt& m = **gpt;
+  engine::cpu::CpuModel& m = **gpt;
   ParallelSpec p;
   p.dp = dp;
   p.zero = v.zero;

@@ -40,7 +40,7 @@
 #include "tests/unit/worker/comm/test_util.h"
 #include "tests/unit/worker/parallel/device_memory_comm.h"
 #include "tests/unit/worker/parallel/off_host_engine.h"
-#include "worker/engine/cpu/gpt.h"
+#include "worker/engine/cpu/cpu_model.h"
 #include "worker/parallel/ddp.h"
 #include "worker/parallel/pipeline.h"
 #include "worker/parallel/zero.h"
@@ -83,7 +83,7 @@ struct Driven {
   std::unique_ptr<engine::Engine> engine;
   engine::Engine* host = nullptr;
 };
-Driven Drive(std::unique_ptr<engine::cpu::Gpt> gpt, bool off_host) {
+Driven Drive(std::unique_ptr<engine::cpu::CpuModel> gpt, bool off_host) {
   Driven d;
   d.host = gpt.get();
   if (off_host) {
@@ -105,7 +105,7 @@ void RankRun(comm::Communicator& comm, int zero, bool off_host, RankResult* out)
   // L=2, NH=2, C=10, vocab 50: units of 730, 1330, 1330 and 20 elements.
   auto config = model::MakeGptConfig(2, 2, 10, kT, kVocab);
   ASSERT_TRUE(config.ok());
-  auto gpt = engine::cpu::Gpt::Create(*config, kB, kT, 1);
+  auto gpt = engine::cpu::CpuModel::Create(*config, kB, kT, 1);
   ASSERT_TRUE(gpt.ok());
   Driven d = Drive(*std::move(gpt), off_host);
   engine::Engine *e = d.engine.get(), *host = d.host;
@@ -313,10 +313,10 @@ void StageRun(comm::Communicator& world, Exchange how, int zero, RankResult* out
   ASSERT_TRUE(config.ok());
   auto layers = model::StageLayers(*config, 2, {});
   ASSERT_TRUE(layers.ok());
-  engine::cpu::GptOptions options;
+  engine::ModelEngineOptions options;
   options.slice = model::SliceOf(*layers, world.rank(), 1, 0);
   options.slots = 2;  // 1F1B on 2 stages keeps at most 2 micro-batches
-  auto gpt = engine::cpu::Gpt::Create(*config, kB, kT, 1, options);
+  auto gpt = engine::cpu::CpuModel::Create(*config, kB, kT, 1, options);
   ASSERT_TRUE(gpt.ok()) << gpt.status();
   const bool device = how == Exchange::kDevice;
   Driven d = Drive(*std::move(gpt), how != Exchange::kPlain);

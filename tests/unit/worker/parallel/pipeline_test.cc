@@ -166,7 +166,7 @@ class FakeStage final : public engine::Engine {
   bool check_slots = true;  // off for forward-only passes, which free no slot
 
  private:
-  model::GptConfig config_;
+  model::ModelConfig config_;
   model::ParamLayout layout_;
   model::ActivationTable table_;
   const int stage_, stages_, slots_;

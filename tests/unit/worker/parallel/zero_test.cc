@@ -1,6 +1,6 @@
 // parallel::Zero (ZeRO-1/2/3 per unit) on a real GPT against a single-rank
-// reference: dp ranks are threads, each with its own Gpt and Gloo
-// communicator over 127.0.0.1; the reference is one Gpt running the whole
+// reference: dp ranks are threads, each with its own CpuModel and Gloo
+// communicator over 127.0.0.1; the reference is one CpuModel running the whole
 // global batch (all dp ranks' sequences at once), optim::ClipGradNorm and
 // optim::AdamW over the whole buffer. Unit sizes leave a remainder over 3 and
 // 4 ranks, so the tail ops run. Also: a stage-3 unit's gathered parameters
@@ -19,7 +19,7 @@
 #include "common/model/config.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/comm/test_util.h"
-#include "worker/engine/cpu/gpt.h"
+#include "worker/engine/cpu/cpu_model.h"
 #include "worker/engine/cpu/page_buffer.h"
 #include "worker/optim/adamw.h"
 
@@ -33,7 +33,7 @@ constexpr uint64_t kSeed = 1234;
 
 // L=2, NH=2, C=10, context 9, vocab 50 (Vp 64): units 730, 1330, 1330, 20
 // elements; 730 and 1330 leave remainders over 3 and 4 ranks.
-model::GptConfig SmallConfig() {
+model::ModelConfig SmallConfig() {
   auto config = model::MakeGptConfig(2, 2, 10, 9, 50);
   EXPECT_TRUE(config.ok()) << config.status();
   return *config;
@@ -80,9 +80,9 @@ struct Trace {
 };
 
 Trace Reference(int dp, int accum) {
-  auto gpt = engine::cpu::Gpt::Create(SmallConfig(), dp * kB, kT, 1);
+  auto gpt = engine::cpu::CpuModel::Create(SmallConfig(), dp * kB, kT, 1);
   EXPECT_TRUE(gpt.ok());
-  engine::cpu::Gpt& m = **gpt;
+  engine::cpu::CpuModel& m = **gpt;
   m.InitParams(kSeed);
   auto adamw = optim::AdamW::Create(m.layout(), 0, m.layout().num_params(), Options());
   EXPECT_TRUE(adamw.ok());
@@ -118,9 +118,9 @@ void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 // One rank: its share of every micro-batch through Zero.
 void RankRun(comm::Communicator& comm, const Variant& v, Trace* run) {
   const int dp = comm.size(), rank = comm.rank();
-  auto gpt = engine::cpu::Gpt::Create(SmallConfig(), kB, kT, 1);
+  auto gpt = engine::cpu::CpuModel::Create(SmallConfig(), kB, kT, 1);
   ASSERT_TRUE(gpt.ok());
-  engine::cpu::Gpt& m = **gpt;
+  engine::cpu::CpuModel& m = **gpt;
   ZeroOptions o;
   o.stage = v.stage;
   o.reshard_after_forward = v.reshard;
@@ -219,9 +219,9 @@ TEST(ZeroLiveBytesTest, Stage3FreesGatheredUnitsAfterUse) {
   ASSERT_TRUE(config.ok());
   for (bool reshard : {true, false}) {
     comm::testing::RunRanks(2, [&](comm::Communicator& comm) {
-      auto gpt = engine::cpu::Gpt::Create(*config, 2, 16, 1);
+      auto gpt = engine::cpu::CpuModel::Create(*config, 2, 16, 1);
       ASSERT_TRUE(gpt.ok());
-      engine::cpu::Gpt& m = **gpt;
+      engine::cpu::CpuModel& m = **gpt;
       ZeroOptions o;
       o.stage = 3;
       o.reshard_after_forward = reshard;
@@ -274,7 +274,7 @@ TEST(ZeroLiveBytesTest, Stage3FreesGatheredUnitsAfterUse) {
 }
 
 TEST(ZeroTest, RejectsStagesOutsideOneToThree) {
-  auto gpt = engine::cpu::Gpt::Create(SmallConfig(), 1, 4, 1);
+  auto gpt = engine::cpu::CpuModel::Create(SmallConfig(), 1, 4, 1);
   ASSERT_TRUE(gpt.ok());
   for (int stage : {0, 4, -1}) {
     ZeroOptions o;

@@ -12,20 +12,20 @@
 #include <vector>
 
 #include "tests/unit/worker/comm/test_util.h"
-#include "worker/engine/cpu/gpt.h"
+#include "worker/engine/cpu/cpu_model.h"
 #include "worker/parallel/tensor_parallel_group.h"
 
 namespace shardtrain::engine::cpu {
 namespace {
 
 using model::FlatRun;
-using model::GptConfig;
+using model::ModelConfig;
 using model::ModelSlice;
 
 constexpr int kB = 2, kT = 8;
 constexpr uint64_t kSeed = 5;
 
-GptConfig Config() {
+ModelConfig Config() {
   // vocab 100 pads to 128: with tp 4 the last rank has 4 real rows of 32.
   auto c = model::MakeGptConfig(2, 4, 32, 16, 100);
   EXPECT_TRUE(c.ok());
@@ -51,7 +51,7 @@ struct Reference {
   std::vector<float> params, grads;
 };
 Reference Whole(const std::vector<Batch>& batches) {
-  auto gpt = Gpt::Create(Config(), kB, kT, 1);
+  auto gpt = CpuModel::Create(Config(), kB, kT, 1);
   EXPECT_TRUE(gpt.ok());
   (*gpt)->InitParams(kSeed);
   (*gpt)->ZeroGrad();
@@ -66,7 +66,7 @@ Reference Whole(const std::vector<Batch>& batches) {
 }
 
 // Adds (or, for params, compares) a slice's elements into global arrays.
-void ExpectParamsMatch(Gpt& g, const std::vector<float>& whole) {
+void ExpectParamsMatch(CpuModel& g, const std::vector<float>& whole) {
   const float* p = g.params().f32().data();
   for (const FlatRun& r : g.layout().GlobalRuns()) {
     for (size_t i = 0; i < r.count; ++i) {
@@ -95,11 +95,11 @@ TEST_P(TensorParallelTest, SlicesEqualTheWholeModel) {
   std::vector<int> covered(ref.grads.size(), 0);
   comm::testing::RunRanks(tp, [&](comm::Communicator& comm) {
     parallel::TensorParallelGroup group(&comm);
-    GptOptions o;
+    ModelEngineOptions o;
     o.slice.tp = tp;
     o.slice.tp_rank = comm.rank();
     o.tp = &group;
-    auto g = Gpt::Create(Config(), kB, kT, 1, o);
+    auto g = CpuModel::Create(Config(), kB, kT, 1, o);
     ASSERT_TRUE(g.ok()) << g.status();
     (*g)->InitParams(kSeed);
     ExpectParamsMatch(**g, ref.params);
@@ -130,15 +130,15 @@ INSTANTIATE_TEST_SUITE_P(Tp, TensorParallelTest, ::testing::Values(2, 4));
 TEST(PipelineStageTest, TwoStagesWithTwoSlotsEqualTheWholeModel) {
   const std::vector<Batch> batches = {MakeBatch(2), MakeBatch(3)};
   const Reference ref = Whole(batches);
-  std::vector<std::unique_ptr<Gpt>> stages;
+  std::vector<std::unique_ptr<CpuModel>> stages;
   for (int s = 0; s < 2; ++s) {
-    GptOptions o;
+    ModelEngineOptions o;
     o.slice.first_layer = s;
     o.slice.num_layers = 1;
     o.slice.first_stage = s == 0;
     o.slice.last_stage = s == 1;
     o.slots = 2;
-    auto g = Gpt::Create(Config(), kB, kT, 1, o);
+    auto g = CpuModel::Create(Config(), kB, kT, 1, o);
     ASSERT_TRUE(g.ok()) << g.status();
     (*g)->InitParams(kSeed);
     ExpectParamsMatch(**g, ref.params);
@@ -174,7 +174,7 @@ TEST(PipelineStageTest, TwoStagesWithTwoSlotsEqualTheWholeModel) {
 }
 
 TEST(GlobalRunsTest, TpSlicesPartitionTheWholeModel) {
-  const GptConfig cfg = Config();
+  const ModelConfig cfg = Config();
   const model::ParamLayout whole(cfg);
   for (int tp : {1, 2, 4}) {
     std::vector<int> count(whole.num_params(), 0);

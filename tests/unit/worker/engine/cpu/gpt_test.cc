@@ -1,7 +1,5 @@
 // The CPU engine's GPT: initialisation, argument checks, gradient
 // accumulation, and generation from it.
-#include "worker/engine/cpu/gpt.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,18 +8,19 @@
 #include <random>
 #include <vector>
 
+#include "worker/engine/cpu/cpu_model.h"
 #include "worker/engine/generate.h"
 
 namespace shardtrain::engine::cpu {
 namespace {
 
-using model::GptConfig;
 using model::kFcProjW, model::kFcW, model::kLn1W, model::kQkvB;
 using model::MakeGptConfig;
+using model::ModelConfig;
 using model::ParamLayout;
 using model::TensorInfo;
 
-GptConfig Tiny(int vocab = 100) {
+ModelConfig Tiny(int vocab = 100) {
   auto c = MakeGptConfig(2, 4, 32, 16, vocab);
   EXPECT_TRUE(c.ok());
   return *c;
@@ -29,8 +28,8 @@ GptConfig Tiny(int vocab = 100) {
 
 TEST(GptTest, InitIsDeterministicWithGpt2Statistics) {
   auto cfg = MakeGptConfig(4, 4, 128, 64, 256);
-  auto a = Gpt::Create(*cfg, 1, 8, 2);
-  auto b = Gpt::Create(*cfg, 1, 8, 1);
+  auto a = CpuModel::Create(*cfg, 1, 8, 2);
+  auto b = CpuModel::Create(*cfg, 1, 8, 1);
   ASSERT_TRUE(a.ok() && b.ok());
   (*a)->InitParams(7);
   (*b)->InitParams(7);
@@ -58,14 +57,14 @@ TEST(GptTest, InitIsDeterministicWithGpt2Statistics) {
 }
 
 TEST(GptTest, CreateValidates) {
-  EXPECT_EQ(Gpt::Create(Tiny(), 0, 8, 1).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Gpt::Create(Tiny(), 1, 17, 1).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Gpt::Create(Tiny(), 1, 8, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CpuModel::Create(Tiny(), 0, 8, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CpuModel::Create(Tiny(), 1, 17, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CpuModel::Create(Tiny(), 1, 8, 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(GptDeathTest, ForwardAbortsOnOutOfRangeInput) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  auto m = Gpt::Create(Tiny(), 1, 4, 1);
+  auto m = CpuModel::Create(Tiny(), 1, 4, 1);
   ASSERT_TRUE(m.ok());
   std::vector<int> bad = {1, 2, 100, 3};
   EXPECT_DEATH((*m)->Forward(bad.data(), nullptr), "outside");
@@ -78,9 +77,9 @@ TEST(GptDeathTest, ForwardAbortsOnOutOfRangeInput) {
 // Accumulating two half-scaled backwards of the same batch equals one
 // backward; a split batch accumulated equals the whole batch (loss_scale 1/2).
 TEST(GptTest, GradientAccumulation) {
-  auto m = Gpt::Create(Tiny(), 4, 8, 2);
+  auto m = CpuModel::Create(Tiny(), 4, 8, 2);
   ASSERT_TRUE(m.ok());
-  Gpt& g = **m;
+  CpuModel& g = **m;
   g.InitParams(3);
   std::mt19937 rng(5);
   std::vector<int> tok(32), tgt(32);
@@ -108,9 +107,9 @@ TEST(GptTest, GradientAccumulation) {
 }
 
 TEST(GenerateTest, GreedyAndSeededSampling) {
-  auto m = Gpt::Create(Tiny(), 1, 16, 2);
+  auto m = CpuModel::Create(Tiny(), 1, 16, 2);
   (*m)->InitParams(5);
-  Gpt& g = **m;
+  CpuModel& g = **m;
   GenerateOptions greedy{20, 0.0f, 0};
   auto a = Generate(g, {1, 2, 3}, greedy);
   auto b = Generate(g, {1, 2, 3}, greedy);

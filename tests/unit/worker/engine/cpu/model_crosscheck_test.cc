@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/engine/cpu/gpt.h"
+#include "worker/engine/cpu/cpu_model.h"
 #include "worker/optim/adamw.h"
 #include "worker/optim/lr_schedule.h"
 
@@ -25,8 +25,8 @@
 namespace shardtrain::engine::cpu {
 namespace {
 
-using model::GptConfig;
 using model::MakeGptConfig;
+using model::ModelConfig;
 using model::TensorInfo;
 namespace fs = std::filesystem;
 
@@ -75,7 +75,7 @@ class CrossCheckTest : public ::testing::Test {
                              /*context=*/32, /*vocab=*/100);
     ASSERT_TRUE(cfg.ok()) << cfg.status();
     config_ = *cfg;
-    auto m = Gpt::Create(config_, kB, kT, /*threads=*/2);
+    auto m = CpuModel::Create(config_, kB, kT, /*threads=*/2);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::move(*m);
     model_->InitParams(1234);
@@ -108,8 +108,8 @@ class CrossCheckTest : public ::testing::Test {
 
   static constexpr int kB = 2, kT = 16;
   fs::path dir_;
-  GptConfig config_;
-  std::unique_ptr<Gpt> model_;
+  ModelConfig config_;
+  std::unique_ptr<CpuModel> model_;
 };
 
 TEST_F(CrossCheckTest, LossAndGradientsMatchTorch) {

@@ -11,7 +11,7 @@
 
 #include "worker/data/sampler.h"
 #include "worker/data/tokens.h"
-#include "worker/engine/cpu/gpt.h"
+#include "worker/engine/cpu/cpu_model.h"
 #include "worker/engine/generate.h"
 #include "worker/optim/adamw.h"
 #include "worker/optim/lr_schedule.h"
@@ -33,9 +33,9 @@ TEST(TrainTest, FortunesLossDropsBelow2p5In300Steps) {
   ASSERT_TRUE(tokens.ok()) << tokens.status();
   auto sampler = data::BatchSampler::Create(&*tokens, 1337, kB, kT);
   ASSERT_TRUE(sampler.ok());
-  auto m = engine::cpu::Gpt::Create(*cfg, kB, kT, kThreads);
+  auto m = engine::cpu::CpuModel::Create(*cfg, kB, kT, kThreads);
   ASSERT_TRUE(m.ok());
-  engine::cpu::Gpt& gpt = **m;
+  engine::cpu::CpuModel& gpt = **m;
   gpt.InitParams(1337);
   std::printf("[train] %zu params, %zu tokens\n", gpt.layout().num_params(), tokens->size());
   optim::AdamWOptions opt;  // betas (0.9, 0.95), eps 1e-8, wd 0.1

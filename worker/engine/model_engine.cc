@@ -1,4 +1,4 @@
-#include "worker/engine/gpt_engine.h"
+#include "worker/engine/model_engine.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,9 +13,9 @@
 namespace shardtrain::engine {
 
 using model::BlockTensor;
-using model::GptConfig;
 using model::kAttnProjB, model::kAttnProjW, model::kFcB, model::kFcProjB, model::kFcProjW,
     model::kFcW, model::kLn1B, model::kLn1W, model::kLn2B, model::kLn2W, model::kQkvB, model::kQkvW;
+using model::ModelConfig;
 using model::TensorInfo;
 
 namespace {
@@ -30,9 +30,9 @@ inline float NormalFromKey(uint64_t key) {
 
 }  // namespace
 
-absl::Status ValidateGptEngine(const GptConfig& config, int B, int T,
-                               const GptEngineOptions& options) {
-  if (auto s = model::ValidateGptConfig(config); !s.ok()) return s;
+absl::Status ValidateModelEngine(const ModelConfig& config, int B, int T,
+                                 const ModelEngineOptions& options) {
+  if (auto s = model::ValidateModelConfig(config); !s.ok()) return s;
   if (B < 1) return absl::InvalidArgumentError(absl::StrCat("batch size must be >= 1, got ", B));
   if (T < 1 || T > config.context) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -73,9 +73,9 @@ absl::Status ValidateGptEngine(const GptConfig& config, int B, int T,
 // Calls the parameter hook (if any) for the unit of `tensor` before and after
 // a scope, and lets the device prepare the unit's parameters (OnUnitUse) and
 // let them go (OnUnitDone).
-class GptEngine::UnitScope {
+class ModelEngine::UnitScope {
  public:
-  UnitScope(GptEngine& gpt, int tensor)
+  UnitScope(ModelEngine& gpt, int tensor)
       : gpt_(gpt), hook_(gpt.param_hook_), unit_(gpt.layout_.tensors()[tensor].unit) {
     if (hook_) hook_(unit_, true);
     gpt.OnUnitUse(unit_);
@@ -88,13 +88,13 @@ class GptEngine::UnitScope {
   UnitScope& operator=(const UnitScope&) = delete;
 
  private:
-  GptEngine& gpt_;
+  ModelEngine& gpt_;
   const std::function<void(int, bool)>& hook_;
   const int unit_;
 };
 
-GptEngine::GptEngine(const GptConfig& config, int B, int T, const GptEngineOptions& options,
-                     DataType compute)
+ModelEngine::ModelEngine(const ModelConfig& config, int B, int T, const ModelEngineOptions& options,
+                         DataType compute)
     : layout_(config, options.slice),
       whole_(config),
       tp_(options.slice.tp > 1 ? options.tp : nullptr),
@@ -112,7 +112,7 @@ GptEngine::GptEngine(const GptConfig& config, int B, int T, const GptEngineOptio
   }
 }
 
-void GptEngine::BindActivations(char* base) {
+void ModelEngine::BindActivations(char* base) {
   char* const scratch = base + table_.saved_bytes() * slots();
   // The table's tensor `name` in a slot's saved set, or in the scratch set.
   auto take = [&](char* saved, const std::string& name) -> void* {
@@ -169,8 +169,8 @@ void GptEngine::BindActivations(char* base) {
   sp_local_ = take(nullptr, "sp_local");
 }
 
-void GptEngine::InitSliceHost(uint64_t seed, size_t begin, size_t end, float* out,
-                              ThreadPool* pool) const {
+void ModelEngine::InitSliceHost(uint64_t seed, size_t begin, size_t end, float* out,
+                                ThreadPool* pool) const {
   // Each local element gets its value in the whole model: a slice starts
   // exactly where one rank would.
   for (const model::FlatRun& r : layout_.GlobalRuns(begin, end)) {
@@ -178,9 +178,9 @@ void GptEngine::InitSliceHost(uint64_t seed, size_t begin, size_t end, float* ou
   }
 }
 
-void GptEngine::InitGlobal(uint64_t seed, size_t begin, size_t end, float* out,
-                           ThreadPool* pool) const {
-  const GptConfig& cfg = layout_.config();
+void ModelEngine::InitGlobal(uint64_t seed, size_t begin, size_t end, float* out,
+                             ThreadPool* pool) const {
+  const ModelConfig& cfg = layout_.config();
   const float residual_std = 0.02f / std::sqrt(2.0f * cfg.layers);
   const auto& tensors = whole_.tensors();
   for (size_t k = 0; k < tensors.size(); ++k) {
@@ -220,26 +220,26 @@ void GptEngine::InitGlobal(uint64_t seed, size_t begin, size_t end, float* out,
   }
 }
 
-void GptEngine::Fail(const char* what) const {
+void ModelEngine::Fail(const char* what) const {
   std::fprintf(stderr, "%s\n", what);
   std::abort();
 }
 
-void GptEngine::CopyToTpRegionBackward(void* dinput, int64_t n) {
+void ModelEngine::CopyToTpRegionBackward(void* dinput, int64_t n) {
   if (tp_ != nullptr && tp_->size() > 1) TpAllReduceSum(dinput, n);
 }
 
-void GptEngine::ReduceFromTpRegionForward(void* output, int64_t n) {
+void ModelEngine::ReduceFromTpRegionForward(void* output, int64_t n) {
   if (tp_ != nullptr && tp_->size() > 1) TpAllReduceSum(output, n);
 }
 
-const void* GptEngine::GatherFromSequenceRegionForward(const void* local, int64_t n) {
+const void* ModelEngine::GatherFromSequenceRegionForward(const void* local, int64_t n) {
   if (!sp_) return local;
   TpAllGather(sp_full_, local, n);
   return sp_full_;
 }
 
-void GptEngine::GatherFromSequenceRegionBackward(void* dlocal, void* dfull, int64_t n) {
+void ModelEngine::GatherFromSequenceRegionBackward(void* dlocal, void* dfull, int64_t n) {
   if (sp_) {
     TpReduceScatter(dlocal, dfull, n);
   } else {
@@ -247,15 +247,15 @@ void GptEngine::GatherFromSequenceRegionBackward(void* dlocal, void* dfull, int6
   }
 }
 
-const void* GptEngine::ReduceScatterToSequenceRegionBackward(const void* dlocal, int64_t n) {
+const void* ModelEngine::ReduceScatterToSequenceRegionBackward(const void* dlocal, int64_t n) {
   if (!sp_) return dlocal;
   TpAllGather(sp_full_, dlocal, n);
   return sp_full_;
 }
 
-float GptEngine::StageForward(int slot, const int* tokens, const int* targets, const float* input,
-                              int b, int t) {
-  const GptConfig& cfg = config();
+float ModelEngine::StageForward(int slot, const int* tokens, const int* targets, const float* input,
+                                int b, int t) {
+  const ModelConfig& cfg = config();
   const model::ModelSlice& sl = layout_.slice();
   const int C = cfg.dim, V = cfg.vocab;
   const int N = b * t;
@@ -263,17 +263,17 @@ float GptEngine::StageForward(int slot, const int* tokens, const int* targets, c
   // and Generate() validate their input): fail loudly, never corrupt memory.
   if (slot < 0 || slot >= slots() || b < 1 || b > B_ || t < 1 || t > T_) {
     std::fprintf(stderr,
-                 "GptEngine::StageForward: (slot=%d, b=%d, t=%d) outside (%d, 1..%d, 1..%d)\n",
+                 "ModelEngine::StageForward: (slot=%d, b=%d, t=%d) outside (%d, 1..%d, 1..%d)\n",
                  slot, b, t, slots(), B_, T_);
     std::abort();
   }
   if ((sl.first_stage && tokens == nullptr) || (!sl.first_stage && input == nullptr)) {
-    Fail("GptEngine::StageForward: the first stage reads tokens, the others input");
+    Fail("ModelEngine::StageForward: the first stage reads tokens, the others input");
   }
   for (int i = 0; i < N; ++i) {
     if ((tokens != nullptr && (tokens[i] < 0 || tokens[i] >= V)) ||
         (targets != nullptr && (targets[i] < 0 || targets[i] >= V))) {
-      std::fprintf(stderr, "GptEngine::StageForward: token/target at %d outside [0, %d)\n", i, V);
+      std::fprintf(stderr, "ModelEngine::StageForward: token/target at %d outside [0, %d)\n", i, V);
       std::abort();
     }
   }
@@ -316,16 +316,16 @@ float GptEngine::StageForward(int slot, const int* tokens, const int* targets, c
   return static_cast<float>(CrossEntropyForward(s) / N);
 }
 
-void GptEngine::StageBackward(int slot, float loss_scale, const float* doutput) {
+void ModelEngine::StageBackward(int slot, float loss_scale, const float* doutput) {
   const model::ModelSlice& sl = layout_.slice();
   if (slot < 0 || slot >= slots() || !slots_[slot].forwarded ||
       (!sl.last_stage && doutput == nullptr)) {
     // precondition: a forward (with targets on the last stage) of this
     // slot, not yet backpropagated; the gradient of its output elsewhere.
-    std::fprintf(
-        stderr,
-        "GptEngine::StageBackward: no preceding Forward with targets of slot %d to backpropagate\n",
-        slot);
+    std::fprintf(stderr,
+                 "ModelEngine::StageBackward: no preceding Forward with targets of slot %d to "
+                 "backpropagate\n",
+                 slot);
     std::abort();
   }
   SlotActs& s = slots_[slot];
@@ -368,8 +368,8 @@ void GptEngine::StageBackward(int slot, float loss_scale, const float* doutput) 
 // ReduceFromTpRegion, then the replicated bias is added). With tp = 1 every
 // region function is a no-op and the projections add their bias inside the
 // matmul.
-const void* GptEngine::RowParallelForward(const void* inp, int weight, int bias, int N, int IC,
-                                          int OC) {
+const void* ModelEngine::RowParallelForward(const void* inp, int weight, int bias, int N, int IC,
+                                            int OC) {
   if (tp_ == nullptr) {
     MatmulForward(proj_out_, inp, weight, bias, N, IC, OC, OC);
     return proj_out_;
@@ -387,13 +387,13 @@ const void* GptEngine::RowParallelForward(const void* inp, int weight, int bias,
   return sp_local_;
 }
 
-void GptEngine::BlockForward(int l, LayerActs& a, const void* residual, int b, int t) {
+void ModelEngine::BlockForward(int l, LayerActs& a, const void* residual, int b, int t) {
   UnitScope use(*this, layout_.block_tensor(l, kLn1W));
   BlockForwardMath(l, a, residual, b, t, /*refill=*/false);
 }
 
-void GptEngine::BlockForwardMath(int l, LayerActs& a, const void* residual, int b, int t,
-                                 bool refill) {
+void ModelEngine::BlockForwardMath(int l, LayerActs& a, const void* residual, int b, int t,
+                                   bool refill) {
   const int C = config().dim, tp = layout_.slice().tp;
   const int Ct = C / tp, NHt = config().heads / tp, N = b * t, Nl = LocalRows(N);
   const int64_t NlC = int64_t{Nl} * C, NCt = int64_t{N} * Ct;
@@ -415,7 +415,7 @@ void GptEngine::BlockForwardMath(int l, LayerActs& a, const void* residual, int 
                   RowParallelForward(a.fch_gelu, w(kFcProjW), w(kFcProjB), N, 4 * Ct, C), NlC);
 }
 
-void GptEngine::Refill(int l, LayerActs& a, const void* residual, int b, int t) {
+void ModelEngine::Refill(int l, LayerActs& a, const void* residual, int b, int t) {
   if (policy_.recompute == model::Recompute::kFull) {
     BlockForwardMath(l, a, residual, b, t, /*refill=*/true);
     return;
@@ -427,7 +427,7 @@ void GptEngine::Refill(int l, LayerActs& a, const void* residual, int b, int t) 
                    config().heads / tp);
 }
 
-void GptEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b, int t) {
+void ModelEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b, int t) {
   UnitScope use(*this, layout_.block_tensor(l, kLn1W));
   const int C = config().dim, tp = layout_.slice().tp;
   const int Ct = C / tp, NHt = config().heads / tp, N = b * t, Nl = LocalRows(N);

@@ -1,4 +1,4 @@
-#include "worker/engine/cuda/gpt.h"
+#include "worker/engine/cuda/cuda_model.h"
 
 #include <cuda_runtime_api.h>
 
@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "worker/engine/cuda/gpt_internal.h"
+#include "worker/engine/cuda/cuda_model_internal.h"
 
 namespace shardtrain::engine::cuda {
 namespace {
@@ -139,25 +139,26 @@ std::unique_ptr<FlatMath> MakeCudaFlatMath(CudaDevice* device) {
   return std::make_unique<CudaFlatMath>(device);
 }
 
-absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const model::GptConfig& config, int B,
-                                                         int T, int ordinal, DataType compute,
-                                                         int host_threads,
-                                                         const GptEngineOptions& options) {
-  if (auto s = ValidateGptEngine(config, B, T, options); !s.ok()) return s;
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const model::ModelConfig& config,
+                                                             int B, int T, int ordinal,
+                                                             DataType compute, int host_threads,
+                                                             const ModelEngineOptions& options) {
+  if (auto s = ValidateModelEngine(config, B, T, options); !s.ok()) return s;
   if (host_threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", host_threads));
   }
   absl::StatusOr<std::unique_ptr<CudaDevice>> device = CudaDevice::Create(ordinal);
   if (!device.ok()) return device.status();
-  std::unique_ptr<CudaGpt> gpt(
-      new CudaGpt(config, B, T, compute, host_threads, options, *std::move(device)));
+  std::unique_ptr<CudaModel> gpt(
+      new CudaModel(config, B, T, compute, host_threads, options, *std::move(device)));
   if (absl::Status s = gpt->Init(); !s.ok()) return s;
   return gpt;
 }
 
-CudaGpt::CudaGpt(const model::GptConfig& config, int B, int T, DataType compute, int host_threads,
-                 const GptEngineOptions& options, std::unique_ptr<CudaDevice> device)
-    : GptEngine(config, B, T, options, compute),
+CudaModel::CudaModel(const model::ModelConfig& config, int B, int T, DataType compute,
+                     int host_threads, const ModelEngineOptions& options,
+                     std::unique_ptr<CudaDevice> device)
+    : ModelEngine(config, B, T, options, compute),
       pool_(host_threads),
       device_(std::move(device)),
       math_(MakeCudaFlatMath(device_.get())),
@@ -166,12 +167,12 @@ CudaGpt::CudaGpt(const model::GptConfig& config, int B, int T, DataType compute,
       release_state_(options.release_state),
       release_compute_(options.release_compute_copy) {}
 
-CudaGpt::~CudaGpt() {
+CudaModel::~CudaModel() {
   // Nothing may still write into the buffers about to be freed.
   if (device_ != nullptr) device_->compute_stream().Synchronize().IgnoreError();
 }
 
-absl::Status CudaGpt::Init() {
+absl::Status CudaModel::Init() {
   if (absl::Status s = KernelContext::Create(stream(), compute(), &kernels_); !s.ok()) return s;
   const size_t n = layout().num_params();
   const int64_t BT = int64_t{max_batch()} * max_seq_len();
@@ -232,7 +233,7 @@ absl::Status CudaGpt::Init() {
   return absl::OkStatus();
 }
 
-int64_t CudaGpt::allocated_bytes() const {
+int64_t CudaModel::allocated_bytes() const {
   int64_t total = 0;
   for (const auto* b : {&params_, &grads_, &compute_, &acts_, &ids_, &row_, &stage_out_,
                         &input_grad_, &tp_scratch_, &lse_scratch_}) {
@@ -241,64 +242,64 @@ int64_t CudaGpt::allocated_bytes() const {
   return total;
 }
 
-cudaStream_t CudaGpt::stream() const {
+cudaStream_t CudaModel::stream() const {
   return static_cast<cudaStream_t>(device_->compute_stream().native());
 }
 
-void CudaGpt::Check(const absl::Status& s) const {
+void CudaModel::Check(const absl::Status& s) const {
   if (!s.ok()) {
-    std::fprintf(stderr, "CudaGpt on %s: %s\n", device_->name().c_str(),
+    std::fprintf(stderr, "CudaModel on %s: %s\n", device_->name().c_str(),
                  std::string(s.message()).c_str());
     std::abort();
   }
 }
 
-const void* CudaGpt::param(int tensor) const {
+const void* CudaModel::param(int tensor) const {
   const Buffer& b = compute_ != nullptr ? *compute_ : *params_;
   return Bytes(b.data()) + layout().offset(tensor) * DataTypeSize(b.dtype());
 }
 
-float* CudaGpt::grad(int tensor) const { return grads_->as<float>() + layout().offset(tensor); }
+float* CudaModel::grad(int tensor) const { return grads_->as<float>() + layout().offset(tensor); }
 
-int* CudaGpt::DeviceTokens(int k) const {
+int* CudaModel::DeviceTokens(int k) const {
   return ids_->as<int>() + int64_t{2} * k * max_batch() * max_seq_len();
 }
 
-int* CudaGpt::DeviceTargets(int k) const {
+int* CudaModel::DeviceTargets(int k) const {
   return DeviceTokens(k) + int64_t{max_batch()} * max_seq_len();
 }
 
-void CudaGpt::InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) {
+void CudaModel::InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) {
   std::vector<float> host(end - begin);
   InitSliceHost(seed, begin, end, host.data(), &pool_);
   math_->CopyFromHost(out, host.data(), host.size());
 }
 
-const float* CudaGpt::AsFloat32(float* dst, const void* src, int64_t n) const {
+const float* CudaModel::AsFloat32(float* dst, const void* src, int64_t n) const {
   if (compute() == DataType::kFloat32) return static_cast<const float*>(src);
   Check(ConvertToFloat32(k(), dst, src, n));
   return dst;
 }
 
-const float* CudaGpt::StageOutput(int k_slot) const {
+const float* CudaModel::StageOutput(int k_slot) const {
   if (layout().slice().last_stage) return nullptr;
   const int64_t n = static_cast<int64_t>(StageIoElements());
   float* dst = stage_out_ == nullptr ? nullptr : stage_out_->as<float>() + k_slot * n;
   return AsFloat32(dst, LastOutput(slot(k_slot)), n);
 }
 
-const float* CudaGpt::InputGrad() const {
+const float* CudaModel::InputGrad() const {
   if (layout().slice().first_stage) return nullptr;
   float* dst = input_grad_ == nullptr ? nullptr : input_grad_->as<float>();
   return AsFloat32(dst, dresidual(), static_cast<int64_t>(StageIoElements()));
 }
 
-void CudaGpt::ZeroGrad() {
+void CudaModel::ZeroGrad() {
   CheckCuda(cudaMemsetAsync(grads_->data(), 0, grads_->bytes(), stream()),
             "cudaMemsetAsync (grads)");
 }
 
-void CudaGpt::ReadLogits(int row, float* out) const {
+void CudaModel::ReadLogits(int row, float* out) const {
   // This rank's real columns (all of them without tp), as the CPU engine.
   const void* logits = Bytes(slot(0).logits) + int64_t{row} * vocab_.Vpt * DataTypeSize(compute());
   Check(ConvertToFloat32(k(), row_->as<float>(), logits, vocab_.real));
@@ -308,7 +309,7 @@ void CudaGpt::ReadLogits(int row, float* out) const {
   CheckCuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (logits)");
 }
 
-void CudaGpt::OnUnitUse(int unit) {
+void CudaModel::OnUnitUse(int unit) {
   if (compute_ == nullptr) return;  // fp32: the master is the compute copy
   const model::UnitInfo& u = layout().units()[unit];
   if (release_compute_) compute_->Acquire(u.offset, u.numel);
@@ -316,7 +317,7 @@ void CudaGpt::OnUnitUse(int unit) {
                            params_->as<float>() + u.offset, static_cast<int64_t>(u.numel)));
 }
 
-void CudaGpt::OnUnitDone(int unit) {
+void CudaModel::OnUnitDone(int unit) {
   if (compute_ == nullptr || !release_compute_) return;
   const model::UnitInfo& u = layout().units()[unit];
   compute_->Release(u.offset, u.numel);  // waits for the kernels reading it
@@ -324,7 +325,7 @@ void CudaGpt::OnUnitDone(int unit) {
 
 // ---- the layers
 
-void CudaGpt::EncoderForward(SlotActs& s) {
+void CudaModel::EncoderForward(SlotActs& s) {
   const int k_slot = SlotIndex(s);
   CheckCuda(cudaMemcpyAsync(DeviceTokens(k_slot), s.tokens.data(), sizeof(int) * s.b * s.t,
                             cudaMemcpyHostToDevice, stream()),
@@ -354,66 +355,66 @@ void CudaGpt::EncoderForward(SlotActs& s) {
   TpAllReduceSum(s.encoded, int64_t{N} * C);
 }
 
-void CudaGpt::EncoderBackward(const SlotActs& s, const void* dout) {
+void CudaModel::EncoderBackward(const SlotActs& s, const void* dout) {
   Check(cuda::EncoderBackwardShard(k(), grad(layout().wte()), grad(layout().wpe()), dout,
                                    DeviceTokens(SlotIndex(s)), vocab_.v0, vocab_.real, s.b, s.t,
                                    config().dim));
 }
 
-void CudaGpt::CopyFromFloat32(void* dst, const float* src, int64_t n) {
+void CudaModel::CopyFromFloat32(void* dst, const float* src, int64_t n) {
   Check(ConvertFromFloat32(k(), dst, src, n));
 }
 
-void CudaGpt::Zero(void* p, int64_t n) {
+void CudaModel::Zero(void* p, int64_t n) {
   CheckCuda(cudaMemsetAsync(p, 0, n * DataTypeSize(compute()), stream()), "cudaMemsetAsync");
 }
 
-void CudaGpt::LayerNormForward(void* out, float* mean, float* rstd, const void* inp, int weight,
-                               int bias, int N, int C) {
+void CudaModel::LayerNormForward(void* out, float* mean, float* rstd, const void* inp, int weight,
+                                 int bias, int N, int C) {
   Check(cuda::LayerNormForward(k(), out, mean, rstd, inp, param(weight), param(bias), N, C));
 }
 
-void CudaGpt::LayerNormBackward(void* dinp, const void* dout, const void* inp, const float* mean,
-                                const float* rstd, int weight, int bias, int N, int C) {
+void CudaModel::LayerNormBackward(void* dinp, const void* dout, const void* inp, const float* mean,
+                                  const float* rstd, int weight, int bias, int N, int C) {
   Check(cuda::LayerNormBackward(k(), dinp, grad(weight), grad(bias), dout, inp, param(weight), mean,
                                 rstd, N, C));
 }
 
-void CudaGpt::MatmulForward(void* out, const void* inp, int weight, int bias, int N, int IC, int OC,
-                            int ld_out) {
+void CudaModel::MatmulForward(void* out, const void* inp, int weight, int bias, int N, int IC,
+                              int OC, int ld_out) {
   Check(cuda::MatmulForward(k(), out, inp, param(weight), bias < 0 ? nullptr : param(bias), N, IC,
                             OC, ld_out));
 }
 
-void CudaGpt::MatmulBackward(void* dinp, const void* dout, int ld_dout, const void* inp, int weight,
-                             int bias, int N, int IC, int OC) {
+void CudaModel::MatmulBackward(void* dinp, const void* dout, int ld_dout, const void* inp,
+                               int weight, int bias, int N, int IC, int OC) {
   Check(cuda::MatmulBackward(k(), dinp, grad(weight), bias < 0 ? nullptr : grad(bias), dout,
                              ld_dout, inp, param(weight), N, IC, OC));
 }
 
-void CudaGpt::AddBias(void* out, int bias, int N, int OC) {
+void CudaModel::AddBias(void* out, int bias, int N, int OC) {
   Check(cuda::AddBias(k(), out, param(bias), N, OC));
 }
 
-void CudaGpt::AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t,
-                               int Ct, int NHt) {
+void CudaModel::AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t,
+                                 int Ct, int NHt) {
   Check(cuda::AttentionForward(k(), out, att, scratch, qkv, b, t, Ct, NHt));
 }
 
-void CudaGpt::AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
-                                const void* att, int b, int t, int Ct, int NHt) {
+void CudaModel::AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
+                                  const void* att, int b, int t, int Ct, int NHt) {
   Check(cuda::AttentionBackward(k(), dqkv, scratch, dout, qkv, att, b, t, Ct, NHt));
 }
 
-void CudaGpt::GeluForward(void* out, const void* inp, int64_t n) {
+void CudaModel::GeluForward(void* out, const void* inp, int64_t n) {
   Check(cuda::GeluForward(k(), out, inp, n));
 }
 
-void CudaGpt::GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) {
+void CudaModel::GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) {
   Check(cuda::GeluBackward(k(), dinp, inp, dout, n));
 }
 
-void CudaGpt::ResidualForward(void* out, const void* inp1, const void* inp2, int64_t n) {
+void CudaModel::ResidualForward(void* out, const void* inp1, const void* inp2, int64_t n) {
   Check(cuda::ResidualForward(k(), out, inp1, inp2, n));
 }
 
@@ -423,12 +424,12 @@ void CudaGpt::ResidualForward(void* out, const void* inp1, const void* inp2, int
 // padding rows of wte stay zero (their gradient is 0: CrossEntropyBackward
 // zeroes the padding columns of dlogits), and no one reads the padding
 // logits.
-void CudaGpt::LmHeadForward(SlotActs& s) {
+void CudaModel::LmHeadForward(SlotActs& s) {
   Check(cuda::MatmulForward(k(), s.logits, s.lnf, param(layout().wte()), nullptr, s.b * s.t,
                             config().dim, vocab_.Vpt, vocab_.Vpt));
 }
 
-double CudaGpt::CrossEntropyForward(SlotActs& s) {
+double CudaModel::CrossEntropyForward(SlotActs& s) {
   const int N = s.b * s.t, k_slot = SlotIndex(s);
   // The targets as columns of this rank's logits (v0 = 0 without tp): one
   // held by another tp rank matches none.
@@ -458,7 +459,7 @@ double CudaGpt::CrossEntropyForward(SlotActs& s) {
   return sum;
 }
 
-void CudaGpt::CrossEntropyBackward(SlotActs& s, float dloss) {
+void CudaModel::CrossEntropyBackward(SlotActs& s, float dloss) {
   const int N = s.b * s.t;
   if (vocab_.real == 0) {  // no real column here: the gradient is 0
     Zero(s.logits, int64_t{N} * vocab_.Vpt);
@@ -468,7 +469,7 @@ void CudaGpt::CrossEntropyBackward(SlotActs& s, float dloss) {
                                    vocab_.real, vocab_.Vpt));
 }
 
-void CudaGpt::LmHeadBackward(SlotActs& s, void* dln) {
+void CudaModel::LmHeadBackward(SlotActs& s, void* dln) {
   Check(cuda::MatmulBackward(k(), dln, grad(layout().wte()), nullptr, s.logits, vocab_.Vpt, s.lnf,
                              param(layout().wte()), s.b * s.t, config().dim, vocab_.Vpt));
 }

@@ -1,4 +1,4 @@
-#include "worker/engine/cpu/gpt.h"
+#include "worker/engine/cpu/cpu_model.h"
 
 #include <cblas.h>
 
@@ -13,7 +13,7 @@
 namespace shardtrain::engine::cpu {
 namespace {
 
-using model::GptConfig;
+using model::ModelConfig;
 
 float* F(void* p) { return static_cast<float*>(p); }
 const float* F(const void* p) { return static_cast<const float*>(p); }
@@ -39,17 +39,19 @@ class PhaseTimer {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(const GptConfig& config, int B, int T, int threads,
-                                                 const GptOptions& options) {
-  if (auto s = ValidateGptEngine(config, B, T, options); !s.ok()) return s;
+absl::StatusOr<std::unique_ptr<CpuModel>> CpuModel::Create(const ModelConfig& config, int B, int T,
+                                                           int threads,
+                                                           const ModelEngineOptions& options) {
+  if (auto s = ValidateModelEngine(config, B, T, options); !s.ok()) return s;
   if (threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", threads));
   }
-  return std::unique_ptr<Gpt>(new Gpt(config, B, T, threads, options));
+  return std::unique_ptr<CpuModel>(new CpuModel(config, B, T, threads, options));
 }
 
-Gpt::Gpt(const GptConfig& config, int B, int T, int threads, const GptOptions& options)
-    : GptEngine(config, B, T, options, DataType::kFloat32),
+CpuModel::CpuModel(const ModelConfig& config, int B, int T, int threads,
+                   const ModelEngineOptions& options)
+    : ModelEngine(config, B, T, options, DataType::kFloat32),
       vocab_(
           VocabShardOf(config.vocab, config.padded_vocab, options.slice.tp, options.slice.tp_rank)),
       pool_(threads) {
@@ -68,26 +70,26 @@ Gpt::Gpt(const GptConfig& config, int B, int T, int threads, const GptOptions& o
   BindActivations(acts_->as<char>());
 }
 
-void Gpt::ReadLogits(int row, float* out) const {
+void CpuModel::ReadLogits(int row, float* out) const {
   std::memcpy(out, logits() + int64_t{row} * vocab_.Vpt, sizeof(float) * vocab_.real);
 }
 
-void Gpt::ZeroGrad() { Zero(grad_data_, static_cast<int64_t>(grads_->count())); }
+void CpuModel::ZeroGrad() { Zero(grad_data_, static_cast<int64_t>(grads_->count())); }
 
-float Gpt::StageForward(int slot, const int* tokens, const int* targets, const float* input, int b,
-                        int t) {
+float CpuModel::StageForward(int slot, const int* tokens, const int* targets, const float* input,
+                             int b, int t) {
   if (profiling_) timing_ = Timing{};
-  return GptEngine::StageForward(slot, tokens, targets, input, b, t);
+  return ModelEngine::StageForward(slot, tokens, targets, input, b, t);
 }
 
-const float* Gpt::StageOutput(int k) const {
+const float* CpuModel::StageOutput(int k) const {
   if (layout().slice().last_stage) return nullptr;
   return F(LastOutput(slot(k)));
 }
 
 // ---- the layers
 
-void Gpt::EncoderForward(SlotActs& s) {
+void CpuModel::EncoderForward(SlotActs& s) {
   PhaseTimer tm(profiling_, &timing_.encoder);
   const int C = config().dim;
   if (tp() == nullptr) {
@@ -103,7 +105,7 @@ void Gpt::EncoderForward(SlotActs& s) {
   }
 }
 
-void Gpt::EncoderBackward(const SlotActs& s, const void* dout) {
+void CpuModel::EncoderBackward(const SlotActs& s, const void* dout) {
   PhaseTimer tm(profiling_, &timing_.encoder);
   const int C = config().dim;
   if (tp() == nullptr) {
@@ -115,45 +117,45 @@ void Gpt::EncoderBackward(const SlotActs& s, const void* dout) {
   }
 }
 
-void Gpt::CopyFromFloat32(void* dst, const float* src, int64_t n) {
+void CpuModel::CopyFromFloat32(void* dst, const float* src, int64_t n) {
   std::memcpy(dst, src, sizeof(float) * n);
 }
 
-void Gpt::Zero(void* p, int64_t n) {
+void CpuModel::Zero(void* p, int64_t n) {
   float* x = F(p);
   pool_.ParallelFor(
       n, [&](int64_t i0, int64_t i1) { std::memset(x + i0, 0, sizeof(float) * (i1 - i0)); },
       1 << 14);
 }
 
-void Gpt::LayerNormForward(void* out, float* mean, float* rstd, const void* inp, int weight,
-                           int bias, int N, int C) {
+void CpuModel::LayerNormForward(void* out, float* mean, float* rstd, const void* inp, int weight,
+                                int bias, int N, int C) {
   PhaseTimer tm(profiling_, &timing_.layernorm);
   cpu::LayerNormForward(F(out), mean, rstd, F(inp), param(weight), param(bias), N, C, &pool_);
 }
 
-void Gpt::LayerNormBackward(void* dinp, const void* dout, const void* inp, const float* mean,
-                            const float* rstd, int weight, int bias, int N, int C) {
+void CpuModel::LayerNormBackward(void* dinp, const void* dout, const void* inp, const float* mean,
+                                 const float* rstd, int weight, int bias, int N, int C) {
   PhaseTimer tm(profiling_, &timing_.layernorm);
   cpu::LayerNormBackward(F(dinp), grad(weight), grad(bias), F(dout), F(inp), param(weight), mean,
                          rstd, N, C, &pool_);
 }
 
-void Gpt::MatmulForward(void* out, const void* inp, int weight, int bias, int N, int IC, int OC,
-                        int ld_out) {
+void CpuModel::MatmulForward(void* out, const void* inp, int weight, int bias, int N, int IC,
+                             int OC, int ld_out) {
   PhaseTimer tm(profiling_, &timing_.matmul);
   cpu::MatmulForward(F(out), F(inp), param(weight), bias < 0 ? nullptr : param(bias), N, IC, OC,
                      ld_out, &pool_);
 }
 
-void Gpt::MatmulBackward(void* dinp, const void* dout, int ld_dout, const void* inp, int weight,
-                         int bias, int N, int IC, int OC) {
+void CpuModel::MatmulBackward(void* dinp, const void* dout, int ld_dout, const void* inp,
+                              int weight, int bias, int N, int IC, int OC) {
   PhaseTimer tm(profiling_, &timing_.matmul);
   cpu::MatmulBackward(F(dinp), grad(weight), bias < 0 ? nullptr : grad(bias), F(dout), ld_dout,
                       F(inp), param(weight), N, IC, OC, &pool_);
 }
 
-void Gpt::AddBias(void* out, int bias, int N, int OC) {
+void CpuModel::AddBias(void* out, int bias, int N, int OC) {
   PhaseTimer tm(profiling_, &timing_.matmul);
   float* o = F(out);
   const float* b = param(bias);
@@ -167,34 +169,34 @@ void Gpt::AddBias(void* out, int bias, int N, int OC) {
       64);
 }
 
-void Gpt::AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t,
-                           int Ct, int NHt) {
+void CpuModel::AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t,
+                                int Ct, int NHt) {
   PhaseTimer tm(profiling_, &timing_.attention);
   cpu::AttentionForward(F(out), F(att), F(qkv), b, t, Ct, NHt, &pool_);
 }
 
-void Gpt::AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
-                            const void* att, int b, int t, int Ct, int NHt) {
+void CpuModel::AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
+                                 const void* att, int b, int t, int Ct, int NHt) {
   PhaseTimer tm(profiling_, &timing_.attention);
   cpu::AttentionBackward(F(dqkv), F(dout), F(qkv), F(att), F(scratch), b, t, Ct, NHt, &pool_);
 }
 
-void Gpt::GeluForward(void* out, const void* inp, int64_t n) {
+void CpuModel::GeluForward(void* out, const void* inp, int64_t n) {
   PhaseTimer tm(profiling_, &timing_.gelu);
   cpu::GeluForward(F(out), F(inp), n, &pool_);
 }
 
-void Gpt::GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) {
+void CpuModel::GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) {
   PhaseTimer tm(profiling_, &timing_.gelu);
   cpu::GeluBackward(F(dinp), F(inp), F(dout), n, &pool_);
 }
 
-void Gpt::ResidualForward(void* out, const void* inp1, const void* inp2, int64_t n) {
+void CpuModel::ResidualForward(void* out, const void* inp1, const void* inp2, int64_t n) {
   PhaseTimer tm(profiling_, &timing_.residual);
   cpu::ResidualForward(F(out), F(inp1), F(inp2), n, &pool_);
 }
 
-void Gpt::LmHeadForward(SlotActs& s) {
+void CpuModel::LmHeadForward(SlotActs& s) {
   PhaseTimer tm(profiling_, &timing_.lm_head);
   if (vocab_.real > 0) {
     cpu::MatmulForward(F(s.logits), F(s.lnf), param(layout().wte()),
@@ -203,7 +205,7 @@ void Gpt::LmHeadForward(SlotActs& s) {
   }
 }
 
-double Gpt::CrossEntropyForward(SlotActs& s) {
+double CpuModel::CrossEntropyForward(SlotActs& s) {
   PhaseTimer tm(profiling_, &timing_.softmax_ce);
   const int N = s.b * s.t;
   if (tp() == nullptr) {
@@ -218,7 +220,7 @@ double Gpt::CrossEntropyForward(SlotActs& s) {
   return sum;
 }
 
-void Gpt::CrossEntropyBackward(SlotActs& s, float dloss) {
+void CpuModel::CrossEntropyBackward(SlotActs& s, float dloss) {
   PhaseTimer tm(profiling_, &timing_.softmax_ce);
   const int N = s.b * s.t;
   if (tp() == nullptr) {
@@ -230,7 +232,7 @@ void Gpt::CrossEntropyBackward(SlotActs& s, float dloss) {
   }
 }
 
-void Gpt::LmHeadBackward(SlotActs& s, void* dln) {
+void CpuModel::LmHeadBackward(SlotActs& s, void* dln) {
   PhaseTimer tm(profiling_, &timing_.lm_head);
   if (vocab_.real > 0) {
     cpu::MatmulBackward(F(dln), grad(layout().wte()), static_cast<float*>(nullptr), F(s.logits),
@@ -239,13 +241,15 @@ void Gpt::LmHeadBackward(SlotActs& s, void* dln) {
   }
 }
 
-void Gpt::TpAllReduceSum(void* x, int64_t n) { tp()->AllReduceSum(F(x), static_cast<size_t>(n)); }
+void CpuModel::TpAllReduceSum(void* x, int64_t n) {
+  tp()->AllReduceSum(F(x), static_cast<size_t>(n));
+}
 
-void Gpt::TpAllGather(void* full, const void* local, int64_t n) {
+void CpuModel::TpAllGather(void* full, const void* local, int64_t n) {
   tp()->AllGather(static_cast<const float*>(local), F(full), static_cast<size_t>(n));
 }
 
-void Gpt::TpReduceScatter(void* local, const void* full, int64_t n) {
+void CpuModel::TpReduceScatter(void* local, const void* full, int64_t n) {
   tp()->ReduceScatterSum(static_cast<const float*>(full), F(local), static_cast<size_t>(n));
 }
 

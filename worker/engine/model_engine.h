@@ -1,4 +1,4 @@
-// GptEngine: the order of a GPT step, written once for every device. It owns
+// ModelEngine: the order of a GPT step, written once for every device. It owns
 // what does not depend on where the numbers live — the model's layout and
 // slice, the activation table and the pointers carved from it for every
 // pipeline slot, the parameter and gradient hooks ZeRO relies on (which unit
@@ -18,8 +18,8 @@
 // engine/cpu/layers.h documents.
 //
 // Not thread-safe: one caller at a time.
-#ifndef SHARDTRAIN_WORKER_ENGINE_GPT_ENGINE_H_
-#define SHARDTRAIN_WORKER_ENGINE_GPT_ENGINE_H_
+#ifndef SHARDTRAIN_WORKER_ENGINE_MODEL_ENGINE_H_
+#define SHARDTRAIN_WORKER_ENGINE_MODEL_ENGINE_H_
 
 #include <cstdint>
 #include <functional>
@@ -35,7 +35,7 @@
 
 namespace shardtrain::engine {
 
-struct GptEngineOptions {
+struct ModelEngineOptions {
   model::ModelSlice slice;  // default: the whole model
   int slots = 1;            // micro-batches whose saved activations are kept at once
   // The slice's tp group (rank slice.tp_rank of slice.tp); required when
@@ -58,10 +58,10 @@ struct GptEngineOptions {
 // <= context, slots >= 1, a slice within the model whose tp divides heads
 // and the padded vocabulary, with its group when tp > 1. InvalidArgument
 // naming the field otherwise.
-absl::Status ValidateGptEngine(const model::GptConfig& config, int B, int T,
-                               const GptEngineOptions& options);
+absl::Status ValidateModelEngine(const model::ModelConfig& config, int B, int T,
+                                 const ModelEngineOptions& options);
 
-class GptEngine : public Engine {
+class ModelEngine : public Engine {
  public:
   // ---- Engine: the sequence.
   const model::ParamLayout& layout() const override { return layout_; }
@@ -105,8 +105,8 @@ class GptEngine : public Engine {
     bool forwarded = false;  // a forward with targets (last stage) not yet backpropagated
   };
 
-  GptEngine(const model::GptConfig& config, int B, int T, const GptEngineOptions& options,
-            DataType compute);
+  ModelEngine(const model::ModelConfig& config, int B, int T, const ModelEngineOptions& options,
+              DataType compute);
 
   // Points every slot's and the scratch tensors into `base`, a buffer of
   // table().bytes(slots()) bytes in the device's memory (16-byte aligned).
@@ -255,4 +255,4 @@ class GptEngine : public Engine {
 
 }  // namespace shardtrain::engine
 
-#endif  // SHARDTRAIN_WORKER_ENGINE_GPT_ENGINE_H_
+#endif  // SHARDTRAIN_WORKER_ENGINE_MODEL_ENGINE_H_

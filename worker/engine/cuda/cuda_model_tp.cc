@@ -7,8 +7,8 @@
 #include <cmath>
 #include <vector>
 
-#include "worker/engine/cuda/gpt.h"
-#include "worker/engine/cuda/gpt_internal.h"
+#include "worker/engine/cuda/cuda_model.h"
+#include "worker/engine/cuda/cuda_model_internal.h"
 #include "worker/engine/cuda/kernels.h"
 
 namespace shardtrain::engine::cuda {
@@ -19,7 +19,7 @@ namespace shardtrain::engine::cuda {
 // target logit the sum of lse_r - loss_r over the one rank holding it. Only
 // these N floats each cross the host (engine/cpu/vocab_parallel.h exchanges
 // the same); the result goes back to s.lse for the backward.
-void CudaGpt::CombineVocabShards(SlotActs& s, int N) {
+void CudaModel::CombineVocabShards(SlotActs& s, int N) {
   std::vector<float> max(host_lse_), sum(N), target(N);
   TpHostAllReduce(max.data(), N, /*max=*/true);
   for (int r = 0; r < N; ++r) {
@@ -46,10 +46,10 @@ void CudaGpt::CombineVocabShards(SlotActs& s, int N) {
 // every rank rounds the same fp32 values. ToHostF32 / FromHostF32 move n
 // elements of the compute type at x to tp_host_[at, at + n) and back,
 // through tp_scratch_ (fp32 compute: directly).
-void CudaGpt::ToHostF32(const void* x, int64_t n, size_t at) {
+void CudaModel::ToHostF32(const void* x, int64_t n, size_t at) {
   const bool fp32 = compute() == DataType::kFloat32;
   if (!fp32 && (tp_scratch_ == nullptr || size_t(n) > tp_scratch_->count())) {
-    Fail("CudaGpt: a tp exchange larger than the tp scratch");
+    Fail("CudaModel: a tp exchange larger than the tp scratch");
   }
   const float* dev = static_cast<const float*>(x);
   if (!fp32) {
@@ -60,10 +60,10 @@ void CudaGpt::ToHostF32(const void* x, int64_t n, size_t at) {
   math_->CopyToHost(tp_host_.data() + at, dev, size_t(n));
 }
 
-void CudaGpt::FromHostF32(void* x, int64_t n, size_t at) {
+void CudaModel::FromHostF32(void* x, int64_t n, size_t at) {
   const bool fp32 = compute() == DataType::kFloat32;
   if (!fp32 && (tp_scratch_ == nullptr || size_t(n) > tp_scratch_->count())) {
-    Fail("CudaGpt: a tp exchange larger than the tp scratch");
+    Fail("CudaModel: a tp exchange larger than the tp scratch");
   }
   float* dev = fp32 ? static_cast<float*>(x) : tp_scratch_->as<float>();
   math_->CopyFromHost(dev, tp_host_.data() + at, size_t(n));
@@ -72,7 +72,7 @@ void CudaGpt::FromHostF32(void* x, int64_t n, size_t at) {
 
 // n host floats summed (or maxed) over tp: directly, or through
 // lse_scratch_ when the group takes device memory.
-void CudaGpt::TpHostAllReduce(float* host, int n, bool max) {
+void CudaModel::TpHostAllReduce(float* host, int n, bool max) {
   if (!tp()->device_memory()) {
     if (max) {
       tp()->AllReduceMax(host, size_t(n));
@@ -95,9 +95,9 @@ void CudaGpt::TpHostAllReduce(float* host, int n, bool max) {
 // buffers themselves; a 16-bit one converts to fp32 in tp_scratch_ first
 // and back after, so the values summed are those of the host path. The
 // group orders each collective on the compute stream (no host wait).
-float* CudaGpt::TpScratch(size_t at) const { return tp_scratch_->as<float>() + at; }
+float* CudaModel::TpScratch(size_t at) const { return tp_scratch_->as<float>() + at; }
 
-void CudaGpt::TpAllReduceSum(void* x, int64_t n) {
+void CudaModel::TpAllReduceSum(void* x, int64_t n) {
   if (tp()->device_memory()) {
     if (compute() == DataType::kFloat32) {
       tp()->AllReduceSum(static_cast<float*>(x), size_t(n));
@@ -116,7 +116,7 @@ void CudaGpt::TpAllReduceSum(void* x, int64_t n) {
 // full (tp·n) = every rank's local (n); local at tp_host_[0, n), the
 // gathered full at [n, n + tp·n). In device memory (16-bit) in place: local
 // converted into its block of the gathered scratch.
-void CudaGpt::TpAllGather(void* full, const void* local, int64_t n) {
+void CudaModel::TpAllGather(void* full, const void* local, int64_t n) {
   const size_t tp_n = size_t(n) * size_t(tp()->size());
   if (tp()->device_memory()) {
     if (compute() == DataType::kFloat32) {
@@ -137,7 +137,7 @@ void CudaGpt::TpAllGather(void* full, const void* local, int64_t n) {
 
 // local (n) = the sum over ranks of their full[rank·n, +n); full at
 // tp_host_[0, tp·n), the local sum at [tp·n, tp·n + n).
-void CudaGpt::TpReduceScatter(void* local, const void* full, int64_t n) {
+void CudaModel::TpReduceScatter(void* local, const void* full, int64_t n) {
   const size_t tp_n = size_t(n) * size_t(tp()->size());
   if (tp()->device_memory()) {
     if (compute() == DataType::kFloat32) {

@@ -1,5 +1,5 @@
-// CudaGpt: the GPT on one GPU (engine::Engine), in fp32, bf16 or fp16. The
-// order of the step (blocks, hooks, slots) is engine::GptEngine's; this class
+// CudaModel: the GPT on one GPU (engine::Engine), in fp32, bf16 or fp16. The
+// order of the step (blocks, hooks, slots) is engine::ModelEngine's; this class
 // supplies the layers as the CUDA kernels of kernels.h on the device's
 // compute stream.
 //
@@ -13,7 +13,7 @@
 // fp32 the compute copy is the master itself and TF32 is never used, so the
 // engine equals the CPU engine to rounding.
 //
-// Pipeline stages run like whole models (GptEngine's slots and slices);
+// Pipeline stages run like whole models (ModelEngine's slots and slices);
 // tensor-parallel slices (with sequence parallelism too) exchange through
 // the host in fp32 over the tp group. The host synchronises once per
 // forward, to read the losses back.
@@ -21,8 +21,8 @@
 // CUDA errors inside a pass abort the process with the kernel's message (a
 // worker crash: the coordinator recovers the job like any failed rank).
 // Not thread-safe: one caller at a time.
-#ifndef SHARDTRAIN_WORKER_ENGINE_CUDA_GPT_H_
-#define SHARDTRAIN_WORKER_ENGINE_CUDA_GPT_H_
+#ifndef SHARDTRAIN_WORKER_ENGINE_CUDA_CUDA_MODEL_H_
+#define SHARDTRAIN_WORKER_ENGINE_CUDA_CUDA_MODEL_H_
 
 #include <memory>
 #include <vector>
@@ -30,21 +30,21 @@
 #include "absl/status/statusor.h"
 #include "worker/engine/cuda/cuda_device.h"
 #include "worker/engine/cuda/kernels.h"
-#include "worker/engine/gpt_engine.h"
+#include "worker/engine/model_engine.h"
 
 namespace shardtrain::engine::cuda {
 
-class CudaGpt final : public GptEngine {
+class CudaModel final : public ModelEngine {
  public:
   // The engine on GPU `ordinal` computing in `compute` (fp32, bf16, fp16).
   // FAILED_PRECONDITION without such a device, RESOURCE_EXHAUSTED when its
   // memory cannot hold the model and activations, INVALID_ARGUMENT for
-  // shapes (as ValidateGptEngine), UNIMPLEMENTED for tp / pp slices.
-  static absl::StatusOr<std::unique_ptr<CudaGpt>> Create(const model::GptConfig& config, int B,
-                                                         int T, int ordinal, DataType compute,
-                                                         int host_threads = 1,
-                                                         const GptEngineOptions& options = {});
-  ~CudaGpt() override;
+  // shapes (as ValidateModelEngine), UNIMPLEMENTED for tp / pp slices.
+  static absl::StatusOr<std::unique_ptr<CudaModel>> Create(const model::ModelConfig& config, int B,
+                                                           int T, int ordinal, DataType compute,
+                                                           int host_threads = 1,
+                                                           const ModelEngineOptions& options = {});
+  ~CudaModel() override;
 
   // ---- Engine
   Device& device() override { return *device_; }
@@ -101,8 +101,8 @@ class CudaGpt final : public GptEngine {
   void OnUnitDone(int unit) override;
 
  private:
-  CudaGpt(const model::GptConfig& config, int B, int T, DataType compute, int host_threads,
-          const GptEngineOptions& options, std::unique_ptr<CudaDevice> device);
+  CudaModel(const model::ModelConfig& config, int B, int T, DataType compute, int host_threads,
+            const ModelEngineOptions& options, std::unique_ptr<CudaDevice> device);
   absl::Status Init();
   // Aborts with the message when a launcher failed (see the class comment).
   void Check(const absl::Status& s) const;
@@ -158,4 +158,4 @@ std::unique_ptr<FlatMath> MakeCudaFlatMath(CudaDevice* device);
 
 }  // namespace shardtrain::engine::cuda
 
-#endif  // SHARDTRAIN_WORKER_ENGINE_CUDA_GPT_H_
+#endif  // SHARDTRAIN_WORKER_ENGINE_CUDA_CUDA_MODEL_H_

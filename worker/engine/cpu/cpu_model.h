@@ -1,7 +1,7 @@
-// Gpt: the CPU engine (engine::Engine): a GPT-2 style transformer in fp32
+// CpuModel: the CPU engine (engine::Engine): a GPT-2 style transformer in fp32
 // on OpenBLAS, owning its parameters, gradients and activations. The order
-// of the step (blocks, hooks, slots, tp regions) is engine::GptEngine's
-// (worker/engine/gpt_engine.h); this class supplies the layers
+// of the step (blocks, hooks, slots, tp regions) is engine::ModelEngine's
+// (worker/engine/model_engine.h); this class supplies the layers
 // (engine/cpu/layers.h, vocab_parallel.h).
 //
 // The flat parameter and gradient buffers come from a CpuDevice (PageBuffer
@@ -11,7 +11,7 @@
 // accounts with. All are allocated by Create() for micro-batches of up to
 // (B, T) tokens; Forward/Backward allocate nothing.
 //
-// Under tensor and pipeline parallelism (GptOptions) it runs one slice of the
+// Under tensor and pipeline parallelism (ModelEngineOptions) it runs one slice of the
 // model (common/model/slice.h): one pipeline stage's layers, with the split
 // tensors' tp-local parts, exchanging partial sums through a TensorParallel
 // group (the conjugate pairs of tensor_parallel.h; the vocabulary-parallel
@@ -21,8 +21,8 @@
 // Not thread-safe: one caller at a time. Internally uses `threads` compute
 // threads (one ThreadPool; OpenBLAS is switched to 1 thread per call and is
 // driven from the pool, see thread_pool.h).
-#ifndef SHARDTRAIN_WORKER_ENGINE_CPU_GPT_H_
-#define SHARDTRAIN_WORKER_ENGINE_CPU_GPT_H_
+#ifndef SHARDTRAIN_WORKER_ENGINE_CPU_CPU_MODEL_H_
+#define SHARDTRAIN_WORKER_ENGINE_CPU_CPU_MODEL_H_
 
 #include <cstdint>
 #include <functional>
@@ -37,23 +37,22 @@
 #include "worker/engine/cpu/cpu_device.h"
 #include "worker/engine/cpu/vocab_parallel.h"
 #include "worker/engine/engine.h"
-#include "worker/engine/gpt_engine.h"
+#include "worker/engine/model_engine.h"
 #include "worker/engine/tensor_parallel.h"
 #include "worker/engine/thread_pool.h"
 
 namespace shardtrain::engine::cpu {
 
-using GptOptions = GptEngineOptions;
-
-class Gpt final : public GptEngine {
+class CpuModel final : public ModelEngine {
  public:
   // B >= 1, 1 <= T <= config.context, threads >= 1, slots >= 1, a slice
   // within the model whose tp divides heads, 4·dim and the padded vocabulary
   // (with its group). InvalidArgument otherwise (naming the field).
   // Parameters start at zero: call InitParams() or copy weights into
   // params().
-  static absl::StatusOr<std::unique_ptr<Gpt>> Create(const model::GptConfig& config, int B, int T,
-                                                     int threads, const GptOptions& options = {});
+  static absl::StatusOr<std::unique_ptr<CpuModel>> Create(const model::ModelConfig& config, int B,
+                                                          int T, int threads,
+                                                          const ModelEngineOptions& options = {});
 
   // ---- Engine
   Device& device() override { return device_; }
@@ -68,7 +67,7 @@ class Gpt final : public GptEngine {
   }
   float StageForward(int slot, const int* tokens, const int* targets, const float* input, int b,
                      int t) override;
-  using GptEngine::Forward;
+  using ModelEngine::Forward;
   const float* StageOutput(int slot) const override;
   const float* InputGrad() const override {
     return layout().slice().first_stage ? nullptr : static_cast<const float*>(dresidual());
@@ -92,7 +91,7 @@ class Gpt final : public GptEngine {
   const Timing& timing() const { return timing_; }
 
  protected:
-  // ---- GptEngine's layers, on the host in fp32.
+  // ---- ModelEngine's layers, on the host in fp32.
   void EncoderForward(SlotActs& s) override;
   void EncoderBackward(const SlotActs& s, const void* dout) override;
   void CopyFromFloat32(void* dst, const float* src, int64_t n) override;
@@ -122,7 +121,8 @@ class Gpt final : public GptEngine {
   void TpReduceScatter(void* local, const void* full, int64_t n) override;
 
  private:
-  Gpt(const model::GptConfig& config, int B, int T, int threads, const GptOptions& options);
+  CpuModel(const model::ModelConfig& config, int B, int T, int threads,
+           const ModelEngineOptions& options);
 
   const float* param(int tensor) const { return param_data_ + layout().offset(tensor); }
   float* grad(int tensor) { return grad_data_ + layout().offset(tensor); }
@@ -140,4 +140,4 @@ class Gpt final : public GptEngine {
 
 }  // namespace shardtrain::engine::cpu
 
-#endif  // SHARDTRAIN_WORKER_ENGINE_CPU_GPT_H_
+#endif  // SHARDTRAIN_WORKER_ENGINE_CPU_CPU_MODEL_H_
