@@ -134,6 +134,12 @@ int Export(const GlobalFlags& g, const ExportOptions& o) {
   std::string from;
   auto weights = LoadWeightsFrom(o.source, &from);
   if (!weights.ok()) return ReportError(g, weights.status());
+  if (weights->config.arch != model::Arch::kGpt2) {
+    return ReportError(
+        g, absl::UnimplementedError(absl::StrCat(
+               from, " holds a ", model::ArchName(weights->config.arch),
+               " model; export writes Hugging Face's GPT-2 layout only so far (nothing written)")));
+  }
   // The tokenizer's files first: a missing vocabulary fails before anything
   // is written.
   std::string vocab_text, merges_text;

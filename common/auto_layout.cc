@@ -73,8 +73,7 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
         absl::StrCat("--memory-per-rank: must be >= 1 byte, got ", options.memory_per_rank));
   }
   const ModelSpec& model = spec.model;
-  const absl::StatusOr<model::ModelConfig> config =
-      model::MakeGptConfig(model.layers, model.heads, model.dim, model.context, model.vocab);
+  const absl::StatusOr<model::ModelConfig> config = model.Config();
   if (!config.ok()) return config.status();
   AutoLayoutResult result;
   std::vector<std::string> skipped;  // why meshes the model allows have no candidate
@@ -85,7 +84,7 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
       if ((n / tp) % pp != 0) continue;
       const int dp = n / (tp * pp);
       const ParallelDims dims = *ParallelDims::Create(dp, tp, pp);
-      if (!dims.CheckModelFits(model.layers, model.heads, model.dim, model.vocab).ok()) continue;
+      if (!dims.CheckModelFits(*config).ok()) continue;
       const int micro = MicroFor(spec.batch.global, spec.batch.micro, dp);
       if (micro == 0) {
         skipped.push_back(

@@ -33,28 +33,78 @@ using namespace spec_read;  // NOLINT: the reader's own other half (job_spec_rea
 // ---------------------------------------------------------------------------
 // Sections.
 
+// SwiGLU's default width (Meta's Llama rule): 2/3 of GPT's 4·dim, rounded up
+// to a multiple of 256.
+int DefaultFfnDim(int dim) {
+  const int64_t f = (int64_t{8} * dim + 2) / 3;
+  return static_cast<int>(std::min<int64_t>((f + 255) / 256 * 256, INT_MAX / 2));
+}
+
 absl::Status ParseModel(const Node& root, ModelSpec* m) {
   SHARDTRAIN_RETURN_IF_ERROR(Require(root, "", "model"));
   SHARDTRAIN_ASSIGN_OR_RETURN(Node n, Section(root, "model"));
   SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, "model", "preset", &m->preset));
+  bool llama_fields_given = false;  // the preset's, or the ones set below
   if (!m->preset.empty()) {
     absl::StatusOr<model::ModelConfig> preset = model::ModelPreset(m->preset);
     if (!preset.ok()) return FieldError("model.preset", preset.status().message());
+    m->arch = preset->arch;
     m->layers = preset->layers;
     m->heads = preset->heads;
     m->dim = preset->dim;
     m->context = preset->context;
     m->vocab = preset->vocab;
+    if (preset->arch == model::Arch::kLlama) {
+      m->kv_heads = preset->kv_heads;
+      m->ffn_dim = preset->ffn_dim;
+      m->rope_theta = preset->rope_theta;
+      m->norm_eps = preset->norm_eps;
+      m->tie_embeddings = preset->tie_embeddings;
+      llama_fields_given = true;
+    }
   } else {
     for (const char* key : {"layers", "heads", "dim", "context", "vocab"}) {
       SHARDTRAIN_RETURN_IF_ERROR(Require(n, "model", key, " (or set model.preset)"));
     }
+  }
+  const model::Arch preset_arch = m->arch;
+  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "model", "arch", si::kArchs, &m->arch));
+  if (!m->preset.empty() && m->arch != preset_arch) {
+    return FieldError("model.arch", model::ArchName(m->arch), " conflicts with model.preset ",
+                      m->preset, " (a ", model::ArchName(preset_arch), " model)");
   }
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "layers", 1, &m->layers));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "heads", 1, &m->heads));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "dim", 1, &m->dim));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "context", 1, &m->context));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "vocab", 1, &m->vocab));
+  if (m->arch == model::Arch::kGpt2) {
+    for (const char* key : {"kv_heads", "ffn_dim", "rope_theta", "norm_eps", "tie_embeddings"}) {
+      if (Present(n, key)) {
+        return FieldError(absl::StrCat("model.", key),
+                          "only for model.arch: llama (GPT-2 has kv_heads = heads, ffn_dim = "
+                          "4·dim, learned positions, LayerNorm eps 1e-5 and a tied LM head)");
+      }
+    }
+    const ModelSpec defaults;
+    m->kv_heads = defaults.kv_heads;
+    m->ffn_dim = defaults.ffn_dim;
+    m->rope_theta = defaults.rope_theta;
+    m->norm_eps = defaults.norm_eps;
+    m->tie_embeddings = defaults.tie_embeddings;
+  } else {
+    if (!llama_fields_given) {
+      m->kv_heads = m->heads;
+      m->ffn_dim = DefaultFfnDim(m->dim);
+    }
+    SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "kv_heads", 1, &m->kv_heads));
+    SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "ffn_dim", 1, &m->ffn_dim));
+    SHARDTRAIN_RETURN_IF_ERROR(
+        ReadDouble(n, "model", "rope_theta", 0.0, /*exclusive=*/true, &m->rope_theta));
+    SHARDTRAIN_RETURN_IF_ERROR(
+        ReadDouble(n, "model", "norm_eps", 0.0, /*exclusive=*/true, &m->norm_eps));
+    SHARDTRAIN_RETURN_IF_ERROR(ReadBool(n, "model", "tie_embeddings", &m->tie_embeddings));
+  }
   SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, "model", "init", &m->init));
   SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "model", "recompute", si::kRecomputes, &m->recompute));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "recompute_layers", 1, &m->recompute_layers));
@@ -62,7 +112,7 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
     return FieldError("model.recompute_layers",
                       "needs model.recompute: selective or full (it is none)");
   }
-  return model::MakeGptConfig(m->layers, m->heads, m->dim, m->context, m->vocab).status();
+  return m->Config().status();
 }
 
 absl::Status ParseData(const Node& root, const ModelSpec& model, DataSpec* d) {
@@ -135,12 +185,9 @@ absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpe
   }
 
   SHARDTRAIN_ASSIGN_OR_RETURN(ParallelDims dims, ParallelDims::Create(p->dp, p->tp, p->pp));
-  SHARDTRAIN_RETURN_IF_ERROR(
-      dims.CheckModelFits(model.layers, model.heads, model.dim, model.vocab));
+  SHARDTRAIN_ASSIGN_OR_RETURN(model::ModelConfig config, model.Config());
+  SHARDTRAIN_RETURN_IF_ERROR(dims.CheckModelFits(config));
   SHARDTRAIN_RETURN_IF_ERROR(dims.CheckZero(p->zero));
-  SHARDTRAIN_ASSIGN_OR_RETURN(
-      model::ModelConfig config,
-      model::MakeGptConfig(model.layers, model.heads, model.dim, model.context, model.vocab));
   return model::StageLayers(config, p->pp, p->stages).status();
 }
 
@@ -288,6 +335,22 @@ absl::Status ParseAll(const Node& root, JobSpec* spec) {
 }
 
 }  // namespace
+
+absl::StatusOr<model::ModelConfig> ModelSpec::Config() const {
+  if (arch == model::Arch::kGpt2) return model::MakeGptConfig(layers, heads, dim, context, vocab);
+  model::LlamaShape shape;
+  shape.layers = layers;
+  shape.heads = heads;
+  shape.kv_heads = kv_heads;
+  shape.dim = dim;
+  shape.ffn_dim = ffn_dim;
+  shape.context = context;
+  shape.vocab = vocab;
+  shape.rope_theta = rope_theta;
+  shape.norm_eps = norm_eps;
+  shape.tie_embeddings = tie_embeddings;
+  return model::MakeLlamaConfig(shape);
+}
 
 absl::StatusOr<ParallelDims> JobSpec::Dims() const {
   return ParallelDims::Create(parallel.dp, parallel.tp, parallel.pp);

@@ -53,12 +53,14 @@ std::string_view EnumName(OptimizerKind v);
 std::string_view EnumName(LrSchedule v);
 std::string_view EnumName(DeviceKind v);
 std::string_view EnumName(Recompute v);
+std::string_view EnumName(model::Arch v);
 
-// GPT shape. Shape letters used across the code base: L = layers,
-// NH = heads, C = dim, T = context (max sequence length), V = vocab.
+// The model: its family and shape. Shape letters used across the code
+// base: L = layers, NH = heads, C = dim, T = context (max sequence length),
+// V = vocab; KVH = kv_heads, F = ffn_dim (common/model/config.h).
 struct ModelSpec {
-  std::string preset;  // "" or a known preset ("gpt2-124m", "gpt2-350m",
-                       // "gpt2-774m", "gpt2-1558m"); explicit fields override it
+  std::string preset;  // "" or a known preset (model::ModelPresetNames(): "gpt2-124m", ...,
+                       // "llama-tiny", "llama3-1b", "llama3-8b"); explicit fields override it
   int layers = 0;      // L > 0
   int heads = 0;       // NH > 0, divides dim
   int dim = 0;         // C > 0
@@ -76,6 +78,19 @@ struct ModelSpec {
   // recompute (>= 1; -1, the default: all of them); needs selective or full.
   Recompute recompute = Recompute::kNone;
   int recompute_layers = -1;
+  model::Arch arch = model::Arch::kGpt2;  // gpt2 | llama (a preset sets it)
+  // Llama only (kept at these values for gpt2, whose are fixed: kv_heads =
+  // heads, ffn_dim = 4·dim, LayerNorm eps 1e-5, tied; setting them with arch
+  // gpt2 is an error):
+  int kv_heads = 0;             // KVH, divides heads; default heads (multi-head attention)
+  int ffn_dim = 0;              // SwiGLU's width; default 8·dim/3 rounded up to a multiple of 256
+  double rope_theta = 500000;   // rotary positions' base, > 0
+  double norm_eps = 1e-5;       // RMSNorm's epsilon, > 0
+  bool tie_embeddings = false;  // the LM head reads wte
+
+  // The model's config (family recipe and shape), validated as
+  // ParseJobSpec validates it: INVALID_ARGUMENT naming the field otherwise.
+  absl::StatusOr<model::ModelConfig> Config() const;
 };
 
 struct DataSpec {

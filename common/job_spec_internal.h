@@ -40,6 +40,9 @@ inline const EnumTable<DeviceKind> kDevices = {{"cpu", DeviceKind::kCpu},
 inline const EnumTable<Recompute> kRecomputes = {
     {"none", Recompute::kNone}, {"selective", Recompute::kSelective}, {"full", Recompute::kFull}};
 
+inline const EnumTable<model::Arch> kArchs = {{"gpt2", model::Arch::kGpt2},
+                                              {"llama", model::Arch::kLlama}};
+
 template <typename E>
 inline std::string_view NameIn(const EnumTable<E>& table, E v) {
   for (const auto& [name, value] : table) {

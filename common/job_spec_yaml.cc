@@ -39,11 +39,15 @@ std::string_view EnumName(OptimizerKind v) { return NameIn(spec_internal::kOptim
 std::string_view EnumName(LrSchedule v) { return NameIn(spec_internal::kLrSchedules, v); }
 std::string_view EnumName(DeviceKind v) { return NameIn(spec_internal::kDevices, v); }
 std::string_view EnumName(Recompute v) { return NameIn(spec_internal::kRecomputes, v); }
+std::string_view EnumName(model::Arch v) { return NameIn(spec_internal::kArchs, v); }
 
 bool operator==(const ModelSpec& a, const ModelSpec& b) {
-  return std::tie(a.preset, a.layers, a.heads, a.dim, a.context, a.vocab, a.init, a.recompute,
-                  a.recompute_layers) == std::tie(b.preset, b.layers, b.heads, b.dim, b.context,
-                                                  b.vocab, b.init, b.recompute, b.recompute_layers);
+  return std::tie(a.preset, a.arch, a.layers, a.heads, a.dim, a.context, a.vocab, a.kv_heads,
+                  a.ffn_dim, a.rope_theta, a.norm_eps, a.tie_embeddings, a.init, a.recompute,
+                  a.recompute_layers) == std::tie(b.preset, b.arch, b.layers, b.heads, b.dim,
+                                                  b.context, b.vocab, b.kv_heads, b.ffn_dim,
+                                                  b.rope_theta, b.norm_eps, b.tie_embeddings,
+                                                  b.init, b.recompute, b.recompute_layers);
 }
 bool operator==(const DataSpec& a, const DataSpec& b) {
   return std::tie(a.train, a.val, a.format, a.tokenizer) ==
@@ -99,6 +103,14 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "dim" << YAML::Value << s.model.dim;
   out << YAML::Key << "context" << YAML::Value << s.model.context;
   out << YAML::Key << "vocab" << YAML::Value << s.model.vocab;
+  out << YAML::Key << "arch" << YAML::Value << std::string(EnumName(s.model.arch));
+  if (s.model.arch != model::Arch::kGpt2) {  // the fields only Llama has
+    out << YAML::Key << "kv_heads" << YAML::Value << s.model.kv_heads;
+    out << YAML::Key << "ffn_dim" << YAML::Value << s.model.ffn_dim;
+    out << YAML::Key << "rope_theta" << YAML::Value << num(s.model.rope_theta);
+    out << YAML::Key << "norm_eps" << YAML::Value << num(s.model.norm_eps);
+    out << YAML::Key << "tie_embeddings" << YAML::Value << boolean(s.model.tie_embeddings);
+  }
   if (!s.model.init.empty()) out << YAML::Key << "init" << YAML::Value << s.model.init;
   out << YAML::Key << "recompute" << YAML::Value << std::string(EnumName(s.model.recompute));
   if (s.model.recompute_layers > 0) {

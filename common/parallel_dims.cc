@@ -81,14 +81,23 @@ bool ParallelDims::SpeaksForReplica(int rank) const {
   return c.pp == pp_ - 1 && c.tp == 0;
 }
 
-absl::Status ParallelDims::CheckModelFits(int layers, int heads, int dim, int vocab) const {
+absl::Status ParallelDims::CheckModelFits(const model::ModelConfig& config) const {
   std::vector<std::string> problems;
+  const int heads = config.heads, vocab = config.vocab;
   if (heads % tp_ != 0) {
     problems.push_back(absl::StrCat("parallel.tp: ", tp_, " does not divide model.heads: ", heads));
   }
-  if ((int64_t{4} * dim) % tp_ != 0) {
-    problems.push_back(absl::StrCat(
-        "parallel.tp: ", tp_, " does not divide the MLP width 4 × model.dim: ", int64_t{4} * dim));
+  if (config.kv_heads != heads && config.kv_heads % tp_ != 0) {
+    problems.push_back(
+        absl::StrCat("parallel.tp: ", tp_, " does not divide model.kv_heads: ", config.kv_heads));
+  }
+  if (config.ffn_dim % tp_ != 0) {
+    problems.push_back(
+        config.arch == model::Arch::kGpt2
+            ? absl::StrCat("parallel.tp: ", tp_,
+                           " does not divide the MLP width 4 × model.dim: ", config.ffn_dim)
+            : absl::StrCat("parallel.tp: ", tp_,
+                           " does not divide model.ffn_dim: ", config.ffn_dim));
   }
   const int vp = model::PaddedVocab(vocab);
   if (vocab >= 1 && vp % tp_ != 0) {
@@ -96,8 +105,9 @@ absl::Status ParallelDims::CheckModelFits(int layers, int heads, int dim, int vo
                                     vp, " (model.vocab ", vocab, " rounded up to a multiple of ",
                                     vocab > 256 ? 128 : 64, ")"));
   }
-  if (pp_ > layers) {
-    problems.push_back(absl::StrCat("parallel.pp: ", pp_, " exceeds model.layers: ", layers));
+  if (pp_ > config.layers) {
+    problems.push_back(
+        absl::StrCat("parallel.pp: ", pp_, " exceeds model.layers: ", config.layers));
   }
   if (problems.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(problems, "; "));

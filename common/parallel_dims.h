@@ -11,9 +11,10 @@
 // tp, and a pipeline group by tp · dp.
 //
 // Also here, the rules that tie the mesh to a model and to a batch:
-//   CheckModelFits   tp divides model.heads, the MLP width 4·dim and the
-//                    padded vocabulary Vp (tensor parallelism splits heads,
-//                    MLP rows and vocabulary rows); pp <= model.layers;
+//   CheckModelFits   tp divides model.heads, model.kv_heads, the MLP width
+//                    (4·dim, or model.ffn_dim) and the padded vocabulary Vp
+//                    (tensor parallelism splits heads, MLP rows and
+//                    vocabulary rows); pp <= model.layers;
 //   CheckZero        ZeRO-3 only without a pipeline (pp = 1);
 //   SplitBatch       global = micro × dp × accumulation.
 //
@@ -27,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/model/config.h"
 
 namespace shardtrain {
 
@@ -86,7 +88,7 @@ class ParallelDims {
   // ("parallel.tp: 3 does not divide model.heads: 4", "parallel.tp: 3 does
   // not divide the padded vocabulary 256 (model.vocab 256 rounded up to a
   // multiple of 64)"), every problem found joined by "; ".
-  absl::Status CheckModelFits(int layers, int heads, int dim, int vocab) const;
+  absl::Status CheckModelFits(const model::ModelConfig& config) const;
 
   // The mesh against a ZeRO stage: ZeRO-3 is refused with a pipeline (pp >
   // 1). ZeRO-3 gathers a unit's parameters around each use; a pipeline stage

@@ -46,17 +46,13 @@ std::vector<std::string> LayoutProblems(const JobSpec& spec, int world) {
   const absl::StatusOr<ParallelDims> dims = ParallelDims::Create(par.dp, par.tp, par.pp);
   add(dims.status());
   if (dims.ok() && world >= 1) add(ParallelDims::Create(par.dp, par.tp, par.pp, world).status());
-  const absl::Status config =
-      model::MakeGptConfig(m.layers, m.heads, m.dim, m.context, m.vocab).status();
-  add(config);
+  const absl::StatusOr<model::ModelConfig> config = m.Config();
+  add(config.status());
   if (dims.ok() && config.ok()) {
-    const absl::Status fits = dims->CheckModelFits(m.layers, m.heads, m.dim, m.vocab);
+    const absl::Status fits = dims->CheckModelFits(*config);
     add(fits);
     // The split of the layers, once pp fits them.
-    if (fits.ok()) {
-      model::ModelConfig cfg = *model::MakeGptConfig(m.layers, m.heads, m.dim, m.context, m.vocab);
-      add(model::StageLayers(cfg, par.pp, par.stages).status());
-    }
+    if (fits.ok()) add(model::StageLayers(*config, par.pp, par.stages).status());
   }
   if (par.zero < 0 || par.zero > 3) {
     problems.push_back(absl::StrCat("parallel.zero: ", par.zero, " is not a ZeRO stage 0..3"));
@@ -106,7 +102,7 @@ StageShape ShapeOfStage(const model::ModelConfig& cfg, const model::ModelSlice& 
     shape.local_numel.push_back(static_cast<int64_t>(u.numel));
     shape.names.push_back(u.name);
   }
-  if (slice.has_embeddings()) shape.wte = static_cast<int64_t>(layout.tensors()[0].numel);
+  if (slice.has_embeddings(cfg)) shape.wte = static_cast<int64_t>(layout.tensors()[0].numel);
   return shape;
 }
 
@@ -119,24 +115,29 @@ int RecomputedLayers(const model::ActivationPolicy& policy, int layers) {
 
 MicroBatchFlops StageFlops(const model::ModelConfig& cfg, int B, int T,
                            const model::ModelSlice& slice, const model::ActivationPolicy& policy) {
-  const double N = double(B) * T, C = cfg.dim, Ct = C / slice.tp;
+  const double N = double(B) * T, C = cfg.dim, Ct = C / slice.tp, tp = slice.tp;
   const int Ls = slice.end_layer(cfg) - slice.first_layer;
-  const double attention = 4 * N * T * Ct;  // forward, per block
+  const double attention = 4 * N * T * Ct;  // forward, per block (QK^T and att·V)
+  // A block's matrix weights on this rank, by what the forward multiplies:
+  // qkv (C + 2KV rows), the attention's projection (C), fc (F, or SwiGLU's
+  // 2F) and the MLP's projection (F).
+  const double qkv = cfg.qkv_dim() * C / tp, proj = C * C / tp, fc = cfg.fc_dim() * C / tp;
+  const double down = cfg.ffn_dim * C / tp;
   MicroBatchFlops f;
-  const double matmul_params =
-      12 * Ls * C * Ct + (slice.last_stage ? double(cfg.padded_vocab) / slice.tp * C : 0);
+  const double matmul_params = Ls * (qkv + proj + fc + down) +
+                               (slice.last_stage ? double(cfg.padded_vocab) / slice.tp * C : 0);
   f.train = 6 * N * matmul_params + 3 * Ls * attention;
   const int k = RecomputedLayers(policy, Ls);
   if (policy.recompute == model::Recompute::kSelective) f.recompute = k * attention;
   if (policy.recompute == model::Recompute::kFull) {
-    f.recompute = k * (2 * N * C * Ct * (3 + 1 + 4) + attention);
+    // The refill stops at the MLP's activation: not the MLP's projection.
+    f.recompute = k * (2 * N * (qkv + proj + fc) + attention);
   }
   return f;
 }
 
 MicroBatchFlops BusiestRecompute(const JobSpec& spec) {
-  const auto cfg = model::MakeGptConfig(spec.model.layers, spec.model.heads, spec.model.dim,
-                                        spec.model.context, spec.model.vocab);
+  const auto cfg = spec.model.Config();
   if (!cfg.ok()) return {};
   const auto layers = model::StageLayers(*cfg, spec.parallel.pp, spec.parallel.stages);
   if (!layers.ok()) return {};
@@ -181,7 +182,7 @@ int64_t AllReduceBytes(int64_t n, int dp, int64_t eb) { return 2 * (dp - 1) * n 
 // Peak elements of whole units ZeRO-3 holds gathered: the unit in use and the
 // next use's unit (prefetched), or, without resharding after forward, every
 // unit (all are gathered at the end of the forward).
-int64_t GatheredPeak(const StageShape& shape, bool reshard) {
+int64_t GatheredPeak(const StageShape& shape, bool reshard, bool tied_head) {
   const std::vector<std::string>& names = shape.names;
   int64_t all = 0;
   for (int64_t n : shape.local_numel) all += n;
@@ -196,7 +197,7 @@ int64_t GatheredPeak(const StageShape& shape, bool reshard) {
     else
       blocks.push_back(static_cast<int>(i));
   }
-  const std::vector<int> uses = parallel::UnitUseOrder(emb, blocks, fin, nullptr);
+  const std::vector<int> uses = parallel::UnitUseOrder(emb, blocks, fin, tied_head, nullptr);
   int64_t peak = 0;
   for (size_t i = 0; i < uses.size(); ++i) {
     int64_t live = shape.local_numel[uses[i]];
@@ -232,8 +233,12 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
     mem.set_params_bytes(mem.params_bytes() + b.params);
     mem.set_grads_bytes(mem.grads_bytes() + b.grads);
     mem.set_optimizer_bytes(mem.optimizer_bytes() + b.optimizer);
-    if (names[i] == "embeddings") emb = n;
-    if (IsBlock(names[i])) largest_block = std::max(largest_block, n);
+    if (names[i] == "embeddings" && cfg.tie_embeddings) emb = n;
+    // An untied LM head's gradient is made in the final unit's backward,
+    // like a block's.
+    if (IsBlock(names[i]) || (!cfg.tie_embeddings && names[i] == "final")) {
+      largest_block = std::max(largest_block, n);
+    }
   }
 
   // Activations and backward scratch: the engine's own table for this
@@ -250,7 +255,7 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
   mem.set_activations_bytes(acts.bytes(e.in_flight));
 
   // Working set of ZeRO-2/3 (parallel::Zero): whole-unit gradients alive in
-  // backward — the tied embeddings' from the LM head to the end, the unit
+  // backward — a tied head's embeddings' from the LM head to the end, the unit
   // computing and, with dp > 1, the one before it still being
   // reduce-scattered — plus, for ZeRO-3, the gathered parameters
   // (GatheredPeak). Reported as the sum of the two peaks, which bounds their
@@ -265,7 +270,8 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
   // precision also its fp32 master, from which the engine refreshes the
   // compute copy (held only while the unit is in use:
   // ModelEngineOptions::release_compute_copy).
-  if (zero == 3) working += (pb + per.optimizer - 8) * GatheredPeak(shape, reshard);
+  if (zero == 3)
+    working += (pb + per.optimizer - 8) * GatheredPeak(shape, reshard, cfg.tie_embeddings);
   mem.set_working_bytes(working);
   // Communication buffers. Collectives run in place on the model's buffers;
   // ZeRO-2/3 with gradient accumulation receive each micro-batch's
@@ -331,10 +337,11 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
           break;
         default: {
           // Gathers per micro-batch: each unit once for its forward and once
-          // for its backward (the embeddings: for the encoder, then for the
-          // LM head's forward and backward back to back), or once in all
-          // without resharding.
-          const int gathers = reshard ? 2 : 1;
+          // for its backward (the embeddings: for the encoder, then for a
+          // tied LM head's forward and backward back to back; once only
+          // with an untied head), or once in all without resharding.
+          const bool untied_embeddings = !cfg.tie_embeddings && shape.names[i] == "embeddings";
+          const int gathers = reshard && !untied_embeddings ? 2 : 1;
           comm += m * (ReduceScatterBytes(n, dp, gb) + gathers * GatherBytes(n, dp, pb));
           break;
         }
@@ -368,8 +375,9 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
   // 8h; a full refill 2 all-gathers and a reduce-scatter (3h, not 2h); the
   // embedding's reduce-scatter and its gradient's all-gather, the final
   // norm's all-gather and its gradient's reduce-scatter (2h each, as
-  // before); and once per step the all-reduce of the LayerNorms' gradients
-  // (fp32, 2C per norm), which each rank computes on its rows only.
+  // before); and once per step the all-reduce of the norms' gradients
+  // (fp32, 2C per LayerNorm, C per RMSNorm), which each rank computes on its
+  // rows only.
   if (tp > 1) {
     const bool sp = spec.parallel.sequence_parallel;
     const int64_t refills = spec.model.recompute == Recompute::kFull
@@ -380,16 +388,19 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
         sp ? (10 * Ls + 3 * refills + 2 * ends) * ((tp - 1) * (BTC / tp) * ab)
            : (4 * Ls + refills + ends) * AllReduceBytes(BTC, tp, ab);
     e.tp_comm = m * (activations + (last ? 3 * AllReduceBytes(BT, tp, 4) : 0));
-    if (sp) e.tp_comm += AllReduceBytes(2 * cfg.dim * (2 * Ls + (last ? 1 : 0)), tp, 4);
+    const int64_t norm_params = cfg.norm == model::NormKind::kLayerNorm ? 2 * cfg.dim : cfg.dim;
+    if (sp) e.tp_comm += AllReduceBytes(norm_params * (2 * Ls + (last ? 1 : 0)), tp, 4);
   }
   // Pipeline: per micro-batch, activations (B·T·C) to the next stage and
   // their gradient back to the previous one; once per step the first and
-  // last stages sum the tied wte's gradient (an all-reduce of two ranks:
+  // last stages sum a tied head's wte gradient (an all-reduce of two ranks:
   // each sends its tp-local wte gradient once).
   // Under sequence parallelism each tp rank exchanges its rows only.
   const int64_t io = spec.parallel.sequence_parallel ? BTC / tp : BTC;
   e.pp_comm = m * ((last ? 0 : io) + (first ? 0 : io)) * ab;
-  if (pp > 1 && (first || last)) e.pp_comm += AllReduceBytes(shape.wte, 2, gb);
+  if (pp > 1 && (first || last) && cfg.tie_embeddings) {
+    e.pp_comm += AllReduceBytes(shape.wte, 2, gb);
+  }
   return e;
 }
 
@@ -440,8 +451,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
 
   const ParallelSpec& par = spec.parallel;
   const int dp = par.dp, tp = par.tp, pp = par.pp;
-  const model::ModelConfig cfg = *model::MakeGptConfig(
-      spec.model.layers, spec.model.heads, spec.model.dim, spec.model.context, spec.model.vocab);
+  const model::ModelConfig cfg = *spec.model.Config();
   const model::ParamLayout layout(cfg);
   const ParallelDims dims = *ParallelDims::Create(dp, tp, pp, world);
   const BatchSplit split = *spec.Split();

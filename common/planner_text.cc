@@ -109,6 +109,30 @@ std::string RecomputeComparison(const JobSpec& spec, const v1::Plan& plan) {
   return out;
 }
 
+// The training FLOPs of a step (6 per multiply-add of the matmul
+// parameters, LM head included, plus the attention's T² terms: StageFlops of
+// the whole model, without recomputation) and, on GPUs, the time they take
+// at a dense bf16 peak.
+std::string ComputeLine(const JobSpec& spec, const v1::Plan& plan) {
+  const absl::StatusOr<model::ModelConfig> cfg = spec.model.Config();
+  if (!cfg.ok()) return "";
+  const int T = plan.seq_len();
+  const double per_token = StageFlops(*cfg, 1, T, model::ModelSlice{}, {}).train / T;
+  const double per_step = per_token * double(plan.global_batch()) * T;
+  std::string out =
+      absl::StrFormat("compute: %.3g FLOPs/token (6 × matmul params + attention), %.3g per step",
+                      per_token, per_step);
+  if (spec.resources.device == DeviceKind::kCuda) {
+    constexpr double kPeak = 989e12;  // H100 SXM / H200 dense bf16
+    const double ideal = per_step / (kPeak * plan.world());
+    absl::StrAppendFormat(&out,
+                          "; at 989 TFLOP/s per GPU (H100/H200 dense bf16) a step takes >= %.3g s "
+                          "(100%% MFU; %.3g s at 40%%)",
+                          ideal, ideal / 0.4);
+  }
+  return out + "\n";
+}
+
 }  // namespace
 
 std::string FormatPlanBytes(int64_t b) {
@@ -123,12 +147,24 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
   const int dp = plan.dp(), m = plan.grad_accum_steps();
   absl::StrAppendFormat(&out, "plan for %s: world %d = dp %d · tp %d · pp %d\n", spec.name,
                         plan.world(), dp, plan.tp(), plan.pp());
-  absl::StrAppendFormat(&out,
-                        "model: L=%d NH=%d C=%d context=%d V=%d (Vp=%d); %s params "
-                        "(incl. padded vocab rows)\n",
-                        spec.model.layers, spec.model.heads, spec.model.dim, spec.model.context,
-                        spec.model.vocab, model::PaddedVocab(spec.model.vocab),
-                        Thousands(plan.num_params()));
+  if (spec.model.arch == model::Arch::kGpt2) {
+    absl::StrAppendFormat(&out,
+                          "model: L=%d NH=%d C=%d context=%d V=%d (Vp=%d); %s params "
+                          "(incl. padded vocab rows)\n",
+                          spec.model.layers, spec.model.heads, spec.model.dim, spec.model.context,
+                          spec.model.vocab, model::PaddedVocab(spec.model.vocab),
+                          Thousands(plan.num_params()));
+  } else {
+    absl::StrAppendFormat(
+        &out,
+        "model: %s L=%d NH=%d KVH=%d C=%d F=%d context=%d V=%d (Vp=%d), %s head; %s params "
+        "(%.2fB, incl. padded vocab rows)\n",
+        model::ArchName(spec.model.arch), spec.model.layers, spec.model.heads, spec.model.kv_heads,
+        spec.model.dim, spec.model.ffn_dim, spec.model.context, spec.model.vocab,
+        model::PaddedVocab(spec.model.vocab), spec.model.tie_embeddings ? "tied" : "untied",
+        Thousands(plan.num_params()), plan.num_params() / 1e9);
+  }
+  out += ComputeLine(spec, plan);
   absl::StrAppendFormat(&out, "ZeRO-%d: %s; precision %s%s%s\n", plan.zero_stage(),
                         ZeroWhat(plan.zero_stage()), std::string(EnumName(spec.precision)),
                         spec.parallel.offload == OffloadMode::kOptimizer
@@ -268,9 +304,12 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
         "cross-entropy (last stage)\n";
   }
   if (plan.pp() > 1) {
-    out +=
+    out += absl::StrCat(
         "  pp: per micro-batch B·T·C activations to the next stage and their gradient to the "
-        "previous one; once per step the first and last stages sum the tied wte gradient\n";
+        "previous one",
+        spec.model.arch == model::Arch::kGpt2 || spec.model.tie_embeddings
+            ? "; once per step the first and last stages sum the tied wte gradient\n"
+            : " (the untied LM head lives on the last stage only)\n");
   }
 
   absl::StrAppendFormat(&out,

@@ -37,14 +37,15 @@ inline ShardRange UnitShardRange(size_t numel, int dp, int rank) {
 }
 
 // The units whose parameters one micro-batch reads, in the order
-// CpuModel::set_param_hook reports them: forward embeddings (encoder), the blocks
-// in order, final, embeddings (the LM head, tied to wte); backward
-// embeddings (LM head), final, the blocks in reverse (the encoder's backward
+// ModelEngine::set_param_hook reports them: forward embeddings (encoder), the
+// blocks in order, final (the final norm; with an untied LM head also the
+// head), embeddings (a tied LM head, which reads wte); backward embeddings
+// (a tied LM head), final, the blocks in reverse (the encoder's backward
 // reads no parameter). Units < 0 are absent (a pipeline stage holding no
-// embeddings or final norm) and skipped. *forward_uses (if not null) gets the
-// number of forward uses.
+// embeddings or final norm) and skipped. *forward_uses (if not null) gets
+// the number of forward uses.
 inline std::vector<int> UnitUseOrder(int embeddings, const std::vector<int>& blocks, int final_unit,
-                                     size_t* forward_uses) {
+                                     bool tied_head, size_t* forward_uses) {
   std::vector<int> uses;
   auto add = [&uses](int u) {
     if (u >= 0) uses.push_back(u);
@@ -52,9 +53,9 @@ inline std::vector<int> UnitUseOrder(int embeddings, const std::vector<int>& blo
   add(embeddings);
   for (int b : blocks) add(b);
   add(final_unit);
-  add(embeddings);
+  if (tied_head) add(embeddings);
   if (forward_uses != nullptr) *forward_uses = uses.size();
-  add(embeddings);
+  if (tied_head) add(embeddings);
   add(final_unit);
   for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) add(*it);
   return uses;

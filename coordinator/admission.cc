@@ -40,10 +40,11 @@ absl::Status CheckSubmitRequest(const v1::SubmitJobRequest& req, const Admission
 }
 
 double ModelParams(const ModelSpec& m) {
-  const double c = m.dim;
-  const double vp = m.vocab > 0 ? model::PaddedVocab(m.vocab) : 0;
-  return vp * c + static_cast<double>(m.context) * c +
-         static_cast<double>(m.layers) * (12.0 * c * c + 13.0 * c) + 2.0 * c;
+  const absl::StatusOr<model::ModelConfig> c = m.Config();
+  if (!c.ok()) return 0;  // not a spec ParseJobSpec accepted: refused there
+  // In double: layers × a block's parameters may exceed int64.
+  return double(model::EmbeddingParams(*c)) + double(m.layers) * double(model::BlockParams(*c)) +
+         double(model::FinalParams(*c));
 }
 
 double EstimatePlanBytes(const JobSpec& spec, int world) {

@@ -145,8 +145,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   if (dims->world() > 1 && (!comm || comm->size() != dims->world() || comm->rank() != rank)) {
     return absl::InvalidArgumentError("a job of several ranks without its world communicator");
   }
-  auto config = model::MakeGptConfig(spec.model.layers, spec.model.heads, spec.model.dim,
-                                     spec.model.context, spec.model.vocab);
+  auto config = spec.model.Config();
   if (!config.ok()) return config.status();
   absl::StatusOr<std::vector<int>> stages =
       model::StageLayers(*config, dims->pp(), spec.parallel.stages);
@@ -224,7 +223,8 @@ absl::Status Trainer::AttachModelParallel(std::unique_ptr<parallel::Mesh> mesh,
     if (!over_tp.ok()) return over_tp.status();
     return SumOverModelGroup(m->pp_forward(), *over_tp);
   };
-  if (m->tied() != nullptr) {
+  // A tied LM head: the first and last stages sum their wte gradients.
+  if (m->tied() != nullptr && layout.config().tie_embeddings) {
     mp.tied_end = layout.units()[0].numel;
     engine::Engine* e = engine_.get();
     mp.sum_tied = [m, e](absl::Span<float> g) {
@@ -501,9 +501,7 @@ absl::StatusOr<int64_t> Trainer::Restore(checkpoint::CheckpointStorage& storage,
 }
 
 absl::Status Trainer::LoadInitialWeights(const std::string& path) {
-  absl::StatusOr<model::ModelConfig> config =
-      model::MakeGptConfig(spec_.model.layers, spec_.model.heads, spec_.model.dim,
-                           spec_.model.context, spec_.model.vocab);
+  absl::StatusOr<model::ModelConfig> config = spec_.model.Config();
   if (!config.ok()) return config.status();
   absl::StatusOr<std::vector<float>> whole = checkpoint::LoadModelWeights(path, *config);
   if (!whole.ok()) {

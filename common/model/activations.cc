@@ -17,13 +17,18 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
   // Rows of the residual stream on this rank: all, or 1/tp under sequence
   // parallelism.
   const int64_t BTl = policy.sequence_parallel ? BT / tp : BT;
-  const int64_t Ct = C / tp, Vpt = config.padded_vocab / tp;  // tp-local widths
+  // tp-local widths: the attention's output, q/k/v, the MLP's fc output and
+  // its activation, the vocabulary.
+  const int64_t Ct = C / tp, QKVt = config.qkv_dim() / tp, FCt = config.fc_dim() / tp;
+  const int64_t Ft = config.ffn_dim / tp, Vpt = config.padded_vocab / tp;
   const int64_t att = int64_t{B} * (config.heads / tp) * T * T;
   const int last = slice.end_layer(config);
   constexpr ActivationKind kSaved = ActivationKind::kSaved, kScratch = ActivationKind::kScratch;
-  // numel of each block tensor (kBlockActivations order).
-  const int64_t block_numel[] = {BTl * C, BTl, BTl, BT * 3 * Ct, BT * Ct,     att,    BTl * C,
-                                 BTl * C, BTl, BTl, BT * 4 * Ct, BT * 4 * Ct, BTl * C};
+  // numel of each block tensor (kBlockActivations order); RMSNorm keeps no
+  // mean (-1: absent).
+  const int64_t mean = config.norm == NormKind::kLayerNorm ? BTl : -1;
+  const int64_t block_numel[] = {BTl * C, mean, BTl, BT * QKVt, BT * Ct, att,    BTl * C,
+                                 BTl * C, mean, BTl, BT * FCt,  BT * Ft, BTl * C};
   static_assert(std::size(kBlockActivations) == 13);
   auto is_stat = [](const std::string& n) {
     return absl::EndsWith(n, "_mean") || absl::EndsWith(n, "_rstd");
@@ -40,14 +45,14 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
     any_recomputed |= recomputes;
     for (size_t k = 0; k < std::size(kBlockActivations); ++k) {
       const std::string n = kBlockActivations[k];
-      if (recomputes && refilled(n)) continue;
+      if ((recomputes && refilled(n)) || block_numel[k] < 0) continue;
       Add(b + n, block_numel[k], kSaved, is_stat(n));
     }
   }
   Add("encoded", BTl * C, kSaved);  // the first stage's embeddings, or the input received
   if (slice.last_stage) {
     Add("lnf", BT * C, kSaved);
-    Add("lnf_mean", BTl, kSaved, true);
+    if (mean >= 0) Add("lnf_mean", BTl, kSaved, true);
     Add("lnf_rstd", BTl, kSaved, true);
     Add("logits", BT * Vpt, kSaved);
     Add("losses", BT, kSaved, true);
@@ -57,9 +62,9 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
   Add("dresidual", BTl * C, kScratch);
   Add("dln", BT * C, kScratch);
   Add("datty", BT * Ct, kScratch);
-  Add("dqkv", BT * 3 * Ct, kScratch);
-  Add("dfch", BT * 4 * Ct, kScratch);
-  Add("dfch_gelu", BT * 4 * Ct, kScratch);
+  Add("dqkv", BT * QKVt, kScratch);
+  Add("dfch", BT * FCt, kScratch);
+  Add("dfch_act", BT * Ft, kScratch);
   Add("att_scratch", att, kScratch);
   if (policy.sequence_parallel) {
     Add("sp_full", BT * C, kScratch);
@@ -68,7 +73,9 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
   if (any_recomputed) {
     for (size_t k = 0; k < std::size(kBlockActivations); ++k) {
       const std::string n = kBlockActivations[k];
-      if (refilled(n)) Add("recompute." + n, block_numel[k], kScratch, is_stat(n));
+      if (refilled(n) && block_numel[k] >= 0) {
+        Add("recompute." + n, block_numel[k], kScratch, is_stat(n));
+      }
     }
   }
 }
@@ -93,9 +100,9 @@ const ActivationTensor& ActivationTable::at(const std::string& name) const {
   std::abort();
 }
 
-const ActivationTensor& ActivationTable::block(int l, const std::string& name) const {
-  if (const ActivationTensor* t = find(absl::StrCat("block.", l, ".", name))) return *t;
-  return at("recompute." + name);
+const ActivationTensor* ActivationTable::find_block(int l, const std::string& name) const {
+  if (const ActivationTensor* t = find(absl::StrCat("block.", l, ".", name))) return t;
+  return find("recompute." + name);
 }
 
 }  // namespace shardtrain::model

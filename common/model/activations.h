@@ -10,16 +10,21 @@
 //   kScratch  temporaries (the forward projection output, the backward
 //             gradients of activations): one set whatever the schedule.
 //
-// Per block l ("block.<l>.<name>"), with BT = B·T, C = dim and Ct = C / tp
-// (the tensor-parallel width of a rank):
-//   ln1, ln2 (BT·C) and their mean, rstd (BT each); qkv (BT·3Ct); atty
-//   (BT·Ct); att (B·(NH/tp)·T·T softmax probabilities); residual2, residual3
-//   (BT·C); fch, fch_gelu (BT·4Ct)                                    saved
+// Per block l ("block.<l>.<name>"), with BT = B·T, C = dim and, for a rank's
+// share under tensor parallelism tp, Ct = C / tp, QKVt = (C + 2·KV) / tp (q,
+// k, v of its heads), Ft = F / tp (the MLP's hidden width) and FCt = Ft
+// (GELU) or 2·Ft (SwiGLU's gate and up):
+//   ln1, ln2 (BT·C) and their mean (LayerNorm only), rstd (BT each); qkv
+//   (BT·QKVt, q and k rotated under rotary positions); atty (BT·Ct); att
+//   (B·(NH/tp)·T·T softmax probabilities); residual2, residual3 (BT·C); fch
+//   (BT·FCt), fch_act (BT·Ft: GELU or SwiGLU of fch)                 saved
 // Model ends: encoded (BT·C: the embeddings on the first stage, the input
-//   received from the previous stage on the others); lnf (BT·C), lnf_mean,
-//   lnf_rstd (BT), logits (BT·Vp/tp), losses, lse (BT) on the last    saved
+//   received from the previous stage on the others); lnf (BT·C), lnf_mean
+//   (LayerNorm only), lnf_rstd (BT), logits (BT·Vp/tp), losses, lse (BT) on
+//   the last stage                                                  saved
 // Scratch: proj_out, dresidual, dln (BT·C each), datty (BT·Ct), dqkv
-//   (BT·3Ct), dfch, dfch_gelu (BT·4Ct), att_scratch (B·(NH/tp)·T·T)  scratch
+//   (BT·QKVt), dfch (BT·FCt), dfch_act (BT·Ft), att_scratch (B·(NH/tp)·T·T)
+//                                                                   scratch
 // A pipeline stage keeps one set of the saved tensors per micro-batch in
 // flight (Engine::slots()).
 //
@@ -38,7 +43,7 @@
 //   selective  att (the T² softmax probabilities) is recomputed from the
 //              saved qkv: "recompute.att" (B·(NH/tp)·T·T) is scratch;
 //   full       only the block's output residual3 (the next block's input)
-//              stays saved; ln1 .. fch_gelu, residual2 and the statistics
+//              stays saved; ln1 .. fch_act, residual2 and the statistics
 //              are recomputed from the block's input into "recompute.*",
 //              one block's worth of scratch.
 //
@@ -84,8 +89,8 @@ struct ActivationPolicy {
 // The tensors of block `l` ("block.<l>.<name>") in the order the table
 // lays them out; the statistics are the names ending in _mean and _rstd.
 inline constexpr const char* kBlockActivations[] = {
-    "ln1", "ln1_mean", "ln1_rstd", "qkv", "atty",     "att",      "residual2",
-    "ln2", "ln2_mean", "ln2_rstd", "fch", "fch_gelu", "residual3"};
+    "ln1", "ln1_mean", "ln1_rstd", "qkv", "atty",    "att",      "residual2",
+    "ln2", "ln2_mean", "ln2_rstd", "fch", "fch_act", "residual3"};
 
 struct ActivationTensor {
   std::string name;  // "block.3.qkv", "logits", "dqkv", ...
@@ -115,8 +120,8 @@ class ActivationTable {
   const ActivationTensor* find(const std::string& name) const;
   // Block l's tensor `name` (a kBlockActivations entry): its saved
   // "block.<l>.<name>", or the shared "recompute.<name>" a recomputing block
-  // refills.
-  const ActivationTensor& block(int l, const std::string& name) const;
+  // refills; nullptr where the recipe keeps none (RMSNorm's mean).
+  const ActivationTensor* find_block(int l, const std::string& name) const;
 
   DataType compute() const { return compute_; }
   int64_t saved_bytes() const { return saved_; }  // per micro-batch in flight

@@ -1,10 +1,15 @@
 #include "common/model/config.h"
 
+#include <cmath>
+#include <utility>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace shardtrain::model {
+
+const char* ArchName(Arch arch) { return arch == Arch::kLlama ? "llama" : "gpt2"; }
 
 int PaddedVocab(int vocab) {
   const int m = vocab > 256 ? 128 : 64;
@@ -13,54 +18,152 @@ int PaddedVocab(int vocab) {
 
 namespace {
 
-struct Preset {
+struct GptPresetRow {
   const char* name;
   int layers, heads, dim, context, vocab;
 };
-constexpr Preset kPresets[] = {
+constexpr GptPresetRow kGptPresets[] = {
     {"gpt2-124m", 12, 12, 768, 1024, 50257},
     {"gpt2-350m", 24, 16, 1024, 1024, 50257},
     {"gpt2-774m", 36, 20, 1280, 1024, 50257},
     {"gpt2-1558m", 48, 25, 1600, 1024, 50257},
 };
 
+struct LlamaPresetRow {
+  const char* name;
+  LlamaShape shape;
+};
+// Llama 3's context is 8192 here (its pre-training length; the 3.1/3.2
+// checkpoints extend it to 128k with rope scaling, which is not modelled).
+const LlamaPresetRow kLlamaPresets[] = {
+    {"llama-tiny", {4, 4, 2, 128, 384, 128, 256, 500000, 1e-5, false}},
+    {"llama3-1b", {16, 32, 8, 2048, 8192, 8192, 128256, 500000, 1e-5, true}},
+    {"llama3-8b", {32, 32, 8, 4096, 14336, 8192, 128256, 500000, 1e-5, false}},
+};
+
+absl::Status Positive(const char* field, int v) {
+  if (v < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("model.", field, ": must be >= 1, got ", v));
+  }
+  return absl::OkStatus();
+}
+
+// The widest dim or ffn_dim: every derived width (qkv_dim(), fc_dim(), 4·dim)
+// stays within int.
+constexpr int kMaxWidth = 1 << 28;
+
+absl::Status TooLarge(const char* field, int v) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("model.", field, ": ", v, " is too large (at most ", kMaxWidth, ")"));
+}
+
 }  // namespace
 
 absl::Status ValidateModelConfig(const ModelConfig& c) {
-  auto positive = [](const char* field, int v) -> absl::Status {
-    if (v < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("model.", field, ": must be >= 1, got ", v));
-    }
-    return absl::OkStatus();
-  };
   for (auto [field, v] : {std::pair<const char*, int>{"layers", c.layers},
                           {"heads", c.heads},
                           {"dim", c.dim},
                           {"context", c.context},
-                          {"vocab", c.vocab}}) {
-    if (auto s = positive(field, v); !s.ok()) return s;
+                          {"vocab", c.vocab},
+                          {"kv_heads", c.kv_heads},
+                          {"ffn_dim", c.ffn_dim}}) {
+    if (auto s = Positive(field, v); !s.ok()) return s;
   }
+  if (c.dim > kMaxWidth) return TooLarge("dim", c.dim);
+  if (c.ffn_dim > kMaxWidth) return TooLarge("ffn_dim", c.ffn_dim);
   if (c.dim % c.heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.dim: ", c.dim, " is not divisible by model.heads: ", c.heads));
+  }
+  if (c.heads % c.kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.kv_heads: ", c.kv_heads, " does not divide model.heads: ", c.heads));
   }
   if (c.padded_vocab != PaddedVocab(c.vocab)) {
     return absl::InvalidArgumentError(absl::StrCat("model.padded_vocab must be ",
                                                    PaddedVocab(c.vocab), " for vocab ", c.vocab,
                                                    ", got ", c.padded_vocab));
   }
+  if (!(c.norm_eps > 0) || !std::isfinite(c.norm_eps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.norm_eps: must be a finite number > 0, got ", c.norm_eps));
+  }
+  if (c.positions == PositionKind::kRotary) {
+    if (c.head_dim() % 2 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.dim: rotary positions need an even head size, dim / heads = ", c.dim,
+                       " / ", c.heads, " = ", c.head_dim()));
+    }
+    if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.rope_theta: must be a finite number > 0, got ", c.rope_theta));
+    }
+  }
+  // The recipes the families have (the engines implement these two).
+  const bool gpt2 = c.arch == Arch::kGpt2 && c.norm == NormKind::kLayerNorm &&
+                    c.positions == PositionKind::kLearned && c.mlp == MlpKind::kGelu && c.bias &&
+                    c.tie_embeddings && c.kv_heads == c.heads &&
+                    int64_t{c.ffn_dim} == int64_t{4} * c.dim && c.norm_eps == 1e-5;
+  const bool llama = c.arch == Arch::kLlama && c.norm == NormKind::kRmsNorm &&
+                     c.positions == PositionKind::kRotary && c.mlp == MlpKind::kSwiGlu && !c.bias;
+  if (!gpt2 && !llama) {
+    return absl::InvalidArgumentError(absl::StrCat("model.arch: the recipe of ", ToString(c),
+                                                   " is not that of ", ArchName(c.arch)));
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<ModelConfig> MakeGptConfig(int layers, int heads, int dim, int context, int vocab) {
-  ModelConfig c{layers, heads, dim, context, vocab, PaddedVocab(vocab)};
+  ModelConfig c;
+  c.layers = layers;
+  c.heads = heads;
+  c.dim = dim;
+  c.context = context;
+  c.vocab = vocab;
+  c.padded_vocab = PaddedVocab(vocab);
+  c.kv_heads = heads;
+  // Checked before the recipe, whose fields derive from them.
+  for (auto [field, v] : {std::pair<const char*, int>{"layers", layers},
+                          {"heads", heads},
+                          {"dim", dim},
+                          {"context", context},
+                          {"vocab", vocab}}) {
+    if (auto s = Positive(field, v); !s.ok()) return s;
+  }
+  if (dim > kMaxWidth) return TooLarge("dim", dim);
+  c.ffn_dim = 4 * dim;
   if (auto s = ValidateModelConfig(c); !s.ok()) return s;
   return c;
 }
 
+absl::StatusOr<ModelConfig> MakeLlamaConfig(const LlamaShape& s) {
+  ModelConfig c;
+  c.arch = Arch::kLlama;
+  c.layers = s.layers;
+  c.heads = s.heads;
+  c.kv_heads = s.kv_heads;
+  c.dim = s.dim;
+  c.ffn_dim = s.ffn_dim;
+  c.context = s.context;
+  c.vocab = s.vocab;
+  c.padded_vocab = PaddedVocab(s.vocab);
+  c.norm = NormKind::kRmsNorm;
+  c.positions = PositionKind::kRotary;
+  c.mlp = MlpKind::kSwiGlu;
+  c.bias = false;
+  c.tie_embeddings = s.tie_embeddings;
+  c.norm_eps = s.norm_eps;
+  c.rope_theta = s.rope_theta;
+  if (auto st = ValidateModelConfig(c); !st.ok()) return st;
+  return c;
+}
+
 absl::StatusOr<ModelConfig> ModelPreset(const std::string& name) {
-  for (const Preset& p : kPresets) {
+  for (const GptPresetRow& p : kGptPresets) {
     if (name == p.name) return MakeGptConfig(p.layers, p.heads, p.dim, p.context, p.vocab);
+  }
+  for (const LlamaPresetRow& p : kLlamaPresets) {
+    if (name == p.name) return MakeLlamaConfig(p.shape);
   }
   return absl::NotFoundError(absl::StrCat("unknown preset \"", absl::CEscape(name), "\" (known: ",
                                           absl::StrJoin(ModelPresetNames(), ", "), ")"));
@@ -68,18 +171,61 @@ absl::StatusOr<ModelConfig> ModelPreset(const std::string& name) {
 
 std::vector<std::string> ModelPresetNames() {
   std::vector<std::string> names;
-  for (const Preset& p : kPresets) names.push_back(p.name);
+  for (const GptPresetRow& p : kGptPresets) names.push_back(p.name);
+  for (const LlamaPresetRow& p : kLlamaPresets) names.push_back(p.name);
   return names;
+}
+
+int64_t BlockParams(const ModelConfig& c) {
+  const int64_t C = c.dim, QKV = c.qkv_dim(), F = c.ffn_dim, FC = c.fc_dim();
+  const int64_t norms = c.norm == NormKind::kLayerNorm ? 4 * C : 2 * C;
+  const int64_t biases = c.bias ? QKV + C + FC + C : 0;
+  return norms + QKV * C + C * C + FC * C + C * F + biases;
+}
+
+int64_t EmbeddingParams(const ModelConfig& c) {
+  const int64_t wte = int64_t{c.padded_vocab} * c.dim;
+  return wte + (c.positions == PositionKind::kLearned ? int64_t{c.context} * c.dim : 0);
+}
+
+int64_t FinalParams(const ModelConfig& c) {
+  const int64_t norm = c.norm == NormKind::kLayerNorm ? 2 * int64_t{c.dim} : c.dim;
+  return norm + (c.tie_embeddings ? 0 : int64_t{c.padded_vocab} * c.dim);
+}
+
+std::vector<float> RotaryTable(const ModelConfig& c) {
+  if (c.positions != PositionKind::kRotary) return {};
+  const int half = c.head_dim() / 2;
+  std::vector<float> table(size_t(c.context) * half * 2);
+  for (int p = 0; p < c.context; ++p) {
+    for (int i = 0; i < half; ++i) {
+      const double angle = p * std::pow(c.rope_theta, -2.0 * i / c.head_dim());
+      table[(size_t(p) * half + i) * 2] = static_cast<float>(std::cos(angle));
+      table[(size_t(p) * half + i) * 2 + 1] = static_cast<float>(std::sin(angle));
+    }
+  }
+  return table;
 }
 
 bool operator==(const ModelConfig& a, const ModelConfig& b) {
   return a.layers == b.layers && a.heads == b.heads && a.dim == b.dim && a.context == b.context &&
-         a.vocab == b.vocab && a.padded_vocab == b.padded_vocab;
+         a.vocab == b.vocab && a.padded_vocab == b.padded_vocab && a.arch == b.arch &&
+         a.kv_heads == b.kv_heads && a.ffn_dim == b.ffn_dim && a.norm == b.norm &&
+         a.positions == b.positions && a.mlp == b.mlp && a.bias == b.bias &&
+         a.tie_embeddings == b.tie_embeddings && a.norm_eps == b.norm_eps &&
+         a.rope_theta == b.rope_theta;
 }
 
 std::string ToString(const ModelConfig& c) {
-  return absl::StrCat("{layers ", c.layers, ", heads ", c.heads, ", dim ", c.dim, ", context ",
-                      c.context, ", vocab ", c.vocab, ", padded_vocab ", c.padded_vocab, "}");
+  std::string out =
+      absl::StrCat("{layers ", c.layers, ", heads ", c.heads, ", dim ", c.dim, ", context ",
+                   c.context, ", vocab ", c.vocab, ", padded_vocab ", c.padded_vocab);
+  if (c.arch != Arch::kGpt2) {
+    absl::StrAppend(&out, ", arch ", ArchName(c.arch), ", kv_heads ", c.kv_heads, ", ffn_dim ",
+                    c.ffn_dim, ", tie_embeddings ", c.tie_embeddings ? "true" : "false",
+                    ", norm_eps ", c.norm_eps, ", rope_theta ", c.rope_theta);
+  }
+  return out + "}";
 }
 
 }  // namespace shardtrain::model

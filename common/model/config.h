@@ -1,14 +1,28 @@
-// The GPT model's shape: the pure model spec shared by the job spec, the
-// planner, every engine, checkpoints and the weights file.
+// The model's shape and family: the pure model spec shared by the job spec,
+// the planner, every engine, checkpoints and the weights file.
+//
+// A model family is a recipe — which norm, which positions, which MLP, how
+// many key/value heads, biases or not, a tied LM head or not — that the one
+// model driver (worker/engine/model_engine.h), the parameter layout, the
+// activation table, recomputation and the planner read from this value.
+// Only the factories below know the families by name:
+//   gpt2   LayerNorm (with bias), learned positions (wpe), a GELU MLP of
+//          4·dim, biases on every linear layer, the LM head tied to wte;
+//   llama  RMSNorm (no bias), rotary positions (no wpe), a SwiGLU MLP of
+//          ffn_dim, grouped-query attention (kv_heads <= heads), no biases,
+//          the LM head untied unless tie_embeddings.
 //
 // Shape letters used throughout the code base (as in llm.c):
 //   B  batch (sequences per micro-batch)     T  sequence length (<= context)
 //   C  channels (dim)                        NH attention heads, hs = C / NH
 //   L  layers                                V  vocab, Vp padded vocab
+//   KVH key/value heads (KV = KVH·hs)        F  the MLP's hidden width
 #ifndef SHARDTRAIN_COMMON_MODEL_CONFIG_H_
 #define SHARDTRAIN_COMMON_MODEL_CONFIG_H_
 
+#include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -16,13 +30,36 @@
 
 namespace shardtrain::model {
 
+enum class Arch { kGpt2, kLlama };              // "gpt2" | "llama"
+enum class NormKind { kLayerNorm, kRmsNorm };   // y = (x-mean)·rstd·w + b | x·rstd·w
+enum class PositionKind { kLearned, kRotary };  // wpe added to the embeddings | RoPE on q, k
+enum class MlpKind { kGelu, kSwiGlu };          // gelu(x W1) W2 | (silu(x Wg) ⊙ x Wu) W2
+
+const char* ArchName(Arch arch);  // "gpt2", "llama"
+
 struct ModelConfig {
   int layers = 0;        // L
   int heads = 0;         // NH
   int dim = 0;           // C
-  int context = 0;       // maximum sequence length (rows of wpe)
+  int context = 0;       // maximum sequence length (rows of wpe; rotary's table)
   int vocab = 0;         // V: real tokens
   int padded_vocab = 0;  // Vp: rows of wte; see PaddedVocab()
+  // ---- the family's recipe (filled by MakeGptConfig / MakeLlamaConfig)
+  Arch arch = Arch::kGpt2;
+  int kv_heads = 0;  // KVH: heads of keys and values; divides heads (== heads: multi-head)
+  int ffn_dim = 0;   // F: the MLP's hidden width (4·dim for GPT-2)
+  NormKind norm = NormKind::kLayerNorm;
+  PositionKind positions = PositionKind::kLearned;
+  MlpKind mlp = MlpKind::kGelu;
+  bool bias = true;            // linear layers and norms have biases
+  bool tie_embeddings = true;  // the LM head reads wte (else its own lm_head weight)
+  double norm_eps = 1e-5;      // the norms' epsilon
+  double rope_theta = 0;       // rotary's base (rotary positions only)
+
+  int head_dim() const { return dim / heads; }          // hs
+  int kv_dim() const { return kv_heads * head_dim(); }  // KV
+  int qkv_dim() const { return dim + 2 * kv_dim(); }    // rows of attn.qkv.weight
+  int fc_dim() const { return mlp == MlpKind::kSwiGlu ? 2 * ffn_dim : ffn_dim; }  // fc's rows
 };
 
 // Vp for a vocabulary of `vocab` tokens (llm.c style): rounded up to a
@@ -30,22 +67,50 @@ struct ModelConfig {
 // are never computed into the softmax or the loss, and padded wte rows stay 0.
 int PaddedVocab(int vocab);
 
-// Fills padded_vocab and validates: every field >= 1, dim % heads == 0.
-// Returns InvalidArgument naming the offending field the way a job spec
-// does ("model.heads: must be >= 1, got 0", "model.dim: 10 is not divisible
-// by model.heads: 4").
+// A GPT-2 model. Validated: every field >= 1, dim % heads == 0. Returns
+// InvalidArgument naming the offending field the way a job spec does
+// ("model.heads: must be >= 1, got 0", "model.dim: 10 is not divisible by
+// model.heads: 4").
 absl::StatusOr<ModelConfig> MakeGptConfig(int layers, int heads, int dim, int context, int vocab);
 
+// A Llama-style model (see the header comment), validated like
+// MakeGptConfig and: kv_heads >= 1 dividing heads, ffn_dim >= 1, an even
+// head size (rotary rotates pairs), norm_eps and rope_theta > 0.
+struct LlamaShape {
+  int layers = 0, heads = 0, kv_heads = 0, dim = 0, ffn_dim = 0, context = 0, vocab = 0;
+  double rope_theta = 500000, norm_eps = 1e-5;
+  bool tie_embeddings = false;
+};
+absl::StatusOr<ModelConfig> MakeLlamaConfig(const LlamaShape& shape);
+
 // Validates an already filled config (including padded_vocab ==
-// PaddedVocab(vocab)).
+// PaddedVocab(vocab) and a recipe one of the families has).
 absl::Status ValidateModelConfig(const ModelConfig& config);
 
 // Named presets, the one table of them: "gpt2-124m" (12/12/768/1024/50257),
-// "gpt2-350m", "gpt2-774m", "gpt2-1558m". NotFound otherwise, listing the
-// known names.
+// "gpt2-350m", "gpt2-774m", "gpt2-1558m"; "llama-tiny" (4 layers, dim 128, 4
+// heads, 2 kv heads, ffn 384, context 256, vocab 256: a byte model for CPU
+// tests), "llama3-1b" (Llama 3.2 1B), "llama3-8b" (Llama 3.1 8B). NotFound
+// otherwise, listing the known names.
 absl::StatusOr<ModelConfig> ModelPreset(const std::string& name);
 // Their names, in the table's order.
 std::vector<std::string> ModelPresetNames();
+
+// Parameters of one transformer block, of the embeddings (wte, and wpe
+// with learned positions) and of the last stage's end (the final norm, and
+// the LM head when untied), in the whole model. The stage split and the
+// planner count with these; ParamLayout lays out the same tensors.
+int64_t BlockParams(const ModelConfig& config);
+int64_t EmbeddingParams(const ModelConfig& config);
+int64_t FinalParams(const ModelConfig& config);
+
+// Rotary's table: (context, hs/2) pairs (cos, sin) of the angle p·θ^(-2i/hs)
+// for position p and frequency i, computed in double and rounded to float,
+// so every engine rotates by the same numbers. Pair i of a head rotates
+// channels (2i, 2i+1) (Meta's interleaved convention; Hugging Face's
+// rotate_half checkpoints are permuted on load). Empty without rotary
+// positions.
+std::vector<float> RotaryTable(const ModelConfig& config);
 
 bool operator==(const ModelConfig& a, const ModelConfig& b);
 inline bool operator!=(const ModelConfig& a, const ModelConfig& b) { return !(a == b); }

@@ -27,7 +27,9 @@ void MixTensor(uint64_t& h, const std::string& name, const std::vector<int64_t>&
 
 ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
     : config_(config), slice_(slice) {
-  const int64_t C = config.dim, Vp = config.padded_vocab;
+  const int64_t C = config.dim, Vp = config.padded_vocab, KV = config.kv_dim();
+  const int64_t F = config.ffn_dim, FC = config.fc_dim();
+  const bool bias = config.bias, layer_norm = config.norm == NormKind::kLayerNorm;
   const int tp = slice.tp;
   const int end_layer = slice.end_layer(config);
   num_layers_ = end_layer - slice.first_layer;
@@ -43,15 +45,17 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
     u.first_tensor = static_cast<int>(tensors_.size());
     units_.push_back(std::move(u));
   };
-  // Visits a tensor of the whole model; keeps its tp-local part when `keep`.
-  auto add = [&](bool keep, std::string name, std::vector<int64_t> shape, TpSplit split) {
+  // Visits a tensor of the whole model; keeps its tp-local part when `keep`
+  // and returns its index (-1 when not kept).
+  auto add = [&](bool keep, std::string name, std::vector<int64_t> shape, TpSplit split,
+                 std::vector<int64_t> parts = {}) -> int {
     size_t global_numel = 1;
     for (int64_t d : shape) global_numel *= static_cast<size_t>(d);
     MixTensor(global_fingerprint_, name, shape, global_offset);
     const int index = global_index++;
     const size_t offset = global_offset;
     global_offset += global_numel;
-    if (!keep) return;
+    if (!keep) return -1;
     global_offsets_.push_back(offset);
     TensorInfo t;
     t.name = std::move(name);
@@ -64,6 +68,7 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
     } else if (t.split != TpSplit::kNone) {
       shape[0] /= tp;
     }
+    if (t.split == TpSplit::kRowParts) t.parts = std::move(parts);
     t.numel = 1;
     for (int64_t d : shape) t.numel *= static_cast<size_t>(d);
     t.shape = std::move(shape);
@@ -73,11 +78,44 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
     units_.back().numel += t.numel;
     units_.back().num_tensors++;
     tensors_.push_back(std::move(t));
+    return static_cast<int>(tensors_.size()) - 1;
   };
-  const bool emb = slice.has_embeddings();
+  const bool emb = slice.has_embeddings(config);
   if (emb) unit("embeddings");
-  add(emb, "wte", {Vp, C}, TpSplit::kRows);
-  add(emb, "wpe", {config.context, C}, TpSplit::kNone);
+  wte_ = add(emb, "wte", {Vp, C}, TpSplit::kRows);
+  if (config.positions == PositionKind::kLearned) {
+    wpe_ = add(emb, "wpe", {config.context, C}, TpSplit::kNone);
+  }
+  // The block's tensors of this recipe, in the order above.
+  struct BlockRow {
+    BlockTensor id;
+    const char* name;
+    bool present;
+    std::vector<int64_t> shape;
+    TpSplit split;
+    std::vector<int64_t> parts;
+  };
+  const std::vector<int64_t> qkv_parts = {C, KV, KV};
+  const std::vector<int64_t> fc_parts =
+      config.mlp == MlpKind::kSwiGlu ? std::vector<int64_t>{F, F} : std::vector<int64_t>{};
+  const TpSplit fc_split = fc_parts.empty() ? TpSplit::kRows : TpSplit::kRowParts;
+  const BlockRow rows[] = {
+      {kLn1W, "ln1.weight", true, {C}, TpSplit::kNone, {}},
+      {kLn1B, "ln1.bias", layer_norm, {C}, TpSplit::kNone, {}},
+      {kQkvW, "attn.qkv.weight", true, {C + 2 * KV, C}, TpSplit::kRowParts, qkv_parts},
+      {kQkvB, "attn.qkv.bias", bias, {C + 2 * KV}, TpSplit::kRowParts, qkv_parts},
+      {kAttnProjW, "attn.proj.weight", true, {C, C}, TpSplit::kCols, {}},
+      {kAttnProjB, "attn.proj.bias", bias, {C}, TpSplit::kNone, {}},
+      {kLn2W, "ln2.weight", true, {C}, TpSplit::kNone, {}},
+      {kLn2B, "ln2.bias", layer_norm, {C}, TpSplit::kNone, {}},
+      {kFcW, "mlp.fc.weight", true, {FC, C}, fc_split, fc_parts},
+      {kFcB, "mlp.fc.bias", bias, {FC}, fc_split, fc_parts},
+      {kFcProjW, "mlp.proj.weight", true, {C, F}, TpSplit::kCols, {}},
+      {kFcProjB, "mlp.proj.bias", bias, {C}, TpSplit::kNone, {}},
+  };
+  static_assert(sizeof rows / sizeof rows[0] == kNumBlockTensors);
+  per_block_ = 0;
+  for (const BlockRow& r : rows) block_index_[r.id] = r.present ? per_block_++ : -1;
   for (int l = 0; l < config.layers; ++l) {
     const bool keep = l >= slice.first_layer && l < end_layer;
     const std::string p = absl::StrCat("block.", l, ".");
@@ -85,23 +123,20 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
       if (l == slice.first_layer) first_block_ = static_cast<int>(tensors_.size());
       unit(absl::StrCat("block.", l));
     }
-    add(keep, p + "ln1.weight", {C}, TpSplit::kNone);
-    add(keep, p + "ln1.bias", {C}, TpSplit::kNone);
-    add(keep, p + "attn.qkv.weight", {3 * C, C}, TpSplit::kQkv);
-    add(keep, p + "attn.qkv.bias", {3 * C}, TpSplit::kQkv);
-    add(keep, p + "attn.proj.weight", {C, C}, TpSplit::kCols);
-    add(keep, p + "attn.proj.bias", {C}, TpSplit::kNone);
-    add(keep, p + "ln2.weight", {C}, TpSplit::kNone);
-    add(keep, p + "ln2.bias", {C}, TpSplit::kNone);
-    add(keep, p + "mlp.fc.weight", {4 * C, C}, TpSplit::kRows);
-    add(keep, p + "mlp.fc.bias", {4 * C}, TpSplit::kRows);
-    add(keep, p + "mlp.proj.weight", {C, 4 * C}, TpSplit::kCols);
-    add(keep, p + "mlp.proj.bias", {C}, TpSplit::kNone);
+    for (const BlockRow& r : rows) {
+      if (r.present) add(keep, p + r.name, r.shape, r.split, r.parts);
+    }
   }
   if (num_layers_ == 0) first_block_ = static_cast<int>(tensors_.size());
-  if (slice.last_stage) unit("final");
-  add(slice.last_stage, "lnf.weight", {C}, TpSplit::kNone);
-  add(slice.last_stage, "lnf.bias", {C}, TpSplit::kNone);
+  const bool last = slice.last_stage;
+  if (last) unit("final");
+  lnf_w_ = add(last, "lnf.weight", {C}, TpSplit::kNone);
+  if (layer_norm) lnf_b_ = add(last, "lnf.bias", {C}, TpSplit::kNone);
+  if (config.tie_embeddings) {
+    lm_head_ = last ? wte_ : -1;
+  } else {
+    lm_head_ = add(last, "lm_head", {Vp, C}, TpSplit::kRows);
+  }
   global_num_params_ = global_offset;
 }
 
@@ -132,9 +167,15 @@ std::vector<FlatRun> ParamLayout::GlobalRuns(size_t begin, size_t end) const {
       case TpSplit::kRows:  // rows [r·R, (r+1)·R) of R·tp
         emit(t.offset, g + r * t.numel, t.numel);
         break;
-      case TpSplit::kQkv: {  // rows [r·R, (r+1)·R) of each of q, k, v
-        const size_t part = t.numel / 3;
-        for (size_t j = 0; j < 3; ++j) emit(t.offset + j * part, g + (j * tp + r) * part, part);
+      case TpSplit::kRowParts: {  // rows [r·R_j, (r+1)·R_j) of each part j of R_j·tp rows
+        const size_t cols = t.shape.size() > 1 ? static_cast<size_t>(t.shape[1]) : 1;
+        size_t local = t.offset, global = g;
+        for (int64_t rows : t.parts) {
+          const size_t part = static_cast<size_t>(rows) / tp * cols;  // local elements
+          emit(local, global + r * part, part);
+          local += part;
+          global += part * tp;
+        }
         break;
       }
       case TpSplit::kCols: {  // columns [r·I, (r+1)·I) of I·tp, row by row
@@ -171,7 +212,7 @@ std::vector<std::pair<size_t, size_t>> ParamLayout::ReplicaRanges() const {
       out.emplace_back(begin, end);
     }
   };
-  const bool tied_copy = slice_.has_embeddings() && !slice_.first_stage;
+  const bool tied_copy = slice_.has_embeddings(config_) && !slice_.first_stage;
   for (const TensorInfo& t : tensors_) {
     if ((tied_copy && t.unit == 0) || (t.replicated && slice_.tp_rank > 0)) {
       add(t.offset, t.offset + t.numel);
@@ -192,11 +233,13 @@ std::vector<std::pair<size_t, size_t>> ParamLayout::SequenceParallelRanges() con
   };
   for (int i = 0; i < num_layers_; ++i) {
     const int l = slice_.first_layer + i;
-    for (BlockTensor bt : {kLn1W, kLn1B, kLn2W, kLn2B}) add(block_tensor(l, bt));
+    for (BlockTensor bt : {kLn1W, kLn1B, kLn2W, kLn2B}) {
+      if (block_tensor(l, bt) >= 0) add(block_tensor(l, bt));
+    }
   }
   if (slice_.last_stage) {
     add(lnf_w());
-    add(lnf_b());
+    if (lnf_b() >= 0) add(lnf_b());
   }
   return out;
 }

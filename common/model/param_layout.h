@@ -1,19 +1,24 @@
-// ParamLayout: where every parameter tensor of a GPT lives inside ONE flat
-// float buffer, grouped into contiguous units that sharding strategies
-// (ZeRO/FSDP per unit, checkpoints per tensor range) work on.
+// ParamLayout: where every parameter tensor of the model lives inside ONE
+// flat float buffer, grouped into contiguous units that sharding strategies
+// (ZeRO/FSDP per unit, checkpoints per tensor range) work on. The tensors
+// follow the config's recipe (config.h); a family without biases has no
+// bias tensors, not zero ones.
 //
 // Order (each unit contiguous, no gaps, units in this order):
-//   unit "embeddings": wte (Vp, C), wpe (context, C)
+//   unit "embeddings": wte (Vp, C), wpe (context, C) (learned positions only)
 //   unit "block.l" for l = 0..L-1:
 //     block.l.ln1.weight (C), block.l.ln1.bias (C),
-//     block.l.attn.qkv.weight (3C, C), block.l.attn.qkv.bias (3C),
+//     block.l.attn.qkv.weight (C + 2KV, C), block.l.attn.qkv.bias (C + 2KV),
 //     block.l.attn.proj.weight (C, C), block.l.attn.proj.bias (C),
 //     block.l.ln2.weight (C), block.l.ln2.bias (C),
-//     block.l.mlp.fc.weight (4C, C), block.l.mlp.fc.bias (4C),
-//     block.l.mlp.proj.weight (C, 4C), block.l.mlp.proj.bias (C)
-//   unit "final": lnf.weight (C), lnf.bias (C)
-// Linear weights are (out, in) row-major like torch.nn.Linear. The LM head is
-// tied to wte. Gradients use a buffer with the identical layout.
+//     block.l.mlp.fc.weight (FC, C), block.l.mlp.fc.bias (FC),
+//     block.l.mlp.proj.weight (C, F), block.l.mlp.proj.bias (C)
+//   unit "final": lnf.weight (C), lnf.bias (C), lm_head (Vp, C) (untied only)
+// where ln* are the norms (LayerNorm, or RMSNorm without the bias), KV =
+// kv_heads·hs (C for GPT-2: 3C rows of q, k, v), F the MLP's hidden width and
+// FC = F (GELU) or 2F (SwiGLU's [gate; up]). Linear weights are (out, in)
+// row-major like torch.nn.Linear. A tied LM head reads wte. Gradients use a
+// buffer with the identical layout.
 //
 // A layout of a ModelSlice (slice.h) holds only that slice's tensors, in the
 // same order and with the same names, each with its tp-local shape: the
@@ -43,10 +48,13 @@ struct TensorInfo {
   size_t numel = 0;
   int unit = 0;  // index into ParamLayout::units()
   // Weight decay rule: decay applies to 2-D tensors only (matmul weights and
-  // the wte/wpe embeddings); never to biases or LayerNorm weights/biases.
+  // the wte/wpe/lm_head embeddings); never to biases or norm weights/biases.
   bool decay = false;
   int global = 0;                  // index of this tensor in the whole model's layout
   TpSplit split = TpSplit::kNone;  // how tensor parallelism splits it
+  // kRowParts: the whole tensor's rows of each part, in order (q, k, v or
+  // gate, up); each part splits over tp on its own.
+  std::vector<int64_t> parts;
   // True when every tp rank of the slice holds the same values (tp > 1 and
   // not split): gradient norms count it on tp rank 0 only.
   bool replicated = false;
@@ -66,7 +74,8 @@ struct UnitInfo {
   int num_tensors = 0;
 };
 
-// Per-block tensor indices (relative to the block's first tensor).
+// The tensors a block may have (ParamLayout::block_tensor maps them to
+// indices; a recipe without biases has no k*B tensors).
 enum BlockTensor : int {
   kLn1W = 0,
   kLn1B,
@@ -97,15 +106,20 @@ class ParamLayout {
   // Index of the tensor with this name, NotFound otherwise.
   absl::StatusOr<int> FindTensor(const std::string& name) const;
   // Tensor index helpers (layer: the model's layer number, within the
-  // slice; wte/wpe only when the slice has_embeddings(), lnf on the last
-  // stage).
-  int wte() const { return 0; }
-  int wpe() const { return 1; }
+  // slice). -1 where the slice or the recipe has no such tensor: wte/wpe
+  // without the embeddings unit (wpe without learned positions), lnf and
+  // the untied lm_head off the last stage, biases of a recipe without them.
+  int wte() const { return wte_; }
+  int wpe() const { return wpe_; }
   int block_tensor(int layer, BlockTensor t) const {
-    return first_block_ + (layer - slice_.first_layer) * kNumBlockTensors + t;
+    const int k = block_index_[t];
+    return k < 0 ? -1 : first_block_ + (layer - slice_.first_layer) * per_block_ + k;
   }
-  int lnf_w() const { return first_block_ + num_layers_ * kNumBlockTensors; }
-  int lnf_b() const { return lnf_w() + 1; }
+  int lnf_w() const { return lnf_w_; }
+  int lnf_b() const { return lnf_b_; }
+  // The weight the LM head reads: wte when tied, lm_head otherwise (-1 off
+  // the last stage).
+  int lm_head() const { return lm_head_; }
   int first_layer() const { return slice_.first_layer; }
   int num_layers() const { return num_layers_; }
 
@@ -121,7 +135,7 @@ class ParamLayout {
   // Gradient norms leave them out, and checkpoints do not save them twice.
   // Sorted, disjoint; empty for a whole model.
   std::vector<std::pair<size_t, size_t>> ReplicaRanges() const;
-  // The LayerNorms' weights and biases (ln1, ln2 of every block, the final
+  // The norms' weights and biases (ln1, ln2 of every block, the final
   // norm): under sequence parallelism each tp rank computes their gradient
   // on its rows only, so the gradients in these ranges are partial sums
   // over the tp group. Sorted, disjoint.
@@ -141,6 +155,9 @@ class ParamLayout {
   ModelConfig config_;
   ModelSlice slice_;
   int first_block_ = 0, num_layers_ = 0;
+  int per_block_ = 0;                  // tensors per block
+  int block_index_[kNumBlockTensors];  // a BlockTensor's index within a block, or -1
+  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, lm_head_ = -1;
   size_t global_num_params_ = 0;
   uint64_t global_fingerprint_ = 0;
   std::vector<size_t> global_offsets_;  // per tensor: its offset in the whole layout

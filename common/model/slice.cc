@@ -47,15 +47,15 @@ absl::StatusOr<std::vector<int>> StageLayers(const ModelConfig& config, int pp,
     if (absl::Status s = CheckRequested(config, pp, requested); !s.ok()) return s;
     return requested;
   }
-  // Parameters of a stage of layers [a, b): its blocks, plus wte and wpe on
-  // the first stage, the final norm and the tied wte on the last (the
-  // whole model's counts: the split does not depend on tp).
+  // Parameters of a stage of layers [a, b): its blocks, plus the embeddings
+  // on the first stage and the final norm (with the tied wte or the untied
+  // head) on the last (the whole model's counts: the split does not depend
+  // on tp).
   const int L = config.layers;
-  const int64_t C = config.dim;
-  const int64_t block = 12 * C * C + 13 * C;
-  const int64_t wte = int64_t{config.padded_vocab} * C;
-  const int64_t first_extra = wte + int64_t{config.context} * C;
-  const int64_t last_extra = wte + 2 * C;
+  const int64_t block = BlockParams(config);
+  const int64_t wte = int64_t{config.padded_vocab} * config.dim;
+  const int64_t first_extra = EmbeddingParams(config);
+  const int64_t last_extra = FinalParams(config) + (config.tie_embeddings ? wte : 0);
   auto cost = [&](int s, int a, int b) {
     return (b - a) * block + (s == 0 ? first_extra : 0) + (s == pp - 1 ? last_extra : 0);
   };

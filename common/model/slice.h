@@ -6,20 +6,25 @@
 //
 // Tensor parallelism (Megatron-style) splits, over the tp ranks of a slice:
 //   wte (Vp, C)                   rows: vocabulary-parallel (Vp / tp rows each)
-//   attn.qkv.weight (3C, C), .bias  the rows of heads [r·NH/tp, (r+1)·NH/tp) of
-//                                 each of q, k and v (column-parallel)
+//   attn.qkv.weight (C + 2KV, C), .bias  the rows of heads [r·NH/tp, (r+1)·NH/tp)
+//                                 of q and of key/value heads [r·KVH/tp,
+//                                 (r+1)·KVH/tp) of each of k and v
+//                                 (column-parallel)
 //   attn.proj.weight (C, C)       columns (row-parallel; its bias is replicated)
-//   mlp.fc.weight (4C, C), .bias  rows (column-parallel)
-//   mlp.proj.weight (C, 4C)       columns (row-parallel; its bias is replicated)
-// and replicates everything else (wpe, LayerNorms, the row-parallel biases):
+//   mlp.fc.weight (F, C), .bias   rows (column-parallel); SwiGLU's (2F, C) is
+//                                 [gate; up], the rows of each split
+//   mlp.proj.weight (C, F)        columns (row-parallel; its bias is replicated)
+//   lm_head (Vp, C)               rows, like wte (an untied head)
+// and replicates everything else (wpe, the norms, the row-parallel biases):
 // every tp rank holds the same values and computes the same gradients.
 //
 // Pipeline parallelism gives each stage a contiguous run of layers; the
 // first stage also runs the encoder (wte, wpe), the last the final norm, the
-// LM head and the loss. The LM head is tied to wte, so with pp > 1 the last
+// LM head and the loss. A tied LM head reads wte, so with pp > 1 the last
 // stage holds the embeddings unit too (wte and wpe, the same shapes as on the
 // first stage, wpe unused there): the two copies start equal and their
-// gradients are summed across the two stages before every update.
+// gradients are summed across the two stages before every update. An untied
+// head (lm_head) lives in the last stage's final unit.
 //
 // Thread-compatible: plain values and pure functions.
 #ifndef SHARDTRAIN_COMMON_MODEL_SLICE_H_
@@ -45,18 +50,20 @@ struct ModelSlice {
     return num_layers < 0 ? config.layers : first_layer + num_layers;
   }
   // True when the slice holds the embeddings unit: the first stage (the
-  // encoder) and the last (the tied LM head).
-  bool has_embeddings() const { return first_stage || last_stage; }
+  // encoder) and, when the LM head is tied to wte, the last.
+  bool has_embeddings(const ModelConfig& config) const {
+    return first_stage || (last_stage && config.tie_embeddings);
+  }
   // The whole model on one rank.
   bool whole() const { return first_stage && last_stage && tp == 1 && first_layer == 0; }
 };
 
 // How a tensor is split over tp (see the header comment).
 enum class TpSplit {
-  kNone,  // replicated
-  kRows,  // dim 0 in tp contiguous parts
-  kQkv,   // dim 0 is [q; k; v], each split in tp contiguous parts
-  kCols,  // dim 1 in tp contiguous parts
+  kNone,      // replicated
+  kRows,      // dim 0 in tp contiguous parts
+  kRowParts,  // dim 0 is parts ([q; k; v], [gate; up]), each split in tp contiguous parts
+  kCols,      // dim 1 in tp contiguous parts
 };
 
 // The number of layers of each of the pp stages. `requested` (the job's

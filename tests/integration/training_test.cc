@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -444,6 +445,40 @@ TEST_F(TrainingTest, ThreeDMeshOnEightWorkersMatchesOneRankAndSamples) {
                                 "The ", "--tokens", "40", "--temperature", "0.7"});
   ASSERT_EQ(s.exit_code, 0) << s.err;
   EXPECT_GT(s.out.size(), 30u);
+}
+
+// examples/llama-fortunes.yaml as a user runs it (half its steps, for CI's
+// time): the Llama family (RMSNorm, rotary positions, SwiGLU, grouped-query
+// attention, untied head) on 4 worker processes, dp 2 × tp 2 with ZeRO-1,
+// learns the fortunes text, and `shardtrain sample` writes text from its
+// weights.
+TEST_F(TrainingTest, LlamaFortunesOnFourWorkersLearnsAndSamples) {
+  TempDir dir;
+  CommandResult r = RunCommand(
+      {SHARDTRAIN_CLI_BIN, "local", SourceDir() + "/examples/llama-fortunes.yaml", "--workers", "4",
+       "--threads", "1", "--output", "json", "--set", "data.train=" + kData, "--set",
+       "data.val=" + SourceDir() + "/data/fortunes-val.txt", "--set", "steps=150", "--set",
+       "checkpoint.dir=" + dir.path()},
+      seconds(600));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::vector<double> losses = Losses(r.out);
+  ASSERT_EQ(losses.size(), 150u);
+  double tail = 0;
+  for (size_t i = losses.size() - 10; i < losses.size(); ++i) tail += losses[i] / 10;
+  const std::map<int, double> val = ValLosses(r.out);
+  std::cout << "llama-fortunes (dp2 x tp2, 4 workers): loss " << losses.front() << " -> "
+            << losses.back() << " (mean of the last 10 steps " << tail << "), validation "
+            << val.begin()->second << " -> " << val.rbegin()->second << std::endl;
+  EXPECT_GT(losses.front(), 5.0);
+  EXPECT_LT(tail, 2.7);
+  ASSERT_EQ(val.size(), 3u);  // steps 50, 100, 150
+  EXPECT_LT(val.rbegin()->second, val.begin()->second);
+  EXPECT_LT(val.rbegin()->second, 2.6);
+  CommandResult s = RunCommand({SHARDTRAIN_CLI_BIN, "sample", dir.path(), "--prompt", "The ",
+                                "--tokens", "120", "--temperature", "0.7"});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  std::cout << "sample: " << s.out << std::endl;
+  EXPECT_GT(s.out.size(), 100u);
 }
 
 // `shardtrain local` whose worker dies (here SIGKILL; on the H100 it was an

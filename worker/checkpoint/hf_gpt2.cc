@@ -226,6 +226,12 @@ absl::StatusOr<std::vector<float>> LoadModelWeights(const std::string& path,
     return absl::NotFoundError(absl::StrCat(file, " does not exist"));
   }
   if (LooksLikeSafetensors(file)) {
+    if (config.arch != model::Arch::kGpt2) {
+      return absl::UnimplementedError(
+          absl::StrCat(file, ": Hugging Face weights are read in GPT-2's layout only; a ",
+                       model::ArchName(config.arch),
+                       " model starts from a shardtrain weights file (the job's final weights)"));
+    }
     absl::StatusOr<std::map<std::string, NamedTensor>> tensors = ReadSafetensors(file);
     if (!tensors.ok()) return tensors.status();
     absl::StatusOr<std::vector<float>> params = FromHfGpt2(config, *tensors);
@@ -237,12 +243,10 @@ absl::StatusOr<std::vector<float>> LoadModelWeights(const std::string& path,
   absl::StatusOr<LoadedWeights> w = LoadWeights(file);
   if (!w.ok()) return w.status();
   const model::ModelConfig& c = w->config;
-  if (c.layers != config.layers || c.heads != config.heads || c.dim != config.dim ||
-      c.context != config.context || c.vocab != config.vocab) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file, ": weights of layers ", c.layers, ", heads ", c.heads, ", dim ", c.dim, ", context ",
-        c.context, ", vocab ", c.vocab, " where the model has ", config.layers, ", ", config.heads,
-        ", ", config.dim, ", ", config.context, ", ", config.vocab));
+  if (c != config) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": weights of ", model::ToString(c),
+                                                   " where the model is ",
+                                                   model::ToString(config)));
   }
   return std::move(w->params);
 }

@@ -1,6 +1,7 @@
 #include "worker/checkpoint/manifest.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <utility>
@@ -16,6 +17,13 @@ namespace shardtrain::checkpoint {
 namespace {
 
 constexpr char kHeaderKeyword[] = "shardtrain-checkpoint-manifest";
+
+// %.17g: a double's text that reads back as the same double.
+std::string ExactDouble(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
 
 std::string Hex16(uint64_t x) { return absl::StrCat(absl::Hex(x, absl::kZeroPad16)); }
 
@@ -149,6 +157,13 @@ class Parser {
     }
     return absl::OkStatus();
   }
+  absl::Status Double(const Line& line, const std::string& key, double* out) {
+    auto it = line.kv.find(key);
+    if (it == line.kv.end() || !absl::SimpleAtod(it->second, out)) {
+      return Error(absl::StrCat("line ", pos_, ": missing or bad ", key, "="));
+    }
+    return absl::OkStatus();
+  }
   absl::Status Hex(const Line& line, const std::string& key, uint64_t* out) {
     auto it = line.kv.find(key);
     if (it == line.kv.end() || it->second.size() != 16 || !absl::SimpleHexAtoi(it->second, out)) {
@@ -224,12 +239,38 @@ absl::StatusOr<Manifest> ParseBody(const std::string& body) {
   }
   absl::StatusOr<Line> cfg = p.Next("config");
   if (!cfg.ok()) return cfg.status();
-  SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "layers", &m.config.layers));
-  SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "heads", &m.config.heads));
-  SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "dim", &m.config.dim));
-  SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "context", &m.config.context));
-  SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "vocab", &m.config.vocab));
-  SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "padded_vocab", &m.config.padded_vocab));
+  {
+    // GPT-2's six numbers, and a family's recipe after them (arch= ...;
+    // absent: GPT-2, as every manifest before families).
+    model::LlamaShape shape;
+    int padded_vocab = 0;
+    SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "layers", &shape.layers));
+    SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "heads", &shape.heads));
+    SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "dim", &shape.dim));
+    SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "context", &shape.context));
+    SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "vocab", &shape.vocab));
+    SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "padded_vocab", &padded_vocab));
+    absl::StatusOr<model::ModelConfig> config;
+    if (cfg->kv.count("arch") == 0) {
+      config =
+          model::MakeGptConfig(shape.layers, shape.heads, shape.dim, shape.context, shape.vocab);
+    } else {
+      std::string arch;
+      int tie = 0;
+      SHARDTRAIN_RETURN_IF_ERROR(p.Str(*cfg, "arch", &arch));
+      if (arch != "llama") return Parser::Error(absl::StrCat("unknown arch=", arch));
+      SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "kv_heads", &shape.kv_heads));
+      SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "ffn_dim", &shape.ffn_dim));
+      SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "tie_embeddings", &tie));
+      SHARDTRAIN_RETURN_IF_ERROR(p.Double(*cfg, "norm_eps", &shape.norm_eps));
+      SHARDTRAIN_RETURN_IF_ERROR(p.Double(*cfg, "rope_theta", &shape.rope_theta));
+      shape.tie_embeddings = tie != 0;
+      config = model::MakeLlamaConfig(shape);
+    }
+    if (!config.ok()) return Parser::Error(absl::StrCat("config: ", config.status().message()));
+    m.config = *config;
+    m.config.padded_vocab = padded_vocab;  // ValidateManifest checks it
+  }
   absl::StatusOr<Line> layout = p.Next("layout");
   if (!layout.ok()) return layout.status();
   uint64_t num_tensors = 0;
@@ -331,7 +372,15 @@ std::string SerializeManifest(const Manifest& m) {
                   "\n");
   absl::StrAppend(&out, "config layers=", m.config.layers, " heads=", m.config.heads,
                   " dim=", m.config.dim, " context=", m.config.context, " vocab=", m.config.vocab,
-                  " padded_vocab=", m.config.padded_vocab, "\n");
+                  " padded_vocab=", m.config.padded_vocab);
+  if (m.config.arch != model::Arch::kGpt2) {
+    absl::StrAppend(&out, " arch=", model::ArchName(m.config.arch), " kv_heads=", m.config.kv_heads,
+                    " ffn_dim=", m.config.ffn_dim,
+                    " tie_embeddings=", m.config.tie_embeddings ? 1 : 0,
+                    " norm_eps=", ExactDouble(m.config.norm_eps),
+                    " rope_theta=", ExactDouble(m.config.rope_theta));
+  }
+  out += "\n";
   absl::StrAppend(&out, "layout num_params=", m.num_params,
                   " fingerprint=", Hex16(m.layout_fingerprint), " tensors=", m.tensors.size(),
                   "\n");

@@ -25,6 +25,12 @@ struct Header {
   uint64_t fingerprint;
 };
 
+// Version 2's recipe record, after the header.
+struct Recipe {
+  int32_t arch, kv_heads, ffn_dim, tie_embeddings;
+  double norm_eps, rope_theta;
+};
+
 uint64_t Fnv1a(const void* data, size_t n) {
   const auto* b = static_cast<const unsigned char*>(data);
   uint64_t h = 1469598103934665603ull;
@@ -45,7 +51,15 @@ absl::Status SaveWeights(const std::string& path, const model::ModelConfig& conf
   }
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
-  h.version = kWeightsVersion;
+  const bool gpt2 = config.arch == model::Arch::kGpt2;
+  h.version = gpt2 ? 1 : 2;
+  Recipe recipe{};
+  recipe.arch = static_cast<int32_t>(config.arch);
+  recipe.kv_heads = config.kv_heads;
+  recipe.ffn_dim = config.ffn_dim;
+  recipe.tie_embeddings = config.tie_embeddings ? 1 : 0;
+  recipe.norm_eps = config.norm_eps;
+  recipe.rope_theta = config.rope_theta;
   const int32_t cfg[6] = {config.layers,  config.heads, config.dim,
                           config.context, config.vocab, config.padded_vocab};
   std::memcpy(h.cfg, cfg, sizeof cfg);
@@ -55,6 +69,7 @@ absl::Status SaveWeights(const std::string& path, const model::ModelConfig& conf
 
   const std::string_view pieces[] = {
       {reinterpret_cast<const char*>(&h), sizeof h},
+      {reinterpret_cast<const char*>(&recipe), gpt2 ? 0 : sizeof recipe},
       {reinterpret_cast<const char*>(params.data()), params.size() * sizeof(float)},
       {reinterpret_cast<const char*>(&checksum), sizeof checksum}};
   return WriteFileAtomically(path, pieces);
@@ -77,16 +92,42 @@ absl::StatusOr<LoadedWeights> LoadWeights(const std::string& path) {
   if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) {
     return absl::DataLossError(absl::StrCat("weights file ", path, " has wrong magic"));
   }
-  if (h.version != kWeightsVersion) {
-    return absl::DataLossError(
-        absl::StrCat("weights file ", path, " has unsupported version ", h.version));
+  if (h.version != 1 && h.version != 2) {
+    return absl::DataLossError(absl::StrCat("weights file ", path, " has unsupported version ",
+                                            h.version, " (this build reads 1 and 2)"));
   }
   LoadedWeights out;
-  out.config = model::ModelConfig{h.cfg[0], h.cfg[1], h.cfg[2], h.cfg[3], h.cfg[4], h.cfg[5]};
-  if (auto s = model::ValidateModelConfig(out.config); !s.ok()) {
-    return absl::DataLossError(
-        absl::StrCat("weights file ", path, " has an invalid config: ", s.message()));
+  absl::StatusOr<model::ModelConfig> config;
+  if (h.version == 1) {
+    config = model::MakeGptConfig(h.cfg[0], h.cfg[1], h.cfg[2], h.cfg[3], h.cfg[4]);
+  } else {
+    Recipe r{};
+    if (std::fread(&r, sizeof r, 1, f) != 1) {
+      return absl::DataLossError(absl::StrCat("weights file ", path, " is truncated (no recipe)"));
+    }
+    if (r.arch != static_cast<int32_t>(model::Arch::kLlama)) {
+      return absl::DataLossError(
+          absl::StrCat("weights file ", path, " has an unknown model family ", r.arch));
+    }
+    model::LlamaShape shape;
+    shape.layers = h.cfg[0];
+    shape.heads = h.cfg[1];
+    shape.dim = h.cfg[2];
+    shape.context = h.cfg[3];
+    shape.vocab = h.cfg[4];
+    shape.kv_heads = r.kv_heads;
+    shape.ffn_dim = r.ffn_dim;
+    shape.tie_embeddings = r.tie_embeddings != 0;
+    shape.norm_eps = r.norm_eps;
+    shape.rope_theta = r.rope_theta;
+    config = model::MakeLlamaConfig(shape);
   }
+  if (!config.ok() || config->padded_vocab != h.cfg[5]) {
+    return absl::DataLossError(absl::StrCat(
+        "weights file ", path, " has an invalid config: ",
+        config.ok() ? absl::StrCat("padded_vocab ", h.cfg[5]) : config.status().message()));
+  }
+  out.config = *config;
   const model::ParamLayout layout(out.config);
   if (h.num_params != layout.num_params() || h.fingerprint != layout.Fingerprint()) {
     return absl::DataLossError(absl::StrCat(

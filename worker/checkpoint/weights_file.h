@@ -2,11 +2,15 @@
 // the flat fp32 parameter buffer, with a checksum.
 //
 // Format (little-endian):
-//   char[8]  "STWGHTS\0"        uint32 version = 1
+//   char[8]  "STWGHTS\0"        uint32 version = 1 (GPT-2) or 2 (other families)
 //   int32    layers, heads, dim, context, vocab, padded_vocab
 //   uint64   num_params         uint64 layout fingerprint (ParamLayout)
+//   version 2 only, the family's recipe:
+//     int32  arch (1 = llama), kv_heads, ffn_dim, tie_embeddings (0/1)
+//     double norm_eps, rope_theta
 //   float    params[num_params]
 //   uint64   FNV-1a 64 checksum of the params bytes
+// A GPT-2 model is written as version 1, byte for byte as before families.
 #ifndef SHARDTRAIN_WORKER_CHECKPOINT_WEIGHTS_FILE_H_
 #define SHARDTRAIN_WORKER_CHECKPOINT_WEIGHTS_FILE_H_
 
@@ -20,7 +24,7 @@
 
 namespace shardtrain::checkpoint {
 
-inline constexpr uint32_t kWeightsVersion = 1;
+inline constexpr uint32_t kWeightsVersion = 2;  // the newest this build reads and writes
 
 // Writes atomically: path.tmp.<pid> → fsync → rename → fsync(directory).
 // InvalidArgument if params.size() != ParamLayout(config).num_params();

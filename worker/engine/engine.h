@@ -95,15 +95,16 @@ class Engine {
   // with the unit's first element `offset`: every gradient in [offset,
   // num_params) is final. Units finish in reverse layout order (final,
   // block.L-1, ..., block.0, then embeddings at offset 0, since wte also
-  // collects the LM head's gradient). Null: off.
+  // collects a tied LM head's gradient). Null: off.
   virtual void set_grads_ready_hook(std::function<void(size_t offset)> hook) = 0;
   // Called around every computation that reads a unit's parameters:
   // hook(unit, true) before, hook(unit, false) after (unit indexes
   // layout().units()). Order — Forward: embeddings (encoder), block.0 ..
-  // block.L-1, final, embeddings (the LM head, tied to wte); Backward:
-  // embeddings (LM head), final, block.L-1 .. block.0 (the encoder's
-  // backward reads no parameter); the same as parallel::UnitUseOrder
-  // (common/shard_range.h). Null: off.
+  // block.L-1, final, embeddings (a tied LM head, which reads wte);
+  // Backward: embeddings (a tied LM head), final, block.L-1 .. block.0 (the
+  // encoder's backward reads no parameter); an untied head is read within
+  // final's use. The same as parallel::UnitUseOrder (common/shard_range.h).
+  // Null: off.
   virtual void set_param_hook(std::function<void(int unit, bool begin)> hook) = 0;
 
   // ---- Pipeline stages. An engine runs the part of the model in

@@ -53,10 +53,11 @@ absl::Status ValidateModelEngine(const ModelConfig& config, int B, int T,
   }
   const int tp = sl.tp;
   if (tp < 1 || sl.tp_rank < 0 || sl.tp_rank >= tp || config.heads % tp != 0 ||
-      config.padded_vocab % tp != 0) {
+      config.kv_heads % tp != 0 || config.ffn_dim % tp != 0 || config.padded_vocab % tp != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("parallel.tp: ", tp, " (rank ", sl.tp_rank, ") must divide model.heads ",
-                     config.heads, " and the padded vocabulary ", config.padded_vocab));
+                     config.heads, ", model.kv_heads ", config.kv_heads, ", the MLP width ",
+                     config.ffn_dim, " and the padded vocabulary ", config.padded_vocab));
   }
   if (options.activations.sequence_parallel && (tp < 2 || (int64_t{B} * T) % tp != 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -102,7 +103,8 @@ ModelEngine::ModelEngine(const ModelConfig& config, int B, int T, const ModelEng
       T_(T),
       policy_(options.activations),
       sp_(options.activations.sequence_parallel && options.slice.tp > 1),
-      table_(config, B, T, options.slice, compute, options.activations) {
+      table_(config, B, T, options.slice, compute, options.activations),
+      rotary_(model::RotaryTable(config)) {
   const int64_t BT = int64_t{B} * T;
   slots_.resize(options.slots);
   for (SlotActs& s : slots_) {
@@ -128,10 +130,12 @@ void ModelEngine::BindActivations(char* base) {
     char* const saved = base + table_.saved_bytes() * k;
     for (int i = 0; i < layout_.num_layers(); ++i) {
       const int l = layout_.first_layer() + i;
-      // Saved in the slot, or the shared scratch a recomputing block refills.
+      // Saved in the slot, or the shared scratch a recomputing block
+      // refills; null where the recipe keeps none.
       auto block = [&](const char* name) -> void* {
-        const model::ActivationTensor& t = table_.block(l, name);
-        return (t.kind == model::ActivationKind::kSaved ? saved : scratch) + t.offset;
+        const model::ActivationTensor* t = table_.find_block(l, name);
+        if (t == nullptr) return nullptr;
+        return (t->kind == model::ActivationKind::kSaved ? saved : scratch) + t->offset;
       };
       LayerActs& a = s.layers[i];
       a.ln1 = block("ln1");
@@ -145,7 +149,7 @@ void ModelEngine::BindActivations(char* base) {
       a.ln2_mean = f32(block("ln2_mean"));
       a.ln2_rstd = f32(block("ln2_rstd"));
       a.fch = block("fch");
-      a.fch_gelu = block("fch_gelu");
+      a.fch_act = block("fch_act");
       a.residual3 = block("residual3");
       a.recompute = policy_.Recomputes(i);
     }
@@ -163,7 +167,7 @@ void ModelEngine::BindActivations(char* base) {
   datty_ = take(nullptr, "datty");
   dqkv_ = take(nullptr, "dqkv");
   dfch_ = take(nullptr, "dfch");
-  dfch_gelu_ = take(nullptr, "dfch_gelu");
+  dfch_act_ = take(nullptr, "dfch_act");
   att_scratch_ = take(nullptr, "att_scratch");
   sp_full_ = take(nullptr, "sp_full");
   sp_local_ = take(nullptr, "sp_local");
@@ -200,9 +204,11 @@ void ModelEngine::InitGlobal(uint64_t seed, size_t begin, size_t end, float* out
     const bool residual_proj = t.name.find("attn.proj.weight") != std::string::npos ||
                                t.name.find("mlp.proj.weight") != std::string::npos;
     const float std_dev = residual_proj ? residual_std : 0.02f;
-    // wte: only the first vocab rows are real; padded rows stay 0.
-    const size_t n =
-        static_cast<int>(k) == whole_.wte() ? static_cast<size_t>(cfg.vocab) * cfg.dim : t.numel;
+    // wte and an untied lm_head: only the first vocab rows are real; padded
+    // rows stay 0.
+    const bool vocab_rows =
+        static_cast<int>(k) == whole_.wte() || static_cast<int>(k) == whole_.lm_head();
+    const size_t n = vocab_rows ? static_cast<size_t>(cfg.vocab) * cfg.dim : t.numel;
     const uint64_t key = SplitMix64(seed ^ SplitMix64(k + 1));
     const size_t real_end = std::min(n, stop);
     if (i0 < real_end) {
@@ -296,20 +302,22 @@ float ModelEngine::StageForward(int slot, const int* tokens, const int* targets,
     residual = s.layers[i].residual3;
   }
   if (!sl.last_stage) return 0.0f;
+  // The LM head computes only this rank's real vocabulary columns (lnf
+  // enters the tp region: CopyToTpRegion, an identity). A tied head reads
+  // the embeddings unit; an untied one is in the final unit with the norm.
+  const bool tied = cfg.tie_embeddings;
   {
     // Under sequence parallelism on this rank's rows, then gathered: the LM
     // head reads every row.
     UnitScope use(*this, layout_.lnf_w());
     const int Nl = LocalRows(N);
     void* lnf = sp_ ? sp_local_ : s.lnf;
-    LayerNormForward(lnf, s.lnf_mean, s.lnf_rstd, residual, layout_.lnf_w(), layout_.lnf_b(), Nl,
-                     C);
+    NormForward(lnf, s.lnf_mean, s.lnf_rstd, residual, layout_.lnf_w(), layout_.lnf_b(), Nl);
     if (sp_) TpAllGather(s.lnf, lnf, int64_t{Nl} * C);
+    if (!tied) LmHeadForward(s);
   }
-  {
-    // LM head tied to wte; only this rank's real vocabulary columns are
-    // computed (lnf enters the tp region: CopyToTpRegion, an identity).
-    UnitScope use(*this, layout_.wte());
+  if (tied) {
+    UnitScope use(*this, layout_.lm_head());
     LmHeadForward(s);
   }
   if (targets == nullptr) return 0.0f;
@@ -336,15 +344,25 @@ void ModelEngine::StageBackward(int slot, float loss_scale, const float* doutput
     Zero(dresidual_, NlC);
     Zero(dln_, NC);
     void* dlnf = sp_ ? sp_local_ : dln_;
-    {
-      UnitScope use(*this, layout_.wte());
+    auto head_backward = [&] {
       LmHeadBackward(s, dln_);
       GatherFromSequenceRegionBackward(dlnf, dln_, NlC);
-    }
-    {
+    };
+    auto norm_backward = [&] {
+      NormBackward(dresidual_, dlnf, LastOutput(s), s.lnf_mean, s.lnf_rstd, layout_.lnf_w(),
+                   layout_.lnf_b(), Nl);
+    };
+    if (config().tie_embeddings) {  // the head's unit (embeddings), then the final one
+      {
+        UnitScope use(*this, layout_.lm_head());
+        head_backward();
+      }
       UnitScope use(*this, layout_.lnf_w());
-      LayerNormBackward(dresidual_, dlnf, LastOutput(s), s.lnf_mean, s.lnf_rstd, layout_.lnf_w(),
-                        layout_.lnf_b(), Nl, C);
+      norm_backward();
+    } else {  // both in the final unit
+      UnitScope use(*this, layout_.lnf_w());
+      head_backward();
+      norm_backward();
     }
     if (grads_ready_) grads_ready_(layout_.offset(layout_.lnf_w()));
   } else {
@@ -357,13 +375,14 @@ void ModelEngine::StageBackward(int slot, float loss_scale, const float* doutput
   }
   if (sl.first_stage) EncoderBackward(s, ReduceScatterToSequenceRegionBackward(dresidual_, NlC));
   s.forwarded = false;
-  if (sl.has_embeddings() && grads_ready_) grads_ready_(0);
+  if (sl.has_embeddings(config()) && grads_ready_) grads_ready_(0);
 }
 
 // One transformer block, forward and backward, for the tp-local part of a
 // tensor-parallel slice (Megatron-LM): the attention's qkv projection and the
-// MLP's fc are column-parallel (this rank's heads / hidden units: its input
-// enters the tp region through CopyToTpRegion, an identity in forward), the
+// MLP's fc (SwiGLU's gate and up) are column-parallel (this rank's heads /
+// hidden units: its input enters the tp region through CopyToTpRegion, an
+// identity in forward), the
 // two output projections row-parallel (their partial outputs leave it through
 // ReduceFromTpRegion, then the replicated bias is added). With tp = 1 every
 // region function is a no-op and the projections add their bias inside the
@@ -377,14 +396,50 @@ const void* ModelEngine::RowParallelForward(const void* inp, int weight, int bia
   MatmulForward(proj_out_, inp, weight, -1, N, IC, OC, OC);
   if (!sp_) {
     ReduceFromTpRegionForward(proj_out_, int64_t{N} * OC);
-    AddBias(proj_out_, bias, N, OC);
+    if (bias >= 0) AddBias(proj_out_, bias, N, OC);
     return proj_out_;
   }
   // ReduceScatterToSequenceRegion: this rank's rows of the sum.
   const int Nl = LocalRows(N);
   TpReduceScatter(sp_local_, proj_out_, int64_t{Nl} * OC);
-  AddBias(sp_local_, bias, Nl, OC);
+  if (bias >= 0) AddBias(sp_local_, bias, Nl, OC);
   return sp_local_;
+}
+
+void ModelEngine::NormForward(void* out, float* mean, float* rstd, const void* inp, int weight,
+                              int bias, int N) {
+  if (config().norm == model::NormKind::kRmsNorm) {
+    RmsNormForward(out, rstd, inp, weight, N, config().dim);
+  } else {
+    LayerNormForward(out, mean, rstd, inp, weight, bias, N, config().dim);
+  }
+}
+
+void ModelEngine::NormBackward(void* dinp, const void* dout, const void* inp, const float* mean,
+                               const float* rstd, int weight, int bias, int N) {
+  if (config().norm == model::NormKind::kRmsNorm) {
+    RmsNormBackward(dinp, dout, inp, rstd, weight, N, config().dim);
+  } else {
+    LayerNormBackward(dinp, dout, inp, mean, rstd, weight, bias, N, config().dim);
+  }
+}
+
+void ModelEngine::MlpActForward(void* out, const void* fch, int N) {
+  const int Ft = config().ffn_dim / layout_.slice().tp;
+  if (config().mlp == model::MlpKind::kSwiGlu) {
+    SwiGluForward(out, fch, N, Ft);
+  } else {
+    GeluForward(out, fch, int64_t{N} * Ft);
+  }
+}
+
+void ModelEngine::MlpActBackward(void* dfch, const void* fch, const void* dout, int N) {
+  const int Ft = config().ffn_dim / layout_.slice().tp;
+  if (config().mlp == model::MlpKind::kSwiGlu) {
+    SwiGluBackward(dfch, fch, dout, N, Ft);
+  } else {
+    GeluBackward(dfch, fch, dout, int64_t{N} * Ft);
+  }
 }
 
 void ModelEngine::BlockForward(int l, LayerActs& a, const void* residual, int b, int t) {
@@ -394,25 +449,31 @@ void ModelEngine::BlockForward(int l, LayerActs& a, const void* residual, int b,
 
 void ModelEngine::BlockForwardMath(int l, LayerActs& a, const void* residual, int b, int t,
                                    bool refill) {
-  const int C = config().dim, tp = layout_.slice().tp;
-  const int Ct = C / tp, NHt = config().heads / tp, N = b * t, Nl = LocalRows(N);
-  const int64_t NlC = int64_t{Nl} * C, NCt = int64_t{N} * Ct;
+  const model::ModelConfig& cfg = config();
+  const int C = cfg.dim, tp = layout_.slice().tp;
+  const int Ct = C / tp, NHt = cfg.heads / tp, KVHt = cfg.kv_heads / tp, N = b * t,
+            Nl = LocalRows(N);
+  const int QKVt = cfg.qkv_dim() / tp, FCt = cfg.fc_dim() / tp, Ft = cfg.ffn_dim / tp;
+  const int64_t NlC = int64_t{Nl} * C;
   auto w = [&](BlockTensor bt) { return layout_.block_tensor(l, bt); };
-  // The residual stream and the LayerNorms: Nl rows (all of them without
+  // The residual stream and the norms: Nl rows (all of them without
   // sequence parallelism); the tp region between them: all N rows.
-  LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w(kLn1W), w(kLn1B), Nl, C);
-  MatmulForward(a.qkv, GatherFromSequenceRegionForward(a.ln1, NlC), w(kQkvW), w(kQkvB), N, C,
-                3 * Ct, 3 * Ct);
-  AttentionForward(a.atty, a.att, att_scratch_, a.qkv, b, t, Ct, NHt);
+  NormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w(kLn1W), w(kLn1B), Nl);
+  MatmulForward(a.qkv, GatherFromSequenceRegionForward(a.ln1, NlC), w(kQkvW), w(kQkvB), N, C, QKVt,
+                QKVt);
+  if (cfg.positions == model::PositionKind::kRotary) {
+    RotaryForward(a.qkv, b, t, NHt, KVHt, /*inverse=*/false);
+  }
+  AttentionForward(a.atty, a.att, att_scratch_, a.qkv, b, t, Ct, NHt, KVHt);
   ResidualForward(a.residual2, residual,
                   RowParallelForward(a.atty, w(kAttnProjW), w(kAttnProjB), N, Ct, C), NlC);
-  LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w(kLn2W), w(kLn2B), Nl, C);
-  MatmulForward(a.fch, GatherFromSequenceRegionForward(a.ln2, NlC), w(kFcW), w(kFcB), N, C, 4 * Ct,
-                4 * Ct);
-  GeluForward(a.fch_gelu, a.fch, NCt * 4);
+  NormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w(kLn2W), w(kLn2B), Nl);
+  MatmulForward(a.fch, GatherFromSequenceRegionForward(a.ln2, NlC), w(kFcW), w(kFcB), N, C, FCt,
+                FCt);
+  MlpActForward(a.fch_act, a.fch, N);
   if (refill) return;
   ResidualForward(a.residual3, a.residual2,
-                  RowParallelForward(a.fch_gelu, w(kFcProjW), w(kFcProjB), N, 4 * Ct, C), NlC);
+                  RowParallelForward(a.fch_act, w(kFcProjW), w(kFcProjB), N, Ft, C), NlC);
 }
 
 void ModelEngine::Refill(int l, LayerActs& a, const void* residual, int b, int t) {
@@ -424,48 +485,52 @@ void ModelEngine::Refill(int l, LayerActs& a, const void* residual, int b, int t
   // the saved atty again; it goes to proj_out_ (N·C >= N·Ct), unused here.
   const int tp = layout_.slice().tp;
   AttentionForward(proj_out_, a.att, att_scratch_, a.qkv, b, t, config().dim / tp,
-                   config().heads / tp);
+                   config().heads / tp, config().kv_heads / tp);
 }
 
 void ModelEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b, int t) {
   UnitScope use(*this, layout_.block_tensor(l, kLn1W));
-  const int C = config().dim, tp = layout_.slice().tp;
-  const int Ct = C / tp, NHt = config().heads / tp, N = b * t, Nl = LocalRows(N);
-  const int64_t NC = int64_t{N} * C, NlC = int64_t{Nl} * C, NCt = int64_t{N} * Ct;
+  const model::ModelConfig& cfg = config();
+  const int C = cfg.dim, tp = layout_.slice().tp;
+  const int Ct = C / tp, NHt = cfg.heads / tp, KVHt = cfg.kv_heads / tp, N = b * t,
+            Nl = LocalRows(N);
+  const int QKVt = cfg.qkv_dim() / tp, FCt = cfg.fc_dim() / tp, Ft = cfg.ffn_dim / tp;
+  const int64_t NC = int64_t{N} * C, NlC = int64_t{Nl} * C;
   auto w = [&](BlockTensor bt) { return layout_.block_tensor(l, bt); };
   if (a.recompute) Refill(l, a, residual, b, t);
-  // Where a LayerNorm's input gradient lands: dln_ itself (all rows, summed
-  // over tp in place), or this rank's rows of it under sequence parallelism.
+  // Where a norm's input gradient lands: dln_ itself (all rows, summed over
+  // tp in place), or this rank's rows of it under sequence parallelism.
   void* const dln_rows = sp_ ? sp_local_ : dln_;
   // residual3 = residual2 + fcproj: both receive dresidual (in place). The
   // row-parallel projections' backward is the identity side of their region
   // (or the all-gather of dresidual's rows): their output gradient is whole
   // on every rank.
-  Zero(dfch_gelu_, NCt * 4);
-  Zero(dfch_, NCt * 4);
-  MatmulBackward(dfch_gelu_, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), C, a.fch_gelu,
-                 w(kFcProjW), w(kFcProjB), N, 4 * Ct, C);
-  GeluBackward(dfch_, a.fch, dfch_gelu_, NCt * 4);
+  Zero(dfch_act_, int64_t{N} * Ft);
+  Zero(dfch_, int64_t{N} * FCt);
+  MatmulBackward(dfch_act_, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), C, a.fch_act,
+                 w(kFcProjW), w(kFcProjB), N, Ft, C);
+  MlpActBackward(dfch_, a.fch, dfch_act_, N);
   Zero(dln_, NC);
   // Sequence parallelism keeps ln2's rows only: gathered again for fc's
   // weight gradient (as Megatron-LM does).
-  MatmulBackward(dln_, dfch_, 4 * Ct, GatherFromSequenceRegionForward(a.ln2, NlC), w(kFcW), w(kFcB),
-                 N, C, 4 * Ct);
+  MatmulBackward(dln_, dfch_, FCt, GatherFromSequenceRegionForward(a.ln2, NlC), w(kFcW), w(kFcB), N,
+                 C, FCt);
   GatherFromSequenceRegionBackward(dln_rows, dln_, NlC);
-  LayerNormBackward(dresidual_, dln_rows, a.residual2, a.ln2_mean, a.ln2_rstd, w(kLn2W), w(kLn2B),
-                    Nl, C);
+  NormBackward(dresidual_, dln_rows, a.residual2, a.ln2_mean, a.ln2_rstd, w(kLn2W), w(kLn2B), Nl);
   // residual2 = residual + attproj: both receive dresidual (in place).
-  Zero(datty_, NCt);
-  Zero(dqkv_, NCt * 3);
+  Zero(datty_, int64_t{N} * Ct);
+  Zero(dqkv_, int64_t{N} * QKVt);
   MatmulBackward(datty_, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), C, a.atty,
                  w(kAttnProjW), w(kAttnProjB), N, Ct, C);
-  AttentionBackward(dqkv_, att_scratch_, datty_, a.qkv, a.att, b, t, Ct, NHt);
+  AttentionBackward(dqkv_, att_scratch_, datty_, a.qkv, a.att, b, t, Ct, NHt, KVHt);
+  if (cfg.positions == model::PositionKind::kRotary) {
+    RotaryForward(dqkv_, b, t, NHt, KVHt, /*inverse=*/true);  // dL/d(q, k before rotation)
+  }
   Zero(dln_, NC);
-  MatmulBackward(dln_, dqkv_, 3 * Ct, GatherFromSequenceRegionForward(a.ln1, NlC), w(kQkvW),
-                 w(kQkvB), N, C, 3 * Ct);
+  MatmulBackward(dln_, dqkv_, QKVt, GatherFromSequenceRegionForward(a.ln1, NlC), w(kQkvW), w(kQkvB),
+                 N, C, QKVt);
   GatherFromSequenceRegionBackward(dln_rows, dln_, NlC);
-  LayerNormBackward(dresidual_, dln_rows, residual, a.ln1_mean, a.ln1_rstd, w(kLn1W), w(kLn1B), Nl,
-                    C);
+  NormBackward(dresidual_, dln_rows, residual, a.ln1_mean, a.ln1_rstd, w(kLn1W), w(kLn1B), Nl);
 }
 
 }  // namespace shardtrain::engine

@@ -1,19 +1,23 @@
-// ModelEngine: the order of a GPT step, written once for every device. It owns
-// what does not depend on where the numbers live — the model's layout and
-// slice, the activation table and the pointers carved from it for every
-// pipeline slot, the parameter and gradient hooks ZeRO relies on (which unit
-// is used when, which gradients are final when), the tensor-parallel regions
-// and the stage API — and calls the device's layers for the arithmetic.
+// ModelEngine: the order of a transformer step, written once for every device
+// and every model family. It owns what does not depend on where the numbers
+// live — the model's layout and slice, the activation table and the pointers
+// carved from it for every pipeline slot, the parameter and gradient hooks
+// ZeRO relies on (which unit is used when, which gradients are final when),
+// the tensor-parallel regions and the stage API — and calls the device's
+// layers for the arithmetic. The family is the config's recipe
+// (common/model/config.h): which norm, positions, MLP and attention heads,
+// biases or not, a tied head or not, each switch made here in one place.
 // engine/cpu (fp32 on OpenBLAS) and engine/cuda (fp32, bf16 or fp16 on one
 // GPU) supply the layers, so a fix to the sequence reaches both.
 //
 // Tensors the sequence hands to the layers:
 //   void*   activations and their gradients, in the engine's compute type
 //           (ActivationTable::compute()), in the device's memory;
-//   float*  fp32 statistics (LayerNorm mean and rstd, losses, lse);
+//   float*  fp32 statistics (norm mean and rstd, losses, lse);
 //   int     parameters, as the tensor's index in layout(): the device
 //           resolves its compute copy (the fp32 master on the CPU) and its
-//           fp32 gradient, which backward ACCUMULATES into.
+//           fp32 gradient, which backward ACCUMULATES into. -1: no such
+//           tensor (a bias of a family without biases).
 // Every backward layer accumulates (+=) into its gradient outputs, as
 // engine/cpu/layers.h documents.
 //
@@ -54,10 +58,10 @@ struct ModelEngineOptions {
   bool release_compute_copy = false;
 };
 
-// The checks every GPT engine makes of its shape and slice: B >= 1, 1 <= T
-// <= context, slots >= 1, a slice within the model whose tp divides heads
-// and the padded vocabulary, with its group when tp > 1. InvalidArgument
-// naming the field otherwise.
+// The checks every engine makes of its shape and slice: B >= 1, 1 <= T <=
+// context, slots >= 1, a slice within the model whose tp divides heads,
+// kv_heads, ffn_dim and the padded vocabulary, with its group when tp > 1.
+// InvalidArgument naming the field otherwise.
 absl::Status ValidateModelEngine(const model::ModelConfig& config, int B, int T,
                                  const ModelEngineOptions& options);
 
@@ -88,8 +92,8 @@ class ModelEngine : public Engine {
   // The activations of one transformer block of one micro-batch (the
   // table's "block.<l>.<name>" tensors).
   struct LayerActs {
-    void *ln1, *qkv, *atty, *att, *residual2, *ln2, *fch, *fch_gelu, *residual3;
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+    void *ln1, *qkv, *atty, *att, *residual2, *ln2, *fch, *fch_act, *residual3;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;  // means: LayerNorm only (else null)
     // Its backward first refills what the table did not save (the
     // "recompute.*" scratch tensors above point there).
     bool recompute = false;
@@ -112,8 +116,10 @@ class ModelEngine : public Engine {
   // table().bytes(slots()) bytes in the device's memory (16-byte aligned).
   void BindActivations(char* base);
 
-  // The whole model's GPT-2 init of global elements [begin, end) into host
-  // memory out[0, end - begin) (InitParamsInto in the slice's coordinates
+  // The whole model's init (GPT-2's, for every family: normal(0, 0.02)
+  // matrices, output projections scaled by 1/sqrt(2L), norm weights 1,
+  // biases 0, padded vocabulary rows 0) of global elements [begin, end) into
+  // host memory out[0, end - begin) (InitParamsInto in the slice's coordinates
   // maps through layout().GlobalRuns).
   void InitGlobal(uint64_t seed, size_t begin, size_t end, float* out, ThreadPool* pool) const;
   // InitParamsInto's host part: the slice's elements [begin, end) into host
@@ -121,6 +127,9 @@ class ModelEngine : public Engine {
   void InitSliceHost(uint64_t seed, size_t begin, size_t end, float* out, ThreadPool* pool) const;
 
   TensorParallel* tp() const { return tp_; }
+  // Rotary's (context, hs/2, [cos, sin]) table (model::RotaryTable), in host
+  // memory; empty without rotary positions.
+  const std::vector<float>& rotary_table() const { return rotary_; }
   SlotActs& slot(int k) { return slots_[k]; }
   const SlotActs& slot(int k) const { return slots_[k]; }
   // The (b, t, C) output of slot k's last block (its input on a stage
@@ -149,6 +158,7 @@ class ModelEngine : public Engine {
   // to this rank's LocalRows, sp_full() holding the partial sums).
   virtual void EncoderForward(SlotActs& s) = 0;
   // wte / wpe gradients of the embeddings from dout (b, t, C), every row.
+  // (Without learned positions layout().wpe() is -1: wte alone.)
   virtual void EncoderBackward(const SlotActs& s, const void* dout) = 0;
   // dst (n, compute type) = src (n, fp32 in the device's memory: the
   // pipeline's exchange type).
@@ -159,6 +169,15 @@ class ModelEngine : public Engine {
                                 int bias, int N, int C) = 0;
   virtual void LayerNormBackward(void* dinp, const void* dout, const void* inp, const float* mean,
                                  const float* rstd, int weight, int bias, int N, int C) = 0;
+  // RMSNorm (eps: config().norm_eps); saves rstd.
+  virtual void RmsNormForward(void* out, float* rstd, const void* inp, int weight, int N,
+                              int C) = 0;
+  virtual void RmsNormBackward(void* dinp, const void* dout, const void* inp, const float* rstd,
+                               int weight, int N, int C) = 0;
+  // Rotary positions, in place on qkv (b, t, (NHt + 2·KVHt)·hs): q's NHt and
+  // k's KVHt heads rotated by rotary_table() at each row's position in its
+  // sequence; `inverse` rotates back (the backward, on dqkv).
+  virtual void RotaryForward(void* qkv, int b, int t, int NHt, int KVHt, bool inverse) = 0;
   // out (N, OC) row stride ld_out = inp (N, IC) · weight^T (+ bias; -1: none).
   virtual void MatmulForward(void* out, const void* inp, int weight, int bias, int N, int IC,
                              int OC, int ld_out) = 0;
@@ -166,24 +185,28 @@ class ModelEngine : public Engine {
                               int weight, int bias, int N, int IC, int OC) = 0;
   // out (N, OC) += bias (OC) on every row.
   virtual void AddBias(void* out, int bias, int N, int OC) = 0;
-  // qkv (b, t, 3Ct) of NHt heads; att (b, NHt, t, t) saved; scratch the
-  // table's att_scratch.
+  // qkv (b, t, Ct + 2·KVHt·hs) of NHt query and KVHt key/value heads (hs =
+  // Ct / NHt); out (b, t, Ct); att (b, NHt, t, t) saved; scratch the table's
+  // att_scratch.
   virtual void AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t,
-                                int Ct, int NHt) = 0;
+                                int Ct, int NHt, int KVHt) = 0;
   virtual void AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
-                                 const void* att, int b, int t, int Ct, int NHt) = 0;
+                                 const void* att, int b, int t, int Ct, int NHt, int KVHt) = 0;
   virtual void GeluForward(void* out, const void* inp, int64_t n) = 0;
   virtual void GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) = 0;
+  // inp (N, 2H) = [gate | up]; out (N, H) (engine/cpu/layers.h).
+  virtual void SwiGluForward(void* out, const void* inp, int N, int H) = 0;
+  virtual void SwiGluBackward(void* dinp, const void* inp, const void* dout, int N, int H) = 0;
   virtual void ResidualForward(void* out, const void* inp1, const void* inp2, int64_t n) = 0;
-  // The LM head (tied to wte) of s.lnf into s.logits: this rank's real
-  // vocabulary columns.
+  // The LM head (layout().lm_head(): wte when tied) of s.lnf into s.logits:
+  // this rank's real vocabulary columns.
   virtual void LmHeadForward(SlotActs& s) = 0;
   // s.losses and s.lse from s.logits and s.targets; returns the sum of the
   // losses (read back to the host: the step's one synchronisation).
   virtual double CrossEntropyForward(SlotActs& s) = 0;
   // s.logits become their gradient, times dloss.
   virtual void CrossEntropyBackward(SlotActs& s, float dloss) = 0;
-  // dln (N, C) += the LM head's input gradient; wte's gradient +=.
+  // dln (N, C) += the LM head's input gradient; the head weight's gradient +=.
   virtual void LmHeadBackward(SlotActs& s, void* dln) = 0;
   // In place sum over the tp group (called only when tp > 1).
   virtual void TpAllReduceSum(void* x, int64_t n) = 0;
@@ -214,9 +237,18 @@ class ModelEngine : public Engine {
   void BlockForwardMath(int layer, LayerActs& a, const void* residual, int b, int t, bool refill);
   // Before a recomputing block's backward: selective recomputes the
   // attention probabilities from the saved qkv, full the block up to its
-  // GELU from the block's input `residual`.
+  // MLP's activation from the block's input `residual`.
   void Refill(int layer, LayerActs& a, const void* residual, int b, int t);
   void BlockBackward(int layer, LayerActs& a, const void* residual, int b, int t);
+  // The recipe's switches, one place each: the norm (LayerNorm with its mean
+  // and bias, or RMSNorm), the MLP's activation on fch (N, FCt) into (N, Ft)
+  // (GELU, or SwiGLU of [gate | up]) and their backward.
+  void NormForward(void* out, float* mean, float* rstd, const void* inp, int weight, int bias,
+                   int N);
+  void NormBackward(void* dinp, const void* dout, const void* inp, const float* mean,
+                    const float* rstd, int weight, int bias, int N);
+  void MlpActForward(void* out, const void* fch, int N);
+  void MlpActBackward(void* dfch, const void* fch, const void* dout, int N);
   // Row-parallel linear forward: inp (N, IC_local) · weight^T summed over tp
   // (ReduceFromTpRegion; or ReduceScatterToSequenceRegion, this rank's
   // LocalRows(N) rows of it), plus bias: returns proj_out_ (N, OC) or
@@ -244,10 +276,11 @@ class ModelEngine : public Engine {
   const model::ActivationPolicy policy_;
   const bool sp_;  // sequence parallelism
   const model::ActivationTable table_;
+  const std::vector<float> rotary_;
   std::vector<SlotActs> slots_;
   // scratch
   void *proj_out_ = nullptr, *dresidual_ = nullptr, *dln_ = nullptr, *datty_ = nullptr,
-       *dqkv_ = nullptr, *dfch_ = nullptr, *dfch_gelu_ = nullptr, *att_scratch_ = nullptr,
+       *dqkv_ = nullptr, *dfch_ = nullptr, *dfch_act_ = nullptr, *att_scratch_ = nullptr,
        *sp_full_ = nullptr, *sp_local_ = nullptr;
   std::function<void(size_t)> grads_ready_;
   std::function<void(int, bool)> param_hook_;

@@ -74,15 +74,15 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
     z->adamw_.push_back(*std::move(a));
     z->units_.push_back(std::move(u));
   }
-  // Uses of one micro-batch, in the order CpuModel calls the param hook.
+  // Uses of one micro-batch, in the order the engine calls the param hook.
   const int emb = layout.tensors()[layout.wte()].unit;
-  z->emb_unit_ = emb;
+  z->emb_unit_ = layout.config().tie_embeddings ? emb : -1;
   const int fin = layout.tensors()[layout.lnf_w()].unit;
   std::vector<int> blocks;
   for (int l = 0; l < layout.config().layers; ++l) {
     blocks.push_back(layout.tensors()[layout.block_tensor(l, model::BlockTensor(0))].unit);
   }
-  z->uses_ = UnitUseOrder(emb, blocks, fin, &z->forward_uses_);
+  z->uses_ = UnitUseOrder(emb, blocks, fin, layout.config().tie_embeddings, &z->forward_uses_);
 
   // Units are gathered and released one by one: no huge page may straddle
   // two of them, or releasing one would leave part of a neighbour's page
@@ -355,9 +355,9 @@ void Zero::OnGradsReady(size_t offset) {
   }
   const int unit = static_cast<int>(it - units_.begin());
   if (options_.stage >= 2) {
-    // Alive now: this unit's gradient, those still being reduced, and the
-    // tied embeddings' (written since the LM head's backward).
-    size_t alive = it->numel + (unit != emb_unit_ ? units_[emb_unit_].numel : 0);
+    // Alive now: this unit's gradient, those still being reduced, and a
+    // tied head's embeddings' (written since the LM head's backward).
+    size_t alive = it->numel + (emb_unit_ >= 0 && unit != emb_unit_ ? units_[emb_unit_].numel : 0);
     for (const Reduction& r : reductions_) alive += units_[r.unit].numel;
     peak_live_grad_elems_ = std::max(peak_live_grad_elems_, alive);
   }

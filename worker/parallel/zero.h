@@ -304,7 +304,7 @@ class Zero final : public DataParallel {
   int64_t comm_bytes_ = 0;
   size_t live_param_elems_ = 0, peak_live_param_elems_ = 0;
   size_t peak_live_grad_elems_ = 0;  // stages 2-3: whole-unit gradients alive (logical)
-  int emb_unit_ = 0;
+  int emb_unit_ = 0;                 // the embeddings unit when the LM head is tied to it, else -1
   bool measure_ = false;
   ModelParallelGrads mp_;
   int64_t peak_gathered_bytes_ = 0, peak_unit_grad_bytes_ = 0;

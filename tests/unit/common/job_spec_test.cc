@@ -588,3 +588,102 @@ TEST(JobSpecTest, Bf16GradientReductionForNcclDdpRoundTrips) {
 }
 
 }  // namespace shardtrain
+
+namespace shardtrain {
+namespace {
+
+// model.arch: llama — its fields, defaults, presets, the family's config and
+// the refusals that name their field.
+TEST(JobSpecTest, LlamaModelFieldsDefaultsAndRoundTrip) {
+  auto spec =
+      ParseJobSpec(Make({{"model",
+                          "{arch: llama, layers: 2, heads: 4, kv_heads: 2, dim: 32, ffn_dim: 80, "
+                          "context: 16, vocab: 256}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model.arch, model::Arch::kLlama);
+  EXPECT_EQ(spec->model.kv_heads, 2);
+  EXPECT_EQ(spec->model.ffn_dim, 80);
+  EXPECT_EQ(spec->model.rope_theta, 500000.0);
+  EXPECT_EQ(spec->model.norm_eps, 1e-5);
+  EXPECT_FALSE(spec->model.tie_embeddings);
+  const model::ModelConfig c = *spec->model.Config();
+  EXPECT_EQ(c.norm, model::NormKind::kRmsNorm);
+  EXPECT_EQ(c.positions, model::PositionKind::kRotary);
+  EXPECT_EQ(c.mlp, model::MlpKind::kSwiGlu);
+  EXPECT_FALSE(c.bias);
+  auto again = ParseJobSpec(JobSpecToYaml(*spec));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(*again == *spec);
+  // Defaults: kv_heads = heads, ffn_dim = 8·dim/3 up to a multiple of 256.
+  auto plain = ParseJobSpec(
+      Make({{"model", "{arch: llama, layers: 2, heads: 4, dim: 96, context: 16, vocab: 256}"}}));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->model.kv_heads, 4);
+  EXPECT_EQ(plain->model.ffn_dim, 256);
+  // A preset sets the family; explicit fields override its shape.
+  auto preset = ParseJobSpec(Make({{"model", "{preset: llama3-8b, layers: 2, context: 64}"}}));
+  ASSERT_TRUE(preset.ok()) << preset.status();
+  EXPECT_EQ(preset->model.arch, model::Arch::kLlama);
+  EXPECT_EQ(preset->model.layers, 2);
+  EXPECT_EQ(preset->model.kv_heads, 8);
+  EXPECT_EQ(preset->model.ffn_dim, 14336);
+  EXPECT_EQ(preset->model.vocab, 128256);
+  EXPECT_FALSE(preset->model.tie_embeddings);
+  EXPECT_TRUE(ParseJobSpec(JobSpecToYaml(*preset)).ok());
+  // GPT-2 specs hold the gpt2 family and their canonical YAML says so.
+  auto gpt2 = ParseJobSpec(Make());
+  ASSERT_TRUE(gpt2.ok());
+  EXPECT_EQ(gpt2->model.arch, model::Arch::kGpt2);
+  EXPECT_NE(JobSpecToYaml(*gpt2).find("arch: gpt2"), std::string::npos);
+  EXPECT_EQ(JobSpecToYaml(*gpt2).find("kv_heads"), std::string::npos);
+}
+
+TEST(JobSpecTest, LlamaFieldsAreRefusedNamingThemselves) {
+  const std::string llama = "arch: llama, layers: 2, heads: 4, dim: 32, context: 16, vocab: 256";
+  const std::vector<BadSpec> cases = {
+      {"kv_heads on gpt2",
+       Make({{"model",
+              "{layers: 2, heads: 2, dim: 8, context: 16, "
+              "vocab: 256, kv_heads: 1}"}}),
+       "model.kv_heads: only for model.arch: llama"},
+      {"tie on gpt2", Make({{"model", "{preset: gpt2-124m, tie_embeddings: false}"}}),
+       "model.tie_embeddings: only for model.arch: llama"},
+      {"arch unknown",
+       Make({{"model",
+              "{arch: mamba, layers: 2, heads: 2, dim: 8, "
+              "context: 16, vocab: 256}"}}),
+       "model.arch: expected one of gpt2, llama"},
+      {"arch vs preset", Make({{"model", "{preset: gpt2-124m, arch: llama}"}}),
+       "model.arch: llama conflicts with model.preset gpt2-124m (a gpt2 model)"},
+      {"kv_heads not dividing", Make({{"model", "{" + llama + ", kv_heads: 3}"}}),
+       "model.kv_heads: 3 does not divide model.heads: 4"},
+      {"kv_heads zero", Make({{"model", "{" + llama + ", kv_heads: 0}"}}),
+       "model.kv_heads: must be >= 1"},
+      {"rope_theta zero", Make({{"model", "{" + llama + ", rope_theta: 0}"}}),
+       "model.rope_theta: must be > 0"},
+      {"norm_eps negative", Make({{"model", "{" + llama + ", norm_eps: -1e-5}"}}),
+       "model.norm_eps: must be > 0"},
+      {"odd head size",
+       Make({{"model",
+              "{arch: llama, layers: 2, heads: 4, dim: 12, "
+              "context: 16, vocab: 256}"}}),
+       "model.dim: rotary positions need an even head size"},
+      {"tp over kv_heads",
+       Make({{"model", "{" + llama + ", kv_heads: 1}"}, {"parallel", "{tp: 2}"}}),
+       "parallel.tp: 2 does not divide model.kv_heads: 1"},
+      {"tp over ffn_dim",
+       Make({{"model", "{" + llama + ", ffn_dim: 81}"}, {"parallel", "{tp: 2}"}}),
+       "parallel.tp: 2 does not divide model.ffn_dim: 81"},
+  };
+  for (const BadSpec& c : cases) {
+    auto spec = ParseJobSpec(c.yaml);
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.label << ": " << spec.status();
+    EXPECT_EQ(spec.status().message().rfind(c.message_prefix, 0), 0u)
+        << c.label << "\n  want prefix: " << c.message_prefix
+        << "\n  got:         " << spec.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain

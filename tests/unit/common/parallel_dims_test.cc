@@ -95,23 +95,47 @@ TEST(ParallelDimsTest, RefusalsNameEveryFactor) {
   EXPECT_EQ(ParallelDims::Create(2, 2, 1)->WithDp(3)->world(), 6);
 }
 
+// A GPT-2 shape as CheckModelFits reads it, unvalidated (dim 10 is not a
+// multiple of 4 heads: the fit is checked on its own).
+model::ModelConfig Shape(int layers, int heads, int dim, int vocab) {
+  model::ModelConfig c;
+  c.layers = layers;
+  c.heads = c.kv_heads = heads;
+  c.dim = dim;
+  c.ffn_dim = 4 * dim;
+  c.vocab = vocab;
+  c.padded_vocab = model::PaddedVocab(vocab);
+  return c;
+}
+
 TEST(ParallelDimsTest, ModelFit) {
   const ParallelDims d = *ParallelDims::Create(1, 3, 5);
-  EXPECT_TRUE(ParallelDims::Create(1, 4, 2)->CheckModelFits(2, 4, 8, 256).ok());
+  EXPECT_TRUE(ParallelDims::Create(1, 4, 2)->CheckModelFits(Shape(2, 4, 8, 256)).ok());
   // heads 4, dim 10 (MLP 40), vocab 256 (Vp 256), layers 4: all four
   // problems, each by its field.
-  EXPECT_EQ(Message(d.CheckModelFits(4, 4, 10, 256)),
+  EXPECT_EQ(Message(d.CheckModelFits(Shape(4, 4, 10, 256))),
             "parallel.tp: 3 does not divide model.heads: 4; parallel.tp: 3 does not divide the MLP "
             "width 4 × model.dim: 40; parallel.tp: 3 does not divide the padded vocabulary 256 "
             "(model.vocab 256 rounded up to a multiple of 64); parallel.pp: 5 exceeds "
             "model.layers: 4");
   // Vp 192 (vocab 130 rounded up to a multiple of 64) is a multiple of 3.
-  EXPECT_TRUE(d.CheckModelFits(5, 6, 6, 130).ok());
+  EXPECT_TRUE(d.CheckModelFits(Shape(5, 6, 6, 130)).ok());
   // gpt2's 50257 pads to 50304 = 2^7 · 3 · 131: tp 8 divides it, tp 256 does not.
-  EXPECT_TRUE(ParallelDims::Create(1, 8, 1)->CheckModelFits(12, 64, 768, 50257).ok());
-  EXPECT_EQ(Message(ParallelDims::Create(1, 256, 1)->CheckModelFits(12, 256, 768, 50257)),
+  EXPECT_TRUE(ParallelDims::Create(1, 8, 1)->CheckModelFits(Shape(12, 64, 768, 50257)).ok());
+  EXPECT_EQ(Message(ParallelDims::Create(1, 256, 1)->CheckModelFits(Shape(12, 256, 768, 50257))),
             "parallel.tp: 256 does not divide the padded vocabulary 50304 (model.vocab 50257 "
             "rounded up to a multiple of 128)");
+  // Llama: tp splits the key/value heads and SwiGLU's width too.
+  // layers 4, heads 8, kv_heads 2, dim 64, ffn_dim 96, context 16, vocab 256.
+  const model::ModelConfig llama = *model::MakeLlamaConfig({4, 8, 2, 64, 96, 16, 256});
+  EXPECT_TRUE(ParallelDims::Create(1, 2, 1)->CheckModelFits(llama).ok());
+  EXPECT_EQ(Message(ParallelDims::Create(1, 4, 1)->CheckModelFits(llama)),
+            "parallel.tp: 4 does not divide model.kv_heads: 2");
+  // ffn_dim 90: tp 4 divides neither.
+  const model::ModelConfig narrow = *model::MakeLlamaConfig({4, 8, 2, 64, 90, 16, 256});
+  EXPECT_EQ(Message(ParallelDims::Create(1, 4, 1)->CheckModelFits(narrow)),
+            "parallel.tp: 4 does not divide model.kv_heads: 2; parallel.tp: 4 does not divide "
+            "model.ffn_dim: 90");
 }
 
 TEST(ParallelDimsTest, ZeroThreeOnlyWithoutAPipeline) {

@@ -1,5 +1,6 @@
 // Shared by the model-parallel tests (model_parallel_test.cc,
-// activation_memory_test.cc): a small GPT job on a text corpus, trained on
+// llama_parallel_test.cc, activation_memory_test.cc): a small GPT-2 or Llama
+// job on a text corpus, trained on
 // thread ranks through real parts (CPU engine slices, DDP / ZeRO, the
 // pipeline executor, Gloo over 127.0.0.1), its losses per step.
 #ifndef SHARDTRAIN_TESTS_UNIT_WORKER_MODEL_PARALLEL_UTIL_H_
@@ -41,7 +42,14 @@ struct Layout {
   const char* recompute = "none";  // model.recompute
   int recompute_layers = -1;       // model.recompute_layers (-1: all)
   bool sp = false;                 // parallel.sequence_parallel
+  bool llama = false;              // model.arch: llama (GQA, rotary, SwiGLU, untied head)
 };
+
+// `l` for the Llama model (Corpus::Spec).
+inline Layout Llama(Layout l) {
+  l.llama = true;
+  return l;
+}
 
 inline std::string Name(const Layout& l) {
   std::string s = absl::StrCat("dp", l.dp, "_tp", l.tp, "_pp", l.pp);
@@ -50,6 +58,7 @@ inline std::string Name(const Layout& l) {
   if (std::string(l.recompute) != "none") absl::StrAppend(&s, "_", l.recompute);
   if (l.recompute_layers > 0) absl::StrAppend(&s, l.recompute_layers);
   if (l.sp) absl::StrAppend(&s, "_sp");
+  if (l.llama) s = "llama_" + s;
   return s;
 }
 
@@ -73,7 +82,9 @@ class Corpus {
   JobSpec Spec(const Layout& l, const std::string& ckpt = "") const {
     absl::StatusOr<JobSpec> spec = ParseJobSpec(absl::StrCat(
         "name: mp\n",
-        "model: {layers: 4, heads: 4, dim: 32, context: 32, vocab: 256, recompute: ", l.recompute,
+        // Llama: 2 kv heads (tp 2 splits them), SwiGLU 48, rotary, untied head.
+        l.llama ? "model: {arch: llama, kv_heads: 2, ffn_dim: 48, rope_theta: 10000, " : "model: {",
+        "layers: 4, heads: 4, dim: 32, context: 32, vocab: 256, recompute: ", l.recompute,
         l.recompute_layers > 0 ? absl::StrCat(", recompute_layers: ", l.recompute_layers) : "",
         "}\n", "data: {train: ", (dir_ / "train.txt").string(),
         ", val: ", (dir_ / "val.txt").string(), "}\n", "batch: {global: 16, micro: ", l.micro,
@@ -134,8 +145,7 @@ inline Losses Train(const JobSpec& spec, int first = 1, const std::string& resum
   for (auto& [step, infos] : shards) {
     std::sort(infos.begin(), infos.end(),
               [](const auto& a, const auto& b) { return a.rank < b.rank; });
-    auto config = model::MakeGptConfig(spec.model.layers, spec.model.heads, spec.model.dim,
-                                       spec.model.context, spec.model.vocab);
+    auto config = spec.model.Config();
     auto manifest = checkpoint::MakeManifest(model::ParamLayout(*config), step, dims.world(),
                                              spec.parallel.zero, infos);
     EXPECT_TRUE(manifest.ok()) << manifest.status();
@@ -149,8 +159,11 @@ inline const Corpus& TheCorpus() {
   static const Corpus* corpus = new Corpus();
   return *corpus;
 }
-inline const Losses& Reference() {
-  static const Losses* run = new Losses(Train(TheCorpus().Spec(Layout{})));
+// One rank's run of the family of `l`.
+inline const Losses& Reference(bool llama = false) {
+  static const Losses* gpt2 = new Losses(Train(TheCorpus().Spec(Layout{})));
+  if (!llama) return *gpt2;
+  static const Losses* run = new Losses(Train(TheCorpus().Spec(Llama(Layout{}))));
   return *run;
 }
 

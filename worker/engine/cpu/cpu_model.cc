@@ -169,16 +169,45 @@ void CpuModel::AddBias(void* out, int bias, int N, int OC) {
       64);
 }
 
-void CpuModel::AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t,
-                                int Ct, int NHt) {
+void CpuModel::RmsNormForward(void* out, float* rstd, const void* inp, int weight, int N, int C) {
+  PhaseTimer tm(profiling_, &timing_.layernorm);
+  cpu::RmsNormForward(F(out), rstd, F(inp), param(weight), static_cast<float>(config().norm_eps), N,
+                      C, &pool_);
+}
+
+void CpuModel::RmsNormBackward(void* dinp, const void* dout, const void* inp, const float* rstd,
+                               int weight, int N, int C) {
+  PhaseTimer tm(profiling_, &timing_.layernorm);
+  cpu::RmsNormBackward(F(dinp), grad(weight), F(dout), F(inp), param(weight), rstd, N, C, &pool_);
+}
+
+void CpuModel::RotaryForward(void* qkv, int b, int t, int NHt, int KVHt, bool inverse) {
   PhaseTimer tm(profiling_, &timing_.attention);
-  cpu::AttentionForward(F(out), F(att), F(qkv), b, t, Ct, NHt, &pool_);
+  const int hs = config().head_dim();
+  cpu::RotaryForward(F(qkv), rotary_table().data(), b, t, NHt + KVHt, hs, (NHt + 2 * KVHt) * hs,
+                     inverse, &pool_);
+}
+
+void CpuModel::AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t,
+                                int Ct, int NHt, int KVHt) {
+  PhaseTimer tm(profiling_, &timing_.attention);
+  cpu::AttentionForward(F(out), F(att), F(qkv), b, t, Ct, NHt, KVHt, &pool_);
 }
 
 void CpuModel::AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
-                                 const void* att, int b, int t, int Ct, int NHt) {
+                                 const void* att, int b, int t, int Ct, int NHt, int KVHt) {
   PhaseTimer tm(profiling_, &timing_.attention);
-  cpu::AttentionBackward(F(dqkv), F(dout), F(qkv), F(att), F(scratch), b, t, Ct, NHt, &pool_);
+  cpu::AttentionBackward(F(dqkv), F(dout), F(qkv), F(att), F(scratch), b, t, Ct, NHt, KVHt, &pool_);
+}
+
+void CpuModel::SwiGluForward(void* out, const void* inp, int N, int H) {
+  PhaseTimer tm(profiling_, &timing_.gelu);
+  cpu::SwiGluForward(F(out), F(inp), N, H, &pool_);
+}
+
+void CpuModel::SwiGluBackward(void* dinp, const void* inp, const void* dout, int N, int H) {
+  PhaseTimer tm(profiling_, &timing_.gelu);
+  cpu::SwiGluBackward(F(dinp), F(inp), F(dout), N, H, &pool_);
 }
 
 void CpuModel::GeluForward(void* out, const void* inp, int64_t n) {
@@ -199,7 +228,7 @@ void CpuModel::ResidualForward(void* out, const void* inp1, const void* inp2, in
 void CpuModel::LmHeadForward(SlotActs& s) {
   PhaseTimer tm(profiling_, &timing_.lm_head);
   if (vocab_.real > 0) {
-    cpu::MatmulForward(F(s.logits), F(s.lnf), param(layout().wte()),
+    cpu::MatmulForward(F(s.logits), F(s.lnf), param(layout().lm_head()),
                        static_cast<const float*>(nullptr), s.b * s.t, config().dim, vocab_.real,
                        vocab_.Vpt, &pool_);
   }
@@ -235,8 +264,8 @@ void CpuModel::CrossEntropyBackward(SlotActs& s, float dloss) {
 void CpuModel::LmHeadBackward(SlotActs& s, void* dln) {
   PhaseTimer tm(profiling_, &timing_.lm_head);
   if (vocab_.real > 0) {
-    cpu::MatmulBackward(F(dln), grad(layout().wte()), static_cast<float*>(nullptr), F(s.logits),
-                        vocab_.Vpt, F(s.lnf), param(layout().wte()), s.b * s.t, config().dim,
+    cpu::MatmulBackward(F(dln), grad(layout().lm_head()), static_cast<float*>(nullptr), F(s.logits),
+                        vocab_.Vpt, F(s.lnf), param(layout().lm_head()), s.b * s.t, config().dim,
                         vocab_.real, &pool_);
   }
 }

@@ -1,5 +1,5 @@
-// CpuModel: the CPU engine (engine::Engine): a GPT-2 style transformer in fp32
-// on OpenBLAS, owning its parameters, gradients and activations. The order
+// CpuModel: the CPU engine (engine::Engine): a transformer of any model family
+// (GPT-2, Llama) in fp32 on OpenBLAS, owning its parameters, gradients and activations. The order
 // of the step (blocks, hooks, slots, tp regions) is engine::ModelEngine's
 // (worker/engine/model_engine.h); this class supplies the layers
 // (engine/cpu/layers.h, vocab_parallel.h).
@@ -105,10 +105,16 @@ class CpuModel final : public ModelEngine {
   void MatmulBackward(void* dinp, const void* dout, int ld_dout, const void* inp, int weight,
                       int bias, int N, int IC, int OC) override;
   void AddBias(void* out, int bias, int N, int OC) override;
+  void RmsNormForward(void* out, float* rstd, const void* inp, int weight, int N, int C) override;
+  void RmsNormBackward(void* dinp, const void* dout, const void* inp, const float* rstd, int weight,
+                       int N, int C) override;
+  void RotaryForward(void* qkv, int b, int t, int NHt, int KVHt, bool inverse) override;
   void AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t, int Ct,
-                        int NHt) override;
+                        int NHt, int KVHt) override;
   void AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
-                         const void* att, int b, int t, int Ct, int NHt) override;
+                         const void* att, int b, int t, int Ct, int NHt, int KVHt) override;
+  void SwiGluForward(void* out, const void* inp, int N, int H) override;
+  void SwiGluBackward(void* dinp, const void* inp, const void* dout, int N, int H) override;
   void GeluForward(void* out, const void* inp, int64_t n) override;
   void GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) override;
   void ResidualForward(void* out, const void* inp1, const void* inp2, int64_t n) override;
@@ -124,8 +130,11 @@ class CpuModel final : public ModelEngine {
   CpuModel(const model::ModelConfig& config, int B, int T, int threads,
            const ModelEngineOptions& options);
 
-  const float* param(int tensor) const { return param_data_ + layout().offset(tensor); }
-  float* grad(int tensor) { return grad_data_ + layout().offset(tensor); }
+  // A tensor's parameters and gradient; null for -1 (no such tensor).
+  const float* param(int tensor) const {
+    return tensor < 0 ? nullptr : param_data_ + layout().offset(tensor);
+  }
+  float* grad(int tensor) { return tensor < 0 ? nullptr : grad_data_ + layout().offset(tensor); }
 
   VocabShard vocab_;  // this rank's rows of wte
   ThreadPool pool_;

@@ -101,8 +101,12 @@ void EncoderForward(F* out, const int* inp, const F* wte, const F* wpe, int B, i
         for (int64_t r = r0; r < r1; ++r) {
           const int t = static_cast<int>(r % T);
           const F* e = wte + static_cast<int64_t>(inp[r]) * C;
-          const F* p = wpe + static_cast<int64_t>(t) * C;
           F* o = out + r * C;
+          if (wpe == nullptr) {
+            std::copy(e, e + C, o);
+            continue;
+          }
+          const F* p = wpe + static_cast<int64_t>(t) * C;
           for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
         }
       },
@@ -114,12 +118,11 @@ void EncoderBackward(F* dwte, F* dwpe, const F* dout, const int* inp, int B, int
   for (int64_t r = 0; r < int64_t{B} * T; ++r) {
     const int t = static_cast<int>(r % T);
     F* de = dwte + static_cast<int64_t>(inp[r]) * C;
-    F* dp = dwpe + static_cast<int64_t>(t) * C;
     const F* d = dout + r * C;
-    for (int c = 0; c < C; ++c) {
-      de[c] += d[c];
-      dp[c] += d[c];
-    }
+    for (int c = 0; c < C; ++c) de[c] += d[c];
+    if (dwpe == nullptr) continue;
+    F* dp = dwpe + static_cast<int64_t>(t) * C;
+    for (int c = 0; c < C; ++c) dp[c] += d[c];
   }
 }
 
@@ -202,6 +205,92 @@ void LayerNormBackward(F* dinp, F* dweight, F* dbias, const F* dout, const F* in
       8);
 }
 
+// ---------------------------------------------------------------- rmsnorm
+
+template <typename F>
+void RmsNormForward(F* out, F* rstd, const F* inp, const F* weight, F eps, int N, int C,
+                    ThreadPool* pool) {
+  ParallelFor(
+      pool, N,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const F* x = inp + r * C;
+          F ss = 0;
+#pragma omp simd reduction(+ : ss)
+          for (int c = 0; c < C; ++c) ss += x[c] * x[c];
+          const F s = F(1) / std::sqrt(ss / C + eps);
+          F* o = out + r * C;
+#pragma omp simd
+          for (int c = 0; c < C; ++c) o[c] = x[c] * s * weight[c];
+          rstd[r] = s;
+        }
+      },
+      8);
+}
+
+template <typename F>
+void RmsNormBackward(F* dinp, F* dweight, const F* dout, const F* inp, const F* weight,
+                     const F* rstd, int N, int C, ThreadPool* pool) {
+  // dweight: a reduction over rows, split over channels (as LayerNorm's).
+  ParallelFor(
+      pool, C,
+      [&](int64_t c0, int64_t c1) {
+        for (int r = 0; r < N; ++r) {
+          const F* x = inp + int64_t{r} * C;
+          const F* d = dout + int64_t{r} * C;
+          const F s = rstd[r];
+#pragma omp simd
+          for (int64_t c = c0; c < c1; ++c) dweight[c] += x[c] * s * d[c];
+        }
+      },
+      64);
+  // dinp = s·(w⊙d) - x·s³·mean(x ⊙ w ⊙ d): rows are independent.
+  ParallelFor(
+      pool, N,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const F* x = inp + r * C;
+          const F* d = dout + r * C;
+          F* di = dinp + r * C;
+          const F s = rstd[r];
+          F dot = 0;
+#pragma omp simd reduction(+ : dot)
+          for (int c = 0; c < C; ++c) dot += weight[c] * d[c] * x[c];
+          const F k = dot / C * s * s * s;
+#pragma omp simd
+          for (int c = 0; c < C; ++c) di[c] += weight[c] * d[c] * s - x[c] * k;
+        }
+      },
+      8);
+}
+
+// ----------------------------------------------------------------- rotary
+
+template <typename F>
+void RotaryForward(F* x, const float* table, int B, int T, int heads, int hs, int ld, bool inverse,
+                   ThreadPool* pool) {
+  const int half = hs / 2;
+  const F sign = inverse ? F(-1) : F(1);
+  ParallelFor(
+      pool, int64_t{B} * T,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* angle = table + (r % T) * half * 2;  // position t of row r
+          F* row = x + r * ld;
+          for (int h = 0; h < heads; ++h) {
+            F* v = row + h * hs;
+            for (int i = 0; i < half; ++i) {
+              const F c = angle[2 * i], sn = sign * F(angle[2 * i + 1]);
+              const F x0 = v[2 * i], x1 = v[2 * i + 1];
+              v[2 * i] = x0 * c - x1 * sn;
+              v[2 * i + 1] = x0 * sn + x1 * c;
+            }
+          }
+        }
+      },
+      16);
+}
+
 // ----------------------------------------------------------------- matmul
 
 template <typename F>
@@ -244,36 +333,38 @@ void MatmulBackward(F* dinp, F* dweight, F* dbias, const F* dout, int ld_dout, c
 // -------------------------------------------------------------- attention
 
 template <typename F>
-void AttentionForward(F* out, F* att, const F* qkv, int B, int T, int C, int NH, ThreadPool* pool) {
+void AttentionForward(F* out, F* att, const F* qkv, int B, int T, int C, int NH, int KVH,
+                      ThreadPool* pool) {
   // Per (b, h): S = scale Q K^T (full T x T by gemm; the upper triangle is
   // then masked), row-wise causal softmax in place, out_h = att V.
-  const int hs = C / NH;
-  const int C3 = 3 * C;
+  const int hs = C / NH, group = NH / KVH, KV = KVH * hs;
+  const int W = C + 2 * KV;  // a row of qkv
   const F scale = F(1) / std::sqrt(F(hs));
   ParallelFor(pool, int64_t{B} * NH, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
       const int b = static_cast<int>(u / NH), h = static_cast<int>(u % NH);
-      const F* q = qkv + int64_t{b} * T * C3 + h * hs;
-      const F* k = q + C;
-      const F* v = q + 2 * C;
+      const F* row = qkv + int64_t{b} * T * W;
+      const F* q = row + h * hs;
+      const F* k = row + C + (h / group) * hs;
+      const F* v = k + KV;
       F* a = att + u * T * T;
-      GemmSerial(false, true, T, T, hs, scale, q, C3, k, C3, F(0), a, T);
+      GemmSerial(false, true, T, T, hs, scale, q, W, k, W, F(0), a, T);
       for (int t = 0; t < T; ++t) {
-        F* row = a + int64_t{t} * T;
-        F maxv = row[0];
-        for (int t2 = 1; t2 <= t; ++t2) maxv = std::max(maxv, row[t2]);
+        F* r = a + int64_t{t} * T;
+        F maxv = r[0];
+        for (int t2 = 1; t2 <= t; ++t2) maxv = std::max(maxv, r[t2]);
         F sum = 0;
 #pragma omp simd reduction(+ : sum)
         for (int t2 = 0; t2 <= t; ++t2) {
-          row[t2] = Exp(row[t2] - maxv);
-          sum += row[t2];
+          r[t2] = Exp(r[t2] - maxv);
+          sum += r[t2];
         }
         const F inv = F(1) / sum;
 #pragma omp simd
-        for (int t2 = 0; t2 <= t; ++t2) row[t2] *= inv;
-        for (int t2 = t + 1; t2 < T; ++t2) row[t2] = 0;
+        for (int t2 = 0; t2 <= t; ++t2) r[t2] *= inv;
+        for (int t2 = t + 1; t2 < T; ++t2) r[t2] = 0;
       }
-      GemmSerial(false, false, T, hs, T, F(1), a, T, v, C3, F(0), out + int64_t{b} * T * C + h * hs,
+      GemmSerial(false, false, T, hs, T, F(1), a, T, v, W, F(0), out + int64_t{b} * T * C + h * hs,
                  C);
     }
   });
@@ -281,40 +372,45 @@ void AttentionForward(F* out, F* att, const F* qkv, int B, int T, int C, int NH,
 
 template <typename F>
 void AttentionBackward(F* dqkv, const F* dout, const F* qkv, const F* att, F* scratch, int B, int T,
-                       int C, int NH, ThreadPool* pool) {
-  const int hs = C / NH;
-  const int C3 = 3 * C;
+                       int C, int NH, int KVH, ThreadPool* pool) {
+  const int hs = C / NH, group = NH / KVH, KV = KVH * hs;
+  const int W = C + 2 * KV;
   const F scale = F(1) / std::sqrt(F(hs));
-  ParallelFor(pool, int64_t{B} * NH, [&](int64_t u0, int64_t u1) {
+  // Per (b, key/value head): its group's query heads in order, so that the
+  // heads sharing dK and dV add into them from one thread.
+  ParallelFor(pool, int64_t{B} * KVH, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
-      const int b = static_cast<int>(u / NH), h = static_cast<int>(u % NH);
-      const int64_t off = int64_t{b} * T * C3 + h * hs;
-      const F* q = qkv + off;
-      const F* k = q + C;
-      const F* v = q + 2 * C;
-      F* dq = dqkv + off;
-      F* dk = dq + C;
-      F* dv = dq + 2 * C;
-      const F* a = att + u * T * T;
-      const F* d = dout + int64_t{b} * T * C + h * hs;
-      F* g = scratch + u * T * T;  // datt, then dpre (T, T)
-      // out = att v: datt = dout v^T, dv += att^T dout
-      GemmSerial(false, true, T, T, hs, F(1), d, C, v, C3, F(0), g, T);
-      GemmSerial(true, false, T, hs, T, F(1), a, T, d, C, F(1), dv, C3);
-      // softmax backward (causal rows), folding in the 1/sqrt(hs) scale
-      for (int t = 0; t < T; ++t) {
-        const F* ar = a + int64_t{t} * T;
-        F* gr = g + int64_t{t} * T;
-        F s = 0;
+      const int b = static_cast<int>(u / KVH), j = static_cast<int>(u % KVH);
+      const int64_t off = int64_t{b} * T * W;
+      const F* k = qkv + off + C + j * hs;
+      const F* v = k + KV;
+      F* dk = dqkv + off + C + j * hs;
+      F* dv = dk + KV;
+      for (int h = j * group; h < (j + 1) * group; ++h) {
+        const int64_t bh = int64_t{b} * NH + h;
+        const F* q = qkv + off + h * hs;
+        F* dq = dqkv + off + h * hs;
+        const F* a = att + bh * T * T;
+        const F* d = dout + int64_t{b} * T * C + h * hs;
+        F* g = scratch + bh * T * T;  // datt, then dpre (T, T)
+        // out = att v: datt = dout v^T, dv += att^T dout
+        GemmSerial(false, true, T, T, hs, F(1), d, C, v, W, F(0), g, T);
+        GemmSerial(true, false, T, hs, T, F(1), a, T, d, C, F(1), dv, W);
+        // softmax backward (causal rows), folding in the 1/sqrt(hs) scale
+        for (int t = 0; t < T; ++t) {
+          const F* ar = a + int64_t{t} * T;
+          F* gr = g + int64_t{t} * T;
+          F s = 0;
 #pragma omp simd reduction(+ : s)
-        for (int t2 = 0; t2 <= t; ++t2) s += ar[t2] * gr[t2];
+          for (int t2 = 0; t2 <= t; ++t2) s += ar[t2] * gr[t2];
 #pragma omp simd
-        for (int t2 = 0; t2 <= t; ++t2) gr[t2] = ar[t2] * (gr[t2] - s) * scale;
-        for (int t2 = t + 1; t2 < T; ++t2) gr[t2] = 0;
+          for (int t2 = 0; t2 <= t; ++t2) gr[t2] = ar[t2] * (gr[t2] - s) * scale;
+          for (int t2 = t + 1; t2 < T; ++t2) gr[t2] = 0;
+        }
+        // pre = q k^T: dq += dpre k, dk += dpre^T q
+        GemmSerial(false, false, T, hs, T, F(1), g, T, k, W, F(1), dq, W);
+        GemmSerial(true, false, T, hs, T, F(1), g, T, q, W, F(1), dk, W);
       }
-      // pre = q k^T: dq += dpre k, dk += dpre^T q
-      GemmSerial(false, false, T, hs, T, F(1), g, T, k, C3, F(1), dq, C3);
-      GemmSerial(true, false, T, hs, T, F(1), g, T, q, C3, F(1), dk, C3);
     }
   });
 }
@@ -382,6 +478,48 @@ void ResidualBackward(F* dinp1, F* dinp2, const F* dout, int64_t N, ThreadPool* 
       8192);
 }
 
+// ----------------------------------------------------------------- swiglu
+
+template <typename F>
+void SwiGluForward(F* out, const F* inp, int N, int H, ThreadPool* pool) {
+  ParallelFor(
+      pool, N,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const F* gate = inp + r * 2 * H;
+          const F* up = gate + H;
+          F* o = out + r * H;
+#pragma omp simd
+          for (int i = 0; i < H; ++i) o[i] = gate[i] / (F(1) + Exp(-gate[i])) * up[i];
+        }
+      },
+      16);
+}
+
+template <typename F>
+void SwiGluBackward(F* dinp, const F* inp, const F* dout, int N, int H, ThreadPool* pool) {
+  ParallelFor(
+      pool, N,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const F* gate = inp + r * 2 * H;
+          const F* up = gate + H;
+          const F* d = dout + r * H;
+          F* dgate = dinp + r * 2 * H;
+          F* dup = dgate + H;
+#pragma omp simd
+          for (int i = 0; i < H; ++i) {
+            const F g = gate[i];
+            const F sig = F(1) / (F(1) + Exp(-g));
+            const F silu = g * sig;
+            dgate[i] += d[i] * up[i] * sig * (F(1) + g * (F(1) - sig));
+            dup[i] += d[i] * silu;
+          }
+        }
+      },
+      16);
+}
+
 // ---------------------------------------------------- softmax + cross-entropy
 
 template <typename F>
@@ -432,9 +570,15 @@ void CrossEntropyBackwardInPlace(F* logits, const F* lse, const int* targets, F 
                                  ThreadPool*);                                                     \
   template void MatmulBackward<F>(F*, F*, F*, const F*, int, const F*, const F*, int, int, int,    \
                                   ThreadPool*);                                                    \
-  template void AttentionForward<F>(F*, F*, const F*, int, int, int, int, ThreadPool*);            \
+  template void RmsNormForward<F>(F*, F*, const F*, const F*, F, int, int, ThreadPool*);           \
+  template void RmsNormBackward<F>(F*, F*, const F*, const F*, const F*, const F*, int, int,       \
+                                   ThreadPool*);                                                   \
+  template void RotaryForward<F>(F*, const float*, int, int, int, int, int, bool, ThreadPool*);    \
+  template void AttentionForward<F>(F*, F*, const F*, int, int, int, int, int, ThreadPool*);       \
   template void AttentionBackward<F>(F*, const F*, const F*, const F*, F*, int, int, int, int,     \
-                                     ThreadPool*);                                                 \
+                                     int, ThreadPool*);                                            \
+  template void SwiGluForward<F>(F*, const F*, int, int, ThreadPool*);                             \
+  template void SwiGluBackward<F>(F*, const F*, const F*, int, int, ThreadPool*);                  \
   template void GeluForward<F>(F*, const F*, int64_t, ThreadPool*);                                \
   template void GeluBackward<F>(F*, const F*, const F*, int64_t, ThreadPool*);                     \
   template void ResidualForward<F>(F*, const F*, const F*, int64_t, ThreadPool*);                  \

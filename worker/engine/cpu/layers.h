@@ -1,5 +1,5 @@
-// The GPT layers as free functions over explicit buffers, forward and backward
-// side by side (llm.c style). Shape letters: see common/model/config.h; N is
+// The model families' layers as free functions over explicit buffers, forward
+// and backward side by side (llm.c style). Shape letters: see common/model/config.h; N is
 // the number of rows (N = B*T). Unless stated, buffers are row-major and
 // contiguous, backward functions ACCUMULATE (+=) into every gradient output,
 // and `pool` may be null (serial).
@@ -23,12 +23,13 @@ void Gemm(bool trans_a, bool trans_b, int M, int N, int K, F alpha, const F* A, 
           int ldb, F beta, F* C, int ldc, ThreadPool* pool);
 
 // ---- encoder: token + position embedding ----
-// inp (B,T) token ids in [0,V); wte (Vp,C); wpe (context,C); out (B,T,C).
+// inp (B,T) token ids in [0,V); wte (Vp,C); wpe (context,C) or null (no
+// learned positions: rotary models); out (B,T,C).
 template <typename F>
 void EncoderForward(F* out, const int* inp, const F* wte, const F* wpe, int B, int T, int C,
                     ThreadPool* pool);
-// dwte (Vp,C) += scatter of dout rows; dwpe (context,C) += sum over B.
-// Serial (token ids may repeat).
+// dwte (Vp,C) += scatter of dout rows; dwpe (context,C) += sum over B (dwpe
+// may be null). Serial (token ids may repeat).
 template <typename F>
 void EncoderBackward(F* dwte, F* dwpe, const F* dout, const int* inp, int B, int T, int C);
 
@@ -41,6 +42,28 @@ void LayerNormForward(F* out, F* mean, F* rstd, const F* inp, const F* weight, c
 template <typename F>
 void LayerNormBackward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight,
                        const F* mean, const F* rstd, int N, int C, ThreadPool* pool);
+
+// ---- RMSNorm over the last dim (Llama) ----
+// out = inp · rstd · weight with rstd = 1 / sqrt(mean(inp²) + eps); inp, out
+// (N,C); weight (C); saves rstd (N) for backward.
+template <typename F>
+void RmsNormForward(F* out, F* rstd, const F* inp, const F* weight, F eps, int N, int C,
+                    ThreadPool* pool);
+// dinp (N,C), dweight (C) += ; uses inp, weight, rstd.
+template <typename F>
+void RmsNormBackward(F* dinp, F* dweight, const F* dout, const F* inp, const F* weight,
+                     const F* rstd, int N, int C, ThreadPool* pool);
+
+// ---- rotary position embedding (RoPE) ----
+// x (B,T,ld): in each row, `heads` consecutive heads of hs channels from
+// column 0 (q's heads, then k's: the qkv layout puts them side by side) are
+// rotated in place, pair (2i, 2i+1) of a head at position t by the angle of
+// table (context, hs/2, [cos, sin]) (model::RotaryTable): (x0, x1) ->
+// (x0 cos - x1 sin, x0 sin + x1 cos). `inverse` rotates by minus the angle:
+// the backward of the rotation (applied to the rotated tensors' gradients).
+template <typename F>
+void RotaryForward(F* x, const float* table, int B, int T, int heads, int hs, int ld, bool inverse,
+                   ThreadPool* pool);
 
 // ---- matmul (torch.nn.Linear) ----
 // out (N,OC) with row stride ld_out = inp (N,C) · weight(OC,C)^T + bias (OC);
@@ -55,17 +78,21 @@ template <typename F>
 void MatmulBackward(F* dinp, F* dweight, F* dbias, const F* dout, int ld_dout, const F* inp,
                     const F* weight, int N, int C, int OC, ThreadPool* pool);
 
-// ---- causal multi-head self-attention ----
-// qkv (B,T,3C) = [Q | K | V], head h uses channels [h*hs, (h+1)*hs) of each.
-// out (B,T,C); saves att (B,NH,T,T) = softmax(Q K^T / sqrt(hs)) with zeros
-// above the diagonal.
+// ---- causal self-attention, multi-head or grouped-query ----
+// qkv (B,T,C+2KV) = [Q | K | V] with KV = KVH·hs, hs = C/NH: query head h
+// uses channels [h*hs, (h+1)*hs) of Q and key/value head h / (NH/KVH) of K
+// and V (KVH == NH: multi-head attention, [Q | K | V] of 3C). out (B,T,C);
+// saves att (B,NH,T,T) = softmax(Q K^T / sqrt(hs)) with zeros above the
+// diagonal.
 template <typename F>
-void AttentionForward(F* out, F* att, const F* qkv, int B, int T, int C, int NH, ThreadPool* pool);
-// dqkv (B,T,3C) += ; uses qkv and att. scratch: B*NH*T*T elements (no
+void AttentionForward(F* out, F* att, const F* qkv, int B, int T, int C, int NH, int KVH,
+                      ThreadPool* pool);
+// dqkv (B,T,C+2KV) += ; uses qkv and att (the heads of a group add into their
+// shared K and V gradients in head order). scratch: B*NH*T*T elements (no
 // per-call allocation).
 template <typename F>
 void AttentionBackward(F* dqkv, const F* dout, const F* qkv, const F* att, F* scratch, int B, int T,
-                       int C, int NH, ThreadPool* pool);
+                       int C, int NH, int KVH, ThreadPool* pool);
 
 // ---- GELU, tanh approximation (GPT-2; torch approximate='tanh') ----
 // inp, out (N). Backward uses inp.
@@ -73,6 +100,15 @@ template <typename F>
 void GeluForward(F* out, const F* inp, int64_t N, ThreadPool* pool);
 template <typename F>
 void GeluBackward(F* dinp, const F* inp, const F* dout, int64_t N, ThreadPool* pool);
+
+// ---- SwiGLU (Llama's MLP activation) ----
+// inp (N, 2H) = [gate | up] per row; out (N, H) = silu(gate) ⊙ up with
+// silu(g) = g·σ(g). Backward: dinp (N, 2H) += [dout ⊙ up ⊙ silu'(gate) |
+// dout ⊙ silu(gate)]; uses inp.
+template <typename F>
+void SwiGluForward(F* out, const F* inp, int N, int H, ThreadPool* pool);
+template <typename F>
+void SwiGluBackward(F* dinp, const F* inp, const F* dout, int N, int H, ThreadPool* pool);
 
 // ---- residual add ----
 // out = inp1 + inp2, all (N). Backward: dinp1 += dout, dinp2 += dout.

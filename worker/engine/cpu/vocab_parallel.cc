@@ -32,6 +32,7 @@ void VocabParallelEncoderForward(float* out, const int* tokens, const float* wte
     ReduceScatterToSequenceRegion::Forward(tp, out, local, static_cast<size_t>(rows) * C);
     out = local;
   }
+  if (wpe == nullptr) return;  // no learned positions
   ParallelFor(pool, rows, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* p = wpe + ((first + r) % T) * C;
@@ -45,8 +46,10 @@ void VocabParallelEncoderBackward(float* dwte_shard, float* dwpe, const float* d
                                   const int* tokens, int B, int T, int C, const VocabShard& v) {
   for (int64_t r = 0; r < int64_t{B} * T; ++r) {
     const float* d = dout + r * C;
-    float* dp = dwpe + (r % T) * C;
-    for (int c = 0; c < C; ++c) dp[c] += d[c];
+    if (dwpe != nullptr) {
+      float* dp = dwpe + (r % T) * C;
+      for (int c = 0; c < C; ++c) dp[c] += d[c];
+    }
     const int row = tokens[r] - v.v0;
     if (row < 0 || row >= v.real) continue;
     float* de = dwte_shard + int64_t{row} * C;

@@ -19,14 +19,16 @@ namespace shardtrain::engine::cpu {
 using engine::VocabShard;  // tensor_parallel.h
 using engine::VocabShardOf;
 
-// out (N·C) = wte[tok] (this rank's rows, summed over tp) + wpe[t].
+// out (N·C) = wte[tok] (this rank's rows, summed over tp) + wpe[t] (wpe may
+// be null: no learned positions).
 // Sequence parallelism (`local` given): out holds the partial sums only, and
 // local (N/tp · C) this tp rank's rows [rank·N/tp, +N/tp) of the result
 // (ReduceScatterToSequenceRegion; tp divides N).
 void VocabParallelEncoderForward(float* out, const int* tokens, const float* wte_shard,
                                  const float* wpe, int B, int T, int C, const VocabShard& v,
                                  TensorParallel* tp, ThreadPool* pool, float* local = nullptr);
-// dwte_shard[tok - v0] += dout for this rank's tokens; dwpe[t] += dout.
+// dwte_shard[tok - v0] += dout for this rank's tokens; dwpe[t] += dout (dwpe
+// may be null).
 void VocabParallelEncoderBackward(float* dwte_shard, float* dwpe, const float* dout,
                                   const int* tokens, int B, int T, int C, const VocabShard& v);
 

@@ -1,13 +1,25 @@
-// Causal multi-head self-attention, forward and backward (kernels.h; the CPU
-// twin is engine/cpu/layers.cc): strided-batched cuBLAS GEMMs, one call per
-// sequence b with the NH heads batched, and a causal softmax kernel.
+// Causal self-attention, multi-head or grouped-query, forward and backward
+// (kernels.h; the CPU twin is engine/cpu/layers.cc): strided-batched cuBLAS
+// GEMMs and a causal softmax kernel.
+//
+// Batching. qkv rows are W = C + 2KV wide: [Q | K | V], NH query heads and
+// KVH key/value heads of hs channels, query head h reading kv head h / G
+// (G = NH/KVH heads per group). For each sequence b and each position g in
+// a group (0 <= g < G) one GEMM call batches the KVH heads h = j·G + g, j =
+// 0..KVH-1: their Q (and out, dout) blocks lie G·hs apart, their K and V
+// blocks hs apart, their (T,T) att / scores / scratch matrices G·T·T apart.
+// With KVH == NH (G = 1) that is one call per sequence with the NH heads
+// batched, multi-head attention as it always ran. In backward the G calls of
+// a sequence add into the shared dK and dV (beta = 1) one after the other on
+// the stream, g = 0 first: each kv head's gradient sums its query heads in
+// head order, deterministically, without atomics.
 //
 // Row-major <-> column-major (cuBLAS is column-major): a row-major (R,K)
 // matrix with row stride ld is the column-major (K,R) matrix with leading
 // dimension ld, its transpose. Per head, Q, K, V are row-major (T,hs) inside
-// the qkv rows (row stride 3C, head h at column h*hs: batch stride hs);
-// att, scores and scratch are row-major (T,T) (batch stride T*T); out and
-// dout are row-major (T,hs) inside rows of stride C. Each row-major product
+// the qkv rows (row stride W, head h at column h*hs); att, scores and
+// scratch are row-major (T,T); out and dout are row-major (T,hs) inside rows
+// of stride C. Each row-major product
 // X = Y·Z is computed as the column-major X^T = Z^T·Y^T:
 //   scores = s·Q·K^T      -> scores^T = s·K·Q^T       (A = K, op T; B = Q)
 //   out    = att·V        -> out^T    = V^T·att^T     (A = V; B = att)
@@ -20,6 +32,7 @@
 // operands; s = 1/sqrt(hs).
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/cuda/kernel_util.cuh"
@@ -68,7 +81,15 @@ absl::Status BatchedGemm(const KernelCtx& ctx, const char* what, bool trans_a, b
                       absl::StrCat(what, ": cublasGemmStridedBatchedEx"));
 }
 
-absl::Status CheckAttentionSizes(const char* kernel, int B, int T, int C, int NH) {
+// The shapes of one attention call: hs, the group size G = NH/KVH, KV =
+// KVH·hs and the qkv row width W = C + 2KV.
+struct AttentionShape {
+  int hs, group, KV, W;
+  explicit AttentionShape(int C, int NH, int KVH)
+      : hs(C / NH), group(NH / KVH), KV(KVH * (C / NH)), W(C + 2 * KVH * (C / NH)) {}
+};
+
+absl::Status CheckAttentionSizes(const char* kernel, int B, int T, int C, int NH, int KVH) {
   SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kernel, "B", B));
   SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kernel, "T", T));
   SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kernel, "C", C));
@@ -76,8 +97,13 @@ absl::Status CheckAttentionSizes(const char* kernel, int B, int T, int C, int NH
     return absl::InvalidArgumentError(
         absl::StrCat(kernel, ": NH must be >= 1 and divide C, got NH ", NH, " and C ", C));
   }
-  if (int64_t{3} * C > std::numeric_limits<int>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat(kernel, ": 3*C exceeds int32, C ", C));
+  if (KVH < 1 || NH % KVH != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kernel, ": KVH must be >= 1 and divide NH, got KVH ", KVH, " and NH ", NH));
+  }
+  if (int64_t{C} + int64_t{2} * KVH * (C / NH) > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kernel, ": the qkv row C + 2·KVH·hs exceeds int32, C ", C));
   }
   const int64_t rows = int64_t{B} * NH * T;
   return internal::CheckGrid(kernel, internal::BlocksFor(rows, kRowsPerBlock));
@@ -164,26 +190,31 @@ __global__ void CausalSoftmaxForwardPackedKernel(F* att, const F* scores, int64_
 
 }  // namespace
 
-// qkv (B,T,3C) = [Q | K | V]; out (B,T,C); att (B,NH,T,T) saved; scratch
-// (B,NH,T,T) gets the scaled scores.
+// qkv (B,T,C+2KV) = [Q | K | V]; out (B,T,C); att (B,NH,T,T) saved;
+// scratch (B,NH,T,T) gets the scaled scores.
 absl::Status AttentionForward(const KernelCtx& ctx, void* out, void* att, void* scratch,
-                              const void* qkv, int B, int T, int C, int NH) {
+                              const void* qkv, int B, int T, int C, int NH, int KVH) {
   constexpr const char* kName = "AttentionForward";
-  SHARDTRAIN_RETURN_IF_ERROR(CheckAttentionSizes(kName, B, T, C, NH));
+  SHARDTRAIN_RETURN_IF_ERROR(CheckAttentionSizes(kName, B, T, C, NH, KVH));
   if (B == 0 || T == 0 || C == 0) return absl::OkStatus();
   SHARDTRAIN_RETURN_IF_ERROR(
       CublasStatus(cublasSetStream(ctx.blas, ctx.stream), "AttentionForward: cublasSetStream"));
   const size_t eb = DataTypeSize(ctx.dtype);
-  const int hs = C / NH, C3 = 3 * C;
+  const AttentionShape sh(C, NH, KVH);
+  const int hs = sh.hs, G = sh.group, W = sh.W;
   const int64_t TT = int64_t{T} * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  // scores[b] (NH,T,T) = scale · Q K^T
+  // scores[b, h] (T,T) = scale · Q_h K_{h/G}^T, the heads h = j·G + g batched
   for (int b = 0; b < B; ++b) {
-    const void* q = At(qkv, int64_t{b} * T * C3, eb);
-    const void* k = At(q, C, eb);
-    SHARDTRAIN_RETURN_IF_ERROR(BatchedGemm(
-        ctx, "AttentionForward (scores = Q K^T)", /*trans_a=*/true, /*trans_b=*/false, T, T, hs,
-        scale, {k, C3, hs}, {q, C3, hs}, 0.0f, {At(scratch, b * NH * TT, eb), T, TT}, NH));
+    const int64_t row0 = int64_t{b} * T * W;
+    for (int g = 0; g < G; ++g) {
+      const void* q = At(qkv, row0 + int64_t{g} * hs, eb);
+      const void* k = At(qkv, row0 + C, eb);
+      SHARDTRAIN_RETURN_IF_ERROR(
+          BatchedGemm(ctx, "AttentionForward (scores = Q K^T)", /*trans_a=*/true, /*trans_b=*/false,
+                      T, T, hs, scale, {k, W, hs}, {q, W, int64_t{G} * hs}, 0.0f,
+                      {At(scratch, (int64_t{b} * NH + g) * TT, eb), T, G * TT}, KVH));
+    }
   }
   const int64_t rows = int64_t{B} * NH * T;
   SHARDTRAIN_RETURN_IF_ERROR(internal::DispatchDtype(ctx.dtype, [&](auto tag) {
@@ -198,13 +229,16 @@ absl::Status AttentionForward(const KernelCtx& ctx, void* out, void* att, void* 
     }
     return internal::CheckLaunch("AttentionForward (causal softmax)");
   }));
-  // out[b] (T,C), head h in columns [h*hs, (h+1)*hs) = att V
+  // out[b] (T,C), head h in columns [h*hs, (h+1)*hs) = att_h V_{h/G}
   for (int b = 0; b < B; ++b) {
-    const void* v = At(qkv, int64_t{b} * T * C3 + 2 * C, eb);
-    SHARDTRAIN_RETURN_IF_ERROR(BatchedGemm(ctx, "AttentionForward (out = att V)", /*trans_a=*/false,
-                                           /*trans_b=*/false, hs, T, T, 1.0f, {v, C3, hs},
-                                           {At(att, b * NH * TT, eb), T, TT}, 0.0f,
-                                           {At(out, int64_t{b} * T * C, eb), C, hs}, NH));
+    const void* v = At(qkv, int64_t{b} * T * W + C + sh.KV, eb);
+    for (int g = 0; g < G; ++g) {
+      SHARDTRAIN_RETURN_IF_ERROR(BatchedGemm(
+          ctx, "AttentionForward (out = att V)", /*trans_a=*/false,
+          /*trans_b=*/false, hs, T, T, 1.0f, {v, W, hs},
+          {At(att, (int64_t{b} * NH + g) * TT, eb), T, G * TT}, 0.0f,
+          {At(out, int64_t{b} * T * C + int64_t{g} * hs, eb), C, int64_t{G} * hs}, KVH));
+    }
   }
   return absl::OkStatus();
 }
@@ -269,33 +303,39 @@ __global__ void CausalSoftmaxBackwardPackedKernel(F* g, const F* att, int64_t ro
 
 }  // namespace
 
-// dqkv (B,T,3C) += ; dout (B,T,C); qkv and att from the forward; scratch
-// (B,NH,T,T) overwritten (dL/datt, then dL/dscores).
+// dqkv (B,T,C+2KV) += ; dout (B,T,C); qkv and att from the forward;
+// scratch (B,NH,T,T) overwritten (dL/datt, then dL/dscores).
 absl::Status AttentionBackward(const KernelCtx& ctx, void* dqkv, void* scratch, const void* dout,
-                               const void* qkv, const void* att, int B, int T, int C, int NH) {
+                               const void* qkv, const void* att, int B, int T, int C, int NH,
+                               int KVH) {
   constexpr const char* kName = "AttentionBackward";
-  SHARDTRAIN_RETURN_IF_ERROR(CheckAttentionSizes(kName, B, T, C, NH));
+  SHARDTRAIN_RETURN_IF_ERROR(CheckAttentionSizes(kName, B, T, C, NH, KVH));
   if (B == 0 || T == 0 || C == 0) return absl::OkStatus();
   SHARDTRAIN_RETURN_IF_ERROR(
       CublasStatus(cublasSetStream(ctx.blas, ctx.stream), "AttentionBackward: cublasSetStream"));
   const size_t eb = DataTypeSize(ctx.dtype);
-  const int hs = C / NH, C3 = 3 * C;
+  const AttentionShape sh(C, NH, KVH);
+  const int hs = sh.hs, G = sh.group, W = sh.W;
   const int64_t TT = int64_t{T} * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  // out = att V: datt = dout V^T into scratch, dV += att^T dout
+  // out = att V: datt = dout V^T into scratch, dV += att^T dout (the G
+  // query heads of a group into their kv head's dV, g = 0 first)
   for (int b = 0; b < B; ++b) {
-    const int64_t qkv_off = int64_t{b} * T * C3;
-    const void* v = At(qkv, qkv_off + 2 * C, eb);
-    const void* d = At(dout, int64_t{b} * T * C, eb);
-    const void* a = At(att, b * NH * TT, eb);
-    SHARDTRAIN_RETURN_IF_ERROR(
-        BatchedGemm(ctx, "AttentionBackward (datt = dout V^T)", /*trans_a=*/true,
-                    /*trans_b=*/false, T, T, hs, 1.0f, {v, C3, hs}, {d, C, hs}, 0.0f,
-                    {At(scratch, b * NH * TT, eb), T, TT}, NH));
-    SHARDTRAIN_RETURN_IF_ERROR(BatchedGemm(ctx, "AttentionBackward (dV += att^T dout)",
-                                           /*trans_a=*/false,
-                                           /*trans_b=*/true, hs, T, T, 1.0f, {d, C, hs}, {a, T, TT},
-                                           1.0f, {At(dqkv, qkv_off + 2 * C, eb), C3, hs}, NH));
+    const int64_t qkv_off = int64_t{b} * T * W;
+    const void* v = At(qkv, qkv_off + C + sh.KV, eb);
+    void* dv = At(dqkv, qkv_off + C + sh.KV, eb);
+    for (int g = 0; g < G; ++g) {
+      const void* d = At(dout, int64_t{b} * T * C + int64_t{g} * hs, eb);
+      const int64_t bh = (int64_t{b} * NH + g) * TT;
+      SHARDTRAIN_RETURN_IF_ERROR(
+          BatchedGemm(ctx, "AttentionBackward (datt = dout V^T)", /*trans_a=*/true,
+                      /*trans_b=*/false, T, T, hs, 1.0f, {v, W, hs}, {d, C, int64_t{G} * hs}, 0.0f,
+                      {At(scratch, bh, eb), T, G * TT}, KVH));
+      SHARDTRAIN_RETURN_IF_ERROR(
+          BatchedGemm(ctx, "AttentionBackward (dV += att^T dout)", /*trans_a=*/false,
+                      /*trans_b=*/true, hs, T, T, 1.0f, {d, C, int64_t{G} * hs},
+                      {At(att, bh, eb), T, G * TT}, 1.0f, {dv, W, hs}, KVH));
+    }
   }
   // softmax backward in place: scratch becomes dL/dscores (scale folded in)
   const int64_t rows = int64_t{B} * NH * T;
@@ -311,20 +351,25 @@ absl::Status AttentionBackward(const KernelCtx& ctx, void* dqkv, void* scratch, 
     }
     return internal::CheckLaunch("AttentionBackward (causal softmax)");
   }));
-  // scores = Q K^T: dQ += dscores K, dK += dscores^T Q
+  // scores = Q K^T: dQ += dscores K, dK += dscores^T Q (the G query heads
+  // of a group into their kv head's dK, g = 0 first)
   for (int b = 0; b < B; ++b) {
-    const int64_t qkv_off = int64_t{b} * T * C3;
-    const void* q = At(qkv, qkv_off, eb);
+    const int64_t qkv_off = int64_t{b} * T * W;
     const void* k = At(qkv, qkv_off + C, eb);
-    const void* g = At(scratch, b * NH * TT, eb);
-    SHARDTRAIN_RETURN_IF_ERROR(BatchedGemm(ctx, "AttentionBackward (dQ += dscores K)",
-                                           /*trans_a=*/false,
-                                           /*trans_b=*/false, hs, T, T, 1.0f, {k, C3, hs},
-                                           {g, T, TT}, 1.0f, {At(dqkv, qkv_off, eb), C3, hs}, NH));
-    SHARDTRAIN_RETURN_IF_ERROR(
-        BatchedGemm(ctx, "AttentionBackward (dK += dscores^T Q)", /*trans_a=*/false,
-                    /*trans_b=*/true, hs, T, T, 1.0f, {q, C3, hs}, {g, T, TT}, 1.0f,
-                    {At(dqkv, qkv_off + C, eb), C3, hs}, NH));
+    void* dk = At(dqkv, qkv_off + C, eb);
+    for (int g = 0; g < G; ++g) {
+      const int64_t q_off = qkv_off + int64_t{g} * hs;
+      const void* q = At(qkv, q_off, eb);
+      const void* ds = At(scratch, (int64_t{b} * NH + g) * TT, eb);
+      SHARDTRAIN_RETURN_IF_ERROR(
+          BatchedGemm(ctx, "AttentionBackward (dQ += dscores K)", /*trans_a=*/false,
+                      /*trans_b=*/false, hs, T, T, 1.0f, {k, W, hs}, {ds, T, G * TT}, 1.0f,
+                      {At(dqkv, q_off, eb), W, int64_t{G} * hs}, KVH));
+      SHARDTRAIN_RETURN_IF_ERROR(
+          BatchedGemm(ctx, "AttentionBackward (dK += dscores^T Q)", /*trans_a=*/false,
+                      /*trans_b=*/true, hs, T, T, 1.0f, {q, W, int64_t{G} * hs}, {ds, T, G * TT},
+                      1.0f, {dk, W, hs}, KVH));
+    }
   }
   return absl::OkStatus();
 }

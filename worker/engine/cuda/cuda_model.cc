@@ -227,6 +227,13 @@ absl::Status CudaModel::Init() {
   if (s.ok() && compute() != DataType::kFloat32 && !layout().slice().first_stage) {
     s = alloc(io, DataType::kFloat32, &input_grad_);
   }
+  // Rotary's table, once: every block of every slot rotates by it.
+  if (s.ok() && config().positions == model::PositionKind::kRotary) {
+    const std::vector<float>& table = rotary_table();
+    if (table.empty()) return absl::InternalError("CudaModel: rotary positions without a table");
+    s = alloc(table.size(), DataType::kFloat32, &rotary_table_);
+    if (s.ok()) math_->CopyFromHost(rotary_table_->as<float>(), table.data(), table.size());
+  }
   if (!s.ok()) return s;
   BindActivations(acts_->as<char>());
   host_losses_.resize(BT);
@@ -236,7 +243,7 @@ absl::Status CudaModel::Init() {
 int64_t CudaModel::allocated_bytes() const {
   int64_t total = 0;
   for (const auto* b : {&params_, &grads_, &compute_, &acts_, &ids_, &row_, &stage_out_,
-                        &input_grad_, &tp_scratch_, &lse_scratch_}) {
+                        &input_grad_, &tp_scratch_, &lse_scratch_, &rotary_table_}) {
     if (*b != nullptr) total += int64_t((*b)->bytes());
   }
   return total;
@@ -255,11 +262,14 @@ void CudaModel::Check(const absl::Status& s) const {
 }
 
 const void* CudaModel::param(int tensor) const {
+  if (tensor < 0) return nullptr;
   const Buffer& b = compute_ != nullptr ? *compute_ : *params_;
   return Bytes(b.data()) + layout().offset(tensor) * DataTypeSize(b.dtype());
 }
 
-float* CudaModel::grad(int tensor) const { return grads_->as<float>() + layout().offset(tensor); }
+float* CudaModel::grad(int tensor) const {
+  return tensor < 0 ? nullptr : grads_->as<float>() + layout().offset(tensor);
+}
 
 int* CudaModel::DeviceTokens(int k) const {
   return ids_->as<int>() + int64_t{2} * k * max_batch() * max_seq_len();
@@ -330,6 +340,8 @@ void CudaModel::EncoderForward(SlotActs& s) {
   CheckCuda(cudaMemcpyAsync(DeviceTokens(k_slot), s.tokens.data(), sizeof(int) * s.b * s.t,
                             cudaMemcpyHostToDevice, stream()),
             "cudaMemcpyAsync (tokens)");
+  // Without learned positions (rotary) wpe() is -1: param() gives null and
+  // the embeddings are wte's rows alone.
   if (tp() == nullptr) {
     Check(cuda::EncoderForward(k(), s.encoded, DeviceTokens(k_slot), param(layout().wte()),
                                param(layout().wpe()), s.b, s.t, config().dim));
@@ -343,8 +355,10 @@ void CudaModel::EncoderForward(SlotActs& s) {
                                     nullptr, vocab_.v0, vocab_.real, s.b, s.t, C));
     const int rows = LocalRows(N);
     TpReduceScatter(s.encoded, sp_full(), int64_t{rows} * C);
-    Check(cuda::AddPositionRows(k(), s.encoded, param(layout().wpe()), int64_t{rows} * tp()->rank(),
-                                rows, s.t, C));
+    if (layout().wpe() >= 0) {
+      Check(cuda::AddPositionRows(k(), s.encoded, param(layout().wpe()),
+                                  int64_t{rows} * tp()->rank(), rows, s.t, C));
+    }
     return;
   }
   // Vocabulary-parallel: this rank's rows (wpe added by tp rank 0 only),
@@ -355,6 +369,7 @@ void CudaModel::EncoderForward(SlotActs& s) {
   TpAllReduceSum(s.encoded, int64_t{N} * C);
 }
 
+// dwpe is null without learned positions (grad(-1)): wte's gradient alone.
 void CudaModel::EncoderBackward(const SlotActs& s, const void* dout) {
   Check(cuda::EncoderBackwardShard(k(), grad(layout().wte()), grad(layout().wpe()), dout,
                                    DeviceTokens(SlotIndex(s)), vocab_.v0, vocab_.real, s.b, s.t,
@@ -393,17 +408,45 @@ void CudaModel::MatmulBackward(void* dinp, const void* dout, int ld_dout, const 
 }
 
 void CudaModel::AddBias(void* out, int bias, int N, int OC) {
+  if (bias < 0) return;  // a recipe without biases
   Check(cuda::AddBias(k(), out, param(bias), N, OC));
 }
 
+void CudaModel::RmsNormForward(void* out, float* rstd, const void* inp, int weight, int N, int C) {
+  Check(cuda::RmsNormForward(k(), out, rstd, inp, param(weight),
+                             static_cast<float>(config().norm_eps), N, C));
+}
+
+void CudaModel::RmsNormBackward(void* dinp, const void* dout, const void* inp, const float* rstd,
+                                int weight, int N, int C) {
+  Check(cuda::RmsNormBackward(k(), dinp, grad(weight), dout, inp, param(weight), rstd, N, C));
+}
+
+// q's NHt and k's KVHt heads, side by side from column 0 of the qkv rows of
+// (NHt + 2·KVHt)·hs; v's heads after them are not rotated.
+void CudaModel::RotaryForward(void* qkv, int b, int t, int NHt, int KVHt, bool inverse) {
+  if (rotary_table_ == nullptr) Fail("CudaModel: RotaryForward without rotary positions");
+  const int hs = config().head_dim();
+  Check(cuda::RotaryForward(k(), qkv, rotary_table_->as<float>(), b, t, NHt + KVHt, hs,
+                            (NHt + 2 * KVHt) * hs, inverse));
+}
+
 void CudaModel::AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t,
-                                 int Ct, int NHt) {
-  Check(cuda::AttentionForward(k(), out, att, scratch, qkv, b, t, Ct, NHt));
+                                 int Ct, int NHt, int KVHt) {
+  Check(cuda::AttentionForward(k(), out, att, scratch, qkv, b, t, Ct, NHt, KVHt));
 }
 
 void CudaModel::AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
-                                  const void* att, int b, int t, int Ct, int NHt) {
-  Check(cuda::AttentionBackward(k(), dqkv, scratch, dout, qkv, att, b, t, Ct, NHt));
+                                  const void* att, int b, int t, int Ct, int NHt, int KVHt) {
+  Check(cuda::AttentionBackward(k(), dqkv, scratch, dout, qkv, att, b, t, Ct, NHt, KVHt));
+}
+
+void CudaModel::SwiGluForward(void* out, const void* inp, int N, int H) {
+  Check(cuda::SwiGluForward(k(), out, inp, N, H));
+}
+
+void CudaModel::SwiGluBackward(void* dinp, const void* inp, const void* dout, int N, int H) {
+  Check(cuda::SwiGluBackward(k(), dinp, inp, dout, N, H));
 }
 
 void CudaModel::GeluForward(void* out, const void* inp, int64_t n) {
@@ -418,14 +461,15 @@ void CudaModel::ResidualForward(void* out, const void* inp1, const void* inp2, i
   Check(cuda::ResidualForward(k(), out, inp1, inp2, n));
 }
 
-// The LM head runs over all Vpt rows of this rank's wte (Vp without tp),
-// not its real ones: GEMMs whose m is a multiple of 8 get Hopper's fast
-// kernels (V = 50257 fell back to align-1 ones, 10% of a GPT-2 step). The
-// padding rows of wte stay zero (their gradient is 0: CrossEntropyBackward
-// zeroes the padding columns of dlogits), and no one reads the padding
-// logits.
+// The LM head's weight is layout().lm_head(): wte when tied, the final
+// unit's lm_head (Vp, C), split over tp by rows like wte, when not. It runs
+// over all Vpt rows of this rank's head (Vp without tp), not its real ones:
+// GEMMs whose m is a multiple of 8 get Hopper's fast kernels (V = 50257
+// fell back to align-1 ones, 10% of a GPT-2 step). The padding rows stay
+// zero (their gradient is 0: CrossEntropyBackward zeroes the padding
+// columns of dlogits), and no one reads the padding logits.
 void CudaModel::LmHeadForward(SlotActs& s) {
-  Check(cuda::MatmulForward(k(), s.logits, s.lnf, param(layout().wte()), nullptr, s.b * s.t,
+  Check(cuda::MatmulForward(k(), s.logits, s.lnf, param(layout().lm_head()), nullptr, s.b * s.t,
                             config().dim, vocab_.Vpt, vocab_.Vpt));
 }
 
@@ -470,8 +514,9 @@ void CudaModel::CrossEntropyBackward(SlotActs& s, float dloss) {
 }
 
 void CudaModel::LmHeadBackward(SlotActs& s, void* dln) {
-  Check(cuda::MatmulBackward(k(), dln, grad(layout().wte()), nullptr, s.logits, vocab_.Vpt, s.lnf,
-                             param(layout().wte()), s.b * s.t, config().dim, vocab_.Vpt));
+  Check(cuda::MatmulBackward(k(), dln, grad(layout().lm_head()), nullptr, s.logits, vocab_.Vpt,
+                             s.lnf, param(layout().lm_head()), s.b * s.t, config().dim,
+                             vocab_.Vpt));
 }
 
 }  // namespace shardtrain::engine::cuda

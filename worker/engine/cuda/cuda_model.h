@@ -1,7 +1,9 @@
-// CudaModel: the GPT on one GPU (engine::Engine), in fp32, bf16 or fp16. The
-// order of the step (blocks, hooks, slots) is engine::ModelEngine's; this class
-// supplies the layers as the CUDA kernels of kernels.h on the device's
-// compute stream.
+// CudaModel: the transformer of any model family (GPT-2, Llama; the config's
+// recipe) on one GPU (engine::Engine), in fp32, bf16 or fp16. The order of
+// the step (blocks, hooks, slots, the recipe's switches) is
+// engine::ModelEngine's; this class supplies the layers as the CUDA kernels
+// of kernels.h on the device's compute stream. With rotary positions the
+// rotary table (model::RotaryTable) is copied to the device once, at Create.
 //
 // Precision (job spec `precision`): the flat parameter and gradient buffers
 // are the fp32 master (what strategies, the optimizer and checkpoints see);
@@ -66,7 +68,8 @@ class CudaModel final : public ModelEngine {
 
   DataType compute() const { return activations().compute(); }
   // Bytes of device memory this engine allocated (params, grads, compute
-  // copy, activations, token buffers), for the plan-vs-device check.
+  // copy, activations, token buffers, the rotary table), for the
+  // plan-vs-device check.
   int64_t allocated_bytes() const;
 
  protected:
@@ -83,12 +86,18 @@ class CudaModel final : public ModelEngine {
   void MatmulBackward(void* dinp, const void* dout, int ld_dout, const void* inp, int weight,
                       int bias, int N, int IC, int OC) override;
   void AddBias(void* out, int bias, int N, int OC) override;
+  void RmsNormForward(void* out, float* rstd, const void* inp, int weight, int N, int C) override;
+  void RmsNormBackward(void* dinp, const void* dout, const void* inp, const float* rstd, int weight,
+                       int N, int C) override;
+  void RotaryForward(void* qkv, int b, int t, int NHt, int KVHt, bool inverse) override;
   void AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t, int Ct,
-                        int NHt) override;
+                        int NHt, int KVHt) override;
   void AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
-                         const void* att, int b, int t, int Ct, int NHt) override;
+                         const void* att, int b, int t, int Ct, int NHt, int KVHt) override;
   void GeluForward(void* out, const void* inp, int64_t n) override;
   void GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) override;
+  void SwiGluForward(void* out, const void* inp, int N, int H) override;
+  void SwiGluBackward(void* dinp, const void* inp, const void* dout, int N, int H) override;
   void ResidualForward(void* out, const void* inp1, const void* inp2, int64_t n) override;
   void LmHeadForward(SlotActs& s) override;
   double CrossEntropyForward(SlotActs& s) override;
@@ -108,7 +117,8 @@ class CudaModel final : public ModelEngine {
   void Check(const absl::Status& s) const;
   const KernelCtx& k() const { return kernels_.ctx(); }
   cudaStream_t stream() const;
-  // The compute copy of a parameter tensor, and its fp32 gradient.
+  // The compute copy of a parameter tensor, and its fp32 gradient; null
+  // for -1 (no such tensor in the recipe or the slice).
   const void* param(int tensor) const;
   float* grad(int tensor) const;
   int SlotIndex(const SlotActs& s) const { return static_cast<int>(&s - &slot(0)); }
@@ -135,6 +145,9 @@ class CudaModel final : public ModelEngine {
   std::unique_ptr<FlatMath> math_;
   KernelContext kernels_;
   std::unique_ptr<Buffer> params_, grads_, compute_, acts_, ids_, row_;
+  // rotary_table() in device memory (fp32, (context, hs/2, 2)); null
+  // without rotary positions.
+  std::unique_ptr<Buffer> rotary_table_;
   // Pipeline exchange in fp32 under a 16-bit compute type: every slot's
   // output (not on the last stage), the input gradient (not on the first).
   std::unique_ptr<Buffer> stage_out_, input_grad_;

@@ -1,4 +1,4 @@
-// Helpers shared by the CUDA GPT's sources (gpt.cc, cuda_model_tp.cc); not part of
+// Helpers shared by the CUDA engine's sources (cuda_model.cc, cuda_model_tp.cc); not part of
 // the engine's interface.
 #ifndef SHARDTRAIN_WORKER_ENGINE_CUDA_CUDA_MODEL_INTERNAL_H_
 #define SHARDTRAIN_WORKER_ENGINE_CUDA_CUDA_MODEL_INTERNAL_H_

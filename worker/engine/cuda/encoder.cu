@@ -40,7 +40,8 @@ __global__ void EncoderForwardKernel(F* out, const int* tokens, const F* wte, co
 
 }  // namespace
 
-// out (B,T,C) = wte (Vp,C)[tokens (B,T)] + wpe (context,C)[t]. Saves nothing.
+// out (B,T,C) = wte (Vp,C)[tokens (B,T)] + wpe (context,C)[t] (wpe null:
+// wte alone). Saves nothing.
 absl::Status EncoderForward(const KernelCtx& ctx, void* out, const int* tokens, const void* wte,
                             const void* wpe, int B, int T, int C) {
   return EncoderForwardShard(ctx, out, tokens, wte, wpe, 0, std::numeric_limits<int>::max(), B, T,
@@ -102,7 +103,7 @@ __global__ void EncoderBackwardWpeKernel(float* dwpe, const F* dout, int B, int 
 }  // namespace
 
 // dwte (Vp,C, fp32) += scatter of dout (B,T,C) rows by token; dwpe (first T
-// rows of (context,C), fp32) += sum over B.
+// rows of (context,C), fp32) += sum over B (skipped when null).
 absl::Status EncoderBackward(const KernelCtx& ctx, float* dwte, float* dwpe, const void* dout,
                              const int* tokens, int B, int T, int C) {
   return EncoderBackwardShard(ctx, dwte, dwpe, dout, tokens, 0, std::numeric_limits<int>::max(), B,
@@ -130,6 +131,7 @@ absl::Status EncoderBackwardShard(const KernelCtx& ctx, float* dwte, float* dwpe
         <<<wte_grid, dim3(internal::kWarpSize, kClassWarps), 0, ctx.stream>>>(
             dwte, d, tokens, v0, real, static_cast<int>(rows), C);
     SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("EncoderBackward (dwte)"));
+    if (dwpe == nullptr) return absl::OkStatus();  // no learned positions
     EncoderBackwardWpeKernel<F>
         <<<static_cast<int>(wpe_blocks), kThreads, 0, ctx.stream>>>(dwpe, d, B, T, C);
     return internal::CheckLaunch("EncoderBackward (dwpe)");

@@ -1,6 +1,8 @@
 // The CUDA engine's layers as launchers over explicit device buffers, the
 // twins of engine/cpu/layers.h (same names, shapes and accumulation rules),
-// so each can be tested against its CPU layer. Shape letters: see
+// so each can be tested against its CPU layer: every model family's layers
+// (GPT-2's LayerNorm, learned positions, GELU; Llama's RMSNorm, rotary
+// positions, SwiGLU, grouped-query attention). Shape letters: see
 // common/model/config.h; N is the number of rows (N = B*T).
 //
 // Types. `void*` tensors (activations, their gradients, the parameters'
@@ -69,12 +71,13 @@ absl::Status ConvertFromFloat32(const KernelCtx& ctx, void* dst, const float* sr
 absl::Status ConvertToFloat32(const KernelCtx& ctx, float* dst, const void* src, int64_t n);
 
 // ---- encoder: token + position embedding ----
-// tokens (B,T) device ids in [0,V); wte (Vp,C); wpe (context,C); out (B,T,C).
+// tokens (B,T) device ids in [0,V); wte (Vp,C); wpe (context,C), or null
+// without learned positions (rotary models: wte alone); out (B,T,C).
 absl::Status EncoderForward(const KernelCtx& ctx, void* out, const int* tokens, const void* wte,
                             const void* wpe, int B, int T, int C);
 // dwte (Vp,C) += scatter of dout rows by token; dwpe (T rows of (context,C))
-// += sum over B. One thread per channel walks the rows in order: deterministic
-// although token ids repeat.
+// += sum over B, skipped when dwpe is null. One thread per channel walks the
+// rows in order: deterministic although token ids repeat.
 absl::Status EncoderBackward(const KernelCtx& ctx, float* dwte, float* dwpe, const void* dout,
                              const int* tokens, int B, int T, int C);
 // The vocabulary-parallel embedding (engine/cpu/vocab_parallel.h): this tp
@@ -82,7 +85,7 @@ absl::Status EncoderBackward(const KernelCtx& ctx, float* dwte, float* dwpe, con
 // (B,T,C) = (token's row if this rank holds it, else 0) + wpe[t], wpe
 // skipped when null (the tp sum adds it once: one rank passes it).
 // Backward: dwte_shard += the rows of this rank's tokens, dwpe += every row
-// (as EncoderBackward).
+// (as EncoderBackward; skipped when dwpe is null).
 absl::Status EncoderForwardShard(const KernelCtx& ctx, void* out, const int* tokens,
                                  const void* wte_shard, const void* wpe, int v0, int real, int B,
                                  int T, int C);
@@ -99,6 +102,27 @@ absl::Status LayerNormBackward(const KernelCtx& ctx, void* dinp, float* dweight,
                                const void* dout, const void* inp, const void* weight,
                                const float* mean, const float* rstd, int N, int C);
 
+// ---- RMSNorm over the last dim (Llama) ----
+// out = inp · rstd · weight with rstd = 1 / sqrt(mean(inp²) + eps); inp, out
+// (N,C); weight (C); saves rstd (N, fp32). One warp per row.
+absl::Status RmsNormForward(const KernelCtx& ctx, void* out, float* rstd, const void* inp,
+                            const void* weight, float eps, int N, int C);
+// dinp (N,C) += ; dweight (C, fp32) += (a fixed-order column sum, no
+// atomics); uses inp, weight, rstd.
+absl::Status RmsNormBackward(const KernelCtx& ctx, void* dinp, float* dweight, const void* dout,
+                             const void* inp, const void* weight, const float* rstd, int N, int C);
+
+// ---- rotary position embedding (RoPE), in place ----
+// x (B,T,ld): in each row the first `heads` heads of hs channels (q's, then
+// k's: side by side in the qkv rows) are rotated, pair (2i, 2i+1) of a head
+// at position t = row mod T by table (context, hs/2, [cos, sin]) (device
+// fp32, model::RotaryTable; T <= context): (x0, x1) -> (x0 cos - x1 sin,
+// x0 sin + x1 cos); `inverse` rotates by minus the angle (the backward,
+// applied to dqkv). Columns from heads·hs on are untouched. hs even, ld >=
+// heads·hs. One thread per pair.
+absl::Status RotaryForward(const KernelCtx& ctx, void* x, const float* table, int B, int T,
+                           int heads, int hs, int ld, bool inverse);
+
 // ---- matmul (torch.nn.Linear) through cuBLASLt ----
 // out (N,OC) with row stride ld_out = inp (N,C) · weight (OC,C)^T + bias
 // (OC); bias may be null (added as the GEMM's epilogue otherwise). Overwrites
@@ -112,24 +136,39 @@ absl::Status MatmulBackward(const KernelCtx& ctx, void* dinp, float* dweight, fl
                             const void* dout, int ld_dout, const void* inp, const void* weight,
                             int N, int C, int OC);
 
-// ---- causal multi-head self-attention ----
-// qkv (B,T,3C) = [Q | K | V], head h uses channels [h*hs, (h+1)*hs) of each.
-// out (B,T,C); att (B,NH,T,T) saved = softmax(Q K^T / sqrt(hs)) with zeros
-// above the diagonal; scratch (B,NH,T,T) holds the pre-softmax scores. QK^T
-// and att·V are strided-batched GEMMs (one call per sequence, the NH heads
-// batched), the causal softmax one block per row.
+// ---- causal self-attention, multi-head or grouped-query ----
+// qkv (B,T,C+2KV) = [Q | K | V] with KV = KVH·hs, hs = C/NH: query head h
+// uses channels [h*hs, (h+1)*hs) of Q and key/value head h / (NH/KVH) of K
+// and V (KVH == NH: multi-head attention, rows of 3C). out (B,T,C); att
+// (B,NH,T,T) saved = softmax(Q K^T / sqrt(hs)) with zeros above the
+// diagonal; scratch (B,NH,T,T) holds the pre-softmax scores. QK^T and att·V
+// are strided-batched GEMMs, one call per sequence and position g in the
+// group (NH/KVH calls per sequence), the KVH heads h = j·NH/KVH + g batched;
+// the causal softmax one warp per row. KVH == NH is the multi-head call of
+// one GEMM per sequence with the NH heads batched.
 absl::Status AttentionForward(const KernelCtx& ctx, void* out, void* att, void* scratch,
-                              const void* qkv, int B, int T, int C, int NH);
-// dqkv (B,T,3C) += ; uses qkv and att; scratch (B,NH,T,T) is overwritten
-// (dL/datt, then in place dL/dscores).
+                              const void* qkv, int B, int T, int C, int NH, int KVH);
+// dqkv (B,T,C+2KV) += ; uses qkv and att; scratch (B,NH,T,T) is overwritten
+// (dL/datt, then in place dL/dscores). The NH/KVH query heads of a group add
+// into their shared dK and dV in head order, one GEMM (beta = 1) after the
+// other on ctx.stream: deterministic, no atomics.
 absl::Status AttentionBackward(const KernelCtx& ctx, void* dqkv, void* scratch, const void* dout,
-                               const void* qkv, const void* att, int B, int T, int C, int NH);
+                               const void* qkv, const void* att, int B, int T, int C, int NH,
+                               int KVH);
 
 // ---- GELU, tanh approximation (GPT-2; torch approximate='tanh') ----
 // inp, out (n). Backward: dinp (n) += gelu'(inp) · dout.
 absl::Status GeluForward(const KernelCtx& ctx, void* out, const void* inp, int64_t n);
 absl::Status GeluBackward(const KernelCtx& ctx, void* dinp, const void* inp, const void* dout,
                           int64_t n);
+
+// ---- SwiGLU (Llama's MLP activation) ----
+// inp (N, 2H) = [gate | up] per row; out (N, H) = silu(gate) ⊙ up with
+// silu(g) = g·σ(g). Backward: dinp (N, 2H) += [dout ⊙ up ⊙ silu'(gate) |
+// dout ⊙ silu(gate)]; uses inp. One thread per element of out.
+absl::Status SwiGluForward(const KernelCtx& ctx, void* out, const void* inp, int N, int H);
+absl::Status SwiGluBackward(const KernelCtx& ctx, void* dinp, const void* inp, const void* dout,
+                            int N, int H);
 
 // ---- residual add ----
 // out = inp1 + inp2, all (n). (Backward is the identity: the engine keeps

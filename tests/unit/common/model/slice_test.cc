@@ -27,7 +27,10 @@ std::string Message(const absl::StatusOr<std::vector<int>>& s) {
 int64_t StageParams(const ModelConfig& c, const std::vector<int>& split, int s) {
   const ModelSlice slice = SliceOf(split, s, 1, 0);
   int64_t n = static_cast<int64_t>(ParamLayout(c, slice).num_params());
-  if (slice.last_stage && !slice.first_stage) n -= int64_t{c.context} * c.dim;
+  if (slice.last_stage && !slice.first_stage && c.positions == PositionKind::kLearned &&
+      c.tie_embeddings) {
+    n -= int64_t{c.context} * c.dim;
+  }
   return n;
 }
 
@@ -58,14 +61,21 @@ std::vector<int> BruteForce(const ModelConfig& c, int pp) {
 TEST(StageLayersTest, BalancedEqualsBruteForce) {
   // Small and large vocabularies: the ends' embeddings outweigh a few
   // blocks, so the end stages get fewer layers.
+  // Llama (tied and untied): no wpe, the untied head on the last stage.
   for (int vocab : {64, 300, 5000}) {
     for (int layers : {1, 2, 3, 5, 8, 9}) {
-      const ModelConfig c = *MakeGptConfig(layers, 4, 32, 16, vocab);
-      for (int pp = 1; pp <= std::min(layers, 4); ++pp) {
-        absl::StatusOr<std::vector<int>> got = StageLayers(c, pp);
-        ASSERT_TRUE(got.ok()) << got.status();
-        EXPECT_EQ(*got, BruteForce(c, pp))
-            << "vocab " << vocab << " layers " << layers << " pp " << pp;
+      for (int family = 0; family < 3; ++family) {
+        // layers, heads 4, kv_heads 2, dim 32, ffn_dim 80, context 16, vocab.
+        const ModelConfig c = family == 0
+                                  ? *MakeGptConfig(layers, 4, 32, 16, vocab)
+                                  : *MakeLlamaConfig({layers, 4, 2, 32, 80, 16, vocab, 1e4, 1e-5,
+                                                      /*tie_embeddings=*/family == 2});
+        for (int pp = 1; pp <= std::min(layers, 4); ++pp) {
+          absl::StatusOr<std::vector<int>> got = StageLayers(c, pp);
+          ASSERT_TRUE(got.ok()) << got.status();
+          EXPECT_EQ(*got, BruteForce(c, pp))
+              << "family " << family << " vocab " << vocab << " layers " << layers << " pp " << pp;
+        }
       }
     }
   }
@@ -110,11 +120,17 @@ TEST(SliceOfTest, StagesAreContiguousAndEndsMarked) {
   EXPECT_EQ(a.tp_rank, 1);
   EXPECT_EQ(b.first_layer, 2);
   EXPECT_EQ(b.num_layers, 3);
-  EXPECT_FALSE(b.has_embeddings());
+  const ModelConfig gpt2 = *MakeGptConfig(6, 4, 32, 16, 256);
+  // layers 6, heads 4, kv_heads 2, dim 32, ffn_dim 64, context 16, vocab 256, untied.
+  const ModelConfig llama = *MakeLlamaConfig({6, 4, 2, 32, 64, 16, 256});
+  EXPECT_FALSE(b.has_embeddings(gpt2));
   EXPECT_EQ(z.first_layer, 5);
   EXPECT_EQ(z.num_layers, 1);
   EXPECT_TRUE(z.last_stage);
-  EXPECT_TRUE(z.has_embeddings());
+  // The last stage holds a tied head's embeddings, not an untied one's.
+  EXPECT_TRUE(z.has_embeddings(gpt2));
+  EXPECT_FALSE(z.has_embeddings(llama));
+  EXPECT_TRUE(a.has_embeddings(llama));
   EXPECT_TRUE(SliceOf({4}, 0, 1, 0).whole());
 }
 

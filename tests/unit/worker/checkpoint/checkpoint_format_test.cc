@@ -187,6 +187,29 @@ TEST(ManifestTest, SerializeParseRoundTrip) {
   EXPECT_TRUE(absl::IsFailedPrecondition(CheckCompatible(*got, other)));
 }
 
+// A Llama model's manifest carries its family's recipe on the config line
+// (GPT-2's stays as it was) and reads back equal; a GPT-2 layout of the
+// same shape is not compatible with it.
+TEST(ManifestTest, LlamaRecipeRoundTrips) {
+  // layers, heads, kv_heads, dim, ffn_dim, context, vocab, rope_theta, norm_eps
+  const model::ModelConfig llama =
+      *model::MakeLlamaConfig({2, 4, 2, 16, 40, 32, 256, 123456.75, 1.5e-6});
+  const model::ParamLayout layout(llama);
+  absl::StatusOr<Manifest> m = MakeManifest(layout, 5, 2, 1, FakeInfos(layout, 2, 1));
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::string text = SerializeManifest(*m);
+  EXPECT_THAT(text, HasSubstr(" arch=llama kv_heads=2 ffn_dim=40 tie_embeddings=0 "));
+  absl::StatusOr<Manifest> got = ParseManifest(text, "m.txt");
+  ASSERT_TRUE(got.ok()) << got.status() << "\n" << text;
+  EXPECT_EQ(got->config, llama);
+  EXPECT_EQ(SerializeManifest(*got), text);
+  EXPECT_TRUE(CheckCompatible(*got, layout).ok());
+  const model::ParamLayout gpt2(*model::MakeGptConfig(2, 4, 16, 32, 256));
+  EXPECT_TRUE(absl::IsFailedPrecondition(CheckCompatible(*got, gpt2)));
+  EXPECT_THAT(SerializeManifest(*MakeManifest(gpt2, 5, 2, 1, FakeInfos(gpt2, 2, 1))),
+              HasSubstr("padded_vocab=256\nlayout "));
+}
+
 TEST(ManifestTest, MakeManifestRejectsBadShardSets) {
   const model::ParamLayout layout(SmallConfig());
   auto infos = FakeInfos(layout, 4, 0);

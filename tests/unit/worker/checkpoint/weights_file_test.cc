@@ -67,5 +67,32 @@ TEST_F(WeightsFileTest, RoundTripAndErrors) {
   EXPECT_NE(magic.status().message().find("magic"), std::string::npos);
 }
 
+// A Llama model's file (version 2, its recipe after the header) reads back
+// with its config; a GPT-2 file is still version 1.
+TEST_F(WeightsFileTest, LlamaRecipeRoundTripsAndGpt2StaysVersion1) {
+  // layers, heads, kv_heads, dim, ffn_dim, context, vocab, rope_theta, norm_eps, tied
+  const model::ModelConfig llama =
+      *model::MakeLlamaConfig({2, 4, 1, 32, 48, 16, 100, 10000, 1e-6, true});
+  std::vector<float> params(model::ParamLayout(llama).num_params(), 0.25f);
+  const std::string path = (dir_ / "llama.bin").string();
+  ASSERT_TRUE(SaveWeights(path, llama, absl::MakeConstSpan(params)).ok());
+  auto w = LoadWeights(path);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->config, llama);
+  EXPECT_EQ(w->params, params);
+  auto version = [](const std::string& p) {
+    uint32_t v = 0;
+    std::ifstream in(p, std::ios::binary);
+    in.seekg(8);
+    in.read(reinterpret_cast<char*>(&v), sizeof v);
+    return v;
+  };
+  EXPECT_EQ(version(path), 2u);
+  const std::string gpt2 = (dir_ / "gpt2.bin").string();
+  std::vector<float> g(model::ParamLayout(Tiny()).num_params(), 0.5f);
+  ASSERT_TRUE(SaveWeights(gpt2, Tiny(), absl::MakeConstSpan(g)).ok());
+  EXPECT_EQ(version(gpt2), 1u);
+}
+
 }  // namespace
 }  // namespace shardtrain::checkpoint

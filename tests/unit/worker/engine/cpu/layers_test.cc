@@ -157,26 +157,168 @@ TEST(LayersTest, MatmulThreadedMatchesSerial) {
   }
 }
 
-TEST(LayersTest, Attention) {
-  const int B = 2, T = 4, C = 6, NH = 2;
+// Multi-head (KVH == NH) and grouped-query attention: query heads sharing a
+// key/value head add into its gradient.
+void CheckAttention(const char* name, int NH, int KVH) {
+  const int B = 2, T = 4, hs = 3, C = NH * hs, W = C + 2 * KVH * hs;
   std::mt19937_64 rng(5);
-  Vec qkv = RandomVec(B * T * 3 * C, rng), w = RandomVec(B * T * C, rng);
+  Vec qkv = RandomVec(B * T * W, rng), w = RandomVec(B * T * C, rng);
   Vec out(B * T * C), att(B * NH * T * T), scratch(B * NH * T * T);
   auto loss = [&] {
-    AttentionForward<double>(out.data(), att.data(), qkv.data(), B, T, C, NH, nullptr);
+    AttentionForward<double>(out.data(), att.data(), qkv.data(), B, T, C, NH, KVH, nullptr);
     return Dot(out, w);
   };
   loss();
   Vec dqkv(qkv.size());
   AttentionBackward<double>(dqkv.data(), w.data(), qkv.data(), att.data(), scratch.data(), B, T, C,
-                            NH, nullptr);
-  ExpectGradClose("attention", "qkv", dqkv, NumericGrad(qkv, loss));
+                            NH, KVH, nullptr);
+  ExpectGradClose(name, "qkv", dqkv, NumericGrad(qkv, loss));
   ThreadPool pool(2);
   auto fq = ToFloat(qkv);
-  std::vector<float> fo(out.size()), fa(att.size());
-  AttentionForward<float>(fo.data(), fa.data(), fq.data(), B, T, C, NH, &pool);
+  std::vector<float> fo(out.size()), fa(att.size()), fs(scratch.size());
+  AttentionForward<float>(fo.data(), fa.data(), fq.data(), B, T, C, NH, KVH, &pool);
   loss();
-  ExpectFloatClose("attention", fo, out);
+  ExpectFloatClose(name, fo, out);
+  // The threaded backward (one thread per key/value head) equals the serial.
+  std::vector<float> dq1(qkv.size()), dq2(qkv.size());
+  auto fw = ToFloat(w);
+  AttentionBackward<float>(dq1.data(), fw.data(), fq.data(), fa.data(), fs.data(), B, T, C, NH, KVH,
+                           nullptr);
+  AttentionBackward<float>(dq2.data(), fw.data(), fq.data(), fa.data(), fs.data(), B, T, C, NH, KVH,
+                           &pool);
+  EXPECT_EQ(dq1, dq2) << name;
+}
+
+TEST(LayersTest, Attention) { CheckAttention("attention", 2, 2); }
+TEST(LayersTest, GroupedQueryAttention) {
+  CheckAttention("attention gqa", 4, 2);
+  CheckAttention("attention mqa", 4, 1);
+}
+
+// GQA equals multi-head attention over K and V copied to every head of
+// their group (what Hugging Face's repeat_kv does).
+TEST(LayersTest, GroupedQueryAttentionEqualsRepeatedKeysAndValues) {
+  const int B = 2, T = 5, hs = 4, NH = 4, KVH = 2, C = NH * hs, KV = KVH * hs;
+  std::mt19937_64 rng(15);
+  const Vec qkv = RandomVec(B * T * (C + 2 * KV), rng);
+  Vec full(B * T * 3 * C);
+  for (int r = 0; r < B * T; ++r) {
+    const double* src = qkv.data() + r * (C + 2 * KV);
+    double* dst = full.data() + r * 3 * C;
+    std::copy(src, src + C, dst);
+    for (int h = 0; h < NH; ++h) {
+      const int j = h / (NH / KVH);
+      std::copy(src + C + j * hs, src + C + (j + 1) * hs, dst + C + h * hs);
+      std::copy(src + C + KV + j * hs, src + C + KV + (j + 1) * hs, dst + 2 * C + h * hs);
+    }
+  }
+  Vec o1(B * T * C), o2(B * T * C), a1(B * NH * T * T), a2(B * NH * T * T);
+  AttentionForward<double>(o1.data(), a1.data(), qkv.data(), B, T, C, NH, KVH, nullptr);
+  AttentionForward<double>(o2.data(), a2.data(), full.data(), B, T, C, NH, NH, nullptr);
+  EXPECT_LT(MaxRelDiff(o1, o2), 1e-14);
+}
+
+TEST(LayersTest, RmsNorm) {
+  const int N = 6, C = 9;
+  std::mt19937_64 rng(12);
+  Vec inp = RandomVec(N * C, rng, 2.0), wt = RandomVec(C, rng);
+  Vec w = RandomVec(N * C, rng), out(N * C), rstd(N);
+  auto loss = [&] {
+    RmsNormForward<double>(out.data(), rstd.data(), inp.data(), wt.data(), 1e-5, N, C, nullptr);
+    return Dot(out, w);
+  };
+  loss();
+  Vec dinp(inp.size()), dwt(C);
+  RmsNormBackward<double>(dinp.data(), dwt.data(), w.data(), inp.data(), wt.data(), rstd.data(), N,
+                          C, nullptr);
+  ExpectGradClose("rmsnorm", "inp", dinp, NumericGrad(inp, loss));
+  ExpectGradClose("rmsnorm", "weight", dwt, NumericGrad(wt, loss));
+  // torch.nn.RMSNorm: x / sqrt(mean(x²) + eps) · w, row 0 by hand.
+  double ss = 0;
+  for (int c = 0; c < C; ++c) ss += inp[c] * inp[c];
+  EXPECT_NEAR(out[3], inp[3] / std::sqrt(ss / C + 1e-5) * wt[3], 1e-12);
+  auto fi = ToFloat(inp), fw = ToFloat(wt);
+  std::vector<float> fo(N * C), fr(N);
+  RmsNormForward<float>(fo.data(), fr.data(), fi.data(), fw.data(), 1e-5f, N, C, nullptr);
+  loss();  // out again at the unperturbed inputs
+  ExpectFloatClose("rmsnorm", fo, out);
+}
+
+TEST(LayersTest, Rotary) {
+  // 2 sequences of 3 positions, rows of 3 heads of hs 4 (2 rotated, as q
+  // and k, then 1 more: v's, left alone) in rows of ld 12.
+  const int B = 2, T = 3, hs = 4, heads = 2, ld = 12, context = 5;
+  std::mt19937_64 rng(13);
+  std::vector<float> table(context * hs / 2 * 2);
+  for (int p = 0; p < context; ++p) {
+    for (int i = 0; i < hs / 2; ++i) {
+      const double a = p * std::pow(10000.0, -2.0 * i / hs);
+      table[(p * hs / 2 + i) * 2] = static_cast<float>(std::cos(a));
+      table[(p * hs / 2 + i) * 2 + 1] = static_cast<float>(std::sin(a));
+    }
+  }
+  Vec x = RandomVec(B * T * ld, rng), w = RandomVec(B * T * ld, rng);
+  const Vec x0 = x;
+  auto loss = [&] {
+    Vec y = x;
+    RotaryForward<double>(y.data(), table.data(), B, T, heads, hs, ld, false, nullptr);
+    return Dot(y, w);
+  };
+  // Backward: the inverse rotation of the output's gradient.
+  Vec dx = w;
+  RotaryForward<double>(dx.data(), table.data(), B, T, heads, hs, ld, true, nullptr);
+  ExpectGradClose("rotary", "x", dx, NumericGrad(x, loss));
+  // Position 0 is the identity, the third head untouched, a pair's norm
+  // kept, and the inverse undoes the rotation.
+  Vec y = x;
+  RotaryForward<double>(y.data(), table.data(), B, T, heads, hs, ld, false, nullptr);
+  for (int c = 0; c < ld; ++c) EXPECT_DOUBLE_EQ(y[c], x[c]) << c;
+  for (int c = heads * hs; c < ld; ++c) EXPECT_DOUBLE_EQ(y[ld + c], x[ld + c]) << c;
+  const double n0 = x[ld] * x[ld] + x[ld + 1] * x[ld + 1];
+  EXPECT_NEAR(y[ld] * y[ld] + y[ld + 1] * y[ld + 1], n0, 1e-6 * n0);
+  // (x0, x1) at position 1, pair 0 (angle 1 rad): x0 cos 1 - x1 sin 1.
+  EXPECT_NEAR(y[ld], x[ld] * std::cos(1.0) - x[ld + 1] * std::sin(1.0), 1e-6);
+  RotaryForward<double>(y.data(), table.data(), B, T, heads, hs, ld, true, nullptr);
+  EXPECT_LT(MaxRelDiff(y, x0), 1e-6);
+}
+
+TEST(LayersTest, SwiGlu) {
+  const int N = 5, H = 7;
+  std::mt19937_64 rng(14);
+  Vec inp = RandomVec(N * 2 * H, rng, 3.0), w = RandomVec(N * H, rng), out(N * H);
+  auto loss = [&] {
+    SwiGluForward<double>(out.data(), inp.data(), N, H, nullptr);
+    return Dot(out, w);
+  };
+  loss();
+  // silu(g) · u by hand for one element.
+  const double g = inp[2 * H + 3], u = inp[2 * H + H + 3];
+  EXPECT_NEAR(out[H + 3], g / (1 + std::exp(-g)) * u, 1e-12);
+  Vec dinp(inp.size());
+  SwiGluBackward<double>(dinp.data(), inp.data(), w.data(), N, H, nullptr);
+  ExpectGradClose("swiglu", "inp", dinp, NumericGrad(inp, loss));
+  auto fi = ToFloat(inp);
+  std::vector<float> fo(out.size());
+  SwiGluForward<float>(fo.data(), fi.data(), N, H, nullptr);
+  loss();  // out again at the unperturbed inputs
+  ExpectFloatClose("swiglu", fo, out);
+}
+
+TEST(LayersTest, EncoderWithoutPositions) {
+  const int B = 2, T = 3, C = 4, V = 5;
+  std::mt19937_64 rng(16);
+  Vec wte = RandomVec(V * C, rng);
+  std::vector<int> tok = {1, 4, 1, 0, 2, 3};
+  Vec w = RandomVec(B * T * C, rng), out(B * T * C);
+  auto loss = [&] {
+    EncoderForward<double>(out.data(), tok.data(), wte.data(), nullptr, B, T, C, nullptr);
+    return Dot(out, w);
+  };
+  loss();
+  for (int c = 0; c < C; ++c) EXPECT_EQ(out[C + c], wte[4 * C + c]);
+  Vec dwte(wte.size());
+  EncoderBackward<double>(dwte.data(), nullptr, w.data(), tok.data(), B, T, C);
+  ExpectGradClose("encoder nopos", "wte", dwte, NumericGrad(wte, loss));
 }
 
 TEST(LayersTest, Gelu) {

@@ -70,9 +70,7 @@ class CrossCheckTest : public ::testing::Test {
            ("shardtrain_crosscheck_" + std::to_string(::getpid()) + "_" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
-    // V = 100 pads to Vp = 128: the padded-logits path is exercised.
-    auto cfg = MakeGptConfig(/*layers=*/2, /*heads=*/4, /*dim=*/64,
-                             /*context=*/32, /*vocab=*/100);
+    absl::StatusOr<ModelConfig> cfg = Config();
     ASSERT_TRUE(cfg.ok()) << cfg.status();
     config_ = *cfg;
     auto m = CpuModel::Create(config_, kB, kT, /*threads=*/2);
@@ -85,12 +83,27 @@ class CrossCheckTest : public ::testing::Test {
     if (!dir_.empty()) fs::remove_all(dir_, ec);
   }
 
+  // The model under test. V = 100 pads to Vp = 128: the padded-logits path
+  // is exercised.
+  virtual absl::StatusOr<ModelConfig> Config() const {
+    return MakeGptConfig(/*layers=*/2, /*heads=*/4, /*dim=*/64, /*context=*/32, /*vocab=*/100);
+  }
+
   void WriteCommon(const std::string& extra_config) {
     std::ofstream c(dir_ / "config.txt");
-    c << "layers " << config_.layers << "\nheads " << config_.heads << "\ndim " << config_.dim
-      << "\ncontext " << config_.context << "\nvocab " << config_.vocab << "\npadded_vocab "
-      << config_.padded_vocab << "\nbatch " << kB << "\nseq_len " << kT << "\n"
-      << extra_config;
+    c << "arch " << model::ArchName(config_.arch) << "\nlayers " << config_.layers << "\nheads "
+      << config_.heads << "\ndim " << config_.dim << "\ncontext " << config_.context << "\nvocab "
+      << config_.vocab << "\npadded_vocab " << config_.padded_vocab << "\nbatch " << kB
+      << "\nseq_len " << kT << "\n";
+    if (config_.arch == model::Arch::kLlama) {
+      char theta[64], eps[64];
+      std::snprintf(theta, sizeof theta, "%.17g", config_.rope_theta);
+      std::snprintf(eps, sizeof eps, "%.17g", config_.norm_eps);
+      c << "kv_heads " << config_.kv_heads << "\nffn_dim " << config_.ffn_dim << "\nrope_theta "
+        << theta << "\nnorm_eps " << eps << "\ntie_embeddings " << (config_.tie_embeddings ? 1 : 0)
+        << "\n";
+    }
+    c << extra_config;
     std::ofstream l(dir_ / "layout.txt");
     for (const TensorInfo& t : model_->layout().tensors()) {
       l << t.name << " " << t.offset << " " << t.numel << " " << (t.decay ? 1 : 0);
@@ -106,13 +119,16 @@ class CrossCheckTest : public ::testing::Test {
     return std::system(cmd.c_str());
   }
 
+  void ExpectLossLogitsAndGradientsMatchTorch();
+
   static constexpr int kB = 2, kT = 16;
   fs::path dir_;
   ModelConfig config_;
   std::unique_ptr<CpuModel> model_;
 };
 
-TEST_F(CrossCheckTest, LossAndGradientsMatchTorch) {
+// The same loss, logits and gradients as PyTorch on the same weights.
+void CrossCheckTest::ExpectLossLogitsAndGradientsMatchTorch() {
   std::mt19937 rng(7);
   std::vector<int> tokens(kB * kT), targets(kB * kT);
   for (int i = 0; i < kB * kT; ++i) {
@@ -125,8 +141,22 @@ TEST_F(CrossCheckTest, LossAndGradientsMatchTorch) {
 
   model_->ZeroGrad();
   const float loss = model_->Forward(tokens.data(), targets.data());
+  // Logits of the forward (slot 0's, (B, T, Vp): the real V columns), read
+  // before Backward overwrites them with their gradient.
+  std::vector<float> logits(size_t(kB) * kT * config_.vocab);
+  for (int r = 0; r < kB * kT; ++r)
+    model_->ReadLogits(r, logits.data() + size_t(r) * config_.vocab);
   model_->Backward();
   ASSERT_EQ(RunTorch("grad"), 0);
+  const std::vector<float> torch_logits = ReadFloats(dir_ / "logits.bin", logits.size());
+  double max_abs = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    max_abs = std::max(max_abs, std::abs(double{logits[i]} - torch_logits[i]));
+  }
+  const double logits_rel = RelDiff(logits.data(), torch_logits.data(), logits.size());
+  std::printf("[torch] %s logits: max abs diff %.3e, rel %.3e over %zu\n",
+              model::ArchName(config_.arch), max_abs, logits_rel, logits.size());
+  EXPECT_LT(logits_rel, kTol);
 
   float torch_loss = 0;
   std::ifstream(dir_ / "loss.txt") >> torch_loss;
@@ -148,10 +178,41 @@ TEST_F(CrossCheckTest, LossAndGradientsMatchTorch) {
   }
   std::printf("[torch] gradients: max rel diff %.3e (%s) over %zu tensors\n", worst,
               worst_name.c_str(), model_->layout().tensors().size());
-  // Padded wte rows get no gradient.
-  const TensorInfo& wte = model_->layout().tensors()[model_->layout().wte()];
-  for (size_t i = size_t(config_.vocab) * config_.dim; i < wte.numel; ++i)
-    ASSERT_EQ(grads[wte.offset + i], 0.0f);
+  // Padded rows of wte (and of an untied head) get no gradient.
+  for (int k : {model_->layout().wte(), model_->layout().lm_head()}) {
+    const TensorInfo& t = model_->layout().tensors()[k];
+    for (size_t i = size_t(config_.vocab) * config_.dim; i < t.numel; ++i)
+      ASSERT_EQ(grads[t.offset + i], 0.0f) << t.name;
+  }
+}
+
+TEST_F(CrossCheckTest, LossAndGradientsMatchTorch) { ExpectLossLogitsAndGradientsMatchTorch(); }
+
+// Llama: RMSNorm, rotary positions, grouped-query attention (4 heads, 2
+// key/value heads), SwiGLU, no biases; untied and tied heads.
+class LlamaCrossCheckTest : public CrossCheckTest {
+ protected:
+  absl::StatusOr<ModelConfig> Config() const override {
+    // layers, heads, kv_heads, dim, ffn_dim, context, vocab, rope_theta, norm_eps, tied
+    return model::MakeLlamaConfig({2, 4, 2, 64, 96, 32, 100, 10000, 1e-5, tied_});
+  }
+  bool tied_ = false;
+};
+
+TEST_F(LlamaCrossCheckTest, LossLogitsAndGradientsMatchTorch) {
+  ExpectLossLogitsAndGradientsMatchTorch();
+}
+
+class TiedLlamaCrossCheckTest : public LlamaCrossCheckTest {
+ protected:
+  void SetUp() override {
+    tied_ = true;
+    LlamaCrossCheckTest::SetUp();
+  }
+};
+
+TEST_F(TiedLlamaCrossCheckTest, LossLogitsAndGradientsMatchTorch) {
+  ExpectLossLogitsAndGradientsMatchTorch();
 }
 
 TEST_F(CrossCheckTest, AdamWMatchesTorchAndShardsMatchWhole) {

@@ -1,16 +1,24 @@
 #!/usr/bin/python3
-"""PyTorch reference for shardtrain's CPU GPT engine (model_crosscheck_test).
+"""PyTorch reference for shardtrain's CPU engine (model_crosscheck_test).
 
 Usage: torch_crosscheck.py DIR grad|adamw
 
 DIR holds what the C++ test wrote:
-  config.txt   "key value" lines: layers heads dim context vocab padded_vocab
-               batch seq_len (and for adamw: steps lr_0..lr_{n-1} beta1 beta2
-               eps weight_decay)
+  config.txt   "key value" lines: arch (gpt2 | llama) layers heads dim context
+               vocab padded_vocab batch seq_len; for llama also kv_heads
+               ffn_dim rope_theta norm_eps tie_embeddings (and for adamw:
+               steps lr_0..lr_{n-1} beta1 beta2 eps weight_decay)
   layout.txt   one tensor per line: name offset numel decay d0 [d1]
   params.bin   flat float32 parameters
-grad:  tokens.bin, targets.bin (int32, B*T) -> writes loss.txt, grads.bin
-       (flat float32, same layout) from the same forward/backward in float32.
+grad:  tokens.bin, targets.bin (int32, B*T) -> writes loss.txt, logits.bin
+       (B*T*V float32) and grads.bin (flat float32, same layout) from the
+       same forward/backward in float32.
+
+The Llama block is written here as Meta's reference and Hugging Face's
+LlamaForCausalLM compute it (RMSNorm, rotary q/k, grouped-query attention
+by repeating each key/value head over its group, SwiGLU), with rotary pairs
+(2i, 2i+1) of each head, shardtrain's convention (Meta's; Hugging Face's
+rotate_half pairs (i, i + hs/2), a permutation of the q/k weight rows).
 adamw: grads_<k>.bin for k < steps -> runs torch.optim.AdamW (decay group =
        the tensors with decay=1, no-decay group weight_decay=0) and writes
        adamw_params.bin.
@@ -49,37 +57,21 @@ def main():
         return out
 
     if mode == "grad":
-        L, NH, C = int(cfg["layers"]), int(cfg["heads"]), int(cfg["dim"])
         V, B, T = int(cfg["vocab"]), int(cfg["batch"]), int(cfg["seq_len"])
-        hs = C // NH
         idx = torch.from_numpy(
             np.fromfile(f"{d}/tokens.bin", dtype=np.int32).astype(np.int64)).view(B, T)
         tgt = torch.from_numpy(
             np.fromfile(f"{d}/targets.bin", dtype=np.int32).astype(np.int64)).view(B, T)
         mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
-        x = P["wte"][idx] + P["wpe"][:T]
-        for l in range(L):
-            p = f"block.{l}."
-            h = F.layer_norm(x, (C,), P[p + "ln1.weight"], P[p + "ln1.bias"], 1e-5)
-            qkv = F.linear(h, P[p + "attn.qkv.weight"], P[p + "attn.qkv.bias"])
-            q, k, v = qkv.split(C, dim=2)
-            q = q.view(B, T, NH, hs).transpose(1, 2)
-            k = k.view(B, T, NH, hs).transpose(1, 2)
-            v = v.view(B, T, NH, hs).transpose(1, 2)
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-            y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
-            x = x + F.linear(y, P[p + "attn.proj.weight"], P[p + "attn.proj.bias"])
-            h = F.layer_norm(x, (C,), P[p + "ln2.weight"], P[p + "ln2.bias"], 1e-5)
-            h = F.gelu(F.linear(h, P[p + "mlp.fc.weight"], P[p + "mlp.fc.bias"]),
-                       approximate="tanh")
-            x = x + F.linear(h, P[p + "mlp.proj.weight"], P[p + "mlp.proj.bias"])
-        x = F.layer_norm(x, (C,), P["lnf.weight"], P["lnf.bias"], 1e-5)
-        logits = x @ P["wte"][:V].t()  # tied head; padded rows excluded
+        if cfg.get("arch", "gpt2") == "llama":
+            logits = llama_logits(P, cfg, idx, mask)
+        else:
+            logits = gpt2_logits(P, cfg, idx, mask)
         loss = F.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1))
         loss.backward()
         with open(f"{d}/loss.txt", "w") as f:
             f.write(f"{loss.item():.9g}\n")
+        logits.detach().numpy().astype(np.float32).tofile(f"{d}/logits.bin")
         flatten(lambda n: P[n].grad).tofile(f"{d}/grads.bin")
     elif mode == "adamw":
         steps = int(cfg["steps"])
@@ -101,6 +93,75 @@ def main():
         flatten(lambda n: P[n]).tofile(f"{d}/adamw_params.bin")
     else:
         raise SystemExit(f"unknown mode {mode}")
+
+
+def gpt2_logits(P, cfg, idx, mask):
+    """GPT-2: learned positions, LayerNorm, GELU MLP, biases, tied head."""
+    L, NH, C, V = int(cfg["layers"]), int(cfg["heads"]), int(cfg["dim"]), int(cfg["vocab"])
+    B, T = idx.shape
+    hs = C // NH
+    x = P["wte"][idx] + P["wpe"][:T]
+    for l in range(L):
+        p = f"block.{l}."
+        h = F.layer_norm(x, (C,), P[p + "ln1.weight"], P[p + "ln1.bias"], 1e-5)
+        qkv = F.linear(h, P[p + "attn.qkv.weight"], P[p + "attn.qkv.bias"])
+        q, k, v = qkv.split(C, dim=2)
+        q = q.view(B, T, NH, hs).transpose(1, 2)
+        k = k.view(B, T, NH, hs).transpose(1, 2)
+        v = v.view(B, T, NH, hs).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + F.linear(y, P[p + "attn.proj.weight"], P[p + "attn.proj.bias"])
+        h = F.layer_norm(x, (C,), P[p + "ln2.weight"], P[p + "ln2.bias"], 1e-5)
+        h = F.gelu(F.linear(h, P[p + "mlp.fc.weight"], P[p + "mlp.fc.bias"]),
+                   approximate="tanh")
+        x = x + F.linear(h, P[p + "mlp.proj.weight"], P[p + "mlp.proj.bias"])
+    x = F.layer_norm(x, (C,), P["lnf.weight"], P["lnf.bias"], 1e-5)
+    return x @ P["wte"][:V].t()  # tied head; padded rows excluded
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rotary(x, theta):
+    """x (B, H, T, hs): pair (2i, 2i+1) at position t rotated by t·theta^(-2i/hs)."""
+    T, hs = x.shape[2], x.shape[3]
+    freq = theta ** (-2.0 * torch.arange(hs // 2, dtype=torch.float64) / hs)
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * freq[None, :]
+    cos, sin = angle.cos().float(), angle.sin().float()
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2)
+
+
+def llama_logits(P, cfg, idx, mask):
+    """Llama: RMSNorm, rotary q/k, grouped-query attention, SwiGLU, no biases."""
+    L, NH, C, V = int(cfg["layers"]), int(cfg["heads"]), int(cfg["dim"]), int(cfg["vocab"])
+    KVH, FF = int(cfg["kv_heads"]), int(cfg["ffn_dim"])
+    theta, eps = float(cfg["rope_theta"]), float(cfg["norm_eps"])
+    B, T = idx.shape
+    hs = C // NH
+    x = P["wte"][idx]
+    for l in range(L):
+        p = f"block.{l}."
+        h = rms_norm(x, P[p + "ln1.weight"], eps)
+        q, k, v = F.linear(h, P[p + "attn.qkv.weight"]).split([C, KVH * hs, KVH * hs], dim=2)
+        q = rotary(q.view(B, T, NH, hs).transpose(1, 2), theta)
+        k = rotary(k.view(B, T, KVH, hs).transpose(1, 2), theta)
+        v = v.view(B, T, KVH, hs).transpose(1, 2)
+        k = k.repeat_interleave(NH // KVH, dim=1)  # Hugging Face's repeat_kv
+        v = v.repeat_interleave(NH // KVH, dim=1)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + F.linear(y, P[p + "attn.proj.weight"])
+        h = rms_norm(x, P[p + "ln2.weight"], eps)
+        gate, up = F.linear(h, P[p + "mlp.fc.weight"]).split(FF, dim=2)
+        x = x + F.linear(F.silu(gate) * up, P[p + "mlp.proj.weight"])
+    x = rms_norm(x, P["lnf.weight"], eps)
+    head = P["wte"] if cfg["tie_embeddings"] == "1" else P["lm_head"]
+    return x @ head[:V].t()  # padded rows excluded
 
 
 if __name__ == "__main__":

@@ -319,8 +319,9 @@ TEST_F(CudaKernelsTest, MatmulBackwardIsDeterministic) {
 
 // -------------------------------------------------------------- attention
 
-// T = 37: rows of att are not whole 16-byte packs (the scalar softmax
-// kernels); T = 40: they are (the packed ones).
+// Multi-head (KVH == NH; grouped-query: llama_kernels_test.cc). T = 37:
+// rows of att are not whole 16-byte packs (the scalar softmax kernels); T =
+// 40: they are (the packed ones).
 TEST_F(CudaKernelsTest, AttentionMatchesCpu) {
   const int B = 2, C = 48, NH = 3;
   for (const auto& [dtype, T] : {std::pair<DataType, int>{kF32, 37},
@@ -335,24 +336,25 @@ TEST_F(CudaKernelsTest, AttentionMatchesCpu) {
     const std::vector<float> dout = Rounded(dtype, Uniform(rng_, out_n));
     const std::vector<float> dqkv0 = Rounded(dtype, Uniform(rng_, qkv_n));
     std::vector<float> out_ref(out_n), att_ref(att_n), scratch_ref(att_n);
-    cpu::AttentionForward<float>(out_ref.data(), att_ref.data(), qkv.data(), B, T, C, NH, nullptr);
+    cpu::AttentionForward<float>(out_ref.data(), att_ref.data(), qkv.data(), B, T, C, NH, NH,
+                                 nullptr);
     std::vector<float> dqkv_ref = dqkv0;
     cpu::AttentionBackward<float>(dqkv_ref.data(), dout.data(), qkv.data(), att_ref.data(),
-                                  scratch_ref.data(), B, T, C, NH, nullptr);
+                                  scratch_ref.data(), B, T, C, NH, NH, nullptr);
 
     const KernelCtx& k = Ctx(dtype);
     const size_t eb = DataTypeSize(dtype);
     DevicePtr d_qkv = Upload(dtype, qkv), d_out = Alloc(out_n * eb);
     DevicePtr d_att = Alloc(att_n * eb), d_scratch = Alloc(att_n * eb);
-    ASSERT_OK(
-        AttentionForward(k, d_out.get(), d_att.get(), d_scratch.get(), d_qkv.get(), B, T, C, NH));
+    ASSERT_OK(AttentionForward(k, d_out.get(), d_att.get(), d_scratch.get(), d_qkv.get(), B, T, C,
+                               NH, NH));
     ExpectClose(Download(dtype, d_att.get(), att_n), att_ref, tol, "att");
     ExpectClose(Download(dtype, d_out.get(), out_n), out_ref, tol, "attention out");
 
     DevicePtr d_dout = Upload(dtype, dout), d_dqkv = Upload(dtype, dqkv0);
     // The backward reads the saved att; the CPU's att is the reference's.
     ASSERT_OK(AttentionBackward(k, d_dqkv.get(), d_scratch.get(), d_dout.get(), d_qkv.get(),
-                                d_att.get(), B, T, C, NH));
+                                d_att.get(), B, T, C, NH, NH));
     ExpectClose(Download(dtype, d_dqkv.get(), qkv_n), dqkv_ref, tol, "dqkv");
   }
 }

@@ -14,7 +14,9 @@
 // KernelContext::Create's failure and of SquaredNormBlocks run anywhere.
 //
 // This file: the context, the optimizer kernels and the launchers' size
-// checks; kernels_layers_test.cc: the layers.
+// checks; kernels_layers_test.cc: the layers; llama_kernels_test.cc: the
+// Llama family's layers (RMSNorm, rotary, SwiGLU, grouped-query attention,
+// the encoder without learned positions).
 #include "worker/engine/cuda/kernels.h"
 
 #include <cublas_api.h>
@@ -169,8 +171,20 @@ TEST_F(CudaKernelsTest, LaunchersRejectBadSizes) {
   EXPECT_EQ(GeluForward(k, nullptr, nullptr, -1).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MatmulForward(k, nullptr, nullptr, nullptr, nullptr, 4, 4, 8, 7).code(),
             absl::StatusCode::kInvalidArgument);  // ld_out < OC
-  EXPECT_EQ(AttentionForward(k, nullptr, nullptr, nullptr, nullptr, 1, 4, 10, 4).code(),
+  EXPECT_EQ(AttentionForward(k, nullptr, nullptr, nullptr, nullptr, 1, 4, 10, 4, 4).code(),
             absl::StatusCode::kInvalidArgument);  // NH does not divide C
+  EXPECT_EQ(AttentionForward(k, nullptr, nullptr, nullptr, nullptr, 1, 4, 64, 4, 3).code(),
+            absl::StatusCode::kInvalidArgument);  // KVH does not divide NH
+  EXPECT_EQ(
+      AttentionBackward(k, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 64, 4, 0).code(),
+      absl::StatusCode::kInvalidArgument);  // KVH < 1
+  EXPECT_EQ(RotaryForward(k, nullptr, nullptr, 1, 4, 2, 15, 64, false).code(),
+            absl::StatusCode::kInvalidArgument);  // odd head size
+  EXPECT_EQ(RotaryForward(k, nullptr, nullptr, 1, 4, 6, 16, 64, false).code(),
+            absl::StatusCode::kInvalidArgument);  // heads·hs beyond the row
+  EXPECT_EQ(SwiGluForward(k, nullptr, nullptr, -1, 8).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RmsNormForward(k, nullptr, nullptr, nullptr, nullptr, 1e-5f, 4, -1).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CrossEntropyForward(k, nullptr, nullptr, nullptr, nullptr, 2, 65, 64).code(),
             absl::StatusCode::kInvalidArgument);  // V > Vp
   AdamWArgs bad;
@@ -180,6 +194,9 @@ TEST_F(CudaKernelsTest, LaunchersRejectBadSizes) {
   // Nothing to do is not an error.
   EXPECT_TRUE(GeluForward(k, nullptr, nullptr, 0).ok());
   EXPECT_TRUE(LayerNormForward(k, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 8).ok());
+  EXPECT_TRUE(RmsNormBackward(k, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 8).ok());
+  EXPECT_TRUE(SwiGluBackward(k, nullptr, nullptr, nullptr, 0, 8).ok());
+  EXPECT_TRUE(RotaryForward(k, nullptr, nullptr, 0, 4, 2, 16, 64, true).ok());
 }
 
 }  // namespace

@@ -1,0 +1,129 @@
+// RMSNorm over the last dim (Llama), forward and backward (kernels.h; the
+// CPU twin is engine/cpu/layers.cc). The layout of layernorm.cu: one warp
+// per row for the row's statistics and dinp, a column-tile kernel for the
+// weight's gradient (deterministic: no atomics).
+#include "worker/engine/cuda/kernel_util.cuh"
+#include "worker/engine/cuda/kernels.h"
+
+namespace shardtrain::engine::cuda {
+namespace {
+
+using internal::kWarpSize;
+using internal::Load;
+using internal::Store;
+using internal::WarpSum;
+
+constexpr int kThreads = 256;                        // 8 warps: 8 rows per block
+constexpr int kRowsPerBlock = kThreads / kWarpSize;  // one warp per row
+
+absl::Status CheckRmsNormSizes(const char* kernel, int N, int C) {
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kernel, "N", N));
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kernel, "C", C));
+  return internal::CheckGrid(kernel, internal::BlocksFor(N, kRowsPerBlock));
+}
+
+// One warp per row of C. out = x · rstd · weight; saves the row's rstd =
+// 1/sqrt(mean(x²) + eps).
+template <typename F>
+__global__ void RmsNormForwardKernel(F* out, float* rstd, const F* inp, const F* weight, float eps,
+                                     int N, int C) {
+  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (row >= N) return;  // the whole warp leaves together
+  const F* x = inp + row * C;
+  float ss = 0.0f;
+  for (int c = lane; c < C; c += kWarpSize) {
+    const float v = Load(x[c]);
+    ss += v * v;
+  }
+  const float s = 1.0f / sqrtf(WarpSum(ss) / C + eps);
+  F* o = out + row * C;
+  for (int c = lane; c < C; c += kWarpSize) o[c] = Store<F>(Load(x[c]) * s * Load(weight[c]));
+  if (lane == 0) rstd[row] = s;
+}
+
+}  // namespace
+
+// inp, out (N,C); weight (C); saves rstd (N, fp32).
+absl::Status RmsNormForward(const KernelCtx& ctx, void* out, float* rstd, const void* inp,
+                            const void* weight, float eps, int N, int C) {
+  constexpr const char* kName = "RmsNormForward";
+  SHARDTRAIN_RETURN_IF_ERROR(CheckRmsNormSizes(kName, N, C));
+  if (N == 0 || C == 0) return absl::OkStatus();
+  if (!(eps > 0.0f)) return absl::InvalidArgumentError("RmsNormForward: eps must be > 0");
+  const int blocks = static_cast<int>(internal::BlocksFor(N, kRowsPerBlock));
+  return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
+    using F = typename decltype(tag)::type;
+    RmsNormForwardKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
+        static_cast<F*>(out), rstd, static_cast<const F*>(inp), static_cast<const F*>(weight), eps,
+        N, C);
+    return internal::CheckLaunch(kName);
+  });
+}
+
+namespace {
+
+// One warp per row of C: dinp += weight · dout · rstd - x · rstd³ · mean(x ·
+// weight · dout) (the row's sum in a fixed order: deterministic).
+template <typename F>
+__global__ void RmsNormBackwardInputKernel(F* dinp, const F* dout, const F* inp, const F* weight,
+                                           const float* rstd, int N, int C) {
+  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (row >= N) return;
+  const F* x = inp + row * C;
+  const F* d = dout + row * C;
+  const float s = rstd[row];
+  float dot = 0.0f;
+  for (int c = lane; c < C; c += kWarpSize) dot += Load(weight[c]) * Load(d[c]) * Load(x[c]);
+  const float k = WarpSum(dot) / C * s * s * s;
+  F* di = dinp + row * C;
+  for (int c = lane; c < C; c += kWarpSize) {
+    di[c] = Store<F>(Load(di[c]) + Load(weight[c]) * Load(d[c]) * s - Load(x[c]) * k);
+  }
+}
+
+// A block per tile of kColumnTile channels, kRowLanes row lanes each
+// (ColumnLaneSum; deterministic): dweight[c] += Σ_r x[r,c] · rstd[r] ·
+// dout[r,c].
+template <typename F>
+__global__ void RmsNormBackwardWeightKernel(float* dweight, const F* dout, const F* inp,
+                                            const float* rstd, int N, int C) {
+  const int c = blockIdx.x * internal::kColumnTile + threadIdx.x;
+  float dw = 0.0f;
+  if (c < C) {
+    for (int r = threadIdx.y; r < N; r += internal::kRowLanes) {
+      const int64_t i = int64_t{r} * C + c;
+      dw += Load(inp[i]) * rstd[r] * Load(dout[i]);
+    }
+  }
+  dw = internal::ColumnLaneSum(dw);
+  if (threadIdx.y == 0 && c < C) dweight[c] += dw;
+}
+
+}  // namespace
+
+// dinp (N,C) += ; dweight (C, fp32) += ; dout, inp (N,C); weight (C); rstd
+// (N) from the forward.
+absl::Status RmsNormBackward(const KernelCtx& ctx, void* dinp, float* dweight, const void* dout,
+                             const void* inp, const void* weight, const float* rstd, int N, int C) {
+  constexpr const char* kName = "RmsNormBackward";
+  SHARDTRAIN_RETURN_IF_ERROR(CheckRmsNormSizes(kName, N, C));
+  if (N == 0 || C == 0) return absl::OkStatus();
+  return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
+    using F = typename decltype(tag)::type;
+    const F* d = static_cast<const F*>(dout);
+    const F* x = static_cast<const F*>(inp);
+    const int weight_blocks = static_cast<int>(internal::BlocksFor(C, internal::kColumnTile));
+    RmsNormBackwardWeightKernel<F>
+        <<<weight_blocks, dim3(internal::kColumnTile, internal::kRowLanes), 0, ctx.stream>>>(
+            dweight, d, x, rstd, N, C);
+    SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("RmsNormBackward (dweight)"));
+    const int row_blocks = static_cast<int>(internal::BlocksFor(N, kRowsPerBlock));
+    RmsNormBackwardInputKernel<F><<<row_blocks, kThreads, 0, ctx.stream>>>(
+        static_cast<F*>(dinp), d, x, static_cast<const F*>(weight), rstd, N, C);
+    return internal::CheckLaunch("RmsNormBackward (dinp)");
+  });
+}
+
+}  // namespace shardtrain::engine::cuda
