@@ -1,7 +1,10 @@
-// gpu_train_bench: GPT-2 124M training on one GPU (T = 1024, bf16 compute,
-// fp32 master weights, AdamW, clip 1.0) through the real Trainer, next to
-// PyTorch on the same GPU in the same invocation (bench/gpu_train_torch_peer.py:
-// SDPA attention, autocast bf16, fused AdamW; eager and torch.compile rows).
+// gpu_train_bench: GPT-2 124M (or --model PRESET: any preset, GPT-2 or Llama)
+// training on one GPU (T = 1024 or the model's context if shorter, bf16
+// compute, fp32 master weights, AdamW, clip 1.0) through the real Trainer,
+// next to PyTorch on the same GPU in the same invocation
+// (bench/gpu_train_torch_peer.py: the same model in torch.nn — SDPA
+// attention, with grouped-query attention for Llama — autocast bf16, fused
+// AdamW; eager and torch.compile rows).
 // A benchmark, never a test: it prints numbers and ratios.
 //
 // Per batch size B (default 16 and 32): ms/step and tok/s over --steps timed
@@ -30,7 +33,7 @@
 // (ncu, when installed: the toolkit's) and prints the time per kernel
 // family; --ncu-csv FILE prints that table from a saved profile.
 //
-// Usage: gpu_train_bench [--batch 16,32] [--steps 20] [--warmup 3]
+// Usage: gpu_train_bench [--model gpt2-124m] [--batch 16,32] [--steps 20] [--warmup 3]
 //                        [--peer torch|none] [--compile] [--peak-tflops 989.4]
 //                        [--data FILE] [--peer-dir DIR] [--kernels B] [--ranks N]
 //                        [--zero 0,3] [--offload] [--nccl]
@@ -57,6 +60,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/job_spec.h"
+#include "common/model/config.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/comm/rendezvous_store.h"
@@ -67,6 +71,8 @@ namespace shardtrain {
 namespace {
 
 struct Options {
+  std::string model = "gpt2-124m";  // a preset (model::ModelPresetNames())
+  int seq = 1024;                   // tokens per sequence: 1024, or the model's context
   std::vector<int> batches = {16, 32};
   int steps = 20;
   int warmup = 3;
@@ -106,11 +112,12 @@ struct Row {
 };
 
 absl::StatusOr<JobSpec> SpecFor(const Options& o, int batch) {
-  return ParseJobSpec(absl::StrCat(
-      "name: gpu-train-bench\nmodel: {preset: gpt2-124m}\n", "data: {train: ", o.data, "}\n",
-      "batch: {global: ", batch, ", micro: ", batch, ", seq_len: 1024}\n", "precision: bf16\n",
-      "optimizer: {lr: 6e-4, warmup_steps: 10, weight_decay: 0.1, grad_clip: 1.0}\n",
-      "steps: ", o.warmup + o.steps, "\nresources: {device: cuda}\nseed: 1337\n"));
+  return ParseJobSpec(
+      absl::StrCat("name: gpu-train-bench\nmodel: {preset: ", o.model, "}\n",
+                   "data: {train: ", o.data, "}\n", "batch: {global: ", batch, ", micro: ", batch,
+                   ", seq_len: ", o.seq, "}\n", "precision: bf16\n",
+                   "optimizer: {lr: 6e-4, warmup_steps: 10, weight_decay: 0.1, grad_clip: 1.0}\n",
+                   "steps: ", o.warmup + o.steps, "\nresources: {device: cuda}\nseed: 1337\n"));
 }
 
 // FLOPs per token: 6 per parameter per token (forward + backward) plus
@@ -188,7 +195,7 @@ absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
         worker::Trainer::Create(*spec, /*rank=*/0, host_threads, /*comm=*/nullptr, /*gpu=*/0);
     if (!t.ok()) return t.status();
     *flops_per_token =
-        FlopsPerToken((*t)->engine().config(), (*t)->engine().layout().global_num_params(), 1024);
+        FlopsPerToken((*t)->engine().config(), (*t)->engine().layout().global_num_params(), o.seq);
     ms = TimeSteps(**t, o);
     memory.Arrive();
   } else {
@@ -235,7 +242,7 @@ absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
   if (!ms.ok()) return ms.status();
   Row row{v.Name(), batch};
   row.ms = *ms;
-  row.tok_s = batch * 1024.0 / (row.ms / 1e3);
+  row.tok_s = batch * double(o.seq) / (row.ms / 1e3);
   row.mem_gib = memory.gib();
   return row;
 }
@@ -244,10 +251,18 @@ absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
 // peak_gib <z>"), run beside this binary's source tree.
 // `ranks` > 1: DDP or FSDP2 over that many GPUs (mode ddp, fsdp2).
 std::vector<Row> RunTorch(const Options& o, const std::string& mode, int ranks = 1) {
+  const model::ModelConfig c = *model::ModelPreset(o.model);
+  std::string shape = absl::StrCat(" --layers ", c.layers, " --heads ", c.heads, " --dim ", c.dim,
+                                   " --seq ", o.seq, " --vocab ", c.vocab);
+  if (c.arch == model::Arch::kLlama) {
+    absl::StrAppend(&shape, " --arch llama --kv-heads ", c.kv_heads, " --ffn-dim ", c.ffn_dim,
+                    " --rope-theta ", c.rope_theta, " --norm-eps ", c.norm_eps,
+                    c.tie_embeddings ? " --tie-embeddings" : "");
+  }
   const std::string cmd = absl::StrCat(
       "cd '", o.peer_dir, "' && python3 gpu_train_torch_peer.py --mode ", mode, " --ranks ", ranks,
       " --steps ", o.steps, " --warmup ", std::max(o.warmup, mode == "compile" ? 5 : 3),
-      " --batch ", absl::StrJoin(o.batches, " "), " 2>&1");
+      " --batch ", absl::StrJoin(o.batches, " "), shape, " 2>&1");
   std::vector<Row> rows;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return rows;
@@ -372,8 +387,16 @@ std::string FindNcu() {
 
 int Main(int argc, char** argv) {
   Options o;
-  CLI::App app{"GPT-2 124M bf16 training on one GPU: shardtrain next to PyTorch (ratios)"};
-  app.add_option("--batch", o.batches, "batch sizes (sequences of 1024 tokens)")
+  CLI::App app{
+      "GPT-2 124M (or --model) bf16 training on one GPU: shardtrain next to PyTorch "
+      "(ratios)"};
+  app.add_option("--model", o.model,
+                 "the model: a preset (gpt2-124m ... gpt2-1558m, llama-tiny, "
+                 "llama3-1b, llama3-8b)")
+      ->capture_default_str();
+  app.add_option("--batch", o.batches,
+                 "batch sizes (sequences of 1024 tokens, or of the "
+                 "model's context if shorter)")
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--steps", o.steps, "timed steps per batch size")
@@ -416,6 +439,15 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  {
+    const absl::StatusOr<model::ModelConfig> preset = model::ModelPreset(o.model);
+    if (!preset.ok()) {
+      std::fprintf(stderr, "gpu_train_bench: --model: %s\n",
+                   std::string(preset.status().message()).c_str());
+      return 2;
+    }
+    o.seq = std::min(1024, preset->context);
+  }
   if (!ncu_csv.empty()) {
     std::ifstream in(ncu_csv);
     if (!in) {
@@ -437,8 +469,8 @@ int Main(int argc, char** argv) {
                 std::string(gpus.status().message()).c_str());
     return 0;
   }
-  std::printf("gpu_train_bench: %s, GPT-2 124M, T=1024, bf16, AdamW, clip 1.0; %d timed steps\n",
-              gpus->front().model.c_str(), o.steps);
+  std::printf("gpu_train_bench: %s, %s, T=%d, bf16, AdamW, clip 1.0; %d timed steps\n",
+              gpus->front().model.c_str(), o.model.c_str(), o.seq, o.steps);
   std::vector<Row> rows;
   double flops_per_token = 0;
   for (int b : o.batches) {
@@ -512,8 +544,8 @@ int Main(int argc, char** argv) {
     const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     const std::string cmd =
         absl::StrCat(ncu, " --metrics gpu__time_duration.sum --print-summary per-kernel --csv '",
-                     std::string(self, n > 0 ? n : 0), "' --batch ", kernels_batch,
-                     " --steps 2 --warmup 1 --peer none --data '", o.data, "' 2>&1");
+                     std::string(self, n > 0 ? n : 0), "' --model ", o.model, " --batch ",
+                     kernels_batch, " --steps 2 --warmup 1 --peer none --data '", o.data, "' 2>&1");
     std::string text;
     if (FILE* p = popen(cmd.c_str(), "r")) {
       char buf[4096];

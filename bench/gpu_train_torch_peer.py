@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""PyTorch peer for gpu_train_bench: GPT-2 124M training steps on one GPU the
-way a PyTorch user writes them (bench/torch_gpt.py's model with SDPA
-attention, autocast bf16, fused AdamW, gradient clipping at 1.0), eager or
+"""PyTorch peer for gpu_train_bench: GPT-2 124M (or, with --arch llama and
+its shape, a Llama model) training steps on one GPU the way a PyTorch user
+writes them (bench/torch_gpt.py's models with SDPA attention (grouped-query
+for Llama), autocast bf16, fused AdamW, gradient clipping at 1.0), eager or
 torch.compile; or on --ranks GPUs (one process each, NCCL, the global batch
 split over them) under DistributedDataParallel (--mode ddp) or FSDP2
 (--mode fsdp2: fully_shard per block, then the root; ZeRO-3's sharding).
@@ -16,7 +17,7 @@ import time
 
 import torch
 
-from torch_gpt import GPT  # bench/torch_gpt.py, beside this script
+from torch_gpt import GPT, Llama  # bench/torch_gpt.py, beside this script
 
 
 def wrap(a, model, rank):
@@ -36,7 +37,11 @@ def wrap(a, model, rank):
 
 def run(a, batch, rank=0):
     torch.manual_seed(0)
-    model = GPT(a.layers, a.heads, a.dim, a.seq, a.vocab, sdpa=True).cuda()
+    if a.arch == "llama":
+        model = Llama(a.layers, a.heads, a.kv_heads, a.dim, a.ffn_dim, a.seq, a.vocab,
+                      theta=a.rope_theta, eps=a.norm_eps, tie=a.tie_embeddings).cuda()
+    else:
+        model = GPT(a.layers, a.heads, a.dim, a.seq, a.vocab, sdpa=True).cuda()
     step_model = wrap(a, model, rank)
     if a.mode == "fsdp2":
         model = step_model  # its parameters are the shards now
@@ -105,7 +110,15 @@ def main():
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compile happens here)")
     for name, v in (("layers", 12), ("heads", 12), ("dim", 768), ("seq", 1024), ("vocab", 50257)):
         p.add_argument("--" + name, type=int, default=v)
+    p.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2")
+    p.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads")
+    p.add_argument("--ffn-dim", type=int, default=0, help="llama: SwiGLU width")
+    p.add_argument("--rope-theta", type=float, default=500000.0)
+    p.add_argument("--norm-eps", type=float, default=1e-5)
+    p.add_argument("--tie-embeddings", action="store_true", help="llama: LM head = wte")
     a = p.parse_args()
+    if a.arch == "llama" and (a.kv_heads < 1 or a.ffn_dim < 1):
+        p.error("--arch llama needs --kv-heads and --ffn-dim")
     if a.mode in ("ddp", "fsdp2"):
         if a.ranks < 2 or torch.cuda.device_count() < a.ranks:
             p.error(f"--mode {a.mode} needs --ranks >= 2 GPUs; this machine has "
