@@ -219,22 +219,8 @@ cli history "$JOB" -o json >"$WORK/cluster.json"
   /opt/shardtrain/examples . && shardtrain local examples/fortunes-ddp.yaml --workers 4 \
   ${SETS[*]} --set checkpoint.every=0 -o json" >"$WORK/local.json" 2>"$WORK/local.log" ||
   { tail -20 "$WORK/local.log"; exit 1; }
-"$PY" - "$WORK/cluster.json" "$WORK/local.json" "$STEPS" <<'EOF'
-import json, sys
-def losses(path):
-    doc = json.load(open(path))
-    steps = doc["steps"] if isinstance(doc, dict) else doc
-    return {int(s["step"]): float(s["loss"]) for s in steps}
-cluster, local, steps = losses(sys.argv[1]), losses(sys.argv[2]), int(sys.argv[3])
-missing = [s for s in range(1, steps + 1) if s not in cluster or s not in local]
-if missing:
-    sys.exit(f"FAIL: steps without a loss: {missing[:10]}")
-worst = max(abs(cluster[s] - local[s]) / abs(local[s]) for s in range(1, steps + 1))
-print(f"losses: step 1 cluster {cluster[1]:.6f} local {local[1]:.6f}; step {steps} cluster "
-      f"{cluster[steps]:.6f} local {local[steps]:.6f}; max rel diff over {steps} steps {worst:.3g}")
-if worst > 1e-6:
-    sys.exit("FAIL: the cluster's losses differ from shardtrain local's")
-EOF
+"$PY" tests/deploy/compare_losses.py "$WORK/cluster.json" "$WORK/local.json" "$STEPS" \
+  "the compose cluster" || exit 1
 
 # ---- checkpoints on the shared volume
 ckpts=$("$DOCKER" exec "${WORKERS[0]}" sh -c 'ls -d /srv/shardtrain/ckpt/fortunes-ddp/step-* \
