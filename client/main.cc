@@ -175,9 +175,13 @@ int main(int argc, char** argv) {
   ExportOptions export_opts;
   auto* exp = app.add_subcommand(
       "export",
-      "write trained weights in Hugging Face's GPT-2 layout: OUT/model.safetensors (fp32, "
+      "write trained weights in Hugging Face's layout. GPT-2: OUT/model.safetensors (fp32, "
       "Conv1D (in, out) weights, the unpadded vocabulary, lm_head tied to wte), "
-      "OUT/config.json and, for GPT-2 vocabularies, the tokenizer's vocab.json and merges.txt");
+      "OUT/config.json and, for GPT-2 vocabularies, the tokenizer's vocab.json and merges.txt. "
+      "Llama: LlamaForCausalLM's OUT/config.json, generation_config.json and "
+      "model.safetensors (q/k rows permuted to rotate_half's order), sharded as "
+      "model-0000K-of-0000N.safetensors with model.safetensors.index.json above "
+      "--max-shard-size, and --tokenizer-json as OUT/tokenizer.json");
   exp->add_option("weights", export_opts.source,
                   "weights file, a job's checkpoint.dir (final.weights, else its newest valid "
                   "commit) or one step-N dir")
@@ -189,6 +193,14 @@ int main(int argc, char** argv) {
   exp->add_option("--vocab", export_opts.vocab,
                   "folder of GPT-2's vocabulary for the tokenizer files (default: "
                   "$SHARDTRAIN_GPT2_VOCAB, then the one scripts/setup installs)");
+  exp->add_option("--dtype", export_opts.dtype, "Llama: the weights' type, fp32 | bf16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  exp->add_option("--max-shard-size", export_opts.max_shard_size,
+                  "Llama: the largest safetensors file, e.g. 5GB, 500MB, 2GiB")
+      ->capture_default_str();
+  exp->add_option("--tokenizer-json", export_opts.tokenizer_json,
+                  "Llama: the job's tokenizer.json, written beside the weights");
   add_common(exp, false, "table|json");
 
   PrepareFlags prep;

@@ -1,15 +1,19 @@
 #include "client/sample.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/errors.h"
 #include "client/output.h"
 #include "common/gpt2_bpe.h"
 #include "common/process.h"
 #include "worker/checkpoint/directory.h"
 #include "worker/checkpoint/hf_gpt2.h"
+#include "worker/checkpoint/hf_llama.h"
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/storage.h"
@@ -119,6 +123,60 @@ int Sample(const GlobalFlags& g, const SampleOptions& o) {
 
 namespace shardtrain::client {
 
+// A Llama model: config.json, generation_config.json, the safetensors
+// (sharded at --max-shard-size) and a given tokenizer.json
+// (worker/checkpoint/hf_llama.h). The caller checked that o.out is absent or
+// empty.
+int ExportLlama(const GlobalFlags& g, const ExportOptions& o,
+                const checkpoint::LoadedWeights& weights, const std::string& from) {
+  checkpoint::HfExportOptions options;
+  options.dtype = o.dtype == "bf16" ? DataType::kBFloat16 : DataType::kFloat32;
+  absl::StatusOr<int64_t> shard = checkpoint::ParseShardSize(o.max_shard_size);
+  if (!shard.ok()) return ReportError(g, shard.status());
+  options.max_shard_bytes = *shard;
+  std::string tokenizer;  // read before anything is written
+  if (!o.tokenizer_json.empty()) {
+    if (absl::Status s = ReadFile(o.tokenizer_json, &tokenizer); !s.ok()) {
+      return ReportError(g, absl::NotFoundError(absl::StrCat("--tokenizer-json: ", s.message())));
+    }
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(o.out, ec);
+  if (ec) {
+    return ReportError(
+        g, absl::UnavailableError(absl::StrCat("cannot create ", o.out, ": ", ec.message())));
+  }
+  absl::Status s = checkpoint::ExportHfLlama(weights.config, weights.params, o.out, options);
+  if (s.ok() && !tokenizer.empty()) {
+    s = WriteFileAtomically(o.out + "/tokenizer.json", tokenizer);
+    if (s.ok()) {
+      s = WriteFileAtomically(o.out + "/tokenizer_config.json",
+                              "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\"\n}\n");
+    }
+  }
+  if (!s.ok()) return ReportError(g, s);
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(o.out, ec)) {
+    files.push_back(e.path().filename().string());
+  }
+  std::sort(files.begin(), files.end());
+  const model::ModelConfig& c = weights.config;
+  if (g.output == "json") {
+    std::cout << "{\"from\": " << JsonString(from) << ", \"out\": " << JsonString(o.out)
+              << ", \"format\": \"safetensors\", \"layout\": \"llama\", \"dtype\": "
+              << JsonString(o.dtype)
+              << ", \"tokenizer_files\": " << (tokenizer.empty() ? "false" : "true") << "}"
+              << std::endl;
+  } else {
+    std::cout << "exported " << from << " (llama: layers " << c.layers << ", heads " << c.heads
+              << ", kv_heads " << c.kv_heads << ", dim " << c.dim << ", ffn_dim " << c.ffn_dim
+              << ", vocab " << c.vocab << ", " << (c.tie_embeddings ? "tied" : "untied")
+              << " head) to " << o.out << " in " << o.dtype << ": " << absl::StrJoin(files, ", ")
+              << " (Hugging Face LlamaForCausalLM layout)" << std::endl;
+  }
+  return kExitOk;
+}
+
 int Export(const GlobalFlags& g, const ExportOptions& o) {
   namespace fs = std::filesystem;
   if (o.format != "safetensors") {
@@ -134,11 +192,11 @@ int Export(const GlobalFlags& g, const ExportOptions& o) {
   std::string from;
   auto weights = LoadWeightsFrom(o.source, &from);
   if (!weights.ok()) return ReportError(g, weights.status());
-  if (weights->config.arch != model::Arch::kGpt2) {
-    return ReportError(
-        g, absl::UnimplementedError(absl::StrCat(
-               from, " holds a ", model::ArchName(weights->config.arch),
-               " model; export writes Hugging Face's GPT-2 layout only so far (nothing written)")));
+  if (weights->config.arch == model::Arch::kLlama) return ExportLlama(g, o, *weights, from);
+  if (o.dtype != "fp32" || !o.tokenizer_json.empty()) {
+    return ReportError(g, absl::InvalidArgumentError(
+                              "--dtype bf16 and --tokenizer-json are for Llama models; GPT-2's "
+                              "export is fp32 with GPT-2's tokenizer files"));
   }
   // The tokenizer's files first: a missing vocabulary fails before anything
   // is written.

@@ -38,11 +38,18 @@ struct ExportOptions {
   std::string format = "safetensors";
   std::string out;    // directory (created; must be empty or absent)
   std::string vocab;  // GPT-2's vocabulary folder, for the tokenizer files
+  // Llama models only:
+  std::string dtype = "fp32";          // fp32 | bf16
+  std::string max_shard_size = "5GB";  // the largest safetensors file (ParseShardSize)
+  std::string tokenizer_json;          // copied to DIR/tokenizer.json when given
 };
 
-// `shardtrain export`: DIR/model.safetensors and DIR/config.json in Hugging
-// Face's GPT-2 layout (worker/checkpoint/hf_gpt2.h) and, for GPT-2
-// vocabularies, the tokenizer's vocab.json and merges.txt beside them.
+// `shardtrain export`: for GPT-2, DIR/model.safetensors and DIR/config.json
+// in Hugging Face's GPT-2 layout (worker/checkpoint/hf_gpt2.h) and, for
+// GPT-2 vocabularies, the tokenizer's vocab.json and merges.txt beside them;
+// for Llama, Hugging Face's LlamaForCausalLM layout
+// (worker/checkpoint/hf_llama.h) in fp32 or bf16, sharded above
+// max_shard_size, with generation_config.json and the tokenizer.json given.
 int Export(const GlobalFlags& g, const ExportOptions& o);
 
 }  // namespace shardtrain::client

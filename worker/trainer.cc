@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/checkpoint/directory.h"
-#include "worker/checkpoint/hf_gpt2.h"
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
+#include "worker/checkpoint/model_weights.h"
 #include "worker/data/tokens.h"
 #include "worker/engine/cpu/cpu_model.h"
 #if SHARDTRAIN_HAVE_CUDA
@@ -503,19 +503,24 @@ absl::StatusOr<int64_t> Trainer::Restore(checkpoint::CheckpointStorage& storage,
 absl::Status Trainer::LoadInitialWeights(const std::string& path) {
   absl::StatusOr<model::ModelConfig> config = spec_.model.Config();
   if (!config.ok()) return config.status();
-  absl::StatusOr<std::vector<float>> whole = checkpoint::LoadModelWeights(path, *config);
-  if (!whole.ok()) {
-    return absl::Status(whole.status().code(),
-                        absl::StrCat("model.init: ", whole.status().message()));
-  }
+  auto failed = [](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("model.init: ", s.message()));
+  };
+  absl::StatusOr<std::unique_ptr<checkpoint::WeightsSource>> source =
+      checkpoint::OpenModelWeights(path, *config);
+  if (!source.ok()) return failed(source.status());
   // This rank's share, as Restore reads a checkpoint's: the strategy's load
-  // ranges of its slice, in the whole model's coordinates, in local order;
-  // AdamW starts from zero moments at step 0.
+  // ranges of its slice, in the whole model's coordinates, in local order,
+  // read piece by piece; AdamW starts from zero moments at step 0.
   std::vector<float> params;
-  ForEachGlobalPiece(
-      engine_->layout(), strategy_->LoadRanges(), {}, [&](size_t, size_t global, size_t n) {
-        params.insert(params.end(), whole->begin() + global, whole->begin() + global + n);
-      });
+  absl::Status read;
+  ForEachGlobalPiece(engine_->layout(), strategy_->LoadRanges(), {},
+                     [&](size_t, size_t global, size_t n) {
+                       if (!read.ok()) return;
+                       params.resize(params.size() + n);
+                       read = (*source)->Read(global, n, params.data() + params.size() - n);
+                     });
+  if (!read.ok()) return failed(read);
   const std::vector<float> zeros(params.size(), 0.0f);
   return strategy_->Restore(params, zeros, zeros, 0);
 }

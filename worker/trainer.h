@@ -180,7 +180,7 @@ class Trainer {
  private:
   Trainer(JobSpec spec, int rank) : spec_(std::move(spec)), rank_(rank) {}
   // spec.model.init: the whole model's weights from `path`
-  // (checkpoint::LoadModelWeights), this rank's share into the strategy.
+  // (checkpoint::OpenModelWeights), this rank's share into the strategy.
   absl::Status LoadInitialWeights(const std::string& path);
   // The engine's parameters as host memory: themselves, or (on a GPU)
   // copied into *copy.

@@ -10,18 +10,13 @@
 #include "absl/strings/str_join.h"
 #include "common/model/param_layout.h"
 #include "common/process.h"
+#include "worker/checkpoint/safetensors.h"
 #include "worker/checkpoint/weights_file.h"
 
 namespace shardtrain::checkpoint {
 namespace {
 
 using Json = nlohmann::json;
-
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
 
 std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
@@ -64,76 +59,21 @@ void Transpose(const float* in, int64_t rows, int64_t cols, float* out) {
 absl::Status WriteSafetensors(const std::string& path,
                               const std::map<std::string, NamedTensor>& tensors,
                               const std::map<std::string, std::string>& metadata) {
-  Json header = Json::object();
-  uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    if (Numel(t.shape) != int64_t(t.data.size())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": ", t.data.size(), " values for shape ", ShapeText(t.shape)));
-    }
-    const uint64_t bytes = t.data.size() * sizeof(float);
-    header[name] = {
-        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  char length[8];
-  const uint64_t n = text.size();
-  for (int i = 0; i < 8; ++i) length[i] = char((n >> (8 * i)) & 0xff);  // little-endian
-  std::vector<std::string_view> pieces = {std::string_view(length, 8), text};
-  for (const auto& [name, t] : tensors) {
-    pieces.emplace_back(reinterpret_cast<const char*>(t.data.data()),
-                        t.data.size() * sizeof(float));
-  }
-  return WriteFileAtomically(path, pieces);
+  std::vector<TensorToWrite> list;
+  for (const auto& [name, t] : tensors) list.push_back({name, t.shape, t.data});
+  return WriteSafetensorsFile(path, list, DataType::kFloat32, metadata);
 }
 
 absl::StatusOr<std::map<std::string, NamedTensor>> ReadSafetensors(const std::string& path) {
-  std::string bytes;
-  if (absl::Status s = ReadFile(path, &bytes); !s.ok()) return s;
-  auto bad = [&](const std::string& why) {
-    return absl::DataLossError(absl::StrCat(path, ": not a valid safetensors file: ", why));
-  };
-  if (bytes.size() < 8) return bad("shorter than the 8-byte header length");
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
-  if (n > bytes.size() - 8) return bad(absl::StrCat("header length ", n, " exceeds the file"));
-  Json header = Json::parse(bytes.begin() + 8, bytes.begin() + 8 + int64_t(n), nullptr, false);
-  if (!header.is_object()) return bad("the header is not a JSON object");
-  const uint64_t data_size = bytes.size() - 8 - n;
-  const char* data = bytes.data() + 8 + n;
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> f = SafetensorsFile::Open(path);
+  if (!f.ok()) return f.status();
   std::map<std::string, NamedTensor> out;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
-    const Json& e = it.value();
-    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") ||
-        !e.contains("data_offsets") || !e["shape"].is_array() || !e["data_offsets"].is_array() ||
-        e["data_offsets"].size() != 2) {
-      return bad(absl::StrCat("tensor ", it.key(), ": needs dtype, shape and data_offsets"));
-    }
-    if (e["dtype"] != "F32") {
-      return absl::UnimplementedError(absl::StrCat(path, ": tensor ", it.key(), " is ",
-                                                   e["dtype"].dump(), "; only F32 is read"));
-    }
+  for (const auto& [name, e] : (*f)->tensors()) {
     NamedTensor t;
-    for (const Json& d : e["shape"]) {
-      if (!d.is_number_unsigned()) return bad(absl::StrCat("tensor ", it.key(), ": bad shape"));
-      t.shape.push_back(d.get<int64_t>());
-    }
-    if (!e["data_offsets"][0].is_number_unsigned() || !e["data_offsets"][1].is_number_unsigned()) {
-      return bad(absl::StrCat("tensor ", it.key(), ": bad data_offsets"));
-    }
-    const uint64_t begin = e["data_offsets"][0], end = e["data_offsets"][1];
-    if (begin > end || end > data_size || end - begin != uint64_t(Numel(t.shape)) * sizeof(float)) {
-      return bad(absl::StrCat("tensor ", it.key(), ": data_offsets [", begin, ", ", end,
-                              ") do not hold shape ", ShapeText(t.shape), " of F32 within ",
-                              data_size, " data bytes"));
-    }
-    t.data.resize((end - begin) / sizeof(float));
-    std::memcpy(t.data.data(), data + begin, end - begin);
-    out.emplace(it.key(), std::move(t));
+    t.shape = e.shape;
+    t.data.resize(size_t(e.numel()));
+    if (absl::Status s = (*f)->Read(name, 0, e.numel(), t.data.data()); !s.ok()) return s;
+    out.emplace(name, std::move(t));
   }
   return out;
 }
@@ -215,40 +155,6 @@ std::string HfGpt2ConfigJson(const model::ModelConfig& config) {
       {"torch_dtype", "float32"},
   };
   return j.dump(2) + "\n";
-}
-
-absl::StatusOr<std::vector<float>> LoadModelWeights(const std::string& path,
-                                                    const model::ModelConfig& config) {
-  std::error_code ec;
-  std::string file = path;
-  if (std::filesystem::is_directory(path, ec)) file = path + "/model.safetensors";
-  if (!std::filesystem::exists(file, ec)) {
-    return absl::NotFoundError(absl::StrCat(file, " does not exist"));
-  }
-  if (LooksLikeSafetensors(file)) {
-    if (config.arch != model::Arch::kGpt2) {
-      return absl::UnimplementedError(
-          absl::StrCat(file, ": Hugging Face weights are read in GPT-2's layout only; a ",
-                       model::ArchName(config.arch),
-                       " model starts from a shardtrain weights file (the job's final weights)"));
-    }
-    absl::StatusOr<std::map<std::string, NamedTensor>> tensors = ReadSafetensors(file);
-    if (!tensors.ok()) return tensors.status();
-    absl::StatusOr<std::vector<float>> params = FromHfGpt2(config, *tensors);
-    if (!params.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(file, ": ", params.status().message()));
-    }
-    return params;
-  }
-  absl::StatusOr<LoadedWeights> w = LoadWeights(file);
-  if (!w.ok()) return w.status();
-  const model::ModelConfig& c = w->config;
-  if (c != config) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": weights of ", model::ToString(c),
-                                                   " where the model is ",
-                                                   model::ToString(config)));
-  }
-  return std::move(w->params);
 }
 
 bool LooksLikeSafetensors(const std::string& path) {

@@ -1,13 +1,8 @@
 // Weights in and out of shardtrain in Hugging Face's GPT-2 layout, as a
 // safetensors file.
 //
-// safetensors (huggingface/safetensors, docs "Format"): an 8-byte
-// little-endian header length N, N bytes of JSON header
-//   {"NAME": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]},
-//    ..., "__metadata__": {"key": "value", ...}}
-// (padded with spaces to a multiple of 8), then the tensors' raw
-// little-endian bytes, data_offsets relative to the end of the header,
-// contiguous and in order. We write F32 (the fp32 master); we read F32.
+// safetensors: see safetensors.h. We write F32 (the fp32 master); we read
+// F32, BF16 and F16.
 //
 // GPT-2's names (transformers' GPT2LMHeadModel.state_dict()), from ours
 // (common/model/param_layout.h):
@@ -52,9 +47,10 @@ absl::Status WriteSafetensors(const std::string& path,
                               const std::map<std::string, NamedTensor>& tensors,
                               const std::map<std::string, std::string>& metadata = {});
 
-// Every tensor of a safetensors file. NOT_FOUND (missing); DATA_LOSS naming
-// the file and the tensor for a malformed header, offsets outside the file
-// or not matching the shape; UNIMPLEMENTED for a dtype other than F32.
+// Every tensor of a safetensors file, as fp32. NOT_FOUND (missing);
+// DATA_LOSS naming the file and the tensor for a malformed header, offsets
+// outside the file or not matching the shape; UNIMPLEMENTED for a dtype
+// other than F32, BF16 and F16.
 absl::StatusOr<std::map<std::string, NamedTensor>> ReadSafetensors(const std::string& path);
 
 // The whole model's flat parameters (ParamLayout(config) order) as GPT-2's
@@ -71,14 +67,6 @@ absl::StatusOr<std::vector<float>> FromHfGpt2(const model::ModelConfig& config,
 
 // transformers' config.json of a GPT2LMHeadModel of `config`.
 std::string HfGpt2ConfigJson(const model::ModelConfig& config);
-
-// The whole model's flat parameters for `config` from `path`: a safetensors
-// file in GPT-2's layout (FromHfGpt2), a folder holding model.safetensors,
-// or a shardtrain weights file (weights_file.h) of the same config.
-// NOT_FOUND naming the path; INVALID_ARGUMENT naming the first mismatching
-// tensor, or the config fields that differ.
-absl::StatusOr<std::vector<float>> LoadModelWeights(const std::string& path,
-                                                    const model::ModelConfig& config);
 
 // True when `path` starts like a safetensors file (a plausible header
 // length followed by '{').

@@ -19,6 +19,7 @@
 
 #include "common/model/param_layout.h"
 #include "common/process.h"
+#include "worker/checkpoint/model_weights.h"
 #include "worker/checkpoint/weights_file.h"
 #include "worker/engine/cpu/cpu_model.h"
 
@@ -137,14 +138,15 @@ TEST_F(HfGpt2Test, MalformedSafetensorsAreDataLossNamingTheTensor) {
   ASSERT_TRUE(WriteFileAtomically(Path("big.safetensors"), big).ok());
   r = ReadSafetensors(Path("big.safetensors"));
   EXPECT_NE(r.status().message().find("exceeds the file"), std::string::npos) << r.status();
-  // Another dtype is named, not misread.
-  std::string f16 = bytes;
-  const size_t at = f16.find("\"F32\"");
+  // A dtype that is not read (F32, BF16, F16 are) is named, not misread.
+  std::string i32 = bytes;
+  const size_t at = i32.find("\"F32\"");
   ASSERT_NE(at, std::string::npos);
-  f16.replace(at, 5, "\"F16\"");
-  ASSERT_TRUE(WriteFileAtomically(Path("f16.safetensors"), f16).ok());
-  r = ReadSafetensors(Path("f16.safetensors"));
+  i32.replace(at, 5, "\"I32\"");
+  ASSERT_TRUE(WriteFileAtomically(Path("i32.safetensors"), i32).ok());
+  r = ReadSafetensors(Path("i32.safetensors"));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << r.status();
+  EXPECT_NE(r.status().message().find("I32"), std::string::npos) << r.status();
 }
 
 TEST_F(HfGpt2Test, PlainPytorchGpt2OnTheExportGivesTheEnginesLogits) {

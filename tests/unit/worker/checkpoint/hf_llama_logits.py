@@ -1,0 +1,147 @@
+#!/usr/bin/python3
+"""A Hugging Face Llama checkpoint with random weights, and its logits
+(hf_llama_test's reference).
+
+Usage: hf_llama_logits.py DIR
+
+DIR/shape.txt (written by the test): "key value" lines layers heads kv_heads
+dim ffn_dim vocab rope_theta norm_eps tie (0/1) batch seq_len. Writes into
+DIR, as a Hugging Face LlamaForCausalLM checkpoint would hold them:
+  config.json, model.safetensors (BF16 weights: the reader's widening is
+  exercised), tokens.bin (int32, batch*seq_len), logits.bin (float32,
+  batch*seq_len*vocab) and reference.txt naming what computed the logits:
+  transformers' LlamaForCausalLM itself when it is importable (the GPU
+  machines have it), else this file's own forward written the way
+  modeling_llama.py computes it (rotate_half rotary, repeat_kv, RMSNorm in
+  fp32, SiLU-gated MLP), in float32 from the bf16-rounded weights.
+"""
+import json
+import math
+import struct
+import sys
+
+import torch
+import torch.nn.functional as F
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def forward(W, cfg, idx):
+    L, NH, KVH = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    C, eps, theta = cfg["hidden_size"], cfg["rms_norm_eps"], cfg["rope_theta"]
+    B, T = idx.shape
+    hs = C // NH
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.int64).float() / hs))
+    freqs = torch.arange(T).float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+
+    def norm(x, w):
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    x = W["model.embed_tokens.weight"][idx]
+    for l in range(L):
+        p = f"model.layers.{l}."
+        h = norm(x, W[p + "input_layernorm.weight"])
+        q = F.linear(h, W[p + "self_attn.q_proj.weight"]).view(B, T, NH, hs).transpose(1, 2)
+        k = F.linear(h, W[p + "self_attn.k_proj.weight"]).view(B, T, KVH, hs).transpose(1, 2)
+        v = F.linear(h, W[p + "self_attn.v_proj.weight"]).view(B, T, KVH, hs).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k = k.repeat_interleave(NH // KVH, dim=1)
+        v = v.repeat_interleave(NH // KVH, dim=1)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + F.linear(y, W[p + "self_attn.o_proj.weight"])
+        h = norm(x, W[p + "post_attention_layernorm.weight"])
+        g = F.linear(h, W[p + "mlp.gate_proj.weight"])
+        u = F.linear(h, W[p + "mlp.up_proj.weight"])
+        x = x + F.linear(F.silu(g) * u, W[p + "mlp.down_proj.weight"])
+    x = norm(x, W["model.norm.weight"])
+    head = W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
+    return x @ head.t()
+
+
+def write_safetensors(path, tensors):
+    """tensors: name -> float32 torch tensor, written as BF16."""
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        data = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def main():
+    d = sys.argv[1]
+    s = {}
+    for line in open(f"{d}/shape.txt"):
+        k, v = line.split()
+        s[k] = v
+    L, NH, KVH = int(s["layers"]), int(s["heads"]), int(s["kv_heads"])
+    C, FF, V = int(s["dim"]), int(s["ffn_dim"]), int(s["vocab"])
+    B, T, tie = int(s["batch"]), int(s["seq_len"]), s["tie"] == "1"
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": C,
+           "intermediate_size": FF, "num_hidden_layers": L, "num_attention_heads": NH,
+           "num_key_value_heads": KVH, "vocab_size": V, "max_position_embeddings": 64,
+           "rms_norm_eps": float(s["norm_eps"]), "rope_theta": float(s["rope_theta"]),
+           "rope_scaling": None, "tie_word_embeddings": tie, "hidden_act": "silu",
+           "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16"}
+    torch.manual_seed(0)
+    hs, KV = C // NH, KVH * (C // NH)
+    shapes = {"model.embed_tokens.weight": (V, C), "model.norm.weight": (C,)}
+    for l in range(L):
+        p = f"model.layers.{l}."
+        shapes.update({p + "input_layernorm.weight": (C,), p + "post_attention_layernorm.weight": (C,),
+                       p + "self_attn.q_proj.weight": (C, C), p + "self_attn.k_proj.weight": (KV, C),
+                       p + "self_attn.v_proj.weight": (KV, C), p + "self_attn.o_proj.weight": (C, C),
+                       p + "mlp.gate_proj.weight": (FF, C), p + "mlp.up_proj.weight": (FF, C),
+                       p + "mlp.down_proj.weight": (C, FF)})
+    if not tie:
+        shapes["lm_head.weight"] = (V, C)
+    W = {}
+    for name, shape in sorted(shapes.items()):
+        t = torch.randn(shape) * (0.3 if len(shape) == 2 else 0.1) + (1.0 if len(shape) == 1 else 0.0)
+        W[name] = t.to(torch.bfloat16).float()  # what the BF16 file holds
+    write_safetensors(f"{d}/model.safetensors", W)
+    with open(f"{d}/config.json", "w") as f:
+        json.dump(cfg, f, indent=2)
+    idx = torch.randint(0, V, (B, T))
+    idx.to(torch.int32).numpy().tofile(f"{d}/tokens.bin")
+    reference = "this script's modeling_llama-style forward"
+    try:
+        import transformers  # noqa: F401 (the GPU machines have it)
+        from transformers import LlamaConfig, LlamaForCausalLM
+        model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in cfg.items()
+                                                if k not in ("architectures", "torch_dtype")}))
+        model.load_state_dict(W, strict=False)
+        if tie:
+            model.tie_weights()
+        model.eval()
+        with torch.no_grad():
+            logits = model(idx).logits
+        reference = f"transformers {transformers.__version__} LlamaForCausalLM"
+    except ImportError:
+        with torch.no_grad():
+            logits = forward(W, cfg, idx)
+    logits.float().numpy().tofile(f"{d}/logits.bin")
+    with open(f"{d}/reference.txt", "w") as f:
+        f.write(reference + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+// Hugging Face Llama weights in and out (worker/checkpoint/hf_llama.h): an
+// export read back by model.init's reader is the same model bit for bit
+// (fp32; bf16 rounds each weight), sharded or not, tied or not; a
+// checkpoint that disagrees with the spec is refused naming the field or
+// tensor; and a Hugging Face checkpoint written by PyTorch (BF16 weights in
+// HF's rotate_half order) gives the CPU engine the logits of a
+// modeling_llama-style forward (or of transformers' LlamaForCausalLM where
+// it is installed).
+#include "worker/checkpoint/hf_llama.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/param_layout.h"
+#include "common/process.h"
+#include "worker/checkpoint/model_weights.h"
+#include "worker/checkpoint/safetensors.h"
+#include "worker/engine/cpu/cpu_model.h"
+
+#ifndef SHARDTRAIN_HF_LLAMA_LOGITS_SCRIPT
+#error "SHARDTRAIN_HF_LLAMA_LOGITS_SCRIPT must be defined by CMake"
+#endif
+
+namespace shardtrain::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+// layers 2, heads 4, kv_heads 2, dim 32 (hs 8), ffn_dim 48, context 16,
+// vocab 100 (padded to 128).
+model::ModelConfig Config(bool tied = false) {
+  return *model::MakeLlamaConfig({2, 4, 2, 32, 48, 16, 100, 10000, 1e-5, tied});
+}
+
+std::vector<float> RandomParams(const model::ModelConfig& c) {
+  const model::ParamLayout layout(c);
+  std::vector<float> p(layout.num_params());
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  for (float& x : p) x = normal(rng);
+  // The padded vocabulary rows are zero, as the engines keep them.
+  for (int k : {layout.wte(), layout.lm_head()}) {
+    const model::TensorInfo& t = layout.tensors()[k];
+    std::fill(p.begin() + t.offset + size_t(c.vocab) * c.dim, p.begin() + t.offset + t.numel, 0.0f);
+  }
+  return p;
+}
+
+class HfLlamaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("shardtrain_hf_llama_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::string Dir(const std::string& sub) {
+    fs::create_directories(dir_ / sub);
+    return (dir_ / sub).string();
+  }
+  fs::path dir_;
+};
+
+TEST_F(HfLlamaTest, ExportThenInitIsTheSameModelShardedOrNotTiedOrNot) {
+  for (bool tied : {false, true}) {
+    const model::ModelConfig c = Config(tied);
+    const std::vector<float> p = RandomParams(c);
+    for (int64_t shard : {int64_t{5'000'000'000}, int64_t{20'000}}) {
+      SCOPED_TRACE(absl::StrCat(tied ? "tied" : "untied", ", shards of ", shard, " bytes"));
+      const std::string out = Dir(absl::StrCat(tied ? "1" : "0", "_", shard));
+      HfExportOptions o;
+      o.max_shard_bytes = shard;
+      ASSERT_TRUE(ExportHfLlama(c, p, out, o).ok());
+      const bool sharded = fs::exists(out + "/model.safetensors.index.json");
+      EXPECT_EQ(sharded, shard < 1'000'000);
+      EXPECT_EQ(fs::exists(out + "/model.safetensors"), !sharded);
+      EXPECT_TRUE(fs::exists(out + "/generation_config.json"));
+      absl::StatusOr<std::vector<float>> back = LoadModelWeights(out, c);
+      ASSERT_TRUE(back.ok()) << back.status();
+      EXPECT_EQ(*back, p);  // bit for bit
+      // What transformers reads: q/k in rotate_half's order. Our q row 1
+      // (pair 0's second channel) is Hugging Face's row hs/2 = 4.
+      absl::StatusOr<std::unique_ptr<SafetensorsSet>> set = SafetensorsSet::Open(out);
+      ASSERT_TRUE(set.ok()) << set.status();
+      std::vector<float> row(32);
+      ASSERT_TRUE(
+          (*set)->Read("model.layers.1.self_attn.q_proj.weight", 4 * 32, 32, row.data()).ok());
+      const model::ParamLayout layout(c);
+      const size_t q = layout.offset(layout.block_tensor(1, model::kQkvW));
+      EXPECT_TRUE(std::equal(row.begin(), row.end(), p.begin() + q + 1 * 32));
+      EXPECT_EQ((*set)->Find("lm_head.weight") != nullptr, !tied);
+      ASSERT_NE((*set)->Find("model.embed_tokens.weight"), nullptr);
+      EXPECT_EQ((*set)->Find("model.embed_tokens.weight")->shape,
+                (std::vector<int64_t>{100, 32}));  // the real vocabulary only
+    }
+  }
+  // bf16: each weight rounded to bf16, the layout's padding still zero.
+  const model::ModelConfig c = Config();
+  const std::vector<float> p = RandomParams(c);
+  const std::string out = Dir("bf16");
+  HfExportOptions o;
+  o.dtype = DataType::kBFloat16;
+  ASSERT_TRUE(ExportHfLlama(c, p, out, o).ok());
+  absl::StatusOr<std::vector<float>> back = LoadModelWeights(out, c);
+  ASSERT_TRUE(back.ok()) << back.status();
+  for (size_t i = 0; i < p.size(); ++i) {
+    ASSERT_EQ((*back)[i], BFloat16ToFloat(FloatToBFloat16(p[i]))) << i;
+  }
+  EXPECT_EQ(fs::file_size(out + "/model.safetensors") <
+                fs::file_size(Dir("0_5000000000") + "/model.safetensors"),
+            true);
+}
+
+TEST_F(HfLlamaTest, ACheckpointThatDisagreesIsRefusedNamingTheFieldOrTensor) {
+  const model::ModelConfig c = Config();
+  const std::string out = Dir("ok");
+  ASSERT_TRUE(ExportHfLlama(c, RandomParams(c), out, {}).ok());
+  // Another spec: the field that differs is named.
+  model::ModelConfig four = *model::MakeLlamaConfig({2, 4, 4, 32, 48, 16, 100, 10000, 1e-5});
+  absl::StatusOr<std::unique_ptr<WeightsSource>> r = OpenModelWeights(out, four);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(
+      r.status().message().find("config.json: num_key_value_heads 2, the spec's model.kv_heads 4"),
+      std::string::npos)
+      << r.status();
+  model::ModelConfig theta = *model::MakeLlamaConfig({2, 4, 2, 32, 48, 16, 100, 500000, 1e-5});
+  r = OpenModelWeights(out, theta);
+  EXPECT_NE(r.status().message().find("rope_theta 10000, the spec's model.rope_theta 500000"),
+            std::string::npos)
+      << r.status();
+  // Fields of a block computed otherwise.
+  std::string text;
+  ASSERT_TRUE(ReadFile(out + "/config.json", &text).ok());
+  nlohmann::json j = nlohmann::json::parse(text);
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}};
+  EXPECT_NE(CheckHfLlamaConfig(j.dump(), c).message().find("config.json: rope_scaling"),
+            std::string::npos);
+  j["rope_scaling"] = nullptr;
+  j["architectures"] = {"Qwen2ForCausalLM"};
+  EXPECT_NE(CheckHfLlamaConfig(j.dump(), c).message().find("architectures Qwen2ForCausalLM"),
+            std::string::npos);
+  j["architectures"] = {"MistralForCausalLM"};
+  j["sliding_window"] = 8;
+  EXPECT_NE(CheckHfLlamaConfig(j.dump(), c).message().find("sliding_window 8"), std::string::npos);
+  j["sliding_window"] = nullptr;
+  EXPECT_TRUE(CheckHfLlamaConfig(j.dump(), c).ok());
+  // A tensor of another shape, and a missing one.
+  std::vector<TensorToWrite> tensors;
+  std::vector<float> small(4 * 32, 0.0f);
+  tensors.push_back({"model.embed_tokens.weight", {4, 32}, small});
+  const std::string broken = Dir("broken");
+  ASSERT_TRUE(
+      WriteSafetensorsFile(broken + "/model.safetensors", tensors, DataType::kFloat32).ok());
+  ASSERT_TRUE(
+      WriteFileAtomically(broken + "/config.json", HfLlamaConfigJson(c, DataType::kFloat32)).ok());
+  r = OpenModelWeights(broken, c);
+  EXPECT_NE(r.status().message().find(
+                "model.embed_tokens.weight: shape [4, 32] in the file, [100, 32] for the model"),
+            std::string::npos)
+      << r.status();
+  tensors[0] = {"model.embed_tokens.weight", {100, 32}, std::vector<float>(3200, 0.0f)};
+  std::vector<float> big(3200, 0.0f);
+  tensors[0].data = big;
+  ASSERT_TRUE(
+      WriteSafetensorsFile(broken + "/model.safetensors", tensors, DataType::kFloat32).ok());
+  r = OpenModelWeights(broken, c);
+  EXPECT_NE(r.status().message().find("model.layers.0.input_layernorm.weight: missing"),
+            std::string::npos)
+      << r.status();
+  // No config.json.
+  fs::remove(broken + "/config.json");
+  EXPECT_EQ(OpenModelWeights(broken, c).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(HfLlamaTest, APytorchCheckpointGivesTheEngineItsLogits) {
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "/usr/bin/python3 cannot import torch (scripts/setup installs python3-torch)";
+  }
+  constexpr int B = 2, T = 12;
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const model::ModelConfig c = Config(tied);
+    const std::string d = Dir(tied ? "torch_tied" : "torch");
+    {
+      std::ofstream s(d + "/shape.txt");
+      s << "layers " << c.layers << "\nheads " << c.heads << "\nkv_heads " << c.kv_heads << "\ndim "
+        << c.dim << "\nffn_dim " << c.ffn_dim << "\nvocab " << c.vocab << "\nrope_theta "
+        << c.rope_theta << "\nnorm_eps " << c.norm_eps << "\ntie " << (tied ? 1 : 0) << "\nbatch "
+        << B << "\nseq_len " << T << "\n";
+    }
+    const std::string cmd =
+        std::string("/usr/bin/python3 ") + SHARDTRAIN_HF_LLAMA_LOGITS_SCRIPT + " " + d;
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    absl::StatusOr<std::vector<float>> w = LoadModelWeights(d, c);
+    ASSERT_TRUE(w.ok()) << w.status();
+    auto m = engine::cpu::CpuModel::Create(c, B, T, /*threads=*/2);
+    ASSERT_TRUE(m.ok()) << m.status();
+    std::copy(w->begin(), w->end(), (*m)->params().f32().begin());
+    std::vector<int> tokens(B * T);
+    std::ifstream(d + "/tokens.bin", std::ios::binary)
+        .read(reinterpret_cast<char*>(tokens.data()), sizeof(int) * tokens.size());
+    (*m)->Forward(tokens.data(), nullptr);
+    std::vector<float> want(size_t(B) * T * c.vocab), got(want.size());
+    std::ifstream(d + "/logits.bin", std::ios::binary)
+        .read(reinterpret_cast<char*>(want.data()), sizeof(float) * want.size());
+    for (int r = 0; r < B * T; ++r) (*m)->ReadLogits(r, got.data() + size_t(r) * c.vocab);
+    double max_abs = 0, scale = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      max_abs = std::max(max_abs, std::abs(double(got[i]) - want[i]));
+      scale = std::max(scale, std::abs(double(want[i])));
+    }
+    std::string reference;
+    std::getline(std::ifstream(d + "/reference.txt"), reference);
+    std::printf(
+        "[hf-llama] %s: logits of %d tokens, max abs diff %.3g (largest logit %.3g), "
+        "reference: %s\n",
+        tied ? "tied" : "untied", B * T, max_abs, scale, reference.c_str());
+    EXPECT_LT(max_abs, 1e-4 * std::max(1.0, scale));
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain::checkpoint
