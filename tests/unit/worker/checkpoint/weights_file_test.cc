@@ -12,6 +12,7 @@
 
 #include "common/model/config.h"
 #include "common/model/param_layout.h"
+#include "common/planner.h"
 
 namespace shardtrain::checkpoint {
 namespace {
@@ -39,6 +40,8 @@ TEST_F(WeightsFileTest, RoundTripAndErrors) {
   const std::string path = (dir_ / "w.bin").string();
   ASSERT_TRUE(SaveWeights(path, cfg, absl::MakeConstSpan(params)).ok());
   EXPECT_FALSE(fs::exists(path + ".tmp." + std::to_string(::getpid())));
+  // The planner's size of it (`shardtrain plan`, the free-space warning).
+  EXPECT_EQ(int64_t(fs::file_size(path)), WeightsFileBytes(int64_t(params.size())));
   auto w = LoadWeights(path);
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ(w->config, cfg);
