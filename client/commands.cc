@@ -22,6 +22,7 @@
 #include "common/job_spec.h"
 #include "common/planner.h"
 #include "common/process.h"
+#include "common/storage_fault.h"
 #include "worker/coordinator_client.h"
 
 namespace shardtrain::client {
@@ -91,6 +92,32 @@ void WarnOnSplitCheckpointRoots(const GlobalFlags& g, const v1::Job& job) {
                        "mounts."));
 }
 
+// CheckpointSpaceWarning for a submitted job, when an alive worker runs on
+// this machine (then its checkpoint.dir here is the workers'): a relative
+// dir resolved against that worker's checkpoint root. Best effort: silent
+// when the workers cannot be listed or none is local.
+void WarnOnCheckpointSpace(const GlobalFlags& g, const v1::Job& job) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_yaml());
+  if (!spec.ok() || spec->checkpoint.dir.empty()) return;
+  v1::ListWorkersResponse resp;
+  if (!Call(g, &v1::Coordinator::Stub::ListWorkers, v1::ListWorkersRequest(), &resp, "ListWorkers")
+           .ok()) {
+    return;
+  }
+  const std::string here = HostName();
+  for (const v1::WorkerInfo& w : resp.workers()) {
+    if (w.state() != v1::WORKER_STATE_ALIVE || w.host() != here) continue;
+    const std::string& dir = spec->checkpoint.dir;
+    const std::string local = dir.front() == '/' || w.checkpoint_root().empty()
+                                  ? dir
+                                  : absl::StrCat(w.checkpoint_root(), "/", dir);
+    if (std::string warning = CheckpointSpaceWarning(*spec, local); !warning.empty()) {
+      Warn(g, warning);
+    }
+    return;
+  }
+}
+
 absl::StatusOr<v1::Job> GetJob(const GlobalFlags& g, const std::string& id) {
   v1::GetJobRequest req;
   req.set_job_id(id);
@@ -123,6 +150,26 @@ std::string CheckpointDirWarning(const JobSpec& spec) {
   if (!spec.checkpoint.dir.empty()) return "";
   return "no checkpoint.dir: the trained weights will not be saved; set checkpoint.dir (or "
          "--set checkpoint.dir=DIR) to keep them";
+}
+
+std::string CheckpointSpaceWarning(const JobSpec& spec, const std::string& dir) {
+  if (spec.checkpoint.dir.empty()) return "";
+  absl::StatusOr<v1::Plan> plan = MakePlan(spec, spec.World());
+  absl::StatusOr<int64_t> free = FreeBytesAt(dir);
+  if (!plan.ok() || !free.ok()) return "";
+  const bool checkpoints = spec.checkpoint.every > 0;
+  const int64_t needed = checkpoints ? 2 * plan->checkpoint_bytes()
+                                     : WeightsFileBytes(plan->num_params(), spec.model.arch);
+  if (*free >= needed) return "";
+  return absl::StrCat(
+      "checkpoint.dir ", dir, " has ", FormatStorageBytes(*free), " free, less than ",
+      checkpoints ? absl::StrCat("two checkpoints of this job (2 × ",
+                                 FormatStorageBytes(plan->checkpoint_bytes()), ")")
+                  : absl::StrCat("the final weights (", FormatStorageBytes(needed), ")"),
+      ": ",
+      checkpoints ? "checkpoints will not be committed once it is full (checkpoint.on_failure)"
+                  : "they will not be saved",
+      ". Free space, or set checkpoint.dir to a larger volume; `shardtrain plan` shows the sizes");
 }
 
 std::string ValidationWarning(const JobSpec& spec) {
@@ -165,6 +212,7 @@ int Submit(const GlobalFlags& g, const std::string& spec_path, const std::vector
     if (std::string w = ValidationWarning(*spec); !w.empty()) Warn(g, w);
   }
   WarnOnSplitCheckpointRoots(g, resp.job());
+  WarnOnCheckpointSpace(g, resp.job());
   return wait ? Watch(g, resp.job().job_id()) : 0;
 }
 
@@ -342,7 +390,12 @@ int History(const GlobalFlags& g, const std::vector<std::string>& job_ids,
     std::cout << StepsJson(resp) << std::endl;
     return 0;
   }
-  std::cout << HistoryText(resp, g.output == "csv");
+  const bool csv = g.output == "csv";
+  std::cout << HistoryText(resp, csv);
+  // The job's warnings after its steps; beside CSV, on stderr.
+  if (const std::string warnings = WarningLines(resp); !warnings.empty()) {
+    (csv ? std::cerr : std::cout) << (csv ? "" : "\n") << warnings << std::flush;
+  }
   return 0;
 }
 

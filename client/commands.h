@@ -74,6 +74,14 @@ void Warn(const GlobalFlags& g, const std::string& message);
 // The warning for a spec without checkpoint.dir, whose trained weights are
 // dropped at the end; empty when the spec has a checkpoint.dir.
 std::string CheckpointDirWarning(const JobSpec& spec);
+// The warning for a spec whose checkpoint.dir, reached on this machine as
+// `dir` (the spec's dir resolved against the workers' checkpoint root),
+// lies on a volume with less free space than two of the job's checkpoints
+// (MakePlan's checkpoint_bytes), or than its final weights when it does not
+// checkpoint: a full disk said at the start rather than at the first
+// checkpoint. Empty when there is room, without a checkpoint.dir, or when
+// the free space cannot be asked.
+std::string CheckpointSpaceWarning(const JobSpec& spec, const std::string& dir);
 // The warning for a spec whose data.val is evaluated after the last step
 // only (eval.every = steps, its default with data.val); empty otherwise.
 std::string ValidationWarning(const JobSpec& spec);

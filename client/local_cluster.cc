@@ -180,6 +180,11 @@ class LocalRun {
     if (!spec.ok()) return ReportError(g_, spec.status());
     if (std::string w = CheckpointDirWarning(*spec); !w.empty()) Warn(g_, w);
     if (std::string w = ValidationWarning(*spec); !w.empty()) Warn(g_, w);
+    // The local workers run here, in this directory: their checkpoint.dir
+    // is the spec's as this process sees it.
+    if (std::string w = CheckpointSpaceWarning(*spec, spec->checkpoint.dir); !w.empty()) {
+      Warn(g_, w);
+    }
     const int workers = o_.workers > 0 ? o_.workers : spec->World();
     if (workers < spec->World()) {
       return ReportError(g_, absl::InvalidArgumentError(absl::StrFormat(
@@ -436,6 +441,13 @@ class LocalRun {
       if (!final_job.failure_reason().empty()) std::cout << ": " << final_job.failure_reason();
       // The SUCCEEDED event said where the weights are, when they were saved.
       if (ok && final_job.output().empty()) std::cout << "; weights not saved (no checkpoint.dir)";
+      // A job that succeeded with warnings (checkpoints not committed) says
+      // so in its last line too: the user may have scrolled past them.
+      if (history.warnings_size() > 0) {
+        std::cout << "; " << history.warnings_size()
+                  << (history.warnings_size() == 1 ? " warning" : " warnings")
+                  << " ([WARNING] above)";
+      }
       std::cout << std::endl;
       if (o_.plot) {
         std::vector<Curve> curves;

@@ -87,6 +87,8 @@ std::string JobJson(const v1::Job& j) {
         absl::StrCat("{\"rank\": ", r.rank(), ", \"worker_id\": ", JsonString(r.worker_id()), "}"));
   }
   const v1::JobProgress& p = j.progress();
+  std::vector<std::string> warnings;
+  for (const std::string& w : j.warnings()) warnings.push_back(JsonString(w));
   return absl::StrCat(
       "{\"job_id\": ", JsonString(j.job_id()), ", \"name\": ", JsonString(j.name()),
       ", \"state\": ", JsonString(StateName(j.state())), ", \"world\": ", j.world(),
@@ -98,7 +100,10 @@ std::string JobJson(const v1::Job& j) {
       ", \"updated_ms\": ", j.updated_ms(),
       ", \"failure_reason\": ", JsonString(j.failure_reason()),
       ", \"pending_reason\": ", JsonString(j.pending_reason()),
-      ", \"output\": ", JsonString(j.output()), "}");
+      ", \"output\": ", JsonString(j.output()),
+      ", \"last_committed_step\": ", p.last_committed_checkpoint_step(),
+      ", \"checkpoint_failures_in_a_row\": ", p.checkpoint_failures_in_a_row(), ", \"warnings\": [",
+      absl::StrJoin(warnings, ", "), "]}");
 }
 
 std::string StepJson(const v1::StepReport& s) {
@@ -120,7 +125,22 @@ std::string StepJson(const v1::StepReport& s) {
 std::string StepsJson(const v1::GetHistoryResponse& h) {
   std::vector<std::string> steps;
   for (const auto& s : h.steps()) steps.push_back(StepJson(s));
-  return absl::StrCat("{\"steps\": [", absl::StrJoin(steps, ", "), "]}");
+  std::string out = absl::StrCat("{\"steps\": [", absl::StrJoin(steps, ", "), "]");
+  if (h.warnings_size() > 0) {
+    std::vector<std::string> warnings;
+    for (const v1::JobEvent& w : h.warnings()) {
+      warnings.push_back(absl::StrCat("{\"seq\": ", w.seq(), ", \"time_ms\": ", w.time_ms(),
+                                      ", \"message\": ", JsonString(w.message()), "}"));
+    }
+    absl::StrAppend(&out, ", \"warnings\": [", absl::StrJoin(warnings, ", "), "]");
+  }
+  return out + "}";
+}
+
+std::string WarningLines(const v1::GetHistoryResponse& h) {
+  std::string out;
+  for (const v1::JobEvent& w : h.warnings()) absl::StrAppend(&out, "[WARNING] ", w.message(), "\n");
+  return out;
 }
 
 std::string HistoryText(const v1::GetHistoryResponse& h, bool csv) {
@@ -194,8 +214,9 @@ std::string PlanJson(const v1::Plan& p) {
       ", \"activations\": ", m.activations_bytes(), ", \"comm_buffers\": ", m.comm_buffer_bytes(),
       ", \"working\": ", m.working_bytes(), ", \"host\": ", m.host_bytes(),
       ", \"total\": ", m.total_bytes(), "}, \"comm_bytes_per_step\": ", p.comm_bytes_per_step(),
-      ", \"ranks\": [", absl::StrJoin(ranks, ", "), "], \"groups\": [", absl::StrJoin(groups, ", "),
-      "]}");
+      ", \"checkpoint_bytes\": ", p.checkpoint_bytes(),
+      ", \"checkpoint_bytes_per_rank\": ", p.checkpoint_bytes_per_rank(), ", \"ranks\": [",
+      absl::StrJoin(ranks, ", "), "], \"groups\": [", absl::StrJoin(groups, ", "), "]}");
 }
 
 std::string FormatDuration(double seconds) {
@@ -216,10 +237,28 @@ std::string JobText(const v1::Job& j) {
   if (p.step() > 0) {
     absl::StrAppend(&out, absl::StrFormat(", loss %.4f, %.0f tok/s", p.loss(), p.tokens_per_s()));
   }
+  // How much a crash would cost now: the newest committed step next to the
+  // current one, for a job that checkpoints.
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(j.spec_yaml());
+  const int64_t committed = p.last_committed_checkpoint_step();
+  if ((spec.ok() && spec->checkpoint.every > 0) || committed > 0) {
+    absl::StrAppend(&out, "; checkpoint: ",
+                    committed > 0 ? absl::StrCat("step ", committed, " committed")
+                                  : std::string("none committed"));
+    const bool ended = j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED ||
+                       j.state() == v1::JOB_STATE_CANCELLED;
+    if (!ended && p.step() >= committed) {
+      absl::StrAppend(&out, " (a crash now costs ", p.step() - committed, " steps)");
+    }
+    if (p.checkpoint_failures_in_a_row() > 0) {
+      absl::StrAppend(&out, ", ", p.checkpoint_failures_in_a_row(), " not committed since");
+    }
+  }
   absl::StrAppend(&out, "\n");
   if (!j.failure_reason().empty()) absl::StrAppend(&out, "reason   ", j.failure_reason(), "\n");
   if (!j.pending_reason().empty()) absl::StrAppend(&out, "waiting  ", j.pending_reason(), "\n");
   if (!j.output().empty()) absl::StrAppend(&out, "output   ", j.output(), "\n");
+  for (const std::string& w : j.warnings()) absl::StrAppend(&out, "[WARNING] ", w, "\n");
   if (j.ranks_size() > 0) {
     std::vector<std::vector<std::string>> rows;
     for (const auto& r : j.ranks()) {
@@ -272,6 +311,7 @@ std::string EventLine(const v1::JobEvent& e, int64_t total_steps, EtaEstimator* 
     eta->Add(e.step().step(), e.step().step_ms());
     return StepLine(e.step(), total_steps, eta->RemainingSeconds(e.step().step(), total_steps));
   }
+  if (e.kind() == v1::EVENT_KIND_WARNING) return absl::StrCat("[WARNING] ", e.message());
   return absl::StrCat("[", StateName(e.state()), "] ", e.message());
 }
 

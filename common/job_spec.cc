@@ -254,6 +254,11 @@ absl::Status ParseCheckpoint(const Node& root, CheckpointSpec* c) {
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "checkpoint", "every", 0, &c->every));
   SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, "checkpoint", "dir", &c->dir));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "checkpoint", "keep", 1, &c->keep));
+  SHARDTRAIN_RETURN_IF_ERROR(
+      ReadEnum(n, "checkpoint", "on_failure", si::kCheckpointFailurePolicies, &c->on_failure));
+  SHARDTRAIN_RETURN_IF_ERROR(
+      ReadInt(n, "checkpoint", "max_consecutive_failures", 0, &c->max_consecutive_failures));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "checkpoint", "final_retry_s", 0, &c->final_retry_s));
   if (c->every > 0 && c->dir.empty()) {
     return FieldError("checkpoint.dir", "required when checkpoint.every > 0 (every: ", c->every,
                       ")");

@@ -39,6 +39,7 @@ enum class Precision { kFp32, kBf16, kFp16 };           // "fp32" | "bf16" | "fp
 enum class OptimizerKind { kAdamW };                    // "adamw"
 enum class LrSchedule { kCosine, kConstant, kLinear };  // "cosine" | "constant" | "linear"
 enum class DeviceKind { kCpu, kCuda };                  // "cpu" | "cuda"
+enum class CheckpointFailurePolicy { kWarn, kFail };    // "warn" | "fail"
 using model::Recompute;                                 // "none" | "selective" | "full"
 
 // The spelling used in YAML for each enum value (static storage).
@@ -52,6 +53,7 @@ std::string_view EnumName(Precision v);
 std::string_view EnumName(OptimizerKind v);
 std::string_view EnumName(LrSchedule v);
 std::string_view EnumName(DeviceKind v);
+std::string_view EnumName(CheckpointFailurePolicy v);
 std::string_view EnumName(Recompute v);
 std::string_view EnumName(model::Arch v);
 
@@ -152,6 +154,18 @@ struct CheckpointSpec {
   int every = 0;    // steps between checkpoints, >= 0 (0 = never)
   std::string dir;  // required when every > 0
   int keep = 3;     // committed checkpoints kept, >= 1
+  // What a checkpoint that could not be committed (a shard not written, the
+  // commit not completed) does to the job: kWarn records a warning event and
+  // training goes on; kFail fails the job, naming the path and the cause.
+  CheckpointFailurePolicy on_failure = CheckpointFailurePolicy::kWarn;
+  // Under kWarn, this many checkpoints in a row not committed fail the job
+  // all the same; >= 0 (0 = never).
+  int max_consecutive_failures = 3;
+  // How long rank 0 retries writing the final weights, with back-off and the
+  // trained weights in memory, after a storage error a retry cannot fix
+  // (no space, read-only, permission denied, not a directory) before the
+  // job fails naming the path and the cause; seconds, >= 0.
+  int final_retry_s = 120;
 };
 
 // Validation loss: every `every` steps, and after the last step, the job

@@ -37,6 +37,8 @@ inline const EnumTable<LrSchedule> kLrSchedules = {{"cosine", LrSchedule::kCosin
                                                    {"linear", LrSchedule::kLinear}};
 inline const EnumTable<DeviceKind> kDevices = {{"cpu", DeviceKind::kCpu},
                                                {"cuda", DeviceKind::kCuda}};
+inline const EnumTable<CheckpointFailurePolicy> kCheckpointFailurePolicies = {
+    {"warn", CheckpointFailurePolicy::kWarn}, {"fail", CheckpointFailurePolicy::kFail}};
 inline const EnumTable<Recompute> kRecomputes = {
     {"none", Recompute::kNone}, {"selective", Recompute::kSelective}, {"full", Recompute::kFull}};
 

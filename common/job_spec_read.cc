@@ -40,7 +40,8 @@ const std::vector<absl::string_view> kParallelKeys = {"dp",        "tp",
 const std::vector<absl::string_view> kOptimizerKeys = {"name",         "lr",       "min_lr",
                                                        "betas",        "eps",      "weight_decay",
                                                        "warmup_steps", "schedule", "grad_clip"};
-const std::vector<absl::string_view> kCheckpointKeys = {"every", "dir", "keep"};
+const std::vector<absl::string_view> kCheckpointKeys = {
+    "every", "dir", "keep", "on_failure", "max_consecutive_failures", "final_retry_s"};
 const std::vector<absl::string_view> kEvalKeys = {"every", "batches"};
 const std::vector<absl::string_view> kResourcesKeys = {"device", "min_workers", "max_workers"};
 const std::vector<absl::string_view> kTimeoutsKeys = {"collective_s"};

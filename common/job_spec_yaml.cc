@@ -40,6 +40,9 @@ std::string_view EnumName(LrSchedule v) { return NameIn(spec_internal::kLrSchedu
 std::string_view EnumName(DeviceKind v) { return NameIn(spec_internal::kDevices, v); }
 std::string_view EnumName(Recompute v) { return NameIn(spec_internal::kRecomputes, v); }
 std::string_view EnumName(model::Arch v) { return NameIn(spec_internal::kArchs, v); }
+std::string_view EnumName(CheckpointFailurePolicy v) {
+  return NameIn(spec_internal::kCheckpointFailurePolicies, v);
+}
 
 bool operator==(const ModelSpec& a, const ModelSpec& b) {
   return std::tie(a.preset, a.arch, a.layers, a.heads, a.dim, a.context, a.vocab, a.kv_heads,
@@ -70,7 +73,9 @@ bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
                                                        b.grad_clip);
 }
 bool operator==(const CheckpointSpec& a, const CheckpointSpec& b) {
-  return std::tie(a.every, a.dir, a.keep) == std::tie(b.every, b.dir, b.keep);
+  return std::tie(a.every, a.dir, a.keep, a.on_failure, a.max_consecutive_failures,
+                  a.final_retry_s) == std::tie(b.every, b.dir, b.keep, b.on_failure,
+                                               b.max_consecutive_failures, b.final_retry_s);
 }
 bool operator==(const EvalSpec& a, const EvalSpec& b) {
   return std::tie(a.every, a.batches) == std::tie(b.every, b.batches);
@@ -172,6 +177,10 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "every" << YAML::Value << s.checkpoint.every;
   out << YAML::Key << "dir" << YAML::Value << s.checkpoint.dir;
   out << YAML::Key << "keep" << YAML::Value << s.checkpoint.keep;
+  out << YAML::Key << "on_failure" << YAML::Value << std::string(EnumName(s.checkpoint.on_failure));
+  out << YAML::Key << "max_consecutive_failures" << YAML::Value
+      << s.checkpoint.max_consecutive_failures;
+  out << YAML::Key << "final_retry_s" << YAML::Value << s.checkpoint.final_retry_s;
   out << YAML::EndMap;
 
   out << YAML::Key << "eval" << YAML::Value << YAML::BeginMap;

@@ -544,7 +544,34 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
     }
   }
   plan.set_comm_bytes_per_step(comm);
+
+  // One checkpoint: every parameter once, over the ranks' shards, one range
+  // each (DDP's even split) or one per shard unit (ZeRO). A rank's shard is
+  // about its stage slice's 1/dp (ZeRO's remainders and tp's replicated
+  // tensors, saved by one tp rank, make it a few elements more or less).
+  const int64_t ranges = par.zero > 0 ? plan.units_size() : 1;
+  int64_t busiest = 0;
+  for (const v1::PipelineStage& st : plan.stages()) {
+    busiest = std::max<int64_t>(busiest, (st.num_params() + dp - 1) / dp);
+  }
+  plan.set_checkpoint_bytes(ShardFileBytes(plan.num_params(), ranges * world) +
+                            (world - 1) * ShardFileBytes(0, 0));
+  plan.set_checkpoint_bytes_per_rank(ShardFileBytes(busiest, ranges));
   return plan;
+}
+
+int64_t ShardFileBytes(int64_t elements, int64_t ranges) {
+  // Header 56, the range table, four sections of 16 bytes each holding
+  // params, m and v (4 bytes each per element) and 32 bytes of scalars, and
+  // the 8-byte checksum.
+  return 56 + 16 * ranges + 4 * 16 + 3 * 4 * elements + 32 + 8;
+}
+
+int64_t WeightsFileBytes(int64_t num_params, model::Arch arch) {
+  // The header (magic 8, version 4, six int32 of config 24, padding 4,
+  // num_params and fingerprint 16), a family's recipe record (32, not for
+  // GPT-2), the fp32 params, an 8-byte checksum.
+  return 56 + (arch == model::Arch::kGpt2 ? 0 : 32) + 4 * num_params + 8;
 }
 
 }  // namespace shardtrain

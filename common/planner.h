@@ -121,6 +121,15 @@ MicroBatchFlops BusiestRecompute(const JobSpec& spec);
 // The number of blocks of a slice of `layers` blocks that recompute.
 int RecomputedLayers(const model::ActivationPolicy& policy, int layers);
 
+// Bytes of one rank's checkpoint shard file holding `elements` parameters
+// in `ranges` flat ranges (worker/checkpoint/shard_file.h's format: a
+// header, 16 bytes per range, fp32 params, AdamW m and v, the scalars, a
+// checksum). The checkpoint format's test holds it to EncodeShard.
+int64_t ShardFileBytes(int64_t elements, int64_t ranges);
+// Bytes of the final weights file of a model of `num_params` parameters of
+// family `arch` (worker/checkpoint/weights_file.h's format).
+int64_t WeightsFileBytes(int64_t num_params, model::Arch arch);
+
 // The plan of `spec` on `world` ranks.
 //
 // Returns INVALID_ARGUMENT when the layout is impossible, naming every

@@ -312,6 +312,22 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
             : " (the untied LM head lives on the last stage only)\n");
   }
 
+  // What the checkpoints take on checkpoint.dir's volume: the ranks check
+  // their shard against its free space before writing, `submit` and `local`
+  // warn when it holds less than two checkpoints.
+  absl::StrAppendFormat(
+      &out,
+      "\ncheckpoint: %s per checkpoint (%s B: fp32 params, AdamW m and v, 12 B/param), %s per "
+      "rank (the largest shard); final weights %s\n  %s\n",
+      FormatPlanBytes(plan.checkpoint_bytes()), Thousands(plan.checkpoint_bytes()),
+      FormatPlanBytes(plan.checkpoint_bytes_per_rank()),
+      FormatPlanBytes(WeightsFileBytes(plan.num_params(), spec.model.arch)),
+      spec.checkpoint.every > 0
+          ? absl::StrFormat("every %d steps, %d kept: checkpoint.dir needs %s or more",
+                            spec.checkpoint.every, spec.checkpoint.keep,
+                            FormatPlanBytes((spec.checkpoint.keep + 1) * plan.checkpoint_bytes() +
+                                            WeightsFileBytes(plan.num_params(), spec.model.arch)))
+          : "checkpoint.every 0: only the final weights are saved");
   absl::StrAppendFormat(&out,
                         "\nshard units (%d; element ranges within the unit per dp rank, the last "
                         "also holding numel mod dp):\n",

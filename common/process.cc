@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/storage_fault.h"
 
 namespace shardtrain {
 namespace {
@@ -56,31 +57,25 @@ absl::Status WriteFileAtomically(const std::string& path,
                                  absl::Span<const std::string_view> pieces) {
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid(), ".", counter++);
-  auto fail = [&](const char* what, const std::string& file) {
-    absl::Status s =
-        absl::UnavailableError(absl::StrCat(what, " ", file, ": ", std::strerror(errno)));
+  // errno is read before anything else may change it (close, unlink).
+  auto fail = [&](const char* what, const std::string& file, int fd = -1) {
+    const int err = errno;
+    if (fd >= 0) close(fd);
     unlink(tmp.c_str());
-    return s;
+    return ErrnoStorageError(what, file, err);
   };
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    return absl::UnavailableError(absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
+  if (fd < 0) return ErrnoStorageError("cannot create", tmp, errno);
   for (std::string_view piece : pieces) {
     size_t done = 0;
     while (done < piece.size()) {
       ssize_t n = write(fd, piece.data() + done, piece.size() - done);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        close(fd);
-        return fail("cannot write", tmp);
-      }
+      if (n < 0) return fail("cannot write", tmp, fd);
       done += static_cast<size_t>(n);
     }
   }
-  if (fsync(fd) != 0) {
-    close(fd);
-    return fail("cannot sync", tmp);
-  }
+  if (fsync(fd) != 0) return fail("cannot sync", tmp, fd);
   if (close(fd) != 0) return fail("cannot close", tmp);
   if (rename(tmp.c_str(), path.c_str()) != 0) return fail("cannot rename to", path);
   // Make the new directory entry durable too (best effort).

@@ -21,7 +21,10 @@ int WaitForTerminationSignal();
 // Writes `pieces`, in order, to `path` through a unique temp file in the same
 // directory: fsync, rename, fsync of the directory. A reader sees the whole
 // file or none of it, and a failure leaves no temp file behind. The
-// directory must exist. UNAVAILABLE naming the file on any I/O error.
+// directory must exist. On an I/O error, a StorageError (storage_fault.h)
+// naming the file: RESOURCE_EXHAUSTED when the disk is full,
+// FAILED_PRECONDITION when the directory is read-only, not writable or not
+// a directory, UNAVAILABLE otherwise.
 // The one atomic writer of the code base (port files, weights, checkpoints).
 absl::Status WriteFileAtomically(const std::string& path,
                                  absl::Span<const std::string_view> pieces);

@@ -20,6 +20,8 @@ namespace shardtrain::coordinator {
 // Tick's whole scheduling pass at least this often, even when nothing
 // changed: the waiting reasons' counts stay fresh.
 constexpr int64_t kSchedulePassEveryMs = 5000;
+// Warnings a job keeps (Job.warnings); its events keep them all.
+constexpr int kMaxJobWarnings = 10;
 namespace {
 
 JobState ToDomain(v1::JobState s) {
@@ -314,6 +316,9 @@ absl::StatusOr<v1::GetHistoryResponse> Coordinator::GetHistory(const std::string
   if (!e) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
   v1::GetHistoryResponse resp;
   for (const auto& [step, r] : e->history) *resp.add_steps() = r;
+  for (const v1::JobEvent& ev : e->events) {
+    if (ev.kind() == v1::EVENT_KIND_WARNING) *resp.add_warnings() = ev;
+  }
   return resp;
 }
 
@@ -366,7 +371,19 @@ absl::Status Coordinator::AppendEvent(JobEntry& e, v1::EventKind kind, const std
   ev.set_state(e.job.state());
   ev.set_message(SanitizeLine(message));
   if (step) *ev.mutable_step() = *step;
-  if (auto s = store_->PutJobWithEvent(e.job, ev); !s.ok()) return s;
+  // A warning is kept with the job too (the newest few), for `status`.
+  const v1::Job before = kind == v1::EVENT_KIND_WARNING ? e.job : v1::Job();
+  if (kind == v1::EVENT_KIND_WARNING) {
+    auto* warnings = e.job.mutable_warnings();
+    *warnings->Add() = ev.message();
+    if (warnings->size() > kMaxJobWarnings) {
+      warnings->DeleteSubrange(0, warnings->size() - kMaxJobWarnings);
+    }
+  }
+  if (auto s = store_->PutJobWithEvent(e.job, ev); !s.ok()) {
+    if (kind == v1::EVENT_KIND_WARNING) e.job = before;
+    return s;
+  }
   e.events.push_back(std::move(ev));
   events_cv_.notify_all();
   return absl::OkStatus();
@@ -432,6 +449,18 @@ std::map<std::string, int> Coordinator::JobCountsByState() const {
     out[JobStateLabel(static_cast<v1::JobState>(s))] = 0;
   }
   for (const auto& [id, e] : jobs_) ++out[JobStateLabel(e.job.state())];
+  return out;
+}
+
+std::map<std::string, std::map<std::string, int64_t>> Coordinator::CheckpointFailuresByJob() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = clock_->NowMs();
+  std::map<std::string, std::map<std::string, int64_t>> out;
+  for (const auto& [id, e] : jobs_) {
+    if (e.checkpoint_failures.empty()) continue;
+    if (IsTerminal(e.job.state()) && now - e.job.updated_ms() > kEndedJobMetricsMs) continue;
+    out[id] = e.checkpoint_failures;
+  }
   return out;
 }
 

@@ -130,18 +130,30 @@ class Coordinator {
   // loses it, and the step is then never committed). Returns whether every
   // rank of the generation has now reported the step.
   absl::StatusOr<bool> ReportCheckpoint(const v1::ReportCheckpointRequest& req);
-  // Waits up to wait_ms for every rank's report of the step, then returns
-  // them in rank order. DEADLINE_EXCEEDED naming how many reported.
+  // Waits up to wait_ms for every rank's report of the step, its shard or
+  // its failure, then returns them in rank order. DEADLINE_EXCEEDED naming
+  // how many reported.
   absl::StatusOr<v1::WaitCheckpointShardsResponse> WaitCheckpointShards(
       const v1::WaitCheckpointShardsRequest& req);
   // Rank 0's commit of a step whose manifest it wrote: recorded durably
   // (with its event) before OK, which is the commit point; the answer says
   // which commits fell beyond the spec's `keep` (RecordCommit). INVALID_ARGUMENT
   // for another rank or a missing dir; FAILED_PRECONDITION when not every
-  // rank's report of the step is held. A step this generation already
+  // rank's shard of the step is held, or some rank reported a failure of it.
+  // A commit resets the job's progress.checkpoint_failures_in_a_row. A step this generation already
   // committed answers OK again (a retry whose first answer was lost).
   absl::StatusOr<v1::CommitCheckpointResponse> CommitCheckpoint(
       const v1::CommitCheckpointRequest& req);
+  // A rank could not write its shard of a step, or rank 0 could not commit
+  // it (ReportCheckpointFailure in coordinator.proto): the first failure of
+  // a step records a warning event and counts it, and fails the job
+  // (without a restart, answering abort) under checkpoint.on_failure: fail
+  // or at checkpoint.max_consecutive_failures in a row. Every failure counts
+  // towards WaitCheckpointShards. The report's reason is kept when it is a
+  // known label (CheckpointFailure.reason), else "other". Besides the
+  // ReportCheckpoint codes, INVALID_ARGUMENT for a step below 1.
+  absl::StatusOr<v1::ReportCheckpointFailureResponse> ReportCheckpointFailure(
+      const v1::ReportCheckpointFailureRequest& req);
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id) const;
   absl::Status ReportFailure(const v1::ReportFailureRequest& req);
   absl::Status ReportEvent(const v1::ReportEventRequest& req);
@@ -168,6 +180,12 @@ class Coordinator {
   // rank reported skipped (fp16 overflow) since this coordinator started,
   // a step re-run after a recovery counted each time. Only grows.
   std::map<std::string, int64_t> SkippedStepsOfActiveJobs() const;
+  // Per job: checkpoints not committed since this coordinator started, by
+  // CheckpointFailure.reason, for active jobs and for jobs that ended less
+  // than kEndedJobMetricsMs ago (so a scrape sees the failures that ended a
+  // job). Counts only grow.
+  std::map<std::string, std::map<std::string, int64_t>> CheckpointFailuresByJob() const;
+  static constexpr int64_t kEndedJobMetricsMs = 3'600'000;
 
  private:
   struct WorkerEntry {
@@ -211,6 +229,11 @@ class Coordinator {
     // This generation's checkpoint shard reports not yet committed:
     // step -> rank -> shard. Cleared when the generation ends.
     std::map<int64_t, std::map<int, v1::CheckpointShard>> shards;
+    // This generation's checkpoint failures, step -> rank -> failure; a step
+    // here is never committed. Cleared with `shards`.
+    std::map<int64_t, std::map<int, v1::CheckpointFailure>> shard_failures;
+    // Checkpoint failures by reason since this process started (not stored).
+    std::map<std::string, int64_t> checkpoint_failures;
     bool has_plan = false;
     v1::Plan plan;
     int passed_over = 0;  // scheduling passes later jobs overtook it (not stored)

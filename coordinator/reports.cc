@@ -173,8 +173,8 @@ absl::Status Coordinator::ReportEvent(const v1::ReportEventRequest& req) {
   if (auto s = CheckRank(*e, req.generation(), req.rank(), req.worker_id(), req.lease_token());
       !s.ok())
     return s;
-  return AppendEvent(*e, v1::EVENT_KIND_LOG, absl::StrCat("rank ", req.rank(), ": ", req.message()),
-                     nullptr);
+  return AppendEvent(*e, req.warning() ? v1::EVENT_KIND_WARNING : v1::EVENT_KIND_LOG,
+                     absl::StrCat("rank ", req.rank(), ": ", req.message()), nullptr);
 }
 
 absl::Status Coordinator::ReportFailure(const v1::ReportFailureRequest& req) {
@@ -243,6 +243,7 @@ void Coordinator::FailOrRecover(JobEntry& e, const std::string& raw_reason, bool
   ReleaseWorkers(e);
   e.partial.clear();
   e.shards.clear();
+  e.shard_failures.clear();
 }
 
 }  // namespace shardtrain::coordinator

@@ -226,7 +226,8 @@ void Coordinator::ApplyPass(const SchedulePass& pass) {
     e.has_plan = true;
     e.passed_over = 0;
     e.started.clear();
-    e.shards.clear();             // reports of an earlier generation never count for this one
+    e.shards.clear();  // reports of an earlier generation never count for this one
+    e.shard_failures.clear();
     kv_.DropJob(e.job.job_id());  // earlier generations' keys are dead
     for (size_t r = 0; r < p.workers.size(); ++r) {
       WorkerEntry& w = workers_.at(p.workers[r]);

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <exception>
 #include <iostream>
+#include <memory>
+#include <set>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -253,6 +255,15 @@ grpc::Status CoordinatorService::CommitCheckpoint(grpc::ServerContext* ctx,
   });
 }
 
+grpc::Status CoordinatorService::ReportCheckpointFailure(
+    grpc::ServerContext* ctx, const v1::ReportCheckpointFailureRequest* req,
+    v1::ReportCheckpointFailureResponse* resp) {
+  return Handle(ctx, "ReportCheckpointFailure", [&](const Principal& who) -> absl::Status {
+    if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
+    return Fill(core_->ReportCheckpointFailure(*req), resp);
+  });
+}
+
 grpc::Status CoordinatorService::ReportDone(grpc::ServerContext* ctx,
                                             const v1::ReportDoneRequest* req,
                                             v1::ReportDoneResponse*) {
@@ -345,7 +356,34 @@ void RegisterCoordinatorMetrics(Coordinator* core, MetricsRegistry* registry) {
       "unchanged, loss scale halved), as every rank reported them; re-runs after a recovery "
       "count again.",
       {"job_id"});
-  registry->AddCollector([core, workers, jobs, step, total, loss, skipped] {
+  Family<Gauge>* committed = &registry->AddGauge(
+      "shardtrain_coordinator_job_committed_step",
+      "Newest committed checkpoint step of an active job (0: none); the job's step minus this "
+      "is what a crash would cost now.",
+      {"job_id"});
+  Family<Counter>* ckpt_failures = &registry->AddCounter(
+      "shardtrain_checkpoint_failures_total",
+      "Checkpoints not committed (a rank could not write its shard, or the commit did not "
+      "complete), by reason: no_space, read_only, permission_denied, not_a_directory, io_error, "
+      "incomplete, other. Kept for an hour after the job ends.",
+      {"job_id", "reason"});
+  auto exported_failures = std::make_shared<std::set<std::pair<std::string, std::string>>>();
+  registry->AddCollector([core, workers, jobs, step, total, loss, skipped, committed, ckpt_failures,
+                          exported_failures] {
+    // The core's counts only grow: each counter catches up with its count;
+    // a series the core no longer reports (its job ended long ago) goes.
+    std::set<std::pair<std::string, std::string>> now;
+    for (const auto& [job_id, by_reason] : core->CheckpointFailuresByJob()) {
+      for (const auto& [reason, n] : by_reason) {
+        Counter& c = ckpt_failures->WithLabels({job_id, reason});
+        c.Increment(static_cast<double>(n) - c.Value());
+        now.insert({job_id, reason});
+      }
+    }
+    for (const auto& [job_id, reason] : *exported_failures) {
+      if (!now.count({job_id, reason})) ckpt_failures->Remove({job_id, reason});
+    }
+    *exported_failures = std::move(now);
     for (const auto& [state, n] : core->WorkerCountsByState()) workers->WithLabels({state}).Set(n);
     for (const auto& [state, n] : core->JobCountsByState()) jobs->WithLabels({state}).Set(n);
     std::vector<v1::Job> all;
@@ -365,6 +403,7 @@ void RegisterCoordinatorMetrics(Coordinator* core, MetricsRegistry* registry) {
         total->Remove({j.job_id()});
         loss->Remove({j.job_id()});
         skipped->Remove({j.job_id()});
+        committed->Remove({j.job_id()});
         continue;
       }
       // The core's count only grows: the counter catches up with it.
@@ -373,6 +412,7 @@ void RegisterCoordinatorMetrics(Coordinator* core, MetricsRegistry* registry) {
         c.Increment(static_cast<double>(it->second) - c.Value());
       }
       step->WithLabels({j.job_id()}).Set(j.progress().step());
+      committed->WithLabels({j.job_id()}).Set(j.progress().last_committed_checkpoint_step());
       total->WithLabels({j.job_id()}).Set(j.progress().total_steps());
       // A loss that is not finite (a diverged run, or a forged report) is
       // not a sample: the series is dropped rather than exported as NaN.

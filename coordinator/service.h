@@ -52,6 +52,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
                                     v1::WaitCheckpointShardsResponse*) override;
   grpc::Status CommitCheckpoint(grpc::ServerContext*, const v1::CommitCheckpointRequest*,
                                 v1::CommitCheckpointResponse*) override;
+  grpc::Status ReportCheckpointFailure(grpc::ServerContext*,
+                                       const v1::ReportCheckpointFailureRequest*,
+                                       v1::ReportCheckpointFailureResponse*) override;
   grpc::Status ReportDone(grpc::ServerContext*, const v1::ReportDoneRequest*,
                           v1::ReportDoneResponse*) override;
   grpc::Status ReportFailure(grpc::ServerContext*, const v1::ReportFailureRequest*,
@@ -82,8 +85,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
 };
 
 // Registers the coordinator's state gauges (workers and jobs by state, each
-// active job's step, total steps and loss) and the per-job counter of skipped
-// fp16 steps, computed from `core` at every scrape.
+// active job's step, total steps, loss and newest committed checkpoint step)
+// and the per-job counters of skipped fp16 steps and of checkpoints not
+// committed (shardtrain_checkpoint_failures_total{job_id, reason}), computed
+// from `core` at every scrape.
 void RegisterCoordinatorMetrics(Coordinator* core, MetricsRegistry* registry);
 
 }  // namespace shardtrain::coordinator

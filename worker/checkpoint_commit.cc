@@ -13,8 +13,8 @@ namespace {
 
 constexpr absl::Duration kWaitSlice = absl::Seconds(1);
 
-// Step 1: every rank's shard report of `step`, rank order.
-absl::StatusOr<std::vector<v1::CheckpointShard>> WaitForShards(CoordinatorApi& client,
+// Step 1: every rank's report of `step`, its shard or its failure, rank order.
+absl::StatusOr<v1::WaitCheckpointShardsResponse> WaitForShards(CoordinatorApi& client,
                                                                const CommitTarget& t, int64_t step,
                                                                const std::atomic<bool>& stop) {
   const absl::Time deadline = absl::Now() + t.wait;
@@ -30,8 +30,7 @@ absl::StatusOr<std::vector<v1::CheckpointShard>> WaitForShards(CoordinatorApi& c
     req.set_step(step);
     req.set_wait_ms(absl::ToInt64Milliseconds(std::min(left, kWaitSlice)));
     absl::StatusOr<v1::WaitCheckpointShardsResponse> resp = client.WaitCheckpointShards(req);
-    if (resp.ok())
-      return std::vector<v1::CheckpointShard>(resp->shards().begin(), resp->shards().end());
+    if (resp.ok()) return resp;
     if (!absl::IsDeadlineExceeded(resp.status()) || left <= kWaitSlice) return resp.status();
   }
 }
@@ -79,11 +78,30 @@ absl::StatusOr<CommitResult> CommitCheckpoint(CoordinatorApi& client,
                                               const model::ParamLayout& layout,
                                               const CommitTarget& t, int64_t step,
                                               const std::atomic<bool>& stop) {
-  absl::StatusOr<std::vector<v1::CheckpointShard>> shards = WaitForShards(client, t, step, stop);
-  if (!shards.ok()) return shards.status();
   const std::string local_step_dir = checkpoint::StepDir(t.local_dir, step);
+  // Every rank is done with the step's directory: a step that cannot be
+  // committed leaves nothing behind (no empty or partial step-N).
+  auto abandon = [&](absl::Status why) {
+    absl::Status rm = storage.RemoveAll(local_step_dir);
+    if (rm.ok()) return why;
+    absl::Status both(why.code(), absl::StrCat(why.message(), "; removing ", local_step_dir,
+                                               " failed too: ", rm.message()));
+    why.ForEachPayload(
+        [&](absl::string_view url, const absl::Cord& payload) { both.SetPayload(url, payload); });
+    return both;
+  };
+  absl::StatusOr<v1::WaitCheckpointShardsResponse> answered = WaitForShards(client, t, step, stop);
+  if (!answered.ok()) return answered.status();
+  if (answered->failures_size() > 0) {
+    const v1::CheckpointFailure& f = answered->failures(0);
+    return abandon(absl::FailedPreconditionError(
+        absl::StrCat("rank ", f.rank(), " could not write its shard: ", f.cause(),
+                     f.path().empty() ? "" : absl::StrCat(" (", f.path(), ")"))));
+  }
+  const std::vector<v1::CheckpointShard> shards(answered->shards().begin(),
+                                                answered->shards().end());
   absl::StatusOr<std::vector<checkpoint::ShardFileInfo>> infos =
-      ShardInfos(storage, local_step_dir, *shards);
+      ShardInfos(storage, local_step_dir, shards);
   if (!infos.ok()) return infos.status();
   absl::StatusOr<checkpoint::Manifest> manifest =
       checkpoint::MakeManifest(layout, step, t.world, t.zero_stage, *std::move(infos));
@@ -91,7 +109,7 @@ absl::StatusOr<CommitResult> CommitCheckpoint(CoordinatorApi& client,
   if (absl::Status s =
           checkpoint::WriteManifest(storage, checkpoint::ManifestPath(local_step_dir), *manifest);
       !s.ok()) {
-    return s;
+    return abandon(s);
   }
 
   v1::CommitCheckpointRequest req;
@@ -111,7 +129,13 @@ absl::StatusOr<CommitResult> CommitCheckpoint(CoordinatorApi& client,
     if (resp.ok() || !absl::IsUnavailable(resp.status())) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
   }
-  if (!resp.ok()) return resp.status();
+  if (!resp.ok()) {
+    // Refused for this generation (FAILED_PRECONDITION: the coordinator lost
+    // the reports, or a rank failed): nobody resumes from it. A generation
+    // that is over (ABORTED) leaves it to the next commit's cleanup.
+    if (absl::IsFailedPrecondition(resp.status())) return abandon(resp.status());
+    return resp.status();
+  }
 
   CommitResult out;
   out.commit = *std::move(resp);

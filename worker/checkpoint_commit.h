@@ -1,5 +1,5 @@
 // Rank 0's side of committing a sharded checkpoint. Every rank has written
-// its shard and reported it; rank 0 then
+// its shard and reported it, or reported why it could not; rank 0 then
 //   1. waits until the coordinator holds every rank's report of the step,
 //   2. writes the manifest next to the shards (temp -> fsync -> rename),
 //   3. asks the coordinator to record the commit (the commit point: recovery
@@ -7,9 +7,11 @@
 //   4. deletes the step directories below the oldest step still recorded.
 // A crash or refusal anywhere before 3 leaves the step uncommitted: recovery
 // resumes from the previous commit and a re-run commits the step again,
-// rewriting its shards and manifest. A manifest without a commit is a
-// complete checkpoint nobody resumes from unless asked. The coordinator
-// itself never reads or writes checkpoint files.
+// rewriting its shards and manifest. When every rank answered and the step
+// still cannot be committed (a rank could not write its shard, the manifest
+// could not be written, the coordinator refused the commit), rank 0 removes
+// the step's directory: no empty or partial step-N is left behind. The
+// coordinator itself never reads or writes checkpoint files.
 #ifndef SHARDTRAIN_WORKER_CHECKPOINT_COMMIT_H_
 #define SHARDTRAIN_WORKER_CHECKPOINT_COMMIT_H_
 
@@ -52,12 +54,15 @@ struct CommitResult {
 // Commits checkpoint `step` (steps 1-4 above). Waits in slices of at most a
 // second, and gives up when `stop` is set. Any error means the step is not
 // committed; training may go on. Errors: DEADLINE_EXCEEDED when some rank's
-// report did not arrive within target.wait; FAILED_PRECONDITION when a
-// reported shard file is not in rank 0's step directory (the ranks do not
-// share checkpoint.dir) or the coordinator no longer holds every report;
-// CANCELLED when stopped; ABORTED for a generation that is over; the
-// manifest's errors (InvalidArgument for inconsistent shards, Unavailable on
-// I/O); the coordinator's otherwise.
+// report did not arrive within target.wait; FAILED_PRECONDITION when a rank
+// reported it could not write its shard (naming the rank, the cause and the
+// path), a reported shard file is not in rank 0's step directory (the ranks
+// do not share checkpoint.dir) or the coordinator no longer holds every
+// report; CANCELLED when stopped; ABORTED for a generation that is over; the
+// manifest's errors (InvalidArgument for inconsistent shards, the storage's
+// StorageError); the coordinator's otherwise. The step directory is removed
+// after a rank's failure, the manifest's storage error and the coordinator's
+// FAILED_PRECONDITION.
 absl::StatusOr<CommitResult> CommitCheckpoint(CoordinatorApi& client,
                                               checkpoint::CheckpointStorage& storage,
                                               const model::ParamLayout& layout,

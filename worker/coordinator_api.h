@@ -44,14 +44,18 @@ class CoordinatorApi {
   virtual absl::StatusOr<v1::ReportStepResponse> ReportStep(const v1::ReportStepRequest& r) = 0;
   virtual absl::Status ReportDone(const v1::ReportDoneRequest& r) = 0;
   // Checkpoint commits (see the Coordinator service in coordinator.proto):
-  // every rank reports its shard; rank 0 waits for the set (r.wait_ms at
-  // most, then DEADLINE_EXCEEDED), writes the manifest and commits.
+  // every rank reports its shard, or its failure to write it; rank 0 waits
+  // for the set (r.wait_ms at most, then DEADLINE_EXCEEDED), writes the
+  // manifest and commits, or reports why it could not.
   virtual absl::StatusOr<v1::ReportCheckpointResponse> ReportCheckpoint(
       const v1::ReportCheckpointRequest& r) = 0;
   virtual absl::StatusOr<v1::WaitCheckpointShardsResponse> WaitCheckpointShards(
       const v1::WaitCheckpointShardsRequest& r) = 0;
   virtual absl::StatusOr<v1::CommitCheckpointResponse> CommitCheckpoint(
       const v1::CommitCheckpointRequest& r) = 0;
+  // The answer's abort is true when checkpoint.on_failure failed the job.
+  virtual absl::StatusOr<v1::ReportCheckpointFailureResponse> ReportCheckpointFailure(
+      const v1::ReportCheckpointFailureRequest& r) = 0;
   virtual absl::Status ReportFailure(const v1::ReportFailureRequest& r) = 0;
   virtual absl::Status ReportEvent(const v1::ReportEventRequest& r) = 0;
 

@@ -142,6 +142,13 @@ absl::StatusOr<v1::CommitCheckpointResponse> CoordinatorClient::CommitCheckpoint
   return resp;
 }
 
+absl::StatusOr<v1::ReportCheckpointFailureResponse> CoordinatorClient::ReportCheckpointFailure(
+    const v1::ReportCheckpointFailureRequest& r) {
+  v1::ReportCheckpointFailureResponse resp;
+  SHARDTRAIN_UNARY(ReportCheckpointFailure, r, &resp);
+  return resp;
+}
+
 absl::Status CoordinatorClient::ReportFailure(const v1::ReportFailureRequest& r) {
   v1::ReportFailureResponse resp;
   SHARDTRAIN_UNARY(ReportFailure, r, &resp);

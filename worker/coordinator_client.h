@@ -65,6 +65,8 @@ class CoordinatorClient final : public CoordinatorApi {
       const v1::WaitCheckpointShardsRequest& r) override;
   absl::StatusOr<v1::CommitCheckpointResponse> CommitCheckpoint(
       const v1::CommitCheckpointRequest& r) override;
+  absl::StatusOr<v1::ReportCheckpointFailureResponse> ReportCheckpointFailure(
+      const v1::ReportCheckpointFailureRequest& r) override;
   absl::Status ReportFailure(const v1::ReportFailureRequest& r) override;
   absl::Status ReportEvent(const v1::ReportEventRequest& r) override;
   absl::Status KvSet(const v1::KvSetRequest& r) override;

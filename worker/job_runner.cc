@@ -1,8 +1,9 @@
 #include "worker/job_runner.h"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -10,9 +11,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/job_spec.h"
 #include "common/process.h"
 #include "common/spec_paths.h"
+#include "common/storage_fault.h"
 #include "worker/checkpoint/directory.h"
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
@@ -28,6 +32,12 @@
 
 namespace shardtrain::worker {
 namespace {
+
+// `s` as "CODE: message", without the payloads a StorageError carries (its
+// fault and cause, which the message already says).
+std::string Text(const absl::Status& s) {
+  return s.ToString(absl::StatusToStringMode::kWithNoExtraData);
+}
 
 // The worker's training metrics, labelled by job_id and rank (never by step;
 // not `job`, which Prometheus keeps for the scrape target).
@@ -154,17 +164,56 @@ class Reporter {
     return resp.status();
   }
 
-  // Logs rank 0's commit of `step` (CommitCheckpoint); a step it could not
-  // commit, and a cleanup cut short, are job events too. Training goes on
-  // either way: an uncommitted step is never resumed from.
+  // Logs rank 0's commit of `step` (CommitCheckpoint); a cleanup cut short
+  // is a job event. A step it could not commit is the caller's to report
+  // (CheckpointFailure). Training goes on either way: an uncommitted step is
+  // never resumed from.
   void Commit(const absl::StatusOr<CommitResult>& r, int64_t step) const {
     const std::string what = "checkpoint step " + std::to_string(step);
-    if (!r.ok()) return Event(what + " not committed: " + r.status().ToString());
+    if (!r.ok()) return Log(what + " not committed: " + Text(r.status()));
     Log(what + " committed as " + r->commit.checkpoint().dir() + "; " +
         std::to_string(r->removed.size()) + " older step directories removed");
     if (!r->cleanup.ok()) {
-      Event(what + " committed, but removing older steps stopped: " + r->cleanup.ToString());
+      Event(what + " committed, but removing older steps stopped: " + Text(r->cleanup));
     }
+  }
+
+  // Tells the coordinator that this rank could not write its shard of
+  // `step` (or, rank 0, could not commit it) because of `error`, about
+  // `path`: the coordinator warns the user and applies checkpoint.on_failure.
+  // False when it answered that the job is over (stop now); true otherwise,
+  // also when it could not be told (the commit then times out instead).
+  bool CheckpointFailure(int64_t step, const std::string& path, const absl::Status& error) {
+    v1::ReportCheckpointFailureRequest req;
+    req.set_job_id(a_.job_id());
+    req.set_generation(a_.generation());
+    req.set_worker_id(ctx_.worker_id);
+    req.set_lease_token(a_.lease_token());
+    v1::CheckpointFailure* f = req.mutable_failure();
+    f->set_rank(a_.rank());
+    f->set_step(step);
+    f->set_path(path);
+    const StorageFault fault = StorageFaultOf(error);
+    if (fault != StorageFault::kNone) {
+      f->set_cause(StorageCause(error));
+      f->set_reason(std::string(StorageFaultName(fault)));
+    } else {
+      f->set_cause(std::string(error.message()));
+      f->set_reason(absl::IsDeadlineExceeded(error) ? "incomplete"
+                    : absl::IsUnavailable(error)    ? "io_error"
+                                                    : "other");
+    }
+    absl::StatusOr<v1::ReportCheckpointFailureResponse> resp;
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      resp = ctx_.client->ReportCheckpointFailure(req);
+      if (resp.ok() || !absl::IsUnavailable(resp.status())) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+    if (!resp.ok()) {
+      Log("checkpoint failure not reported: " + resp.status().ToString());
+      return !(absl::IsFailedPrecondition(resp.status()) || absl::IsNotFound(resp.status()));
+    }
+    return !resp->abort();
   }
 
   void Done(int64_t steps, const std::string& output) {
@@ -183,14 +232,14 @@ class Reporter {
   void Failure(const absl::Status& error, int64_t step, comm::Communicator* comm,
                bool permanent = false) {
     Log("rank " + std::to_string(a_.rank()) + (permanent ? " failed for good: " : " failed: ") +
-        error.ToString());
+        Text(error));
     v1::ReportFailureRequest req;
     req.set_job_id(a_.job_id());
     req.set_generation(a_.generation());
     req.set_rank(a_.rank());
     req.set_worker_id(ctx_.worker_id);
     req.set_lease_token(a_.lease_token());
-    req.set_reason(error.ToString());
+    req.set_reason(Text(error));
     req.set_step(step);
     req.set_permanent(permanent);
     if (comm) {
@@ -202,11 +251,13 @@ class Reporter {
   }
 
   // Logs `msg` and records it among the job's events (best effort: only
-  // rank 0 reports, since every rank sees the same checkpoint files).
-  void Event(const std::string& msg) const {
+  // rank 0 reports, since every rank sees the same checkpoint files); as a
+  // warning (EVENT_KIND_WARNING) when the user should act on it.
+  void Event(const std::string& msg, bool warning = false) const {
     Log(msg);
     if (a_.rank() != 0) return;
     v1::ReportEventRequest req;
+    req.set_warning(warning);
     req.set_job_id(a_.job_id());
     req.set_generation(a_.generation());
     req.set_rank(a_.rank());
@@ -342,6 +393,73 @@ int GpuOrdinal(const v1::Device& device) {
   return n;
 }
 
+// Whether `s`, from writing a checkpoint, is the storage's: a StorageError,
+// or UNAVAILABLE (an I/O error that carries no fault). Such a checkpoint is
+// not committed, and training goes on (checkpoint.on_failure decides); any
+// other error is the rank's failure.
+bool IsStorageError(const absl::Status& s) {
+  return StorageFaultOf(s) != StorageFault::kNone || absl::IsUnavailable(s);
+}
+
+// "2m0s", "45s".
+std::string Seconds(int s) {
+  return s >= 60 ? absl::StrFormat("%dm%02ds", s / 60, s % 60) : absl::StrFormat("%ds", s);
+}
+
+// Rank 0 saves the final weights to `path`. A storage error a retry cannot
+// fix (no space, read-only, permission denied, not a directory) is retried
+// with back-off (1 s, doubling, at most 30 s) for checkpoint.final_retry_s
+// while the trained weights stay in memory, with one warning event telling
+// the user what to fix; then it is returned (naming the path and the cause)
+// and the caller fails the job for good, rather than retraining it. Other
+// errors are returned at once (a transient one recovers as before). Stops
+// early when `stop` is set.
+absl::Status SaveFinalWeights(const Reporter& report, const JobSpec& spec, const std::string& path,
+                              const model::ModelConfig& config, absl::Span<const float> weights,
+                              const std::atomic<bool>& stop) {
+  const int budget_s = spec.checkpoint.final_retry_s;
+  const absl::Time start = absl::Now(), deadline = start + absl::Seconds(budget_s);
+  absl::Duration backoff = absl::Seconds(1);
+  for (int attempt = 1;; ++attempt) {
+    absl::Status s = checkpoint::MakeDirectories(spec.checkpoint.dir);
+    if (s.ok()) s = checkpoint::SaveWeights(path, config, weights);
+    if (s.ok()) {
+      if (attempt > 1) {
+        report.Event(absl::StrFormat("final weights saved to %s at attempt %d, after %.0f s", path,
+                                     attempt, absl::ToDoubleSeconds(absl::Now() - start)));
+      }
+      return s;
+    }
+    const StorageFault fault = StorageFaultOf(s);
+    if (!RetryCannotFix(fault)) return s;
+    const std::string cause = absl::StrCat(StorageCause(s), " (", path, ")");
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration() || stop) {
+      return StorageError(
+          fault,
+          absl::StrCat("final weights not saved: ", cause,
+                       attempt > 1 ? absl::StrCat("; retried for ", Seconds(budget_s),
+                                                  " (checkpoint.final_retry_s)")
+                                   : ""),
+          StorageCause(s));
+    }
+    if (attempt == 1) {
+      report.Event(absl::StrCat("final weights not saved: ", cause,
+                                "; the trained weights stay in memory and saving is retried for "
+                                "up to ",
+                                Seconds(budget_s),
+                                " (checkpoint.final_retry_s): free space or fix the directory now"),
+                   /*warning=*/true);
+    }
+    // Sleep in slices, so that a cancelled job does not wait out the back-off.
+    const absl::Time wake = absl::Now() + std::min(backoff, left);
+    while (absl::Now() < wake && !stop) {
+      absl::SleepFor(std::min(absl::Milliseconds(250), wake - absl::Now()));
+    }
+    backoff = std::min(backoff * 2, absl::Seconds(30));
+  }
+}
+
 // Trains one assignment to its end (or stop), reporting to the coordinator.
 void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   const v1::RunAssignment& a = *ctx.assignment;
@@ -460,16 +578,35 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
       return;
     }
     if (every > 0 && step % every == 0 && step < spec->steps) {
+      const std::string step_dir = checkpoint::StepDir(spec->checkpoint.dir, step);
       std::string path;
       absl::StatusOr<checkpoint::ShardFileInfo> info = (*trainer)->SaveShard(storage, step, &path);
-      absl::Status s = info.ok() ? report.Checkpoint(*info, path, step) : info.status();
-      if (absl::IsUnavailable(s)) {
-        // The coordinator could not be told: this step stays uncommitted
-        // (never loaded), and training goes on to the next checkpoint.
-        report.Log("checkpoint step " + std::to_string(step) + " not reported: " + s.ToString());
-      } else if (!s.ok()) {
-        return report.Failure(s, step, comm.get());
-      } else if (a.rank() == 0) {
+      // Whether the coordinator heard this rank's outcome, shard or failure,
+      // and whether that was a failure (then it knows why the step fails).
+      bool reported = true, failed = false;
+      if (info.ok()) {
+        absl::Status s = report.Checkpoint(*info, path, step);
+        if (absl::IsUnavailable(s)) {
+          // The coordinator could not be told: this step stays uncommitted
+          // (never loaded), and training goes on to the next checkpoint.
+          report.Log("checkpoint step " + std::to_string(step) + " not reported: " + Text(s));
+          reported = false;
+        } else if (!s.ok()) {
+          return report.Failure(s, step, comm.get());
+        }
+      } else if (!IsStorageError(info.status())) {
+        return report.Failure(info.status(), step, comm.get());
+      } else {
+        failed = true;
+        report.Log("checkpoint step " + std::to_string(step) +
+                   " not written: " + Text(info.status()));
+        if (!report.CheckpointFailure(step, step_dir, info.status())) {
+          report.Log("the coordinator ended the job (checkpoint.on_failure); stopping at step " +
+                     std::to_string(step));
+          return;
+        }
+      }
+      if (a.rank() == 0 && reported) {
         CommitTarget target;
         target.job_id = a.job_id();
         target.generation = a.generation();
@@ -483,7 +620,19 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
         target.wait = absl::Seconds(spec->timeouts.collective_s) / 2;
         // The manifest is of the whole model, whatever slice rank 0 runs.
         const model::ParamLayout whole((*trainer)->engine().config());
-        report.Commit(CommitCheckpoint(*ctx.client, storage, whole, target, step, *ctx.stop), step);
+        absl::StatusOr<CommitResult> commit =
+            CommitCheckpoint(*ctx.client, storage, whole, target, step, *ctx.stop);
+        report.Commit(commit, step);
+        // Why the commit failed, unless this rank said so already (its own
+        // shard) or there is nobody to tell (a generation that is over, a
+        // stopped rank). Another rank's failure, said again, counts once.
+        const absl::Status& cs = commit.status();
+        if (!cs.ok() && !failed && !absl::IsAborted(cs) && !absl::IsCancelled(cs) &&
+            !absl::IsNotFound(cs) && !report.CheckpointFailure(step, step_dir, cs)) {
+          report.Log("the coordinator ended the job (checkpoint.on_failure); stopping at step " +
+                     std::to_string(step));
+          return;
+        }
       }
     }
   }
@@ -494,11 +643,11 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
     if (!whole.ok()) return report.Failure(whole.status(), spec->steps, comm.get());
     if (a.rank() == 0) {
       output = FinalWeightsPath(*spec);
-      std::error_code ec;
-      std::filesystem::create_directories(spec->checkpoint.dir, ec);
-      if (absl::Status s = checkpoint::SaveWeights(output, (*trainer)->engine().config(), *whole);
+      if (absl::Status s = SaveFinalWeights(report, *spec, output, (*trainer)->engine().config(),
+                                            *whole, *ctx.stop);
           !s.ok()) {
-        return report.Failure(s, spec->steps, comm.get());
+        // Retraining cannot fix the volume: fail once, not max_restarts times.
+        return report.Failure(s, spec->steps, comm.get(), RetryCannotFix(StorageFaultOf(s)));
       }
       report.Log("saved final weights to " + output);
     }

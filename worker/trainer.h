@@ -146,8 +146,10 @@ class Trainer {
   // Writes this rank's shard of the state after `step` (the strategy's save
   // ranges of params, AdamW m and v, and the scalars) to
   // <checkpoint.dir>/step-<step>/rank-<rank>.shard, atomically (the loss
-  // scale among the scalars under fp16). Returns what
-  // the coordinator's manifest needs; *path gets the file.
+  // scale among the scalars under fp16), when its volume has room for it.
+  // Returns what the coordinator's manifest needs; *path gets the file.
+  // Storage errors as checkpoint::WriteShard's (a StorageError: no room,
+  // read-only, ...); no collective.
   absl::StatusOr<checkpoint::ShardFileInfo> SaveShard(checkpoint::CheckpointStorage& storage,
                                                       int64_t step, std::string* path);
   // Loads the committed checkpoint in `step_dir` (any world size and

@@ -116,6 +116,8 @@ std::map<std::string, AnyCall> EveryRpc() {
       SHARDTRAIN_CALL(WaitCheckpointShards, WaitCheckpointShardsRequest,
                       WaitCheckpointShardsResponse),
       SHARDTRAIN_CALL(CommitCheckpoint, CommitCheckpointRequest, CommitCheckpointResponse),
+      SHARDTRAIN_CALL(ReportCheckpointFailure, ReportCheckpointFailureRequest,
+                      ReportCheckpointFailureResponse),
       SHARDTRAIN_CALL(ReportDone, ReportDoneRequest, ReportDoneResponse),
       SHARDTRAIN_CALL(ReportFailure, ReportFailureRequest, ReportFailureResponse),
       SHARDTRAIN_CALL(ReportEvent, ReportEventRequest, ReportEventResponse),

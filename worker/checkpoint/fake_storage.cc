@@ -22,6 +22,7 @@ absl::Status FakeCheckpointStorage::WriteFileAtomic(const std::string& path,
   for (std::string_view piece : pieces) bytes.append(piece.data(), piece.size());
   absl::MutexLock lock(&mu_);
   ++writes_;
+  if (!fail_all_.ok()) return fail_all_;
   if (fail_at_ != 0 && writes_ == fail_at_) {
     fail_at_ = 0;
     files_[Normalize(path) + ".tmp"] = bytes.substr(0, bytes.size() / 2);
@@ -29,6 +30,21 @@ absl::Status FakeCheckpointStorage::WriteFileAtomic(const std::string& path,
   }
   files_[Normalize(path)] = std::move(bytes);
   return absl::OkStatus();
+}
+
+void FakeCheckpointStorage::FailWritesWith(absl::Status error) {
+  absl::MutexLock lock(&mu_);
+  fail_all_ = std::move(error);
+}
+
+void FakeCheckpointStorage::set_free_bytes(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  free_bytes_ = bytes;
+}
+
+absl::StatusOr<int64_t> FakeCheckpointStorage::FreeBytes(const std::string&) {
+  absl::MutexLock lock(&mu_);
+  return free_bytes_;
 }
 
 absl::StatusOr<std::string> FakeCheckpointStorage::Read(const std::string& path) {

@@ -6,6 +6,7 @@
 #ifndef SHARDTRAIN_WORKER_CHECKPOINT_FAKE_STORAGE_H_
 #define SHARDTRAIN_WORKER_CHECKPOINT_FAKE_STORAGE_H_
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <string_view>
@@ -28,12 +29,21 @@ class FakeCheckpointStorage : public CheckpointStorage {
   absl::StatusOr<std::string> Read(const std::string& path) override;
   absl::StatusOr<std::vector<std::string>> List(const std::string& dir) override;
   absl::Status RemoveAll(const std::string& path) override;
+  // set_free_bytes's value (default: practically unlimited).
+  absl::StatusOr<int64_t> FreeBytes(const std::string& path) override;
 
   // Makes the n-th WriteFileAtomic call from now fail (n = 1: the next one)
   // with Unavailable, as a crash or a full disk mid-write would: it leaves
   // "<path>.tmp" holding the first half of the bytes and does not touch
   // <path>. Later writes succeed again.
   void FailNthWrite(int n);
+
+  // While `error` is not OK, every WriteFileAtomic fails with it and writes
+  // nothing (a full, read-only or unwritable volume); OK stops it.
+  void FailWritesWith(absl::Status error);
+
+  // What FreeBytes answers from now on.
+  void set_free_bytes(int64_t bytes);
 
   // Corrupts an existing file in place (bypassing atomicity, like a bad disk).
   // NotFound if there is no such file; InvalidArgument when out of range.
@@ -50,6 +60,8 @@ class FakeCheckpointStorage : public CheckpointStorage {
   std::map<std::string, std::string> files_ ABSL_GUARDED_BY(mu_);
   int writes_ ABSL_GUARDED_BY(mu_) = 0;
   int fail_at_ ABSL_GUARDED_BY(mu_) = 0;  // write number that fails; 0 = none
+  absl::Status fail_all_ ABSL_GUARDED_BY(mu_);
+  int64_t free_bytes_ ABSL_GUARDED_BY(mu_) = int64_t{1} << 50;
 };
 
 }  // namespace shardtrain::checkpoint

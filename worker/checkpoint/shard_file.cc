@@ -261,6 +261,7 @@ absl::StatusOr<ShardFileInfo> WriteShard(CheckpointStorage& storage, const std::
                                          const ShardContents& contents) {
   absl::StatusOr<std::string> bytes = EncodeShard(contents);
   if (!bytes.ok()) return bytes.status();
+  if (absl::Status s = CheckRoomFor(storage, path, bytes->size()); !s.ok()) return s;
   if (absl::Status s = storage.WriteFileAtomic(path, std::string_view(*bytes)); !s.ok()) return s;
   ShardFileInfo info;
   info.rank = contents.rank;

@@ -104,9 +104,11 @@ absl::StatusOr<ShardContents> DecodeShard(const std::string& bytes, const std::s
 uint64_t StoredChecksum(const std::string& bytes);
 
 // Encodes `contents` and writes it atomically to `path` (normally
-// JoinPath(step_dir, ShardFileName(rank))). Returns what the manifest needs,
-// with `file` = the last component of `path`. InvalidArgument as EncodeShard;
-// Unavailable on I/O errors.
+// JoinPath(step_dir, ShardFileName(rank))), after checking that its volume
+// has room for it (CheckRoomFor). Returns what the manifest needs, with
+// `file` = the last component of `path`. InvalidArgument as EncodeShard;
+// storage errors as CheckRoomFor and WriteFileAtomic (RESOURCE_EXHAUSTED,
+// FAILED_PRECONDITION, UNAVAILABLE, with their StorageFault).
 absl::StatusOr<ShardFileInfo> WriteShard(CheckpointStorage& storage, const std::string& path,
                                          const ShardContents& contents);
 

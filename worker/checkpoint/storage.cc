@@ -14,12 +14,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/process.h"
+#include "common/storage_fault.h"
 
 namespace shardtrain::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
 
+// Reads: NotFound for a missing file, Unavailable otherwise.
 absl::Status ErrnoError(const std::string& what, const std::string& path, int err) {
   const std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err));
   if (err == ENOENT) return absl::NotFoundError(msg);
@@ -40,8 +42,9 @@ void FsyncDir(const std::string& dir) {
   }
 }
 
-// Creates `dir` and missing parents; fsyncs the parent of each one created.
-absl::Status MakeDirs(const std::string& dir) {
+}  // namespace
+
+absl::Status MakeDirectories(const std::string& dir) {
   std::vector<std::string> created;
   for (fs::path p = dir; !p.empty(); p = p.parent_path()) {
     std::error_code ec;
@@ -52,13 +55,13 @@ absl::Status MakeDirs(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
-    return absl::UnavailableError(absl::StrCat("creating directory ", dir, ": ", ec.message()));
+    // A file where a directory must be is EEXIST to mkdir: "not a directory".
+    const int err = ec == std::errc::file_exists ? ENOTDIR : ec.value();
+    return ErrnoStorageError("creating directory", dir, err);
   }
   for (const std::string& d : created) FsyncDir(ParentDir(d));
   return absl::OkStatus();
 }
-
-}  // namespace
 
 std::string JoinPath(const std::string& a, const std::string& b) {
   if (a.empty()) return b;
@@ -70,7 +73,7 @@ std::string JoinPath(const std::string& a, const std::string& b) {
 absl::Status FileCheckpointStorage::WriteFileAtomic(const std::string& path,
                                                     absl::Span<const std::string_view> pieces) {
   const std::string dir = ParentDir(path);
-  if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
+  if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
   return WriteFileAtomically(path, pieces);
 }
 
@@ -122,9 +125,21 @@ absl::StatusOr<std::vector<std::string>> FileCheckpointStorage::List(const std::
 absl::Status FileCheckpointStorage::RemoveAll(const std::string& path) {
   std::error_code ec;
   fs::remove_all(path, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("removing ", path, ": ", ec.message()));
+  // A path under a file (ENOTDIR) does not exist either.
+  if (ec && ec != std::errc::not_a_directory)
+    return ErrnoStorageError("removing", path, ec.value());
   FsyncDir(ParentDir(path));
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> FileCheckpointStorage::FreeBytes(const std::string& path) {
+  return FreeBytesAt(path);
+}
+
+absl::Status CheckRoomFor(CheckpointStorage& storage, const std::string& path, uint64_t bytes) {
+  absl::StatusOr<int64_t> free = storage.FreeBytes(path);
+  if (!free.ok() || *free < 0 || static_cast<uint64_t>(*free) >= bytes) return absl::OkStatus();
+  return NoRoomError(path, static_cast<int64_t>(bytes), *free);
 }
 
 }  // namespace shardtrain::checkpoint

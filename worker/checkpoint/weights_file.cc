@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model/param_layout.h"
 #include "common/process.h"
+#include "common/storage_fault.h"
 
 namespace shardtrain::checkpoint {
 namespace {
@@ -72,6 +73,9 @@ absl::Status SaveWeights(const std::string& path, const model::ModelConfig& conf
       {reinterpret_cast<const char*>(&recipe), gpt2 ? 0 : sizeof recipe},
       {reinterpret_cast<const char*>(params.data()), params.size() * sizeof(float)},
       {reinterpret_cast<const char*>(&checksum), sizeof checksum}};
+  int64_t bytes = 0;
+  for (std::string_view piece : pieces) bytes += static_cast<int64_t>(piece.size());
+  if (absl::Status s = CheckFreeSpace(path, bytes); !s.ok()) return s;
   return WriteFileAtomically(path, pieces);
 }
 

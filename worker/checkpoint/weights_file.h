@@ -26,9 +26,12 @@ namespace shardtrain::checkpoint {
 
 inline constexpr uint32_t kWeightsVersion = 2;  // the newest this build reads and writes
 
-// Writes atomically: path.tmp.<pid> → fsync → rename → fsync(directory).
+// Writes atomically: path.tmp.<pid> → fsync → rename → fsync(directory),
+// after checking that the volume has room for the file (CheckFreeSpace).
 // InvalidArgument if params.size() != ParamLayout(config).num_params();
-// Unavailable/DataLoss on I/O errors (naming the path).
+// on I/O errors a StorageError naming the path (common/storage_fault.h:
+// RESOURCE_EXHAUSTED when there is no room, FAILED_PRECONDITION for a
+// read-only, unwritable or not-a-directory path, UNAVAILABLE otherwise).
 absl::Status SaveWeights(const std::string& path, const model::ModelConfig& config,
                          absl::Span<const float> params);
 

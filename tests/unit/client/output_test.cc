@@ -172,5 +172,67 @@ TEST(OutputTest, LayoutLineNamesTheMeshAndThePipelineBubble) {
   EXPECT_EQ(LayoutLine(job), "");
 }
 
+// A checkpoint not committed is a warning the user sees wherever the job's
+// events are: `watch` and `local` (EventLine), `status` (JobText, with the
+// newest committed step next to the current one), `history` (WarningLines,
+// and "warnings" in its JSON).
+TEST(OutputTest, WarningsShowInWatchStatusAndHistory) {
+  const std::string warning =
+      "checkpoint step 20 not committed: rank 0: No space left on device (/v/ck/step-20)";
+  v1::JobEvent e;
+  e.set_kind(v1::EVENT_KIND_WARNING);
+  e.set_state(v1::JOB_STATE_RUNNING);
+  e.set_seq(7);
+  e.set_time_ms(1234);
+  e.set_message(warning);
+  EtaEstimator eta;
+  EXPECT_EQ(EventLine(e, 60, &eta), "[WARNING] " + warning);
+
+  v1::Job job;
+  job.set_job_id("j-000001");
+  job.set_name("f");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_spec_yaml(
+      "name: f\nmodel: {layers: 1, heads: 2, dim: 16, context: 16, vocab: 256}\n"
+      "data: {train: t.txt}\nbatch: {global: 2, micro: 2, seq_len: 8}\nsteps: 60\n"
+      "checkpoint: {every: 10, dir: ck}\n");
+  job.mutable_progress()->set_step(55);
+  job.mutable_progress()->set_total_steps(60);
+  job.mutable_progress()->set_loss(2.5);
+  job.mutable_progress()->set_last_committed_checkpoint_step(10);
+  job.mutable_progress()->set_checkpoint_failures_in_a_row(4);
+  job.add_warnings(warning);
+  const std::string text = JobText(job);
+  EXPECT_NE(text.find("progress step 55/60, loss 2.5000, 0 tok/s; checkpoint: step 10 committed "
+                      "(a crash now costs 45 steps), 4 not committed since\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\n[WARNING] " + warning + "\n"), std::string::npos) << text;
+  const std::string json = JobJson(job);
+  EXPECT_NE(json.find("\"last_committed_step\": 10, \"checkpoint_failures_in_a_row\": 4, "
+                      "\"warnings\": [\"" +
+                      warning + "\"]}"),
+            std::string::npos)
+      << json;
+  // A job that does not checkpoint says nothing of it.
+  job.set_spec_yaml(
+      "name: f\nmodel: {layers: 1, heads: 2, dim: 16, context: 16, vocab: 256}\n"
+      "data: {train: t.txt}\nbatch: {global: 2, micro: 2, seq_len: 8}\nsteps: 60\n");
+  job.mutable_progress()->set_last_committed_checkpoint_step(0);
+  EXPECT_EQ(JobText(job).find("checkpoint:"), std::string::npos) << JobText(job);
+
+  v1::GetHistoryResponse h = History();
+  EXPECT_EQ(WarningLines(h), "");
+  EXPECT_EQ(StepsJson(h).find("warnings"), std::string::npos);  // the shape as before
+  *h.add_warnings() = e;
+  EXPECT_EQ(WarningLines(h), "[WARNING] " + warning + "\n");
+  const std::string steps = StepsJson(h);
+  EXPECT_NE(steps.find("\"peak_rss_bytes\": 0}], \"warnings\": [{\"seq\": 7, \"time_ms\": 1234, "
+                       "\"message\": \"" +
+                       warning + "\"}]}"),
+            std::string::npos)
+      << steps;
+}
+
 }  // namespace
 }  // namespace shardtrain::client

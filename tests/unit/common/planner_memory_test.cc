@@ -388,6 +388,36 @@ TEST(PlanTextTest, FortunesDdp) {
   EXPECT_EQ(text.find("..."), std::string::npos) << text;  // 6 units: all shown
 }
 
+// What a checkpoint takes on disk: 12 bytes per parameter (fp32 params,
+// AdamW m and v) and each shard file's header, in total and for the largest
+// rank's shard; `plan` prints both and the volume a job with
+// checkpoint.every needs.
+TEST(PlanTextTest, CheckpointBytesInTotalAndPerRank) {
+  JobSpec s = Example("fortunes-ddp.yaml");
+  const v1::Plan ddp = *MakePlan(s, 4);
+  const int64_t n = ddp.num_params();
+  EXPECT_EQ(ddp.checkpoint_bytes(), 12 * n + 4 * ShardFileBytes(0, 1));
+  EXPECT_EQ(ddp.checkpoint_bytes_per_rank(), ShardFileBytes((n + 3) / 4, 1));
+  EXPECT_NE(PlanText(s, ddp).find(absl::StrCat(
+                "\ncheckpoint: ", FormatPlanBytes(ddp.checkpoint_bytes()), " per checkpoint")),
+            std::string::npos)
+      << PlanText(s, ddp);
+  EXPECT_NE(PlanText(s, ddp).find("checkpoint.every 0: only the final weights are saved"),
+            std::string::npos);
+  s.checkpoint.every = 10;
+  EXPECT_NE(
+      PlanText(s, ddp).find(absl::StrCat(
+          "every 10 steps, 3 kept: checkpoint.dir needs ",
+          FormatPlanBytes(4 * ddp.checkpoint_bytes() + WeightsFileBytes(n, model::Arch::kGpt2)))),
+      std::string::npos)
+      << PlanText(s, ddp);
+  // ZeRO: one range per unit in every shard; the total is the same data.
+  s.parallel.zero = 3;
+  const v1::Plan z3 = *MakePlan(s, 4);
+  EXPECT_EQ(z3.checkpoint_bytes(), 12 * n + 4 * ShardFileBytes(0, z3.units_size()));
+  EXPECT_EQ(WeightsFileBytes(n, model::Arch::kGpt2), 4 * n + 64);
+}
+
 TEST(PlanTextTest, Gpt2ElidesMiddleUnits) {
   const JobSpec s = Example("gpt2-124m-zero3.yaml");
   const v1::Plan p = *MakePlan(s, 8);

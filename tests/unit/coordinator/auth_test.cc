@@ -58,14 +58,15 @@ TEST(AuthenticatorTest, BadFilesAreRefusedNamingTheLine) {
 
 TEST(AuthorizeTest, RolesMayCallTheirMethodsOnly) {
   const Principal worker{Role::kWorker, "w"}, user{Role::kUser, "alice"}, admin{Role::kAdmin, "r"};
-  for (const char* m : {"RegisterWorker", "Heartbeat", "ReportStep", "ReportCheckpoint",
-                        "WaitCheckpointShards", "CommitCheckpoint", "ReportDone", "ReportFailure",
-                        "ReportEvent", "KvSet", "KvGet", "KvAdd", "GetPlan"}) {
+  for (const char* m :
+       {"RegisterWorker", "Heartbeat", "ReportStep", "ReportCheckpoint", "WaitCheckpointShards",
+        "CommitCheckpoint", "ReportCheckpointFailure", "ReportDone", "ReportFailure", "ReportEvent",
+        "KvSet", "KvGet", "KvAdd", "GetPlan"}) {
     EXPECT_TRUE(Authorize(worker, m).ok()) << m;
     EXPECT_TRUE(Authorize(admin, m).ok()) << m;
   }
-  for (const char* m :
-       {"RegisterWorker", "Heartbeat", "ReportStep", "ReportDone", "KvSet", "ListWorkers"}) {
+  for (const char* m : {"RegisterWorker", "Heartbeat", "ReportStep", "ReportCheckpointFailure",
+                        "ReportDone", "KvSet", "ListWorkers"}) {
     EXPECT_EQ(Authorize(user, m).code(), absl::StatusCode::kPermissionDenied) << m;
   }
   for (const char* m : {"SubmitJob", "ListJobs", "GetJob", "CancelJob", "WatchJob", "GetHistory"}) {

@@ -8,10 +8,13 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <thread>
 
+#include "common/metrics.h"
 #include "coordinator/checkpoint_record.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/service.h"
 #include "coordinator/spec_validator.h"
 #include "tests/unit/coordinator/fenced.h"
 
@@ -79,13 +82,14 @@ TEST(CheckpointRecordTest, FindCommitMatchesStepAndGeneration) {
 
 // ---------------------------------------------------------------- the calls
 
-// A job of `dp` ranks with checkpoint.keep `keep` and one restart allowed.
-std::string Spec(int dp, int keep) {
+// A job of `dp` ranks with checkpoint.keep `keep`, the checkpoint fields
+// `extra` (", on_failure: fail") and one restart allowed.
+std::string Spec(int dp, int keep, const std::string& extra = "") {
   return "name: t\nmodel: {layers: 2, heads: 2, dim: 16, context: 16, vocab: 256}\n"
          "data: {train: data/x.txt}\nbatch: {global: " +
          std::to_string(2 * dp) + ", micro: 2, seq_len: 8}\nparallel: {dp: " + std::to_string(dp) +
          "}\nsteps: 100\nmax_restarts: 1\ncheckpoint: {every: 10, dir: ckpt/t, keep: " +
-         std::to_string(keep) + "}\n";
+         std::to_string(keep) + extra + "}\n";
 }
 
 class CheckpointCommitTest : public ::testing::Test {
@@ -114,10 +118,10 @@ class CheckpointCommitTest : public ::testing::Test {
   }
 
   // `world` workers and a job of that many ranks, every rank started.
-  void StartJob(int world, int keep) {
+  void StartJob(int world, int keep, const std::string& checkpoint_extra = "") {
     for (int i = 0; i < world; ++i) Register();
     v1::SubmitJobRequest s;
-    s.set_spec_yaml(Spec(world, keep));
+    s.set_spec_yaml(Spec(world, keep, checkpoint_extra));
     auto job = core_->SubmitJob(s);
     ASSERT_TRUE(job.ok()) << job.status();
     job_ = job->job_id();
@@ -163,6 +167,25 @@ class CheckpointCommitTest : public ::testing::Test {
   }
   void ReportAll(int64_t step) {
     for (int rank = 0; rank < Job().world(); ++rank) ASSERT_TRUE(Report(rank, step).ok());
+  }
+
+  // Rank `rank` could not write its shard of `step`: `cause` about
+  // <volume>/ck/step-<step>, of kind `reason`.
+  absl::StatusOr<v1::ReportCheckpointFailureResponse> ReportFailure(
+      int rank, int64_t step, const std::string& cause = "No space left on device",
+      const std::string& reason = "no_space") {
+    const v1::Job job = Job();
+    v1::ReportCheckpointFailureRequest r;
+    r.set_job_id(job_);
+    r.set_generation(job.generation());
+    r.set_worker_id(job.ranks(rank).worker_id());
+    v1::CheckpointFailure* f = r.mutable_failure();
+    f->set_rank(rank);
+    f->set_step(step);
+    f->set_cause(cause);
+    f->set_path("/v/ck/step-" + std::to_string(step));
+    f->set_reason(reason);
+    return core_->ReportCheckpointFailure(Fenced(r));
   }
 
   v1::WaitCheckpointShardsRequest WaitRequest(int64_t step, int64_t wait_ms) {
@@ -415,6 +438,133 @@ TEST_F(CheckpointCommitTest, ReportsOfAnotherRankOrGenerationAreRefused) {
   w.set_generation(7);
   EXPECT_TRUE(absl::IsAborted(core_->WaitCheckpointShards(Fenced(w)).status()));
   EXPECT_EQ(*Report(0, 10), false);  // neither counted
+}
+
+
+// ---------------------------------------------------------------- failures
+
+// A rank that could not write its shard: one warning per step, with the
+// rank, the cause and the path, in the job's events, its warnings and its
+// history; counted by reason; the step's wait ends with it and its commit
+// is refused.
+TEST_F(CheckpointCommitTest, FailedStepIsOneWarningCountedAndEndsTheWait) {
+  StartJob(2, 3);
+  MetricsRegistry registry;
+  RegisterCoordinatorMetrics(core_.get(), &registry);
+  ASSERT_TRUE(Report(0, 10).ok());
+  absl::StatusOr<v1::ReportCheckpointFailureResponse> r = ReportFailure(1, 10);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->abort());
+  const std::string warning =
+      "checkpoint step 10 not committed: rank 1: No space left on device (/v/ck/step-10)";
+  v1::Job job = Job();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);  // training goes on (warn)
+  ASSERT_EQ(job.warnings_size(), 1);
+  EXPECT_EQ(job.warnings(0), warning);
+  EXPECT_EQ(job.progress().checkpoint_failures_in_a_row(), 1);
+  absl::StatusOr<v1::GetHistoryResponse> history = core_->GetHistory(job_);
+  ASSERT_TRUE(history.ok() && history->warnings_size() == 1);
+  EXPECT_EQ(history->warnings(0).kind(), v1::EVENT_KIND_WARNING);
+  EXPECT_EQ(history->warnings(0).message(), warning);
+
+  absl::StatusOr<v1::WaitCheckpointShardsResponse> wait =
+      core_->WaitCheckpointShards(WaitRequest(10, 0));
+  ASSERT_TRUE(wait.ok()) << wait.status();
+  EXPECT_EQ(wait->shards_size(), 1);
+  ASSERT_EQ(wait->failures_size(), 1);
+  EXPECT_EQ(wait->failures(0).rank(), 1);
+  absl::StatusOr<v1::CommitCheckpointResponse> commit = Commit(10);
+  EXPECT_TRUE(absl::IsFailedPrecondition(commit.status())) << commit.status();
+  EXPECT_TRUE(Listed().empty());
+
+  // Rank 0's report of the same step (its commit could not happen) adds no
+  // second warning and no count; an unknown reason counts as "other".
+  ASSERT_TRUE(ReportFailure(0, 10, "rank 1 could not write its shard", "other").ok());
+  ASSERT_TRUE(ReportFailure(0, 20, "odd", "made-up-reason").ok());
+  EXPECT_EQ(Job().warnings_size(), 2);
+  EXPECT_EQ(Job().progress().checkpoint_failures_in_a_row(), 2);
+  const auto counts = core_->CheckpointFailuresByJob();
+  EXPECT_EQ(counts.at(job_), (std::map<std::string, int64_t>{{"no_space", 1}, {"other", 1}}));
+  const std::string metrics = registry.Serialize();
+  EXPECT_NE(metrics.find("shardtrain_checkpoint_failures_total{job_id=\"" + job_ +
+                         "\",reason=\"no_space\"} 1\n"),
+            std::string::npos)
+      << metrics;
+  // The events and the job's warnings survive a restart.
+  Open();
+  EXPECT_EQ(Job().warnings(0), warning);
+  EXPECT_EQ(core_->GetHistory(job_)->warnings_size(), 2);
+}
+
+TEST_F(CheckpointCommitTest, CommitResetsTheFailuresInARow) {
+  StartJob(1, 3);
+  ASSERT_TRUE(ReportFailure(0, 10).ok());
+  EXPECT_EQ(Job().progress().checkpoint_failures_in_a_row(), 1);
+  ReportAll(20);
+  ASSERT_TRUE(Commit(20).ok());
+  EXPECT_EQ(Job().progress().checkpoint_failures_in_a_row(), 0);
+  EXPECT_EQ(Job().progress().last_committed_checkpoint_step(), 20);
+}
+
+// on_failure: warn (the default) fails the job at
+// max_consecutive_failures in a row, once: no restart retrains it.
+TEST_F(CheckpointCommitTest, WarnFailsTheJobAtMaxConsecutiveFailuresWithoutARestart) {
+  StartJob(2, 3, ", max_consecutive_failures: 2");
+  absl::StatusOr<v1::ReportCheckpointFailureResponse> first = ReportFailure(1, 10);
+  ASSERT_TRUE(first.ok());
+  EXPECT_FALSE(first->abort());
+  absl::StatusOr<v1::ReportCheckpointFailureResponse> second = ReportFailure(0, 20);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(second->abort());
+  const v1::Job job = Job();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_EQ(job.failure_reason(),
+            "checkpoint step 20 not committed: rank 0: No space left on device (/v/ck/step-20) "
+            "(2 checkpoints in a row not committed: checkpoint.max_consecutive_failures 2); no "
+            "checkpoint committed");
+  // A later report of the ended job is told to stop.
+  absl::StatusOr<v1::ReportCheckpointFailureResponse> late = ReportFailure(1, 20);
+  ASSERT_TRUE(late.ok());
+  EXPECT_TRUE(late->abort());
+  // Its count is exported for a while after it ended.
+  EXPECT_EQ(core_->CheckpointFailuresByJob().at(job_).at("no_space"), 2);
+  clock_.AdvanceMs(Coordinator::kEndedJobMetricsMs + 1);
+  EXPECT_TRUE(core_->CheckpointFailuresByJob().empty());
+}
+
+TEST_F(CheckpointCommitTest, FailPolicyFailsTheJobAtTheFirstFailureNamingThePath) {
+  StartJob(1, 3, ", on_failure: fail");
+  ReportAll(10);
+  ASSERT_TRUE(Commit(10).ok());
+  absl::StatusOr<v1::ReportCheckpointFailureResponse> r =
+      ReportFailure(0, 20, "Read-only file system", "read_only");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->abort());
+  const v1::Job job = Job();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job.failure_reason(),
+            "checkpoint step 20 not committed: rank 0: Read-only file system (/v/ck/step-20) "
+            "(checkpoint.on_failure: fail); newest committed checkpoint: step 10");
+  EXPECT_EQ(Listed(), (std::vector<int64_t>{10}));  // what it can resume from
+}
+
+TEST_F(CheckpointCommitTest, FailureReportsOfAnotherRankOrAStaleGenerationAreRefused) {
+  StartJob(2, 3);
+  v1::ReportCheckpointFailureRequest r;
+  r.set_job_id(job_);
+  r.set_generation(Job().generation());
+  r.set_worker_id(WorkerOf(0));
+  r.mutable_failure()->set_rank(1);  // not the caller's
+  r.mutable_failure()->set_step(10);
+  EXPECT_TRUE(absl::IsAborted(core_->ReportCheckpointFailure(Fenced(r)).status()));
+  r.mutable_failure()->set_rank(0);
+  r.set_generation(Job().generation() + 1);
+  EXPECT_TRUE(absl::IsAborted(core_->ReportCheckpointFailure(Fenced(r)).status()));
+  r.set_generation(Job().generation());
+  r.mutable_failure()->set_step(0);
+  EXPECT_TRUE(absl::IsInvalidArgument(core_->ReportCheckpointFailure(Fenced(r)).status()));
+  EXPECT_EQ(Job().warnings_size(), 0);
 }
 
 }  // namespace

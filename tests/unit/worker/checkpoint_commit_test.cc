@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/storage_fault.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/checkpoint/checkpoint_test_util.h"
@@ -158,9 +159,9 @@ TEST_F(Rank0CommitTest, StopEndsTheWait) {
 }
 
 // The coordinator restarted after the reports: it refuses the commit, so the
-// step is not committed, though its manifest was written (a complete
-// checkpoint that recovery does not resume from), and nothing is deleted.
-TEST_F(Rank0CommitTest, RefusedCommitLeavesTheStepUncommittedAndDeletesNothing) {
+// step is not committed; its directory, manifest and all, is removed (nobody
+// resumes from it), and the commit before it stays.
+TEST_F(Rank0CommitTest, RefusedCommitRemovesItsStepAndKeepsTheOneBefore) {
   coordinator_.set_checkpoint_keep(1);
   WriteBothShards(10);
   ASSERT_TRUE(Commit(10).ok());
@@ -169,10 +170,53 @@ TEST_F(Rank0CommitTest, RefusedCommitLeavesTheStepUncommittedAndDeletesNothing) 
                         absl::FailedPreconditionError("the coordinator holds 0 of 2 reports"));
   absl::StatusOr<CommitResult> r = Commit(20);
   EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
-  EXPECT_TRUE(HasManifest(20));
+  EXPECT_FALSE(HasManifest(20));
   EXPECT_TRUE(HasManifest(10));
+  EXPECT_EQ(*storage_.List(kLocalDir), std::vector<std::string>{"step-10"});
   ASSERT_EQ(coordinator_.Committed(kJob).size(), 1u);
   EXPECT_EQ(coordinator_.Committed(kJob)[0].step(), 10);
+}
+
+// Rank 1 could not write its shard (a full volume): the wait ends as soon as
+// it says so, nothing is committed, and the step's directory (rank 0's
+// shard) is removed; the newest committed checkpoint stays whole.
+TEST_F(Rank0CommitTest, RankThatCouldNotWriteItsShardEndsTheWaitAndItsStepIsRemoved) {
+  WriteBothShards(10);
+  ASSERT_TRUE(Commit(10).ok());
+  WriteShard(0, 20);
+  v1::ReportCheckpointFailureRequest f;
+  f.set_job_id(kJob);
+  f.set_generation(1);
+  f.set_worker_id("w-2");
+  f.mutable_failure()->set_rank(1);
+  f.mutable_failure()->set_step(20);
+  f.mutable_failure()->set_cause("No space left on device");
+  f.mutable_failure()->set_path("/volume/ckpt/step-20");
+  f.mutable_failure()->set_reason("no_space");
+  ASSERT_TRUE(coordinator_.ReportCheckpointFailure(f).ok());
+  target_.wait = absl::Seconds(30);  // must not be waited out
+  const absl::Time start = absl::Now();
+  absl::StatusOr<CommitResult> r = Commit(20);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
+  EXPECT_EQ(r.status().message(),
+            "rank 1 could not write its shard: No space left on device (/volume/ckpt/step-20)");
+  EXPECT_EQ(*storage_.List(kLocalDir), std::vector<std::string>{"step-10"});
+  EXPECT_TRUE(HasManifest(10));
+  ASSERT_EQ(coordinator_.calls().commits.size(), 1u);  // step 10's only
+}
+
+// The manifest cannot be written (the volume filled up meanwhile): not
+// committed, and the step's shards are removed.
+TEST_F(Rank0CommitTest, ManifestThatCannotBeWrittenRemovesTheStep) {
+  WriteBothShards(10);
+  storage_.FailWritesWith(StorageError(StorageFault::kNoSpace, "cannot write manifest: full",
+                                       "No space left on device"));
+  absl::StatusOr<CommitResult> r = Commit(10);
+  EXPECT_TRUE(absl::IsResourceExhausted(r.status())) << r.status();
+  EXPECT_EQ(StorageFaultOf(r.status()), StorageFault::kNoSpace);
+  EXPECT_TRUE(absl::IsNotFound(storage_.List(kLocalDir).status()));  // nothing left
+  EXPECT_TRUE(coordinator_.calls().commits.empty());
 }
 
 TEST_F(Rank0CommitTest, CommitIsRetriedWhileTheCoordinatorIsUnreachable) {

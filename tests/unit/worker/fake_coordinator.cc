@@ -1,6 +1,7 @@
 #include "tests/unit/worker/fake_coordinator.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -79,6 +80,11 @@ void FakeCoordinator::set_on_step(std::function<void(const v1::ReportStepRequest
 FakeCoordinator::Calls FakeCoordinator::calls() const {
   std::lock_guard<std::mutex> lock(mu_);
   return calls_;
+}
+
+void FakeCoordinator::AbortOnCheckpointFailure(bool abort) {
+  std::lock_guard<std::mutex> lock(mu_);
+  abort_on_checkpoint_failure_ = abort;
 }
 
 std::vector<v1::CheckpointInfo> FakeCoordinator::Committed(const std::string& job_id) const {
@@ -173,19 +179,28 @@ absl::Status FakeCoordinator::ReportDone(const v1::ReportDoneRequest& r) {
   return absl::OkStatus();
 }
 
-std::map<int, v1::CheckpointShard> FakeCoordinator::ReportedShards(const std::string& job_id,
-                                                                   int64_t generation, int64_t step,
-                                                                   bool* complete) const {
+std::map<int, v1::CheckpointShard> FakeCoordinator::ReportedShards(
+    const std::string& job_id, int64_t generation, int64_t step, bool* complete,
+    std::map<int, v1::CheckpointFailure>* failures) const {
   std::map<int, v1::CheckpointShard> by_rank;
+  std::set<int> reported;
   for (const v1::ReportCheckpointRequest& c : calls_.checkpoints) {
     const v1::CheckpointShard& s = c.shard();
     if (s.job_id() == job_id && s.generation() == generation && s.step() == step) {
       by_rank[s.rank()] = s;
+      reported.insert(s.rank());
+    }
+  }
+  for (const v1::ReportCheckpointFailureRequest& c : calls_.checkpoint_failures) {
+    const v1::CheckpointFailure& f = c.failure();
+    if (c.job_id() == job_id && c.generation() == generation && f.step() == step) {
+      if (failures) (*failures)[f.rank()] = f;
+      reported.insert(f.rank());
     }
   }
   auto plan = plans_.find(job_id);
   const int world = plan == plans_.end() ? 1 : plan->second.world();
-  *complete = static_cast<int>(by_rank.size()) == world;
+  *complete = static_cast<int>(reported.size()) == world;
   return by_rank;
 }
 
@@ -203,9 +218,11 @@ absl::StatusOr<v1::WaitCheckpointShardsResponse> FakeCoordinator::WaitCheckpoint
     const v1::WaitCheckpointShardsRequest& r) {
   FAKE_RECORD(Rpc::kWaitCheckpointShards, shard_waits, r);
   std::map<int, v1::CheckpointShard> shards;
+  std::map<int, v1::CheckpointFailure> failures;
   const bool complete = changed_.wait_for(lock, std::chrono::milliseconds(r.wait_ms()), [&] {
     bool done = false;
-    shards = ReportedShards(r.job_id(), r.generation(), r.step(), &done);
+    failures.clear();
+    shards = ReportedShards(r.job_id(), r.generation(), r.step(), &done, &failures);
     return done;
   });
   if (!complete) {
@@ -214,6 +231,7 @@ absl::StatusOr<v1::WaitCheckpointShardsResponse> FakeCoordinator::WaitCheckpoint
   }
   v1::WaitCheckpointShardsResponse resp;
   for (const auto& [rank, shard] : shards) *resp.add_shards() = shard;
+  for (const auto& [rank, failure] : failures) *resp.add_failures() = failure;
   return resp;
 }
 
@@ -231,9 +249,10 @@ absl::StatusOr<v1::CommitCheckpointResponse> FakeCoordinator::CommitCheckpoint(
     }
   }
   bool complete = false;
+  std::map<int, v1::CheckpointFailure> failures;
   const std::map<int, v1::CheckpointShard> shards =
-      ReportedShards(r.job_id(), r.generation(), r.step(), &complete);
-  if (!complete) {
+      ReportedShards(r.job_id(), r.generation(), r.step(), &complete, &failures);
+  if (!complete || !failures.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint step ", r.step(), ": not every rank reported"));
   }
@@ -253,6 +272,14 @@ absl::StatusOr<v1::CommitCheckpointResponse> FakeCoordinator::CommitCheckpoint(
   }
   *resp.mutable_checkpoint() = info;
   resp.set_keep_from_step(record.front().step());
+  return resp;
+}
+
+absl::StatusOr<v1::ReportCheckpointFailureResponse> FakeCoordinator::ReportCheckpointFailure(
+    const v1::ReportCheckpointFailureRequest& r) {
+  FAKE_RECORD(Rpc::kReportCheckpointFailure, checkpoint_failures, r);
+  v1::ReportCheckpointFailureResponse resp;
+  resp.set_abort(abort_on_checkpoint_failure_);
   return resp;
 }
 

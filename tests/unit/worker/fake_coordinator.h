@@ -15,10 +15,11 @@
 //                   NOT_FOUND.
 //   ReportStep      abort = true from step AbortAtStep(n) on.
 //   Report*         OK (ReportCheckpoint: complete when every rank reported).
-//   WaitCheckpointShards  the reports of (job, generation, step), rank order,
-//                   once there is one per rank of the job's plan (world 1
-//                   without a plan); waits up to wait_ms, then
-//                   DEADLINE_EXCEEDED.
+//   WaitCheckpointShards  the reports of (job, generation, step), shards and
+//                   failures, rank order, once every rank of the job's plan
+//                   (world 1 without a plan) sent one; waits up to wait_ms,
+//                   then DEADLINE_EXCEEDED.
+//   ReportCheckpointFailure  abort = AbortOnCheckpointFailure's setting.
 //   CommitCheckpoint like the coordinator: INVALID_ARGUMENT for a rank but 0,
 //                   FAILED_PRECONDITION unless every rank reported the step;
 //                   then records the commit (replacing the step and newer
@@ -65,6 +66,7 @@ class FakeCoordinator final : public CoordinatorApi {
     kReportCheckpoint,
     kWaitCheckpointShards,
     kCommitCheckpoint,
+    kReportCheckpointFailure,
     kReportFailure,
     kReportEvent,
     kKvSet,
@@ -85,6 +87,7 @@ class FakeCoordinator final : public CoordinatorApi {
     std::vector<v1::ReportCheckpointRequest> checkpoints;
     std::vector<v1::WaitCheckpointShardsRequest> shard_waits;
     std::vector<v1::CommitCheckpointRequest> commits;
+    std::vector<v1::ReportCheckpointFailureRequest> checkpoint_failures;
     std::vector<v1::ReportFailureRequest> failures;
     std::vector<v1::ReportEventRequest> events;
     int kv_calls = 0;
@@ -113,6 +116,8 @@ class FakeCoordinator final : public CoordinatorApi {
   void SetPlan(const v1::Plan& plan);
   // ReportStep answers abort = true for steps >= `step` (0: never).
   void AbortAtStep(int64_t step);
+  // ReportCheckpointFailure answers abort = `abort` (default false).
+  void AbortOnCheckpointFailure(bool abort);
   // Commits CommitCheckpoint keeps per job (>= 1).
   void set_checkpoint_keep(int keep);
   // Called (outside the fake's lock) after each ReportStep is recorded.
@@ -142,6 +147,8 @@ class FakeCoordinator final : public CoordinatorApi {
       const v1::WaitCheckpointShardsRequest& r) override;
   absl::StatusOr<v1::CommitCheckpointResponse> CommitCheckpoint(
       const v1::CommitCheckpointRequest& r) override;
+  absl::StatusOr<v1::ReportCheckpointFailureResponse> ReportCheckpointFailure(
+      const v1::ReportCheckpointFailureRequest& r) override;
   absl::Status ReportFailure(const v1::ReportFailureRequest& r) override;
   absl::Status ReportEvent(const v1::ReportEventRequest& r) override;
   absl::Status KvSet(const v1::KvSetRequest& r) override;
@@ -153,9 +160,11 @@ class FakeCoordinator final : public CoordinatorApi {
   // Requires mu_ held.
   absl::Status InjectedError(Rpc rpc);
   // The reported shards of (job, generation, step) by rank, and whether
-  // there is one per rank of the job. Requires mu_ held.
-  std::map<int, v1::CheckpointShard> ReportedShards(const std::string& job_id, int64_t generation,
-                                                    int64_t step, bool* complete) const;
+  // every rank of the job reported one or a failure (*failures, when given,
+  // gets those). Requires mu_ held.
+  std::map<int, v1::CheckpointShard> ReportedShards(
+      const std::string& job_id, int64_t generation, int64_t step, bool* complete,
+      std::map<int, v1::CheckpointFailure>* failures = nullptr) const;
 
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;                             // notified after every call
@@ -170,6 +179,7 @@ class FakeCoordinator final : public CoordinatorApi {
   std::map<std::string, v1::Plan> plans_;                               // GUARDED_BY(mu_)
   int64_t abort_at_step_ = 0;                                           // GUARDED_BY(mu_)
   int checkpoint_keep_ = 3;                                             // GUARDED_BY(mu_)
+  bool abort_on_checkpoint_failure_ = false;                            // GUARDED_BY(mu_)
   std::map<std::string, std::vector<v1::CheckpointInfo>> committed_;    // GUARDED_BY(mu_)
   std::function<void(const v1::ReportStepRequest&)> on_step_;           // GUARDED_BY(mu_)
   std::map<std::tuple<std::string, int64_t, std::string>, std::string> kv_;  // GUARDED_BY(mu_)

@@ -12,10 +12,13 @@
 #include <fstream>
 #include <initializer_list>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/job_spec.h"
 #include "common/metrics.h"
 #include "gmock/gmock.h"
@@ -354,8 +357,11 @@ TEST_F(JobRunnerTest, RelativeCheckpointDirResolvesAgainstTheCheckpointRoot) {
               HasSubstr("resumed from " + checkpoint_root_ + "/ckpt/rel/step-2"));
 }
 
-// No rank's report within the wait (a rank died, the coordinator restarted):
-// nothing is committed, nothing removed, the job hears why, training goes on.
+// No rank's report within the wait (a rank died), then a commit the
+// coordinator refuses (it restarted): nothing is committed, the job hears
+// why each step failed, training goes on. The refused step's directory is
+// removed; the timed-out one is left (a rank may still be writing into it)
+// to the next commit's cleanup.
 TEST_F(JobRunnerTest, CommitThatCannotCompleteLeavesTheStepUncommittedAndTrainingGoesOn) {
   coordinator_.set_checkpoint_keep(1);
   coordinator_.FailNext(Rpc::kWaitCheckpointShards,
@@ -367,13 +373,99 @@ TEST_F(JobRunnerTest, CommitThatCannotCompleteLeavesTheStepUncommittedAndTrainin
   EXPECT_EQ(c.dones.size(), 1u);
   EXPECT_TRUE(coordinator_.Committed(kJob).empty());
   EXPECT_FALSE(fs::exists(dir_ / "ckpt" / "step-1" / "manifest.txt"));  // the wait ran out
-  EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "step-2" / "manifest.txt"));   // written, then refused
   EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "step-1" / "rank-0.shard"));
+  EXPECT_FALSE(fs::exists(dir_ / "ckpt" / "step-2"));  // written, refused, removed
+  ASSERT_EQ(c.checkpoint_failures.size(), 2u);
+  const v1::CheckpointFailure& first = c.checkpoint_failures[0].failure();
+  EXPECT_EQ(first.step(), 1);
+  EXPECT_EQ(first.rank(), 0);
+  EXPECT_EQ(first.reason(), "incomplete");
+  EXPECT_THAT(first.cause(), HasSubstr("0 of 1 ranks reported"));
+  EXPECT_EQ(first.path(), (dir_ / "ckpt" / "step-1").string());
+  const v1::CheckpointFailure& second = c.checkpoint_failures[1].failure();
+  EXPECT_EQ(second.step(), 2);
+  EXPECT_EQ(second.reason(), "other");
+  EXPECT_THAT(second.cause(), HasSubstr("the coordinator holds 0 of 1 reports"));
+  EXPECT_EQ(c.checkpoint_failures[1].lease_token(), kLeaseToken);
+}
+
+// A checkpoint.dir that is a file ("a path that is not a directory"): each
+// checkpoint is reported as not written (why and where), training goes on
+// and every step is reported; the final weights are retried for
+// checkpoint.final_retry_s with one warning, then the job fails once, for
+// good, naming the file and the cause.
+TEST_F(JobRunnerTest, StorageFaultsAreReportedTrainingGoesOnAndFinalWeightsFailOnceForGood) {
+  const std::string file = (dir_ / "not-a-dir").string();
+  std::ofstream(file) << "x";
+  const std::string yaml = Yaml("checkpoint: {every: 1, dir: " + file + ", final_retry_s: 1}\n");
+  Schedule(yaml);
+  const absl::Time start = absl::Now();
+  RunJob(yaml);
+  const absl::Duration took = absl::Now() - start;
+  const FakeCoordinator::Calls c = coordinator_.calls();
+  EXPECT_EQ(StepNumbers(c), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_TRUE(c.checkpoints.empty());
+  ASSERT_EQ(c.checkpoint_failures.size(), 2u) << "one per checkpoint step, rank 0 once each";
+  for (int i = 0; i < 2; ++i) {
+    const v1::CheckpointFailure& f = c.checkpoint_failures[i].failure();
+    EXPECT_EQ(f.step(), i + 1);
+    EXPECT_EQ(f.reason(), "not_a_directory");
+    EXPECT_EQ(f.cause(), "Not a directory");
+    EXPECT_EQ(f.path(), file + "/step-" + std::to_string(i + 1));
+  }
+  EXPECT_TRUE(c.dones.empty());
+  ASSERT_EQ(c.failures.size(), 1u);
+  EXPECT_TRUE(c.failures[0].permanent()) << "retraining cannot fix the path";
+  EXPECT_EQ(c.failures[0].step(), 3);
+  EXPECT_THAT(c.failures[0].reason(),
+              HasSubstr("final weights not saved: Not a directory (" + file + "/final.weights)"));
+  EXPECT_THAT(c.failures[0].reason(), HasSubstr("retried for 1s"));
+  ASSERT_EQ(c.events.size(), 1u);
+  EXPECT_TRUE(c.events[0].warning());
+  EXPECT_THAT(c.events[0].message(), HasSubstr("final weights not saved: Not a directory"));
+  EXPECT_THAT(c.events[0].message(), HasSubstr("retried for up to 1s"));
+  EXPECT_GE(took, absl::Seconds(1));
+  EXPECT_LT(took, absl::Seconds(20));
+  EXPECT_TRUE(fs::is_regular_file(file));  // nothing written around it
+}
+
+// Space freed during the back-off: the weights kept in memory are saved and
+// the job is done, with one warning and the attempt that succeeded.
+TEST_F(JobRunnerTest, FinalWeightsAreSavedWhenTheDirectoryIsFixedDuringTheBackOff) {
+  const std::string dir = (dir_ / "ck").string();
+  std::ofstream(dir) << "in the way";
+  const std::string yaml = Yaml("checkpoint: {every: 0, dir: " + dir + ", final_retry_s: 30}\n");
+  Schedule(yaml);
+  std::thread fix([&] {
+    coordinator_.WaitFor([](const FakeCoordinator::Calls& c) { return !c.events.empty(); },
+                         absl::Seconds(30));
+    fs::remove(dir);  // the user frees the path
+  });
+  RunJob(yaml);
+  fix.join();
+  const FakeCoordinator::Calls c = coordinator_.calls();
+  EXPECT_TRUE(c.failures.empty());
+  ASSERT_EQ(c.dones.size(), 1u);
+  EXPECT_EQ(c.dones[0].output(), dir + "/final.weights");
+  EXPECT_TRUE(checkpoint::LoadWeights(dir + "/final.weights").ok());
   ASSERT_EQ(c.events.size(), 2u);
-  EXPECT_THAT(c.events[0].message(),
-              HasSubstr("checkpoint step 1 not committed: DEADLINE_EXCEEDED"));
-  EXPECT_THAT(c.events[1].message(),
-              HasSubstr("checkpoint step 2 not committed: FAILED_PRECONDITION"));
+  EXPECT_TRUE(c.events[0].warning());
+  EXPECT_THAT(c.events[1].message(), HasSubstr("final weights saved to " + dir + "/final.weights"));
+}
+
+// checkpoint.on_failure failed the job: the rank stops at once, quietly.
+TEST_F(JobRunnerTest, CheckpointFailureAnsweredWithAbortEndsTheRun) {
+  coordinator_.AbortOnCheckpointFailure(true);
+  const std::string file = (dir_ / "not-a-dir").string();
+  std::ofstream(file) << "x";
+  const std::string yaml = Yaml("checkpoint: {every: 1, dir: " + file + "}\n");
+  Schedule(yaml);
+  RunJob(yaml);
+  const FakeCoordinator::Calls c = coordinator_.calls();
+  EXPECT_EQ(StepNumbers(c), (std::vector<int64_t>{1}));
+  EXPECT_EQ(c.checkpoint_failures.size(), 1u);
+  EXPECT_TRUE(c.dones.empty());
+  EXPECT_TRUE(c.failures.empty());
 }
 
 TEST_F(JobRunnerTest, PlanWithOtherAccumulationFailsBeforeTraining) {

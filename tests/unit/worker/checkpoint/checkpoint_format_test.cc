@@ -1,5 +1,8 @@
 // Unit tests of the checkpoint file formats: CRC-64, shard files and
 // manifests (round trips; every truncation and flipped byte is detected).
+#include <utility>
+
+#include "common/planner.h"
 #include "tests/unit/worker/checkpoint/checkpoint_test_util.h"
 
 namespace shardtrain::checkpoint {
@@ -99,6 +102,32 @@ TEST(ShardFileTest, ShardWithoutRangesRoundTrips) {
   EXPECT_TRUE(got->params.empty() && got->m.empty() && got->v.empty());
   EXPECT_EQ(got->scalars, empty.scalars);
   EXPECT_EQ(*EncodeShard(*got), *bytes);
+}
+
+// The planner sizes checkpoints with ShardFileBytes (Plan.checkpoint_bytes:
+// what `shardtrain plan` prints and `local` and `submit` compare with the
+// free space): it is exactly the encoder's size, for DDP's and ZeRO's
+// ranges on any world.
+TEST(ShardFileTest, PlannersShardSizeIsTheEncodersSize) {
+  const model::ParamLayout layout(SmallConfig());
+  const FlatState state = MakeFlatState(layout.num_params(), 5);
+  for (auto [world, zero] : {std::pair{1, 0}, {2, 0}, {3, 1}, {4, 3}}) {
+    const auto ranges = RankRanges(layout, world, zero);
+    int64_t total = 0, all_ranges = 0;
+    for (int r = 0; r < world; ++r) {
+      absl::StatusOr<std::string> bytes =
+          EncodeShard(MakeShard(layout, 10, world, r, ranges[r], state));
+      ASSERT_TRUE(bytes.ok()) << bytes.status();
+      int64_t elements = 0;
+      for (const FlatRange& fr : ranges[r]) elements += int64_t(fr.size());
+      EXPECT_EQ(int64_t(bytes->size()), ShardFileBytes(elements, int64_t(ranges[r].size())))
+          << "world " << world << " zero " << zero << " rank " << r;
+      total += int64_t(bytes->size());
+      all_ranges += int64_t(ranges[r].size());
+    }
+    EXPECT_EQ(total, ShardFileBytes(int64_t(layout.num_params()), all_ranges) +
+                         (world - 1) * ShardFileBytes(0, 0));
+  }
 }
 
 TEST(ShardFileTest, EveryTruncationAndEveryFlippedByteIsDataLossNamingTheFile) {

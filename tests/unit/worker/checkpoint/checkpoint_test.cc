@@ -1,6 +1,9 @@
 // Unit tests of worker/checkpoint storage, the resharding loader and the
 // directory policy, on the real filesystem (a fresh temp dir) and on the
 // in-memory fake alike. The file formats: checkpoint_format_test.cc.
+#include <cerrno>
+
+#include "common/storage_fault.h"
 #include "tests/unit/worker/checkpoint/checkpoint_test_util.h"
 
 namespace shardtrain::checkpoint {
@@ -332,11 +335,62 @@ TEST(FileStorageTest, FailedWriteLeavesTargetAndNoTempFile) {
   const std::string target = JoinPath(tmpl, "target");
   ASSERT_TRUE(storage.WriteFileAtomic(JoinPath(target, "inside"), std::string_view("x")).ok());
   absl::Status s = storage.WriteFileAtomic(target, std::string_view("new contents"));
-  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  // A directory where the file should be: no retry renames over it.
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_EQ(StorageFaultOf(s), StorageFault::kNotADirectory);
   EXPECT_THAT(std::string(s.message()), HasSubstr(target));
   EXPECT_EQ(*storage.List(tmpl), (std::vector<std::string>{"target"}));  // no temp left
   EXPECT_EQ(*storage.Read(JoinPath(target, "inside")), "x");
   std::filesystem::remove_all(tmpl);
+}
+
+TEST(FileStorageTest, FileWhereTheDirectoryShouldBeIsNotADirectory) {
+  std::string tmpl = JoinPath(::testing::TempDir(), "checkpoint_fs.XXXXXX");
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  FileCheckpointStorage storage;
+  const std::string file = JoinPath(tmpl, "ck");
+  ASSERT_TRUE(storage.WriteFileAtomic(file, std::string_view("x")).ok());
+  absl::Status s = storage.WriteFileAtomic(JoinPath(StepDir(file, 10), "rank-0.shard"),
+                                           std::string_view("shard"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_EQ(StorageFaultOf(s), StorageFault::kNotADirectory);
+  EXPECT_EQ(StorageCause(s), "Not a directory");
+  EXPECT_EQ(StorageFaultOf(MakeDirectories(file)), StorageFault::kNotADirectory);
+  // Free space is asked of the nearest directory that exists.
+  absl::StatusOr<int64_t> free = storage.FreeBytes(JoinPath(tmpl, "not/made/yet"));
+  ASSERT_TRUE(free.ok()) << free.status();
+  EXPECT_GT(*free, 0);
+  EXPECT_TRUE(storage.RemoveAll(JoinPath(StepDir(file, 10), "x")).ok());  // nothing to remove
+  std::filesystem::remove_all(tmpl);
+}
+
+// A rank checks its volume before writing: a shard that cannot fit fails
+// with what it needs and what is free, and nothing is written (no partial
+// file fills the disk further).
+TEST(FakeStorageTest, ShardWithoutRoomFailsBeforeWritingSayingWhatItNeeds) {
+  FakeCheckpointStorage storage;
+  const model::ParamLayout layout(SmallConfig());
+  const FlatState state = MakeFlatState(layout.num_params(), 3);
+  const auto ranges = RankRanges(layout, 1, 0);
+  const ShardContents shard = MakeShard(layout, 10, 1, 0, ranges[0], state);
+  const size_t bytes = EncodeShard(shard)->size();
+  storage.set_free_bytes(1000);
+  const std::string path = JoinPath(StepDir("/c", 10), ShardFileName(0));
+  absl::StatusOr<ShardFileInfo> info = WriteShard(storage, path, shard);
+  EXPECT_TRUE(absl::IsResourceExhausted(info.status())) << info.status();
+  EXPECT_EQ(StorageFaultOf(info.status()), StorageFault::kNoSpace);
+  EXPECT_EQ(StorageCause(info.status()),
+            "needs " + FormatStorageBytes(int64_t(bytes)) + ", 1000 B free");
+  EXPECT_THAT(std::string(info.status().message()), HasSubstr(path));
+  EXPECT_EQ(storage.write_count(), 0);
+  storage.set_free_bytes(int64_t(bytes));  // exactly enough
+  EXPECT_TRUE(WriteShard(storage, path, shard).ok());
+  // A volume that refuses every write (read-only) says so the same way.
+  storage.FailWritesWith(ErrnoStorageError("cannot create", path, EROFS));
+  absl::StatusOr<ShardFileInfo> ro = WriteShard(storage, path, shard);
+  EXPECT_EQ(StorageFaultOf(ro.status()), StorageFault::kReadOnly);
+  storage.FailWritesWith(absl::OkStatus());
+  EXPECT_TRUE(WriteShard(storage, path, shard).ok());
 }
 
 }  // namespace

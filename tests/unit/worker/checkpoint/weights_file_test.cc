@@ -12,6 +12,7 @@
 
 #include "common/model/config.h"
 #include "common/model/param_layout.h"
+#include "common/planner.h"
 
 namespace shardtrain::checkpoint {
 namespace {
@@ -39,6 +40,9 @@ TEST_F(WeightsFileTest, RoundTripAndErrors) {
   const std::string path = (dir_ / "w.bin").string();
   ASSERT_TRUE(SaveWeights(path, cfg, absl::MakeConstSpan(params)).ok());
   EXPECT_FALSE(fs::exists(path + ".tmp." + std::to_string(::getpid())));
+  // The planner's size of it (`shardtrain plan`, the free-space warning).
+  EXPECT_EQ(int64_t(fs::file_size(path)),
+            WeightsFileBytes(int64_t(params.size()), model::Arch::kGpt2));
   auto w = LoadWeights(path);
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ(w->config, cfg);
@@ -88,6 +92,7 @@ TEST_F(WeightsFileTest, LlamaRecipeRoundTripsAndGpt2StaysVersion1) {
     return v;
   };
   EXPECT_EQ(version(path), 2u);
+  EXPECT_EQ(int64_t(fs::file_size(path)), WeightsFileBytes(int64_t(params.size()), llama.arch));
   const std::string gpt2 = (dir_ / "gpt2.bin").string();
   std::vector<float> g(model::ParamLayout(Tiny()).num_params(), 0.5f);
   ASSERT_TRUE(SaveWeights(gpt2, Tiny(), absl::MakeConstSpan(g)).ok());
