@@ -188,10 +188,26 @@ TEST_F(HfLlamaTest, ACheckpointThatDisagreesIsRefusedNamingTheFieldOrTensor) {
   EXPECT_EQ(OpenModelWeights(broken, c).status().code(), absl::StatusCode::kNotFound);
 }
 
+// The Python that runs the reference: $SHARDTRAIN_PYTHON (a GPU machine's,
+// with transformers), else Debian's (scripts/setup installs its torch).
+std::string Python() {
+  const char* env = std::getenv("SHARDTRAIN_PYTHON");
+  return env != nullptr && *env != '\0' ? env : "/usr/bin/python3";
+}
+
+// The reference script: where the build found it, else under the working
+// directory (a copy of the tree elsewhere, as on a GPU machine).
+std::string LogitsScript() {
+  const std::string built = SHARDTRAIN_HF_LLAMA_LOGITS_SCRIPT;
+  if (fs::exists(built)) return built;
+  return "tests/unit/worker/checkpoint/hf_llama_logits.py";
+}
+
 TEST_F(HfLlamaTest, APytorchCheckpointGivesTheEngineItsLogits) {
-  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
-    GTEST_SKIP() << "/usr/bin/python3 cannot import torch (scripts/setup installs python3-torch)";
+  if (std::system((Python() + " -c 'import torch' >/dev/null 2>&1").c_str()) != 0) {
+    GTEST_SKIP() << Python() << " cannot import torch (scripts/setup installs python3-torch)";
   }
+  if (!fs::exists(LogitsScript())) GTEST_SKIP() << "no " << LogitsScript();
   constexpr int B = 2, T = 12;
   for (bool tied : {false, true}) {
     SCOPED_TRACE(tied ? "tied" : "untied");
@@ -204,8 +220,7 @@ TEST_F(HfLlamaTest, APytorchCheckpointGivesTheEngineItsLogits) {
         << c.rope_theta << "\nnorm_eps " << c.norm_eps << "\ntie " << (tied ? 1 : 0) << "\nbatch "
         << B << "\nseq_len " << T << "\n";
     }
-    const std::string cmd =
-        std::string("/usr/bin/python3 ") + SHARDTRAIN_HF_LLAMA_LOGITS_SCRIPT + " " + d;
+    const std::string cmd = Python() + " " + LogitsScript() + " " + d;
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
     absl::StatusOr<std::vector<float>> w = LoadModelWeights(d, c);
     ASSERT_TRUE(w.ok()) << w.status();
