@@ -47,6 +47,13 @@ chmod 755 "$WORK"
 DAEMONS=()
 cleanup() {
   local rc=$?
+  if [ $rc != 0 ]; then  # what the logs say, for the CI log
+    for f in "$WORK"/*.out "$WORK"/*.state/coordinator.log "$WORK/log/slurmctld.log"; do
+      [ -f "$f" ] || continue
+      echo "--- $f (end)"
+      grep -v '^step ' "$f" | tail -n 15
+    done
+  fi
   export SLURM_CONF=$WORK/slurm.conf
   scancel --full $(squeue -h -o %i 2>/dev/null) >/dev/null 2>&1
   for pid in "${DAEMONS[@]}"; do kill "$pid" 2>/dev/null; done

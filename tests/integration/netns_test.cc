@@ -214,9 +214,19 @@ TEST_F(MultiHostTest, CutLinkOfOneWorkerHostTheJobRecoversOnTheOthersAndFinishes
   std::cout << "cut the link of host " << WorkerIp(victim) << " (" << m[1] << ", rank 2) at step "
             << Step(job) << std::endl;
 
+  // On failure, the end of every worker's log too (a rank that died says why there).
+  auto logs = [&] {
+    std::string out;
+    for (int i = 0; i < kWorkers; ++i) {
+      const std::string log = workers[i].Log();
+      out += "--- worker " + std::to_string(i) + " log (end):\n" +
+             log.substr(log.size() > 3000 ? log.size() - 3000 : 0) + "\n";
+    }
+    return out;
+  };
   ASSERT_TRUE(WaitFor([&] { return State(job) == "SUCCEEDED"; }, seconds(90)))
       << Status(job) << "\n"
-      << Cli({"watch", job});
+      << Cli({"watch", job}) << logs();
   const std::string done = Status(job);
   EXPECT_NE(done.find("\"world\": 2"), std::string::npos) << done;
   EXPECT_EQ(done.find("\"worker_id\": \"" + m[1].str() + "\""), std::string::npos) << done;
