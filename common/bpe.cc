@@ -417,9 +417,10 @@ absl::StatusOr<std::unique_ptr<ByteLevelBpe>> ByteLevelBpe::FromTokenizerJson(
   }
   bpe->merges_.reserve(merges_it->size());
   int rank = 0;
+  std::string joined;
   for (size_t i = 0; i < merges_it->size(); ++i) {
     const Json& m = (*merges_it)[i];
-    std::string a, b;
+    absl::string_view a, b;
     if (m.is_string()) {
       const std::string& s = m.get_ref<const std::string&>();
       const size_t space = s.find(' ');
@@ -427,15 +428,17 @@ absl::StatusOr<std::unique_ptr<ByteLevelBpe>> ByteLevelBpe::FromTokenizerJson(
         return Bad(path, absl::StrCat("model.merges[", i, "]"),
                    absl::StrCat("expected \"A B\", got \"", s, "\""));
       }
-      a = s.substr(0, space);
-      b = s.substr(space + 1);
+      a = absl::string_view(s).substr(0, space);
+      b = absl::string_view(s).substr(space + 1);
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      a = m[0].get<std::string>();
-      b = m[1].get<std::string>();
+      a = m[0].get_ref<const std::string&>();
+      b = m[1].get_ref<const std::string&>();
     } else {
       return Bad(path, absl::StrCat("model.merges[", i, "]"), "expected \"A B\" or [\"A\", \"B\"]");
     }
-    auto ia = by_symbol.find(a), ib = by_symbol.find(b), iab = by_symbol.find(a + b);
+    joined.assign(a.data(), a.size());
+    joined.append(b.data(), b.size());
+    auto ia = by_symbol.find(a), ib = by_symbol.find(b), iab = by_symbol.find(joined);
     if (ia == by_symbol.end() || ib == by_symbol.end() || iab == by_symbol.end()) {
       return Bad(
           path, absl::StrCat("model.merges[", i, "]"),
@@ -628,6 +631,13 @@ void ByteLevelBpe::EncodePiece(std::string_view piece, std::vector<int>* out, Ca
     out->push_back(byte_id_[static_cast<unsigned char>(piece[0])]);
     return;
   }
+  if (ignore_merges_) {  // a piece that is a token is that token
+    auto it = ids_.find(absl::string_view(piece.data(), piece.size()));
+    if (it != ids_.end()) {
+      out->push_back(it->second);
+      return;
+    }
+  }
   if (cache != nullptr) {
     auto it = cache->pieces.find(absl::string_view(piece.data(), piece.size()));
     if (it != cache->pieces.end()) {
@@ -640,14 +650,6 @@ void ByteLevelBpe::EncodePiece(std::string_view piece, std::vector<int>* out, Ca
     if (cache->pieces.size() >= Cache::kMaxCacheEntries) cache->pieces.clear();
     cache->pieces.emplace(std::string(piece), std::move(ids));
   };
-  if (ignore_merges_) {  // a piece that is a token is that token
-    auto it = ids_.find(absl::string_view(piece.data(), piece.size()));
-    if (it != ids_.end()) {
-      out->push_back(it->second);
-      remember({it->second});
-      return;
-    }
-  }
   // Merge the lowest-ranked adjacent pair, the leftmost of equals, until no
   // pair has a rank (Hugging Face's order; for merges learnt in order the
   // same as encoder.py's "every occurrence of the lowest pair"). rank[i]
