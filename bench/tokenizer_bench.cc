@@ -1,16 +1,19 @@
-// tokenizer_bench: GPT-2 BPE encoding speed, ours against a reference
-// encoder measured in the same run on the same text: npm's gpt-3-encoder
-// (OpenAI's encoder.py in JavaScript) under node, timed inside node without
-// its start-up and vocabulary load. Rows:
-//   reference     gpt-3-encoder encode(), one thread
-//   Gpt2Bpe       Gpt2Bpe::Encode over the whole text, one thread, a fresh cache
-//   prepare -t N  shardtrain prepare's core end to end (read, encode, write
-//                 shards) with N threads
-// The reference is slow (minutes for the 2.4 MB of fortunes), so it and the
-// Gpt2Bpe row encode the first --reference-bytes of the text (cut at a line
-// end); prepare runs over the whole file. Each figure is the best of
-// --repeat runs; MB/s of input text and the ratio to the reference. Not a
-// test: nothing passes or fails.
+// tokenizer_bench: byte-level BPE encoding speed, ours against the
+// JavaScript reference measured in the same run on the same text, for GPT-2
+// and Llama 3. The reference is @lenml/tokenizers (transformers.js's
+// tokenizers) under node, timed inside node without its start-up and
+// vocabulary load (tests/tools/bpe_reference.js). Rows, per tokenizer:
+//   load           ours: reading the tokenizer's files (once per process)
+//   reference      @lenml/tokenizers encode(), one thread
+//   ByteLevelBpe   ByteLevelBpe::Encode over the whole text, one thread, a
+//                  fresh cache (and whether its ids equal the reference's)
+//   prepare -t N   shardtrain prepare's core end to end after the load (read,
+//                  encode, write shards) with N threads
+// The reference and ByteLevelBpe rows encode the first --reference-bytes of
+// the text (cut at a line end); prepare runs over the whole file. Each
+// figure is the best of --repeat runs; MB/s of input text and the ratio to
+// the reference. With --json one object per row. Not a test: nothing passes
+// or fails.
 #include <unistd.h>
 
 #include <chrono>
@@ -24,7 +27,7 @@
 
 #include "CLI/CLI.hpp"
 #include "bench/bench_util.h"
-#include "common/gpt2_bpe.h"
+#include "common/tokenizers.h"
 #include "worker/data/prepare.h"
 
 namespace {
@@ -35,18 +38,42 @@ double Seconds(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+struct Reference {
+  double seconds = 0;  // 0: not run
+  std::vector<int> ids;
+};
+
+// The reference's best time and ids for `text_file` (tests/tools/bpe_reference.js).
+Reference RunReference(const std::string& tokenizer_arg, const fs::path& text_file,
+                       const fs::path& tmp, int repeat) {
+  const fs::path out = tmp / "ref.txt";
+  const std::string cmd = "node " SHARDTRAIN_SOURCE_DIR "/tests/tools/bpe_reference.js '" +
+                          tokenizer_arg + "' '" + text_file.string() + "' '" + out.string() + "' " +
+                          std::to_string(repeat);
+  Reference r;
+  if (std::system(cmd.c_str()) != 0) return r;
+  std::ifstream in(out);
+  in >> r.seconds;
+  for (int id; in >> id;) r.ids.push_back(id);
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string file = SHARDTRAIN_SOURCE_DIR "/data/fortunes.txt";
   int repeat = 3;
   size_t reference_bytes = 256 << 10;
-  CLI::App app{"GPT-2 BPE encoding speed: ours vs npm's gpt-3-encoder, same text, same run"};
+  bool json = false;
+  CLI::App app{
+      "byte-level BPE encoding speed, GPT-2 and Llama 3: ours vs @lenml/tokenizers (the "
+      "JavaScript reference), same text, same run"};
   app.add_option("--file", file, "text to encode")->capture_default_str();
   app.add_option("--repeat", repeat, "runs per row (best kept)")->capture_default_str();
   app.add_option("--reference-bytes", reference_bytes,
-                 "bytes of the text the reference and Gpt2Bpe rows encode")
+                 "bytes of the text the reference and ByteLevelBpe rows encode")
       ->capture_default_str();
+  app.add_flag("--json", json, "one JSON object per row");
   CLI11_PARSE(app, argc, argv);
 
   std::ifstream in(file, std::ios::binary);
@@ -61,84 +88,107 @@ int main(int argc, char** argv) {
   std::string head = text.substr(0, reference_bytes);
   if (head.size() < text.size()) head.resize(head.rfind('\n') + 1);
   const double head_mb = head.size() / 1e6;
-  auto bpe = shardtrain::LoadGpt2Vocabulary();
-  if (!bpe.ok()) {
-    std::fprintf(stderr, "tokenizer_bench: %s\n", std::string(bpe.status().message()).c_str());
-    return 1;
+  if (!json) {
+    std::printf("tokenizer_bench: %s, %.2f MB (reference rows: the first %.3f MB); %s\n",
+                file.c_str(), mb, head_mb, shardtrain::bench::Uptime().c_str());
+    std::printf("\n%-8s %-14s %10s %10s %12s\n", "TOKENIZER", "ROW", "SECONDS", "MB/S",
+                "VS REFERENCE");
   }
-  auto files = shardtrain::FindGpt2Vocabulary();
-  std::printf("tokenizer_bench: %s, %.2f MB (reference rows: the first %.3f MB); %s\n",
-              file.c_str(), mb, head_mb, shardtrain::bench::Uptime().c_str());
   std::fflush(stdout);
   const fs::path tmp = fs::temp_directory_path() / ("tokenizer_bench_" + std::to_string(getpid()));
   fs::create_directories(tmp);
-  const std::string head_file = (tmp / "head.txt").string();
+  const fs::path head_file = tmp / "head.txt";
   std::ofstream(head_file, std::ios::binary) << head;
 
-  // The reference, timed inside node (best of `repeat`).
-  const std::string module = fs::path(files->vocab).parent_path().string();
-  const std::string cmd =
-      "node -e \"const {encode} = require('" + module +
-      "'); const fs = require('fs'); const t = fs.readFileSync('" + head_file +
-      "', 'utf8'); let best = 1e9, n = 0; for (let i = 0; i < " + std::to_string(repeat) +
-      "; ++i) { const t0 = process.hrtime.bigint(); n = encode(t).length; const s = "
-      "Number(process.hrtime.bigint() - t0) / 1e9; if (s < best) best = s; } "
-      "fs.writeFileSync('" +
-      (tmp / "ref.txt").string() + "', best + ' ' + n);\"";
-  double ref_s = 0;
-  long ref_tokens = 0;
-  if (std::system(cmd.c_str()) == 0) {
-    std::ifstream r(tmp / "ref.txt");
-    r >> ref_s >> ref_tokens;
-  }
-
-  double ours_s = 1e9;
-  size_t ours_tokens = 0;
-  for (int i = 0; i < repeat; ++i) {
-    shardtrain::Gpt2Bpe::Cache cache;
-    const auto t0 = Clock::now();
-    ours_tokens = (*bpe)->Encode(head, &cache).size();
-    ours_s = std::min(ours_s, Seconds(t0));
-  }
-
-  std::printf("\n%-16s %10s %10s %12s\n", "ROW", "SECONDS", "MB/S", "VS REFERENCE");
-  if (ref_s > 0) {
-    std::printf("%-16s %10.3f %10.2f %12s   (%ld tokens)\n", "reference", ref_s, head_mb / ref_s,
-                "1.00x", ref_tokens);
-  } else {
-    std::printf("%-16s %10s %10s %12s   (node or gpt-3-encoder missing: scripts/setup)\n",
-                "reference", "-", "-", "-");
-  }
-  const double ref_rate = ref_s > 0 ? head_mb / ref_s : 0;
-  auto row = [&](const char* name, double s, double row_mb, size_t tokens) {
-    std::printf("%-16s %10.3f %10.2f %11.2fx   (%zu tokens%s)\n", name, s, row_mb / s,
-                ref_rate > 0 ? row_mb / s / ref_rate : 0.0, tokens,
-                ref_s > 0 && long(tokens) != ref_tokens && std::string(name) == "Gpt2Bpe"
-                    ? ", DIFFERENT from the reference"
-                    : "");
-  };
-  row("Gpt2Bpe", ours_s, head_mb, ours_tokens);
-  for (int threads : {1, 2}) {
-    double best = 1e9;
-    int64_t tokens = 0;
-    for (int i = 0; i < repeat; ++i) {
-      shardtrain::data::PrepareOptions o;
-      o.inputs = {file};
-      o.out_dir = (tmp / ("out-" + std::to_string(threads) + "-" + std::to_string(i))).string();
-      o.threads = threads;
-      const auto t0 = Clock::now();
-      auto s = shardtrain::data::Prepare(o);
-      const double took = Seconds(t0);
-      if (!s.ok()) {
-        std::fprintf(stderr, "prepare: %s\n", std::string(s.status().message()).c_str());
-        return 1;
-      }
-      best = std::min(best, took);
-      tokens = s->train_tokens;
+  int status = 0;
+  for (const shardtrain::TokenizerKind kind :
+       {shardtrain::TokenizerKind::kGpt2, shardtrain::TokenizerKind::kLlama3}) {
+    const std::string name(shardtrain::EnumName(kind));
+    const auto load_t0 = Clock::now();
+    auto bpe = shardtrain::LoadTokenizer(kind);
+    const double load_s = Seconds(load_t0);
+    std::string reference_arg;
+    if (kind == shardtrain::TokenizerKind::kGpt2) {
+      auto files = shardtrain::FindGpt2Vocabulary();
+      if (files.ok()) reference_arg = "gpt2:" + fs::path(files->vocab).parent_path().string();
+    } else {
+      auto path = shardtrain::FindLlama3Tokenizer();
+      if (path.ok()) reference_arg = *path;
     }
-    row(threads == 1 ? "prepare -t 1" : "prepare -t 2", best, mb, size_t(tokens));
+    if (!bpe.ok()) {
+      std::fprintf(stderr, "tokenizer_bench: %s\n", std::string(bpe.status().message()).c_str());
+      status = 1;
+      continue;
+    }
+    const Reference ref = RunReference(reference_arg, head_file, tmp, repeat);
+
+    double ours_s = 1e9;
+    std::vector<int> ours;
+    for (int i = 0; i < repeat; ++i) {
+      shardtrain::ByteLevelBpe::Cache cache;
+      const auto t0 = Clock::now();
+      ours = (*bpe)->Encode(head, &cache);
+      ours_s = std::min(ours_s, Seconds(t0));
+    }
+
+    const double ref_rate = ref.seconds > 0 ? head_mb / ref.seconds : 0;
+    auto row = [&](const std::string& row_name, double s, double row_mb, size_t tokens,
+                   const std::string& note) {
+      const double ratio = ref_rate > 0 ? row_mb / s / ref_rate : 0;
+      if (json) {
+        std::printf(
+            "{\"tokenizer\": \"%s\", \"row\": \"%s\", \"seconds\": %.6f, \"mb_per_s\": %.3f, "
+            "\"vs_reference\": %.3f, \"tokens\": %zu}\n",
+            name.c_str(), row_name.c_str(), s, row_mb / s, ratio, tokens);
+      } else {
+        std::printf("%-8s %-14s %10.3f %10.2f %11.2fx   (%zu tokens%s)\n", name.c_str(),
+                    row_name.c_str(), s, row_mb / s, ratio, tokens, note.c_str());
+      }
+      std::fflush(stdout);
+    };
+    if (json) {
+      std::printf("{\"tokenizer\": \"%s\", \"row\": \"load\", \"seconds\": %.6f}\n", name.c_str(),
+                  load_s);
+    } else {
+      std::printf("%-8s %-14s %10.3f %10s %12s   (the files, once per process)\n", name.c_str(),
+                  "load", load_s, "-", "-");
+    }
+    if (ref.seconds > 0) {
+      row("reference", ref.seconds, head_mb, ref.ids.size(), "");
+    } else if (!json) {
+      std::printf(
+          "%-8s %-14s %10s %10s %12s   (node or @lenml/tokenizers missing: "
+          "scripts/setup)\n",
+          name.c_str(), "reference", "-", "-", "-");
+    }
+    row("ByteLevelBpe", ours_s, head_mb, ours.size(),
+        ref.seconds <= 0  ? ""
+        : ours == ref.ids ? ", ids equal the reference's"
+                          : ", ids DIFFERENT from the reference's");
+    for (int threads : {1, 2}) {
+      double best = 1e9;
+      int64_t tokens = 0;
+      for (int i = 0; i < repeat; ++i) {
+        shardtrain::data::PrepareOptions o;
+        o.inputs = {file};
+        o.out_dir =
+            (tmp / (name + "-" + std::to_string(threads) + "-" + std::to_string(i))).string();
+        o.tokenizer = kind;
+        o.threads = threads;
+        auto s = shardtrain::data::Prepare(o);
+        if (!s.ok()) {
+          std::fprintf(stderr, "prepare: %s\n", std::string(s.status().message()).c_str());
+          return 1;
+        }
+        best = std::min(best, s->seconds);
+        tokens = s->train_tokens;
+        std::error_code ec;
+        fs::remove_all(o.out_dir, ec);
+      }
+      row("prepare -t " + std::to_string(threads), best, mb, size_t(tokens), ", load excluded");
+    }
   }
   std::error_code ec;
   fs::remove_all(tmp, ec);
-  return 0;
+  return status;
 }

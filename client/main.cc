@@ -200,7 +200,8 @@ int main(int argc, char** argv) {
                   "Llama: the largest safetensors file, e.g. 5GB, 500MB, 2GiB")
       ->capture_default_str();
   exp->add_option("--tokenizer-json", export_opts.tokenizer_json,
-                  "Llama: the job's tokenizer.json, written beside the weights");
+                  "Llama: the job's tokenizer.json, written beside the weights (default for a "
+                  "vocabulary of 128256: Llama 3's, as scripts/setup installs it)");
   add_common(exp, false, "table|json");
 
   PrepareFlags prep;
@@ -208,14 +209,25 @@ int main(int argc, char** argv) {
       "prepare",
       "tokenize text files or directories into llm.c token shards for data.format: llmc "
       "(OUT/train/000000.bin, ..., OUT/val/... with --val or --val-fraction); each file is a "
-      "document, led by <|endoftext|> under gpt2; written to a temporary directory and renamed "
-      "to OUT when complete, so an error leaves nothing");
+      "document, led by the tokenizer's document token (gpt2: <|endoftext|>, llama3: "
+      "<|begin_of_text|>); text that reads like a special token is encoded as text; uint16 "
+      "token files, uint32 for vocabularies past 65536 ids (llm.c's two formats); written to a "
+      "temporary directory and renamed to OUT when complete, so an error leaves nothing");
   prepare->add_option("inputs", prep.inputs, "text files or directories (every file under them)")
       ->required();
   prepare->add_option("--out,-O", prep.out, "output directory (must not exist)")->required();
-  prepare->add_option("--tokenizer", prep.tokenizer, "gpt2 (GPT-2's BPE) | byte")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"gpt2", "byte"}));
+  auto* prep_tokenizer =
+      prepare
+          ->add_option("--tokenizer", prep.tokenizer,
+                       "gpt2 (GPT-2's BPE, 50257 ids) | llama3 (Llama 3's, 128256 ids) | byte")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"gpt2", "llama3", "byte"}));
+  prepare
+      ->add_option("--tokenizer-json", prep.tokenizer_json,
+                   "any byte-level BPE tokenizer as Hugging Face's tokenizer.json (Qwen, SmolLM, "
+                   "...; the file or its folder) instead of --tokenizer; a job spec names it as "
+                   "data.tokenizer_json")
+      ->excludes(prep_tokenizer);
   prepare->add_option("--val", prep.val, "held-out text files or directories (repeatable)");
   prepare
       ->add_option("--val-fraction", prep.val_fraction,
@@ -230,9 +242,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   prepare->add_option("--vocab", prep.vocab,
-                      "folder of GPT-2's vocabulary (encoder.json + vocab.bpe, or vocab.json + "
-                      "merges.txt; default: $SHARDTRAIN_GPT2_VOCAB, then the one scripts/setup "
-                      "installs)");
+                      "the named tokenizer's files: gpt2, a folder of encoder.json + vocab.bpe or "
+                      "vocab.json + merges.txt (default: $SHARDTRAIN_GPT2_VOCAB); llama3, its "
+                      "tokenizer.json (default: $SHARDTRAIN_LLAMA3_TOKENIZER); then the ones "
+                      "scripts/setup installs");
   add_common(prepare, false, "table|json");
 
   SampleOptions sample_opts;
@@ -251,14 +264,23 @@ int main(int argc, char** argv) {
   sample->add_option("--seed", sample_opts.seed, "sampling seed")->capture_default_str();
   sample->add_option("--threads", sample_opts.threads, "compute threads")->capture_default_str();
   sample->add_option("--vocab", sample_opts.vocab,
-                     "GPT-2 models (vocab >= 50257): folder of GPT-2's vocabulary (default: "
-                     "$SHARDTRAIN_GPT2_VOCAB, then the one scripts/setup installs)");
+                     "the named tokenizer's files: gpt2, the folder of GPT-2's vocabulary "
+                     "(default: $SHARDTRAIN_GPT2_VOCAB); llama3, its tokenizer.json (default: "
+                     "$SHARDTRAIN_LLAMA3_TOKENIZER); then the ones scripts/setup installs");
+  auto* sample_tokenizer =
+      sample
+          ->add_option("--tokenizer", sample_opts.tokenizer,
+                       "the tokenizer the model was trained with (data.tokenizer): auto = byte "
+                       "for vocab 256, gpt2 from 50257, llama3 from 128256; byte on a larger "
+                       "vocabulary samples bytes only. Special tokens in --prompt are tokens; "
+                       "llama3 prompts start with <|begin_of_text|>")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"auto", "byte", "gpt2", "llama3"}));
   sample
-      ->add_option("--tokenizer", sample_opts.tokenizer,
-                   "the tokenizer the model was trained with (data.tokenizer): auto = byte for "
-                   "vocab 256, gpt2 from 50257; byte on a larger vocabulary samples bytes only")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "byte", "gpt2"}));
+      ->add_option("--tokenizer-json", sample_opts.tokenizer_json,
+                   "a Hugging Face tokenizer.json the model was trained with "
+                   "(data.tokenizer_json) instead of --tokenizer")
+      ->excludes(sample_tokenizer);
   add_common(sample, false, "table|json");
 
   try {

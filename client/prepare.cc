@@ -43,8 +43,11 @@ int Prepare(const GlobalFlags& g, const PrepareFlags& f) {
   o.val_inputs = f.val;
   o.val_fraction = f.val_fraction;
   o.out_dir = f.out;
-  o.tokenizer = f.tokenizer == "byte" ? TokenizerKind::kByte : TokenizerKind::kGpt2;
-  o.vocab_dir = f.vocab;
+  o.tokenizer = !f.tokenizer_json.empty() ? TokenizerKind::kJson
+                : f.tokenizer == "byte"   ? TokenizerKind::kByte
+                : f.tokenizer == "llama3" ? TokenizerKind::kLlama3
+                                          : TokenizerKind::kGpt2;
+  o.tokenizer_path = !f.tokenizer_json.empty() ? f.tokenizer_json : f.vocab;
   o.shard_tokens = f.shard_tokens;
   o.threads = f.threads;
   // Progress on stderr: rewritten in place on a terminal, a line every 2 s
@@ -63,10 +66,17 @@ int Prepare(const GlobalFlags& g, const PrepareFlags& f) {
   if (!s.ok()) return ReportError(g, s.status());
   const double rate = s->seconds > 0 ? s->bytes / 1e6 / s->seconds : 0;
   const std::string train_dir = f.out + "/train", val_dir = f.out + "/val";
+  const std::string tokenizer = f.tokenizer_json.empty() ? f.tokenizer : "json";
   if (g.output == "json") {
-    std::cout << "{\"out\": " << JsonString(f.out) << ", \"tokenizer\": " << JsonString(f.tokenizer)
-              << ", \"documents\": " << s->documents << ", \"bytes\": " << s->bytes
-              << ", \"train_tokens\": " << s->train_tokens << ", \"val_tokens\": " << s->val_tokens
+    std::cout << "{\"out\": " << JsonString(f.out) << ", \"tokenizer\": " << JsonString(tokenizer)
+              << (f.tokenizer_json.empty()
+                      ? ""
+                      : ", \"tokenizer_json\": " + JsonString(f.tokenizer_json))
+              << ", \"vocab_size\": " << s->vocab_size
+              << ", \"document_token\": " << s->document_token
+              << ", \"token_bytes\": " << s->token_bytes << ", \"documents\": " << s->documents
+              << ", \"bytes\": " << s->bytes << ", \"train_tokens\": " << s->train_tokens
+              << ", \"val_tokens\": " << s->val_tokens
               << ", \"train_shards\": " << JsonList(s->train_shards)
               << ", \"val_shards\": " << JsonList(s->val_shards) << ", \"seconds\": " << s->seconds
               << ", \"mb_per_s\": " << rate << ", \"threads\": " << f.threads << "}" << std::endl;
@@ -75,7 +85,11 @@ int Prepare(const GlobalFlags& g, const PrepareFlags& f) {
   std::cout << absl::StrFormat(
       "prepared %d document%s, %d bytes -> %d tokens (%s) in %.2f s (%.2f MB/s, %d thread%s)\n",
       s->documents, s->documents == 1 ? "" : "s", s->bytes, s->train_tokens + s->val_tokens,
-      f.tokenizer, s->seconds, rate, f.threads, f.threads == 1 ? "" : "s");
+      tokenizer, s->seconds, rate, f.threads, f.threads == 1 ? "" : "s");
+  std::cout << absl::StrFormat(
+      "  vocabulary %d ids, uint%d token files, %s\n", s->vocab_size, 8 * s->token_bytes,
+      s->document_token >= 0 ? absl::StrCat("id ", s->document_token, " leads each document")
+                             : std::string("documents concatenated"));
   std::cout << absl::StrFormat("  train %12d tokens in %-10s %s\n", s->train_tokens,
                                Shards(s->train_shards.size()), train_dir);
   if (!s->val_shards.empty()) {
@@ -83,9 +97,10 @@ int Prepare(const GlobalFlags& g, const PrepareFlags& f) {
                                  Shards(s->val_shards.size()), val_dir);
   }
   std::cout << "in a job spec: data: {train: " << train_dir
-            << (s->val_shards.empty() ? "" : ", val: " + val_dir)
-            << ", format: llmc, tokenizer: " << f.tokenizer << "}"
-            << (f.tokenizer == "gpt2" ? " (model.vocab >= 50257)" : "") << std::endl;
+            << (s->val_shards.empty() ? "" : ", val: " + val_dir) << ", format: llmc, "
+            << (f.tokenizer_json.empty() ? "tokenizer: " + f.tokenizer
+                                         : "tokenizer_json: " + f.tokenizer_json)
+            << "} (model.vocab >= " << s->vocab_size << ")" << std::endl;
   return kExitOk;
 }
 

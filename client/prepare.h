@@ -17,8 +17,9 @@ struct PrepareFlags {
   std::vector<std::string> val;  // held-out inputs (--val)
   double val_fraction = 0;
   std::string out;
-  std::string tokenizer = "gpt2";  // gpt2 | byte
-  std::string vocab;               // the GPT-2 vocabulary's folder
+  std::string tokenizer = "gpt2";  // gpt2 | llama3 | byte
+  std::string tokenizer_json;      // any tokenizer.json (instead of --tokenizer)
+  std::string vocab;               // the named tokenizer's files (LoadTokenizer's path)
   int64_t shard_tokens = 100'000'000;
   int threads = 1;
 };

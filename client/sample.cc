@@ -9,8 +9,8 @@
 #include "absl/strings/str_join.h"
 #include "client/errors.h"
 #include "client/output.h"
-#include "common/gpt2_bpe.h"
 #include "common/process.h"
+#include "common/tokenizers.h"
 #include "worker/checkpoint/directory.h"
 #include "worker/checkpoint/hf_gpt2.h"
 #include "worker/checkpoint/hf_llama.h"
@@ -72,22 +72,33 @@ int Sample(const GlobalFlags& g, const SampleOptions& o) {
   auto weights = LoadWeightsFrom(o.checkpoint, &path);
   if (!weights.ok()) return ReportError(g, weights.status());
   // The tokenizer the model was trained with: named, or by its vocabulary
-  // (bytes for 256, GPT-2's BPE from 50257, padded vocabularies included).
-  // Bytes on a larger vocabulary (a GPT-2-sized model trained on bytes)
-  // generate bytes only.
+  // (bytes for 256, GPT-2's BPE from 50257, Llama 3's from 128256, padded
+  // vocabularies included). Bytes on a larger vocabulary (a GPT-2-sized
+  // model trained on bytes) generate bytes only.
   const int vocab = weights->config.vocab;
-  const std::string tokenizer =
-      o.tokenizer != "auto" ? o.tokenizer : (vocab >= 50257 ? "gpt2" : "byte");
-  std::unique_ptr<Gpt2Bpe> bpe;
-  if (tokenizer == "gpt2" && vocab >= 50257) {
-    absl::StatusOr<std::unique_ptr<Gpt2Bpe>> b = LoadGpt2Vocabulary(o.vocab);
+  const std::string tokenizer = !o.tokenizer_json.empty() ? "json"
+                                : o.tokenizer != "auto"   ? o.tokenizer
+                                : vocab >= 128256         ? "llama3"
+                                : vocab >= 50257          ? "gpt2"
+                                                          : "byte";
+  std::unique_ptr<ByteLevelBpe> bpe;
+  if (tokenizer != "byte") {
+    const TokenizerKind kind = tokenizer == "json"     ? TokenizerKind::kJson
+                               : tokenizer == "llama3" ? TokenizerKind::kLlama3
+                                                       : TokenizerKind::kGpt2;
+    absl::StatusOr<std::unique_ptr<ByteLevelBpe>> b =
+        LoadTokenizer(kind, kind == TokenizerKind::kJson ? o.tokenizer_json : o.vocab);
     if (!b.ok()) return ReportError(g, b.status());
     bpe = *std::move(b);
-  } else if (tokenizer == "gpt2" || vocab < 256 || (o.tokenizer == "auto" && vocab != 256)) {
-    return ReportError(g, absl::InvalidArgumentError(absl::StrCat(
-                              path, ": vocab ", vocab, " — sampling text needs the byte tokenizer ",
-                              "(vocab >= 256; --tokenizer byte above 256) or GPT-2's (vocab >= "
-                              "50257)")));
+  }
+  if ((bpe && vocab < bpe->vocab_size()) || vocab < 256 ||
+      (!bpe && o.tokenizer == "auto" && vocab != 256)) {
+    return ReportError(
+        g, absl::InvalidArgumentError(absl::StrCat(
+               path, ": vocab ", vocab, " is too small for the ", tokenizer, " tokenizer (",
+               bpe ? bpe->vocab_size() : 256,
+               " ids); sampling text needs the byte tokenizer (vocab >= 256; --tokenizer byte "
+               "above 256), GPT-2's (>= 50257), Llama 3's (>= 128256) or --tokenizer-json's")));
   }
   const int T = weights->config.context;
   auto model = engine::cpu::CpuModel::Create(weights->config, 1, T, o.threads);
@@ -97,14 +108,32 @@ int Sample(const GlobalFlags& g, const SampleOptions& o) {
   go.max_new_tokens = o.tokens;
   go.temperature = static_cast<float>(o.temperature);
   go.seed = o.seed;
-  if (!bpe) go.candidates = 256;
+  // Generated ids stay in the tokenizer's vocabulary (a model's may be
+  // larger: padded).
+  go.candidates = bpe ? (vocab > bpe->vocab_size() ? bpe->vocab_size() : 0) : 256;
   const std::string prompt_text = o.prompt.empty() ? "\n" : o.prompt;
-  std::vector<int> prompt = bpe ? bpe->Encode(prompt_text) : data::EncodeBytes(prompt_text);
+  // Special tokens in the prompt are tokens (Hugging Face's default); a
+  // Llama 3 or tokenizer.json prompt starts with the document token as each
+  // prepared document does (<|begin_of_text|>), not printed back.
+  std::vector<int> prompt;
+  size_t lead = 0;
+  if (bpe) {
+    ByteLevelBpe::EncodeOptions options;
+    options.specials = ByteLevelBpe::Specials::kParse;
+    bpe->Encode(prompt_text, &prompt, nullptr, options);
+    const int document = bpe->document_token();
+    if (tokenizer != "gpt2" && document >= 0 && (prompt.empty() || prompt[0] != document)) {
+      prompt.insert(prompt.begin(), document);
+      lead = 1;
+    }
+  } else {
+    prompt = data::EncodeBytes(prompt_text);
+  }
   auto out = engine::Generate(**model, prompt, go);
   if (!out.ok()) return ReportError(g, out.status());
   std::string text;
   if (bpe) {
-    absl::StatusOr<std::string> decoded = bpe->Decode(*out);
+    absl::StatusOr<std::string> decoded = bpe->Decode(absl::MakeConstSpan(*out).subspan(lead));
     if (!decoded.ok()) return ReportError(g, decoded.status());
     text = *std::move(decoded);
   } else {
@@ -134,9 +163,16 @@ int ExportLlama(const GlobalFlags& g, const ExportOptions& o,
   absl::StatusOr<int64_t> shard = checkpoint::ParseShardSize(o.max_shard_size);
   if (!shard.ok()) return ReportError(g, shard.status());
   options.max_shard_bytes = *shard;
-  std::string tokenizer;  // read before anything is written
-  if (!o.tokenizer_json.empty()) {
-    if (absl::Status s = ReadFile(o.tokenizer_json, &tokenizer); !s.ok()) {
+  // The tokenizer.json to write beside the weights: --tokenizer-json, else
+  // Llama 3's (scripts/setup installs it) for a model of its vocabulary;
+  // read before anything is written.
+  std::string tokenizer, tokenizer_path = o.tokenizer_json;
+  if (tokenizer_path.empty() && weights.config.vocab == 128256) {
+    absl::StatusOr<std::string> llama3 = FindLlama3Tokenizer();
+    if (llama3.ok()) tokenizer_path = *llama3;
+  }
+  if (!tokenizer_path.empty()) {
+    if (absl::Status s = ReadFile(tokenizer_path, &tokenizer); !s.ok()) {
       return ReportError(g, absl::NotFoundError(absl::StrCat("--tokenizer-json: ", s.message())));
     }
   }

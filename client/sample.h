@@ -1,5 +1,6 @@
 // `shardtrain sample`: generate text from trained weights, with the byte
-// tokenizer (vocab 256) or GPT-2's (vocab >= 50257).
+// tokenizer (vocab 256), GPT-2's (vocab >= 50257), Llama 3's (vocab >=
+// 128256) or any tokenizer.json (common/tokenizers.h).
 #ifndef SHARDTRAIN_CLIENT_SAMPLE_H_
 #define SHARDTRAIN_CLIENT_SAMPLE_H_
 
@@ -19,8 +20,9 @@ struct SampleOptions {
   double temperature = 0.8;  // 0 = greedy
   uint64_t seed = 1;
   int threads = 1;
-  std::string vocab;               // GPT-2's vocabulary folder (LoadGpt2Vocabulary when empty)
-  std::string tokenizer = "auto";  // auto (by the vocabulary) | byte | gpt2
+  std::string vocab;  // the named tokenizer's files (LoadTokenizer's path; searched when empty)
+  std::string tokenizer = "auto";  // auto (by the vocabulary) | byte | gpt2 | llama3
+  std::string tokenizer_json;      // any tokenizer.json (instead of --tokenizer)
 };
 
 int Sample(const GlobalFlags& g, const SampleOptions& o);
@@ -41,7 +43,7 @@ struct ExportOptions {
   // Llama models only:
   std::string dtype = "fp32";          // fp32 | bf16
   std::string max_shard_size = "5GB";  // the largest safetensors file (ParseShardSize)
-  std::string tokenizer_json;          // copied to DIR/tokenizer.json when given
+  std::string tokenizer_json;  // DIR/tokenizer.json (default: Llama 3's for vocab 128256)
 };
 
 // `shardtrain export`: for GPT-2, DIR/model.safetensors and DIR/config.json

@@ -123,19 +123,35 @@ absl::Status ParseData(const Node& root, const ModelSpec& model, DataSpec* d) {
   if (d->train.empty()) return FieldError("data.train", "must not be empty");
   SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, "data", "val", &d->val));
   SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "data", "format", si::kDataFormats, &d->format));
-  d->tokenizer = d->format == DataFormat::kLlmc ? TokenizerKind::kGpt2 : TokenizerKind::kByte;
+  SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, "data", "tokenizer_json", &d->tokenizer_json));
+  d->tokenizer = !d->tokenizer_json.empty()       ? TokenizerKind::kJson
+                 : d->format == DataFormat::kLlmc ? TokenizerKind::kGpt2
+                                                  : TokenizerKind::kByte;
   SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "data", "tokenizer", si::kTokenizers, &d->tokenizer));
-  if (d->tokenizer == TokenizerKind::kGpt2 && d->format != DataFormat::kLlmc) {
-    return FieldError("data.tokenizer",
-                      "gpt2 requires data.format: llmc (text data uses the byte tokenizer)");
+  if (d->tokenizer != TokenizerKind::kByte && d->format != DataFormat::kLlmc) {
+    return FieldError("data.tokenizer", std::string(EnumName(d->tokenizer)),
+                      " requires data.format: llmc (text data uses the byte tokenizer)");
   }
-  if (d->tokenizer == TokenizerKind::kByte && model.vocab < 256) {
-    return FieldError("model.vocab", model.vocab,
-                      " is too small for the byte tokenizer (needs >= 256)");
+  if (d->tokenizer == TokenizerKind::kJson && d->tokenizer_json.empty()) {
+    return FieldError("data.tokenizer_json", "required with data.tokenizer: json");
   }
-  if (d->tokenizer == TokenizerKind::kGpt2 && model.vocab < 50257) {
-    return FieldError("model.vocab", model.vocab,
-                      " is too small for the gpt2 tokenizer (needs >= 50257)");
+  if (d->tokenizer != TokenizerKind::kJson && !d->tokenizer_json.empty()) {
+    return FieldError("data.tokenizer_json", "only with data.tokenizer: json (it is ",
+                      std::string(EnumName(d->tokenizer)), ")");
+  }
+  // The vocabularies' sizes; a tokenizer.json's is checked against the
+  // token files when they are read (every id < model.vocab).
+  struct MinVocab {
+    TokenizerKind kind;
+    int vocab;
+  };
+  for (const MinVocab& m :
+       {MinVocab{TokenizerKind::kByte, 256}, MinVocab{TokenizerKind::kGpt2, 50257},
+        MinVocab{TokenizerKind::kLlama3, 128256}}) {
+    if (d->tokenizer == m.kind && model.vocab < m.vocab) {
+      return FieldError("model.vocab", model.vocab, " is too small for the ",
+                        std::string(EnumName(d->tokenizer)), " tokenizer (needs >= ", m.vocab, ")");
+    }
   }
   return absl::OkStatus();
 }

@@ -29,18 +29,18 @@
 
 namespace shardtrain {
 
-enum class DataFormat { kText, kLlmc };                 // "text" | "llmc"
-enum class TokenizerKind { kByte, kGpt2 };              // "byte" | "gpt2"
-enum class OffloadMode { kNone, kOptimizer };           // "none" | "optimizer"
-enum class CommBackend { kAuto, kGloo, kNccl };         // "auto" | "gloo" | "nccl"
-enum class ReduceDtype { kFp32, kBf16 };                // "fp32" | "bf16"
-enum class PipelineSchedule { kGpipe, k1F1B };          // "gpipe" | "1f1b"
-enum class Precision { kFp32, kBf16, kFp16 };           // "fp32" | "bf16" | "fp16"
-enum class OptimizerKind { kAdamW };                    // "adamw"
-enum class LrSchedule { kCosine, kConstant, kLinear };  // "cosine" | "constant" | "linear"
-enum class DeviceKind { kCpu, kCuda };                  // "cpu" | "cuda"
-enum class CheckpointFailurePolicy { kWarn, kFail };    // "warn" | "fail"
-using model::Recompute;                                 // "none" | "selective" | "full"
+enum class DataFormat { kText, kLlmc };                     // "text" | "llmc"
+enum class TokenizerKind { kByte, kGpt2, kLlama3, kJson };  // "byte" | "gpt2" | "llama3" | "json"
+enum class OffloadMode { kNone, kOptimizer };               // "none" | "optimizer"
+enum class CommBackend { kAuto, kGloo, kNccl };             // "auto" | "gloo" | "nccl"
+enum class ReduceDtype { kFp32, kBf16 };                    // "fp32" | "bf16"
+enum class PipelineSchedule { kGpipe, k1F1B };              // "gpipe" | "1f1b"
+enum class Precision { kFp32, kBf16, kFp16 };               // "fp32" | "bf16" | "fp16"
+enum class OptimizerKind { kAdamW };                        // "adamw"
+enum class LrSchedule { kCosine, kConstant, kLinear };      // "cosine" | "constant" | "linear"
+enum class DeviceKind { kCpu, kCuda };                      // "cpu" | "cuda"
+enum class CheckpointFailurePolicy { kWarn, kFail };        // "warn" | "fail"
+using model::Recompute;                                     // "none" | "selective" | "full"
 
 // The spelling used in YAML for each enum value (static storage).
 std::string_view EnumName(DataFormat v);
@@ -67,7 +67,7 @@ struct ModelSpec {
   int heads = 0;       // NH > 0, divides dim
   int dim = 0;         // C > 0
   int context = 0;     // T > 0, >= batch.seq_len
-  int vocab = 0;       // V > 0; >= 256 for the byte tokenizer, >= 50257 for gpt2
+  int vocab = 0;       // V > 0; >= 256 byte, >= 50257 gpt2, >= 128256 llama3 (data.tokenizer)
   // "" (random initialisation from seed) or the weights the job starts from:
   // a safetensors file in Hugging Face's GPT-2 layout (or a folder holding
   // model.safetensors, as `shardtrain export` writes) or a shardtrain
@@ -99,9 +99,13 @@ struct DataSpec {
   std::string train;  // required: a path as the workers see it
   std::string val;    // optional ("" = none): validation data for eval, same format
   DataFormat format = DataFormat::kText;
-  // Default: byte for text, gpt2 for llmc. Text data needs the byte tokenizer;
-  // gpt2 is accepted only with llmc (its token files are pre-tokenized).
+  // Default: byte for text, gpt2 for llmc (json when tokenizer_json is
+  // given). Text data needs the byte tokenizer; gpt2, llama3 and json are
+  // accepted only with llmc (their token files are pre-tokenized).
   TokenizerKind tokenizer = TokenizerKind::kByte;
+  // The Hugging Face tokenizer.json of tokenizer: json (and only then): a
+  // path as `shardtrain sample` and `export` see it. Not read by workers.
+  std::string tokenizer_json;
 };
 
 struct BatchSpec {

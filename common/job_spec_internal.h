@@ -20,7 +20,9 @@ using EnumTable = std::vector<std::pair<absl::string_view, E>>;
 inline const EnumTable<DataFormat> kDataFormats = {{"text", DataFormat::kText},
                                                    {"llmc", DataFormat::kLlmc}};
 inline const EnumTable<TokenizerKind> kTokenizers = {{"byte", TokenizerKind::kByte},
-                                                     {"gpt2", TokenizerKind::kGpt2}};
+                                                     {"gpt2", TokenizerKind::kGpt2},
+                                                     {"llama3", TokenizerKind::kLlama3},
+                                                     {"json", TokenizerKind::kJson}};
 inline const EnumTable<OffloadMode> kOffloadModes = {{"none", OffloadMode::kNone},
                                                      {"optimizer", OffloadMode::kOptimizer}};
 inline const EnumTable<CommBackend> kCommBackends = {

@@ -29,7 +29,8 @@ const std::vector<absl::string_view> kModelKeys = {
     "preset",   "arch",           "layers",   "heads",     "dim",
     "context",  "vocab",          "kv_heads", "ffn_dim",   "rope_theta",
     "norm_eps", "tie_embeddings", "init",     "recompute", "recompute_layers"};
-const std::vector<absl::string_view> kDataKeys = {"train", "val", "format", "tokenizer"};
+const std::vector<absl::string_view> kDataKeys = {"train", "val", "format", "tokenizer",
+                                                  "tokenizer_json"};
 const std::vector<absl::string_view> kBatchKeys = {"global", "micro", "seq_len"};
 const std::vector<absl::string_view> kParallelKeys = {"dp",        "tp",
                                                       "pp",        "stages",

@@ -53,8 +53,8 @@ bool operator==(const ModelSpec& a, const ModelSpec& b) {
                                                   b.init, b.recompute, b.recompute_layers);
 }
 bool operator==(const DataSpec& a, const DataSpec& b) {
-  return std::tie(a.train, a.val, a.format, a.tokenizer) ==
-         std::tie(b.train, b.val, b.format, b.tokenizer);
+  return std::tie(a.train, a.val, a.format, a.tokenizer, a.tokenizer_json) ==
+         std::tie(b.train, b.val, b.format, b.tokenizer, b.tokenizer_json);
 }
 bool operator==(const BatchSpec& a, const BatchSpec& b) {
   return std::tie(a.global, a.micro, a.seq_len) == std::tie(b.global, b.micro, b.seq_len);
@@ -128,6 +128,9 @@ std::string JobSpecToYaml(const JobSpec& s) {
   if (!s.data.val.empty()) out << YAML::Key << "val" << YAML::Value << s.data.val;
   out << YAML::Key << "format" << YAML::Value << std::string(EnumName(s.data.format));
   out << YAML::Key << "tokenizer" << YAML::Value << std::string(EnumName(s.data.tokenizer));
+  if (!s.data.tokenizer_json.empty()) {
+    out << YAML::Key << "tokenizer_json" << YAML::Value << s.data.tokenizer_json;
+  }
   out << YAML::EndMap;
 
   out << YAML::Key << "batch" << YAML::Value << YAML::BeginMap;

@@ -95,8 +95,8 @@ optim::AdamWOptions AdamWOptionsOf(const OptimizerSpec& o) {
 }
 
 // A token file of the spec's format, its errors prefixed with `field`.
-absl::StatusOr<std::vector<uint16_t>> LoadData(const JobSpec& spec, const char* field,
-                                               const std::string& path) {
+absl::StatusOr<data::TokenIds> LoadData(const JobSpec& spec, const char* field,
+                                        const std::string& path) {
   const auto format =
       spec.data.format == DataFormat::kLlmc ? data::TokenFormat::kLlmc : data::TokenFormat::kText;
   auto tokens = data::LoadTokens(path, format, spec.model.vocab, spec.batch.seq_len + 1);
@@ -154,7 +154,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   if (!split.ok()) return split.status();
   auto tokens = LoadData(spec, "data.train", spec.data.train);
   if (!tokens.ok()) return tokens.status();
-  std::vector<uint16_t> val_tokens;
+  data::TokenIds val_tokens;
   if (spec.eval.every > 0) {
     auto val = LoadData(spec, "data.val", spec.data.val);
     if (!val.ok()) return val.status();
@@ -256,8 +256,8 @@ absl::StatusOr<double> Trainer::SumOverModelGroup(comm::Communicator* group, dou
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Compose(const JobSpec& spec, int rank,
                                                           std::unique_ptr<engine::Engine> engine,
                                                           const StrategyFactory& make_strategy,
-                                                          std::vector<uint16_t> tokens,
-                                                          std::vector<uint16_t> val_tokens) {
+                                                          data::TokenIds tokens,
+                                                          data::TokenIds val_tokens) {
   absl::StatusOr<ParallelDims> dims = spec.Dims();
   if (!dims.ok()) return dims.status();
   absl::StatusOr<BatchSplit> split = spec.Split();

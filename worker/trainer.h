@@ -127,8 +127,8 @@ class Trainer {
   static absl::StatusOr<std::unique_ptr<Trainer>> Compose(const JobSpec& spec, int rank,
                                                           std::unique_ptr<engine::Engine> engine,
                                                           const StrategyFactory& make_strategy,
-                                                          std::vector<uint16_t> tokens,
-                                                          std::vector<uint16_t> val_tokens = {});
+                                                          data::TokenIds tokens,
+                                                          data::TokenIds val_tokens = {});
 
   // Runs optimizer step `step` (1-based), then Evaluate() when EvalDue.
   // Collective when dp > 1.
@@ -204,9 +204,9 @@ class Trainer {
   const int rank_;
   BatchSplit split_;  // of spec_.batch over dp
   int dp_rank_ = 0;   // this rank's dp coordinate
-  std::vector<uint16_t> tokens_;
+  data::TokenIds tokens_;
   std::unique_ptr<data::BatchSampler> sampler_;
-  std::vector<uint16_t> val_tokens_;
+  data::TokenIds val_tokens_;
   std::unique_ptr<data::EvalSampler> eval_sampler_;  // null when eval.every == 0
   // Tensor and pipeline parallelism (null without): the mesh's groups and
   // the engine's tp group, declared before what uses them (destroyed after).

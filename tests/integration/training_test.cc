@@ -386,6 +386,62 @@ TEST_F(TrainingTest, PreparedGpt2ShardsTrainAndSample) {
   EXPECT_EQ(a->params, b->params);
 }
 
+// Llama 3 tokens end to end: `shardtrain prepare --tokenizer llama3` writes
+// uint32 shards led by <|begin_of_text|>, examples/llama3-tokens-fortunes.yaml
+// (llama-tiny with Llama 3's 128,256-id vocabulary) trains a few steps on
+// them, and `shardtrain sample` encodes the prompt and decodes the
+// continuation with Llama 3's tokenizer.
+TEST_F(TrainingTest, PreparedLlama3ShardsTrainAndSample) {
+  TempDir dir;
+  const std::string out = dir.path() + "/fortunes-llama3";
+  CommandResult p = RunCommand({SHARDTRAIN_CLI_BIN, "prepare", kData, "--tokenizer", "llama3",
+                                "--val-fraction", "0.05", "--threads", "2", "--out", out});
+  ASSERT_EQ(p.exit_code, 0) << p.out << p.err;
+  std::cout << p.out;
+  EXPECT_NE(p.out.find("vocabulary 128256 ids, uint32 token files, id 128000 leads each document"),
+            std::string::npos)
+      << p.out;
+  EXPECT_NE(p.out.find("format: llmc, tokenizer: llama3} (model.vocab >= 128256)"),
+            std::string::npos)
+      << p.out;
+  CommandResult r = RunCommand({SHARDTRAIN_CLI_BIN,
+                                "local",
+                                SourceDir() + "/examples/llama3-tokens-fortunes.yaml",
+                                "--workers",
+                                "1",
+                                "--output",
+                                "json",
+                                "--set",
+                                "data.train=" + out + "/train",
+                                "--set",
+                                "data.val=" + out + "/val",
+                                "--set",
+                                "steps=4",
+                                "--set",
+                                "eval.every=4",
+                                "--set",
+                                "batch.global=4",
+                                "--set",
+                                "batch.micro=4",
+                                "--set",
+                                "batch.seq_len=32",
+                                "--set",
+                                "checkpoint.dir=" + dir.path()},
+                               seconds(300));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::vector<double> losses = Losses(r.out);
+  ASSERT_EQ(losses.size(), 4u);
+  std::cout << "llama3 tokens: loss " << losses.front() << " -> " << losses.back() << std::endl;
+  EXPECT_NEAR(losses.front(), std::log(128256.0), 0.5);  // uniform over Llama 3's vocabulary
+  EXPECT_LT(losses.back(), losses.front());
+  CommandResult s = RunCommand({SHARDTRAIN_CLI_BIN, "sample", dir.path(), "--prompt",
+                                "Q: What is the meaning of life?", "--tokens", "12", "-o", "json"});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  std::cout << "sample: " << s.out << std::endl;
+  EXPECT_NE(s.out.find("\"text\": \"Q: What is the meaning of life?"), std::string::npos) << s.out;
+  EXPECT_EQ(s.out.find("<|begin_of_text|>Q:"), std::string::npos) << s.out;  // not printed back
+}
+
 // examples/fortunes-3d.yaml (dp2 × tp2 × pp2, 1F1B, ZeRO-1) through the
 // whole system — coordinator, plan, 8 worker processes, the mesh over Gloo —
 // trains like the same spec on one rank (same global batch) within 1e-5 per

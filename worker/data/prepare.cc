@@ -15,7 +15,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/gpt2_bpe.h"
+#include "common/tokenizers.h"
 #include "worker/data/tokens.h"
 
 namespace shardtrain::data {
@@ -46,7 +46,8 @@ absl::Status ListFiles(const std::string& input, std::vector<std::string>* files
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
     if (it->is_regular_file()) found.push_back(it->path().string());
   }
-  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot list ", input, ": ", ec.message()));
+  if (ec)
+    return absl::PermissionDeniedError(absl::StrCat("cannot list ", input, ": ", ec.message()));
   if (found.empty()) return absl::NotFoundError(absl::StrCat(input, " holds no files"));
   std::sort(found.begin(), found.end());
   files->insert(files->end(), found.begin(), found.end());
@@ -74,7 +75,8 @@ absl::StatusOr<std::vector<Segment>> Segments(const std::vector<std::string>& in
 
 absl::StatusOr<std::string> ReadRange(const Segment& s) {
   std::ifstream in(s.path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", s.path, ": ", std::strerror(errno)));
+  if (!in)
+    return absl::NotFoundError(absl::StrCat("cannot read ", s.path, ": ", std::strerror(errno)));
   std::string text(static_cast<size_t>(s.end - s.begin), '\0');
   in.seekg(s.begin);
   if (!text.empty() && !in.read(text.data(), static_cast<std::streamsize>(text.size()))) {
@@ -112,47 +114,60 @@ absl::StatusOr<std::vector<Segment>> HoldOut(std::vector<Segment>* train, double
   return val;
 }
 
-// Writes shards of at most `limit` tokens as dir/000000.bin, ...
+// Writes shards of at most `limit` tokens as dir/000000.bin, ..., of
+// uint16 tokens, or uint32 when `wide`.
 class ShardWriter {
  public:
-  ShardWriter(std::string dir, int64_t limit) : dir_(std::move(dir)), limit_(limit) {}
-  absl::Status Append(const uint16_t* t, size_t n) {
+  ShardWriter(std::string dir, int64_t limit, bool wide)
+      : dir_(std::move(dir)), limit_(limit), wide_(wide) {}
+  absl::Status Append(const uint32_t* t, size_t n) {
     while (n > 0) {
-      const size_t take = std::min<size_t>(n, size_t(limit_) - buffer_.size());
-      buffer_.insert(buffer_.end(), t, t + take);
+      const size_t take = std::min<size_t>(n, size_t(limit_) - buffered());
+      if (wide_) {
+        wide_buffer_.insert(wide_buffer_.end(), t, t + take);
+      } else {
+        narrow_buffer_.insert(narrow_buffer_.end(), t, t + take);  // ids < 65536: checked
+      }
       t += take;
       n -= take;
       total_ += int64_t(take);
-      if (int64_t(buffer_.size()) == limit_) {
+      if (int64_t(buffered()) == limit_) {
         if (absl::Status s = Flush(); !s.ok()) return s;
       }
     }
     return absl::OkStatus();
   }
   absl::Status Flush() {
-    if (buffer_.empty()) return absl::OkStatus();
+    if (buffered() == 0) return absl::OkStatus();
     char name[16];
     std::snprintf(name, sizeof(name), "%06zu.bin", files_.size());
     const std::string path = (fs::path(dir_) / name).string();
-    if (absl::Status s = WriteLlmcTokens(path, buffer_); !s.ok()) return s;
+    const TokenIds ids =
+        wide_ ? TokenIds(std::move(wide_buffer_)) : TokenIds(std::move(narrow_buffer_));
+    wide_buffer_ = {};
+    narrow_buffer_ = {};
+    if (absl::Status s = WriteLlmcTokens(path, ids); !s.ok()) return s;
     files_.push_back(name);
-    buffer_.clear();
     return absl::OkStatus();
   }
   int64_t total() const { return total_; }
   const std::vector<std::string>& files() const { return files_; }
 
  private:
+  size_t buffered() const { return wide_ ? wide_buffer_.size() : narrow_buffer_.size(); }
+
   const std::string dir_;
   const int64_t limit_;
-  std::vector<uint16_t> buffer_;
+  const bool wide_;
+  std::vector<uint16_t> narrow_buffer_;
+  std::vector<uint32_t> wide_buffer_;
   std::vector<std::string> files_;
   int64_t total_ = 0;
 };
 
 class Preparer {
  public:
-  Preparer(const PrepareOptions& o, const Gpt2Bpe* bpe, int64_t bytes_total)
+  Preparer(const PrepareOptions& o, const ByteLevelBpe* bpe, int64_t bytes_total)
       : o_(o), bpe_(bpe), t0_(std::chrono::steady_clock::now()) {
     progress_.bytes_total = bytes_total;
   }
@@ -187,12 +202,14 @@ class Preparer {
       }
       std::atomic<size_t> claim{0};
       auto work = [&] {
-        Gpt2Bpe::Cache cache;
+        ByteLevelBpe::Cache cache;
         for (size_t i; (i = claim.fetch_add(1)) < chunks.size();) {
           Chunk& c = chunks[i];
           const std::string_view text(texts[c.text].data() + c.begin, c.end - c.begin);
           if (bpe_ != nullptr) {
-            bpe_->Encode(text, &c.ids, &cache);
+            ByteLevelBpe::EncodeOptions options;  // special tokens' text is text
+            options.document_start = c.begin == 0;
+            bpe_->Encode(text, &c.ids, &cache, options);
           } else {
             c.ids.assign(text.begin(), text.end());
             for (int& id : c.ids) id &= 0xff;
@@ -203,9 +220,10 @@ class Preparer {
       for (int i = 1; i < o_.threads; ++i) pool.emplace_back(work);
       work();
       for (std::thread& t : pool) t.join();
-      std::vector<uint16_t> tokens;
+      std::vector<uint32_t> tokens;
+      const int document = bpe_ != nullptr ? bpe_->document_token() : -1;
       for (size_t i = 0; i < chunks.size(); ++i) {
-        if (bpe_ != nullptr && chunks[i].begin == 0) tokens.push_back(Gpt2Bpe::kEndOfText);
+        if (document >= 0 && chunks[i].begin == 0) tokens.push_back(uint32_t(document));
         tokens.insert(tokens.end(), chunks[i].ids.begin(), chunks[i].ids.end());
       }
       if (absl::Status s = out->Append(tokens.data(), tokens.size()); !s.ok()) return s;
@@ -224,7 +242,7 @@ class Preparer {
 
  private:
   const PrepareOptions& o_;
-  const Gpt2Bpe* bpe_;
+  const ByteLevelBpe* bpe_;
   const std::chrono::steady_clock::time_point t0_;
   PrepareProgress progress_;
 };
@@ -240,8 +258,11 @@ absl::Status CheckOptions(const PrepareOptions& o) {
     return absl::InvalidArgumentError("prepare: --val-fraction and --val exclude each other");
   }
   if (o.shard_tokens < 1 || o.shard_tokens > std::numeric_limits<int32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prepare: --shard-tokens: ", o.shard_tokens, " is not in [1, 2^31) (llm.c's header)"));
+    return absl::InvalidArgumentError(absl::StrCat("prepare: --shard-tokens: ", o.shard_tokens,
+                                                   " is not in [1, 2^31) (llm.c's header)"));
+  }
+  if (o.tokenizer == TokenizerKind::kJson && o.tokenizer_path.empty()) {
+    return absl::InvalidArgumentError("prepare: --tokenizer-json: a tokenizer.json is needed");
   }
   if (o.threads < 1) {
     return absl::InvalidArgumentError(
@@ -286,13 +307,17 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
     if (!v.ok()) return v.status();
     val = *std::move(v);
   }
-  std::unique_ptr<Gpt2Bpe> bpe;
-  if (o.tokenizer == TokenizerKind::kGpt2) {
-    absl::StatusOr<std::unique_ptr<Gpt2Bpe>> b = LoadGpt2Vocabulary(o.vocab_dir);
+  std::unique_ptr<ByteLevelBpe> bpe;
+  PrepareSummary summary;
+  if (o.tokenizer != TokenizerKind::kByte) {
+    absl::StatusOr<std::unique_ptr<ByteLevelBpe>> b = LoadTokenizer(o.tokenizer, o.tokenizer_path);
     if (!b.ok()) return b.status();
     bpe = *std::move(b);
+    summary.document_token = bpe->document_token();
+    summary.vocab_size = bpe->vocab_size();
   }
-  PrepareSummary summary;
+  const bool wide = summary.vocab_size > 65536;
+  summary.token_bytes = wide ? 4 : 2;
   for (const auto* list : {&*train, &val}) {
     for (const Segment& s : *list) summary.bytes += s.end - s.begin;
     summary.documents += int64_t(list->size());
@@ -301,8 +326,7 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
   // Everything under a temporary sibling, renamed into place at the end.
   const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
   fs::create_directories(parent, ec);
-  const fs::path tmp =
-      parent / absl::StrCat(".", out.filename().string(), ".partial-", ::getpid());
+  const fs::path tmp = parent / absl::StrCat(".", out.filename().string(), ".partial-", ::getpid());
   fs::remove_all(tmp, ec);
   if (!fs::create_directories(tmp / "train", ec) ||
       (!val.empty() && !fs::create_directories(tmp / "val", ec))) {
@@ -315,9 +339,9 @@ absl::StatusOr<PrepareSummary> Prepare(const PrepareOptions& o) {
     return s;
   };
   Preparer preparer(o, bpe.get(), summary.bytes);
-  ShardWriter train_out((tmp / "train").string(), o.shard_tokens);
+  ShardWriter train_out((tmp / "train").string(), o.shard_tokens, wide);
   if (absl::Status s = preparer.Run(*train, &train_out); !s.ok()) return fail(s);
-  ShardWriter val_out((tmp / "val").string(), o.shard_tokens);
+  ShardWriter val_out((tmp / "val").string(), o.shard_tokens, wide);
   if (!val.empty()) {
     if (absl::Status s = preparer.Run(val, &val_out); !s.ok()) return fail(s);
   }

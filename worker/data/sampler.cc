@@ -5,8 +5,8 @@
 
 namespace shardtrain::data {
 
-absl::StatusOr<BatchSampler> BatchSampler::Create(const std::vector<uint16_t>* tokens,
-                                                  uint64_t seed, int global_batch, int T) {
+absl::StatusOr<BatchSampler> BatchSampler::Create(const TokenIds* tokens, uint64_t seed,
+                                                  int global_batch, int T) {
   if (tokens == nullptr) return absl::InvalidArgumentError("sampler: no tokens");
   if (T < 1) return absl::InvalidArgumentError(absl::StrCat("batch.seq_len must be >= 1, got ", T));
   if (global_batch < 1) {
@@ -45,17 +45,12 @@ absl::Status BatchSampler::Fill(int64_t step, int micro, int rank, int world, in
   }
   const int64_t first = step * G_ + int64_t{rank} * (G_ / world) + int64_t{micro} * B;
   for (int b = 0; b < B; ++b) {
-    const uint16_t* w = tokens_->data() + Start(first + b);
-    for (int t = 0; t < T_; ++t) {
-      inputs[int64_t{b} * T_ + t] = w[t];
-      targets[int64_t{b} * T_ + t] = w[t + 1];
-    }
+    tokens_->Window(Start(first + b), T_, inputs + int64_t{b} * T_, targets + int64_t{b} * T_);
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<EvalSampler> EvalSampler::Create(const std::vector<uint16_t>* tokens, int64_t count,
-                                                int T) {
+absl::StatusOr<EvalSampler> EvalSampler::Create(const TokenIds* tokens, int64_t count, int T) {
   if (tokens == nullptr) return absl::InvalidArgumentError("eval sampler: no tokens");
   if (T < 1) return absl::InvalidArgumentError(absl::StrCat("batch.seq_len must be >= 1, got ", T));
   if (count < 1) {
@@ -85,11 +80,7 @@ absl::Status EvalSampler::Fill(int64_t first, int b, int* inputs, int* targets) 
                                                    first + b, ") outside [0, ", count_, ")"));
   }
   for (int i = 0; i < b; ++i) {
-    const uint16_t* w = tokens_->data() + Start(first + i);
-    for (int t = 0; t < T_; ++t) {
-      inputs[int64_t{i} * T_ + t] = w[t];
-      targets[int64_t{i} * T_ + t] = w[t + 1];
-    }
+    tokens_->Window(Start(first + i), T_, inputs + int64_t{i} * T_, targets + int64_t{i} * T_);
   }
   return absl::OkStatus();
 }

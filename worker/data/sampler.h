@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/data/tokens.h"
 
 namespace shardtrain::data {
 
@@ -24,7 +25,7 @@ class BatchSampler {
  public:
   // tokens must outlive the sampler and hold >= T + 1 tokens; global_batch
   // G >= 1. InvalidArgument otherwise.
-  static absl::StatusOr<BatchSampler> Create(const std::vector<uint16_t>* tokens, uint64_t seed,
+  static absl::StatusOr<BatchSampler> Create(const TokenIds* tokens, uint64_t seed,
                                              int global_batch, int T);
 
   // Start offset of global sample `index`.
@@ -41,9 +42,9 @@ class BatchSampler {
   int seq_len() const { return T_; }
 
  private:
-  BatchSampler(const std::vector<uint16_t>* tokens, uint64_t seed, int G, int T)
+  BatchSampler(const TokenIds* tokens, uint64_t seed, int G, int T)
       : tokens_(tokens), seed_(seed), G_(G), T_(T) {}
-  const std::vector<uint16_t>* tokens_;
+  const TokenIds* tokens_;
   uint64_t seed_;
   int G_, T_;
 };
@@ -63,8 +64,7 @@ class EvalSampler {
  public:
   // tokens must outlive the sampler and hold >= T + 1 tokens; count >= 1.
   // InvalidArgument otherwise.
-  static absl::StatusOr<EvalSampler> Create(const std::vector<uint16_t>* tokens, int64_t count,
-                                            int T);
+  static absl::StatusOr<EvalSampler> Create(const TokenIds* tokens, int64_t count, int T);
 
   // Replica `rank` of `world`'s window indices [first, second):
   // [count·rank/W, count·(rank+1)/W), so shares differ by at most one window.
@@ -82,9 +82,9 @@ class EvalSampler {
   int seq_len() const { return T_; }
 
  private:
-  EvalSampler(const std::vector<uint16_t>* tokens, int64_t count, int T)
+  EvalSampler(const TokenIds* tokens, int64_t count, int T)
       : tokens_(tokens), count_(count), T_(T) {}
-  const std::vector<uint16_t>* tokens_;
+  const TokenIds* tokens_;
   int64_t count_;
   int T_;
 };

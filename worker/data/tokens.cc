@@ -12,6 +12,48 @@
 namespace shardtrain::data {
 namespace fs = std::filesystem;
 
+void TokenIds::Window(size_t start, int T, int* inputs, int* targets) const {
+  auto copy = [&](const auto* w) {
+    for (int t = 0; t < T; ++t) {
+      inputs[t] = static_cast<int>(w[t]);
+      targets[t] = static_cast<int>(w[t + 1]);
+    }
+  };
+  if (is_wide_) {
+    copy(wide_.data() + start);
+  } else {
+    copy(narrow_.data() + start);
+  }
+}
+
+void TokenIds::Append(TokenIds other) {
+  if (empty() && (other.is_wide_ || !is_wide_)) {
+    *this = std::move(other);
+    return;
+  }
+  if (other.is_wide_ && !is_wide_) {
+    wide_.assign(narrow_.begin(), narrow_.end());
+    narrow_ = {};
+    is_wide_ = true;
+  }
+  if (!is_wide_) {
+    narrow_.insert(narrow_.end(), other.narrow_.begin(), other.narrow_.end());
+  } else if (other.is_wide_) {
+    wide_.insert(wide_.end(), other.wide_.begin(), other.wide_.end());
+  } else {
+    wide_.insert(wide_.end(), other.narrow_.begin(), other.narrow_.end());
+  }
+}
+
+bool operator==(const TokenIds& a, const TokenIds& b) {
+  if (a.is_wide_ == b.is_wide_) return a.is_wide_ ? a.wide_ == b.wide_ : a.narrow_ == b.narrow_;
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<TokenFormat> ParseTokenFormat(const std::string& name) {
   if (name == "text") return TokenFormat::kText;
   if (name == "llmc") return TokenFormat::kLlmc;
@@ -57,18 +99,19 @@ absl::StatusOr<std::vector<std::string>> DataFiles(const std::string& path, cons
   }
   std::sort(files.begin(), files.end());
   if (files.empty()) {
-    return absl::NotFoundError(absl::StrCat("data directory ", path, " contains no ", ext, " files"));
+    return absl::NotFoundError(
+        absl::StrCat("data directory ", path, " contains no ", ext, " files"));
   }
   return files;
 }
 
 // Appends the tokens of one llm.c token file to *tokens (errors as
 // LoadLlmcTokens', without the length check).
-absl::Status AppendLlmcFile(const std::string& path, int vocab, std::vector<uint16_t>* tokens);
+absl::Status AppendLlmcFile(const std::string& path, int vocab, TokenIds* tokens);
 
 }  // namespace
 
-absl::StatusOr<std::vector<uint16_t>> LoadTextTokens(const std::string& path, int64_t min_tokens) {
+absl::StatusOr<TokenIds> LoadTextTokens(const std::string& path, int64_t min_tokens) {
   absl::StatusOr<std::vector<std::string>> files = DataFiles(path, ".txt");
   if (!files.ok()) return files.status();
   std::vector<uint16_t> tokens;
@@ -83,14 +126,13 @@ absl::StatusOr<std::vector<uint16_t>> LoadTextTokens(const std::string& path, in
         absl::StrCat("data ", path, " is ", tokens.size() == 0 ? "empty" : "too short", ": ",
                      tokens.size(), " tokens, need at least ", min_tokens, " (seq_len + 1)"));
   }
-  return tokens;
+  return TokenIds(std::move(tokens));
 }
 
-absl::StatusOr<std::vector<uint16_t>> LoadLlmcTokens(const std::string& path, int vocab,
-                                                     int64_t min_tokens) {
+absl::StatusOr<TokenIds> LoadLlmcTokens(const std::string& path, int vocab, int64_t min_tokens) {
   absl::StatusOr<std::vector<std::string>> files = DataFiles(path, ".bin");
   if (!files.ok()) return files.status();
-  std::vector<uint16_t> tokens;
+  TokenIds tokens;
   for (const std::string& f : *files) {
     if (absl::Status s = AppendLlmcFile(f, vocab, &tokens); !s.ok()) return s;
   }
@@ -106,7 +148,19 @@ absl::StatusOr<std::vector<uint16_t>> LoadLlmcTokens(const std::string& path, in
 
 namespace {
 
-absl::Status AppendLlmcFile(const std::string& path, int vocab, std::vector<uint16_t>* out) {
+// Checks every id of `ids` (n of them) against vocab.
+template <typename T>
+absl::Status CheckIds(const std::string& path, const T* ids, int64_t n, int vocab) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] >= static_cast<uint32_t>(vocab)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token file ", path, ": token ", ids[i], " at index ", i, " is >= model.vocab ", vocab));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AppendLlmcFile(const std::string& path, int vocab, TokenIds* out) {
   std::string bytes;
   if (auto s = ReadWholeFile(path, &bytes); !s.ok()) return s;
   constexpr size_t kHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);
@@ -117,38 +171,43 @@ absl::Status AppendLlmcFile(const std::string& path, int vocab, std::vector<uint
   }
   int32_t header[kLlmcHeaderInts];
   std::memcpy(header, bytes.data(), kHeaderBytes);
-  if (header[0] != kLlmcMagic) {
+  if (header[0] != kLlmcMagic && header[0] != kLlmcWideMagic) {
     return absl::DataLossError(absl::StrCat("token file ", path, " has wrong magic ", header[0],
-                                            " (expected ", kLlmcMagic, ")"));
+                                            " (expected ", kLlmcMagic, " or ", kLlmcWideMagic,
+                                            ")"));
   }
-  if (header[1] != kLlmcVersion) {
-    return absl::DataLossError(
-        absl::StrCat("token file ", path, " has unsupported version ", header[1], " (expected 1)"));
+  const bool wide = header[0] == kLlmcWideMagic;
+  const int32_t want = wide ? kLlmcWideVersion : kLlmcVersion;
+  if (header[1] != want) {
+    return absl::DataLossError(absl::StrCat("token file ", path, " has unsupported version ",
+                                            header[1], " (expected ", want, " with magic ",
+                                            header[0], ")"));
   }
+  const size_t width = wide ? sizeof(uint32_t) : sizeof(uint16_t);
   const int64_t count = header[2];
-  const int64_t present = static_cast<int64_t>((bytes.size() - kHeaderBytes) / sizeof(uint16_t));
+  const int64_t present = static_cast<int64_t>((bytes.size() - kHeaderBytes) / width);
   if (count < 0 || count > present) {
     return absl::DataLossError(absl::StrCat("token file ", path, " is truncated: header says ",
                                             count, " tokens but the file holds ", present));
   }
-  const size_t at = out->size();
-  out->resize(at + count);
-  uint16_t* tokens = out->data() + at;
-  std::memcpy(tokens, bytes.data() + kHeaderBytes, count * sizeof(uint16_t));
-  for (int64_t i = 0; i < count; ++i) {
-    if (tokens[i] >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("token file ", path, ": token ", tokens[i],
-                                                     " at index ", i, " is >= model.vocab ",
-                                                     vocab));
-    }
+  if (wide) {
+    std::vector<uint32_t> ids(count);
+    std::memcpy(ids.data(), bytes.data() + kHeaderBytes, count * width);
+    if (absl::Status s = CheckIds(path, ids.data(), count, vocab); !s.ok()) return s;
+    out->Append(TokenIds(std::move(ids)));
+  } else {
+    std::vector<uint16_t> ids(count);
+    std::memcpy(ids.data(), bytes.data() + kHeaderBytes, count * width);
+    if (absl::Status s = CheckIds(path, ids.data(), count, vocab); !s.ok()) return s;
+    out->Append(TokenIds(std::move(ids)));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<std::vector<uint16_t>> LoadTokens(const std::string& path, TokenFormat format,
-                                                 int vocab, int64_t min_tokens) {
+absl::StatusOr<TokenIds> LoadTokens(const std::string& path, TokenFormat format, int vocab,
+                                    int64_t min_tokens) {
   if (format == TokenFormat::kLlmc) return LoadLlmcTokens(path, vocab, min_tokens);
   if (vocab < 256) {
     return absl::InvalidArgumentError(
@@ -157,19 +216,22 @@ absl::StatusOr<std::vector<uint16_t>> LoadTokens(const std::string& path, TokenF
   return LoadTextTokens(path, min_tokens);
 }
 
-absl::Status WriteLlmcTokens(const std::string& path, const std::vector<uint16_t>& tokens) {
+absl::Status WriteLlmcTokens(const std::string& path, const TokenIds& tokens) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("cannot create token file ", path, ": ", std::strerror(errno)));
   }
   int32_t header[kLlmcHeaderInts] = {};
-  header[0] = kLlmcMagic;
-  header[1] = kLlmcVersion;
+  header[0] = tokens.wide() ? kLlmcWideMagic : kLlmcMagic;
+  header[1] = tokens.wide() ? kLlmcWideVersion : kLlmcVersion;
   header[2] = static_cast<int32_t>(tokens.size());
   bool ok = std::fwrite(header, sizeof header, 1, f) == 1;
   if (!tokens.empty()) {
-    ok = ok && std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), f) == tokens.size();
+    ok = ok && (tokens.wide()
+                    ? std::fwrite(tokens.wide_ids().data(), sizeof(uint32_t), tokens.size(), f)
+                    : std::fwrite(tokens.narrow().data(), sizeof(uint16_t), tokens.size(), f)) ==
+                   tokens.size();
   }
   ok = (std::fclose(f) == 0) && ok;
   if (!ok) return absl::DataLossError(absl::StrCat("error writing token file ", path));

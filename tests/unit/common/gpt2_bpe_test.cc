@@ -4,8 +4,6 @@
 // same text. Ids must be equal on a corpus of ASCII, accents, CJK, emoji,
 // numbers, contractions, runs of spaces and newlines, and 64 KB of the
 // fortunes; any bytes (invalid UTF-8 included) round-trip exactly.
-#include "common/gpt2_bpe.h"
-
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -18,6 +16,7 @@
 #include <vector>
 
 #include "common/process.h"
+#include "common/tokenizers.h"
 #include "tests/unit/common/gpt2_test_util.h"
 
 #ifndef SHARDTRAIN_GPT2_VOCAB_DIR
@@ -28,7 +27,7 @@ namespace shardtrain {
 namespace {
 namespace fs = std::filesystem;
 
-const Gpt2Bpe& Bpe() { return testing::TestGpt2Bpe(); }
+const ByteLevelBpe& Bpe() { return testing::TestGpt2Bpe(); }
 
 // The file's bytes ("" when unreadable: the comparisons then fail).
 std::string ReadAll(const fs::path& p) {
@@ -59,7 +58,7 @@ std::vector<int> ReferenceIds(const std::string& text) {
 
 TEST(Gpt2BpeTest, VocabularyAndKnownIds) {
   EXPECT_EQ(Bpe().vocab_size(), 50257);
-  EXPECT_EQ(*Bpe().Decode({Gpt2Bpe::kEndOfText}), "<|endoftext|>");
+  EXPECT_EQ(*Bpe().Decode({kGpt2EndOfText}), "<|endoftext|>");
   // OpenAI's GPT-2: "Hello world" -> [15496, 995]; " the" is one token (262).
   EXPECT_EQ(Bpe().Encode("Hello world"), (std::vector<int>{15496, 995}));
   EXPECT_EQ(Bpe().Encode(" the"), (std::vector<int>{262}));
@@ -83,7 +82,7 @@ TEST(Gpt2BpeTest, IdsEqualTheReferenceEncoder) {
   // Cut at a line end so the sample stays valid UTF-8.
   fortunes.resize(fortunes.rfind('\n') + 1);
   for (const std::string& text : {corpus, fortunes}) {
-    Gpt2Bpe::Cache cache;
+    ByteLevelBpe::Cache cache;
     const std::vector<int> ours = Bpe().Encode(text, &cache);
     const std::vector<int> reference = ReferenceIds(text);
     ASSERT_FALSE(reference.empty());
@@ -131,16 +130,16 @@ TEST(Gpt2BpeTest, ErrorsNameTheFileAndTheEntry) {
   const fs::path dir =
       fs::temp_directory_path() / ("shardtrain_bpe_err_" + std::to_string(getpid()));
   fs::create_directories(dir);
-  auto missing = Gpt2Bpe::LoadDir(dir.string());
+  auto missing = LoadGpt2Vocabulary(dir.string());
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
   std::ofstream(dir / "vocab.json") << R"({"a": 0, "b": 1})";
   std::ofstream(dir / "merges.txt") << "#version: 0.2\na b\n";
-  auto no_bytes = Gpt2Bpe::LoadDir(dir.string());
+  auto no_bytes = LoadGpt2Vocabulary(dir.string());
   EXPECT_EQ(no_bytes.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(no_bytes.status().message().find("no token for byte 0"), std::string::npos)
       << no_bytes.status();
   std::ofstream(dir / "vocab.json") << "[1, 2]";
-  auto not_object = Gpt2Bpe::LoadDir(dir.string());
+  auto not_object = LoadGpt2Vocabulary(dir.string());
   EXPECT_NE(not_object.status().message().find("not a JSON object"), std::string::npos)
       << not_object.status();
   fs::remove_all(dir);

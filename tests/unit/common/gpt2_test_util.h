@@ -8,12 +8,12 @@
 
 #include <cstdlib>
 
-#include "common/gpt2_bpe.h"
+#include "common/tokenizers.h"
 
 namespace shardtrain::testing {
 
-inline const Gpt2Bpe& TestGpt2Bpe() {
-  static const Gpt2Bpe* bpe = [] {
+inline const ByteLevelBpe& TestGpt2Bpe() {
+  static const ByteLevelBpe* bpe = [] {
     auto b = LoadGpt2Vocabulary();
     if (!b.ok()) {
       ADD_FAILURE() << b.status() << " (scripts/setup installs GPT-2's vocabulary)";

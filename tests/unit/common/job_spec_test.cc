@@ -155,6 +155,42 @@ TEST(JobSpecTest, LlmcDefaultsToGpt2Tokenizer) {
   EXPECT_EQ(bytes->data.tokenizer, TokenizerKind::kByte);
 }
 
+TEST(JobSpecTest, Llama3AndTokenizerJsonTokenizers) {
+  auto llama = ParseJobSpec(Make({{"model", "{preset: llama-tiny, vocab: 128256}"},
+                                  {"data", "{train: t, format: llmc, tokenizer: llama3}"}}));
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->data.tokenizer, TokenizerKind::kLlama3);
+  EXPECT_TRUE(llama->data.tokenizer_json.empty());
+  // tokenizer_json alone means tokenizer: json, and survives the round trip.
+  auto json = ParseJobSpec(Make({{"model", "{preset: llama-tiny, vocab: 151936}"},
+                                 {"data", "{train: t, format: llmc, tokenizer_json: q/t.json}"}}));
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->data.tokenizer, TokenizerKind::kJson);
+  EXPECT_EQ(json->data.tokenizer_json, "q/t.json");
+  auto again = ParseJobSpec(JobSpecToYaml(*json));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->data.tokenizer_json, "q/t.json");
+  EXPECT_EQ(EnumName(TokenizerKind::kLlama3), "llama3");
+  EXPECT_EQ(EnumName(TokenizerKind::kJson), "json");
+  const std::pair<std::string, std::string> bad[] = {
+      {Make({{"model", "{preset: llama-tiny, vocab: 50257}"},
+             {"data", "{train: t, format: llmc, tokenizer: llama3}"}}),
+       "model.vocab: 50257 is too small for the llama3 tokenizer (needs >= 128256)"},
+      {Make({{"data", "{train: t, tokenizer: llama3}"}}),
+       "data.tokenizer: llama3 requires data.format: llmc"},
+      {Make({{"data", "{train: t, format: llmc, tokenizer: json}"}}),
+       "data.tokenizer_json: required with data.tokenizer: json"},
+      {Make({{"model", "{preset: gpt2-124m}"},
+             {"data", "{train: t, format: llmc, tokenizer: gpt2, tokenizer_json: x.json}"}}),
+       "data.tokenizer_json: only with data.tokenizer: json (it is gpt2)"},
+  };
+  for (const auto& [text, want] : bad) {
+    auto s = ParseJobSpec(text);
+    ASSERT_FALSE(s.ok()) << want;
+    EXPECT_NE(s.status().message().find(want), std::string::npos) << s.status();
+  }
+}
+
 TEST(JobSpecTest, ExamplesParse) {
   std::vector<std::string> files = YamlFiles(kSourceDir + "/examples");
   std::vector<std::string> good = YamlFiles(kSourceDir + "/tests/data/specs/good");

@@ -209,7 +209,7 @@ TEST(TrainerTest, FeedsTheReplicasWindows) {
   Parts p;
   Compose(&p);
   ASSERT_TRUE(p.trainer->Step(1).ok());
-  const std::vector<uint16_t> tokens = Tokens();
+  const data::TokenIds tokens = Tokens();
   auto sampler = data::BatchSampler::Create(&tokens, 99, 8, 4);
   ASSERT_TRUE(sampler.ok());
   for (int m = 0; m < 2; ++m) {
@@ -260,7 +260,7 @@ TEST(TrainerTest, EvaluationStepsRunTheReplicasShareForwardOnly) {
                    "eval begin", "forward 2x4", "forward 2x4", absl::StrCat("eval end ", sum)}));
   EXPECT_NEAR(*r->val_loss, sum * 2 / 8, 1e-6);
   EXPECT_GE(r->eval_ms, 0);
-  const std::vector<uint16_t> val = ValTokens();
+  const data::TokenIds val = ValTokens();
   auto windows = data::EvalSampler::Create(&val, 8, 4);
   ASSERT_TRUE(windows.ok());
   std::vector<int> in(4 * 4), tgt(4 * 4);

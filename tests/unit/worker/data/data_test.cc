@@ -108,8 +108,10 @@ TEST_F(DataTest, LlmcRoundTrip) {
 // name order, other files ignored; the length check is over them all.
 TEST_F(DataTest, LlmcDirectoryConcatenatesBinShardsInSortedOrder) {
   fs::create_directories(dir_ / "shards");
-  ASSERT_TRUE(WriteLlmcTokens((dir_ / "shards/000001.bin").string(), {3, 4}).ok());
-  ASSERT_TRUE(WriteLlmcTokens((dir_ / "shards/000000.bin").string(), {1, 2}).ok());
+  ASSERT_TRUE(
+      WriteLlmcTokens((dir_ / "shards/000001.bin").string(), std::vector<uint16_t>{3, 4}).ok());
+  ASSERT_TRUE(
+      WriteLlmcTokens((dir_ / "shards/000000.bin").string(), std::vector<uint16_t>{1, 2}).ok());
   Write("shards/README", "not a shard");
   const std::string shards = (dir_ / "shards").string();
   auto t = LoadLlmcTokens(shards, 10, 4);
@@ -123,6 +125,54 @@ TEST_F(DataTest, LlmcDirectoryConcatenatesBinShardsInSortedOrder) {
   fs::create_directories(dir_ / "empty");
   ExpectErrorNames(LoadLlmcTokens((dir_ / "empty").string(), 10, 1).status(),
                    absl::StatusCode::kNotFound, (dir_ / "empty").string(), "no .bin files");
+}
+
+// llm.c's uint32 format (magic 20240801, version 7): Llama 3's ids past
+// 65535 round-trip; uint16 files stay 2 bytes a token in memory; a
+// directory of both widens.
+TEST_F(DataTest, WideLlmcTokensRoundTripAndMix) {
+  const TokenIds wide(std::vector<uint32_t>{128000, 9906, 65535, 65536, 128255});
+  const std::string p = (dir_ / "wide.bin").string();
+  ASSERT_TRUE(WriteLlmcTokens(p, wide).ok());
+  EXPECT_EQ(fs::file_size(p), 256 * 4 + 5 * 4u);
+  int32_t header[3];
+  std::ifstream(p, std::ios::binary).read(reinterpret_cast<char*>(header), sizeof header);
+  EXPECT_EQ(header[0], 20240801);
+  EXPECT_EQ(header[1], 7);
+  EXPECT_EQ(header[2], 5);
+  auto t = LoadLlmcTokens(p, 128256, 2);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(t->wide());
+  EXPECT_EQ(*t, wide);
+  ExpectErrorNames(LoadLlmcTokens(p, 128000, 2).status(), absl::StatusCode::kInvalidArgument, p,
+                   "token 128000 at index 0 is >= model.vocab 128000");
+
+  const std::string narrow = (dir_ / "narrow.bin").string();
+  ASSERT_TRUE(WriteLlmcTokens(narrow, std::vector<uint16_t>{1, 2, 3}).ok());
+  auto n = LoadLlmcTokens(narrow, 256, 2);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_FALSE(n->wide());
+  EXPECT_EQ(fs::file_size(narrow), 256 * 4 + 3 * 2u);
+
+  fs::create_directories(dir_ / "mixed");
+  fs::copy_file(narrow, dir_ / "mixed" / "000000.bin");
+  fs::copy_file(p, dir_ / "mixed" / "000001.bin");
+  auto m = LoadLlmcTokens((dir_ / "mixed").string(), 128256, 2);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->wide());
+  EXPECT_EQ(*m, TokenIds(std::vector<uint32_t>{1, 2, 3, 128000, 9906, 65535, 65536, 128255}));
+
+  // The sampler's windows carry the wide ids.
+  auto sampler = EvalSampler::Create(&*m, 1, 7);
+  ASSERT_TRUE(sampler.ok()) << sampler.status();
+  int in[7], tg[7];
+  ASSERT_TRUE(sampler->Fill(0, 1, in, tg).ok());
+  EXPECT_EQ(in[6], 65536);
+  EXPECT_EQ(tg[6], 128255);
+
+  const std::string version = RawLlmc("v1wide.bin", 20240801, 1, 1, {1, 0});
+  ExpectErrorNames(LoadLlmcTokens(version, 256, 1).status(), absl::StatusCode::kDataLoss, version,
+                   "unsupported version 1 (expected 7 with magic 20240801)");
 }
 
 TEST_F(DataTest, LlmcErrorsNameTheFile) {
@@ -155,7 +205,8 @@ TEST_F(DataTest, LlmcErrorsNameTheFile) {
 TEST(SamplerTest, WindowsAreConsecutiveAndTargetsShifted) {
   std::vector<uint16_t> tokens(1000);
   for (int i = 0; i < 1000; ++i) tokens[i] = static_cast<uint16_t>(i % 997);
-  auto s = BatchSampler::Create(&tokens, 42, 8, 16);
+  const TokenIds ids(tokens);
+  auto s = BatchSampler::Create(&ids, 42, 8, 16);
   ASSERT_TRUE(s.ok()) << s.status();
   std::vector<int> in(4 * 16), tg(4 * 16);
   ASSERT_TRUE(s->Fill(3, 1, 0, 1, 4, in.data(), tg.data()).ok());
@@ -168,8 +219,8 @@ TEST(SamplerTest, WindowsAreConsecutiveAndTargetsShifted) {
     }
   }
   // Deterministic, and seed-dependent.
-  auto s2 = BatchSampler::Create(&tokens, 42, 8, 16);
-  auto s3 = BatchSampler::Create(&tokens, 43, 8, 16);
+  auto s2 = BatchSampler::Create(&ids, 42, 8, 16);
+  auto s3 = BatchSampler::Create(&ids, 43, 8, 16);
   int same = 0;
   for (int i = 0; i < 50; ++i) {
     EXPECT_EQ(s->Start(i), s2->Start(i));
@@ -177,7 +228,7 @@ TEST(SamplerTest, WindowsAreConsecutiveAndTargetsShifted) {
   }
   EXPECT_LT(same, 5);
   // Every start stays in range even for a minimal corpus.
-  std::vector<uint16_t> minimal(17, 1);
+  const TokenIds minimal(std::vector<uint16_t>(17, 1));
   auto sm = BatchSampler::Create(&minimal, 1, 4, 16);
   ASSERT_TRUE(sm.ok());
   for (int i = 0; i < 100; ++i) EXPECT_EQ(sm->Start(i), 0);
@@ -188,8 +239,9 @@ TEST(SamplerTest, WindowsAreConsecutiveAndTargetsShifted) {
 TEST(SamplerTest, UnionOverRanksIsWorldSizeIndependent) {
   std::vector<uint16_t> tokens(5000);
   for (int i = 0; i < 5000; ++i) tokens[i] = static_cast<uint16_t>((i * 7919) % 50257);
+  const TokenIds ids(tokens);
   const int G = 24, T = 8;
-  auto s = BatchSampler::Create(&tokens, 1337, G, T);
+  auto s = BatchSampler::Create(&ids, 1337, G, T);
   ASSERT_TRUE(s.ok());
   for (int64_t step : {0, 1, 17}) {
     std::vector<int> ref_in, ref_tg;
@@ -227,7 +279,8 @@ TEST(SamplerTest, UnionOverRanksIsWorldSizeIndependent) {
 TEST(EvalSamplerTest, WindowsSpanTheDataEvenly) {
   std::vector<uint16_t> tokens(1000);
   for (int i = 0; i < 1000; ++i) tokens[i] = static_cast<uint16_t>((i * 31) % 256);
-  auto s = EvalSampler::Create(&tokens, 5, 16);
+  const TokenIds ids(tokens);
+  auto s = EvalSampler::Create(&ids, 5, 16);
   ASSERT_TRUE(s.ok()) << s.status();
   // Last start n - T - 1 = 983; starts j * 983 / 4.
   const std::vector<int64_t> want = {0, 245, 491, 737, 983};
@@ -241,18 +294,17 @@ TEST(EvalSamplerTest, WindowsSpanTheDataEvenly) {
     }
   }
   EXPECT_EQ(tg.back(), tokens.back());  // the last window ends at the last token
-  auto one = EvalSampler::Create(&tokens, 1, 16);
+  auto one = EvalSampler::Create(&ids, 1, 16);
   ASSERT_TRUE(one.ok());
   EXPECT_EQ(one->Start(0), 0);
   // Errors: a range outside the windows, too little data, no windows.
   EXPECT_EQ(s->Fill(4, 2, in.data(), tg.data()).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s->Fill(-1, 1, in.data(), tg.data()).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s->Fill(0, 0, in.data(), tg.data()).code(), absl::StatusCode::kInvalidArgument);
-  std::vector<uint16_t> short_data(16, 1);
+  const TokenIds short_data(std::vector<uint16_t>(16, 1));
   EXPECT_EQ(EvalSampler::Create(&short_data, 4, 16).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(EvalSampler::Create(&tokens, 0, 16).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EvalSampler::Create(&ids, 0, 16).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The replicas' shares, each filled in micro-batches of up to B windows and
@@ -261,9 +313,10 @@ TEST(EvalSamplerTest, WindowsSpanTheDataEvenly) {
 TEST(EvalSamplerTest, UnionOverReplicasIsWorldSizeIndependent) {
   std::vector<uint16_t> tokens(3000);
   for (int i = 0; i < 3000; ++i) tokens[i] = static_cast<uint16_t>((i * 7919) % 50257);
+  const TokenIds ids(tokens);
   const int T = 8;
   for (int64_t count : {1, 5, 12, 13}) {
-    auto s = EvalSampler::Create(&tokens, count, T);
+    auto s = EvalSampler::Create(&ids, count, T);
     ASSERT_TRUE(s.ok());
     std::vector<int> ref_in(count * T), ref_tg(count * T);
     ASSERT_TRUE(s->Fill(0, static_cast<int>(count), ref_in.data(), ref_tg.data()).ok());

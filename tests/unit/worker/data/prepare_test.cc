@@ -1,9 +1,9 @@
 // `shardtrain prepare`'s core: text -> llm.c shards. The tokens the data
 // loader reads back (data.format: llmc over the shard directory) are
-// <|endoftext|> + the one-thread GPT-2 encoding of each document, whatever
-// the threads and chunk cuts; shards split at --shard-tokens; a held-out
-// fraction splits at a line start and reassembles the text; errors leave
-// nothing behind.
+// <|endoftext|> + the one-thread GPT-2 encoding of each document (Llama 3:
+// <|begin_of_text|> + its encoding, in uint32 files), whatever the threads
+// and chunk cuts; shards split at --shard-tokens; a held-out fraction splits
+// at a line start and reassembles the text; errors leave nothing behind.
 #include "worker/data/prepare.h"
 
 #include <gtest/gtest.h>
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "common/gpt2_bpe.h"
 #include "common/process.h"
+#include "common/tokenizers.h"
 #include "tests/unit/common/gpt2_test_util.h"
 #include "worker/data/tokens.h"
 
@@ -27,7 +27,7 @@ namespace shardtrain::data {
 namespace {
 namespace fs = std::filesystem;
 
-const Gpt2Bpe& Bpe() { return testing::TestGpt2Bpe(); }
+const ByteLevelBpe& Bpe() { return testing::TestGpt2Bpe(); }
 
 // The file's bytes ("" when unreadable: the comparisons then fail).
 std::string ReadAll(const fs::path& p) {
@@ -39,7 +39,7 @@ std::string ReadAll(const fs::path& p) {
 std::vector<uint16_t> Expected(const std::vector<std::string>& docs) {
   std::vector<uint16_t> out;
   for (const std::string& d : docs) {
-    out.push_back(Gpt2Bpe::kEndOfText);
+    out.push_back(kGpt2EndOfText);
     for (int id : Bpe().Encode(d)) out.push_back(static_cast<uint16_t>(id));
   }
   return out;
@@ -48,7 +48,7 @@ std::vector<uint16_t> Expected(const std::vector<std::string>& docs) {
 std::string Decode(const std::vector<uint16_t>& tokens) {
   std::vector<int> ids;
   for (uint16_t t : tokens) {
-    if (t != Gpt2Bpe::kEndOfText) ids.push_back(t);
+    if (t != kGpt2EndOfText) ids.push_back(t);
   }
   return *Bpe().Decode(ids);
 }
@@ -71,7 +71,7 @@ class PrepareTest : public ::testing::Test {
   std::vector<uint16_t> Load(const std::string& sub) {
     auto t = LoadTokens((dir_ / "out" / sub).string(), TokenFormat::kLlmc, 50257, 1);
     EXPECT_TRUE(t.ok()) << t.status();
-    return t.ok() ? *t : std::vector<uint16_t>{};
+    return t.ok() ? t->narrow() : std::vector<uint16_t>{};
   }
   PrepareOptions Options(std::vector<std::string> inputs) {
     PrepareOptions o;
@@ -117,6 +117,36 @@ TEST_F(PrepareTest, FortunesOnTwoThreadsEqualOneThreadsEncoding) {
               s->bytes / 1e6 / s->seconds);
 }
 
+TEST_F(PrepareTest, Llama3WritesUint32ShardsLedByBeginOfText) {
+  auto llama3 = LoadTokenizer(TokenizerKind::kLlama3);
+  ASSERT_TRUE(llama3.ok()) << llama3.status() << " (scripts/setup installs it)";
+  // Fortunes' chunks on two threads (their cuts and the chunks' missing
+  // prefix space matter to no pattern), and a document whose special-token
+  // text stays text.
+  const std::string fortunes = ReadAll(SHARDTRAIN_FORTUNES_PATH);
+  const std::string tricky = "Ünïcödé <|begin_of_text|> 日本語 12345\n   spaces\n";
+  PrepareOptions o = Options({SHARDTRAIN_FORTUNES_PATH, Write("tricky.txt", tricky)});
+  o.tokenizer = TokenizerKind::kLlama3;
+  o.threads = 2;
+  absl::StatusOr<PrepareSummary> s = Prepare(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->document_token, kLlama3BeginOfText);
+  EXPECT_EQ(s->vocab_size, 128256);
+  EXPECT_EQ(s->token_bytes, 4);
+  auto t = LoadTokens((dir_ / "out" / "train").string(), TokenFormat::kLlmc, 128256, 1);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(t->wide());
+  std::vector<uint32_t> want;
+  for (const std::string* doc : {&fortunes, &tricky}) {
+    want.push_back(kLlama3BeginOfText);
+    for (int id : (*llama3)->Encode(*doc)) want.push_back(uint32_t(id));
+  }
+  EXPECT_EQ(t->wide_ids(), want);
+  EXPECT_EQ(s->train_tokens, int64_t(want.size()));
+  std::printf("[prepare] llama3: %lld bytes -> %lld tokens in %.2f s (2 threads)\n",
+              (long long)s->bytes, (long long)s->train_tokens, s->seconds);
+}
+
 TEST_F(PrepareTest, DirectoriesAreDocumentsInPathOrderAndShardsSplit) {
   Write("in/b.txt", "Second document.\nIt has two lines.\n");
   Write("in/a.txt", "First document, don't you think?\n");
@@ -148,8 +178,8 @@ TEST_F(PrepareTest, ValFractionSplitsAtALineStartAndReassembles) {
   ASSERT_TRUE(s.ok()) << s.status();
   const std::vector<uint16_t> train = Load("train"), val = Load("val");
   ASSERT_FALSE(val.empty());
-  EXPECT_EQ(train.front(), Gpt2Bpe::kEndOfText);
-  EXPECT_EQ(val.front(), Gpt2Bpe::kEndOfText);  // the held-out part is its own document
+  EXPECT_EQ(train.front(), kGpt2EndOfText);
+  EXPECT_EQ(val.front(), kGpt2EndOfText);  // the held-out part is its own document
   const std::string a = Decode(train), b = Decode(val);
   EXPECT_EQ(a + b, text);
   EXPECT_EQ(b.rfind("Line ", 0), 0u) << b.substr(0, 40);
@@ -188,7 +218,7 @@ TEST_F(PrepareTest, ErrorsNameTheInputAndLeaveNothing) {
   bad.threads = 0;
   EXPECT_NE(Prepare(bad).status().message().find("--threads"), std::string::npos);
   bad = Options({ok});
-  bad.vocab_dir = (dir_ / "no-vocab").string();
+  bad.tokenizer_path = (dir_ / "no-vocab").string();
   EXPECT_EQ(Prepare(bad).status().code(), absl::StatusCode::kNotFound);
   EXPECT_FALSE(fs::exists(dir_ / "out"));
   ExpectNoLeftovers();
