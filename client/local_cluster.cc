@@ -189,9 +189,9 @@ class LocalRun {
     if (workers < spec->World()) {
       return ReportError(g_, absl::InvalidArgumentError(absl::StrFormat(
                                  "--workers: %d workers can never run a job of world %d "
-                                 "(dp·tp·pp = %d·%d·%d)",
-                                 workers, spec->World(), spec->parallel.dp, spec->parallel.tp,
-                                 spec->parallel.pp)));
+                                 "(dp·cp·tp·pp = %d·%d·%d·%d)",
+                                 workers, spec->World(), spec->parallel.dp, spec->parallel.cp,
+                                 spec->parallel.tp, spec->parallel.pp)));
     }
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const int threads = o_.threads > 0 ? o_.threads : std::max(1, cores / workers);

@@ -292,8 +292,11 @@ std::string LayoutLine(const v1::Job& job) {
   absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_yaml());
   if (!spec.ok()) return "";
   const ParallelSpec& p = spec->parallel;
-  std::string line = absl::StrFormat("layout: dp %d × tp %d × pp %d = %d ranks, ZeRO-%d", p.dp,
-                                     p.tp, p.pp, p.dp * p.tp * p.pp, p.zero);
+  std::string line =
+      p.cp > 1 ? absl::StrFormat("layout: dp %d × cp %d × tp %d × pp %d = %d ranks, ZeRO-%d", p.dp,
+                                 p.cp, p.tp, p.pp, spec->World(), p.zero)
+               : absl::StrFormat("layout: dp %d × tp %d × pp %d = %d ranks, ZeRO-%d", p.dp, p.tp,
+                                 p.pp, spec->World(), p.zero);
   absl::StatusOr<BatchSplit> split = spec->Split();
   if (p.pp > 1 && split.ok()) {
     const int m = split->accum;

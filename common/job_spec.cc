@@ -159,6 +159,7 @@ absl::Status ParseData(const Node& root, const ModelSpec& model, DataSpec* d) {
 absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpec* p) {
   SHARDTRAIN_ASSIGN_OR_RETURN(Node n, Section(root, "parallel"));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "dp", 1, &p->dp));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "cp", 1, &p->cp));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "tp", 1, &p->tp));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "pp", 1, &p->pp));
   if (Present(n, "stages")) {
@@ -200,7 +201,8 @@ absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpe
     return FieldError("parallel.sequence_parallel", "needs parallel.tp > 1 (tp is ", p->tp, ")");
   }
 
-  SHARDTRAIN_ASSIGN_OR_RETURN(ParallelDims dims, ParallelDims::Create(p->dp, p->tp, p->pp));
+  SHARDTRAIN_ASSIGN_OR_RETURN(ParallelDims dims,
+                              ParallelDims::Create(ParallelDims::Factors{p->dp, p->cp, p->tp, p->pp}));
   SHARDTRAIN_ASSIGN_OR_RETURN(model::ModelConfig config, model.Config());
   SHARDTRAIN_RETURN_IF_ERROR(dims.CheckModelFits(config));
   SHARDTRAIN_RETURN_IF_ERROR(dims.CheckZero(p->zero));
@@ -220,10 +222,18 @@ absl::Status ParseBatch(const Node& root, const ModelSpec& model, const Parallel
   if (b->seq_len > model.context) {
     return FieldError("batch.seq_len", b->seq_len, " exceeds model.context: ", model.context);
   }
-  if (par.sequence_parallel && (int64_t{b->micro} * b->seq_len) % par.tp != 0) {
-    return FieldError("parallel.sequence_parallel", "parallel.tp ", par.tp,
-                      " must divide batch.micro × batch.seq_len = ", b->micro, " × ", b->seq_len,
-                      " (each tp rank holds an equal part of the micro-batch's rows)");
+  SHARDTRAIN_ASSIGN_OR_RETURN(
+      ParallelDims dims, ParallelDims::Create(ParallelDims::Factors{par.dp, par.cp, par.tp, par.pp}));
+  SHARDTRAIN_RETURN_IF_ERROR(dims.CheckSequence(b->seq_len));
+  // A rank's rows: batch.micro × its share of the sequence.
+  const int64_t rows = int64_t{b->micro} * (b->seq_len / par.cp);
+  if (par.sequence_parallel && rows % par.tp != 0) {
+    return FieldError(
+        "parallel.sequence_parallel", "parallel.tp ", par.tp, " must divide batch.micro × ",
+        par.cp > 1 ? absl::StrCat("batch.seq_len / parallel.cp = ", b->micro, " × ",
+                                  b->seq_len / par.cp)
+                   : absl::StrCat("batch.seq_len = ", b->micro, " × ", b->seq_len),
+        " (each tp rank holds an equal part of the micro-batch's rows)");
   }
   return SplitBatch(b->global, b->micro, par.dp).status();
 }
@@ -301,13 +311,21 @@ absl::Status ParseResources(const Node& root, const ParallelSpec& par, Resources
     return FieldError("parallel.comm", "nccl needs resources.device: cuda (NCCL moves GPU memory; ",
                       "CPU ranks use gloo)");
   }
-  const int world = par.dp * par.tp * par.pp;
+  if (par.cp > 1 && r->device != DeviceKind::kCpu) {
+    return FieldError("parallel.cp", par.cp,
+                      ": context parallelism runs on CPU ranks so far (resources.device: cpu); "
+                      "its GPU ring is not built yet");
+  }
+  const int world = par.dp * par.cp * par.tp * par.pp;
   r->min_workers = world;
   r->max_workers = world;
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "resources", "min_workers", 1, &r->min_workers));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "resources", "max_workers", 1, &r->max_workers));
-  std::string world_text = absl::StrCat("world ", world, " (parallel.dp × tp × pp = ", par.dp,
-                                        " × ", par.tp, " × ", par.pp, ")");
+  std::string world_text =
+      par.cp == 1 ? absl::StrCat("world ", world, " (parallel.dp × tp × pp = ", par.dp, " × ",
+                                 par.tp, " × ", par.pp, ")")
+                  : absl::StrCat("world ", world, " (parallel.dp × cp × tp × pp = ", par.dp, " × ",
+                                 par.cp, " × ", par.tp, " × ", par.pp, ")");
   if (r->min_workers > world) {
     return FieldError("resources.min_workers", r->min_workers, " exceeds ", world_text);
   }
@@ -374,7 +392,8 @@ absl::StatusOr<model::ModelConfig> ModelSpec::Config() const {
 }
 
 absl::StatusOr<ParallelDims> JobSpec::Dims() const {
-  return ParallelDims::Create(parallel.dp, parallel.tp, parallel.pp);
+  return ParallelDims::Create(
+      ParallelDims::Factors{parallel.dp, parallel.cp, parallel.tp, parallel.pp});
 }
 
 absl::StatusOr<BatchSplit> JobSpec::Split() const {

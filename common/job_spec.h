@@ -116,6 +116,10 @@ struct BatchSpec {
 
 struct ParallelSpec {
   int dp = 1;    // data-parallel degree
+  // Context parallelism: each sequence split over cp ranks (ring attention;
+  // 2·cp divides batch.seq_len); parameters replicated over cp, gradients
+  // summed over dp × cp.
+  int cp = 1;
   int tp = 1;    // tensor-parallel degree; divides model.heads, 4·dim and the padded vocab
   int pp = 1;    // pipeline stages; <= model.layers
   int zero = 0;  // ZeRO stage 0..3; 3 only with pp = 1
@@ -210,18 +214,20 @@ struct JobSpec {
   int max_restarts = 3;  // recoveries before the job fails, >= 0
   TimeoutsSpec timeouts;
 
-  // Ranks the job needs: dp · tp · pp.
-  int World() const { return parallel.dp * parallel.tp * parallel.pp; }
+  // Ranks the job needs: dp · cp · tp · pp.
+  int World() const { return parallel.dp * parallel.cp * parallel.tp * parallel.pp; }
   // Its mesh and its batch split (common/parallel_dims.h), which
   // ParseJobSpec has checked; a spec made by hand may hold errors.
   // Split().accum is the number of micro-batches per optimizer step on each
   // data-parallel replica (for pipelines, m).
   absl::StatusOr<ParallelDims> Dims() const;
   // What each rank keeps of its activations: model.recompute,
-  // model.recompute_layers and parallel.sequence_parallel.
+  // model.recompute_layers, parallel.sequence_parallel and parallel.cp.
   model::ActivationPolicy Activations() const {
-    return {model.recompute, model.recompute_layers, parallel.sequence_parallel};
+    return {model.recompute, model.recompute_layers, parallel.sequence_parallel, parallel.cp};
   }
+  // Tokens of each sequence one rank holds: batch.seq_len / parallel.cp.
+  int LocalSeqLen() const { return batch.seq_len / parallel.cp; }
   absl::StatusOr<BatchSplit> Split() const;
 };
 

@@ -32,7 +32,7 @@ const std::vector<absl::string_view> kModelKeys = {
 const std::vector<absl::string_view> kDataKeys = {"train", "val", "format", "tokenizer",
                                                   "tokenizer_json"};
 const std::vector<absl::string_view> kBatchKeys = {"global", "micro", "seq_len"};
-const std::vector<absl::string_view> kParallelKeys = {"dp",        "tp",
+const std::vector<absl::string_view> kParallelKeys = {"dp",        "cp",        "tp",
                                                       "pp",        "stages",
                                                       "zero",      "offload",
                                                       "schedule",  "reshard_after_forward",

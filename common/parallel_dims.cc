@@ -14,36 +14,43 @@
 namespace shardtrain {
 
 bool operator==(const MeshCoord& a, const MeshCoord& b) {
-  return a.dp == b.dp && a.tp == b.tp && a.pp == b.pp;
+  return a.dp == b.dp && a.tp == b.tp && a.pp == b.pp && a.cp == b.cp;
 }
 
 std::string_view GroupKindName(GroupKind kind) {
-  static constexpr std::string_view kNames[] = {"dp", "tp", "pp"};
+  static constexpr std::string_view kNames[] = {"dp", "tp", "pp", "cp", "replica"};
   return NameIn(kNames, kind);
 }
 
-absl::StatusOr<ParallelDims> ParallelDims::Create(int dp, int tp, int pp, int world) {
+absl::StatusOr<ParallelDims> ParallelDims::Create(const Factors& f, int world) {
   std::vector<std::string> problems;
-  for (auto [field, v] :
-       {std::pair<const char*, int>{"parallel.dp", dp}, {"parallel.tp", tp}, {"parallel.pp", pp}}) {
+  for (auto [field, v] : {std::pair<const char*, int>{"parallel.dp", f.dp},
+                          {"parallel.cp", f.cp},
+                          {"parallel.tp", f.tp},
+                          {"parallel.pp", f.pp}}) {
     if (v < 1) problems.push_back(absl::StrCat(field, ": must be >= 1, got ", v));
   }
-  const int64_t product = int64_t{dp} * tp * pp;
+  // Without cp the message names the three factors it always named.
+  const std::string names =
+      f.cp == 1 ? "parallel.dp × parallel.tp × parallel.pp"
+                : "parallel.dp × parallel.cp × parallel.tp × parallel.pp";
+  const std::string values =
+      f.cp == 1 ? absl::StrCat(f.dp, " × ", f.tp, " × ", f.pp)
+                : absl::StrCat(f.dp, " × ", f.cp, " × ", f.tp, " × ", f.pp);
+  const int64_t product = int64_t{f.dp} * f.cp * f.tp * f.pp;
   if (problems.empty() && product > kMaxWorld) {
-    problems.push_back(absl::StrCat("parallel.dp × parallel.tp × parallel.pp = ", dp, " × ", tp,
-                                    " × ", pp, " = ", product, " is too large (at most ", kMaxWorld,
-                                    " ranks)"));
+    problems.push_back(absl::StrCat(names, " = ", values, " = ", product,
+                                    " is too large (at most ", kMaxWorld, " ranks)"));
   } else if (problems.empty() && product != world) {
-    problems.push_back(absl::StrCat("parallel.dp × parallel.tp × parallel.pp = ", dp, " × ", tp,
-                                    " × ", pp, " = ", product, " ≠ world ", world));
+    problems.push_back(absl::StrCat(names, " = ", values, " = ", product, " ≠ world ", world));
   }
   if (!problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems, "; "));
-  return ParallelDims(dp, tp, pp);
+  return ParallelDims(f);
 }
 
-absl::StatusOr<ParallelDims> ParallelDims::Create(int dp, int tp, int pp) {
-  const int64_t product = int64_t{dp} * tp * pp;
-  return Create(dp, tp, pp, product > INT_MAX ? INT_MAX : static_cast<int>(product));
+absl::StatusOr<ParallelDims> ParallelDims::Create(const Factors& f) {
+  const int64_t product = int64_t{f.dp} * f.cp * f.tp * f.pp;
+  return Create(f, product > INT_MAX || product < 0 ? INT_MAX : static_cast<int>(product));
 }
 
 MeshCoord ParallelDims::Coord(int rank) const {
@@ -51,17 +58,41 @@ MeshCoord ParallelDims::Coord(int rank) const {
     std::fprintf(stderr, "ParallelDims: rank %d outside world %d\n", rank, world());
     std::abort();
   }
-  return MeshCoord{(rank / tp_) % dp_, rank % tp_, rank / (tp_ * dp_)};
+  MeshCoord c;
+  c.tp = rank % tp_;
+  c.cp = (rank / tp_) % cp_;
+  c.dp = (rank / (tp_ * cp_)) % dp_;
+  c.pp = rank / (tp_ * cp_ * dp_);
+  return c;
 }
 
-int ParallelDims::Rank(const MeshCoord& c) const { return (c.pp * dp_ + c.dp) * tp_ + c.tp; }
+int ParallelDims::Rank(const MeshCoord& c) const {
+  return ((c.pp * dp_ + c.dp) * cp_ + c.cp) * tp_ + c.tp;
+}
 
 std::vector<int> ParallelDims::Group(GroupKind kind, int rank) const {
   MeshCoord c = Coord(rank);
   std::vector<int> out;
-  const int n = kind == GroupKind::kDp ? dp_ : kind == GroupKind::kTp ? tp_ : pp_;
+  if (kind == GroupKind::kReplica) {
+    for (int d = 0; d < dp_; ++d) {
+      for (int k = 0; k < cp_; ++k) {
+        c.dp = d;
+        c.cp = k;
+        out.push_back(Rank(c));
+      }
+    }
+    return out;
+  }
+  int* coord = kind == GroupKind::kDp   ? &c.dp
+               : kind == GroupKind::kTp ? &c.tp
+               : kind == GroupKind::kCp ? &c.cp
+                                        : &c.pp;
+  const int n = kind == GroupKind::kDp   ? dp_
+                : kind == GroupKind::kTp ? tp_
+                : kind == GroupKind::kCp ? cp_
+                                         : pp_;
   for (int i = 0; i < n; ++i) {
-    (kind == GroupKind::kDp ? c.dp : kind == GroupKind::kTp ? c.tp : c.pp) = i;
+    *coord = i;
     out.push_back(Rank(c));
   }
   return out;
@@ -78,7 +109,15 @@ std::vector<std::vector<int>> ParallelDims::Groups(GroupKind kind) const {
 
 bool ParallelDims::SpeaksForReplica(int rank) const {
   const MeshCoord c = Coord(rank);
-  return c.pp == pp_ - 1 && c.tp == 0;
+  return c.pp == pp_ - 1 && c.tp == 0 && c.cp == 0;
+}
+
+absl::Status ParallelDims::CheckSequence(int seq_len) const {
+  if (cp_ == 1 || seq_len % (2 * cp_) == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "parallel.cp: 2 × ", cp_, " = ", 2 * cp_, " does not divide batch.seq_len: ", seq_len,
+      " (each cp rank holds two of the sequence's 2·cp equal chunks, the r-th and the "
+      "(2·cp − 1 − r)-th, so that causal attention costs every rank the same)"));
 }
 
 absl::Status ParallelDims::CheckModelFits(const model::ModelConfig& config) const {

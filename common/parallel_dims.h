@@ -1,20 +1,29 @@
-// ParallelDims: the data × tensor × pipeline mesh of a job, as one validated
-// value (torchtitan's ParallelDims): dp · tp · pp == world, each factor >= 1,
-// checked once where the value is made, with errors naming every factor.
+// ParallelDims: the data × context × tensor × pipeline mesh of a job, as one
+// validated value (torchtitan's ParallelDims): dp · cp · tp · pp == world,
+// each factor >= 1, checked once where the value is made, with errors naming
+// every factor.
 // Everything that needs a rank's place in the mesh or the members of its
 // groups — the planner, the scheduler, the job runner, step aggregation —
 // asks this value instead of recomputing the layout.
 //
-// Layout (Megatron's order): tp fastest, then dp, then pp:
-//   rank = (pp_i · dp + dp_i) · tp + tp_i
-// so a tensor-parallel group is contiguous, a data-parallel group strides by
-// tp, and a pipeline group by tp · dp.
+// Layout (Megatron's order): tp fastest, then cp, then dp, then pp:
+//   rank = ((pp_i · dp + dp_i) · cp + cp_i) · tp + tp_i
+// so a tensor-parallel group is contiguous, a context-parallel group strides
+// by tp, a data-parallel group by tp · cp, and a pipeline group by
+// tp · cp · dp. With cp = 1 (the default) the layout is the dp × tp × pp one.
+//
+// Context parallelism (cp) splits each sequence over cp ranks that see the
+// same sequences (the same dp coordinate): their parameters are replicated,
+// so gradients are summed over the ranks that differ in dp or cp — the
+// `replica` group, dp · cp ranks, over which DDP reduces and ZeRO shards.
 //
 // Also here, the rules that tie the mesh to a model and to a batch:
 //   CheckModelFits   tp divides model.heads, model.kv_heads, the MLP width
 //                    (4·dim, or model.ffn_dim) and the padded vocabulary Vp
 //                    (tensor parallelism splits heads, MLP rows and
 //                    vocabulary rows); pp <= model.layers;
+//   CheckSequence    2·cp divides batch.seq_len (each cp rank holds two of
+//                    its 2·cp chunks: model::ContextChunks);
 //   CheckZero        ZeRO-3 only without a pipeline (pp = 1);
 //   SplitBatch       global = micro × dp × accumulation.
 //
@@ -34,14 +43,15 @@ namespace shardtrain {
 
 // A rank's coordinates in the mesh.
 struct MeshCoord {
-  int dp = 0, tp = 0, pp = 0;
+  int dp = 0, tp = 0, pp = 0, cp = 0;
 };
 bool operator==(const MeshCoord& a, const MeshCoord& b);
 
 // The kinds of group a rank belongs to: the ranks that differ from it only
-// in that coordinate.
-enum class GroupKind { kDp, kTp, kPp };
-std::string_view GroupKindName(GroupKind kind);  // "dp", "tp", "pp"
+// in that coordinate; kReplica, only in dp or cp (dp · cp ranks, ordered by
+// dp · cp_size + cp: the group gradients are reduced and ZeRO-sharded over).
+enum class GroupKind { kDp, kTp, kPp, kCp, kReplica };
+std::string_view GroupKindName(GroupKind kind);  // "dp", "tp", "pp", "cp", "replica"
 
 // The largest world a job may ask for: 2^20 ranks, far above any cluster
 // yet small enough that per-rank and per-stage tables built from a spec
@@ -50,18 +60,35 @@ inline constexpr int64_t kMaxWorld = int64_t{1} << 20;
 
 class ParallelDims {
  public:
+  // The four factors, by name (cp = 1: no context parallelism).
+  struct Factors {
+    int dp = 1, cp = 1, tp = 1, pp = 1;
+  };
   // INVALID_ARGUMENT when a factor is < 1 ("parallel.tp: must be >= 1, got
-  // 0") or the product is not `world` ("parallel.dp × parallel.tp ×
-  // parallel.pp = 2 × 1 × 3 = 6 ≠ world 4"); every problem found, joined by
-  // "; ".
-  static absl::StatusOr<ParallelDims> Create(int dp, int tp, int pp, int world);
-  // The mesh of a job that takes exactly dp · tp · pp ranks.
-  static absl::StatusOr<ParallelDims> Create(int dp, int tp, int pp);
+  // 0") or the product is not `world` ("parallel.dp × parallel.cp ×
+  // parallel.tp × parallel.pp = 2 × 1 × 1 × 3 = 6 ≠ world 4"); every problem
+  // found, joined by "; ".
+  static absl::StatusOr<ParallelDims> Create(const Factors& f, int world);
+  // The mesh of a job that takes exactly dp · cp · tp · pp ranks.
+  static absl::StatusOr<ParallelDims> Create(const Factors& f);
+  // The same without context parallelism (cp = 1).
+  static absl::StatusOr<ParallelDims> Create(int dp, int tp, int pp, int world) {
+    return Create(Factors{dp, 1, tp, pp}, world);
+  }
+  static absl::StatusOr<ParallelDims> Create(int dp, int tp, int pp) {
+    return Create(Factors{dp, 1, tp, pp});
+  }
 
   int dp() const { return dp_; }
+  int cp() const { return cp_; }
   int tp() const { return tp_; }
   int pp() const { return pp_; }
-  int world() const { return dp_ * tp_ * pp_; }
+  int world() const { return dp_ * cp_ * tp_ * pp_; }
+  // Ranks that hold one replica's gradients: dp · cp.
+  int replicas() const { return dp_ * cp_; }
+  Factors factors() const { return Factors{dp_, cp_, tp_, pp_}; }
+  // A rank's index in its kReplica group: dp · cp() + cp.
+  int ReplicaIndex(const MeshCoord& c) const { return c.dp * cp_ + c.cp; }
 
   // Precondition: 0 <= rank < world() (aborts otherwise: a programming error).
   MeshCoord Coord(int rank) const;
@@ -78,7 +105,8 @@ class ParallelDims {
   bool IsLastStage(int rank) const { return Coord(rank).pp == pp_ - 1; }
   // True for the one rank per data-parallel replica that speaks for it in
   // step reports: the loss is computed on the last pipeline stage (and
-  // identical across its tp ranks), so the rank with tp = 0 there.
+  // identical across its tp ranks, and averaged over its cp ranks by the
+  // trainer), so the rank with tp = 0 and cp = 0 there.
   bool SpeaksForReplica(int rank) const;
 
   // The mesh against a model's shape: tp divides model.heads, the MLP
@@ -97,12 +125,17 @@ class ParallelDims {
   // naming parallel.zero and parallel.pp.
   absl::Status CheckZero(int zero) const;
 
+  // The mesh against the sequence length: 2·cp divides batch.seq_len (each
+  // cp rank holds chunks r and 2·cp − 1 − r of 2·cp, for causal attention's
+  // balance). INVALID_ARGUMENT naming parallel.cp and batch.seq_len.
+  absl::Status CheckSequence(int seq_len) const;
+
   // The same mesh with another data-parallel degree (elastic recovery).
-  absl::StatusOr<ParallelDims> WithDp(int dp) const { return Create(dp, tp_, pp_); }
+  absl::StatusOr<ParallelDims> WithDp(int dp) const { return Create(Factors{dp, cp_, tp_, pp_}); }
 
  private:
-  ParallelDims(int dp, int tp, int pp) : dp_(dp), tp_(tp), pp_(pp) {}
-  int dp_, tp_, pp_;
+  explicit ParallelDims(const Factors& f) : dp_(f.dp), cp_(f.cp), tp_(f.tp), pp_(f.pp) {}
+  int dp_, cp_, tp_, pp_;
 };
 
 // How one optimizer step's batch is split: global = micro × dp × accum.

@@ -43,9 +43,11 @@ std::vector<std::string> LayoutProblems(const JobSpec& spec, int world) {
   if (world < 1) problems.push_back(absl::StrCat("world: ", world, " must be >= 1"));
   // The factors, then the world (checked apart so that the model's fit is
   // reported too when only the world is wrong).
-  const absl::StatusOr<ParallelDims> dims = ParallelDims::Create(par.dp, par.tp, par.pp);
+  const ParallelDims::Factors factors{par.dp, par.cp, par.tp, par.pp};
+  const absl::StatusOr<ParallelDims> dims = ParallelDims::Create(factors);
   add(dims.status());
-  if (dims.ok() && world >= 1) add(ParallelDims::Create(par.dp, par.tp, par.pp, world).status());
+  if (dims.ok() && world >= 1) add(ParallelDims::Create(factors, world).status());
+  if (dims.ok() && b.seq_len >= 1) add(dims->CheckSequence(b.seq_len));
   const absl::StatusOr<model::ModelConfig> config = m.Config();
   add(config.status());
   if (dims.ok() && config.ok()) {
@@ -69,11 +71,12 @@ std::vector<std::string> LayoutProblems(const JobSpec& spec, int world) {
         absl::StrCat("batch.seq_len: ", b.seq_len, " exceeds model.context: ", m.context));
   }
   add(SplitBatch(b.global, b.micro, par.dp).status());
-  if (par.sequence_parallel &&
-      (par.tp < 2 || (int64_t{b.micro} * b.seq_len) % std::max(1, par.tp) != 0)) {
+  const int64_t rows = int64_t{b.micro} * (b.seq_len / std::max(1, par.cp));
+  if (par.sequence_parallel && (par.tp < 2 || rows % std::max(1, par.tp) != 0)) {
     problems.push_back(absl::StrCat("parallel.sequence_parallel: needs parallel.tp > 1 dividing ",
-                                    "batch.micro × batch.seq_len = ", b.micro, " × ", b.seq_len,
-                                    " (tp is ", par.tp, ")"));
+                                    "batch.micro × batch.seq_len",
+                                    par.cp > 1 ? " / parallel.cp" : "", " = ", rows, " (tp is ",
+                                    par.tp, ")"));
   }
   if (m.recompute_layers == 0 || m.recompute_layers < -1) {
     problems.push_back(
@@ -115,7 +118,8 @@ int RecomputedLayers(const model::ActivationPolicy& policy, int layers) {
 
 MicroBatchFlops StageFlops(const model::ModelConfig& cfg, int B, int T,
                            const model::ModelSlice& slice, const model::ActivationPolicy& policy) {
-  const double N = double(B) * T, C = cfg.dim, Ct = C / slice.tp, tp = slice.tp;
+  const int cp = std::max(1, policy.cp);
+  const double N = double(B) * T / cp, C = cfg.dim, Ct = C / slice.tp, tp = slice.tp;
   const int Ls = slice.end_layer(cfg) - slice.first_layer;
   const double attention = 4 * N * T * Ct;  // forward, per block (QK^T and att·V)
   // A block's matrix weights on this rank, by what the forward multiplies:
@@ -128,11 +132,12 @@ MicroBatchFlops StageFlops(const model::ModelConfig& cfg, int B, int T,
                                (slice.last_stage ? double(cfg.padded_vocab) / slice.tp * C : 0);
   f.train = 6 * N * matmul_params + 3 * Ls * attention;
   const int k = RecomputedLayers(policy, Ls);
-  if (policy.recompute == model::Recompute::kSelective) f.recompute = k * attention;
+  if (policy.recompute == model::Recompute::kSelective && cp == 1) f.recompute = k * attention;
   if (policy.recompute == model::Recompute::kFull) {
     // The refill stops at the MLP's activation: not the MLP's projection.
     f.recompute = k * (2 * N * (qkv + proj + fc) + attention);
   }
+  if (cp > 1) f.recompute += Ls * attention;  // the ring's backward, every block
   return f;
 }
 
@@ -156,8 +161,8 @@ namespace {
 struct Estimate {
   v1::MemoryEstimate memory;
   int in_flight = 1;
-  int64_t tp_comm = 0, pp_comm = 0, dp_comm = 0;
-  int64_t comm() const { return tp_comm + pp_comm + dp_comm; }
+  int64_t tp_comm = 0, pp_comm = 0, dp_comm = 0, cp_comm = 0;
+  int64_t comm() const { return tp_comm + pp_comm + dp_comm + cp_comm; }
 };
 
 // Elements the busiest dp rank (the last) owns of a unit of n elements.
@@ -211,13 +216,17 @@ int64_t GatheredPeak(const StageShape& shape, bool reshard, bool tied_head) {
 Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const StageShape& shape,
                        int s, int zero, int m) {
   const std::vector<std::string>& names = shape.names;
-  const int dp = spec.parallel.dp, tp = spec.parallel.tp, pp = spec.parallel.pp;
+  // Gradients are reduced, and ZeRO shards, over the replica group: the dp
+  // ranks and, under context parallelism, their cp ranks (dp · cp).
+  const int dp = spec.parallel.dp * spec.parallel.cp, tp = spec.parallel.tp, pp = spec.parallel.pp;
+  const int cp = spec.parallel.cp;
   const bool mixed = IsMixed(spec.precision);
   const StateBytesPerElement per = EngineStateBytes(spec.precision);
   const int64_t pb = per.params;                    // param bytes/element (the compute dtype)
   const int64_t gb = per.grads;                     // gradients: fp32 on every engine
   const int64_t ab = ComputeBytes(spec.precision);  // activations sent between ranks
-  const int64_t BT = int64_t{spec.batch.micro} * spec.batch.seq_len, BTC = BT * cfg.dim;
+  // A rank's rows: batch.seq_len / cp tokens of each sequence.
+  const int64_t BT = int64_t{spec.batch.micro} * spec.LocalSeqLen(), BTC = BT * cfg.dim;
   const int64_t Ls = shape.slice.num_layers;
   const bool first = s == 0, last = s == pp - 1;
   const bool reshard = spec.parallel.reshard_after_forward;
@@ -247,7 +256,7 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
   // one, GPipe keeps all m forwards before the first backward, 1F1B at most
   // pp - s on stage s.
   // Stored in the compute dtype (as llm.c's floatX), statistics in fp32.
-  const model::ActivationTable acts(cfg, spec.batch.micro, spec.batch.seq_len, shape.slice,
+  const model::ActivationTable acts(cfg, spec.batch.micro, spec.LocalSeqLen(), shape.slice,
                                     mixed ? DataType::kBFloat16 : DataType::kFloat32,
                                     spec.Activations());
   if (pp > 1)
@@ -401,6 +410,18 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
   if (pp > 1 && (first || last) && cfg.tie_embeddings) {
     e.pp_comm += AllReduceBytes(shape.wte, 2, gb);
   }
+  // Context parallelism's ring (engine/model_engine.h), per block and
+  // micro-batch, in blocks of B·T/cp rows of this rank's keys and values
+  // (2·KV/tp columns): forward cp − 1 passes of a block; backward cp − 1
+  // passes of a block and cp of its gradient; a full refill the forward's
+  // again.
+  if (cp > 1) {
+    const int64_t refills = spec.model.recompute == Recompute::kFull
+                                ? RecomputedLayers(spec.Activations(), static_cast<int>(Ls))
+                                : 0;
+    const int64_t block = BT * 2 * cfg.kv_heads * cfg.head_dim() / tp * ab;
+    e.cp_comm = m * block * (Ls * (3 * int64_t{cp} - 2) + refills * (cp - 1));
+  }
   return e;
 }
 
@@ -453,13 +474,15 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
   const int dp = par.dp, tp = par.tp, pp = par.pp;
   const model::ModelConfig cfg = *spec.model.Config();
   const model::ParamLayout layout(cfg);
-  const ParallelDims dims = *ParallelDims::Create(dp, tp, pp, world);
+  const ParallelDims dims = *ParallelDims::Create(ParallelDims::Factors{dp, par.cp, tp, pp}, world);
+  const int replicas = dims.replicas();  // what ZeRO shards over: dp · cp
   const BatchSplit split = *spec.Split();
   const int m = split.accum;
 
   v1::Plan plan;
   plan.set_world(world);
   plan.set_dp(dp);
+  plan.set_cp(par.cp);
   plan.set_tp(tp);
   plan.set_pp(pp);
   plan.set_zero_stage(par.zero);
@@ -480,12 +503,15 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
     rp->set_tp(c.tp);
     rp->set_dp(c.dp);
     rp->set_pp(c.pp);
+    rp->set_cp(c.cp);
     rp->set_first_sample(split.first_sample(c.dp));
     rp->set_num_samples(split.per_replica());
   }
 
   // Groups, each kind's numbered in rank order of their first member.
-  for (GroupKind kind : {GroupKind::kDp, GroupKind::kTp, GroupKind::kPp}) {
+  std::vector<GroupKind> kinds = {GroupKind::kDp, GroupKind::kTp, GroupKind::kPp};
+  if (par.cp > 1) kinds.insert(kinds.end(), {GroupKind::kCp, GroupKind::kReplica});
+  for (GroupKind kind : kinds) {
     int index = 0;
     for (const std::vector<int>& ranks : dims.Groups(kind)) {
       v1::Group* g = plan.add_groups();
@@ -509,8 +535,8 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
     su->set_name(u.name);
     su->set_offset(static_cast<int64_t>(u.offset));
     su->set_numel(static_cast<int64_t>(u.numel));
-    for (int i = 0; i < dp; ++i) {
-      const parallel::ShardRange r = parallel::UnitShardRange(u.numel, dp, i);
+    for (int i = 0; i < replicas; ++i) {
+      const parallel::ShardRange r = parallel::UnitShardRange(u.numel, replicas, i);
       su->add_shard_offsets(static_cast<int64_t>(r.begin));
       su->add_shard_sizes(static_cast<int64_t>(r.size()));
     }
@@ -533,6 +559,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
     st->set_tp_comm_bytes(e.tp_comm);
     st->set_pp_comm_bytes(e.pp_comm);
     st->set_dp_comm_bytes(e.dp_comm);
+    st->set_cp_comm_bytes(e.cp_comm);
     if (s == 0 || e.memory.total_bytes() > plan.memory_per_rank().total_bytes()) {
       *plan.mutable_memory_per_rank() = e.memory;
     }
@@ -541,6 +568,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
       plan.set_tp_comm_bytes_per_step(e.tp_comm);
       plan.set_pp_comm_bytes_per_step(e.pp_comm);
       plan.set_dp_comm_bytes_per_step(e.dp_comm);
+      plan.set_cp_comm_bytes_per_step(e.cp_comm);
     }
   }
   plan.set_comm_bytes_per_step(comm);
@@ -552,7 +580,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
   const int64_t ranges = par.zero > 0 ? plan.units_size() : 1;
   int64_t busiest = 0;
   for (const v1::PipelineStage& st : plan.stages()) {
-    busiest = std::max<int64_t>(busiest, (st.num_params() + dp - 1) / dp);
+    busiest = std::max<int64_t>(busiest, (st.num_params() + replicas - 1) / replicas);
   }
   plan.set_checkpoint_bytes(ShardFileBytes(plan.num_params(), ranges * world) +
                             (world - 1) * ShardFileBytes(0, 0));

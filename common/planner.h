@@ -106,6 +106,10 @@ ModelStateBytes GpuThroughHostBytes(int64_t num_params, int dp, int stage,
 //              block: selective the attention core again, 4·N·T·Ct; full
 //              the block up to its GELU, 2·N·C·Ct·(3 + 1 + 4) (qkv, the
 //              attention's projection, fc) + 4·N·T·Ct.
+// Under context parallelism (policy.cp > 1) T is the whole sequence and the
+// rank holds N = B·T/cp rows, each attending T keys; the ring's backward
+// recomputes every block's attention core (4·N·T·Ct per block) whatever
+// model.recompute says, so selective adds nothing to it.
 struct MicroBatchFlops {
   double train = 0;
   double recompute = 0;

@@ -144,9 +144,14 @@ std::string FormatPlanBytes(int64_t b) {
 
 std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
   std::string out;
-  const int dp = plan.dp(), m = plan.grad_accum_steps();
-  absl::StrAppendFormat(&out, "plan for %s: world %d = dp %d · tp %d · pp %d\n", spec.name,
-                        plan.world(), dp, plan.tp(), plan.pp());
+  const int dp = plan.dp(), m = plan.grad_accum_steps(), cp = std::max(1, plan.cp());
+  if (cp > 1) {
+    absl::StrAppendFormat(&out, "plan for %s: world %d = dp %d · cp %d · tp %d · pp %d\n",
+                          spec.name, plan.world(), dp, cp, plan.tp(), plan.pp());
+  } else {
+    absl::StrAppendFormat(&out, "plan for %s: world %d = dp %d · tp %d · pp %d\n", spec.name,
+                          plan.world(), dp, plan.tp(), plan.pp());
+  }
   if (spec.model.arch == model::Arch::kGpt2) {
     absl::StrAppendFormat(&out,
                           "model: L=%d NH=%d C=%d context=%d V=%d (Vp=%d); %s params "
@@ -186,6 +191,21 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
       &out, "batch: global %d = micro %d × dp %d × accumulation %d; seq_len %d (%s tokens/step)\n",
       plan.global_batch(), plan.micro_batch(), dp, m, plan.seq_len(),
       Thousands(plan.global_batch() * plan.seq_len()));
+  if (cp > 1) {
+    const int chunk = plan.seq_len() / (2 * cp);
+    absl::StrAppendFormat(
+        &out,
+        "context parallel: cp %d — each sequence in %d chunks of %d tokens, cp rank r holds "
+        "chunks r and %d−r (%d tokens); attention a ring of %d key/value blocks per layer, "
+        "gradients summed over dp × cp = %d ranks (ZeRO shards over them)\n",
+        cp, 2 * cp, chunk, 2 * cp - 1, plan.seq_len() / cp, cp, dp * cp);
+    out += "cp groups (one ring each):";
+    for (const v1::Group& g : plan.groups()) {
+      if (g.kind() != "cp") continue;
+      out += absl::StrCat(" [", absl::StrJoin(g.ranks(), " "), "]");
+    }
+    out += "\n";
+  }
   if (plan.pp() == 1) {
     out += "pipeline: none (pp 1), bubble 0.0%\n";
   } else {
@@ -221,10 +241,18 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
                           plan.schedule() == "gpipe" ? "all m" : "min(m, pp - stage)");
   }
 
-  out += "\nRANK  DP  TP  PP  SAMPLES\n";
-  for (const v1::RankPlan& r : plan.ranks()) {
-    absl::StrAppendFormat(&out, "%4d  %2d  %2d  %2d  [%d, %d)\n", r.rank(), r.dp(), r.tp(), r.pp(),
-                          r.first_sample(), r.first_sample() + r.num_samples());
+  if (cp > 1) {
+    out += "\nRANK  DP  CP  TP  PP  SAMPLES\n";
+    for (const v1::RankPlan& r : plan.ranks()) {
+      absl::StrAppendFormat(&out, "%4d  %2d  %2d  %2d  %2d  [%d, %d)\n", r.rank(), r.dp(), r.cp(),
+                            r.tp(), r.pp(), r.first_sample(), r.first_sample() + r.num_samples());
+    }
+  } else {
+    out += "\nRANK  DP  TP  PP  SAMPLES\n";
+    for (const v1::RankPlan& r : plan.ranks()) {
+      absl::StrAppendFormat(&out, "%4d  %2d  %2d  %2d  [%d, %d)\n", r.rank(), r.dp(), r.tp(),
+                            r.pp(), r.first_sample(), r.first_sample() + r.num_samples());
+    }
   }
 
   const v1::MemoryEstimate& mem = plan.memory_per_rank();
@@ -249,14 +277,15 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
   // 4 + 4 + 8.
   const bool mixed = spec.precision != Precision::kFp32;
   const StateBytesPerElement per = EngineStateBytes(spec.precision);
-  const double P = double(per.params), G = double(per.grads), K = double(per.optimizer), N = dp;
+  const double P = double(per.params), G = double(per.grads), K = double(per.optimizer),
+               N = dp * cp;
   const double formula[4] = {P + G + K, P + G + K / N, P + (G + K) / N, (P + G + K) / N};
   const auto b = [](double x) { return absl::StrFormat("%g", x); };
   absl::StrAppendFormat(&out,
-                        "\nZeRO stages compared (per rank, N = dp = %d; model state = params + "
+                        "\nZeRO stages compared (per rank, N = %s = %d; model state = params + "
                         "grads + optimizer;\nformula: the ZeRO paper's with %s B/param%s: Z0 "
                         "%s, Z1 %s+%s/N, Z2 %s+%s/N, Z3 %s/N):\n",
-                        dp, absl::StrCat(b(P), "+", b(G), "+", b(K)),
+                        cp > 1 ? "dp × cp" : "dp", dp * cp, absl::StrCat(b(P), "+", b(G), "+", b(K)),
                         mixed ? " (fp32 gradients)" : "", b(P + G + K), b(P + G), b(K), b(P),
                         b(G + K), b(P + G + K));
   out += "STAGE  FORMULA B/PARAM  PLAN B/PARAM  MODEL STATE  WORKING SET  TOTAL GiB  COMM/STEP\n";
@@ -288,6 +317,34 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
                         FormatPlanBytes(plan.tp_comm_bytes_per_step()),
                         FormatPlanBytes(plan.pp_comm_bytes_per_step()),
                         FormatPlanBytes(plan.dp_comm_bytes_per_step()));
+  if (cp > 1) {
+    out.pop_back();  // the cp ring's share on the same line
+    absl::StrAppendFormat(&out, " + cp %s\n", FormatPlanBytes(plan.cp_comm_bytes_per_step()));
+    out +=
+        "  cp (the ring; a block = B·T/cp rows of this rank's keys and values): per layer and "
+        "micro-batch cp − 1 blocks in forward, cp − 1 blocks and cp of their gradients in "
+        "backward (3·cp − 2), cp − 1 more per fully recomputed layer\n";
+    // Ulysses (DeepSpeed's all-to-all from sequence- to head-sharded and
+    // back), for comparison: per layer and micro-batch, forward q, k, v in
+    // and the output back, backward their gradients, each all-to-all
+    // sending (cp − 1)/cp of the rank's B·T/cp rows of its columns.
+    int64_t layers = 0;
+    for (const v1::PipelineStage& st : plan.stages()) layers = std::max<int64_t>(layers, st.num_layers());
+    const int64_t rows = int64_t{plan.micro_batch()} * (plan.seq_len() / cp);
+    const int64_t kv = 2 * int64_t{spec.model.kv_heads} * (spec.model.dim / spec.model.heads);
+    const int64_t ab = spec.precision == Precision::kFp32 ? 4 : 2;
+    const int64_t ulysses = int64_t{m} * layers * 2 * (cp - 1) * rows *
+                            (2 * int64_t{spec.model.dim} + kv) / plan.tp() / cp * ab;
+    const bool heads_fit = spec.model.heads % (cp * plan.tp()) == 0 &&
+                           spec.model.kv_heads % (cp * plan.tp()) == 0;
+    absl::StrAppendFormat(
+        &out,
+        "  Ulysses (all-to-all to heads and back; not built) would send %s per step: the ring "
+        "sends %.2f× that%s\n",
+        FormatPlanBytes(ulysses),
+        ulysses > 0 ? double(plan.cp_comm_bytes_per_step()) / double(ulysses) : 0.0,
+        heads_fit ? "" : " (and Ulysses needs cp · tp to divide heads and kv_heads: it does not here)");
+  }
   if (plan.tp() > 1 && spec.parallel.sequence_parallel) {
     out +=
         "  tp (sequence parallel; h = one all-gather or reduce-scatter of B·T·C, half an "

@@ -118,7 +118,8 @@ absl::Status CheckSpecLimits(const JobSpec& spec, const ParallelDims& dims,
                              const AdmissionLimits& limits) {
   if (dims.world() > limits.max_world) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "parallel: world ", dims.world(), " (dp ", dims.dp(), " x tp ", dims.tp(), " x pp ",
+        "parallel: world ", dims.world(), " (dp ", dims.dp(),
+        dims.cp() > 1 ? absl::StrCat(" x cp ", dims.cp()) : "", " x tp ", dims.tp(), " x pp ",
         dims.pp(), ") is above the coordinator's limit of ", limits.max_world, " (--max-world)"));
   }
   const double params = ModelParams(spec.model);

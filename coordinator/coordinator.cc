@@ -242,8 +242,9 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& req,
   ev.set_kind(v1::EVENT_KIND_STATE);
   ev.set_state(v1::JOB_STATE_PENDING);
   ev.set_message(absl::StrCat("submitted: ", spec.name, ", world ", dims.world(), " (dp ",
-                              dims.dp(), " tp ", dims.tp(), " pp ", dims.pp(), "), ", spec.steps,
-                              " steps on ", device));
+                              dims.dp(), dims.cp() > 1 ? absl::StrCat(" cp ", dims.cp()) : "",
+                              " tp ", dims.tp(), " pp ", dims.pp(), "), ", spec.steps, " steps on ",
+                              device));
   // Durable before OK, committed outside mu_: heartbeats and every other
   // call go on during the commit's fsync (held under mu_, a stream of
   // submits starved heartbeats until leases ran out at 10,000 workers).

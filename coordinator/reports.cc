@@ -120,8 +120,9 @@ void Coordinator::FinishStep(JobEntry& e, int64_t step) {
   // The reports are of the current generation, laid out by its plan. A plan
   // whose mesh does not match the job (not made by MakePlan for it) counts
   // every rank as its own replica.
-  absl::StatusOr<ParallelDims> dims =
-      ParallelDims::Create(e.plan.dp(), e.plan.tp(), e.plan.pp(), e.job.world());
+  absl::StatusOr<ParallelDims> dims = ParallelDims::Create(
+      ParallelDims::Factors{e.plan.dp(), std::max(1, e.plan.cp()), e.plan.tp(), e.plan.pp()},
+      e.job.world());
   if (!dims.ok()) dims = ParallelDims::Create(e.job.world(), 1, 1);
   const v1::StepReport agg = AggregateStep(*dims, e.partial[step].by_rank);
   e.partial.erase(step);

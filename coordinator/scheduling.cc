@@ -22,7 +22,7 @@ namespace {
 
 // Smaller gang sizes a recovering job accepts, largest first: jobs with
 // resources.min_workers below their world lose whole data-parallel replicas
-// (tp · pp ranks each; checkpoints are in the whole model's coordinates, so
+// (cp · tp · pp ranks each; checkpoints are in the whole model's coordinates, so
 // any mesh resumes), keeping the global batch fixed, so only data-parallel
 // degrees the batch splits over (SplitBatch: whole micro-batches per replica
 // per step) qualify. 4 ranks with global/micro = 4 and min 2 shrink to 2,
@@ -177,7 +177,7 @@ void Coordinator::ApplyPass(const SchedulePass& pass) {
       // smaller dp, with more accumulation (the sampler makes it the same
       // batch, so the loss curve continues).
       const ParallelDims& dims = e.valid->dims;
-      const int dp = static_cast<int>(p.workers.size()) / (dims.tp() * dims.pp());
+      const int dp = static_cast<int>(p.workers.size()) / (dims.cp() * dims.tp() * dims.pp());
       absl::StatusOr<ValidSpec> v =
           Validate(JobSpecToYaml(e.valid->spec), {absl::StrCat("parallel.dp=", dp)});
       if (!v.ok() || v->dims.world() != static_cast<int>(p.workers.size())) continue;

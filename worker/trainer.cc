@@ -37,6 +37,11 @@ absl::Status CheckSupported(const JobSpec& spec) {
         "resources.device: cuda, but this worker was built without CUDA");
   }
 #endif
+  if (spec.parallel.cp > 1 && spec.resources.device != DeviceKind::kCpu) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parallel.cp: context parallelism (", spec.parallel.cp,
+        ") runs on the CPU engine so far (resources.device: cpu); its GPU ring is not built yet"));
+  }
   // NCCL carries DDP (its optimizer also offloaded), ZeRO-1/2/3, tp and pp
   // in device memory; ZeRO's offloaded optimizer steps host shards that
   // only Gloo's host staging keeps: refused here, naming the field.
@@ -67,14 +72,14 @@ absl::StatusOr<std::unique_ptr<engine::Engine>> MakeEngine(
     const engine::ModelEngineOptions& options) {
   if (spec.resources.device == DeviceKind::kCuda) {
 #if SHARDTRAIN_HAVE_CUDA
-    auto e = engine::cuda::CudaModel::Create(config, spec.batch.micro, spec.batch.seq_len, gpu,
+    auto e = engine::cuda::CudaModel::Create(config, spec.batch.micro, spec.LocalSeqLen(), gpu,
                                              ComputeType(spec.precision), threads, options);
     if (!e.ok()) return e.status();
     return std::unique_ptr<engine::Engine>(*std::move(e));
 #endif
   }
   auto e =
-      engine::cpu::CpuModel::Create(config, spec.batch.micro, spec.batch.seq_len, threads, options);
+      engine::cpu::CpuModel::Create(config, spec.batch.micro, spec.LocalSeqLen(), threads, options);
   if (!e.ok()) return e.status();
   return std::unique_ptr<engine::Engine>(*std::move(e));
 }
@@ -160,18 +165,20 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
     if (!val.ok()) return val.status();
     val_tokens = *std::move(val);
   }
-  // The mesh (only with tp or pp: a dp-only job uses the world as its dp
-  // group), this rank's slice and the engine's tp group.
+  // The mesh (only with cp, tp or pp: a dp-only job uses the world as its
+  // dp group), this rank's slice and the engine's tp and cp groups. The
+  // strategy reduces over the replica group (dp × cp).
   const MeshCoord coord = dims->Coord(rank);
   std::unique_ptr<parallel::Mesh> mesh;
   comm::Communicator* dp_comm = comm;
-  if (dims->tp() > 1 || dims->pp() > 1) {
+  if (dims->cp() > 1 || dims->tp() > 1 || dims->pp() > 1) {
     absl::StatusOr<std::unique_ptr<parallel::Mesh>> m = parallel::Mesh::Create(*dims, rank, comm);
     if (!m.ok()) return m.status();
     mesh = *std::move(m);
-    dp_comm = mesh->dp();
+    dp_comm = mesh->replica();
   }
   std::unique_ptr<parallel::TensorParallelGroup> tp;
+  std::unique_ptr<parallel::ContextParallelGroup> cp;
   engine::ModelEngineOptions options;
   options.slice = model::SliceOf(*stages, coord.pp, dims->tp(), coord.tp);
   options.activations = spec.Activations();
@@ -184,6 +191,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   if (mesh != nullptr && mesh->tp() != nullptr) {
     tp = std::make_unique<parallel::TensorParallelGroup>(mesh->tp());
     options.tp = tp.get();
+  }
+  if (mesh != nullptr && mesh->cp() != nullptr) {
+    cp = std::make_unique<parallel::ContextParallelGroup>(mesh->cp());
+    options.cp = cp.get();
   }
   auto engine = MakeEngine(spec, *config, threads, gpu, options);
   if (!engine.ok()) return engine.status();
@@ -198,7 +209,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
       *std::move(tokens), std::move(val_tokens));
   if (!t.ok()) return t.status();
   if (mesh != nullptr) {
-    if (absl::Status s = (*t)->AttachModelParallel(std::move(mesh), std::move(tp), comm); !s.ok()) {
+    if (absl::Status s =
+            (*t)->AttachModelParallel(std::move(mesh), std::move(tp), std::move(cp), comm);
+        !s.ok()) {
       return s;
     }
   }
@@ -207,9 +220,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
 
 absl::Status Trainer::AttachModelParallel(std::unique_ptr<parallel::Mesh> mesh,
                                           std::unique_ptr<parallel::TensorParallelGroup> tp,
+                                          std::unique_ptr<parallel::ContextParallelGroup> cp,
                                           comm::Communicator* world) {
   mesh_ = std::move(mesh);
   tp_group_ = std::move(tp);
+  cp_group_ = std::move(cp);
   world_ = world;
   const model::ParamLayout& layout = engine_->layout();
   parallel::ModelParallelGrads mp;
@@ -267,14 +282,23 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Compose(const JobSpec& spec, i
         absl::StrCat("rank ", rank, " outside the job's world ", dims->world()));
   }
   if (engine == nullptr || engine->max_batch() < spec.batch.micro ||
-      engine->max_seq_len() < spec.batch.seq_len) {
+      engine->max_seq_len() < spec.LocalSeqLen()) {
     return absl::InvalidArgumentError(
         "the engine does not hold micro-batches of batch.micro × "
-        "batch.seq_len tokens");
+        "batch.seq_len / parallel.cp tokens");
   }
   std::unique_ptr<Trainer> t(new Trainer(spec, rank));
   t->split_ = *split;
-  t->dp_rank_ = dims->Coord(rank).dp;
+  const MeshCoord coord = dims->Coord(rank);
+  t->dp_rank_ = coord.dp;
+  t->cp_rank_ = coord.cp;
+  if (dims->cp() > 1) {
+    if (absl::Status s = dims->CheckSequence(spec.batch.seq_len); !s.ok()) return s;
+    t->cp_columns_ = model::ContextChunkPositions(spec.batch.seq_len, dims->cp(), coord.cp);
+    const size_t whole = size_t(spec.batch.micro) * spec.batch.seq_len;
+    t->seq_inputs_.resize(whole);
+    t->seq_targets_.resize(whole);
+  }
   t->tokens_ = std::move(tokens);
   auto sampler =
       data::BatchSampler::Create(&t->tokens_, spec.seed, spec.batch.global, spec.batch.seq_len);
@@ -299,17 +323,36 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Compose(const JobSpec& spec, i
   if (!spec.model.init.empty()) {
     if (absl::Status s = t->LoadInitialWeights(spec.model.init); !s.ok()) return s;
   }
-  t->inputs_.resize(size_t(spec.batch.micro) * spec.batch.seq_len);
+  t->inputs_.resize(size_t(spec.batch.micro) * spec.LocalSeqLen());
   t->targets_.resize(t->inputs_.size());
   if (spec.precision == Precision::kFp16) t->scaler_.emplace();
   return t;
 }
 
+absl::Status Trainer::FillLocal(const std::function<absl::Status(int*, int*)>& fill_whole,
+                               int* inputs, int* targets) {
+  if (cp_columns_.empty()) return fill_whole(inputs, targets);
+  if (absl::Status s = fill_whole(seq_inputs_.data(), seq_targets_.data()); !s.ok()) return s;
+  const int T = spec_.batch.seq_len, Tl = static_cast<int>(cp_columns_.size());
+  for (int b = 0; b < spec_.batch.micro; ++b) {
+    for (int i = 0; i < Tl; ++i) {
+      inputs[b * Tl + i] = seq_inputs_[size_t(b) * T + cp_columns_[i]];
+      targets[b * Tl + i] = seq_targets_[size_t(b) * T + cp_columns_[i]];
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::RunMicroBatches(int64_t step, StepResult* r) {
-  const int B = spec_.batch.micro, T = spec_.batch.seq_len, accum = split_.accum;
-  // The sampler's step is 0-based; this replica's index is its dp coordinate.
+  const int B = spec_.batch.micro, T = spec_.LocalSeqLen(), accum = split_.accum;
+  // The sampler's step is 0-based; this replica's index is its dp coordinate
+  // (the cp ranks of a replica read the same sequences, each its columns).
   auto fill = [&](int m, int* inputs, int* targets) {
-    return sampler_->Fill(step - 1, m, dp_rank_, split_.dp, B, inputs, targets);
+    return FillLocal(
+        [&](int* in, int* tg) {
+          return sampler_->Fill(step - 1, m, dp_rank_, split_.dp, B, in, tg);
+        },
+        inputs, targets);
   };
   if (pipeline_ != nullptr) {
     // The strategy brackets each backward (forwards read whole parameters:
@@ -357,6 +400,15 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
     if (absl::Status s = tp_group_->Finish(); !s.ok()) return s;
     r.tp_bytes = tp_group_->TakeBytes();
   }
+  if (cp_group_ != nullptr) {
+    if (absl::Status s = cp_group_->status(); !s.ok()) return s;
+    r.cp_bytes = cp_group_->TakeBytes();
+    // Each cp rank's loss is the mean over its tokens, as many on each: the
+    // replica's loss is their mean.
+    absl::StatusOr<double> sum = SumOverModelGroup(mesh_->cp(), r.loss);
+    if (!sum.ok()) return sum.status();
+    r.loss = *sum / mesh_->dims().cp();
+  }
   r.lr = optim::LearningRate(spec_.optimizer, step - 1, spec_.steps);
   const float loss_scale = LossScale();
   absl::StatusOr<parallel::StepStats> stats = strategy_->Step(
@@ -370,8 +422,8 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   r.grad_norm = stats->grad_norm;
   r.comm_ms += stats->comm_ms;
   r.allreduce_ms = stats->collective_ms;
-  r.comm_bytes = stats->comm_bytes + r.tp_bytes + r.pp_bytes;
-  r.tokens = int64_t(split_.accum) * spec_.batch.micro * spec_.batch.seq_len;
+  r.comm_bytes = stats->comm_bytes + r.tp_bytes + r.pp_bytes + r.cp_bytes;
+  r.tokens = int64_t(split_.accum) * spec_.batch.micro * spec_.LocalSeqLen();
   r.step_ms = MsSince(start);
   if (EvalDue(spec_, step)) {
     const auto eval_start = std::chrono::steady_clock::now();
@@ -387,7 +439,7 @@ absl::StatusOr<double> Trainer::Evaluate() {
   if (eval_sampler_ == nullptr) {
     return absl::FailedPreconditionError("eval: no validation data (data.val, eval.every > 0)");
   }
-  const int B = spec_.batch.micro, T = spec_.batch.seq_len;
+  const int B = spec_.batch.micro, T = spec_.LocalSeqLen();
   const int64_t count = eval_sampler_->count();  // eval.batches × global: B · dp divides it
   const auto [first, last] = data::EvalSampler::Share(count, dp_rank_, split_.dp);
   strategy_->BeginEval();
@@ -396,7 +448,9 @@ absl::StatusOr<double> Trainer::Evaluate() {
   double loss_sum = 0;
   if (pipeline_ != nullptr) {
     auto fill = [&](int m, int* inputs, int* targets) {
-      return eval_sampler_->Fill(first + int64_t(m) * B, B, inputs, targets);
+      return FillLocal(
+          [&](int* in, int* tg) { return eval_sampler_->Fill(first + int64_t(m) * B, B, in, tg); },
+          inputs, targets);
     };
     absl::StatusOr<double> sum = pipeline_->RunForwardOnly(int((last - first) / B), fill);
     if (!sum.ok()) return sum.status();
@@ -405,7 +459,10 @@ absl::StatusOr<double> Trainer::Evaluate() {
     for (int64_t at = first; at < last; at += B) {
       // Cannot fail (the share lies within the windows); were it to, the
       // trainer is done with and the strategy's destructor removes its hooks.
-      if (absl::Status s = eval_sampler_->Fill(at, B, inputs_.data(), targets_.data()); !s.ok()) {
+      if (absl::Status s = FillLocal(
+              [&](int* in, int* tg) { return eval_sampler_->Fill(at, B, in, tg); },
+              inputs_.data(), targets_.data());
+          !s.ok()) {
         return s;
       }
       loss_sum += double(engine_->Forward(inputs_.data(), targets_.data(), B, T)) * B;
@@ -418,7 +475,15 @@ absl::StatusOr<double> Trainer::Evaluate() {
   }
   if (mesh_ != nullptr) total = SumOverModelGroup(mesh_->pp_forward(), *total);
   if (!total.ok()) return total.status();
-  return *total / double(count);
+  if (cp_group_ != nullptr) {
+    if (absl::Status s = cp_group_->status(); !s.ok()) return s;
+    cp_group_->TakeBytes();  // the ring's traffic of evaluation is no step's
+  }
+  if (tp_group_ != nullptr) tp_group_->TakeBytes();  // nor tp's
+  // The strategy summed over dp × cp: each cp rank's mean covers 1/cp of
+  // every window's tokens.
+  const int cp = mesh_ != nullptr ? mesh_->dims().cp() : 1;
+  return *total / double(count) / cp;
 }
 
 MemoryUse Trainer::memory() const {
@@ -440,7 +505,7 @@ absl::StatusOr<checkpoint::ShardFileInfo> Trainer::SaveShard(checkpoint::Checkpo
   checkpoint::ShardContents c;
   c.step = step;
   c.rank = rank_;
-  c.world = spec_.parallel.dp * spec_.parallel.tp * spec_.parallel.pp;
+  c.world = spec_.World();
   // In the whole model's coordinates, whatever slice this rank runs: a
   // checkpoint of one layout loads under any other.
   c.layout_fingerprint = layout.GlobalFingerprint();
@@ -540,7 +605,7 @@ absl::StatusOr<absl::Span<const float>> Trainer::WholeModel() {
   // Every slice adds its elements (one replica of each: dp coordinate 0,
   // no tp or tied replicas) into zeros, summed into rank 0: exact.
   whole_.assign(layout.global_num_params(), 0.0f);
-  if (dp_rank_ == 0) {
+  if (dp_rank_ == 0 && cp_rank_ == 0) {
     std::vector<float> copy;
     const absl::Span<const float> p = ParamsOnHost(&copy);
     ForEachGlobalPiece(layout, {{0, layout.num_params()}}, layout.ReplicaRanges(),

@@ -46,6 +46,7 @@
 #include "worker/data/sampler.h"
 #include "worker/engine/engine.h"
 #include "worker/optim/loss_scaler.h"
+#include "worker/parallel/context_parallel_group.h"
 #include "worker/parallel/data_parallel.h"
 #include "worker/parallel/mesh.h"
 #include "worker/parallel/pipeline.h"
@@ -66,6 +67,7 @@ struct StepResult {
   int64_t comm_bytes = 0;   // bytes this rank sent (ring model of the ops issued), all groups
   int64_t tp_bytes = 0;     // of which in tensor-parallel all-reduces
   int64_t pp_bytes = 0;     // of which activations and gradients sent between stages
+  int64_t cp_bytes = 0;     // of which key/value blocks and their gradients on the cp ring
   double bubble = 0;        // pp > 1: the stage's idle fraction of the step (pipeline timeline)
   int64_t tokens = 0;       // tokens this rank processed
   // Set on evaluation steps only (EvalDue): the validation loss of the
@@ -191,10 +193,15 @@ class Trainer {
   // identical on every rank (parallel::SumOverGroup), through a scratch of
   // the engine's memory when the group is a device's.
   absl::StatusOr<double> SumOverModelGroup(comm::Communicator* group, double local);
-  // Installs the tensor/pipeline parts on a composed trainer.
+  // Installs the tensor/context/pipeline parts on a composed trainer.
   absl::Status AttachModelParallel(std::unique_ptr<parallel::Mesh> mesh,
                                    std::unique_ptr<parallel::TensorParallelGroup> tp,
+                                   std::unique_ptr<parallel::ContextParallelGroup> cp,
                                    comm::Communicator* world);
+  // One micro-batch of this rank's tokens: what fill_whole gives (B whole
+  // sequences), or under cp this rank's columns of them (cp_columns_).
+  absl::Status FillLocal(const std::function<absl::Status(int*, int*)>& fill_whole, int* inputs,
+                         int* targets);
   // One step's forwards and backwards: the micro-batch loop, or the pipeline
   // schedule when pp > 1. Adds the loss sum, exposed comm time and timeline
   // figures into *r.
@@ -204,6 +211,12 @@ class Trainer {
   const int rank_;
   BatchSplit split_;  // of spec_.batch over dp
   int dp_rank_ = 0;   // this rank's dp coordinate
+  int cp_rank_ = 0;   // and its cp coordinate
+  // Context parallelism: the columns of each sequence this rank holds
+  // (ContextChunkPositions; empty without cp), and one micro-batch of whole
+  // sequences they are taken from.
+  std::vector<int> cp_columns_;
+  std::vector<int> seq_inputs_, seq_targets_;
   data::TokenIds tokens_;
   std::unique_ptr<data::BatchSampler> sampler_;
   data::TokenIds val_tokens_;
@@ -212,6 +225,7 @@ class Trainer {
   // the engine's tp group, declared before what uses them (destroyed after).
   std::unique_ptr<parallel::Mesh> mesh_;
   std::unique_ptr<parallel::TensorParallelGroup> tp_group_;
+  std::unique_ptr<parallel::ContextParallelGroup> cp_group_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<parallel::DataParallel> strategy_;  // after engine_: destroyed first
   // SumOverModelGroup's scratch in the engine's memory (device groups).

@@ -22,21 +22,26 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
   const int64_t Ct = C / tp, QKVt = config.qkv_dim() / tp, FCt = config.fc_dim() / tp;
   const int64_t Ft = config.ffn_dim / tp, Vpt = config.padded_vocab / tp;
   const int64_t att = int64_t{B} * (config.heads / tp) * T * T;
+  // Context parallelism: the ring's row statistics replace the saved
+  // probabilities (see the header).
+  const bool cp = policy.cp > 1;
+  const int64_t rows = int64_t{B} * (config.heads / tp) * T;
+  const int64_t KVt = 2 * int64_t{config.kv_heads} * config.head_dim() / tp;
   const int last = slice.end_layer(config);
   constexpr ActivationKind kSaved = ActivationKind::kSaved, kScratch = ActivationKind::kScratch;
   // numel of each block tensor (kBlockActivations order); RMSNorm keeps no
   // mean (-1: absent).
   const int64_t mean = config.norm == NormKind::kLayerNorm ? BTl : -1;
-  const int64_t block_numel[] = {BTl * C, mean, BTl, BT * QKVt, BT * Ct, att,    BTl * C,
-                                 BTl * C, mean, BTl, BT * FCt,  BT * Ft, BTl * C};
+  const int64_t block_numel[] = {BTl * C, mean, BTl, BT * QKVt, BT * Ct, cp ? rows : att,
+                                 BTl * C, BTl * C, mean, BTl, BT * FCt, BT * Ft, BTl * C};
   static_assert(std::size(kBlockActivations) == 13);
-  auto is_stat = [](const std::string& n) {
-    return absl::EndsWith(n, "_mean") || absl::EndsWith(n, "_rstd");
+  auto is_stat = [&](const std::string& n) {
+    return absl::EndsWith(n, "_mean") || absl::EndsWith(n, "_rstd") || (cp && n == "att");
   };
   // Which block tensors a recomputing block refills rather than keeps.
   auto refilled = [&](const std::string& n) {
     if (policy.recompute == Recompute::kFull) return n != "residual3";
-    return policy.recompute == Recompute::kSelective && n == "att";
+    return policy.recompute == Recompute::kSelective && n == "att" && !cp;
   };
   bool any_recomputed = false;
   for (int l = slice.first_layer; l < last; ++l) {
@@ -66,6 +71,13 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
   Add("dfch", BT * FCt, kScratch);
   Add("dfch_act", BT * Ft, kScratch);
   Add("att_scratch", att, kScratch);
+  if (cp) {
+    Add("cp_kv", 2 * BT * KVt, kScratch);
+    Add("cp_dkv", 2 * BT * KVt, kScratch);
+    Add("cp_out", BT * Ct, kScratch);
+    Add("cp_rows", rows, kScratch, true);
+    Add("cp_scores", att, kScratch);
+  }
   if (policy.sequence_parallel) {
     Add("sp_full", BT * C, kScratch);
     Add("sp_local", BTl * C, kScratch);

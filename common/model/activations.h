@@ -36,6 +36,18 @@
 // from every rank's rows) and sp_local (BTl·C: a reduce-scattered
 // output); lnf stays BT·C (the LM head's gathered input, saved).
 //
+// Context parallelism (ActivationPolicy::cp > 1; T is then this rank's
+// seq_len / cp rows): attention passes key/value blocks around the cp ring
+// and recomputes its probabilities in backward (as flash attention does),
+// so a block's att is the attention's row logsumexp (B·(NH/tp)·T, fp32)
+// instead of its probabilities, and scratch adds the ring's buffers:
+// cp_kv and cp_dkv (2·BT·KVt each: the block in use and the one arriving,
+// KVt = 2·KV/tp), cp_out (BT·Ct: one block's output before the merge),
+// cp_rows (B·(NH/tp)·T fp32: one block's logsumexp, or backward's row dot
+// products) and cp_scores (B·(NH/tp)·T·T, beside att_scratch: a block's
+// probabilities and their gradients). Selective recomputation has nothing
+// left to refill under cp (the logsumexp is kept).
+//
 // Recomputation (ActivationPolicy, the job's model.recompute) moves tensors
 // of the first `recompute_layers` blocks of the slice (all by default) from
 // the saved set to one shared scratch set, "recompute.<name>", that the
@@ -79,6 +91,9 @@ struct ActivationPolicy {
   // residual stream, the LayerNorms and their statistics hold only this tp
   // rank's BT/tp rows (see the table below).
   bool sequence_parallel = false;
+  // Context parallelism (parallel.cp): the engine's T is this rank's share
+  // of the sequence, and attention runs as a ring (see the table below).
+  int cp = 1;
 
   // Whether block `i` of a slice (0-based within the slice) recomputes.
   bool Recomputes(int i) const {

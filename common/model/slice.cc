@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -117,6 +120,26 @@ ModelSlice SliceOf(const std::vector<int>& stage_layers, int stage, int tp, int 
   slice.tp = tp;
   slice.tp_rank = tp_rank;
   return slice;
+}
+
+std::vector<int> ContextChunkPositions(int seq_len, int cp, int cp_rank) {
+  if (cp < 1 || cp_rank < 0 || cp_rank >= cp || seq_len < 1 ||
+      (cp > 1 && seq_len % (2 * cp) != 0)) {
+    std::fprintf(stderr, "ContextChunkPositions: seq_len %d, cp %d, rank %d\n", seq_len, cp,
+                 cp_rank);
+    std::abort();
+  }
+  std::vector<int> pos(seq_len / cp);
+  if (cp == 1) {
+    for (int i = 0; i < seq_len; ++i) pos[i] = i;
+    return pos;
+  }
+  const int c = seq_len / (2 * cp);
+  for (int i = 0; i < c; ++i) {
+    pos[i] = cp_rank * c + i;
+    pos[c + i] = (2 * cp - 1 - cp_rank) * c + i;
+  }
+  return pos;
 }
 
 }  // namespace shardtrain::model

@@ -81,6 +81,15 @@ absl::StatusOr<std::vector<int>> StageLayers(const ModelConfig& config, int pp,
 // tp_rank in range.
 ModelSlice SliceOf(const std::vector<int>& stage_layers, int stage, int tp, int tp_rank);
 
+// Context parallelism's chunks: the position in its sequence of each of the
+// seq_len / cp rows that cp rank `cp_rank` holds. The sequence is cut into
+// 2·cp chunks of c = seq_len / (2·cp) tokens and the rank holds chunks
+// cp_rank and 2·cp − 1 − cp_rank, in that order (an early and a late one:
+// under causal attention every rank then has the same work). Preconditions
+// (abort otherwise): cp >= 1, 0 <= cp_rank < cp, 2·cp divides seq_len (cp =
+// 1: the identity 0 .. seq_len − 1).
+std::vector<int> ContextChunkPositions(int seq_len, int cp, int cp_rank);
+
 }  // namespace shardtrain::model
 
 #endif  // SHARDTRAIN_COMMON_MODEL_SLICE_H_

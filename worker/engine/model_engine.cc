@@ -68,6 +68,17 @@ absl::Status ValidateModelEngine(const ModelConfig& config, int B, int T,
       (options.tp == nullptr || options.tp->size() != tp || options.tp->rank() != sl.tp_rank)) {
     return absl::InvalidArgumentError("tensor-parallel slice without its tp group");
   }
+  const int cp = options.activations.cp;
+  if (cp < 1 || (cp > 1 && (options.cp == nullptr || options.cp->size() != cp))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.cp: ", cp, " without its context-parallel group of ", cp, " ranks"));
+  }
+  if (cp > 1 && (int64_t{T} * cp > config.context || T % 2 != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.cp: ", cp, " ranks of ", T, " tokens each make sequences of ",
+                     int64_t{T} * cp, " tokens, which must be within model.context ",
+                     config.context, " and divisible by 2 × ", cp));
+  }
   return absl::OkStatus();
 }
 
@@ -99,6 +110,7 @@ ModelEngine::ModelEngine(const ModelConfig& config, int B, int T, const ModelEng
     : layout_(config, options.slice),
       whole_(config),
       tp_(options.slice.tp > 1 ? options.tp : nullptr),
+      cp_(options.activations.cp > 1 ? options.cp : nullptr),
       B_(B),
       T_(T),
       policy_(options.activations),
@@ -106,6 +118,11 @@ ModelEngine::ModelEngine(const ModelConfig& config, int B, int T, const ModelEng
       table_(config, B, T, options.slice, compute, options.activations),
       rotary_(model::RotaryTable(config)) {
   const int64_t BT = int64_t{B} * T;
+  if (cp_ != nullptr) {
+    for (int r = 0; r < cp_->size(); ++r) {
+      cp_pos_.push_back(model::ContextChunkPositions(T * cp_->size(), cp_->size(), r));
+    }
+  }
   slots_.resize(options.slots);
   for (SlotActs& s : slots_) {
     s.layers.resize(layout_.num_layers());
@@ -171,6 +188,11 @@ void ModelEngine::BindActivations(char* base) {
   att_scratch_ = take(nullptr, "att_scratch");
   sp_full_ = take(nullptr, "sp_full");
   sp_local_ = take(nullptr, "sp_local");
+  cp_kv_ = take(nullptr, "cp_kv");
+  cp_dkv_ = take(nullptr, "cp_dkv");
+  cp_out_ = take(nullptr, "cp_out");
+  cp_rows_ = f32(take(nullptr, "cp_rows"));
+  cp_scores_ = take(nullptr, "cp_scores");
 }
 
 void ModelEngine::InitSliceHost(uint64_t seed, size_t begin, size_t end, float* out,
@@ -231,6 +253,84 @@ void ModelEngine::Fail(const char* what) const {
   std::abort();
 }
 
+void ModelEngine::AttentionBlockForward(void*, float*, void*, float*, void*, const void*,
+                                        const void*, const int*, const int*, int, int, int, int,
+                                        int, bool) {
+  Fail("ModelEngine: this device has no attention by blocks (context parallelism)");
+}
+void ModelEngine::AttentionRowDot(float*, const void*, const void*, int, int, int, int) {
+  Fail("ModelEngine: this device has no attention by blocks (context parallelism)");
+}
+void ModelEngine::AttentionBlockBackward(void*, void*, void*, void*, const void*, const void*,
+                                         const void*, const float*, const float*, const int*,
+                                         const int*, int, int, int, int, int) {
+  Fail("ModelEngine: this device has no attention by blocks (context parallelism)");
+}
+void ModelEngine::CopyKv(void*, const void*, int, int, int, int) {
+  Fail("ModelEngine: this device has no attention by blocks (context parallelism)");
+}
+void ModelEngine::AddKvGrad(void*, const void*, int, int, int, int) {
+  Fail("ModelEngine: this device has no attention by blocks (context parallelism)");
+}
+
+// The ring: at pass s, this rank holds the key/value block of cp rank
+// (rank − s) mod cp. The pass that brings the next block starts before the
+// block in hand is computed (double buffer: cp_kv_ holds two blocks).
+void ModelEngine::RingAttentionForward(LayerActs& a, int b, int t) {
+  const model::ModelConfig& cfg = config();
+  const int tp = layout_.slice().tp, Ct = cfg.dim / tp, NHt = cfg.heads / tp,
+            KVHt = cfg.kv_heads / tp, KVt = KVHt * cfg.head_dim();
+  const int n = cp_->size(), r = cp_->rank();
+  const int64_t block = int64_t{b} * t * 2 * KVt;  // elements of one kv block
+  const size_t esz = DataTypeSize(table_.compute());
+  char* kv[2] = {static_cast<char*>(cp_kv_), static_cast<char*>(cp_kv_) + block * esz};
+  CopyKv(kv[0], a.qkv, b, t, Ct, KVt);
+  for (int s = 0; s < n; ++s) {
+    const bool more = s + 1 < n;
+    if (more) cp_->StartRingPass(kv[s % 2], kv[(s + 1) % 2], block, table_.compute());
+    const int src = ((r - s) % n + n) % n;
+    AttentionBlockForward(a.atty, static_cast<float*>(a.att), cp_out_, cp_rows_, att_scratch_,
+                          a.qkv, kv[s % 2], cp_pos_[r].data(), cp_pos_[src].data(), b, t, Ct, NHt,
+                          KVHt, /*first=*/s == 0);
+    if (more) cp_->FinishRingPass();
+  }
+}
+
+// Backward's ring carries each block with its gradient: at pass s this
+// rank adds its queries' share into the gradient of the block it holds
+// (cp rank (rank − s) mod cp's), then passes both on; after the last pass
+// one more brings every gradient home. The block in hand is computed while
+// the next one arrives; its gradient must be complete before it leaves, so
+// gradients go after the arithmetic.
+void ModelEngine::RingAttentionBackward(LayerActs& a, int b, int t) {
+  const model::ModelConfig& cfg = config();
+  const int tp = layout_.slice().tp, Ct = cfg.dim / tp, NHt = cfg.heads / tp,
+            KVHt = cfg.kv_heads / tp, KVt = KVHt * cfg.head_dim();
+  const int n = cp_->size(), r = cp_->rank();
+  const int64_t block = int64_t{b} * t * 2 * KVt;
+  const size_t esz = DataTypeSize(table_.compute());
+  char* kv[2] = {static_cast<char*>(cp_kv_), static_cast<char*>(cp_kv_) + block * esz};
+  char* dkv[2] = {static_cast<char*>(cp_dkv_), static_cast<char*>(cp_dkv_) + block * esz};
+  CopyKv(kv[0], a.qkv, b, t, Ct, KVt);
+  Zero(dkv[0], block);
+  AttentionRowDot(cp_rows_, datty_, a.atty, b, t, Ct, NHt);
+  for (int s = 0; s < n; ++s) {
+    const int cur = s % 2, next = (s + 1) % 2;
+    if (s + 1 < n) cp_->StartRingPass(kv[cur], kv[next], block, table_.compute());
+    const int src = ((r - s) % n + n) % n;
+    AttentionBlockBackward(dqkv_, dkv[cur], att_scratch_, cp_scores_, datty_, a.qkv, kv[cur],
+                           static_cast<const float*>(a.att), cp_rows_, cp_pos_[r].data(),
+                           cp_pos_[src].data(), b, t, Ct, NHt, KVHt);
+    if (s + 1 < n) cp_->FinishRingPass();
+    // The gradient of the block just done moves on with it: it arrives
+    // where its block is next, and after the last pass at its owner.
+    cp_->StartRingPass(dkv[cur], dkv[next], block, table_.compute());
+    cp_->FinishRingPass();
+  }
+  // After n passes the gradient of this rank's own block is in hand.
+  AddKvGrad(dqkv_, dkv[n % 2], b, t, Ct, KVt);
+}
+
 void ModelEngine::CopyToTpRegionBackward(void* dinput, int64_t n) {
   if (tp_ != nullptr && tp_->size() > 1) TpAllReduceSum(dinput, n);
 }
@@ -282,6 +382,13 @@ float ModelEngine::StageForward(int slot, const int* tokens, const int* targets,
       std::fprintf(stderr, "ModelEngine::StageForward: token/target at %d outside [0, %d)\n", i, V);
       std::abort();
     }
+  }
+  if (cp_ != nullptr && t != T_) {
+    std::fprintf(stderr,
+                 "ModelEngine::StageForward: under context parallelism every micro-batch holds "
+                 "the rank's %d tokens of each sequence, got %d\n",
+                 T_, t);
+    std::abort();
   }
   SlotActs& s = slots_[slot];
   s.b = b;
@@ -464,7 +571,11 @@ void ModelEngine::BlockForwardMath(int l, LayerActs& a, const void* residual, in
   if (cfg.positions == model::PositionKind::kRotary) {
     RotaryForward(a.qkv, b, t, NHt, KVHt, /*inverse=*/false);
   }
-  AttentionForward(a.atty, a.att, att_scratch_, a.qkv, b, t, Ct, NHt, KVHt);
+  if (cp_ != nullptr) {
+    RingAttentionForward(a, b, t);
+  } else {
+    AttentionForward(a.atty, a.att, att_scratch_, a.qkv, b, t, Ct, NHt, KVHt);
+  }
   ResidualForward(a.residual2, residual,
                   RowParallelForward(a.atty, w(kAttnProjW), w(kAttnProjB), N, Ct, C), NlC);
   NormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w(kLn2W), w(kLn2B), Nl);
@@ -483,6 +594,8 @@ void ModelEngine::Refill(int l, LayerActs& a, const void* residual, int b, int t
   }
   // Selective: the softmax probabilities from the saved qkv. The output is
   // the saved atty again; it goes to proj_out_ (N·C >= N·Ct), unused here.
+  // Under context parallelism nothing: the ring recomputes them anyway.
+  if (cp_ != nullptr) return;
   const int tp = layout_.slice().tp;
   AttentionForward(proj_out_, a.att, att_scratch_, a.qkv, b, t, config().dim / tp,
                    config().heads / tp, config().kv_heads / tp);
@@ -522,7 +635,11 @@ void ModelEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b
   Zero(dqkv_, int64_t{N} * QKVt);
   MatmulBackward(datty_, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), C, a.atty,
                  w(kAttnProjW), w(kAttnProjB), N, Ct, C);
-  AttentionBackward(dqkv_, att_scratch_, datty_, a.qkv, a.att, b, t, Ct, NHt, KVHt);
+  if (cp_ != nullptr) {
+    RingAttentionBackward(a, b, t);
+  } else {
+    AttentionBackward(dqkv_, att_scratch_, datty_, a.qkv, a.att, b, t, Ct, NHt, KVHt);
+  }
   if (cfg.positions == model::PositionKind::kRotary) {
     RotaryForward(dqkv_, b, t, NHt, KVHt, /*inverse=*/true);  // dL/d(q, k before rotation)
   }

@@ -34,6 +34,7 @@
 #include "common/model/config.h"
 #include "common/model/param_layout.h"
 #include "common/model/slice.h"
+#include "worker/engine/context_parallel.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/tensor_parallel.h"
 
@@ -45,6 +46,11 @@ struct ModelEngineOptions {
   // The slice's tp group (rank slice.tp_rank of slice.tp); required when
   // slice.tp > 1, must outlive the engine.
   TensorParallel* tp = nullptr;
+  // Context parallelism: the engine's T is this rank's seq_len / cp tokens
+  // of each sequence (common/model/slice.h: ContextChunkPositions, at
+  // activations.cp ranks), attention a ring over this group. Required when
+  // activations.cp > 1 (size activations.cp), must outlive the engine.
+  ContextParallel* cp = nullptr;
   // What each block keeps for backward and what it recomputes
   // (model.recompute; common/model/activations.h).
   model::ActivationPolicy activations;
@@ -60,7 +66,8 @@ struct ModelEngineOptions {
 
 // The checks every engine makes of its shape and slice: B >= 1, 1 <= T <=
 // context, slots >= 1, a slice within the model whose tp divides heads,
-// kv_heads, ffn_dim and the padded vocabulary, with its group when tp > 1.
+// kv_heads, ffn_dim and the padded vocabulary, with its group when tp > 1;
+// under cp > 1 its group, T · cp within the context and divisible by 2·cp.
 // InvalidArgument naming the field otherwise.
 absl::Status ValidateModelEngine(const model::ModelConfig& config, int B, int T,
                                  const ModelEngineOptions& options);
@@ -130,6 +137,10 @@ class ModelEngine : public Engine {
   // Rotary's (context, hs/2, [cos, sin]) table (model::RotaryTable), in host
   // memory; empty without rotary positions.
   const std::vector<float>& rotary_table() const { return rotary_; }
+  // Context parallelism: the position in its sequence of each of the T
+  // columns (host memory), which the encoder's learned positions and
+  // rotary read; null without cp (column t is position t).
+  const int* positions() const { return cp_ == nullptr ? nullptr : cp_pos_[cp_->rank()].data(); }
   SlotActs& slot(int k) { return slots_[k]; }
   const SlotActs& slot(int k) const { return slots_[k]; }
   // The (b, t, C) output of slot k's last block (its input on a stage
@@ -208,6 +219,23 @@ class ModelEngine : public Engine {
   virtual void CrossEntropyBackward(SlotActs& s, float dloss) = 0;
   // dln (N, C) += the LM head's input gradient; the head weight's gradient +=.
   virtual void LmHeadBackward(SlotActs& s, void* dln) = 0;
+  // ---- Attention by blocks of keys, for context parallelism's ring (called
+  // only under cp; engine/cpu/layers.h's functions of the same names say
+  // what each computes). lse, blk_lse and D are fp32 rows (b, NHt, t);
+  // kv blocks (b, t, 2·KVHt·hs). The defaults fail: a device without them
+  // is refused cp before an engine is made.
+  virtual void AttentionBlockForward(void* out, float* lse, void* blk_out, float* blk_lse,
+                                     void* scores, const void* qkv, const void* kv,
+                                     const int* pos_q, const int* pos_k, int b, int t, int Ct,
+                                     int NHt, int KVHt, bool first);
+  virtual void AttentionRowDot(float* D, const void* dout, const void* out, int b, int t, int Ct,
+                               int NHt);
+  virtual void AttentionBlockBackward(void* dqkv, void* dkv, void* scores, void* dscores,
+                                      const void* dout, const void* qkv, const void* kv,
+                                      const float* lse, const float* D, const int* pos_q,
+                                      const int* pos_k, int b, int t, int Ct, int NHt, int KVHt);
+  virtual void CopyKv(void* kv, const void* qkv, int b, int t, int Ct, int KVt);
+  virtual void AddKvGrad(void* dqkv, const void* dkv, int b, int t, int Ct, int KVt);
   // In place sum over the tp group (called only when tp > 1).
   virtual void TpAllReduceSum(void* x, int64_t n) = 0;
   // Sequence parallelism (called only then): full (tp·n) = every rank's
@@ -240,6 +268,14 @@ class ModelEngine : public Engine {
   // MLP's activation from the block's input `residual`.
   void Refill(int layer, LayerActs& a, const void* residual, int b, int t);
   void BlockBackward(int layer, LayerActs& a, const void* residual, int b, int t);
+  // Attention under context parallelism: this rank's queries against every
+  // cp rank's key/value block as it passes around the ring (the block in
+  // hand computed while the next one arrives), merged by logsumexp into
+  // a.atty and a.att (the rows' logsumexp). Backward recomputes each
+  // block's probabilities from a.qkv and passes each block's key/value
+  // gradient around with it, back to its owner, into dqkv_.
+  void RingAttentionForward(LayerActs& a, int b, int t);
+  void RingAttentionBackward(LayerActs& a, int b, int t);
   // The recipe's switches, one place each: the norm (LayerNorm with its mean
   // and bias, or RMSNorm), the MLP's activation on fch (N, FCt) into (N, Ft)
   // (GELU, or SwiGLU of [gate | up]) and their backward.
@@ -272,6 +308,9 @@ class ModelEngine : public Engine {
   model::ParamLayout layout_;
   const model::ParamLayout whole_;  // the whole model's layout (init, global indices)
   TensorParallel* const tp_;
+  ContextParallel* const cp_;  // null without context parallelism
+  // Per cp rank: the positions of its T columns (ContextChunkPositions).
+  std::vector<std::vector<int>> cp_pos_;
   const int B_, T_;
   const model::ActivationPolicy policy_;
   const bool sp_;  // sequence parallelism
@@ -281,7 +320,9 @@ class ModelEngine : public Engine {
   // scratch
   void *proj_out_ = nullptr, *dresidual_ = nullptr, *dln_ = nullptr, *datty_ = nullptr,
        *dqkv_ = nullptr, *dfch_ = nullptr, *dfch_act_ = nullptr, *att_scratch_ = nullptr,
-       *sp_full_ = nullptr, *sp_local_ = nullptr;
+       *sp_full_ = nullptr, *sp_local_ = nullptr, *cp_kv_ = nullptr, *cp_dkv_ = nullptr,
+       *cp_out_ = nullptr, *cp_scores_ = nullptr;
+  float* cp_rows_ = nullptr;
   std::function<void(size_t)> grads_ready_;
   std::function<void(int, bool)> param_hook_;
 };

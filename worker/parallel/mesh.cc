@@ -75,6 +75,14 @@ absl::StatusOr<std::unique_ptr<Mesh>> Mesh::Create(const ParallelDims& dims, int
     }
     if (!s.ok()) return s;
   }
+  if (dims.cp() > 1) {
+    absl::Status s = split(GroupIndex(dims, GroupKind::kCp, rank), c.cp, "cp", &mesh->cp_);
+    if (s.ok()) {
+      s = split(GroupIndex(dims, GroupKind::kReplica, rank), dims.ReplicaIndex(c), "replica",
+                &mesh->replica_);
+    }
+    if (!s.ok()) return s;
+  }
   return mesh;
 }
 

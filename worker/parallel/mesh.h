@@ -1,8 +1,12 @@
-// Mesh: one rank's communicators of the data × tensor × pipeline mesh
-// (common/parallel_dims.h), split once from the world communicator when a
-// job starts:
-//   dp           the ranks that differ only in the dp coordinate: gradient
-//                all-reduce / ZeRO shards (the strategies in this folder);
+// Mesh: one rank's communicators of the data × context × tensor × pipeline
+// mesh (common/parallel_dims.h), split once from the world communicator
+// when a job starts:
+//   dp           the ranks that differ only in the dp coordinate;
+//   cp           the ranks that differ only in cp: context parallelism's
+//                ring (parallel/context_parallel_group.h);
+//   replica      the ranks that differ in dp or cp: gradient all-reduce /
+//                ZeRO shards (the strategies in this folder) — dp itself
+//                when cp = 1;
 //   tp           the ranks that differ only in tp: tensor-parallel layers;
 //   pp_forward   the pipeline group, for activations sent to the next stage;
 //   pp_backward  the same ranks, for gradients sent to the previous stage;
@@ -17,8 +21,9 @@
 // directions (and, under 1F1B, risking a wait cycle). Separate
 // communicators give each direction its own queue.
 //
-// Every accessor returns nullptr for a group of one rank (dp == 1, tp == 1,
-// pp == 1; tied when pp == 1 or on a middle stage): the strategies treat a
+// Every accessor returns nullptr for a group of one rank (dp == 1, cp == 1,
+// tp == 1, pp == 1; replica when dp · cp == 1; tied when pp == 1 or on a
+// middle stage): the strategies treat a
 // null communicator as a group of one. Ranks within a group are ordered by
 // that coordinate (rank i of the dp group has dp coordinate i; the stage
 // index is the rank in the pipeline groups, and the first stage is rank 0 of
@@ -41,8 +46,9 @@ class Mesh {
  public:
   // Collective over `world` (not owned; nullptr when dims.world() == 1): every
   // rank must call it, with the same dims, before any other Split on `world`.
-  // It splits, in this order, dp, tp, pp_forward, pp_backward and tied,
-  // skipping the kinds whose groups have one rank (the same on every rank);
+  // It splits, in this order, dp, tp, pp_forward, pp_backward, tied, cp and
+  // replica (the last two only when cp > 1), skipping the kinds whose
+  // groups have one rank (the same on every rank);
   // each split implicitly synchronises the ranks of the world. Colour = the
   // index of this rank's group in ParallelDims::Groups(kind), key = its
   // coordinate. INVALID_ARGUMENT when `world` does not match dims (size,
@@ -62,6 +68,8 @@ class Mesh {
   int next_stage() const { return coord_.pp + 1 < dims_.pp() ? coord_.pp + 1 : -1; }
 
   comm::Communicator* dp() const { return dp_.get(); }
+  comm::Communicator* cp() const { return cp_.get(); }
+  comm::Communicator* replica() const { return dims_.cp() > 1 ? replica_.get() : dp_.get(); }
   comm::Communicator* tp() const { return tp_.get(); }
   comm::Communicator* pp_forward() const { return pp_forward_.get(); }
   comm::Communicator* pp_backward() const { return pp_backward_.get(); }
@@ -73,7 +81,7 @@ class Mesh {
   ParallelDims dims_;
   int rank_;
   MeshCoord coord_;
-  std::unique_ptr<comm::Communicator> dp_, tp_, pp_forward_, pp_backward_, tied_;
+  std::unique_ptr<comm::Communicator> dp_, tp_, pp_forward_, pp_backward_, tied_, cp_, replica_;
 };
 
 }  // namespace shardtrain::parallel

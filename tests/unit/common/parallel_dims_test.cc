@@ -1,9 +1,12 @@
-// ParallelDims (the dp × tp × pp mesh) and SplitBatch: the layout by hand,
+// ParallelDims (the dp × cp × tp × pp mesh) and SplitBatch: the layout by hand,
 // groups that partition the world, and every refusal naming its fields.
 #include "common/parallel_dims.h"
 
 #include <gtest/gtest.h>
 
+#include "common/model/slice.h"
+
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -76,6 +79,65 @@ TEST(ParallelDimsTest, GroupsPartitionTheWorld) {
       }
     }
   }
+}
+
+// Context parallelism: tp fastest, then cp, then dp, then pp. dp2 × cp2 ×
+// tp2 × pp2 = 16 by hand: rank = ((pp·2 + dp)·2 + cp)·2 + tp.
+TEST(ParallelDimsTest, ContextParallelOrderByHand) {
+  const ParallelDims d = *ParallelDims::Create(ParallelDims::Factors{2, 2, 2, 2});
+  ASSERT_EQ(d.world(), 16);
+  EXPECT_EQ(d.replicas(), 4);
+  EXPECT_EQ(d.Coord(6), (MeshCoord{1, 0, 0, 1}));  // dp 1, tp 0, pp 0, cp 1
+  EXPECT_EQ(d.Coord(13), (MeshCoord{1, 1, 1, 0}));
+  for (int r = 0; r < 16; ++r) ASSERT_EQ(d.Rank(d.Coord(r)), r);
+  EXPECT_EQ(d.Group(GroupKind::kCp, 0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(d.Group(GroupKind::kDp, 0), (std::vector<int>{0, 4}));
+  EXPECT_EQ(d.Group(GroupKind::kTp, 2), (std::vector<int>{2, 3}));
+  EXPECT_EQ(d.Group(GroupKind::kPp, 0), (std::vector<int>{0, 8}));
+  // The replica group: dp × cp, in the order dp · cp + cp (ReplicaIndex).
+  EXPECT_EQ(d.Group(GroupKind::kReplica, 9), (std::vector<int>{9, 11, 13, 15}));
+  for (int r : d.Group(GroupKind::kReplica, 9)) {
+    EXPECT_EQ(d.Group(GroupKind::kReplica, 9)[d.ReplicaIndex(d.Coord(r))], r);
+  }
+  EXPECT_EQ(d.Groups(GroupKind::kReplica).size(), 4u);
+  // One speaker per dp replica: last stage, tp 0, cp 0.
+  std::vector<int> speakers;
+  for (int r = 0; r < 16; ++r) {
+    if (d.SpeaksForReplica(r)) speakers.push_back(r);
+  }
+  EXPECT_EQ(speakers, (std::vector<int>{8, 12}));
+  // Without cp the layout is the dp × tp × pp one.
+  const ParallelDims plain = *ParallelDims::Create(ParallelDims::Factors{2, 1, 2, 2});
+  const ParallelDims old = *ParallelDims::Create(2, 2, 2);
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(plain.Coord(r), old.Coord(r));
+  // The sequence: 2·cp divides it.
+  EXPECT_TRUE(d.CheckSequence(8).ok());
+  const absl::Status odd = d.CheckSequence(6);
+  EXPECT_EQ(odd.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(odd.message().find("parallel.cp: 2 × 2 = 4 does not divide batch.seq_len: 6"),
+            std::string::npos)
+      << odd;
+  const absl::Status zero = ParallelDims::Create(ParallelDims::Factors{1, 0, 1, 1}).status();
+  EXPECT_NE(zero.message().find("parallel.cp: must be >= 1, got 0"), std::string::npos) << zero;
+  const absl::Status world = ParallelDims::Create(ParallelDims::Factors{2, 2, 1, 1}, 8).status();
+  EXPECT_NE(world.message().find(
+                "parallel.dp × parallel.cp × parallel.tp × parallel.pp = 2 × 2 × 1 × 1 = 4 ≠ "
+                "world 8"),
+            std::string::npos)
+      << world;
+}
+
+// Chunks r and 2·cp − 1 − r of 2·cp, in that order.
+TEST(ParallelDimsTest, ContextChunkPositions) {
+  EXPECT_EQ(model::ContextChunkPositions(8, 2, 0), (std::vector<int>{0, 1, 6, 7}));
+  EXPECT_EQ(model::ContextChunkPositions(8, 2, 1), (std::vector<int>{2, 3, 4, 5}));
+  EXPECT_EQ(model::ContextChunkPositions(4, 1, 0), (std::vector<int>{0, 1, 2, 3}));
+  std::vector<int> all;
+  for (int r = 0; r < 3; ++r) {
+    for (int p : model::ContextChunkPositions(12, 3, r)) all.push_back(p);
+  }
+  std::sort(all.begin(), all.end());
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(all[i], i);
 }
 
 TEST(ParallelDimsTest, RefusalsNameEveryFactor) {

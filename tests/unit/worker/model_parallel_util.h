@@ -43,7 +43,14 @@ struct Layout {
   int recompute_layers = -1;       // model.recompute_layers (-1: all)
   bool sp = false;                 // parallel.sequence_parallel
   bool llama = false;              // model.arch: llama (GQA, rotary, SwiGLU, untied head)
+  int cp = 1;                      // parallel.cp
 };
+
+// `l` with context parallelism over `cp` ranks.
+inline Layout Cp(Layout l, int cp) {
+  l.cp = cp;
+  return l;
+}
 
 // `l` for the Llama model (Corpus::Spec).
 inline Layout Llama(Layout l) {
@@ -52,7 +59,8 @@ inline Layout Llama(Layout l) {
 }
 
 inline std::string Name(const Layout& l) {
-  std::string s = absl::StrCat("dp", l.dp, "_tp", l.tp, "_pp", l.pp);
+  std::string s = absl::StrCat("dp", l.dp, l.cp > 1 ? absl::StrCat("_cp", l.cp) : "", "_tp", l.tp,
+                               "_pp", l.pp);
   if (l.pp > 1) absl::StrAppend(&s, "_", l.schedule, "_m", 16 / (l.micro * l.dp));
   if (l.zero > 0) absl::StrAppend(&s, "_zero", l.zero);
   if (std::string(l.recompute) != "none") absl::StrAppend(&s, "_", l.recompute);
@@ -88,7 +96,7 @@ class Corpus {
         l.recompute_layers > 0 ? absl::StrCat(", recompute_layers: ", l.recompute_layers) : "",
         "}\n", "data: {train: ", (dir_ / "train.txt").string(),
         ", val: ", (dir_ / "val.txt").string(), "}\n", "batch: {global: 16, micro: ", l.micro,
-        ", seq_len: 32}\n", "parallel: {dp: ", l.dp, ", tp: ", l.tp, ", pp: ", l.pp,
+        ", seq_len: 32}\n", "parallel: {dp: ", l.dp, ", cp: ", l.cp, ", tp: ", l.tp, ", pp: ", l.pp,
         ", zero: ", l.zero, ", schedule: ", l.schedule, l.sp ? ", sequence_parallel: true" : "",
         "}\n", "optimizer: {lr: 0.003, warmup_steps: 2, weight_decay: 0.1, grad_clip: 1.0}\n",
         "eval: {every: 10, batches: 1}\n", "steps: ", kSteps, "\n",

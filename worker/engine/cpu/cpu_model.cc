@@ -94,14 +94,15 @@ void CpuModel::EncoderForward(SlotActs& s) {
   const int C = config().dim;
   if (tp() == nullptr) {
     cpu::EncoderForward(F(s.encoded), s.tokens.data(), param(layout().wte()), param(layout().wpe()),
-                        s.b, s.t, C, &pool_);
+                        s.b, s.t, C, &pool_, positions());
   } else if (sequence_parallel()) {
     VocabParallelEncoderForward(F(sp_full()), s.tokens.data(), param(layout().wte()),
                                 param(layout().wpe()), s.b, s.t, C, vocab_, tp(), &pool_,
-                                F(s.encoded));
+                                F(s.encoded), positions());
   } else {
     VocabParallelEncoderForward(F(s.encoded), s.tokens.data(), param(layout().wte()),
-                                param(layout().wpe()), s.b, s.t, C, vocab_, tp(), &pool_);
+                                param(layout().wpe()), s.b, s.t, C, vocab_, tp(), &pool_, nullptr,
+                                positions());
   }
 }
 
@@ -110,10 +111,10 @@ void CpuModel::EncoderBackward(const SlotActs& s, const void* dout) {
   const int C = config().dim;
   if (tp() == nullptr) {
     cpu::EncoderBackward(grad(layout().wte()), grad(layout().wpe()), F(dout), s.tokens.data(), s.b,
-                         s.t, C);
+                         s.t, C, positions());
   } else {
     VocabParallelEncoderBackward(grad(layout().wte()), grad(layout().wpe()), F(dout),
-                                 s.tokens.data(), s.b, s.t, C, vocab_);
+                                 s.tokens.data(), s.b, s.t, C, vocab_, positions());
   }
 }
 
@@ -185,7 +186,7 @@ void CpuModel::RotaryForward(void* qkv, int b, int t, int NHt, int KVHt, bool in
   PhaseTimer tm(profiling_, &timing_.attention);
   const int hs = config().head_dim();
   cpu::RotaryForward(F(qkv), rotary_table().data(), b, t, NHt + KVHt, hs, (NHt + 2 * KVHt) * hs,
-                     inverse, &pool_);
+                     inverse, &pool_, positions());
 }
 
 void CpuModel::AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t,
@@ -198,6 +199,38 @@ void CpuModel::AttentionBackward(void* dqkv, void* scratch, const void* dout, co
                                  const void* att, int b, int t, int Ct, int NHt, int KVHt) {
   PhaseTimer tm(profiling_, &timing_.attention);
   cpu::AttentionBackward(F(dqkv), F(dout), F(qkv), F(att), F(scratch), b, t, Ct, NHt, KVHt, &pool_);
+}
+
+void CpuModel::AttentionBlockForward(void* out, float* lse, void* blk_out, float* blk_lse,
+                                     void* scores, const void* qkv, const void* kv,
+                                     const int* pos_q, const int* pos_k, int b, int t, int Ct,
+                                     int NHt, int KVHt, bool first) {
+  PhaseTimer tm(profiling_, &timing_.attention);
+  cpu::AttentionBlockForward(F(out), lse, F(blk_out), blk_lse, F(qkv), F(kv), pos_q, pos_k, b, t, t,
+                             Ct, NHt, KVHt, first, F(scores), &pool_);
+}
+
+void CpuModel::AttentionRowDot(float* D, const void* dout, const void* out, int b, int t, int Ct,
+                               int NHt) {
+  PhaseTimer tm(profiling_, &timing_.attention);
+  cpu::AttentionRowDot(D, F(dout), F(out), b, t, Ct, NHt, &pool_);
+}
+
+void CpuModel::AttentionBlockBackward(void* dqkv, void* dkv, void* scores, void* dscores,
+                                      const void* dout, const void* qkv, const void* kv,
+                                      const float* lse, const float* D, const int* pos_q,
+                                      const int* pos_k, int b, int t, int Ct, int NHt, int KVHt) {
+  PhaseTimer tm(profiling_, &timing_.attention);
+  cpu::AttentionBlockBackward(F(dqkv), F(dkv), F(dout), F(qkv), F(kv), lse, D, pos_q, pos_k, b, t,
+                              t, Ct, NHt, KVHt, F(scores), F(dscores), &pool_);
+}
+
+void CpuModel::CopyKv(void* kv, const void* qkv, int b, int t, int Ct, int KVt) {
+  cpu::CopyKv(F(kv), F(qkv), b, t, Ct, KVt, &pool_);
+}
+
+void CpuModel::AddKvGrad(void* dqkv, const void* dkv, int b, int t, int Ct, int KVt) {
+  cpu::AddKvGrad(F(dqkv), F(dkv), b, t, Ct, KVt, &pool_);
 }
 
 void CpuModel::SwiGluForward(void* out, const void* inp, int N, int H) {

@@ -113,6 +113,17 @@ class CpuModel final : public ModelEngine {
                         int NHt, int KVHt) override;
   void AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
                          const void* att, int b, int t, int Ct, int NHt, int KVHt) override;
+  void AttentionBlockForward(void* out, float* lse, void* blk_out, float* blk_lse, void* scores,
+                             const void* qkv, const void* kv, const int* pos_q, const int* pos_k,
+                             int b, int t, int Ct, int NHt, int KVHt, bool first) override;
+  void AttentionRowDot(float* D, const void* dout, const void* out, int b, int t, int Ct,
+                       int NHt) override;
+  void AttentionBlockBackward(void* dqkv, void* dkv, void* scores, void* dscores, const void* dout,
+                              const void* qkv, const void* kv, const float* lse, const float* D,
+                              const int* pos_q, const int* pos_k, int b, int t, int Ct, int NHt,
+                              int KVHt) override;
+  void CopyKv(void* kv, const void* qkv, int b, int t, int Ct, int KVt) override;
+  void AddKvGrad(void* dqkv, const void* dkv, int b, int t, int Ct, int KVt) override;
   void SwiGluForward(void* out, const void* inp, int N, int H) override;
   void SwiGluBackward(void* dinp, const void* inp, const void* dout, int N, int H) override;
   void GeluForward(void* out, const void* inp, int64_t n) override;

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 namespace shardtrain::engine::cpu {
 namespace {
@@ -94,12 +96,12 @@ void Gemm(bool ta, bool tb, int M, int N, int K, F alpha, const F* A, int lda, c
 
 template <typename F>
 void EncoderForward(F* out, const int* inp, const F* wte, const F* wpe, int B, int T, int C,
-                    ThreadPool* pool) {
+                    ThreadPool* pool, const int* pos) {
   ParallelFor(
       pool, int64_t{B} * T,
       [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
-          const int t = static_cast<int>(r % T);
+          const int t = pos == nullptr ? static_cast<int>(r % T) : pos[r % T];
           const F* e = wte + static_cast<int64_t>(inp[r]) * C;
           F* o = out + r * C;
           if (wpe == nullptr) {
@@ -114,9 +116,10 @@ void EncoderForward(F* out, const int* inp, const F* wte, const F* wpe, int B, i
 }
 
 template <typename F>
-void EncoderBackward(F* dwte, F* dwpe, const F* dout, const int* inp, int B, int T, int C) {
+void EncoderBackward(F* dwte, F* dwpe, const F* dout, const int* inp, int B, int T, int C,
+                     const int* pos) {
   for (int64_t r = 0; r < int64_t{B} * T; ++r) {
-    const int t = static_cast<int>(r % T);
+    const int t = pos == nullptr ? static_cast<int>(r % T) : pos[r % T];
     F* de = dwte + static_cast<int64_t>(inp[r]) * C;
     const F* d = dout + r * C;
     for (int c = 0; c < C; ++c) de[c] += d[c];
@@ -268,14 +271,15 @@ void RmsNormBackward(F* dinp, F* dweight, const F* dout, const F* inp, const F* 
 
 template <typename F>
 void RotaryForward(F* x, const float* table, int B, int T, int heads, int hs, int ld, bool inverse,
-                   ThreadPool* pool) {
+                   ThreadPool* pool, const int* pos) {
   const int half = hs / 2;
   const F sign = inverse ? F(-1) : F(1);
   ParallelFor(
       pool, int64_t{B} * T,
       [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
-          const float* angle = table + (r % T) * half * 2;  // position t of row r
+          const int64_t t = pos == nullptr ? r % T : pos[r % T];
+          const float* angle = table + t * half * 2;  // position t of row r
           F* row = x + r * ld;
           for (int h = 0; h < heads; ++h) {
             F* v = row + h * hs;
@@ -410,6 +414,168 @@ void AttentionBackward(F* dqkv, const F* dout, const F* qkv, const F* att, F* sc
         // pre = q k^T: dq += dpre k, dk += dpre^T q
         GemmSerial(false, false, T, hs, T, F(1), g, T, k, W, F(1), dq, W);
         GemmSerial(true, false, T, hs, T, F(1), g, T, q, W, F(1), dk, W);
+      }
+    }
+  });
+}
+
+// ------------------------------------------- attention by blocks (context parallelism)
+
+template <typename F>
+void CopyKv(F* kv, const F* qkv, int B, int T, int C, int KV, ThreadPool* pool) {
+  const int W = C + 2 * KV;
+  ParallelFor(
+      pool, int64_t{B} * T,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          std::copy(qkv + r * W + C, qkv + (r + 1) * W, kv + r * 2 * KV);
+        }
+      },
+      64);
+}
+
+template <typename F>
+void AddKvGrad(F* dqkv, const F* dkv, int B, int T, int C, int KV, ThreadPool* pool) {
+  const int W = C + 2 * KV;
+  ParallelFor(
+      pool, int64_t{B} * T,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          F* d = dqkv + r * W + C;
+          const F* g = dkv + r * 2 * KV;
+          for (int c = 0; c < 2 * KV; ++c) d[c] += g[c];
+        }
+      },
+      64);
+}
+
+template <typename F>
+void AttentionBlockForward(F* out, F* lse, F* blk_out, F* blk_lse, const F* qkv, const F* kv,
+                           const int* pos_q, const int* pos_k, int B, int Tq, int Tk, int C,
+                           int NH, int KVH, bool first, F* scores, ThreadPool* pool) {
+  const int hs = C / NH, group = NH / KVH, KV = KVH * hs;
+  const int W = C + 2 * KV;
+  const F scale = F(1) / std::sqrt(F(hs));
+  const F kNegInf = -std::numeric_limits<F>::infinity();
+  // The block's own result goes to blk_out / blk_lse (to out / lse itself
+  // for the first block), then merges.
+  F* const bo = first ? out : blk_out;
+  F* const bl = first ? lse : blk_lse;
+  ParallelFor(pool, int64_t{B} * NH, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int b = static_cast<int>(u / NH), h = static_cast<int>(u % NH);
+      const F* q = qkv + int64_t{b} * Tq * W + h * hs;
+      const F* k = kv + int64_t{b} * Tk * 2 * KV + (h / group) * hs;
+      const F* v = k + KV;
+      F* s = scores + u * Tq * Tk;
+      F* l = lse + u * Tq;
+      F* row_lse = bl + u * Tq;
+      GemmSerial(false, true, Tq, Tk, hs, scale, q, W, k, 2 * KV, F(0), s, Tk);
+      for (int i = 0; i < Tq; ++i) {
+        F* r = s + int64_t{i} * Tk;
+        F maxv = kNegInf;
+        for (int j = 0; j < Tk; ++j) {
+          if (pos_k[j] <= pos_q[i]) maxv = std::max(maxv, r[j]);
+        }
+        if (maxv == kNegInf) {  // no key of this block is visible to the row
+          std::fill(r, r + Tk, F(0));
+          row_lse[i] = kNegInf;
+          continue;
+        }
+        F sum = 0;
+        for (int j = 0; j < Tk; ++j) {
+          r[j] = pos_k[j] <= pos_q[i] ? Exp(r[j] - maxv) : F(0);
+          sum += r[j];
+        }
+        const F inv = F(1) / sum;
+        for (int j = 0; j < Tk; ++j) r[j] *= inv;
+        row_lse[i] = maxv + std::log(sum);
+      }
+      F* const o_blk = bo + int64_t{b} * Tq * C + h * hs;  // row stride C
+      GemmSerial(false, false, Tq, hs, Tk, F(1), s, Tk, v, 2 * KV, F(0), o_blk, C);
+      if (first) continue;
+      for (int i = 0; i < Tq; ++i) {
+        F* o = out + (int64_t{b} * Tq + i) * C + h * hs;
+        const F* n = o_blk + int64_t{i} * C;
+        if (row_lse[i] == kNegInf) continue;  // nothing to merge
+        // out, lse := the softmax over both key sets: weights by logsumexp.
+        const F m = std::max(l[i], row_lse[i]);
+        const F merged = m + std::log(Exp(l[i] - m) + Exp(row_lse[i] - m));
+        const F w_old = Exp(l[i] - merged), w_new = Exp(row_lse[i] - merged);
+        for (int c = 0; c < hs; ++c) o[c] = w_old * o[c] + w_new * n[c];
+        l[i] = merged;
+      }
+    }
+  });
+}
+
+template <typename F>
+void AttentionRowDot(F* D, const F* dout, const F* out, int B, int T, int C, int NH,
+                     ThreadPool* pool) {
+  const int hs = C / NH;
+  ParallelFor(
+      pool, int64_t{B} * NH,
+      [&](int64_t u0, int64_t u1) {
+        for (int64_t u = u0; u < u1; ++u) {
+          const int b = static_cast<int>(u / NH), h = static_cast<int>(u % NH);
+          for (int i = 0; i < T; ++i) {
+            const int64_t at = (int64_t{b} * T + i) * C + h * hs;
+            F d = 0;
+            for (int c = 0; c < hs; ++c) d += dout[at + c] * out[at + c];
+            D[u * T + i] = d;
+          }
+        }
+      },
+      1);
+}
+
+template <typename F>
+void AttentionBlockBackward(F* dqkv, F* dkv, const F* dout, const F* qkv, const F* kv,
+                            const F* lse, const F* D, const int* pos_q, const int* pos_k, int B,
+                            int Tq, int Tk, int C, int NH, int KVH, F* scores, F* dscores,
+                            ThreadPool* pool) {
+  const int hs = C / NH, group = NH / KVH, KV = KVH * hs;
+  const int W = C + 2 * KV;
+  const F scale = F(1) / std::sqrt(F(hs));
+  // Per (b, key/value head), its group's query heads in order: the heads
+  // sharing dK and dV add into them from one thread.
+  ParallelFor(pool, int64_t{B} * KVH, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int b = static_cast<int>(u / KVH), j = static_cast<int>(u % KVH);
+      const F* k = kv + int64_t{b} * Tk * 2 * KV + j * hs;
+      const F* v = k + KV;
+      F* dk = dkv + int64_t{b} * Tk * 2 * KV + j * hs;
+      F* dv = dk + KV;
+      for (int h = j * group; h < (j + 1) * group; ++h) {
+        const int64_t bh = int64_t{b} * NH + h;
+        const F* q = qkv + int64_t{b} * Tq * W + h * hs;
+        F* dq = dqkv + int64_t{b} * Tq * W + h * hs;
+        const F* d = dout + int64_t{b} * Tq * C + h * hs;
+        F* p = scores + bh * Tq * Tk;
+        F* g = dscores + bh * Tq * Tk;
+        // P = exp(scale Q K^T - lse), 0 where the key is not visible.
+        GemmSerial(false, true, Tq, Tk, hs, scale, q, W, k, 2 * KV, F(0), p, Tk);
+        for (int i = 0; i < Tq; ++i) {
+          F* r = p + int64_t{i} * Tk;
+          const F l = lse[bh * Tq + i];
+          for (int t2 = 0; t2 < Tk; ++t2) {
+            r[t2] = pos_k[t2] <= pos_q[i] ? Exp(r[t2] - l) : F(0);
+          }
+        }
+        // out = P V: dV += P^T dout, dP = dout V^T
+        GemmSerial(true, false, Tk, hs, Tq, F(1), p, Tk, d, C, F(1), dv, 2 * KV);
+        GemmSerial(false, true, Tq, Tk, hs, F(1), d, C, v, 2 * KV, F(0), g, Tk);
+        // softmax backward with the whole row's D = rowsum(dout ∘ out):
+        // dS = P ∘ (dP − D), folding in the scale.
+        for (int i = 0; i < Tq; ++i) {
+          const F* pr = p + int64_t{i} * Tk;
+          F* gr = g + int64_t{i} * Tk;
+          const F di = D[bh * Tq + i];
+          for (int t2 = 0; t2 < Tk; ++t2) gr[t2] = pr[t2] * (gr[t2] - di) * scale;
+        }
+        // S = Q K^T: dQ += dS K, dK += dS^T Q
+        GemmSerial(false, false, Tq, hs, Tk, F(1), g, Tk, k, 2 * KV, F(1), dq, W);
+        GemmSerial(true, false, Tk, hs, Tq, F(1), g, Tk, q, W, F(1), dk, 2 * KV);
       }
     }
   });
@@ -560,8 +726,18 @@ void CrossEntropyBackwardInPlace(F* logits, const F* lse, const int* targets, F 
 #define SHARDTRAIN_INSTANTIATE_LAYERS(F)                                                           \
   template void Gemm<F>(bool, bool, int, int, int, F, const F*, int, const F*, int, F, F*, int,    \
                         ThreadPool*);                                                              \
-  template void EncoderForward<F>(F*, const int*, const F*, const F*, int, int, int, ThreadPool*); \
-  template void EncoderBackward<F>(F*, F*, const F*, const int*, int, int, int);                   \
+  template void EncoderForward<F>(F*, const int*, const F*, const F*, int, int, int, ThreadPool*,   \
+                                  const int*);                                                     \
+  template void EncoderBackward<F>(F*, F*, const F*, const int*, int, int, int, const int*);       \
+  template void CopyKv<F>(F*, const F*, int, int, int, int, ThreadPool*);                          \
+  template void AddKvGrad<F>(F*, const F*, int, int, int, int, ThreadPool*);                       \
+  template void AttentionBlockForward<F>(F*, F*, F*, F*, const F*, const F*, const int*,           \
+                                         const int*, int, int, int, int, int, int, bool, F*,       \
+                                         ThreadPool*);                                             \
+  template void AttentionRowDot<F>(F*, const F*, const F*, int, int, int, int, ThreadPool*);       \
+  template void AttentionBlockBackward<F>(F*, F*, const F*, const F*, const F*, const F*, const F*, \
+                                          const int*, const int*, int, int, int, int, int, int, F*, \
+                                          F*, ThreadPool*);                                        \
   template void LayerNormForward<F>(F*, F*, F*, const F*, const F*, const F*, int, int,            \
                                     ThreadPool*);                                                  \
   template void LayerNormBackward<F>(F*, F*, F*, const F*, const F*, const F*, const F*, const F*, \
@@ -573,7 +749,8 @@ void CrossEntropyBackwardInPlace(F* logits, const F* lse, const int* targets, F 
   template void RmsNormForward<F>(F*, F*, const F*, const F*, F, int, int, ThreadPool*);           \
   template void RmsNormBackward<F>(F*, F*, const F*, const F*, const F*, const F*, int, int,       \
                                    ThreadPool*);                                                   \
-  template void RotaryForward<F>(F*, const float*, int, int, int, int, int, bool, ThreadPool*);    \
+  template void RotaryForward<F>(F*, const float*, int, int, int, int, int, bool, ThreadPool*,     \
+                                 const int*);                                                      \
   template void AttentionForward<F>(F*, F*, const F*, int, int, int, int, int, ThreadPool*);       \
   template void AttentionBackward<F>(F*, const F*, const F*, const F*, F*, int, int, int, int,     \
                                      int, ThreadPool*);                                            \

@@ -24,14 +24,17 @@ void Gemm(bool trans_a, bool trans_b, int M, int N, int K, F alpha, const F* A, 
 
 // ---- encoder: token + position embedding ----
 // inp (B,T) token ids in [0,V); wte (Vp,C); wpe (context,C) or null (no
-// learned positions: rotary models); out (B,T,C).
+// learned positions: rotary models); out (B,T,C). pos (T): the position in
+// its sequence of each of the T columns (context parallelism holds chunks
+// of the sequence); null: column t is position t.
 template <typename F>
 void EncoderForward(F* out, const int* inp, const F* wte, const F* wpe, int B, int T, int C,
-                    ThreadPool* pool);
+                    ThreadPool* pool, const int* pos = nullptr);
 // dwte (Vp,C) += scatter of dout rows; dwpe (context,C) += sum over B (dwpe
 // may be null). Serial (token ids may repeat).
 template <typename F>
-void EncoderBackward(F* dwte, F* dwpe, const F* dout, const int* inp, int B, int T, int C);
+void EncoderBackward(F* dwte, F* dwpe, const F* dout, const int* inp, int B, int T, int C,
+                     const int* pos = nullptr);
 
 // ---- layernorm over the last dim, eps 1e-5 ----
 // inp, out (N,C); weight, bias (C); saves mean, rstd (N) for backward.
@@ -61,9 +64,10 @@ void RmsNormBackward(F* dinp, F* dweight, const F* dout, const F* inp, const F* 
 // table (context, hs/2, [cos, sin]) (model::RotaryTable): (x0, x1) ->
 // (x0 cos - x1 sin, x0 sin + x1 cos). `inverse` rotates by minus the angle:
 // the backward of the rotation (applied to the rotated tensors' gradients).
+// pos (T): each column's position, as for the encoder (null: t).
 template <typename F>
 void RotaryForward(F* x, const float* table, int B, int T, int heads, int hs, int ld, bool inverse,
-                   ThreadPool* pool);
+                   ThreadPool* pool, const int* pos = nullptr);
 
 // ---- matmul (torch.nn.Linear) ----
 // out (N,OC) with row stride ld_out = inp (N,C) · weight(OC,C)^T + bias (OC);
@@ -93,6 +97,44 @@ void AttentionForward(F* out, F* att, const F* qkv, int B, int T, int C, int NH,
 template <typename F>
 void AttentionBackward(F* dqkv, const F* dout, const F* qkv, const F* att, F* scratch, int B, int T,
                        int C, int NH, int KVH, ThreadPool* pool);
+
+// ---- attention by blocks of keys (context parallelism's ring) ----
+// The queries of qkv (B,Tq,C+2KV) attend one block of keys and values kv
+// (B,Tk,2KV) = [K | V] (another rank's, or this rank's own), causal by
+// position: key j is visible to query i when pos_k[j] <= pos_q[i] (pos_q
+// (Tq), pos_k (Tk): positions in the sequence). The block's result merges
+// into the running out (B,Tq,C) and lse (B,NH,Tq) (each row's logsumexp of
+// the scores seen so far) as the softmax over the union of the key sets:
+// with lse' = log(e^lse + e^lse_blk), out' = e^(lse − lse') out +
+// e^(lse_blk − lse') out_blk. `first`: out and lse are set, not merged (the
+// first block must hold each row's own position, so every row sees a key).
+// blk_out (B,Tq,C), blk_lse (B,NH,Tq) and scores (B·NH·Tq·Tk): scratch for
+// the block's own result before the merge. Over every block, out equals
+// AttentionForward's rows.
+template <typename F>
+void AttentionBlockForward(F* out, F* lse, F* blk_out, F* blk_lse, const F* qkv, const F* kv,
+                           const int* pos_q, const int* pos_k, int B, int Tq, int Tk, int C,
+                           int NH, int KVH, bool first, F* scores, ThreadPool* pool);
+// D (B,NH,T) = per head, each row's dout · out (the softmax backward's
+// row term, the same for every block).
+template <typename F>
+void AttentionRowDot(F* D, const F* dout, const F* out, int B, int T, int C, int NH,
+                     ThreadPool* pool);
+// One block's share of the gradients, from the final out's lse and D: the
+// queries' columns of dqkv (B,Tq,C+2KV) +=, dkv (B,Tk,2KV) +=. scores,
+// dscores: B·NH·Tq·Tk scratch each. Over every block, equals
+// AttentionBackward.
+template <typename F>
+void AttentionBlockBackward(F* dqkv, F* dkv, const F* dout, const F* qkv, const F* kv,
+                            const F* lse, const F* D, const int* pos_q, const int* pos_k, int B,
+                            int Tq, int Tk, int C, int NH, int KVH, F* scores, F* dscores,
+                            ThreadPool* pool);
+// kv (B,T,2KV) = the [K | V] columns of qkv (B,T,C+2KV); and its backward,
+// dqkv's K and V columns += dkv.
+template <typename F>
+void CopyKv(F* kv, const F* qkv, int B, int T, int C, int KV, ThreadPool* pool);
+template <typename F>
+void AddKvGrad(F* dqkv, const F* dkv, int B, int T, int C, int KV, ThreadPool* pool);
 
 // ---- GELU, tanh approximation (GPT-2; torch approximate='tanh') ----
 // inp, out (N). Backward uses inp.

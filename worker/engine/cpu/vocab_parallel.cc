@@ -9,7 +9,8 @@ namespace shardtrain::engine::cpu {
 
 void VocabParallelEncoderForward(float* out, const int* tokens, const float* wte_shard,
                                  const float* wpe, int B, int T, int C, const VocabShard& v,
-                                 TensorParallel* tp, ThreadPool* pool, float* local) {
+                                 TensorParallel* tp, ThreadPool* pool, float* local,
+                                 const int* pos) {
   const int64_t N = int64_t{B} * T;
   ParallelFor(pool, N, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -35,7 +36,8 @@ void VocabParallelEncoderForward(float* out, const int* tokens, const float* wte
   if (wpe == nullptr) return;  // no learned positions
   ParallelFor(pool, rows, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const float* p = wpe + ((first + r) % T) * C;
+      const int64_t t = (first + r) % T;
+      const float* p = wpe + (pos == nullptr ? t : pos[t]) * C;
       float* o = out + r * C;
       for (int c = 0; c < C; ++c) o[c] += p[c];
     }
@@ -43,11 +45,13 @@ void VocabParallelEncoderForward(float* out, const int* tokens, const float* wte
 }
 
 void VocabParallelEncoderBackward(float* dwte_shard, float* dwpe, const float* dout,
-                                  const int* tokens, int B, int T, int C, const VocabShard& v) {
+                                  const int* tokens, int B, int T, int C, const VocabShard& v,
+                                  const int* pos) {
   for (int64_t r = 0; r < int64_t{B} * T; ++r) {
     const float* d = dout + r * C;
     if (dwpe != nullptr) {
-      float* dp = dwpe + (r % T) * C;
+      const int64_t t = r % T;
+      float* dp = dwpe + (pos == nullptr ? t : pos[t]) * C;
       for (int c = 0; c < C; ++c) dp[c] += d[c];
     }
     const int row = tokens[r] - v.v0;

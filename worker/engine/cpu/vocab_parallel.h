@@ -23,14 +23,17 @@ using engine::VocabShardOf;
 // be null: no learned positions).
 // Sequence parallelism (`local` given): out holds the partial sums only, and
 // local (N/tp · C) this tp rank's rows [rank·N/tp, +N/tp) of the result
-// (ReduceScatterToSequenceRegion; tp divides N).
+// (ReduceScatterToSequenceRegion; tp divides N). pos (T): each column's
+// position in its sequence (context parallelism; null: t).
 void VocabParallelEncoderForward(float* out, const int* tokens, const float* wte_shard,
                                  const float* wpe, int B, int T, int C, const VocabShard& v,
-                                 TensorParallel* tp, ThreadPool* pool, float* local = nullptr);
+                                 TensorParallel* tp, ThreadPool* pool, float* local = nullptr,
+                                 const int* pos = nullptr);
 // dwte_shard[tok - v0] += dout for this rank's tokens; dwpe[t] += dout (dwpe
 // may be null).
 void VocabParallelEncoderBackward(float* dwte_shard, float* dwpe, const float* dout,
-                                  const int* tokens, int B, int T, int C, const VocabShard& v);
+                                  const int* tokens, int B, int T, int C, const VocabShard& v,
+                                  const int* pos = nullptr);
 
 // logits: (N, Vpt) this rank's columns (the first v.real computed). Writes
 // lse[r] (the log-sum-exp over the whole vocabulary) and, with targets,

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/model/slice.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -216,6 +218,120 @@ TEST(LayersTest, GroupedQueryAttentionEqualsRepeatedKeysAndValues) {
   AttentionForward<double>(o1.data(), a1.data(), qkv.data(), B, T, C, NH, KVH, nullptr);
   AttentionForward<double>(o2.data(), a2.data(), full.data(), B, T, C, NH, NH, nullptr);
   EXPECT_LT(MaxRelDiff(o1, o2), 1e-14);
+}
+
+// Context parallelism's attention by blocks: cp simulated ranks, each with
+// its two chunks of the sequence (model::ContextChunkPositions), attend
+// their queries to every rank's key/value block in ring order (own block
+// first) and merge by logsumexp; backward adds each block's share into the
+// owner's key/value gradient. Equals whole-sequence attention, forward and
+// backward, for multi-head and grouped-query attention.
+void CheckRingAttention(const char* name, int NH, int KVH, int cp) {
+  const int B = 2, T = 4 * cp, hs = 3, C = NH * hs, KV = KVH * hs, W = C + 2 * KV;
+  const int Tl = T / cp;
+  std::mt19937_64 rng(21);
+  const Vec qkv = RandomVec(B * T * W, rng), dout = RandomVec(B * T * C, rng);
+  Vec out(B * T * C), att(B * NH * T * T), scratch(B * NH * T * T), dqkv(qkv.size());
+  AttentionForward<double>(out.data(), att.data(), qkv.data(), B, T, C, NH, KVH, nullptr);
+  AttentionBackward<double>(dqkv.data(), dout.data(), qkv.data(), att.data(), scratch.data(), B, T,
+                            C, NH, KVH, nullptr);
+  // Each rank's rows of a (B, T, width) tensor, in its column order.
+  std::vector<std::vector<int>> pos(cp);
+  for (int r = 0; r < cp; ++r) pos[r] = model::ContextChunkPositions(T, cp, r);
+  auto local = [&](const Vec& whole, int r, int width) {
+    Vec v(size_t(B) * Tl * width);
+    for (int b = 0; b < B; ++b) {
+      for (int i = 0; i < Tl; ++i) {
+        std::copy_n(whole.data() + (size_t(b) * T + pos[r][i]) * width, width,
+                    v.data() + (size_t(b) * Tl + i) * width);
+      }
+    }
+    return v;
+  };
+  std::vector<Vec> q(cp), kv(cp), o(cp), lse(cp), d(cp), dq(cp), dkv(cp);
+  for (int r = 0; r < cp; ++r) {
+    q[r] = local(qkv, r, W);
+    kv[r].resize(size_t(B) * Tl * 2 * KV);
+    CopyKv<double>(kv[r].data(), q[r].data(), B, Tl, C, KV, nullptr);
+    o[r].resize(size_t(B) * Tl * C);
+    lse[r].resize(size_t(B) * NH * Tl);
+    d[r] = local(dout, r, C);
+    dq[r].assign(q[r].size(), 0.0);
+    dkv[r].assign(kv[r].size(), 0.0);
+  }
+  Vec blk_out(size_t(B) * Tl * C), blk_lse(size_t(B) * NH * Tl), s1(size_t(B) * NH * Tl * Tl),
+      s2(s1.size()), D(blk_lse.size());
+  double fwd = 0, bwd = 0;
+  for (int r = 0; r < cp; ++r) {
+    for (int step = 0; step < cp; ++step) {  // ring order: (r - step) mod cp
+      const int src = (r - step + cp) % cp;
+      AttentionBlockForward<double>(o[r].data(), lse[r].data(), blk_out.data(), blk_lse.data(),
+                                    q[r].data(), kv[src].data(), pos[r].data(), pos[src].data(), B,
+                                    Tl, Tl, C, NH, KVH, step == 0, s1.data(), nullptr);
+    }
+    fwd = std::max(fwd, MaxRelDiff(o[r], local(out, r, C)));
+    AttentionRowDot<double>(D.data(), d[r].data(), o[r].data(), B, Tl, C, NH, nullptr);
+    for (int step = 0; step < cp; ++step) {
+      const int src = (r - step + cp) % cp;
+      AttentionBlockBackward<double>(dq[r].data(), dkv[src].data(), d[r].data(), q[r].data(),
+                                     kv[src].data(), lse[r].data(), D.data(), pos[r].data(),
+                                     pos[src].data(), B, Tl, Tl, C, NH, KVH, s1.data(), s2.data(),
+                                     nullptr);
+    }
+  }
+  for (int r = 0; r < cp; ++r) {
+    AddKvGrad<double>(dq[r].data(), dkv[r].data(), B, Tl, C, KV, nullptr);
+    bwd = std::max(bwd, MaxRelDiff(dq[r], local(dqkv, r, W)));
+  }
+  std::printf("[ring] %-14s cp %d: out max rel diff %.3e, dqkv %.3e vs whole-sequence attention\n",
+              name, cp, fwd, bwd);
+  EXPECT_LT(fwd, 1e-12) << name;
+  EXPECT_LT(bwd, 1e-12) << name;
+}
+
+TEST(LayersTest, RingAttentionByBlocksEqualsWholeSequence) {
+  CheckRingAttention("attention", 2, 2, 2);
+  CheckRingAttention("attention", 2, 2, 4);
+  CheckRingAttention("attention gqa", 4, 2, 3);
+  CheckRingAttention("attention mqa", 4, 1, 2);
+}
+
+// Positions given explicitly: the encoder's learned positions and rotary
+// read pos[t] for column t.
+TEST(LayersTest, EncoderAndRotaryReadExplicitPositions) {
+  const int B = 2, T = 4, C = 4, V = 5, heads = 2, hs = 2, ld = heads * hs;
+  const std::vector<int> pos = {6, 1, 3, 0};
+  std::mt19937_64 rng(8);
+  const Vec wte = RandomVec(V * C, rng), wpe = RandomVec(8 * C, rng);
+  const std::vector<int> inp = {1, 4, 0, 2, 3, 3, 1, 0};
+  Vec out(B * T * C);
+  EncoderForward<double>(out.data(), inp.data(), wte.data(), wpe.data(), B, T, C, nullptr,
+                         pos.data());
+  for (int r = 0; r < B * T; ++r) {
+    for (int c = 0; c < C; ++c) {
+      EXPECT_EQ(out[r * C + c], wte[inp[r] * C + c] + wpe[pos[r % T] * C + c]);
+    }
+  }
+  Vec dwte(V * C), dwpe(8 * C);
+  EncoderBackward<double>(dwte.data(), dwpe.data(), out.data(), inp.data(), B, T, C, pos.data());
+  EXPECT_EQ(dwpe[2 * C], 0.0);  // position 2 is no column's
+  EXPECT_EQ(dwpe[6 * C], out[0] + out[T * C]);
+  // Rotary at explicit positions equals rotary of a sequence where the row
+  // sits at that position.
+  std::vector<float> table(8 * hs);  // (context 8, hs/2 = 1, [cos, sin])
+  for (int p = 0; p < 8; ++p) {
+    table[2 * p] = std::cos(0.3f * p);
+    table[2 * p + 1] = std::sin(0.3f * p);
+  }
+  const Vec x = RandomVec(B * T * ld, rng);
+  Vec a = x;
+  RotaryForward<double>(a.data(), table.data(), B, T, heads, hs, ld, false, nullptr, pos.data());
+  for (int r = 0; r < B * T; ++r) {
+    Vec whole(8 * ld);
+    std::copy_n(x.data() + r * ld, ld, whole.data() + pos[r % T] * ld);
+    RotaryForward<double>(whole.data(), table.data(), 1, 8, heads, hs, ld, false, nullptr);
+    for (int c = 0; c < ld; ++c) EXPECT_EQ(a[r * ld + c], whole[pos[r % T] * ld + c]);
+  }
 }
 
 TEST(LayersTest, RmsNorm) {
