@@ -127,6 +127,18 @@ TEST_F(StorageFaultsTest, FullVolumeWarnsCountsTrainsOnAndKeepsTheCommittedCheck
   ScopedTmpfs volume(dir_.path(), "420k");
   if (!volume.ok()) GTEST_SKIP() << volume.why();
   Start(2);
+  // submit warns only with a worker of this machine attached: wait for them.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const std::string w = Cli({"workers", "-o", "json"}, c_.address()).out;
+        size_t alive = 0;
+        for (size_t at = w.find("\"ALIVE\""); at != std::string::npos;
+             at = w.find("\"ALIVE\"", at + 1)) {
+          ++alive;
+        }
+        return alive == 2;
+      },
+      std::chrono::seconds(20)));
   const std::string ck = volume.dir() + "/ck";
   const auto start = std::chrono::steady_clock::now();
   CommandResult run =
