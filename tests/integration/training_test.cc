@@ -99,23 +99,25 @@ TEST_F(TrainingTest, DdpOn1And2And4WorkersMatchesStepByStep) {
 
 // Every ZeRO stage (0 = DDP, 1, 2, 3, 3 without resharding after forward,
 // 3 with optimizer offload) on 1, 2, 3 and 4 ranks gives the losses of one
-// DDP rank for 30 steps within 1e-5. Global batch 24 so that 3 ranks divide
-// it; 3 layers make the model 644,224 params, whose units (embeddings
+// DDP rank for 12 steps within 1e-5 (the two ZeRO-3 options on 2 and 3
+// ranks: an even and an uneven split). Global batch 24 so that 3 ranks
+// divide it; 3 layers make the model 644,224 params, whose units (embeddings
 // 49,152, blocks 198,272, final 256) 3 ranks cannot split evenly.
 TEST_F(TrainingTest, ZeroStagesOn1To4RanksMatchOneRank) {
   TempDir dir;
-  const int steps = 30;
+  const int steps = 12;
   struct Variant {
     const char* name;
     std::vector<std::string> sets;
+    std::vector<int> ranks = {1, 2, 3, 4};
   };
   const std::vector<Variant> variants = {
       {"zero0", {"parallel.zero=0"}},
       {"zero1", {"parallel.zero=1"}},
       {"zero2", {"parallel.zero=2"}},
       {"zero3", {"parallel.zero=3"}},
-      {"zero3 keep", {"parallel.zero=3", "parallel.reshard_after_forward=false"}},
-      {"zero3 offload", {"parallel.zero=3", "parallel.offload=optimizer"}},
+      {"zero3 keep", {"parallel.zero=3", "parallel.reshard_after_forward=false"}, {2, 3}},
+      {"zero3 offload", {"parallel.zero=3", "parallel.offload=optimizer"}, {2, 3}},
   };
   struct Result {
     std::vector<double> losses;
@@ -154,6 +156,10 @@ TEST_F(TrainingTest, ZeroStagesOn1To4RanksMatchOneRank) {
     for (int dp : {1, 2, 3, 4}) {
       if (dp == 1 && &v == &variants[0]) {
         std::printf(" %19s", "(reference)");
+        continue;
+      }
+      if (std::find(v.ranks.begin(), v.ranks.end(), dp) == v.ranks.end()) {
+        std::printf(" %19s", "-");
         continue;
       }
       const Result got = run(dp, v);

@@ -33,18 +33,17 @@ TEST_P(ContextParallelTest, EqualsOneRankStepByStep) {
 INSTANTIATE_TEST_SUITE_P(
     Sweep, ContextParallelTest,
     ::testing::Values(
+        // GPT-2: learned positions follow the chunks.
         Cp(Layout{1, 1, 1}, 2),
-        Cp(Layout{1, 1, 1}, 4),
         Cp(Layout{1, 2, 1}, 2),                          // cp × tp
         Cp(Layout{2, 1, 1, 3, "1f1b", 2}, 2),            // dp × cp, ZeRO-3 over 4 ranks
         Cp(Layout{1, 1, 2, 0, "1f1b", 2}, 2),            // cp × pp
         Cp(Layout{1, 1, 1, 0, "1f1b", 4, "full"}, 2),    // the refill runs the ring again
-        Cp(Llama(Layout{1, 1, 1}), 2),
+        // Llama: rotary angles follow the chunks; grouped-query blocks.
         Cp(Llama(Layout{1, 1, 1}), 4),
         Cp(Llama(Layout{1, 2, 1, 0, "1f1b", 4, "none", -1, true}), 2),  // + sequence parallelism
         Cp(Llama(Layout{2, 1, 1, 3, "1f1b", 2}), 2),
         Cp(Llama(Layout{1, 1, 2, 0, "1f1b", 2}), 2),
-        Cp(Llama(Layout{1, 1, 1, 0, "1f1b", 4, "full"}), 2),
         Cp(Llama(Layout{1, 1, 1, 0, "1f1b", 4, "selective"}), 2)),
     [](const ::testing::TestParamInfo<Layout>& info) { return Name(info.param); });
 // clang-format on

@@ -1,5 +1,7 @@
-// End-to-end training on data/fortunes.txt: a 0.8M-parameter byte-level GPT
-// must bring the loss from ~ln(256) = 5.55 to below 2.5 in 300 steps.
+// Training on data/fortunes.txt through the engine alone: a 0.8M-parameter
+// byte-level GPT must bring the loss from ~ln(256) = 5.55 to below 2.8 in
+// 120 steps. (The whole system's run to below 2.5 in 300 steps is
+// TrainingTest.FortunesTinyTrainsBelow2_5AndSamples.)
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -23,10 +25,10 @@
 namespace shardtrain {
 namespace {
 
-TEST(TrainTest, FortunesLossDropsBelow2p5In300Steps) {
+TEST(TrainTest, FortunesLossDropsBelow2p8In120Steps) {
   const std::string path = SHARDTRAIN_FORTUNES_PATH;
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found";
-  constexpr int kB = 32, kT = 64, kSteps = 300, kThreads = 2;
+  constexpr int kB = 32, kT = 64, kSteps = 120, kThreads = 2;
   auto cfg = model::MakeGptConfig(4, 4, 128, 128, 256);
   ASSERT_TRUE(cfg.ok());
   auto tokens = data::LoadTokens(path, data::TokenFormat::kText, cfg->vocab, kT + 1);
@@ -59,7 +61,7 @@ TEST(TrainTest, FortunesLossDropsBelow2p5In300Steps) {
     adam->Step(gpt.params().f32(), gpt.grads().f32(), lr, gpt.pool());
     losses.push_back(loss);
     ASSERT_TRUE(std::isfinite(loss)) << "step " << step;
-    if (step % 50 == 0 || step == kSteps - 1) {
+    if (step % 20 == 0 || step == kSteps - 1) {
       std::printf("[train] step %3d loss %.4f norm %.3f lr %.2e\n", step, loss, norm, lr);
     }
   }
@@ -70,7 +72,7 @@ TEST(TrainTest, FortunesLossDropsBelow2p5In300Steps) {
       "(%.0f tok/s)\n",
       losses.front(), last10, secs, kSteps * kB * kT / secs);
   EXPECT_NEAR(losses.front(), std::log(256.0), 0.3);
-  EXPECT_LT(last10, 2.5);
+  EXPECT_LT(last10, 2.8);
   auto text = engine::Generate(gpt, data::EncodeBytes("Q: "), {60, 0.0f, 0});
   ASSERT_TRUE(text.ok());
   std::printf("[train] greedy sample: %s\n", data::DecodeBytes(*text).c_str());
