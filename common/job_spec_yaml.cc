@@ -141,9 +141,7 @@ std::string JobSpecToYaml(const JobSpec& s) {
 
   out << YAML::Key << "parallel" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "dp" << YAML::Value << s.parallel.dp;
-  // Written only when set, so that the specs of jobs without context
-  // parallelism read as they always did.
-  if (s.parallel.cp != 1) out << YAML::Key << "cp" << YAML::Value << s.parallel.cp;
+  out << YAML::Key << "cp" << YAML::Value << s.parallel.cp;
   out << YAML::Key << "tp" << YAML::Value << s.parallel.tp;
   out << YAML::Key << "pp" << YAML::Value << s.parallel.pp;
   out << YAML::Key << "stages" << YAML::Value << YAML::Flow << YAML::BeginSeq;

@@ -156,6 +156,37 @@ absl::Status AttentionBackward(const KernelCtx& ctx, void* dqkv, void* scratch, 
                                const void* qkv, const void* att, int B, int T, int C, int NH,
                                int KVH);
 
+// ---- attention by blocks of keys (context parallelism's ring) ----
+// The twins of engine/cpu/layers.h's functions of the same names: the
+// queries of qkv (B,Tq,C+2KV) against one block of keys and values kv
+// (B,Tk,2KV), causal by position (pos_q (Tq), pos_k (Tk): device int
+// arrays), merged into out (B,Tq,C) and lse (B,NH,Tq, fp32) by logsumexp
+// (`first`: set, not merged); blk_out (B,Tq,C), blk_lse (B,NH,Tq, fp32) and
+// scores (B·NH·Tq·Tk) are scratch. One warp per query row, fixed summation
+// order (deterministic).
+absl::Status AttentionBlockForward(const KernelCtx& ctx, void* out, float* lse, void* blk_out,
+                                   float* blk_lse, void* scores, const void* qkv, const void* kv,
+                                   const int* pos_q, const int* pos_k, int B, int Tq, int Tk,
+                                   int C, int NH, int KVH, bool first);
+// D (B,NH,T, fp32) = per head each row's dout · out.
+absl::Status AttentionRowDot(const KernelCtx& ctx, float* D, const void* dout, const void* out,
+                             int B, int T, int C, int NH);
+// One block's share of the gradients from the final lse and D: the queries'
+// columns of dqkv (B,Tq,C+2KV) +=, dkv (B,Tk,2KV) +=; scores and dscores
+// (B·NH·Tq·Tk) are overwritten (the block's probabilities and their
+// gradients). One warp per query row, then one per key row (the group's
+// heads in order): deterministic, no atomics.
+absl::Status AttentionBlockBackward(const KernelCtx& ctx, void* dqkv, void* dkv, void* scores,
+                                    void* dscores, const void* dout, const void* qkv,
+                                    const void* kv, const float* lse, const float* D,
+                                    const int* pos_q, const int* pos_k, int B, int Tq, int Tk,
+                                    int C, int NH, int KVH);
+// kv (B,T,2KV) = the [K | V] columns of qkv (B,T,C+2KV); AddKvGrad: dqkv's
+// K and V columns += dkv.
+absl::Status CopyKv(const KernelCtx& ctx, void* kv, const void* qkv, int B, int T, int C, int KV);
+absl::Status AddKvGrad(const KernelCtx& ctx, void* dqkv, const void* dkv, int B, int T, int C,
+                       int KV);
+
 // ---- GELU, tanh approximation (GPT-2; torch approximate='tanh') ----
 // inp, out (n). Backward: dinp (n) += gelu'(inp) · dout.
 absl::Status GeluForward(const KernelCtx& ctx, void* out, const void* inp, int64_t n);

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/slice.h"
 #include "tests/unit/worker/engine/cuda/kernels_test_util.h"
 #include "worker/engine/cuda/kernels.h"
 #include "worker/engine/tensor_parallel.h"
@@ -322,6 +323,86 @@ TEST_F(CudaKernelsTest, EncoderWithoutPositionsMatchesCpu) {
               absl::StrCat(label, "dwte shard ", r));
     }
     ExpectSameBits(sum, out_ref, label + "sum of the shards");
+  }
+}
+
+// --------------------------------------------- attention by blocks (cp)
+
+// Context parallelism's ring on one rank of cp 2 (its chunks 0 and 3 of 4):
+// forward over its own block, then the other rank's (merged by logsumexp),
+// backward over both, against the CPU's functions of the same names on the
+// same (rounded) inputs; grouped-query heads.
+TEST_F(CudaKernelsTest, AttentionBlocksMatchCpu) {
+  const int B = 2, T = 16, cp = 2, Tl = T / cp, NH = 4, KVH = 2, hs = 8;
+  const int C = NH * hs, KV = KVH * hs, W = C + 2 * KV;
+  for (DataType dtype : {kF32, DataType::kBFloat16}) {
+    const std::string label = absl::StrCat(DataTypeName(dtype), " cp2 blocks ");
+    SCOPED_TRACE(label);
+    const double tol = Tol(dtype);
+    const std::vector<int> pos0 = model::ContextChunkPositions(T, cp, 0);
+    const std::vector<int> pos1 = model::ContextChunkPositions(T, cp, 1);
+    const std::vector<float> qkv = Rounded(dtype, Uniform(rng_, size_t(B) * Tl * W));
+    const std::vector<float> kv1 = Rounded(dtype, Uniform(rng_, size_t(B) * Tl * 2 * KV));
+    const std::vector<float> dout = Rounded(dtype, Uniform(rng_, size_t(B) * Tl * C));
+    const size_t rows = size_t(B) * NH * Tl, sq = rows * Tl;
+    // The CPU: own block, then rank 1's.
+    std::vector<float> kv0(size_t(B) * Tl * 2 * KV), out(size_t(B) * Tl * C), lse(rows);
+    std::vector<float> bo(out.size()), bl(rows), s1(sq), s2(sq), D(rows);
+    cpu::CopyKv<float>(kv0.data(), qkv.data(), B, Tl, C, KV, nullptr);
+    cpu::AttentionBlockForward<float>(out.data(), lse.data(), bo.data(), bl.data(), qkv.data(),
+                                      kv0.data(), pos0.data(), pos0.data(), B, Tl, Tl, C, NH, KVH,
+                                      true, s1.data(), nullptr);
+    cpu::AttentionBlockForward<float>(out.data(), lse.data(), bo.data(), bl.data(), qkv.data(),
+                                      kv1.data(), pos0.data(), pos1.data(), B, Tl, Tl, C, NH, KVH,
+                                      false, s1.data(), nullptr);
+    const std::vector<float> out_r = Rounded(dtype, out);
+    cpu::AttentionRowDot<float>(D.data(), dout.data(), out_r.data(), B, Tl, C, NH, nullptr);
+    std::vector<float> dqkv(qkv.size(), 0.0f), dkv0(kv0.size(), 0.0f), dkv1(kv1.size(), 0.0f);
+    cpu::AttentionBlockBackward<float>(dqkv.data(), dkv0.data(), dout.data(), qkv.data(),
+                                       kv0.data(), lse.data(), D.data(), pos0.data(), pos0.data(),
+                                       B, Tl, Tl, C, NH, KVH, s1.data(), s2.data(), nullptr);
+    cpu::AttentionBlockBackward<float>(dqkv.data(), dkv1.data(), dout.data(), qkv.data(),
+                                       kv1.data(), lse.data(), D.data(), pos0.data(), pos1.data(),
+                                       B, Tl, Tl, C, NH, KVH, s1.data(), s2.data(), nullptr);
+    cpu::AddKvGrad<float>(dqkv.data(), dkv0.data(), B, Tl, C, KV, nullptr);
+
+    const KernelCtx& k = Ctx(dtype);
+    const size_t e = DataTypeSize(dtype);
+    DevicePtr d_qkv = Upload(dtype, qkv), d_kv1 = Upload(dtype, kv1), d_dout = Upload(dtype, dout);
+    DevicePtr d_p0 = UploadInts(pos0), d_p1 = UploadInts(pos1);
+    DevicePtr d_kv0 = Alloc(kv0.size() * e), d_out = Alloc(out.size() * e),
+              d_bo = Alloc(out.size() * e), d_s1 = Alloc(sq * e), d_s2 = Alloc(sq * e);
+    DevicePtr d_lse = Alloc(rows * 4), d_bl = Alloc(rows * 4), d_D = Alloc(rows * 4);
+    const int* p0 = static_cast<const int*>(d_p0.get());
+    const int* p1 = static_cast<const int*>(d_p1.get());
+    ASSERT_OK(CopyKv(k, d_kv0.get(), d_qkv.get(), B, Tl, C, KV));
+    Compare(Download(dtype, d_kv0.get(), kv0.size()), kv0, tol, label + "kv");
+    ASSERT_OK(AttentionBlockForward(k, d_out.get(), static_cast<float*>(d_lse.get()), d_bo.get(),
+                                    static_cast<float*>(d_bl.get()), d_s1.get(), d_qkv.get(),
+                                    d_kv0.get(), p0, p0, B, Tl, Tl, C, NH, KVH, true));
+    ASSERT_OK(AttentionBlockForward(k, d_out.get(), static_cast<float*>(d_lse.get()), d_bo.get(),
+                                    static_cast<float*>(d_bl.get()), d_s1.get(), d_qkv.get(),
+                                    d_kv1.get(), p0, p1, B, Tl, Tl, C, NH, KVH, false));
+    Compare(Download(dtype, d_out.get(), out.size()), out, tol, label + "out");
+    Compare(DownloadF32(d_lse.get(), rows), lse, kFp32Tol * 10, label + "lse");
+    ASSERT_OK(AttentionRowDot(k, static_cast<float*>(d_D.get()), d_dout.get(), d_out.get(), B, Tl,
+                              C, NH));
+    DevicePtr d_dqkv = Upload(dtype, std::vector<float>(qkv.size(), 0.0f));
+    DevicePtr d_dkv0 = Upload(dtype, std::vector<float>(kv0.size(), 0.0f));
+    DevicePtr d_dkv1 = Upload(dtype, std::vector<float>(kv1.size(), 0.0f));
+    ASSERT_OK(AttentionBlockBackward(k, d_dqkv.get(), d_dkv0.get(), d_s1.get(), d_s2.get(),
+                                     d_dout.get(), d_qkv.get(), d_kv0.get(),
+                                     static_cast<const float*>(d_lse.get()),
+                                     static_cast<const float*>(d_D.get()), p0, p0, B, Tl, Tl, C,
+                                     NH, KVH));
+    ASSERT_OK(AttentionBlockBackward(k, d_dqkv.get(), d_dkv1.get(), d_s1.get(), d_s2.get(),
+                                     d_dout.get(), d_qkv.get(), d_kv1.get(),
+                                     static_cast<const float*>(d_lse.get()),
+                                     static_cast<const float*>(d_D.get()), p0, p1, B, Tl, Tl, C,
+                                     NH, KVH));
+    ASSERT_OK(AddKvGrad(k, d_dqkv.get(), d_dkv0.get(), B, Tl, C, KV));
+    Compare(Download(dtype, d_dqkv.get(), dqkv.size()), dqkv, tol, label + "dqkv");
+    Compare(Download(dtype, d_dkv1.get(), dkv1.size()), dkv1, tol, label + "dkv (rank 1's block)");
   }
 }
 
