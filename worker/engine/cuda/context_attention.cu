@@ -225,6 +225,21 @@ absl::Status CheckShape(const char* name, int B, int Tq, int Tk, int C, int NH, 
   return absl::OkStatus();
 }
 
+// KvColumnsKernel's launcher: n elements of kv, copied out of qkv's [K | V]
+// columns or (to_qkv) added into them.
+absl::Status KvColumns(const KernelCtx& ctx, const char* name, void* dst, const void* src,
+                       int64_t n, int C, int KV, bool to_qkv) {
+  if (n <= 0) return absl::OkStatus();
+  const int64_t blocks = internal::BlocksFor(n, kThreads);
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckGrid(name, blocks));
+  return internal::DispatchDtype(ctx.dtype, [&](auto tag) -> absl::Status {
+    using F = typename decltype(tag)::type;
+    KvColumnsKernel<F><<<static_cast<int>(blocks), kThreads, 0, ctx.stream>>>(
+        static_cast<F*>(dst), static_cast<const F*>(src), n, C, KV, to_qkv);
+    return internal::CheckLaunch(name);
+  });
+}
+
 // Blocks of kWarps warps covering `rows` warps.
 int64_t WarpBlocks(int64_t rows) { return (rows + kWarps - 1) / kWarps; }
 
@@ -293,32 +308,12 @@ absl::Status AttentionBlockBackward(const KernelCtx& ctx, void* dqkv, void* dkv,
 }
 
 absl::Status CopyKv(const KernelCtx& ctx, void* kv, const void* qkv, int B, int T, int C, int KV) {
-  constexpr const char* kName = "CopyKv";
-  const int64_t n = int64_t{B} * T * 2 * KV;
-  if (n <= 0) return absl::OkStatus();
-  const int64_t blocks = internal::BlocksFor(n, kThreads);
-  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckGrid(kName, blocks));
-  return internal::DispatchDtype(ctx.dtype, [&](auto tag) -> absl::Status {
-    using F = typename decltype(tag)::type;
-    KvColumnsKernel<F><<<static_cast<int>(blocks), kThreads, 0, ctx.stream>>>(
-        static_cast<F*>(kv), static_cast<const F*>(qkv), n, C, KV, /*to_qkv=*/false);
-    return internal::CheckLaunch(kName);
-  });
+  return KvColumns(ctx, "CopyKv", kv, qkv, int64_t{B} * T * 2 * KV, C, KV, /*to_qkv=*/false);
 }
 
 absl::Status AddKvGrad(const KernelCtx& ctx, void* dqkv, const void* dkv, int B, int T, int C,
                        int KV) {
-  constexpr const char* kName = "AddKvGrad";
-  const int64_t n = int64_t{B} * T * 2 * KV;
-  if (n <= 0) return absl::OkStatus();
-  const int64_t blocks = internal::BlocksFor(n, kThreads);
-  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckGrid(kName, blocks));
-  return internal::DispatchDtype(ctx.dtype, [&](auto tag) -> absl::Status {
-    using F = typename decltype(tag)::type;
-    KvColumnsKernel<F><<<static_cast<int>(blocks), kThreads, 0, ctx.stream>>>(
-        static_cast<F*>(dqkv), static_cast<const F*>(dkv), n, C, KV, /*to_qkv=*/true);
-    return internal::CheckLaunch(kName);
-  });
+  return KvColumns(ctx, "AddKvGrad", dqkv, dkv, int64_t{B} * T * 2 * KV, C, KV, /*to_qkv=*/true);
 }
 
 }  // namespace shardtrain::engine::cuda
