@@ -78,12 +78,20 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
   AutoLayoutResult result;
   std::vector<std::string> skipped;  // why meshes the model allows have no candidate
   const double tokens = double(spec.batch.global) * spec.batch.seq_len;
-  for (int tp = 1; tp <= n; ++tp) {
-    if (n % tp != 0) continue;
-    for (int pp = 1; pp <= n / tp; ++pp) {
-      if ((n / tp) % pp != 0) continue;
-      const int dp = n / (tp * pp);
-      const ParallelDims dims = *ParallelDims::Create(dp, tp, pp);
+  // parallel.cp stays as the spec has it: the other factors share n / cp.
+  const int cp = std::max(1, spec.parallel.cp);
+  if (n % cp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--ranks: ", n,
+                                                   " is not a multiple of the spec's parallel.cp ",
+                                                   cp, " (auto layout keeps cp as given)"));
+  }
+  const int rest = n / cp;
+  for (int tp = 1; tp <= rest; ++tp) {
+    if (rest % tp != 0) continue;
+    for (int pp = 1; pp <= rest / tp; ++pp) {
+      if ((rest / tp) % pp != 0) continue;
+      const int dp = rest / (tp * pp);
+      const ParallelDims dims = *ParallelDims::Create(ParallelDims::Factors{dp, cp, tp, pp});
       if (!dims.CheckModelFits(*config).ok()) continue;
       const int micro = MicroFor(spec.batch.global, spec.batch.micro, dp);
       if (micro == 0) {
@@ -141,13 +149,15 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
         c.tp_s = double(plan->tp_comm_bytes_per_step()) / cost.tp_bandwidth;
         c.pp_s = double(plan->pp_comm_bytes_per_step()) / cost.link_bandwidth;
         c.dp_s = double(plan->dp_comm_bytes_per_step()) / cost.link_bandwidth;
+        c.cp_s = double(plan->cp_comm_bytes_per_step()) / cost.link_bandwidth;
         (c.peak_memory <= options.memory_per_rank ? result.fitting : result.too_big).push_back(c);
       }
     }
   }
   if (result.fitting.empty() && result.too_big.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "no dp × tp × pp layout of ", n, " ranks fits the model and batch",
+        "no dp × tp × pp layout of ", n, " ranks",
+        cp > 1 ? absl::StrCat(" (parallel.cp ", cp, " kept)") : "", " fits the model and batch",
         skipped.empty() ? " (tp must divide model.heads, 4·dim and the padded vocabulary; pp <= "
                           "model.layers)"
                         : absl::StrCat(": ", absl::StrJoin(skipped, "; "))));
@@ -215,6 +225,12 @@ std::string AutoLayoutText(const JobSpec& spec, const AutoLayoutOptions& options
       result.num_params, int64_t{spec.batch.global} * spec.batch.seq_len,
       cost.flops_per_rank / 1e12, cost.tp_bandwidth / 1e9, cost.link_bandwidth / 1e9,
       cost.link_bandwidth / 1e9);
+  if (spec.parallel.cp > 1) {
+    absl::StrAppendFormat(&out,
+                          "  + cp = the context-parallel ring's bytes / %.0f GB/s, counted in STEP "
+                          "ms (parallel.cp %d kept as the spec has it)\n",
+                          cost.link_bandwidth / 1e9, spec.parallel.cp);
+  }
   const size_t total = result.fitting.size() + result.too_big.size();
   absl::StrAppendFormat(&out, "%d layouts planned, %d fit in %s, %d do not\n", total,
                         result.fitting.size(), FormatPlanBytes(options.memory_per_rank),

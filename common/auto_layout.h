@@ -5,7 +5,8 @@
 // ranks the rest by a simple predicted step time. Pure: each candidate is
 // MakePlan (planner.h) of the spec with the layout's fields replaced.
 //
-// Candidates: every dp × tp × pp = ranks with tp dividing model.heads, 4·dim
+// Candidates: every dp × tp × pp = ranks / parallel.cp (the spec's context
+// parallelism is kept as given) with tp dividing model.heads, 4·dim
 // and the padded vocabulary and pp <= model.layers (ParallelDims::
 // CheckModelFits); ZeRO 0..3, 3 only with pp = 1 (ParallelDims::CheckZero);
 // schedule 1F1B; layers split balanced by parameter count. The spec's global
@@ -75,8 +76,10 @@ struct LayoutCandidate {
   int recompute_layers = -1;
   double recompute_share = 0;
   int64_t memory_without = 0;  // 0: the spec's own mode was kept
-  double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0;
-  double step_s() const { return compute_s + tp_s + pp_s + dp_s; }
+  // cp_s: the context-parallel ring's bytes over the link (the spec's
+  // parallel.cp is kept as given: candidates split ranks / cp).
+  double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0, cp_s = 0;
+  double step_s() const { return compute_s + tp_s + pp_s + dp_s + cp_s; }
   // The layout as `--set` overrides of the spec: parallel.dp, tp, pp, zero,
   // schedule=1f1b, parallel.stages=[] when the spec named stages,
   // batch.micro when adjusted, model.recompute (and recompute_layers) when

@@ -184,5 +184,33 @@ TEST(ParseByteSizeTest, Units) {
   }
 }
 
+// A spec with context parallelism keeps its cp: the other factors share
+// ranks / cp, each candidate's ring bytes are in its step time, and ranks
+// that cp does not divide are refused naming both.
+TEST(AutoLayoutTest, ContextParallelIsKeptAsTheSpecHasIt) {
+  const std::string yaml = ReadFile(kSourceDir + "/examples/llama-long-cp.yaml");
+  const JobSpec spec = *ParseJobSpec(yaml);
+  ASSERT_EQ(spec.parallel.cp, 4);
+  AutoLayoutOptions opt;
+  opt.ranks = 8;
+  opt.memory_per_rank = kGiB;
+  const AutoLayoutResult r = *AutoLayout(spec, opt);
+  ASSERT_FALSE(r.fitting.empty());
+  for (const LayoutCandidate& c : r.fitting) {
+    EXPECT_EQ(c.dp * c.tp * c.pp, 2);
+    absl::StatusOr<JobSpec> alt = ParseJobSpec(yaml, c.Overrides(spec));
+    ASSERT_TRUE(alt.ok()) << alt.status();
+    const v1::Plan p = *MakePlan(*alt, 8);
+    EXPECT_EQ(p.cp(), 4);
+    EXPECT_GT(p.cp_comm_bytes_per_step(), 0);
+    EXPECT_NEAR(c.cp_s, p.cp_comm_bytes_per_step() / 25e9, 1e-12);
+  }
+  opt.ranks = 6;
+  const absl::Status odd = AutoLayout(spec, opt).status();
+  EXPECT_NE(odd.message().find("--ranks: 6 is not a multiple of the spec's parallel.cp 4"),
+            std::string::npos)
+      << odd;
+}
+
 }  // namespace
 }  // namespace shardtrain
