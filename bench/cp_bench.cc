@@ -142,7 +142,8 @@ bool Run(const JobSpec& spec, const std::string& dir, const std::string& tag, co
 
 std::vector<int> Ints(const std::string& csv) {
   std::vector<int> out;
-  for (absl::string_view s : absl::StrSplit(csv, ',')) out.push_back(std::atoi(std::string(s).c_str()));
+  for (absl::string_view s : absl::StrSplit(csv, ','))
+    out.push_back(std::atoi(std::string(s).c_str()));
   return out;
 }
 
@@ -157,7 +158,8 @@ int main(int argc, char** argv) {
   app.add_option("--cps", cps, "comma-separated cp degrees; the first is each row's baseline");
   app.add_option("--steps", o.steps, "timed steps (median reported)");
   app.add_option("--warmup", o.warmup, "untimed steps first");
-  app.add_option("--max-gib", o.max_gib, "skip runs whose planned activations per rank exceed this");
+  app.add_option("--max-gib", o.max_gib,
+                 "skip runs whose planned activations per rank exceed this");
   CLI11_PARSE(app, argc, argv);
   o.seqs = Ints(seqs);
   o.cps = Ints(cps);
@@ -180,8 +182,8 @@ int main(int argc, char** argv) {
     RankResult base;
     for (int cp : o.cps) {
       auto spec = ParseJobSpec(SpecYaml(o, seq, cp));
-      auto plan = spec.ok() ? MakePlan(*spec, spec->World())
-                            : absl::StatusOr<v1::Plan>(spec.status());
+      auto plan =
+          spec.ok() ? MakePlan(*spec, spec->World()) : absl::StatusOr<v1::Plan>(spec.status());
       if (!plan.ok()) {
         std::printf("%4d failed: %s\n", cp, plan.status().ToString().c_str());
         ++failures;
@@ -189,8 +191,9 @@ int main(int argc, char** argv) {
       }
       const double planned = plan->memory_per_rank().activations_bytes();
       if (planned > o.max_gib * 1024 * kMiB) {
-        std::printf("%4d skipped: the plan says %.1f GiB of activations per rank (> --max-gib %g)\n",
-                    cp, planned / (1024 * kMiB), o.max_gib);
+        std::printf(
+            "%4d skipped: the plan says %.1f GiB of activations per rank (> --max-gib %g)\n", cp,
+            planned / (1024 * kMiB), o.max_gib);
         continue;
       }
       RankResult r;

@@ -201,8 +201,8 @@ absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpe
     return FieldError("parallel.sequence_parallel", "needs parallel.tp > 1 (tp is ", p->tp, ")");
   }
 
-  SHARDTRAIN_ASSIGN_OR_RETURN(ParallelDims dims,
-                              ParallelDims::Create(ParallelDims::Factors{p->dp, p->cp, p->tp, p->pp}));
+  SHARDTRAIN_ASSIGN_OR_RETURN(
+      ParallelDims dims, ParallelDims::Create(ParallelDims::Factors{p->dp, p->cp, p->tp, p->pp}));
   SHARDTRAIN_ASSIGN_OR_RETURN(model::ModelConfig config, model.Config());
   SHARDTRAIN_RETURN_IF_ERROR(dims.CheckModelFits(config));
   SHARDTRAIN_RETURN_IF_ERROR(dims.CheckZero(p->zero));
@@ -222,17 +222,17 @@ absl::Status ParseBatch(const Node& root, const ModelSpec& model, const Parallel
   if (b->seq_len > model.context) {
     return FieldError("batch.seq_len", b->seq_len, " exceeds model.context: ", model.context);
   }
-  SHARDTRAIN_ASSIGN_OR_RETURN(
-      ParallelDims dims, ParallelDims::Create(ParallelDims::Factors{par.dp, par.cp, par.tp, par.pp}));
+  SHARDTRAIN_ASSIGN_OR_RETURN(ParallelDims dims, ParallelDims::Create(ParallelDims::Factors{
+                                                     par.dp, par.cp, par.tp, par.pp}));
   SHARDTRAIN_RETURN_IF_ERROR(dims.CheckSequence(b->seq_len));
   // A rank's rows: batch.micro × its share of the sequence.
   const int64_t rows = int64_t{b->micro} * (b->seq_len / par.cp);
   if (par.sequence_parallel && rows % par.tp != 0) {
     return FieldError(
         "parallel.sequence_parallel", "parallel.tp ", par.tp, " must divide batch.micro × ",
-        par.cp > 1 ? absl::StrCat("batch.seq_len / parallel.cp = ", b->micro, " × ",
-                                  b->seq_len / par.cp)
-                   : absl::StrCat("batch.seq_len = ", b->micro, " × ", b->seq_len),
+        par.cp > 1
+            ? absl::StrCat("batch.seq_len / parallel.cp = ", b->micro, " × ", b->seq_len / par.cp)
+            : absl::StrCat("batch.seq_len = ", b->micro, " × ", b->seq_len),
         " (each tp rank holds an equal part of the micro-batch's rows)");
   }
   return SplitBatch(b->global, b->micro, par.dp).status();

@@ -31,16 +31,14 @@ absl::StatusOr<ParallelDims> ParallelDims::Create(const Factors& f, int world) {
     if (v < 1) problems.push_back(absl::StrCat(field, ": must be >= 1, got ", v));
   }
   // Without cp the message names the three factors it always named.
-  const std::string names =
-      f.cp == 1 ? "parallel.dp × parallel.tp × parallel.pp"
-                : "parallel.dp × parallel.cp × parallel.tp × parallel.pp";
-  const std::string values =
-      f.cp == 1 ? absl::StrCat(f.dp, " × ", f.tp, " × ", f.pp)
-                : absl::StrCat(f.dp, " × ", f.cp, " × ", f.tp, " × ", f.pp);
+  const std::string names = f.cp == 1 ? "parallel.dp × parallel.tp × parallel.pp"
+                                      : "parallel.dp × parallel.cp × parallel.tp × parallel.pp";
+  const std::string values = f.cp == 1 ? absl::StrCat(f.dp, " × ", f.tp, " × ", f.pp)
+                                       : absl::StrCat(f.dp, " × ", f.cp, " × ", f.tp, " × ", f.pp);
   const int64_t product = int64_t{f.dp} * f.cp * f.tp * f.pp;
   if (problems.empty() && product > kMaxWorld) {
-    problems.push_back(absl::StrCat(names, " = ", values, " = ", product,
-                                    " is too large (at most ", kMaxWorld, " ranks)"));
+    problems.push_back(absl::StrCat(names, " = ", values, " = ", product, " is too large (at most ",
+                                    kMaxWorld, " ranks)"));
   } else if (problems.empty() && product != world) {
     problems.push_back(absl::StrCat(names, " = ", values, " = ", product, " ≠ world ", world));
   }

@@ -285,9 +285,9 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
                         "\nZeRO stages compared (per rank, N = %s = %d; model state = params + "
                         "grads + optimizer;\nformula: the ZeRO paper's with %s B/param%s: Z0 "
                         "%s, Z1 %s+%s/N, Z2 %s+%s/N, Z3 %s/N):\n",
-                        cp > 1 ? "dp × cp" : "dp", dp * cp, absl::StrCat(b(P), "+", b(G), "+", b(K)),
-                        mixed ? " (fp32 gradients)" : "", b(P + G + K), b(P + G), b(K), b(P),
-                        b(G + K), b(P + G + K));
+                        cp > 1 ? "dp × cp" : "dp", dp * cp,
+                        absl::StrCat(b(P), "+", b(G), "+", b(K)), mixed ? " (fp32 gradients)" : "",
+                        b(P + G + K), b(P + G), b(K), b(P), b(G + K), b(P + G + K));
   out += "STAGE  FORMULA B/PARAM  PLAN B/PARAM  MODEL STATE  WORKING SET  TOTAL GiB  COMM/STEP\n";
   for (int zero = 0; zero <= 3; ++zero) {
     JobSpec alt = spec;
@@ -329,21 +329,23 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
     // and the output back, backward their gradients, each all-to-all
     // sending (cp − 1)/cp of the rank's B·T/cp rows of its columns.
     int64_t layers = 0;
-    for (const v1::PipelineStage& st : plan.stages()) layers = std::max<int64_t>(layers, st.num_layers());
+    for (const v1::PipelineStage& st : plan.stages())
+      layers = std::max<int64_t>(layers, st.num_layers());
     const int64_t rows = int64_t{plan.micro_batch()} * (plan.seq_len() / cp);
     const int64_t kv = 2 * int64_t{spec.model.kv_heads} * (spec.model.dim / spec.model.heads);
     const int64_t ab = spec.precision == Precision::kFp32 ? 4 : 2;
     const int64_t ulysses = int64_t{m} * layers * 2 * (cp - 1) * rows *
                             (2 * int64_t{spec.model.dim} + kv) / plan.tp() / cp * ab;
-    const bool heads_fit = spec.model.heads % (cp * plan.tp()) == 0 &&
-                           spec.model.kv_heads % (cp * plan.tp()) == 0;
+    const bool heads_fit =
+        spec.model.heads % (cp * plan.tp()) == 0 && spec.model.kv_heads % (cp * plan.tp()) == 0;
     absl::StrAppendFormat(
         &out,
         "  Ulysses (all-to-all to heads and back; not built) would send %s per step: the ring "
         "sends %.2f× that%s\n",
         FormatPlanBytes(ulysses),
         ulysses > 0 ? double(plan.cp_comm_bytes_per_step()) / double(ulysses) : 0.0,
-        heads_fit ? "" : " (and Ulysses needs cp · tp to divide heads and kv_heads: it does not here)");
+        heads_fit ? ""
+                  : " (and Ulysses needs cp · tp to divide heads and kv_heads: it does not here)");
   }
   if (plan.tp() > 1 && spec.parallel.sequence_parallel) {
     out +=

@@ -32,8 +32,8 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
   // numel of each block tensor (kBlockActivations order); RMSNorm keeps no
   // mean (-1: absent).
   const int64_t mean = config.norm == NormKind::kLayerNorm ? BTl : -1;
-  const int64_t block_numel[] = {BTl * C, mean, BTl, BT * QKVt, BT * Ct, cp ? rows : att,
-                                 BTl * C, BTl * C, mean, BTl, BT * FCt, BT * Ft, BTl * C};
+  const int64_t block_numel[] = {BTl * C, mean, BTl, BT * QKVt, BT * Ct, cp ? rows : att, BTl * C,
+                                 BTl * C, mean, BTl, BT * FCt,  BT * Ft, BTl * C};
   static_assert(std::size(kBlockActivations) == 13);
   auto is_stat = [&](const std::string& n) {
     return absl::EndsWith(n, "_mean") || absl::EndsWith(n, "_rstd") || (cp && n == "att");

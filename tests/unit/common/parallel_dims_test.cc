@@ -4,12 +4,12 @@
 
 #include <gtest/gtest.h>
 
-#include "common/model/slice.h"
-
 #include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
+
+#include "common/model/slice.h"
 
 namespace shardtrain {
 namespace {

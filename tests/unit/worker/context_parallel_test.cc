@@ -70,8 +70,9 @@ TEST(ContextParallelResumeTest, CheckpointsMoveBetweenCpAndNoCp) {
     for (const Layout& l : c.resumed) {
       const Losses resumed = Train(corpus.Spec(l), 11, step10);
       const double worst = Worst(resumed.loss, whole.loss, 11);
-      std::printf("saved on %s, resumed on %s: steps 11-20 max rel loss diff %.3g vs uninterrupted\n",
-                  Name(c.saved).c_str(), Name(l).c_str(), worst);
+      std::printf(
+          "saved on %s, resumed on %s: steps 11-20 max rel loss diff %.3g vs uninterrupted\n",
+          Name(c.saved).c_str(), Name(l).c_str(), worst);
       EXPECT_LE(worst, 1e-5) << Name(l);
     }
   }

@@ -33,6 +33,15 @@ Shape MakeShape(int B, int Tq, int Tk, int C, int NH, int KVH) {
   return Shape{B, Tq, Tk, C, NH, KVH, hs, KVH * hs, C + 2 * KVH * hs, 1.0f / sqrtf(float(hs))};
 }
 
+// The (sequence, head, row) of query row `row` of the B·NH·Tq rows.
+struct QueryRow {
+  int b, h, i;
+};
+__device__ __forceinline__ QueryRow QueryRowOf(int64_t row, const Shape& s) {
+  return QueryRow{static_cast<int>(row / (int64_t{s.Tq} * s.NH)),
+                  static_cast<int>((row / s.Tq) % s.NH), static_cast<int>(row % s.Tq)};
+}
+
 // One warp per (b, h, i): the scores of row i against the block's keys
 // (masked by position), its softmax and output, merged into (out, lse).
 template <typename F>
@@ -42,9 +51,8 @@ __global__ void BlockForwardKernel(F* out, float* lse, F* blk_out, float* blk_ls
   const int64_t row = int64_t{blockIdx.x} * kWarps + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= int64_t{s.B} * s.NH * s.Tq) return;
-  const int i = static_cast<int>(row % s.Tq);
-  const int h = static_cast<int>((row / s.Tq) % s.NH);
-  const int b = static_cast<int>(row / (int64_t{s.Tq} * s.NH));
+  const QueryRow qr = QueryRowOf(row, s);
+  const int b = qr.b, h = qr.h, i = qr.i;
   const int group = s.NH / s.KVH;
   const F* q = qkv + (int64_t{b} * s.Tq + i) * s.W + h * s.hs;
   const F* k0 = kv + int64_t{b} * s.Tk * 2 * s.KV + (h / group) * s.hs;
@@ -132,9 +140,8 @@ __global__ void BlockBackwardRowsKernel(F* dqkv, F* scores, F* dscores, const F*
   const int64_t row = int64_t{blockIdx.x} * kWarps + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= int64_t{s.B} * s.NH * s.Tq) return;
-  const int i = static_cast<int>(row % s.Tq);
-  const int h = static_cast<int>((row / s.Tq) % s.NH);
-  const int b = static_cast<int>(row / (int64_t{s.Tq} * s.NH));
+  const QueryRow qr = QueryRowOf(row, s);
+  const int b = qr.b, h = qr.h, i = qr.i;
   const int group = s.NH / s.KVH;
   const F* q = qkv + (int64_t{b} * s.Tq + i) * s.W + h * s.hs;
   const F* d = dout + (int64_t{b} * s.Tq + i) * s.C + h * s.hs;
