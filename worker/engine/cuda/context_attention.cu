@@ -58,18 +58,18 @@ __global__ void BlockForwardKernel(F* out, float* lse, F* blk_out, float* blk_ls
   const F* k0 = kv + int64_t{b} * s.Tk * 2 * s.KV + (h / group) * s.hs;
   F* sc = scores + row * s.Tk;
   const int pq = pos_q[i];
+  // The scaled score of key j in fp32 (-inf where masked), computed twice
+  // (for the max, then for the exponent) rather than rounded to F between:
+  // the row's logsumexp stays fp32-exact for the ring's merge.
+  auto score = [&](int j) {
+    if (pos_k[j] > pq) return -INFINITY;
+    const F* k = k0 + int64_t{j} * 2 * s.KV;
+    float dot = 0;
+    for (int c = 0; c < s.hs; ++c) dot += Load(q[c]) * Load(k[c]);
+    return dot * s.scale;
+  };
   float maxv = -INFINITY;
-  for (int j = lane; j < s.Tk; j += kWarpSize) {
-    float v = -INFINITY;
-    if (pos_k[j] <= pq) {
-      const F* k = k0 + int64_t{j} * 2 * s.KV;
-      float dot = 0;
-      for (int c = 0; c < s.hs; ++c) dot += Load(q[c]) * Load(k[c]);
-      v = dot * s.scale;
-    }
-    sc[j] = Store<F>(v == -INFINITY ? 0.0f : v);
-    maxv = fmaxf(maxv, v);
-  }
+  for (int j = lane; j < s.Tk; j += kWarpSize) maxv = fmaxf(maxv, score(j));
   maxv = WarpMax(maxv);
   float* const row_lse = first ? lse : blk_lse;
   F* const o = (first ? out : blk_out) + (int64_t{b} * s.Tq + i) * s.C + h * s.hs;
@@ -80,7 +80,8 @@ __global__ void BlockForwardKernel(F* out, float* lse, F* blk_out, float* blk_ls
   }
   float sum = 0;
   for (int j = lane; j < s.Tk; j += kWarpSize) {
-    const float p = pos_k[j] <= pq ? __expf(Load(sc[j]) - maxv) : 0.0f;
+    const float v = score(j);
+    const float p = v == -INFINITY ? 0.0f : __expf(v - maxv);
     sc[j] = Store<F>(p);
     sum += p;
   }
