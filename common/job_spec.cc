@@ -112,6 +112,7 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
     return FieldError("model.recompute_layers",
                       "needs model.recompute: selective or full (it is none)");
   }
+  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "model", "attention", si::kAttentionKinds, &m->attention));
   return m->Config().status();
 }
 
@@ -304,6 +305,31 @@ absl::Status ParseEval(const Node& root, const DataSpec& data, int steps, EvalSp
   return absl::OkStatus();
 }
 
+// model.attention: flash runs where its kernels serve the job.
+absl::Status CheckAttention(const JobSpec& spec) {
+  const ModelSpec& m = spec.model;
+  if (m.attention != AttentionKind::kFlash) return absl::OkStatus();
+  if (spec.resources.device != DeviceKind::kCuda) {
+    return FieldError("model.attention",
+                      "flash runs on the CUDA engine (resources.device: cuda; "
+                      "this job's is ",
+                      std::string(EnumName(spec.resources.device)), ")");
+  }
+  if (!model::FlashAttentionApplies(spec.Compute(), m.dim / m.heads)) {
+    return FieldError("model.attention",
+                      "flash needs precision bf16 or fp16 and heads of 64 or "
+                      "128 channels (this job: ",
+                      std::string(EnumName(spec.precision)), ", dim / heads = ", m.dim / m.heads,
+                      ")");
+  }
+  if (spec.parallel.cp > 1) {
+    return FieldError("model.attention",
+                      "flash with parallel.cp > 1 (the ring's attention has "
+                      "kernels of its own)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseResources(const Node& root, const ParallelSpec& par, ResourcesSpec* r) {
   SHARDTRAIN_ASSIGN_OR_RETURN(Node n, Section(root, "resources"));
   SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "resources", "device", si::kDevices, &r->device));
@@ -370,7 +396,7 @@ absl::Status ParseAll(const Node& root, JobSpec* spec) {
   SHARDTRAIN_ASSIGN_OR_RETURN(Node timeouts, Section(root, "timeouts"));
   SHARDTRAIN_RETURN_IF_ERROR(
       ReadInt(timeouts, "timeouts", "collective_s", 1, &spec->timeouts.collective_s));
-  return absl::OkStatus();
+  return CheckAttention(*spec);
 }
 
 }  // namespace
@@ -428,6 +454,26 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text,
     // Not expected: every access above checks types first.
     return absl::InvalidArgumentError(absl::StrCat("spec: ", e.what()));
   }
+}
+
+DataType JobSpec::Compute() const {
+  switch (precision) {
+    case Precision::kBf16:
+      return DataType::kBFloat16;
+    case Precision::kFp16:
+      return DataType::kFloat16;
+    case Precision::kFp32:
+      break;
+  }
+  return DataType::kFloat32;
+}
+
+model::ActivationPolicy JobSpec::Activations() const {
+  model::ActivationPolicy p{model.recompute, model.recompute_layers, parallel.sequence_parallel,
+                            parallel.cp};
+  // ParseJobSpec has checked that flash serves the job (CheckAttention).
+  p.flash_attention = model.attention == AttentionKind::kFlash;
+  return p;
 }
 
 }  // namespace shardtrain

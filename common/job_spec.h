@@ -39,6 +39,7 @@ enum class Precision { kFp32, kBf16, kFp16 };               // "fp32" | "bf16" |
 enum class OptimizerKind { kAdamW };                        // "adamw"
 enum class LrSchedule { kCosine, kConstant, kLinear };      // "cosine" | "constant" | "linear"
 enum class DeviceKind { kCpu, kCuda };                      // "cpu" | "cuda"
+enum class AttentionKind { kMaterialized, kFlash };         // "materialized" | "flash"
 enum class CheckpointFailurePolicy { kWarn, kFail };        // "warn" | "fail"
 using model::Recompute;                                     // "none" | "selective" | "full"
 
@@ -56,6 +57,7 @@ std::string_view EnumName(DeviceKind v);
 std::string_view EnumName(CheckpointFailurePolicy v);
 std::string_view EnumName(Recompute v);
 std::string_view EnumName(model::Arch v);
+std::string_view EnumName(AttentionKind v);
 
 // The model: its family and shape. Shape letters used across the code
 // base: L = layers, NH = heads, C = dim, T = context (max sequence length),
@@ -80,6 +82,11 @@ struct ModelSpec {
   // recompute (>= 1; -1, the default: all of them); needs selective or full.
   Recompute recompute = Recompute::kNone;
   int recompute_layers = -1;
+  // The attention kernels: materialized (the (T,T) probabilities, saved for
+  // backward) or flash (tiles with an online softmax: the rows' logsumexp
+  // saved instead; resources.device cuda, bf16 or fp16, heads of 64 or 128
+  // channels, parallel.cp 1).
+  AttentionKind attention = AttentionKind::kMaterialized;
   model::Arch arch = model::Arch::kGpt2;  // gpt2 | llama (a preset sets it)
   // Llama only (kept at these values for gpt2, whose are fixed: kv_heads =
   // heads, ffn_dim = 4·dim, LayerNorm eps 1e-5, tied; setting them with arch
@@ -222,10 +229,12 @@ struct JobSpec {
   // data-parallel replica (for pipelines, m).
   absl::StatusOr<ParallelDims> Dims() const;
   // What each rank keeps of its activations: model.recompute,
-  // model.recompute_layers, parallel.sequence_parallel and parallel.cp.
-  model::ActivationPolicy Activations() const {
-    return {model.recompute, model.recompute_layers, parallel.sequence_parallel, parallel.cp};
-  }
+  // model.recompute_layers, parallel.sequence_parallel and parallel.cp; and
+  // whether the CUDA engine's flash attention runs (resources.device cuda,
+  // precision bf16 or fp16, a head size it serves, no cp).
+  model::ActivationPolicy Activations() const;
+  // The engine's compute type: precision's.
+  DataType Compute() const;
   // Tokens of each sequence one rank holds: batch.seq_len / parallel.cp.
   int LocalSeqLen() const { return batch.seq_len / parallel.cp; }
   absl::StatusOr<BatchSplit> Split() const;

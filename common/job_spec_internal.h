@@ -44,6 +44,9 @@ inline const EnumTable<CheckpointFailurePolicy> kCheckpointFailurePolicies = {
 inline const EnumTable<Recompute> kRecomputes = {
     {"none", Recompute::kNone}, {"selective", Recompute::kSelective}, {"full", Recompute::kFull}};
 
+inline const EnumTable<AttentionKind> kAttentionKinds = {
+    {"materialized", AttentionKind::kMaterialized}, {"flash", AttentionKind::kFlash}};
+
 inline const EnumTable<model::Arch> kArchs = {{"gpt2", model::Arch::kGpt2},
                                               {"llama", model::Arch::kLlama}};
 

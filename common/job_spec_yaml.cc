@@ -40,6 +40,7 @@ std::string_view EnumName(LrSchedule v) { return NameIn(spec_internal::kLrSchedu
 std::string_view EnumName(DeviceKind v) { return NameIn(spec_internal::kDevices, v); }
 std::string_view EnumName(Recompute v) { return NameIn(spec_internal::kRecomputes, v); }
 std::string_view EnumName(model::Arch v) { return NameIn(spec_internal::kArchs, v); }
+std::string_view EnumName(AttentionKind v) { return NameIn(spec_internal::kAttentionKinds, v); }
 std::string_view EnumName(CheckpointFailurePolicy v) {
   return NameIn(spec_internal::kCheckpointFailurePolicies, v);
 }
@@ -47,10 +48,10 @@ std::string_view EnumName(CheckpointFailurePolicy v) {
 bool operator==(const ModelSpec& a, const ModelSpec& b) {
   return std::tie(a.preset, a.arch, a.layers, a.heads, a.dim, a.context, a.vocab, a.kv_heads,
                   a.ffn_dim, a.rope_theta, a.norm_eps, a.tie_embeddings, a.init, a.recompute,
-                  a.recompute_layers) == std::tie(b.preset, b.arch, b.layers, b.heads, b.dim,
-                                                  b.context, b.vocab, b.kv_heads, b.ffn_dim,
-                                                  b.rope_theta, b.norm_eps, b.tie_embeddings,
-                                                  b.init, b.recompute, b.recompute_layers);
+                  a.recompute_layers, a.attention) ==
+         std::tie(b.preset, b.arch, b.layers, b.heads, b.dim, b.context, b.vocab, b.kv_heads,
+                  b.ffn_dim, b.rope_theta, b.norm_eps, b.tie_embeddings, b.init, b.recompute,
+                  b.recompute_layers, b.attention);
 }
 bool operator==(const DataSpec& a, const DataSpec& b) {
   return std::tie(a.train, a.val, a.format, a.tokenizer, a.tokenizer_json) ==
@@ -121,6 +122,7 @@ std::string JobSpecToYaml(const JobSpec& s) {
   if (s.model.recompute_layers > 0) {
     out << YAML::Key << "recompute_layers" << YAML::Value << s.model.recompute_layers;
   }
+  out << YAML::Key << "attention" << YAML::Value << std::string(EnumName(s.model.attention));
   out << YAML::EndMap;
 
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;

@@ -55,17 +55,6 @@ absl::Status CheckSupported(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
-DataType ComputeType(Precision p) {
-  switch (p) {
-    case Precision::kBf16:
-      return DataType::kBFloat16;
-    case Precision::kFp16:
-      return DataType::kFloat16;
-    default:
-      return DataType::kFloat32;
-  }
-}
-
 // The engine of the spec's device on this rank's slice.
 absl::StatusOr<std::unique_ptr<engine::Engine>> MakeEngine(
     const JobSpec& spec, const model::ModelConfig& config, int threads, int gpu,
@@ -73,7 +62,7 @@ absl::StatusOr<std::unique_ptr<engine::Engine>> MakeEngine(
   if (spec.resources.device == DeviceKind::kCuda) {
 #if SHARDTRAIN_HAVE_CUDA
     auto e = engine::cuda::CudaModel::Create(config, spec.batch.micro, spec.LocalSeqLen(), gpu,
-                                             ComputeType(spec.precision), threads, options);
+                                             spec.Compute(), threads, options);
     if (!e.ok()) return e.status();
     return std::unique_ptr<engine::Engine>(*std::move(e));
 #endif

@@ -25,6 +25,8 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
   // Context parallelism: the ring's row statistics replace the saved
   // probabilities (see the header).
   const bool cp = policy.cp > 1;
+  // Flash attention keeps the same row statistics (see the header).
+  const bool rows_att = cp || policy.flash_attention;
   const int64_t rows = int64_t{B} * (config.heads / tp) * T;
   const int64_t KVt = 2 * int64_t{config.kv_heads} * config.head_dim() / tp;
   const int last = slice.end_layer(config);
@@ -32,16 +34,17 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
   // numel of each block tensor (kBlockActivations order); RMSNorm keeps no
   // mean (-1: absent).
   const int64_t mean = config.norm == NormKind::kLayerNorm ? BTl : -1;
-  const int64_t block_numel[] = {BTl * C, mean, BTl, BT * QKVt, BT * Ct, cp ? rows : att, BTl * C,
-                                 BTl * C, mean, BTl, BT * FCt,  BT * Ft, BTl * C};
+  const int64_t block_numel[] = {BTl * C, mean,    BTl,  BT * QKVt, BT * Ct,  rows_att ? rows : att,
+                                 BTl * C, BTl * C, mean, BTl,       BT * FCt, BT * Ft,
+                                 BTl * C};
   static_assert(std::size(kBlockActivations) == 13);
   auto is_stat = [&](const std::string& n) {
-    return absl::EndsWith(n, "_mean") || absl::EndsWith(n, "_rstd") || (cp && n == "att");
+    return absl::EndsWith(n, "_mean") || absl::EndsWith(n, "_rstd") || (rows_att && n == "att");
   };
   // Which block tensors a recomputing block refills rather than keeps.
   auto refilled = [&](const std::string& n) {
     if (policy.recompute == Recompute::kFull) return n != "residual3";
-    return policy.recompute == Recompute::kSelective && n == "att" && !cp;
+    return policy.recompute == Recompute::kSelective && n == "att" && !rows_att;
   };
   bool any_recomputed = false;
   for (int l = slice.first_layer; l < last; ++l) {
@@ -70,7 +73,11 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
   Add("dqkv", BT * QKVt, kScratch);
   Add("dfch", BT * FCt, kScratch);
   Add("dfch_act", BT * Ft, kScratch);
-  Add("att_scratch", att, kScratch);
+  if (policy.flash_attention && !cp) {
+    Add("att_scratch", rows, kScratch, true);  // backward's row dot products
+  } else {
+    Add("att_scratch", att, kScratch);
+  }
   if (cp) {
     Add("cp_kv", 2 * BT * KVt, kScratch);
     Add("cp_dkv", 2 * BT * KVt, kScratch);

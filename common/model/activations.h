@@ -48,6 +48,12 @@
 // probabilities and their gradients). Selective recomputation has nothing
 // left to refill under cp (the logsumexp is kept).
 //
+// Flash attention (ActivationPolicy::flash_attention: the CUDA engine in
+// bf16 or fp16 with a head size of 64 or 128, FlashAttentionApplies): the
+// probabilities are recomputed tile by tile in backward, so att is the row
+// logsumexp (B·(NH/tp)·T, fp32) as under cp, att_scratch backward's row dot
+// products (same size, fp32), and selective recomputation refills nothing.
+//
 // Recomputation (ActivationPolicy, the job's model.recompute) moves tensors
 // of the first `recompute_layers` blocks of the slice (all by default) from
 // the saved set to one shared scratch set, "recompute.<name>", that the
@@ -94,12 +100,23 @@ struct ActivationPolicy {
   // Context parallelism (parallel.cp): the engine's T is this rank's share
   // of the sequence, and attention runs as a ring (see the table below).
   int cp = 1;
+  // The CUDA engine's flash attention runs the blocks' attention (see the
+  // table below; never with cp > 1, whose ring has its own kernels).
+  bool flash_attention = false;
 
   // Whether block `i` of a slice (0-based within the slice) recomputes.
   bool Recomputes(int i) const {
     return recompute != Recompute::kNone && (recompute_layers < 0 || i < recompute_layers);
   }
 };
+
+// Whether the CUDA engine's flash attention serves a model computing in
+// `compute` with heads of head_dim channels: bf16 or fp16 (its tensor-core
+// tiles take 16-bit operands; fp32 would need TF32) and 64 or 128 channels.
+inline bool FlashAttentionApplies(DataType compute, int head_dim) {
+  return (compute == DataType::kBFloat16 || compute == DataType::kFloat16) &&
+         (head_dim == 64 || head_dim == 128);
+}
 
 // The tensors of block `l` ("block.<l>.<name>") in the order the table
 // lays them out; the statistics are the names ending in _mean and _rstd.

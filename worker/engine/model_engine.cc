@@ -594,8 +594,9 @@ void ModelEngine::Refill(int l, LayerActs& a, const void* residual, int b, int t
   }
   // Selective: the softmax probabilities from the saved qkv. The output is
   // the saved atty again; it goes to proj_out_ (N·C >= N·Ct), unused here.
-  // Under context parallelism nothing: the ring recomputes them anyway.
-  if (cp_ != nullptr) return;
+  // Under context parallelism or flash attention nothing: the probabilities
+  // are recomputed in backward anyway (the saved att is their logsumexp).
+  if (cp_ != nullptr || policy_.flash_attention) return;
   const int tp = layout_.slice().tp;
   AttentionForward(proj_out_, a.att, att_scratch_, a.qkv, b, t, config().dim / tp,
                    config().heads / tp, config().kv_heads / tp);
@@ -638,7 +639,7 @@ void ModelEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b
   if (cp_ != nullptr) {
     RingAttentionBackward(a, b, t);
   } else {
-    AttentionBackward(dqkv_, att_scratch_, datty_, a.qkv, a.att, b, t, Ct, NHt, KVHt);
+    AttentionBackward(dqkv_, att_scratch_, datty_, a.qkv, a.atty, a.att, b, t, Ct, NHt, KVHt);
   }
   if (cfg.positions == model::PositionKind::kRotary) {
     RotaryForward(dqkv_, b, t, NHt, KVHt, /*inverse=*/true);  // dL/d(q, k before rotation)

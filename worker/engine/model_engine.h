@@ -134,6 +134,7 @@ class ModelEngine : public Engine {
   void InitSliceHost(uint64_t seed, size_t begin, size_t end, float* out, ThreadPool* pool) const;
 
   TensorParallel* tp() const { return tp_; }
+  const model::ActivationPolicy& policy() const { return policy_; }
   // Rotary's (context, hs/2, [cos, sin]) table (model::RotaryTable), in host
   // memory; empty without rotary positions.
   const std::vector<float>& rotary_table() const { return rotary_; }
@@ -197,12 +198,14 @@ class ModelEngine : public Engine {
   // out (N, OC) += bias (OC) on every row.
   virtual void AddBias(void* out, int bias, int N, int OC) = 0;
   // qkv (b, t, Ct + 2·KVHt·hs) of NHt query and KVHt key/value heads (hs =
-  // Ct / NHt); out (b, t, Ct); att (b, NHt, t, t) saved; scratch the table's
-  // att_scratch.
+  // Ct / NHt); out (b, t, Ct); att (b, NHt, t, t) saved — the rows'
+  // logsumexp (b, NHt, t, fp32) under policy().flash_attention; scratch the
+  // table's att_scratch. Backward also gets the forward's out.
   virtual void AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t,
                                 int Ct, int NHt, int KVHt) = 0;
   virtual void AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
-                                 const void* att, int b, int t, int Ct, int NHt, int KVHt) = 0;
+                                 const void* out, const void* att, int b, int t, int Ct, int NHt,
+                                 int KVHt) = 0;
   virtual void GeluForward(void* out, const void* inp, int64_t n) = 0;
   virtual void GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) = 0;
   // inp (N, 2H) = [gate | up]; out (N, H) (engine/cpu/layers.h).

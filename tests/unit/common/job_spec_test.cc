@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -130,6 +131,46 @@ TEST(JobSpecTest, WorldAndWorkerDefaults) {
   EXPECT_EQ(spec->Split()->accum, 2);
   EXPECT_EQ(spec->resources.min_workers, 12);
   EXPECT_EQ(spec->resources.max_workers, 12);
+}
+
+// model.attention: materialized by default; flash where its kernels serve
+// the job (resources.device cuda, bf16 or fp16, heads of 64 or 128
+// channels), refused elsewhere naming the field; the activation policy
+// follows it, and the canonical YAML keeps it.
+TEST(JobSpecTest, FlashAttentionOnCudaIn16BitWithHeadsOf64) {
+  const std::string model = "{layers: 2, heads: 2, dim: 128, context: 16, vocab: 256";
+  auto parse = [&](const std::string& device, const std::string& precision, const std::string& m) {
+    return ParseJobSpec(Make(
+        {{"model", m + "}"}, {"resources", "{device: " + device + "}"}, {"precision", precision}}));
+  };
+  absl::StatusOr<JobSpec> plain = parse("cuda", "bf16", model);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->model.attention, AttentionKind::kMaterialized);
+  EXPECT_FALSE(plain->Activations().flash_attention);
+  for (const char* precision : {"bf16", "fp16"}) {
+    absl::StatusOr<JobSpec> flash = parse("cuda", precision, model + ", attention: flash");
+    ASSERT_TRUE(flash.ok()) << flash.status();
+    EXPECT_TRUE(flash->Activations().flash_attention);
+    absl::StatusOr<JobSpec> again = ParseJobSpec(JobSpecToYaml(*flash));
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->model.attention, AttentionKind::kFlash);
+  }
+  for (const auto& [device, precision, m, why] :
+       std::vector<std::tuple<std::string, std::string, std::string, std::string>>{
+           {"cpu", "fp32", model, "resources.device: cuda"},
+           {"cuda", "fp32", model, "bf16 or fp16"},
+           {"cuda", "bf16", "{layers: 2, heads: 4, dim: 128, context: 16, vocab: 256",
+            "dim / heads = 32"}}) {
+    absl::StatusOr<JobSpec> bad = parse(device, precision, m + ", attention: flash");
+    ASSERT_FALSE(bad.ok()) << device << " " << precision;
+    const std::string message(bad.status().message());
+    EXPECT_NE(message.find("model.attention"), std::string::npos) << message;
+    EXPECT_NE(message.find(why), std::string::npos) << message;
+  }
+  absl::StatusOr<JobSpec> bf16 = ParseJobSpec(Make({{"precision", "bf16"}}));
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->Compute(), DataType::kBFloat16);
+  EXPECT_EQ(ParseJobSpec(Make())->Compute(), DataType::kFloat32);
 }
 
 TEST(JobSpecTest, PresetExpandsAndExplicitFieldsOverride) {

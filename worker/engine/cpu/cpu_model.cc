@@ -43,6 +43,10 @@ absl::StatusOr<std::unique_ptr<CpuModel>> CpuModel::Create(const ModelConfig& co
                                                            int threads,
                                                            const ModelEngineOptions& options) {
   if (auto s = ValidateModelEngine(config, B, T, options); !s.ok()) return s;
+  if (options.activations.flash_attention) {
+    return absl::InvalidArgumentError(
+        "flash attention is the CUDA engine's (activations.flash_attention on a CPU engine)");
+  }
   if (threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", threads));
   }
@@ -196,7 +200,8 @@ void CpuModel::AttentionForward(void* out, void* att, void* scratch, const void*
 }
 
 void CpuModel::AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
-                                 const void* att, int b, int t, int Ct, int NHt, int KVHt) {
+                                 const void* /*out*/, const void* att, int b, int t, int Ct,
+                                 int NHt, int KVHt) {
   PhaseTimer tm(profiling_, &timing_.attention);
   cpu::AttentionBackward(F(dqkv), F(dout), F(qkv), F(att), F(scratch), b, t, Ct, NHt, KVHt, &pool_);
 }

@@ -112,7 +112,8 @@ class CpuModel final : public ModelEngine {
   void AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t, int Ct,
                         int NHt, int KVHt) override;
   void AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
-                         const void* att, int b, int t, int Ct, int NHt, int KVHt) override;
+                         const void* out, const void* att, int b, int t, int Ct, int NHt,
+                         int KVHt) override;
   void AttentionBlockForward(void* out, float* lse, void* blk_out, float* blk_lse, void* scores,
                              const void* qkv, const void* kv, const int* pos_q, const int* pos_k,
                              int b, int t, int Ct, int NHt, int KVHt, bool first) override;

@@ -144,6 +144,14 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const model::ModelC
                                                              DataType compute, int host_threads,
                                                              const ModelEngineOptions& options) {
   if (auto s = ValidateModelEngine(config, B, T, options); !s.ok()) return s;
+  const int tp = options.slice.tp;
+  if (options.activations.flash_attention &&
+      !cuda::FlashAttentionSupports(compute, config.dim / tp, config.heads / tp,
+                                    config.kv_heads / tp)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flash attention needs bf16 or fp16 and a head size of 64 or 128 (compute ",
+                     DataTypeName(compute), ", head size ", config.head_dim(), ")"));
+  }
   if (host_threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 1, got ", host_threads));
   }
@@ -431,13 +439,26 @@ void CudaModel::RotaryForward(void* qkv, int b, int t, int NHt, int KVHt, bool i
                             (NHt + 2 * KVHt) * hs, inverse));
 }
 
+// Flash attention where the table says so (policy().flash_attention: att
+// and scratch are then fp32 rows); the materialized kernels otherwise.
 void CudaModel::AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t,
                                  int Ct, int NHt, int KVHt) {
+  if (policy().flash_attention) {
+    Check(
+        cuda::FlashAttentionForward(k(), out, static_cast<float*>(att), qkv, b, t, Ct, NHt, KVHt));
+    return;
+  }
   Check(cuda::AttentionForward(k(), out, att, scratch, qkv, b, t, Ct, NHt, KVHt));
 }
 
 void CudaModel::AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
-                                  const void* att, int b, int t, int Ct, int NHt, int KVHt) {
+                                  const void* out, const void* att, int b, int t, int Ct, int NHt,
+                                  int KVHt) {
+  if (policy().flash_attention) {
+    Check(cuda::FlashAttentionBackward(k(), dqkv, static_cast<float*>(scratch), dout, qkv, out,
+                                       static_cast<const float*>(att), b, t, Ct, NHt, KVHt));
+    return;
+  }
   Check(cuda::AttentionBackward(k(), dqkv, scratch, dout, qkv, att, b, t, Ct, NHt, KVHt));
 }
 

@@ -93,7 +93,8 @@ class CudaModel final : public ModelEngine {
   void AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t, int Ct,
                         int NHt, int KVHt) override;
   void AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,
-                         const void* att, int b, int t, int Ct, int NHt, int KVHt) override;
+                         const void* out, const void* att, int b, int t, int Ct, int NHt,
+                         int KVHt) override;
   void GeluForward(void* out, const void* inp, int64_t n) override;
   void GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) override;
   void SwiGluForward(void* out, const void* inp, int N, int H) override;

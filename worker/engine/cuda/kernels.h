@@ -156,6 +156,25 @@ absl::Status AttentionBackward(const KernelCtx& ctx, void* dqkv, void* scratch, 
                                const void* qkv, const void* att, int B, int T, int C, int NH,
                                int KVH);
 
+// ---- flash attention (flash_attention.cu): no (T,T) matrix ----
+// Whether the flash kernels run this attention: bf16 or fp16 compute and a
+// head size hs = C/NH of 64 or 128 (KVH dividing NH). Otherwise (fp32
+// among them: tensor cores would need TF32) AttentionForward/Backward run.
+bool FlashAttentionSupports(DataType dtype, int C, int NH, int KVH);
+// out (B,T,C) as AttentionForward's from qkv (B,T,C+2KV); lse (B,NH,T,
+// fp32) the natural-log logsumexp of each row's scaled scores, all that
+// backward needs besides qkv and out. Tensor-core tiles of 64 rows, online
+// softmax.
+absl::Status FlashAttentionForward(const KernelCtx& ctx, void* out, float* lse, const void* qkv,
+                                   int B, int T, int C, int NH, int KVH);
+// dqkv (B,T,C+2KV) += from dout (B,T,C), qkv, out and lse; D (B,NH,T, fp32)
+// is scratch (the rows' dout · out). dK and dV by key tile (a group's heads
+// in order), dQ by query tile: each element summed in a fixed order and
+// added once (deterministic, no atomics).
+absl::Status FlashAttentionBackward(const KernelCtx& ctx, void* dqkv, float* D, const void* dout,
+                                    const void* qkv, const void* out, const float* lse, int B,
+                                    int T, int C, int NH, int KVH);
+
 // ---- attention by blocks of keys (context parallelism's ring) ----
 // The twins of engine/cpu/layers.h's functions of the same names: the
 // queries of qkv (B,Tq,C+2KV) against one block of keys and values kv

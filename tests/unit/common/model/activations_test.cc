@@ -119,5 +119,40 @@ TEST(ActivationTableTest, MatchesKorthikantiTable2ForAGpt3Layer) {
   }
 }
 
+// Flash attention (the CUDA engine, 16-bit, heads of 64 or 128): att is
+// each row's logsumexp (B·NH·T fp32) instead of the T² probabilities, the
+// attention scratch backward's row dot products (the same size), and
+// selective recomputation refills nothing, so keeps what none keeps.
+TEST(ActivationTableTest, FlashAttentionKeepsRowStatisticsInsteadOfProbabilities) {
+  const ModelConfig cfg = *MakeGptConfig(/*layers=*/2, /*heads=*/2, /*dim=*/128, /*context=*/64,
+                                         /*vocab=*/11);
+  EXPECT_TRUE(FlashAttentionApplies(DataType::kBFloat16, cfg.head_dim()));
+  EXPECT_FALSE(FlashAttentionApplies(DataType::kFloat32, cfg.head_dim()));
+  EXPECT_FALSE(FlashAttentionApplies(DataType::kBFloat16, 32));
+  const int B = 3, T = 64;
+  ActivationPolicy flash;
+  flash.flash_attention = true;
+  const ActivationTable plain(cfg, B, T, {}, DataType::kBFloat16);
+  const ActivationTable t(cfg, B, T, {}, DataType::kBFloat16, flash);
+  const int64_t rows = int64_t{B} * cfg.heads * T;
+  EXPECT_EQ(plain.at("block.0.att").numel, rows * T);
+  EXPECT_EQ(t.at("block.0.att").numel, rows);
+  EXPECT_EQ(t.at("block.0.att").dtype, DataType::kFloat32);
+  EXPECT_EQ(t.at("att_scratch").numel, rows);
+  EXPECT_EQ(t.at("att_scratch").dtype, DataType::kFloat32);
+  // Per layer the saved set shrinks by the probabilities less the rows:
+  // B·NH·T·(2T − 4) bytes (16-byte alignment aside: both are multiples).
+  EXPECT_EQ(plain.saved_bytes() - t.saved_bytes(), 2 * rows * (2 * T - 4));
+  ActivationPolicy selective = flash;
+  selective.recompute = Recompute::kSelective;
+  const ActivationTable s(cfg, B, T, {}, DataType::kBFloat16, selective);
+  EXPECT_EQ(s.bytes(1), t.bytes(1));
+  EXPECT_EQ(s.find("recompute.att"), nullptr);
+  std::printf(
+      "[activations] B=%d T=%d bf16 per micro-batch: materialized %lld bytes saved, "
+      "flash %lld\n",
+      B, T, static_cast<long long>(plain.saved_bytes()), static_cast<long long>(t.saved_bytes()));
+}
+
 }  // namespace
 }  // namespace shardtrain::model
