@@ -9,7 +9,8 @@
 //
 // Per batch size B (default 16 and 32): ms/step and tok/s over --steps timed
 // steps after --warmup ones, MFU = tok/s · FLOPs/token / the GPU's dense
-// bf16 peak (--peak-tflops, default 989.4 for an H100 SXM), FLOPs/token =
+// bf16 peak (--peak-tflops; by default the GPU's row of common/device_peaks.h,
+// 989.4 for an H100 SXM or H200), FLOPs/token =
 // 6·N (N = parameters, the tied LM head counted once) + 12·L·C·T (attention),
 // and the device memory the trainer took (cudaMemGetInfo before and after).
 //
@@ -29,14 +30,17 @@
 // is given too), rank r on GPU r (with N GPUs; says so and skips them
 // otherwise): the speed-up over one GPU at the same global batch, next to
 // PyTorch DDP and FSDP2 on as many GPUs (the peer's ddpN and fsdp2xN rows).
+// --flash adds one rank with model.attention: flash (flash_attention.cu)
+// next to the default materialized kernels: speed and device memory.
 // --kernels B profiles a warm-up and 2 steps at batch B under Nsight Compute
 // (ncu, when installed: the toolkit's) and prints the time per kernel
-// family; --ncu-csv FILE prints that table from a saved profile.
+// family (of the main rows' step: --attention flash profiles flash's);
+// --ncu-csv FILE prints that table from a saved profile.
 //
 // Usage: gpu_train_bench [--model gpt2-124m] [--batch 16,32] [--steps 20] [--warmup 3]
 //                        [--peer torch|none] [--compile] [--peak-tflops 989.4]
 //                        [--data FILE] [--peer-dir DIR] [--kernels B] [--ranks N]
-//                        [--zero 0,3] [--offload] [--nccl]
+//                        [--zero 0,3] [--offload] [--nccl] [--flash]
 //        gpu_train_bench --ncu-csv FILE [--ncu-steps 2]
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -51,6 +55,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -59,6 +64,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/device_peaks.h"
 #include "common/job_spec.h"
 #include "common/model/config.h"
 #include "worker/comm/gloo_communicator.h"
@@ -78,13 +84,15 @@ struct Options {
   int warmup = 3;
   std::string peer = "torch";
   bool compile = false;
-  double peak_tflops = 989.4;
+  double peak_tflops = 0;  // 0: the GPU's from common/device_peaks.h
   std::string data = SHARDTRAIN_FORTUNES_PATH;
   std::string peer_dir = SHARDTRAIN_BENCH_DIR;  // where gpu_train_torch_peer.py is
   int ranks = 1;  // > 1: also that many ranks sharing the GPU (Gloo through the host)
   std::vector<int> zeros = {0};  // the ZeRO stages of those ranks' rows
   bool offload = false;          // also one rank with the optimizer on the host
   bool nccl = false;             // also --ranks ranks over NCCL, one per GPU
+  bool flash = false;            // also one rank with model.attention: flash
+  std::string attention = "materialized";  // the main rows' model.attention
 };
 
 // One row's layout of ours: ranks sharing GPU 0 (or over NCCL, rank r on
@@ -94,9 +102,11 @@ struct Variant {
   int zero = 0;
   bool offload = false;
   bool nccl = false;
+  bool flash = false;
   std::string Name() const {
-    if (ranks == 1 && zero == 0 && !offload) return "shardtrain";
+    if (ranks == 1 && zero == 0 && !offload && !flash) return "shardtrain";
     std::string name = "shardtrain";
+    if (flash) absl::StrAppend(&name, " flash");
     if (nccl) absl::StrAppend(&name, " nccl");
     if (ranks > 1) absl::StrAppend(&name, " dp", ranks);
     if (zero > 0) absl::StrAppend(&name, " z", zero);
@@ -183,7 +193,8 @@ absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
        absl::StrCat("resources.min_workers=", ranks), absl::StrCat("resources.max_workers=", ranks),
        absl::StrCat("parallel.zero=", v.zero),
        absl::StrCat("parallel.offload=", v.offload ? "optimizer" : "none"),
-       absl::StrCat("parallel.comm=", v.nccl ? "nccl" : "gloo")});
+       absl::StrCat("parallel.comm=", v.nccl ? "nccl" : "gloo"),
+       absl::StrCat("model.attention=", v.flash ? "flash" : o.attention)});
   if (!spec.ok()) return spec.status();
   MemoryHeld memory(ranks);
   // Host threads as workers take them by default (all cores), shared by the
@@ -409,7 +420,9 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({"torch", "none"}))
       ->capture_default_str();
   app.add_flag("--compile", o.compile, "also torch.compile rows (minutes of compiling)");
-  app.add_option("--peak-tflops", o.peak_tflops, "dense bf16 peak for MFU")->capture_default_str();
+  app.add_option("--peak-tflops", o.peak_tflops,
+                 "dense bf16 peak for MFU (default: the GPU's row of common/device_peaks.h, "
+                 "the table the workers' MFU uses)");
   app.add_option("--data", o.data, "training text (bytes)");
   app.add_option("--peer-dir", o.peer_dir, "folder of gpu_train_torch_peer.py (bench/)");
   app.add_option("--ranks", o.ranks,
@@ -422,10 +435,17 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--offload", o.offload,
                "also one rank with parallel.offload: optimizer (AdamW on the host)");
+  app.add_flag("--flash", o.flash,
+               "also one rank with model.attention: flash (tensor-core tiles, no (T,T) matrix; "
+               "ours/this row: the materialized kernels' speed over flash's)");
   app.add_flag("--nccl", o.nccl,
                "also --ranks ranks over NCCL (each ZeRO stage of --zero), rank r on GPU r "
                "(skipped, saying so, with fewer GPUs): the speed-up over one GPU at the same "
                "global batch");
+  app.add_option("--attention", o.attention,
+                 "model.attention of the main rows (and of the step --kernels profiles)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"materialized", "flash"}));
   int kernels_batch = 0;
   app.add_option("--kernels", kernels_batch,
                  "B: also profile a warm-up and 2 steps at batch B under Nsight Compute (ncu) "
@@ -471,6 +491,14 @@ int Main(int argc, char** argv) {
   }
   std::printf("gpu_train_bench: %s, %s, T=%d, bf16, AdamW, clip 1.0; %d timed steps\n",
               gpus->front().model.c_str(), o.model.c_str(), o.seq, o.steps);
+  if (o.peak_tflops <= 0) {
+    const std::optional<double> peak = DensePeakFlops(gpus->front().model, DataType::kBFloat16);
+    if (!peak) {
+      std::printf("(MFU omitted: %s; --peak-tflops gives one)\n",
+                  WhyNoPeak(gpus->front().model, DataType::kBFloat16).c_str());
+    }
+    o.peak_tflops = peak.value_or(0) / 1e12;
+  }
   std::vector<Row> rows;
   double flops_per_token = 0;
   for (int b : o.batches) {
@@ -479,6 +507,7 @@ int Main(int argc, char** argv) {
       for (int z : o.zeros) variants.push_back(Variant{o.ranks, z, false});
     }
     if (o.offload) variants.push_back(Variant{1, 0, true});
+    if (o.flash) variants.push_back(Variant{1, 0, false, false, true});
     if (o.nccl && o.ranks > 1) {
       if (int(gpus->size()) >= o.ranks) {
         for (int z : o.zeros) {
@@ -521,7 +550,7 @@ int Main(int argc, char** argv) {
     for (const Row& s : rows) {
       if (s.who == "shardtrain" && s.batch == r.batch) ours = s.tok_s;
     }
-    const double mfu = r.tok_s * flops_per_token / (o.peak_tflops * 1e12);
+    const double mfu = o.peak_tflops > 0 ? r.tok_s * flops_per_token / (o.peak_tflops * 1e12) : 0;
     std::printf("%-24s %4d %10.0f %9.2f %6.1f%% %9.2f %13.3fx\n", r.who.c_str(), r.batch, r.tok_s,
                 r.ms, 100 * mfu, r.mem_gib, r.tok_s > 0 ? ours / r.tok_s : 0.0);
   }
@@ -545,7 +574,8 @@ int Main(int argc, char** argv) {
     const std::string cmd =
         absl::StrCat(ncu, " --metrics gpu__time_duration.sum --print-summary per-kernel --csv '",
                      std::string(self, n > 0 ? n : 0), "' --model ", o.model, " --batch ",
-                     kernels_batch, " --steps 2 --warmup 1 --peer none --data '", o.data, "' 2>&1");
+                     kernels_batch, " --steps 2 --warmup 1 --peer none --attention ", o.attention,
+                     " --data '", o.data, "' 2>&1");
     std::string text;
     if (FILE* p = popen(cmd.c_str(), "r")) {
       char buf[4096];

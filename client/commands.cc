@@ -5,6 +5,7 @@
 #include <chrono>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "client/pictures.h"
 #include "client/why.h"
 #include "common/auto_layout.h"
+#include "common/device_peaks.h"
 #include "common/grpc_status.h"
 #include "common/job_spec.h"
 #include "common/planner.h"
@@ -450,7 +452,20 @@ int PlanAuto(const GlobalFlags& g, const std::string& spec_path,
   AutoLayoutOptions options;
   options.ranks = flags.ranks > 0 ? flags.ranks : spec->World();
   options.memory_per_rank = *memory;
-  options.cost.flops_per_rank = flags.tflops * 1e12;
+  if (flags.tflops > 0) {
+    options.cost.flops_per_rank = flags.tflops * 1e12;
+  } else if (spec->resources.device == DeviceKind::kCuda) {
+    // The same table the workers measure their MFU against.
+    const std::optional<double> peak = DensePeakFlops(flags.gpu, spec->Compute());
+    if (!peak) {
+      return ReportError(g, absl::InvalidArgumentError(absl::StrCat(
+                                "--gpu ", flags.gpu, ": ", WhyNoPeak(flags.gpu, spec->Compute()),
+                                "; give --tflops-per-rank instead")));
+    }
+    options.cost.flops_per_rank = *peak * flags.mfu;
+  } else {
+    options.cost.flops_per_rank = 100e12;
+  }
   options.cost.tp_bandwidth = flags.tp_gbps * 1e9;
   options.cost.link_bandwidth = flags.link_gbps * 1e9;
   absl::StatusOr<AutoLayoutResult> result = AutoLayout(*spec, options);

@@ -52,7 +52,11 @@ int Plan(const GlobalFlags& g, const std::string& spec_path, const std::vector<s
 struct PlanAutoFlags {
   int ranks = 0;          // --ranks (default: the spec's world)
   std::string memory;     // --memory-per-rank, e.g. "4GiB"; required
-  double tflops = 100;    // --tflops-per-rank
+  // --tflops-per-rank; 0: a cuda spec's from the peak table (--gpu's dense
+  // peak for the spec's precision × --mfu), a cpu spec's 100.
+  double tflops = 0;
+  std::string gpu = "H100";  // --gpu: the model whose peak a cuda spec assumes
+  double mfu = 0.4;          // --mfu: the share of that peak a rank sustains
   double tp_gbps = 300;   // --tp-bandwidth, GB/s inside a tp group
   double link_gbps = 25;  // --link-bandwidth, GB/s between nodes
 };

@@ -138,9 +138,18 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   plan->add_option("--memory-per-rank", auto_flags.memory,
                    "--auto: memory budget per rank, e.g. 4GiB, 80GiB, 512MiB (required)");
-  plan->add_option("--tflops-per-rank", auto_flags.tflops, "--auto: sustained TFLOP/s per rank")
-      ->capture_default_str()
+  plan->add_option("--tflops-per-rank", auto_flags.tflops,
+                   "--auto: sustained TFLOP/s per rank (default: a cuda spec's --gpu dense peak "
+                   "for its precision × --mfu, from the table the workers' MFU uses; a cpu "
+                   "spec's 100)")
       ->check(CLI::PositiveNumber);
+  plan->add_option("--gpu", auto_flags.gpu,
+                   "--auto: the GPU model a cuda spec runs on (H100, H200, A100, L40S, L4, ...)")
+      ->capture_default_str();
+  plan->add_option("--mfu", auto_flags.mfu,
+                   "--auto: the share of --gpu's dense peak a rank sustains")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1.0));
   plan->add_option("--tp-bandwidth", auto_flags.tp_gbps,
                    "--auto: GB/s a rank sends inside a tp group")
       ->capture_default_str()

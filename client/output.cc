@@ -112,6 +112,8 @@ std::string StepJson(const v1::StepReport& s) {
   const std::string val =
       s.has_val_loss() ? absl::StrCat(", \"val_loss\": ", Num(s.val_loss())) : "";
   std::string fp16;
+  // mfu only where the worker knows its device's peak (common/device_peaks.h).
+  if (s.mfu() > 0) absl::StrAppend(&fp16, ", \"mfu\": ", Num(s.mfu()));
   if (s.loss_scale() != 0) absl::StrAppend(&fp16, ", \"loss_scale\": ", Num(s.loss_scale()));
   if (s.skipped()) absl::StrAppend(&fp16, ", \"skipped\": true");
   return absl::StrCat("{\"step\": ", s.step(), ", \"loss\": ", Num(s.loss()), val,
@@ -152,6 +154,10 @@ std::string HistoryText(const v1::GetHistoryResponse& h, bool csv) {
                       return s.loss_scale() != 0 || s.skipped();
                     });
   if (fp16) header.insert(header.end(), {"loss_scale", "skipped"});
+  // MFU: in CSV always (empty where unknown), in the table when a step has one.
+  const bool mfu = csv || std::any_of(h.steps().begin(), h.steps().end(),
+                                      [](const auto& s) { return s.mfu() > 0; });
+  if (mfu) header.push_back("mfu");
   std::vector<std::vector<std::string>> rows;
   for (const auto& s : h.steps()) {
     // No validation loss (or loss scale): an empty CSV field, "-" in the table.
@@ -165,6 +171,7 @@ std::string HistoryText(const v1::GetHistoryResponse& h, bool csv) {
       rows.back().push_back(s.loss_scale() != 0 ? absl::StrFormat("%.6g", s.loss_scale()) : none);
       rows.back().push_back(csv ? (s.skipped() ? "true" : "false") : (s.skipped() ? "yes" : "-"));
     }
+    if (mfu) rows.back().push_back(s.mfu() > 0 ? absl::StrFormat("%.4f", s.mfu()) : none);
   }
   if (!csv) return FormatTable(header, rows);
   std::string out = absl::StrJoin(header, ",") + "\n";
@@ -273,10 +280,12 @@ std::string JobText(const v1::Job& j) {
 }
 
 std::string StepLine(const v1::StepReport& s, int64_t total_steps, double eta_s) {
-  std::string line =
-      absl::StrFormat("step %*d/%d  loss %.4f  %8.0f tok/s  %7.1f ms/step  ETA %s",
-                      static_cast<int>(absl::StrCat(total_steps).size()), s.step(), total_steps,
-                      s.loss(), s.tokens_per_s(), s.step_ms(), FormatDuration(eta_s));
+  std::string line = absl::StrFormat("step %*d/%d  loss %.4f  %8.0f tok/s  %7.1f ms/step",
+                                     static_cast<int>(absl::StrCat(total_steps).size()), s.step(),
+                                     total_steps, s.loss(), s.tokens_per_s(), s.step_ms());
+  // Model FLOPs utilisation where the worker knows its device's dense peak.
+  if (s.mfu() > 0) absl::StrAppendFormat(&line, "  MFU %4.1f%%", 100 * s.mfu());
+  absl::StrAppend(&line, "  ETA ", FormatDuration(eta_s));
   // Bytes the busiest rank sent in the step (the plan predicts it: `plan`).
   if (s.comm_bytes() > 0) absl::StrAppendFormat(&line, "  sent %.1f MB", s.comm_bytes() / 1e6);
   // At the end, so that the other columns stay aligned with the lines

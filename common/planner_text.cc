@@ -1,11 +1,13 @@
 // PlanText: the human-readable plan `shardtrain plan` prints (planner.h).
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/device_peaks.h"
 #include "common/model/config.h"
 #include "common/planner.h"
 
@@ -122,13 +124,16 @@ std::string ComputeLine(const JobSpec& spec, const v1::Plan& plan) {
   std::string out =
       absl::StrFormat("compute: %.3g FLOPs/token (6 × matmul params + attention), %.3g per step",
                       per_token, per_step);
-  if (spec.resources.device == DeviceKind::kCuda) {
-    constexpr double kPeak = 989e12;  // H100 SXM / H200 dense bf16
-    const double ideal = per_step / (kPeak * plan.world());
+  // At an H100 SXM's (and H200's) dense peak for the job's precision, from
+  // the table the workers' MFU is measured against.
+  const std::optional<double> peak = DensePeakFlops("H100", spec.Compute());
+  if (spec.resources.device == DeviceKind::kCuda && peak) {
+    const double ideal = per_step / (*peak * plan.world());
     absl::StrAppendFormat(&out,
-                          "; at 989 TFLOP/s per GPU (H100/H200 dense bf16) a step takes >= %.3g s "
+                          "; at %.0f TFLOP/s per GPU (H100/H200 dense %s) a step takes >= %.3g s "
                           "(100%% MFU; %.3g s at 40%%)",
-                          ideal, ideal / 0.4);
+                          *peak / 1e12, std::string(DataTypeName(spec.Compute())), ideal,
+                          ideal / 0.4);
   }
   return out + "\n";
 }

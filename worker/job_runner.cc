@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <string>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -28,6 +29,7 @@
 #include "worker/comm/nccl_communicator.h"
 #endif
 #include "worker/kv_rendezvous_store.h"
+#include "worker/mfu.h"
 #include "worker/trainer.h"
 
 namespace shardtrain::worker {
@@ -57,6 +59,12 @@ struct TrainingMetrics {
                                  "Bytes this rank sent in collectives.", {"job_id", "rank"})),
         loss(r->AddGauge("shardtrain_worker_loss", "Loss of the last step on this rank.",
                          {"job_id", "rank"})),
+        mfu(r->AddGauge("shardtrain_worker_mfu",
+                        "Model FLOPs utilisation of the last step on this rank: its share of "
+                        "the model's FLOPs per second over its device's dense peak for the "
+                        "job's precision (common/device_peaks.h); absent where that peak is "
+                        "unknown (CPUs, unlisted GPUs).",
+                        {"job_id", "rank"})),
         val_loss(r->AddGauge("shardtrain_worker_val_loss",
                              "Validation loss of the last evaluation (eval.every), the job's "
                              "mean over its validation windows (the same on every rank).",
@@ -76,6 +84,7 @@ struct TrainingMetrics {
   Family<Counter>& collective_seconds;
   Family<Counter>& sent_bytes;
   Family<Gauge>& loss;
+  Family<Gauge>& mfu;
   Family<Gauge>& val_loss;
   Family<Gauge>& memory;
   Gauge& peak_rss;
@@ -90,6 +99,7 @@ struct TrainingMetrics {
     collective_seconds.Remove({job_id, rank, "allreduce"});
     sent_bytes.Remove(labels);
     loss.Remove(labels);
+    mfu.Remove(labels);
     val_loss.Remove(labels);
     for (const char* kind : kMemoryKinds) memory.Remove({job_id, rank, kind});
   }
@@ -104,7 +114,8 @@ class Reporter {
   explicit Reporter(const RunContext& ctx) : ctx_(ctx), a_(*ctx.assignment) {}
 
   // False when the coordinator says the job is over (cancelled, failed).
-  bool Step(const StepResult& r) {
+  // mfu: the step's model FLOPs utilisation, 0 when unknown.
+  bool Step(const StepResult& r, double mfu) {
     v1::ReportStepRequest req;
     req.set_worker_id(ctx_.worker_id);
     req.set_lease_token(a_.lease_token());
@@ -122,6 +133,7 @@ class Reporter {
     s->set_comm_ms(r.comm_ms);
     s->set_comm_bytes(r.comm_bytes);
     s->set_loss_scale(r.loss_scale);
+    s->set_mfu(mfu);
     s->set_skipped(r.skipped);
     s->set_peak_rss_bytes(PeakRssBytes());
     s->set_time_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -543,6 +555,8 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   }
   report.Log("training " + spec->name + ": steps " + std::to_string(first) + ".." +
              std::to_string(spec->steps) + ", world " + std::to_string(a.world()));
+  const MfuMeter mfu(*spec, (*trainer)->engine().layout(), opts.device.model());
+  report.Log(mfu.description());
   const int every = spec->checkpoint.dir.empty() ? 0 : spec->checkpoint.every;
   for (int64_t step = first; step <= spec->steps; ++step) {
     if (*ctx.stop) {
@@ -558,6 +572,7 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
     sent.Increment(double(r->comm_bytes));
     // A diverged step (NaN/inf) is reported to the coordinator, not exported.
     if (std::isfinite(r->loss)) loss.Set(r->loss);
+    if (mfu.known()) metrics->mfu.WithLabels(labels).Set(mfu.Of(*r));
     if (r->val_loss) {
       if (std::isfinite(*r->val_loss)) metrics->val_loss.WithLabels(labels).Set(*r->val_loss);
       report.Log(absl::StrFormat("step %d: validation loss %.4f (evaluated in %.0f ms)", step,
@@ -573,7 +588,7 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
                                {"working", mem.working}}) {
       metrics->memory.WithLabels({a.job_id(), labels[1], kind}).Set(double(bytes));
     }
-    if (!report.Step(*r)) {
+    if (!report.Step(*r, mfu.Of(*r))) {
       report.Log("the coordinator ended the job; stopping at step " + std::to_string(step));
       return;
     }

@@ -51,9 +51,9 @@ TEST(OutputTest, StepsJsonCarriesValLossOnlyOnEvaluatedSteps) {
 
 TEST(OutputTest, HistoryTableAndCsvHaveAValLossColumn) {
   EXPECT_EQ(HistoryText(History(), /*csv=*/true),
-            "step,loss,val_loss,grad_norm,lr,tokens_per_s,step_ms,comm_ms,loss_scale,skipped\n"
-            "1,2.5,,0.5,0.001,1000.0,20.00,2.00,,false\n"
-            "2,2.25,2.3125,0.5,0.001,1000.0,20.00,2.00,,false\n");
+            "step,loss,val_loss,grad_norm,lr,tokens_per_s,step_ms,comm_ms,loss_scale,skipped,mfu\n"
+            "1,2.5,,0.5,0.001,1000.0,20.00,2.00,,false,\n"
+            "2,2.25,2.3125,0.5,0.001,1000.0,20.00,2.00,,false,\n");
   // Without loss scaling the table has no fp16 columns.
   EXPECT_EQ(HistoryText(History(), /*csv=*/false),
             "step  loss  val_loss  grad_norm  lr     tokens_per_s  step_ms  comm_ms\n"
@@ -78,6 +78,27 @@ TEST(OutputTest, ProgressLinesShowValLossOnEvaluatedSteps) {
   sent.set_comm_bytes(2500000);
   EXPECT_NE(StepLine(sent, 60, 1.2).find("sent 2.5 MB  val 2.3125"), std::string::npos)
       << StepLine(sent, 60, 1.2);
+}
+
+// MFU (the worker's, where it knows its device's dense peak): in the
+// progress line after ms/step, in JSON and the history only where known.
+TEST(OutputTest, MfuShowsWhereTheWorkerKnowsIt) {
+  v1::GetHistoryResponse h = History();
+  h.mutable_steps(1)->set_mfu(0.4123);
+  EXPECT_EQ(
+      StepLine(h.steps(1), 60, 1.2),
+      "step  2/60  loss 2.2500      1000 tok/s     20.0 ms/step  MFU 41.2%  ETA 1s  val 2.3125");
+  EXPECT_NE(StepJson(h.steps(1)).find("\"mfu\": 0.4123"), std::string::npos)
+      << StepJson(h.steps(1));
+  EXPECT_EQ(StepJson(h.steps(0)).find("mfu"), std::string::npos);
+  EXPECT_EQ(HistoryText(h, /*csv=*/true),
+            "step,loss,val_loss,grad_norm,lr,tokens_per_s,step_ms,comm_ms,loss_scale,skipped,mfu\n"
+            "1,2.5,,0.5,0.001,1000.0,20.00,2.00,,false,\n"
+            "2,2.25,2.3125,0.5,0.001,1000.0,20.00,2.00,,false,0.4123\n");
+  EXPECT_EQ(HistoryText(h, /*csv=*/false),
+            "step  loss  val_loss  grad_norm  lr     tokens_per_s  step_ms  comm_ms  mfu\n"
+            "1     2.5   -         0.5        0.001  1000.0        20.00    2.00     -\n"
+            "2     2.25  2.3125    0.5        0.001  1000.0        20.00    2.00     0.4123\n");
 }
 
 // An fp16 history: step 1 overflowed at 65536 (skipped), step 2 ran at 32768.
@@ -106,9 +127,9 @@ TEST(OutputTest, StepsJsonCarriesLossScaleAndSkippedOnlyWhereTheyApply) {
 
 TEST(OutputTest, HistoryOfAnFp16JobHasLossScaleAndSkippedColumns) {
   EXPECT_EQ(HistoryText(Fp16History(), /*csv=*/true),
-            "step,loss,val_loss,grad_norm,lr,tokens_per_s,step_ms,comm_ms,loss_scale,skipped\n"
-            "1,2.5,,0.5,0.001,1000.0,20.00,2.00,65536,true\n"
-            "2,2.25,2.3125,0.5,0.001,1000.0,20.00,2.00,32768,false\n");
+            "step,loss,val_loss,grad_norm,lr,tokens_per_s,step_ms,comm_ms,loss_scale,skipped,mfu\n"
+            "1,2.5,,0.5,0.001,1000.0,20.00,2.00,65536,true,\n"
+            "2,2.25,2.3125,0.5,0.001,1000.0,20.00,2.00,32768,false,\n");
   EXPECT_EQ(HistoryText(Fp16History(), /*csv=*/false),
             "step  loss  val_loss  grad_norm  lr     tokens_per_s  step_ms  comm_ms  loss_scale  "
             "skipped\n"
