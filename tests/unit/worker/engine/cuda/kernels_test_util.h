@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -66,6 +67,21 @@ inline void ExpectClose(const std::vector<float>& got, const std::vector<float>&
   EXPECT_LE(max_diff / scale, tol)
       << what << ": max |diff| " << max_diff << " at " << at << " (got " << got[at] << ", want "
       << want[at] << "), max |ref| " << max_ref << ", relative tolerance " << tol;
+}
+
+// ExpectClose after printing "[tag] <what> max |diff| …, relative …
+// (tolerance …)": the figures a GPU run's log keeps.
+inline void CompareAndPrint(const char* tag, const std::vector<float>& got,
+                            const std::vector<float>& want, double tol, const std::string& what) {
+  double max_ref = 0, max_diff = 0;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(double{want[i]}));
+    const double diff = std::fabs(double{got[i]} - double{want[i]});
+    if (!(diff <= max_diff)) max_diff = diff;  // NaN counts as the worst
+  }
+  std::printf("[%s] %-46s max |diff| %.3g, relative %.3g (tolerance %.0e)\n", tag, what.c_str(),
+              max_diff, max_diff / (max_ref > 0 ? max_ref : 1.0), tol);
+  ExpectClose(got, want, tol, what);
 }
 
 inline void ExpectSameBits(const std::vector<float>& a, const std::vector<float>& b,

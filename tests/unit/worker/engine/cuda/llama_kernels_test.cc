@@ -24,15 +24,7 @@ namespace {
 // largest magnitude whatever the outcome.
 void Compare(const std::vector<float>& got, const std::vector<float>& want, double tol,
              const std::string& what) {
-  double max_ref = 0, max_diff = 0;
-  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
-    max_ref = std::max(max_ref, std::fabs(double{want[i]}));
-    const double diff = std::fabs(double{got[i]} - double{want[i]});
-    if (!(diff <= max_diff)) max_diff = diff;  // NaN counts as the worst
-  }
-  std::printf("[llama-kernels] %-44s max |diff| %.3g, relative %.3g (tolerance %.0e)\n",
-              what.c_str(), max_diff, max_diff / (max_ref > 0 ? max_ref : 1.0), tol);
-  ExpectClose(got, want, tol, what);
+  CompareAndPrint("llama-kernels", got, want, tol, what);
 }
 
 double Tol(DataType dtype) { return dtype == kF32 ? kFp32Tol : kLowPrecisionTol; }
