@@ -127,9 +127,11 @@ int main(int argc, char** argv) {
   PlanAutoFlags auto_flags;
   plan->add_flag("--auto", plan_auto,
                  "search every dp×tp×pp layout (ZeRO 0-3, 3 only with pp 1; 1F1B; global "
-                 "batch kept) on --ranks ranks that fits --memory-per-rank, ranked by predicted "
+                 "batch kept; the spec's parallel.cp kept, or for seq_len >= 2048 on CPU ranks "
+                 "also cp = 2, 4, ... splitting each sequence) on --ranks ranks that fits "
+                 "--memory-per-rank, ranked by predicted "
                  "step time = 6·params·tokens/(ranks·flops)/(1-bubble) + tp bytes/tp bandwidth + "
-                 "pp bytes/link bandwidth + dp bytes/link bandwidth (no overlap); a layout over "
+                 "pp, dp and cp bytes/link bandwidth (no overlap); a layout over "
                  "the budget is tried again with activation recomputation, cheapest first "
                  "(model.recompute selective, then full on the first K blocks of each stage); "
                  "prints the top 10 and the chosen layout as --set overrides; exit 2 when "

@@ -39,6 +39,23 @@ std::vector<std::pair<Recompute, int>> RecomputeLadder(const ModelSpec& m, int l
   return out;
 }
 
+// The context-parallel degrees to try: the spec's own when it sets one;
+// otherwise 1, and for a long sequence (seq_len >= kLongSeqLen) on CPU ranks
+// (where the ring runs) every cp >= 2 dividing `ranks` with 2·cp dividing
+// seq_len and at least kMinCpChunk tokens per rank.
+constexpr int kLongSeqLen = 2048;
+constexpr int kMinCpChunk = 128;
+std::vector<int> CpDegrees(const JobSpec& spec, int ranks) {
+  if (spec.parallel.cp > 1) return {spec.parallel.cp};
+  std::vector<int> out = {1};
+  const int T = spec.batch.seq_len;
+  if (spec.resources.device != DeviceKind::kCpu || T < kLongSeqLen) return out;
+  for (int cp = 2; cp <= ranks && T / cp >= kMinCpChunk; ++cp) {
+    if (ranks % cp == 0 && T % (2 * cp) == 0) out.push_back(cp);
+  }
+  return out;
+}
+
 // The largest micro <= wanted with global % (micro·dp) == 0, or 0 when none.
 int MicroFor(int global, int wanted, int dp) {
   for (int micro = wanted; micro >= 1; --micro) {
@@ -55,6 +72,7 @@ std::vector<std::string> LayoutCandidate::Overrides(const JobSpec& spec) const {
       absl::StrCat("parallel.pp=", pp), absl::StrCat("parallel.zero=", zero),
       "parallel.schedule=1f1b",
   };
+  if (cp != spec.parallel.cp) out.push_back(absl::StrCat("parallel.cp=", cp));
   if (!spec.parallel.stages.empty()) out.push_back("parallel.stages=[]");
   if (micro_adjusted) out.push_back(absl::StrCat("batch.micro=", micro));
   if (memory_without > 0) {
@@ -78,92 +96,96 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
   AutoLayoutResult result;
   std::vector<std::string> skipped;  // why meshes the model allows have no candidate
   const double tokens = double(spec.batch.global) * spec.batch.seq_len;
-  // parallel.cp stays as the spec has it: the other factors share n / cp.
-  const int cp = std::max(1, spec.parallel.cp);
-  if (n % cp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--ranks: ", n,
-                                                   " is not a multiple of the spec's parallel.cp ",
-                                                   cp, " (auto layout keeps cp as given)"));
+  // A spec's parallel.cp stays as it has it: the other factors share n / cp.
+  if (spec.parallel.cp > 1 && n % spec.parallel.cp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ranks: ", n, " is not a multiple of the spec's parallel.cp ",
+                     spec.parallel.cp, " (auto layout keeps cp as given)"));
   }
-  const int rest = n / cp;
-  for (int tp = 1; tp <= rest; ++tp) {
-    if (rest % tp != 0) continue;
-    for (int pp = 1; pp <= rest / tp; ++pp) {
-      if ((rest / tp) % pp != 0) continue;
-      const int dp = rest / (tp * pp);
-      const ParallelDims dims = *ParallelDims::Create(ParallelDims::Factors{dp, cp, tp, pp});
-      if (!dims.CheckModelFits(*config).ok()) continue;
-      const int micro = MicroFor(spec.batch.global, spec.batch.micro, dp);
-      if (micro == 0) {
-        skipped.push_back(
-            absl::StrCat("dp ", dp, " does not divide batch.global ", spec.batch.global));
-        continue;
-      }
-      for (int zero = 0; zero <= 3; ++zero) {
-        if (!dims.CheckZero(zero).ok()) continue;
-        JobSpec alt = spec;
-        alt.parallel.dp = dp;
-        alt.parallel.tp = tp;
-        alt.parallel.pp = pp;
-        alt.parallel.zero = zero;
-        alt.parallel.schedule = PipelineSchedule::k1F1B;
-        alt.parallel.stages.clear();
-        alt.batch.micro = micro;
-        const std::vector<int> stage_layers = *model::StageLayers(*config, pp);
-        const int largest = *std::max_element(stage_layers.begin(), stage_layers.end());
-        absl::StatusOr<v1::Plan> plan;
-        int64_t own = 0;  // peak memory with the spec's own recomputation
-        for (const auto& [mode, k] : RecomputeLadder(model, largest)) {
-          alt.model.recompute = mode;
-          alt.model.recompute_layers = k;
-          plan = MakePlan(alt, n);
-          if (!plan.ok()) break;
-          if (own == 0) own = plan->memory_per_rank().total_bytes();
-          if (plan->memory_per_rank().total_bytes() <= options.memory_per_rank) break;
-        }
-        if (!plan.ok()) {
-          skipped.push_back(std::string(plan.status().message()));
+  for (const int cp : CpDegrees(spec, n)) {
+    const int rest = n / cp;
+    for (int tp = 1; tp <= rest; ++tp) {
+      if (rest % tp != 0) continue;
+      for (int pp = 1; pp <= rest / tp; ++pp) {
+        if ((rest / tp) % pp != 0) continue;
+        const int dp = rest / (tp * pp);
+        const ParallelDims dims = *ParallelDims::Create(ParallelDims::Factors{dp, cp, tp, pp});
+        if (!dims.CheckModelFits(*config).ok()) continue;
+        const int micro = MicroFor(spec.batch.global, spec.batch.micro, dp);
+        if (micro == 0) {
+          skipped.push_back(
+              absl::StrCat("dp ", dp, " does not divide batch.global ", spec.batch.global));
           continue;
         }
-        result.num_params = plan->num_params();
-        LayoutCandidate c;
-        c.dp = dp;
-        c.tp = tp;
-        c.pp = pp;
-        c.zero = zero;
-        c.micro = micro;
-        c.micro_adjusted = micro != spec.batch.micro;
-        c.accum = plan->grad_accum_steps();
-        c.bubble = plan->bubble_fraction();
-        c.peak_memory = plan->memory_per_rank().total_bytes();
-        c.recompute = alt.model.recompute;
-        c.recompute_layers = alt.model.recompute_layers;
-        if (c.recompute != model.recompute || c.recompute_layers != model.recompute_layers) {
-          c.memory_without = own;
+        for (int zero = 0; zero <= 3; ++zero) {
+          if (!dims.CheckZero(zero).ok()) continue;
+          JobSpec alt = spec;
+          alt.parallel.dp = dp;
+          alt.parallel.cp = cp;
+          alt.parallel.tp = tp;
+          alt.parallel.pp = pp;
+          alt.parallel.zero = zero;
+          alt.parallel.schedule = PipelineSchedule::k1F1B;
+          alt.parallel.stages.clear();
+          alt.batch.micro = micro;
+          const std::vector<int> stage_layers = *model::StageLayers(*config, pp);
+          const int largest = *std::max_element(stage_layers.begin(), stage_layers.end());
+          absl::StatusOr<v1::Plan> plan;
+          int64_t own = 0;  // peak memory with the spec's own recomputation
+          for (const auto& [mode, k] : RecomputeLadder(model, largest)) {
+            alt.model.recompute = mode;
+            alt.model.recompute_layers = k;
+            plan = MakePlan(alt, n);
+            if (!plan.ok()) break;
+            if (own == 0) own = plan->memory_per_rank().total_bytes();
+            if (plan->memory_per_rank().total_bytes() <= options.memory_per_rank) break;
+          }
+          if (!plan.ok()) {
+            skipped.push_back(std::string(plan.status().message()));
+            continue;
+          }
+          result.num_params = plan->num_params();
+          LayoutCandidate c;
+          c.dp = dp;
+          c.cp = cp;
+          c.tp = tp;
+          c.pp = pp;
+          c.zero = zero;
+          c.micro = micro;
+          c.micro_adjusted = micro != spec.batch.micro;
+          c.accum = plan->grad_accum_steps();
+          c.bubble = plan->bubble_fraction();
+          c.peak_memory = plan->memory_per_rank().total_bytes();
+          c.recompute = alt.model.recompute;
+          c.recompute_layers = alt.model.recompute_layers;
+          if (c.recompute != model.recompute || c.recompute_layers != model.recompute_layers) {
+            c.memory_without = own;
+          }
+          const MicroBatchFlops f = BusiestRecompute(alt);
+          c.recompute_share = f.train > 0 ? f.recompute / f.train : 0;
+          const CostModel& cost = options.cost;
+          c.compute_s = 6.0 * double(plan->num_params()) * tokens / (n * cost.flops_per_rank) /
+                        (1.0 - c.bubble) * (1.0 + c.recompute_share);
+          c.tp_s = double(plan->tp_comm_bytes_per_step()) / cost.tp_bandwidth;
+          c.pp_s = double(plan->pp_comm_bytes_per_step()) / cost.link_bandwidth;
+          c.dp_s = double(plan->dp_comm_bytes_per_step()) / cost.link_bandwidth;
+          c.cp_s = double(plan->cp_comm_bytes_per_step()) / cost.link_bandwidth;
+          (c.peak_memory <= options.memory_per_rank ? result.fitting : result.too_big).push_back(c);
         }
-        const MicroBatchFlops f = BusiestRecompute(alt);
-        c.recompute_share = f.train > 0 ? f.recompute / f.train : 0;
-        const CostModel& cost = options.cost;
-        c.compute_s = 6.0 * double(plan->num_params()) * tokens / (n * cost.flops_per_rank) /
-                      (1.0 - c.bubble) * (1.0 + c.recompute_share);
-        c.tp_s = double(plan->tp_comm_bytes_per_step()) / cost.tp_bandwidth;
-        c.pp_s = double(plan->pp_comm_bytes_per_step()) / cost.link_bandwidth;
-        c.dp_s = double(plan->dp_comm_bytes_per_step()) / cost.link_bandwidth;
-        c.cp_s = double(plan->cp_comm_bytes_per_step()) / cost.link_bandwidth;
-        (c.peak_memory <= options.memory_per_rank ? result.fitting : result.too_big).push_back(c);
       }
     }
   }
   if (result.fitting.empty() && result.too_big.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "no dp × tp × pp layout of ", n, " ranks",
-        cp > 1 ? absl::StrCat(" (parallel.cp ", cp, " kept)") : "", " fits the model and batch",
+        spec.parallel.cp > 1 ? absl::StrCat(" (parallel.cp ", spec.parallel.cp, " kept)") : "",
+        " fits the model and batch",
         skipped.empty() ? " (tp must divide model.heads, 4·dim and the padded vocabulary; pp <= "
                           "model.layers)"
                         : absl::StrCat(": ", absl::StrJoin(skipped, "; "))));
   }
   auto key = [](const LayoutCandidate& c) {
-    return std::make_tuple(c.step_s(), c.peak_memory, c.pp, c.tp, c.zero);
+    return std::make_tuple(c.step_s(), c.peak_memory, c.cp, c.pp, c.tp, c.zero);
   };
   std::sort(result.fitting.begin(), result.fitting.end(),
             [&](const LayoutCandidate& a, const LayoutCandidate& b) { return key(a) < key(b); });
@@ -187,18 +209,26 @@ std::string RecomputeName(const LayoutCandidate& c) {
   return c.memory_without > 0 ? name + "+" : name;
 }
 
+// The ranked rows; CP and CP ms columns where some candidate has cp > 1.
 std::string Rows(const std::vector<LayoutCandidate>& cs, int top) {
-  std::string out =
-      "  #  DP  TP  PP  ZERO  MICRO    M  BUBBLE  RECOMPUTE     PEAK MEM  COMPUTE ms  TP ms  PP ms "
-      " "
-      "DP ms  STEP ms\n";
-  for (int i = 0; i < std::min<int>(top, cs.size()); ++i) {
+  const int rows = std::min<int>(top, cs.size());
+  bool cp = false;
+  for (int i = 0; i < rows; ++i) cp = cp || cs[i].cp > 1;
+  std::string out = absl::StrCat("  #  DP", cp ? "  CP" : "",
+                                 "  TP  PP  ZERO  MICRO    M  BUBBLE  RECOMPUTE     PEAK MEM  "
+                                 "COMPUTE ms  TP ms  PP ms  DP ms",
+                                 cp ? "  CP ms" : "", "  STEP ms\n");
+  for (int i = 0; i < rows; ++i) {
     const LayoutCandidate& c = cs[i];
-    absl::StrAppendFormat(
-        &out, "%3d  %2d  %2d  %2d  %4d  %5s  %3d  %5.1f%%  %-10s  %10s  %10s  %5s  %5s  %5s  %7s\n",
-        i + 1, c.dp, c.tp, c.pp, c.zero, absl::StrCat(c.micro, c.micro_adjusted ? "*" : ""),
-        c.accum, 100 * c.bubble, RecomputeName(c), FormatPlanBytes(c.peak_memory), Ms(c.compute_s),
-        Ms(c.tp_s), Ms(c.pp_s), Ms(c.dp_s), Ms(c.step_s()));
+    absl::StrAppendFormat(&out, "%3d  %2d", i + 1, c.dp);
+    if (cp) absl::StrAppendFormat(&out, "  %2d", c.cp);
+    absl::StrAppendFormat(&out,
+                          "  %2d  %2d  %4d  %5s  %3d  %5.1f%%  %-10s  %10s  %10s  %5s  %5s  %5s",
+                          c.tp, c.pp, c.zero, absl::StrCat(c.micro, c.micro_adjusted ? "*" : ""),
+                          c.accum, 100 * c.bubble, RecomputeName(c), FormatPlanBytes(c.peak_memory),
+                          Ms(c.compute_s), Ms(c.tp_s), Ms(c.pp_s), Ms(c.dp_s));
+    if (cp) absl::StrAppendFormat(&out, "  %5s", Ms(c.cp_s));
+    absl::StrAppendFormat(&out, "  %7s\n", Ms(c.step_s()));
   }
   return out;
 }
@@ -225,11 +255,18 @@ std::string AutoLayoutText(const JobSpec& spec, const AutoLayoutOptions& options
       result.num_params, int64_t{spec.batch.global} * spec.batch.seq_len,
       cost.flops_per_rank / 1e12, cost.tp_bandwidth / 1e9, cost.link_bandwidth / 1e9,
       cost.link_bandwidth / 1e9);
+  const std::vector<int> cps = CpDegrees(spec, options.ranks);
   if (spec.parallel.cp > 1) {
     absl::StrAppendFormat(&out,
                           "  + cp = the context-parallel ring's bytes / %.0f GB/s, counted in STEP "
                           "ms (parallel.cp %d kept as the spec has it)\n",
                           cost.link_bandwidth / 1e9, spec.parallel.cp);
+  } else if (cps.size() > 1) {
+    absl::StrAppendFormat(&out,
+                          "  + cp = the context-parallel ring's bytes / %.0f GB/s, counted in STEP "
+                          "ms (parallel.cp %s tried: seq_len %d >= %d on CPU ranks)\n",
+                          cost.link_bandwidth / 1e9, absl::StrJoin(cps, ", "), spec.batch.seq_len,
+                          kLongSeqLen);
   }
   const size_t total = result.fitting.size() + result.too_big.size();
   absl::StrAppendFormat(&out, "%d layouts planned, %d fit in %s, %d do not\n", total,
@@ -260,8 +297,9 @@ std::string AutoLayoutText(const JobSpec& spec, const AutoLayoutOptions& options
   }
   const LayoutCandidate& best = result.fitting.front();
   absl::StrAppendFormat(
-      &out, "\nchosen: dp %d · tp %d · pp %d, ZeRO-%d (predicted %s ms/step, %s per rank)\n",
-      best.dp, best.tp, best.pp, best.zero, Ms(best.step_s()), FormatPlanBytes(best.peak_memory));
+      &out, "\nchosen: dp %d%s · tp %d · pp %d, ZeRO-%d (predicted %s ms/step, %s per rank)\n",
+      best.dp, best.cp > 1 ? absl::StrCat(" · cp ", best.cp) : "", best.tp, best.pp, best.zero,
+      Ms(best.step_s()), FormatPlanBytes(best.peak_memory));
   if (best.memory_without > 0) {
     absl::StrAppendFormat(&out,
                           "  with model.recompute=%s: %s per rank without it (over the budget); "

@@ -5,8 +5,12 @@
 // ranks the rest by a simple predicted step time. Pure: each candidate is
 // MakePlan (planner.h) of the spec with the layout's fields replaced.
 //
-// Candidates: every dp × tp × pp = ranks / parallel.cp (the spec's context
-// parallelism is kept as given) with tp dividing model.heads, 4·dim
+// Candidates: every dp × cp × tp × pp = ranks — cp as the spec has it when
+// it sets parallel.cp > 1; otherwise 1, and for a long sequence (seq_len >=
+// 2048) on CPU ranks every cp that divides the ranks with 2·cp dividing
+// seq_len and >= 128 tokens per rank (context parallelism trades ring bytes
+// for activation memory ∝ 1/cp: it wins where memory forces it) — with tp
+// dividing model.heads, 4·dim
 // and the padded vocabulary and pp <= model.layers (ParallelDims::
 // CheckModelFits); ZeRO 0..3, 3 only with pp = 1 (ParallelDims::CheckZero);
 // schedule 1F1B; layers split balanced by parameter count. The spec's global
@@ -64,7 +68,7 @@ struct AutoLayoutOptions {
 
 // One planned layout and its predicted cost.
 struct LayoutCandidate {
-  int dp = 1, tp = 1, pp = 1, zero = 0;
+  int dp = 1, cp = 1, tp = 1, pp = 1, zero = 0;
   int micro = 0;                // batch.micro used
   bool micro_adjusted = false;  // micro differs from the spec's
   int accum = 0;                // m: micro-batches per step per replica
@@ -76,13 +80,12 @@ struct LayoutCandidate {
   int recompute_layers = -1;
   double recompute_share = 0;
   int64_t memory_without = 0;  // 0: the spec's own mode was kept
-  // cp_s: the context-parallel ring's bytes over the link (the spec's
-  // parallel.cp is kept as given: candidates split ranks / cp).
+  // cp_s: the context-parallel ring's bytes over the link.
   double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0, cp_s = 0;
   double step_s() const { return compute_s + tp_s + pp_s + dp_s + cp_s; }
   // The layout as `--set` overrides of the spec: parallel.dp, tp, pp, zero,
-  // schedule=1f1b, parallel.stages=[] when the spec named stages,
-  // batch.micro when adjusted, model.recompute (and recompute_layers) when
+  // schedule=1f1b, parallel.cp when it differs from the spec's, parallel.stages=[] when the spec
+  // named stages, batch.micro when adjusted, model.recompute (and recompute_layers) when
   // recomputation was turned on.
   std::vector<std::string> Overrides(const JobSpec& spec) const;
 };

@@ -4,6 +4,8 @@
 // stated cost model.
 #include "common/auto_layout.h"
 
+#include <climits>
+#include <cstdio>
 #include <set>
 #include <tuple>
 
@@ -213,4 +215,58 @@ TEST(AutoLayoutTest, ContextParallelIsKeptAsTheSpecHasIt) {
 }
 
 }  // namespace
+// A long sequence on CPU ranks with no parallel.cp: the search also splits
+// each sequence over cp = 2, 4, 8 ranks (2·cp divides seq_len 2048), whose
+// activations shrink ∝ 1/cp; under a budget no cp = 1 layout meets even with
+// full recomputation, what fits — and is chosen — splits the sequence, as
+// MakePlan plans it from the candidate's overrides. A short sequence (or a
+// GPU spec) is searched without cp.
+TEST(AutoLayoutTest, LongSequencesOnCpuRanksTryContextParallelism) {
+  const std::string yaml = ReadFile(kSourceDir + "/examples/llama-long-cp.yaml");
+  const JobSpec spec = *ParseJobSpec(yaml, {"parallel.cp=1"});
+  ASSERT_EQ(spec.parallel.cp, 1);
+  ASSERT_EQ(spec.batch.seq_len, 2048);
+  AutoLayoutOptions opt;
+  opt.ranks = 8;
+  opt.memory_per_rank = 1;  // nothing fits: too_big holds each layout's least need
+  const AutoLayoutResult all = *AutoLayout(spec, opt);
+  std::set<int> cps;
+  int64_t least_cp1 = INT64_MAX, least_split = INT64_MAX;
+  for (const LayoutCandidate& c : all.too_big) {
+    cps.insert(c.cp);
+    EXPECT_EQ(c.dp * c.cp * c.tp * c.pp, 8);
+    (c.cp == 1 ? least_cp1 : least_split) =
+        std::min(c.cp == 1 ? least_cp1 : least_split, c.peak_memory);
+  }
+  EXPECT_EQ(cps, (std::set<int>{1, 2, 4, 8}));
+  ASSERT_LT(least_split, least_cp1);
+  opt.memory_per_rank = least_split;
+  const AutoLayoutResult r = *AutoLayout(spec, opt);
+  ASSERT_FALSE(r.fitting.empty());
+  for (const LayoutCandidate& c : r.fitting) {
+    EXPECT_GT(c.cp, 1);
+    absl::StatusOr<JobSpec> alt = ParseJobSpec(yaml, [&] {
+      std::vector<std::string> sets = {"parallel.cp=1"};
+      for (const std::string& o : c.Overrides(spec)) sets.push_back(o);
+      return sets;
+    }());
+    ASSERT_TRUE(alt.ok()) << alt.status();
+    const v1::Plan p = *MakePlan(*alt, 8);
+    EXPECT_EQ(p.cp(), c.cp);
+    EXPECT_EQ(p.memory_per_rank().total_bytes(), c.peak_memory);
+    EXPECT_NEAR(c.cp_s, p.cp_comm_bytes_per_step() / 25e9, 1e-12);
+  }
+  const std::string text = AutoLayoutText(spec, opt, r);
+  EXPECT_NE(text.find("parallel.cp 1, 2, 4, 8 tried: seq_len 2048 >= 2048 on CPU ranks"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(absl::StrCat("chosen: dp ", r.fitting[0].dp, " · cp ", r.fitting[0].cp)),
+            std::string::npos)
+      << text;
+  std::printf("%s", text.c_str());
+  // GPT-2 on GPUs at 1024 tokens: no cp.
+  opt.memory_per_rank = 80 * kGiB;
+  for (const LayoutCandidate& c : AutoLayout(Gpt2(), opt)->fitting) EXPECT_EQ(c.cp, 1);
+}
+
 }  // namespace shardtrain
