@@ -30,6 +30,11 @@
 //      floats in the vocabulary-parallel cross-entropy (max, sum, loss):
 //        extras = m · (2·B·T·C + 3·B·T) · 4 B · 2(tp - 1)/tp
 //      Step time next to tp 1 measured in the same run.
+//   4. Interleaved 1F1B (v model chunks per stage, parallel.pp_virtual):
+//      the schedule's simulated idle fraction (schedule.h SimulateInterleaved,
+//      equal costs) next to (pp - 1) / (v·m + pp - 1) and 1F1B's bubble.
+//      Simulated only: the executor runs v = 1 so far (no model chunks in
+//      the engine yet), so there is no measured column.
 //
 // Usage: pipeline_bench [--steps 10] [--warmup 2] [--threads 1] [--quick]
 //                       [--layers 8] [--heads 4] [--dim 128] [--seq 64]
@@ -276,6 +281,31 @@ std::vector<std::vector<std::vector<RankOut>>> BubbleTable(const Options& o,
   return pp4;
 }
 
+void InterleavedTable() {
+  std::printf(
+      "\n== 4. Interleaved 1F1B, v model chunks per stage: simulated idle fraction (equal "
+      "costs; the executor runs v = 1 so far)\n");
+  std::printf("%-3s %-3s %-2s | %9s %9s %7s | %9s %9s\n", "pp", "m", "v", "simulated", "formula",
+              "ratio", "1f1b", "1f1b/sim");
+  for (int pp : {2, 4}) {
+    for (int m : {pp, 2 * pp, 4 * pp}) {
+      for (int v : {1, 2, 4}) {
+        const absl::StatusOr<parallel::SimulatedTimeline> t =
+            parallel::SimulateInterleaved(pp, m, v, 1.0, 1.0);
+        if (!t.ok()) {
+          std::printf("%-3d %-3d %-2d | %s\n", pp, m, v, t.status().ToString().c_str());
+          continue;
+        }
+        const double formula = parallel::BubbleFraction(pp, m, v);
+        const double plain = parallel::BubbleFraction(pp, m);
+        std::printf("%-3d %-3d %-2d | %9.4f %9.4f %6.2fx | %9.4f %8.2fx\n", pp, m, v,
+                    t->idle_fraction(), formula, t->idle_fraction() / formula, plain,
+                    plain / t->idle_fraction());
+      }
+    }
+  }
+}
+
 const RankOut* StageOf(const std::vector<RankOut>& ranks, int stage) {
   for (const RankOut& r : ranks) {
     if (r.stage == stage) return &r;
@@ -446,6 +476,7 @@ int main(int argc, char** argv) {
   const auto pp4 = BubbleTable(o, train, cores);
   MemoryTable(o, pp4);
   TensorParallelTable(o, train, cores);
+  InterleavedTable();
   std::printf("\nload after: %s\n", bench::Uptime().c_str());
   std::error_code ec;
   fs::remove_all(dir, ec);

@@ -1,6 +1,7 @@
 #include "worker/parallel/schedule.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -23,13 +24,14 @@ void CheckShape(const char* what, int stage, int stages, int micro_batches) {
 }
 
 std::string ActionName(const PipelineAction& a) {
-  return absl::StrCat(a.kind == StepKind::kForward ? "F" : "B", a.micro);
+  return absl::StrCat(a.kind == StepKind::kForward ? "F" : "B", a.micro,
+                      a.chunk > 0 ? absl::StrCat(".", a.chunk) : "");
 }
 
 }  // namespace
 
 bool operator==(const PipelineAction& a, const PipelineAction& b) {
-  return a.kind == b.kind && a.micro == b.micro;
+  return a.kind == b.kind && a.micro == b.micro && a.chunk == b.chunk;
 }
 bool operator!=(const PipelineAction& a, const PipelineAction& b) { return !(a == b); }
 
@@ -60,6 +62,39 @@ std::vector<PipelineAction> OneFOneBActions(int stage, int stages, int micro_bat
   return out;
 }
 
+std::vector<PipelineAction> InterleavedActions(int stage, int stages, int micro_batches,
+                                               int chunks) {
+  CheckShape("InterleavedActions", stage, stages, micro_batches);
+  if (chunks < 1 || (chunks > 1 && micro_batches % stages != 0)) {
+    std::fprintf(stderr,
+                 "InterleavedActions: need chunks >= 1 and, with chunks > 1, micro_batches a "
+                 "multiple of stages; got chunks %d, micro_batches %d, stages %d\n",
+                 chunks, micro_batches, stages);
+    std::abort();
+  }
+  if (chunks == 1) return OneFOneBActions(stage, stages, micro_batches);
+  // The k-th forward (backward) of this stage: groups of stages · chunks
+  // actions, chunk by chunk (backwards from the last chunk), stages
+  // micro-batches each.
+  const int group = stages * chunks, total = micro_batches * chunks;
+  auto nth = [&](StepKind kind, int k) {
+    const int in_group = k % group;
+    int chunk = in_group / stages;
+    if (kind == StepKind::kBackward) chunk = chunks - 1 - chunk;
+    return PipelineAction{kind, (k / group) * stages + in_group % stages, chunk};
+  };
+  const int warmup = std::min((stages - stage - 1) * 2 + (chunks - 1) * stages, total);
+  std::vector<PipelineAction> out;
+  int next_fwd = 0, next_bwd = 0;
+  while (next_fwd < warmup) out.push_back(nth(StepKind::kForward, next_fwd++));
+  while (next_fwd < total) {  // steady state: one forward, one backward
+    out.push_back(nth(StepKind::kForward, next_fwd++));
+    out.push_back(nth(StepKind::kBackward, next_bwd++));
+  }
+  while (next_bwd < total) out.push_back(nth(StepKind::kBackward, next_bwd++));
+  return out;
+}
+
 std::vector<PipelineAction> PipelineActions(PipelineSchedule schedule, int stage, int stages,
                                             int micro_batches) {
   if (schedule == PipelineSchedule::kGpipe && stages > 1) {
@@ -77,8 +112,9 @@ int PeakInFlight(const std::vector<PipelineAction>& actions) {
   return peak;
 }
 
-double BubbleFraction(int stages, int micro_batches) {
-  return static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
+double BubbleFraction(int stages, int micro_batches, int chunks) {
+  return static_cast<double>(stages - 1) /
+         static_cast<double>(int64_t{chunks} * micro_batches + stages - 1);
 }
 
 double SimulatedTimeline::idle_fraction() const {
@@ -96,12 +132,23 @@ absl::StatusOr<SimulatedTimeline> SimulateActions(
     return absl::InvalidArgumentError(
         absl::StrCat("SimulateActions: costs must be >= 0, got ", fwd_cost, " and ", bwd_cost));
   }
-  // End times of the actions that ran, per stage and micro-batch.
-  std::vector<std::map<int, double>> fwd_end(stages), bwd_end(stages);
+  // Chunks: the largest named + 1; chunk c of stage s is virtual stage
+  // c·stages + s.
+  int chunks = 1;
+  for (const auto& actions : per_stage) {
+    for (const PipelineAction& a : actions) chunks = std::max(chunks, a.chunk + 1);
+  }
+  const int virtual_stages = stages * chunks;
+  // End times of the actions that ran, per virtual stage and micro-batch.
+  std::vector<std::map<int, double>> fwd_end(virtual_stages), bwd_end(virtual_stages);
   for (int s = 0; s < stages; ++s) {
-    std::map<int, int> seen_f, seen_b;
+    std::map<std::pair<int, int>, int> seen_f, seen_b;
     for (const PipelineAction& a : per_stage[s]) {
-      if (++(a.kind == StepKind::kForward ? seen_f : seen_b)[a.micro] > 1) {
+      if (a.chunk < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("SimulateActions: stage ", s, " runs ", ActionName(a), " of chunk < 0"));
+      }
+      if (++(a.kind == StepKind::kForward ? seen_f : seen_b)[{a.micro, a.chunk}] > 1) {
         return absl::InvalidArgumentError(
             absl::StrCat("SimulateActions: stage ", s, " runs ", ActionName(a), " twice"));
       }
@@ -132,16 +179,17 @@ absl::StatusOr<SimulatedTimeline> SimulateActions(
             start = std::max(start, it->second);
           }
         };
+        const int vs = a.chunk * stages + s;
         if (a.kind == StepKind::kForward) {
-          if (s > 0) after(fwd_end[s - 1]);
+          if (vs > 0) after(fwd_end[vs - 1]);
         } else {
-          after(fwd_end[s]);
-          if (s + 1 < stages) after(bwd_end[s + 1]);
+          after(fwd_end[vs]);
+          if (vs + 1 < virtual_stages) after(bwd_end[vs + 1]);
         }
         if (!ready) break;
         const double cost = a.kind == StepKind::kForward ? fwd_cost : bwd_cost;
         const double end = start + cost;
-        (a.kind == StepKind::kForward ? fwd_end : bwd_end)[s][a.micro] = end;
+        (a.kind == StepKind::kForward ? fwd_end : bwd_end)[vs][a.micro] = end;
         out.actions[s].push_back({a, start, end});
         out.busy[s] += cost;
         free_at[s] = end;
@@ -179,6 +227,22 @@ absl::StatusOr<SimulatedTimeline> SimulatePipeline(PipelineSchedule schedule, in
     per_stage.push_back(PipelineActions(schedule, s, stages, micro_batches));
   }
   return SimulateActions(per_stage, fwd_cost, bwd_cost);
+}
+
+absl::StatusOr<SimulatedTimeline> SimulateInterleaved(int stages, int micro_batches, int chunks,
+                                                      double fwd_cost, double bwd_cost) {
+  if (stages < 1 || micro_batches < 1 || chunks < 1 ||
+      (chunks > 1 && micro_batches % stages != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SimulateInterleaved: need stages, micro_batches, chunks >= 1 and micro_batches a "
+        "multiple of stages when chunks > 1; got ",
+        stages, ", ", micro_batches, ", ", chunks));
+  }
+  std::vector<std::vector<PipelineAction>> per_stage;
+  for (int s = 0; s < stages; ++s) {
+    per_stage.push_back(InterleavedActions(s, stages, micro_batches, chunks));
+  }
+  return SimulateActions(per_stage, fwd_cost / chunks, bwd_cost / chunks);
 }
 
 }  // namespace shardtrain::parallel

@@ -16,6 +16,17 @@
 // Both have the bubble (pp - 1) / (m + pp - 1) when the costs of a forward
 // and of a backward are the same on every stage.
 //
+//   Interleaved 1F1B (Megatron-LM's; issue 38's parallel.pp_virtual): each
+//          stage holds v model chunks — chunk c of stage s is virtual stage
+//          c·pp + s of v·pp — and runs F and B of (micro, chunk) pairs:
+//          forwards in groups of pp micro-batches, chunk 0 then 1 … then
+//          the next group (backwards the same with chunks from v − 1
+//          down), (pp − s − 1)·2 + (v − 1)·pp warm-up forwards, then one
+//          forward and one backward, then the remaining backwards. Each
+//          action costs 1/v of a stage's, so the bubble shrinks to
+//          (pp − 1) / (v·m + pp − 1); m must be a multiple of pp.
+// (The executor runs v = 1 so far: the engine's model chunks are not built.)
+//
 // Thread-compatible: free functions over values.
 #ifndef SHARDTRAIN_WORKER_PARALLEL_SCHEDULE_H_
 #define SHARDTRAIN_WORKER_PARALLEL_SCHEDULE_H_
@@ -30,21 +41,29 @@ namespace shardtrain::parallel {
 
 enum class StepKind { kForward, kBackward };
 
-// One forward or backward of micro-batch `micro` (in [0, m)) on one stage.
+// One forward or backward of micro-batch `micro` (in [0, m)) on one stage,
+// through its model chunk `chunk` (0 unless interleaved).
 struct PipelineAction {
   StepKind kind = StepKind::kForward;
   int micro = 0;
+  int chunk = 0;
 };
 bool operator==(const PipelineAction& a, const PipelineAction& b);
 bool operator!=(const PipelineAction& a, const PipelineAction& b);
 
-// "F0 F1 B0 B1": actions as tests and logs spell them.
+// "F0 F1 B0 B1": actions as tests and logs spell them; "F0.1" is micro 0's
+// forward through chunk 1.
 std::string ActionsToString(const std::vector<PipelineAction>& actions);
 
 // Preconditions (programming errors, abort with a message): stages >= 1,
 // 0 <= stage < stages, micro_batches >= 1.
 std::vector<PipelineAction> GpipeActions(int stage, int stages, int micro_batches);
 std::vector<PipelineAction> OneFOneBActions(int stage, int stages, int micro_batches);
+// Interleaved 1F1B with `chunks` (v) model chunks per stage. Preconditions
+// as above, and chunks >= 1, micro_batches a multiple of stages when
+// chunks > 1. chunks = 1 is OneFOneBActions.
+std::vector<PipelineAction> InterleavedActions(int stage, int stages, int micro_batches,
+                                               int chunks);
 // The actions of `schedule` on `stage`. With one stage both schedules give
 // F0 B0 F1 B1 ...: a single stage waits for no one, so it has no bubble to
 // fill, and GPipe's order would only make it hold m activation sets at once.
@@ -56,9 +75,10 @@ std::vector<PipelineAction> PipelineActions(PipelineSchedule schedule, int stage
 // m; 1F1B: min(m, pp - s).
 int PeakInFlight(const std::vector<PipelineAction>& actions);
 
-// (pp - 1) / (m + pp - 1): the idle fraction of every stage of a pipeline of
-// equal stages (either schedule), when communication costs nothing.
-double BubbleFraction(int stages, int micro_batches);
+// (pp - 1) / (v·m + pp - 1): the idle fraction of every stage of a pipeline
+// of equal stages (GPipe, 1F1B: v = 1; interleaved: v chunks), when
+// communication costs nothing.
+double BubbleFraction(int stages, int micro_batches, int chunks = 1);
 
 // One action as the simulation placed it in time.
 struct SimulatedAction {
@@ -76,8 +96,11 @@ struct SimulatedTimeline {
 };
 
 // Discrete-event simulation of `per_stage[s]` running on stage s, each stage
-// one action at a time in list order. F(m) on s starts once s finished its
-// previous action and F(m) on s - 1 finished; B(m) on s once B(m) on s + 1
+// one action at a time in list order. Chunks make virtual stages (chunk c
+// of stage s is c·stages + s, the number of chunks the largest chunk
+// named + 1) and the rules below hold between virtual stages. F(m) on s
+// starts once s finished its previous action and F(m) on s - 1 finished;
+// B(m) on s once B(m) on s + 1
 // and F(m) on s finished. Every forward costs fwd_cost, every backward
 // bwd_cost (>= 0). FAILED_PRECONDITION ("deadlock: stage 0 waits at B0 ...")
 // when some action can never start (a dependency cycle, or one on an action
@@ -89,6 +112,11 @@ absl::StatusOr<SimulatedTimeline> SimulateActions(
 absl::StatusOr<SimulatedTimeline> SimulatePipeline(PipelineSchedule schedule, int stages,
                                                    int micro_batches, double fwd_cost,
                                                    double bwd_cost);
+// SimulateActions over InterleavedActions(s, stages, m, chunks), each
+// action costing fwd_cost / chunks or bwd_cost / chunks (a chunk is 1/v of
+// the stage's layers).
+absl::StatusOr<SimulatedTimeline> SimulateInterleaved(int stages, int micro_batches, int chunks,
+                                                      double fwd_cost, double bwd_cost);
 
 }  // namespace shardtrain::parallel
 

@@ -7,6 +7,8 @@
 #include "worker/parallel/schedule.h"
 
 #include <algorithm>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -117,6 +119,64 @@ TEST(ScheduleTest, SimulatedIdleIsTheBubble) {
       }
     }
   }
+}
+
+// Interleaved 1F1B (v chunks per stage): every micro-batch passes every
+// chunk once each way, forwards through chunks in order and backwards in
+// reverse; v = 1 is 1F1B; the order of Megatron-LM's schedule on a spot
+// case; and the simulated idle time is the bubble (pp − 1)/(v·m + pp − 1),
+// v times smaller in its m-dependence than 1F1B's.
+TEST(ScheduleTest, InterleavedRunsEveryMicroThroughEveryChunk) {
+  for (int stages : {2, 4}) {
+    for (int v : {1, 2, 3}) {
+      for (int m : {stages, 2 * stages, 4 * stages}) {
+        for (int s = 0; s < stages; ++s) {
+          SCOPED_TRACE(testing::Message()
+                       << "pp " << stages << " v " << v << " m " << m << " s " << s);
+          const std::vector<PipelineAction> a = InterleavedActions(s, stages, m, v);
+          if (v == 1) EXPECT_EQ(a, OneFOneBActions(s, stages, m));
+          ASSERT_EQ(a.size(), size_t(2 * m * v));
+          std::map<std::pair<int, int>, int> f_at, b_at;
+          for (size_t i = 0; i < a.size(); ++i) {
+            auto& at = a[i].kind == StepKind::kForward ? f_at : b_at;
+            EXPECT_TRUE(at.emplace(std::make_pair(a[i].micro, a[i].chunk), int(i)).second);
+          }
+          EXPECT_EQ(f_at.size(), size_t(m * v));
+          EXPECT_EQ(b_at.size(), size_t(m * v));
+          for (int micro = 0; micro < m; ++micro) {
+            for (int c = 1; c < v; ++c) {
+              const auto before = std::make_pair(micro, c - 1), at = std::make_pair(micro, c);
+              EXPECT_LT(f_at[before], f_at[at]);
+              EXPECT_GT(b_at[before], b_at[at]);
+            }
+          }
+        }
+      }
+    }
+  }
+  // pp 2, v 2, m 2: stage 0 warms up with (2 − 0 − 1)·2 + (2 − 1)·2 = 4
+  // forwards (chunk 0 of micro 0, 1, then chunk 1), stage 1 with 2.
+  EXPECT_EQ(ActionsToString(InterleavedActions(0, 2, 2, 2)), "F0 F1 F0.1 F1.1 B0.1 B1.1 B0 B1");
+  EXPECT_EQ(ActionsToString(InterleavedActions(1, 2, 2, 2)), "F0 F1 F0.1 B0.1 F1.1 B1.1 B0 B1");
+  EXPECT_DOUBLE_EQ(BubbleFraction(4, 8, 2), 3.0 / 19);
+}
+
+TEST(ScheduleTest, InterleavedSimulatedIdleIsTheBubble) {
+  for (int stages : {2, 4}) {
+    for (int v : {1, 2, 4}) {
+      for (int m : {stages, 2 * stages, 4 * stages}) {
+        SCOPED_TRACE(testing::Message() << "pp " << stages << " v " << v << " m " << m);
+        absl::StatusOr<SimulatedTimeline> t = SimulateInterleaved(stages, m, v, 1.0, 1.0);
+        ASSERT_TRUE(t.ok()) << t.status();
+        EXPECT_NEAR(t->idle_fraction(), BubbleFraction(stages, m, v), 1e-9);
+        if (v > 1) {
+          EXPECT_LT(t->idle_fraction(), BubbleFraction(stages, m));
+        }
+      }
+    }
+  }
+  EXPECT_EQ(SimulateInterleaved(4, 6, 2, 1, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);  // m not a multiple of pp
 }
 
 TEST(ScheduleTest, SimulationRespectsDependencies) {
