@@ -266,7 +266,10 @@ TEST(AutoLayoutTest, LongSequencesOnCpuRanksTryContextParallelism) {
   std::printf("%s", text.c_str());
   // GPT-2 on GPUs at 1024 tokens: no cp.
   opt.memory_per_rank = 80 * kGiB;
-  for (const LayoutCandidate& c : AutoLayout(Gpt2(), opt)->fitting) EXPECT_EQ(c.cp, 1);
+  const absl::StatusOr<AutoLayoutResult> gpt2 = AutoLayout(Gpt2(), opt);
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status();
+  ASSERT_FALSE(gpt2->fitting.empty());
+  for (const LayoutCandidate& c : gpt2->fitting) EXPECT_EQ(c.cp, 1);
 }
 
 }  // namespace shardtrain

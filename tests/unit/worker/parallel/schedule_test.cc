@@ -134,7 +134,9 @@ TEST(ScheduleTest, InterleavedRunsEveryMicroThroughEveryChunk) {
           SCOPED_TRACE(testing::Message()
                        << "pp " << stages << " v " << v << " m " << m << " s " << s);
           const std::vector<PipelineAction> a = InterleavedActions(s, stages, m, v);
-          if (v == 1) EXPECT_EQ(a, OneFOneBActions(s, stages, m));
+          if (v == 1) {
+            EXPECT_EQ(a, OneFOneBActions(s, stages, m));
+          }
           ASSERT_EQ(a.size(), size_t(2 * m * v));
           std::map<std::pair<int, int>, int> f_at, b_at;
           for (size_t i = 0; i < a.size(); ++i) {
