@@ -64,6 +64,56 @@ int MicroFor(int global, int wanted, int dp) {
   return 0;
 }
 
+// The candidate of `alt` (`spec` with a layout's parallel fields and
+// micro set): planned with the spec's own recomputation, then with more,
+// cheapest first, until it fits the budget; its costs by the cost model.
+// The planner's error when it cannot plan it.
+absl::StatusOr<LayoutCandidate> PlanLayout(const JobSpec& spec, JobSpec alt,
+                                           const model::ModelConfig& config, int ranks,
+                                           const AutoLayoutOptions& options, int64_t* num_params) {
+  const ModelSpec& model = spec.model;
+  const std::vector<int> stage_layers = *model::StageLayers(config, alt.parallel.pp);
+  const int largest = *std::max_element(stage_layers.begin(), stage_layers.end());
+  absl::StatusOr<v1::Plan> plan;
+  int64_t own = 0;  // peak memory with the spec's own recomputation
+  for (const auto& [mode, k] : RecomputeLadder(model, largest)) {
+    alt.model.recompute = mode;
+    alt.model.recompute_layers = k;
+    plan = MakePlan(alt, ranks);
+    if (!plan.ok()) return plan.status();
+    if (own == 0) own = plan->memory_per_rank().total_bytes();
+    if (plan->memory_per_rank().total_bytes() <= options.memory_per_rank) break;
+  }
+  *num_params = plan->num_params();
+  LayoutCandidate c;
+  c.dp = alt.parallel.dp;
+  c.cp = alt.parallel.cp;
+  c.tp = alt.parallel.tp;
+  c.pp = alt.parallel.pp;
+  c.zero = alt.parallel.zero;
+  c.micro = alt.batch.micro;
+  c.micro_adjusted = c.micro != spec.batch.micro;
+  c.accum = plan->grad_accum_steps();
+  c.bubble = plan->bubble_fraction();
+  c.peak_memory = plan->memory_per_rank().total_bytes();
+  c.recompute = alt.model.recompute;
+  c.recompute_layers = alt.model.recompute_layers;
+  if (c.recompute != model.recompute || c.recompute_layers != model.recompute_layers) {
+    c.memory_without = own;
+  }
+  const MicroBatchFlops f = BusiestRecompute(alt);
+  c.recompute_share = f.train > 0 ? f.recompute / f.train : 0;
+  const CostModel& cost = options.cost;
+  const double tokens = double(spec.batch.global) * spec.batch.seq_len;
+  c.compute_s = 6.0 * double(plan->num_params()) * tokens / (ranks * cost.flops_per_rank) /
+                (1.0 - c.bubble) * (1.0 + c.recompute_share);
+  c.tp_s = double(plan->tp_comm_bytes_per_step()) / cost.tp_bandwidth;
+  c.pp_s = double(plan->pp_comm_bytes_per_step()) / cost.link_bandwidth;
+  c.dp_s = double(plan->dp_comm_bytes_per_step()) / cost.link_bandwidth;
+  c.cp_s = double(plan->cp_comm_bytes_per_step()) / cost.link_bandwidth;
+  return c;
+}
+
 }  // namespace
 
 std::vector<std::string> LayoutCandidate::Overrides(const JobSpec& spec) const {
@@ -95,7 +145,6 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
   if (!config.ok()) return config.status();
   AutoLayoutResult result;
   std::vector<std::string> skipped;  // why meshes the model allows have no candidate
-  const double tokens = double(spec.batch.global) * spec.batch.seq_len;
   // A spec's parallel.cp stays as it has it: the other factors share n / cp.
   if (spec.parallel.cp > 1 && n % spec.parallel.cp != 0) {
     return absl::InvalidArgumentError(
@@ -128,49 +177,16 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
           alt.parallel.schedule = PipelineSchedule::k1F1B;
           alt.parallel.stages.clear();
           alt.batch.micro = micro;
-          const std::vector<int> stage_layers = *model::StageLayers(*config, pp);
-          const int largest = *std::max_element(stage_layers.begin(), stage_layers.end());
-          absl::StatusOr<v1::Plan> plan;
-          int64_t own = 0;  // peak memory with the spec's own recomputation
-          for (const auto& [mode, k] : RecomputeLadder(model, largest)) {
-            alt.model.recompute = mode;
-            alt.model.recompute_layers = k;
-            plan = MakePlan(alt, n);
-            if (!plan.ok()) break;
-            if (own == 0) own = plan->memory_per_rank().total_bytes();
-            if (plan->memory_per_rank().total_bytes() <= options.memory_per_rank) break;
-          }
-          if (!plan.ok()) {
-            skipped.push_back(std::string(plan.status().message()));
+          int64_t num_params = 0;
+          const absl::StatusOr<LayoutCandidate> c =
+              PlanLayout(spec, alt, *config, n, options, &num_params);
+          if (!c.ok()) {
+            skipped.push_back(std::string(c.status().message()));
             continue;
           }
-          result.num_params = plan->num_params();
-          LayoutCandidate c;
-          c.dp = dp;
-          c.cp = cp;
-          c.tp = tp;
-          c.pp = pp;
-          c.zero = zero;
-          c.micro = micro;
-          c.micro_adjusted = micro != spec.batch.micro;
-          c.accum = plan->grad_accum_steps();
-          c.bubble = plan->bubble_fraction();
-          c.peak_memory = plan->memory_per_rank().total_bytes();
-          c.recompute = alt.model.recompute;
-          c.recompute_layers = alt.model.recompute_layers;
-          if (c.recompute != model.recompute || c.recompute_layers != model.recompute_layers) {
-            c.memory_without = own;
-          }
-          const MicroBatchFlops f = BusiestRecompute(alt);
-          c.recompute_share = f.train > 0 ? f.recompute / f.train : 0;
-          const CostModel& cost = options.cost;
-          c.compute_s = 6.0 * double(plan->num_params()) * tokens / (n * cost.flops_per_rank) /
-                        (1.0 - c.bubble) * (1.0 + c.recompute_share);
-          c.tp_s = double(plan->tp_comm_bytes_per_step()) / cost.tp_bandwidth;
-          c.pp_s = double(plan->pp_comm_bytes_per_step()) / cost.link_bandwidth;
-          c.dp_s = double(plan->dp_comm_bytes_per_step()) / cost.link_bandwidth;
-          c.cp_s = double(plan->cp_comm_bytes_per_step()) / cost.link_bandwidth;
-          (c.peak_memory <= options.memory_per_rank ? result.fitting : result.too_big).push_back(c);
+          result.num_params = num_params;
+          (c->peak_memory <= options.memory_per_rank ? result.fitting : result.too_big)
+              .push_back(*c);
         }
       }
     }
