@@ -88,10 +88,10 @@ struct Options {
   std::string data = SHARDTRAIN_FORTUNES_PATH;
   std::string peer_dir = SHARDTRAIN_BENCH_DIR;  // where gpu_train_torch_peer.py is
   int ranks = 1;  // > 1: also that many ranks sharing the GPU (Gloo through the host)
-  std::vector<int> zeros = {0};  // the ZeRO stages of those ranks' rows
-  bool offload = false;          // also one rank with the optimizer on the host
-  bool nccl = false;             // also --ranks ranks over NCCL, one per GPU
-  bool flash = false;            // also one rank with model.attention: flash
+  std::vector<int> zeros = {0};            // the ZeRO stages of those ranks' rows
+  bool offload = false;                    // also one rank with the optimizer on the host
+  bool nccl = false;                       // also --ranks ranks over NCCL, one per GPU
+  bool flash = false;                      // also one rank with model.attention: flash
   std::string attention = "materialized";  // the main rows' model.attention
 };
 

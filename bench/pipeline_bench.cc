@@ -347,9 +347,7 @@ void MemoryTable(const Options& o, const std::vector<std::vector<std::vector<Ran
       if (rg == nullptr || rf == nullptr) continue;
       const int64_t fa = rf->allocated.activations, ga = rg->allocated.activations;
       // The allocation as the table says it should be, in fp32.
-      auto expect = [](const RankOut& r) {
-        return r.saved_bytes * r.slots + r.scratch_bytes;
-      };
+      auto expect = [](const RankOut& r) { return r.saved_bytes * r.slots + r.scratch_bytes; };
       const bool ok = expect(*rf) == fa && expect(*rg) == ga;
       std::printf(
           "%-2d %-5d | %5d %5d %9.3f %9.3f %9s | %5d %5d %9.3f %9.3f | %9.2fx %9s\n", m, s,

@@ -50,15 +50,15 @@ int Plan(const GlobalFlags& g, const std::string& spec_path, const std::vector<s
 // `plan --auto`: the flags, as given (the cost model's defaults are
 // CostModel's, common/auto_layout.h).
 struct PlanAutoFlags {
-  int ranks = 0;          // --ranks (default: the spec's world)
-  std::string memory;     // --memory-per-rank, e.g. "4GiB"; required
+  int ranks = 0;       // --ranks (default: the spec's world)
+  std::string memory;  // --memory-per-rank, e.g. "4GiB"; required
   // --tflops-per-rank; 0: a cuda spec's from the peak table (--gpu's dense
   // peak for the spec's precision × --mfu), a cpu spec's 100.
   double tflops = 0;
   std::string gpu = "H100";  // --gpu: the model whose peak a cuda spec assumes
   double mfu = 0.4;          // --mfu: the share of that peak a rank sustains
-  double tp_gbps = 300;   // --tp-bandwidth, GB/s inside a tp group
-  double link_gbps = 25;  // --link-bandwidth, GB/s between nodes
+  double tp_gbps = 300;      // --tp-bandwidth, GB/s inside a tp group
+  double link_gbps = 25;     // --link-bandwidth, GB/s between nodes
 };
 // Searches the layouts of the spec's model on --ranks ranks
 // (common/auto_layout.h) and prints the ranked table and the chosen layout

@@ -122,7 +122,7 @@ struct BatchSpec {
 };
 
 struct ParallelSpec {
-  int dp = 1;    // data-parallel degree
+  int dp = 1;  // data-parallel degree
   // Context parallelism: each sequence split over cp ranks (ring attention;
   // 2·cp divides batch.seq_len); parameters replicated over cp, gradients
   // summed over dp × cp.

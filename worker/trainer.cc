@@ -319,7 +319,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Compose(const JobSpec& spec, i
 }
 
 absl::Status Trainer::FillLocal(const std::function<absl::Status(int*, int*)>& fill_whole,
-                               int* inputs, int* targets) {
+                                int* inputs, int* targets) {
   if (cp_columns_.empty()) return fill_whole(inputs, targets);
   if (absl::Status s = fill_whole(seq_inputs_.data(), seq_targets_.data()); !s.ok()) return s;
   const int T = spec_.batch.seq_len, Tl = static_cast<int>(cp_columns_.size());
@@ -448,9 +448,9 @@ absl::StatusOr<double> Trainer::Evaluate() {
     for (int64_t at = first; at < last; at += B) {
       // Cannot fail (the share lies within the windows); were it to, the
       // trainer is done with and the strategy's destructor removes its hooks.
-      if (absl::Status s = FillLocal(
-              [&](int* in, int* tg) { return eval_sampler_->Fill(at, B, in, tg); },
-              inputs_.data(), targets_.data());
+      if (absl::Status s =
+              FillLocal([&](int* in, int* tg) { return eval_sampler_->Fill(at, B, in, tg); },
+                        inputs_.data(), targets_.data());
           !s.ok()) {
         return s;
       }

@@ -134,10 +134,9 @@ __global__ void RowDotKernel(float* D, const F* dout, const F* out, int64_t rows
 // One warp per (b, h, i): P and dS of row i against the block (saved in
 // scores and dscores), and dq_i += dS · K.
 template <typename F>
-__global__ void BlockBackwardRowsKernel(F* dqkv, F* scores, F* dscores, const F* dout,
-                                        const F* qkv, const F* kv, const float* lse,
-                                        const float* D, const int* pos_q, const int* pos_k,
-                                        Shape s) {
+__global__ void BlockBackwardRowsKernel(F* dqkv, F* scores, F* dscores, const F* dout, const F* qkv,
+                                        const F* kv, const float* lse, const float* D,
+                                        const int* pos_q, const int* pos_k, Shape s) {
   const int64_t row = int64_t{blockIdx.x} * kWarps + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= int64_t{s.B} * s.NH * s.Tq) return;
@@ -226,9 +225,9 @@ absl::Status CheckShape(const char* name, int B, int Tq, int Tk, int C, int NH, 
     SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(name, what, v));
   }
   if (NH < 1 || KVH < 1 || C % NH != 0 || NH % KVH != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, ": need NH >= 1 dividing C and KVH >= 1 dividing NH, got C ", C, ", NH ", NH,
-        ", KVH ", KVH));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": need NH >= 1 dividing C and KVH >= 1 dividing NH, got C ", C, ", NH ",
+                     NH, ", KVH ", KVH));
   }
   return absl::OkStatus();
 }
@@ -255,8 +254,8 @@ int64_t WarpBlocks(int64_t rows) { return (rows + kWarps - 1) / kWarps; }
 
 absl::Status AttentionBlockForward(const KernelCtx& ctx, void* out, float* lse, void* blk_out,
                                    float* blk_lse, void* scores, const void* qkv, const void* kv,
-                                   const int* pos_q, const int* pos_k, int B, int Tq, int Tk,
-                                   int C, int NH, int KVH, bool first) {
+                                   const int* pos_q, const int* pos_k, int B, int Tq, int Tk, int C,
+                                   int NH, int KVH, bool first) {
   constexpr const char* kName = "AttentionBlockForward";
   SHARDTRAIN_RETURN_IF_ERROR(CheckShape(kName, B, Tq, Tk, C, NH, KVH));
   const Shape s = MakeShape(B, Tq, Tk, C, NH, KVH);
@@ -305,8 +304,8 @@ absl::Status AttentionBlockBackward(const KernelCtx& ctx, void* dqkv, void* dkv,
     using F = typename decltype(tag)::type;
     BlockBackwardRowsKernel<F><<<static_cast<int>(WarpBlocks(rows)), kThreads, 0, ctx.stream>>>(
         static_cast<F*>(dqkv), static_cast<F*>(scores), static_cast<F*>(dscores),
-        static_cast<const F*>(dout), static_cast<const F*>(qkv), static_cast<const F*>(kv), lse,
-        D, pos_q, pos_k, s);
+        static_cast<const F*>(dout), static_cast<const F*>(qkv), static_cast<const F*>(kv), lse, D,
+        pos_q, pos_k, s);
     SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch(kName));
     BlockBackwardKeysKernel<F><<<static_cast<int>(WarpBlocks(keys)), kThreads, 0, ctx.stream>>>(
         static_cast<F*>(dkv), static_cast<const F*>(scores), static_cast<const F*>(dscores),

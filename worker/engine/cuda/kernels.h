@@ -185,8 +185,8 @@ absl::Status FlashAttentionBackward(const KernelCtx& ctx, void* dqkv, float* D, 
 // order (deterministic).
 absl::Status AttentionBlockForward(const KernelCtx& ctx, void* out, float* lse, void* blk_out,
                                    float* blk_lse, void* scores, const void* qkv, const void* kv,
-                                   const int* pos_q, const int* pos_k, int B, int Tq, int Tk,
-                                   int C, int NH, int KVH, bool first);
+                                   const int* pos_q, const int* pos_k, int B, int Tq, int Tk, int C,
+                                   int NH, int KVH, bool first);
 // D (B,NH,T, fp32) = per head each row's dout · out.
 absl::Status AttentionRowDot(const KernelCtx& ctx, float* D, const void* dout, const void* out,
                              int B, int T, int C, int NH);

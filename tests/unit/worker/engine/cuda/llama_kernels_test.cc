@@ -382,16 +382,14 @@ TEST_F(CudaKernelsTest, AttentionBlocksMatchCpu) {
     DevicePtr d_dqkv = Upload(dtype, std::vector<float>(qkv.size(), 0.0f));
     DevicePtr d_dkv0 = Upload(dtype, std::vector<float>(kv0.size(), 0.0f));
     DevicePtr d_dkv1 = Upload(dtype, std::vector<float>(kv1.size(), 0.0f));
-    ASSERT_OK(AttentionBlockBackward(k, d_dqkv.get(), d_dkv0.get(), d_s1.get(), d_s2.get(),
-                                     d_dout.get(), d_qkv.get(), d_kv0.get(),
-                                     static_cast<const float*>(d_lse.get()),
-                                     static_cast<const float*>(d_D.get()), p0, p0, B, Tl, Tl, C,
-                                     NH, KVH));
-    ASSERT_OK(AttentionBlockBackward(k, d_dqkv.get(), d_dkv1.get(), d_s1.get(), d_s2.get(),
-                                     d_dout.get(), d_qkv.get(), d_kv1.get(),
-                                     static_cast<const float*>(d_lse.get()),
-                                     static_cast<const float*>(d_D.get()), p0, p1, B, Tl, Tl, C,
-                                     NH, KVH));
+    ASSERT_OK(AttentionBlockBackward(
+        k, d_dqkv.get(), d_dkv0.get(), d_s1.get(), d_s2.get(), d_dout.get(), d_qkv.get(),
+        d_kv0.get(), static_cast<const float*>(d_lse.get()), static_cast<const float*>(d_D.get()),
+        p0, p0, B, Tl, Tl, C, NH, KVH));
+    ASSERT_OK(AttentionBlockBackward(
+        k, d_dqkv.get(), d_dkv1.get(), d_s1.get(), d_s2.get(), d_dout.get(), d_qkv.get(),
+        d_kv1.get(), static_cast<const float*>(d_lse.get()), static_cast<const float*>(d_D.get()),
+        p0, p1, B, Tl, Tl, C, NH, KVH));
     ASSERT_OK(AddKvGrad(k, d_dqkv.get(), d_dkv0.get(), B, Tl, C, KV));
     Compare(Download(dtype, d_dqkv.get(), dqkv.size()), dqkv, tol, label + "dqkv");
     Compare(Download(dtype, d_dkv1.get(), dkv1.size()), dkv1, tol, label + "dkv (rank 1's block)");
