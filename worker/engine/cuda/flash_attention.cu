@@ -1,37 +1,40 @@
 // Flash attention (kernels.h): causal, multi-head or grouped-query, forward
-// and backward without the (T,T) matrix, on tensor cores (WMMA, 16-bit
-// operands, fp32 accumulation), for bf16 and fp16 compute and head sizes 64
-// and 128. The materialized kernels of attention.cu stay the reference (and
-// serve fp32, which never runs on TF32 here) — the tests compare both with
-// the CPU.
+// and backward without the (T,T) matrix, on tensor cores (mma.sync
+// m16n8k16, 16-bit operands, fp32 accumulation), for bf16 and fp16 compute
+// and head sizes 64 and 128. The materialized kernels of attention.cu stay
+// the reference (and serve fp32, which never runs on TF32 here) — the tests
+// compare both with the CPU.
 //
 // Tiles. A block of kThreads = 128 threads (4 warps) owns kTile = 64 rows:
 // each warp 16 of them. Q, K, V and dout tiles are staged in shared memory
-// as 16-bit rows of HS (+8 padding) elements, scores as fp32 rows; every
-// product is a 16×16×16 WMMA fragment loop over shared memory.
+// (cp.async, double-buffered) as 16-bit rows of HS (+8 padding: ldmatrix
+// without bank conflicts). Products run from registers: operands arrive by
+// ldmatrix, scores stay in the accumulators' layout, and a score tile
+// becomes the next product's A operand in place (FlashAttention-2's trick:
+// an m16n8 accumulator pair is an m16k16 A fragment) — no score, P or dS
+// ever touches shared memory.
 //
 // Forward (one block per (query tile, head, sequence); the longest rows
 // first): for each key tile up to the diagonal, S = Q·K^T (scaled, in log2
-// units), the online softmax per row (two lanes per row: running max m and
-// sum l), P rounded to the compute type, O (fp32, in shared memory) scaled
-// by exp2(m_old - m_new) and += P·V. out = O / l; lse = (m + log2 l)·ln 2,
-// the natural-log logsumexp of the row, saved for backward (and for a ring's
-// merge).
+// units), the online softmax per row (running max m and sum l; a row's 64
+// scores live in the 4 lanes of a quad), P rounded to the compute type, O
+// (fp32 registers) scaled by exp2(m_old - m_new) and += P·V. out = O / l;
+// lse = (m + log2 l)·ln 2, the natural-log logsumexp of the row, saved for
+// backward (and for a ring's merge).
 //
 // Backward (FlashAttention-2's, without atomics): D = rowsum(dout ∘ out)
 // (AttentionRowDot), then
 //   - one block per (key tile, kv head, sequence): for each query head of
 //     the group in order and each query tile from the diagonal on, P^T =
 //     exp(K·Q^T·s − lse), dP^T = V·dout^T, dS^T = P^T ∘ (dP^T − D)·s;
-//     dV += P^T·dout, dK += dS^T·Q in fragments, added to dqkv once;
+//     dV += P^T·dout, dK += dS^T·Q in registers, added to dqkv once;
 //   - one block per (query tile, head, sequence): for each key tile up to
 //     the diagonal the same P and dS, dQ += dS·K, added to dqkv once.
 // Each element of dqkv is written by one thread after a fixed-order sum:
 // the same inputs give the same bits.
-#include <mma.h>
-
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <type_traits>
 
@@ -45,49 +48,38 @@ namespace {
 
 using internal::kFullMask;
 using internal::kWarpSize;
-using internal::Load;
-using internal::Store;
-namespace wmma = nvcuda::wmma;
 
-constexpr int kTile = 64;                      // rows (queries or keys) per tile
+constexpr int kTile = 64;                      // rows (queries or keys) per block
 constexpr int kThreads = 128;                  // 4 warps of 16 rows
-constexpr int kWarpRows = 16;                  // a WMMA fragment's rows
+constexpr int kWarpRows = 16;                  // an m16 fragment's rows
 constexpr int kVec = 8;                        // 16-bit elements per int4
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e)
 constexpr float kLn2 = 0.6931471805599453f;    // ln(2)
 
-// Shared-memory strides (elements) and region sizes (bytes): all multiples
-// of 32 bytes, as WMMA's pointers must be.
+// Shared-memory strides (elements) and region sizes (bytes).
 template <int HS>
 struct Smem {
-  static constexpr int kLd = HS + 8;                          // 16-bit rows of HS
-  static constexpr int kLdP = kTile + 8;                      // 16-bit rows of kTile
-  static constexpr int kLdF = (HS > kTile ? HS : kTile) + 4;  // fp32 rows
-  static constexpr int kRows16 = kTile * kLd * 2;             // bytes of one HS tile
-  static constexpr int kRowsP = kTile * kLdP * 2;             // bytes of one P tile
-  static constexpr int kRowsF = kTile * kLdF * 4;             // bytes of one fp32 tile
-  static constexpr int kStats = 2 * kTile * 4;                // lse and D of a tile, fp32
-  // Forward: q, k and v twice (double-buffered), f (fp32 scores; P in
-  // place), o (fp32).
-  static constexpr int kForward = 5 * kRows16 + 2 * kRowsF;
-  // dK/dV: k, v, q and dout twice, f (fp32; dS in place), p, lse and D
-  // twice.
-  static constexpr int kBackwardKv = 6 * kRows16 + kRowsF + kRowsP + 2 * kStats;
-  // dQ: q, dout, k and v twice, f (fp32; dS in place).
-  static constexpr int kBackwardQ = 6 * kRows16 + kRowsF;
+  static constexpr int kLd = HS + 8;  // 16-bit rows of HS: 16 bytes of skew
+  static constexpr int kTileBytes = kTile * kLd * 2;
+  // dK/dV visit queries kQTile at a time: with head size 128 half a tile,
+  // so that the score, dP, dK and dV accumulators fit the registers.
+  static constexpr int kQTile = HS == 64 ? 64 : 32;
+  static constexpr int kQBytes = kQTile * kLd * 2;
+  // Forward: q, then k and v twice (double-buffered).
+  static constexpr int kForward = 5 * kTileBytes;
+  // dK/dV: k, v, then q and dout twice, then lse and D twice.
+  static constexpr int kBackwardKv = 2 * kTileBytes + 4 * kQBytes + 2 * 2 * kQTile * 4;
+  // dQ: q, dout, then k and v twice.
+  static constexpr int kBackwardQ = 6 * kTileBytes;
 };
-
-template <typename F>
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, F, wmma::row_major>;
-template <typename F, typename Layout>
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, F, Layout>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
 // ---- asynchronous copies (sm_80+): a tile arrives while the last one is used
 
+__device__ __forceinline__ unsigned SmemAddress(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddress(smem)), "l"(gmem));
 }
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N of this thread's committed groups are in flight.
@@ -96,14 +88,14 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Starts dst[r][c] (stride Smem::kLd) = src[(row0 + r)·ld + c] for the
-// tile's 64 rows and HS columns, 16 bytes per copy; rows at or past T are
-// zeros (stored at once). Visible to the block after CpAsyncWait and
+// Starts dst[r][c] (stride Smem::kLd) = src[(row0 + r)·ld + c] for ROWS
+// rows and HS columns, 16 bytes per copy; rows at or past T are zeros
+// (stored at once). Visible to the block after CpAsyncWait and
 // __syncthreads.
-template <typename F, int HS>
+template <typename F, int HS, int ROWS>
 __device__ __forceinline__ void LoadTile(F* dst, const F* src, int row0, int T, int64_t ld) {
   constexpr int kPerRow = HS / kVec;
-  for (int e = threadIdx.x; e < kTile * kPerRow; e += kThreads) {
+  for (int e = threadIdx.x; e < ROWS * kPerRow; e += kThreads) {
     const int r = e / kPerRow, c = (e % kPerRow) * kVec;
     F* d = dst + r * Smem<HS>::kLd + c;
     if (row0 + r < T) {
@@ -114,84 +106,144 @@ __device__ __forceinline__ void LoadTile(F* dst, const F* src, int row0, int T, 
   }
 }
 
-// The warp's 16 rows of a tile (row-major, stride Smem::kLd) as A fragments,
-// held in registers across the key (or query) tiles.
-template <typename F, int HS>
-__device__ __forceinline__ void LoadRows(FragA<F> (&a)[HS / 16], const F* rows) {
-#pragma unroll
-  for (int kk = 0; kk < HS / 16; ++kk) wmma::load_matrix_sync(a[kk], rows + kk * 16, Smem<HS>::kLd);
-}
+// ---- warp-level tensor-core products (PTX ISA: mma.m16n8k16, ldmatrix)
+//
+// A lane = 4·g + t holds, of an m16n8 fp32 accumulator, rows g and g + 8 at
+// columns 2t, 2t + 1 (c[0], c[1] row g; c[2], c[3] row g + 8); of an m16k16
+// A operand the same rows at k = 2t, 2t + 1 (a[0], a[1]) and 2t + 8, 2t + 9
+// (a[2], a[3]), two 16-bit values per register; of a k16n8 B operand column
+// g at k = 2t, 2t + 1 and 2t + 8, 2t + 9.
 
-// f (16 × kTile, stride ldf, fp32) = a · b^T, a the warp's 16 rows of HS
-// (held fragments), b kTile rows of HS (stride Smem::kLd): the warp's rows
-// against a tile's rows (Q·K^T, K·Q^T, dout·V^T, V·dout^T).
-template <typename F, int HS>
-__device__ __forceinline__ void RowsTimesTileT(float* f, int ldf, const FragA<F> (&a)[HS / 16],
-                                               const F* b) {
-#pragma unroll
-  for (int nb = 0; nb < kTile / 16; ++nb) {
-    FragC acc;
-    wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-    for (int kk = 0; kk < HS / 16; ++kk) {
-      FragB<F, wmma::col_major> fb;
-      wmma::load_matrix_sync(fb, b + nb * 16 * Smem<HS>::kLd + kk * 16, Smem<HS>::kLd);
-      wmma::mma_sync(acc, a[kk], fb, acc);
-    }
-    wmma::store_matrix_sync(f + nb * 16, acc, ldf, wmma::mem_row_major);
+template <typename F>
+__device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+  uint32_t r;
+  if constexpr (std::is_same_v<F, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    memcpy(&r, &v, 4);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    memcpy(&r, &v, 4);
+  }
+  return r;
+}
+template <typename F>
+__device__ __forceinline__ float2 Unpack(uint32_t r) {
+  if constexpr (std::is_same_v<F, __nv_bfloat16>) {
+    __nv_bfloat162 v;
+    memcpy(&v, &r, 4);
+    return __bfloat1622float2(v);
+  } else {
+    __half2 v;
+    memcpy(&v, &r, 4);
+    return __half22float2(v);
   }
 }
 
-// acc[n] (16 × HS in fragments) += p (16 × kTile, row-major, stride ldp) ·
-// tile (kTile × HS, row-major, stride Smem::kLd).
-template <typename F, int HS>
-__device__ __forceinline__ void AccumulateRowsTimesTile(FragC (&acc)[HS / 16], const F* p, int ldp,
-                                                        const F* tile) {
+// d (m16n8, fp32) += a (m16k16) · (b0, b1) (k16n8).
+template <typename F>
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (std::is_same_v<F, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Four 8×8 matrices of 16-bit values from shared memory; lane l gives the
+// address of row l % 8 of matrix l / 8. Transposed: each lane receives a
+// column pair instead of a row pair.
+__device__ __forceinline__ void LdMatrix(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddress(p)));
+}
+__device__ __forceinline__ void LdMatrixTrans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddress(p)));
+}
+
+// s (16 × N, accumulators) = a · b^T: a the warp's 16 rows of HS, b N rows
+// of HS, both row-major in shared memory (stride Smem::kLd): the warp's rows
+// against a tile's rows (Q·K^T, K·Q^T, dout·V^T, V·dout^T).
+template <typename F, int HS, int N>
+__device__ __forceinline__ void RowsTimesTileT(float (&s)[N / 8][4], const F* a, const F* b) {
+  constexpr int kLd = Smem<HS>::kLd;
+  const int lane = threadIdx.x % kWarpSize;
 #pragma unroll
-  for (int kk = 0; kk < kTile / 16; ++kk) {
-    FragA<F> fa;
-    wmma::load_matrix_sync(fa, p + kk * 16, ldp);
+  for (int nt = 0; nt < N / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < HS / 16; ++kk) {
+    uint32_t af[4];  // rows 0-7 | 8-15 at k 0-7, then at k 8-15
+    LdMatrix(af, a + (lane % 16) * kLd + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+    for (int nb = 0; nb < N / 16; ++nb) {
+      uint32_t bf[4];  // b rows 0-7 at k 0-7 | k 8-15, then rows 8-15
+      LdMatrix(bf, b + (nb * 16 + lane % 8 + (lane / 16) * 8) * kLd + kk * 16 + (lane / 8 % 2) * 8);
+      Mma<F>(s[2 * nb], af, bf[0], bf[1]);
+      Mma<F>(s[2 * nb + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+// acc (16 × HS, accumulators) += p (16 × N, accumulators, rounded to F) ·
+// tile (N × HS, row-major in shared memory): P·V, P^T·dout, dS^T·Q, dS·K.
+template <typename F, int HS, int N>
+__device__ __forceinline__ void AccumulateRowsTimesTile(float (&acc)[HS / 8][4],
+                                                        const float (&p)[N / 8][4], const F* tile) {
+  constexpr int kLd = Smem<HS>::kLd;
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    const uint32_t af[4] = {Pack<F>(p[2 * kk][0], p[2 * kk][1]),
+                            Pack<F>(p[2 * kk][2], p[2 * kk][3]),
+                            Pack<F>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                            Pack<F>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
 #pragma unroll
     for (int nb = 0; nb < HS / 16; ++nb) {
-      FragB<F, wmma::row_major> fb;
-      wmma::load_matrix_sync(fb, tile + kk * 16 * Smem<HS>::kLd + nb * 16, Smem<HS>::kLd);
-      wmma::mma_sync(acc[nb], fa, fb, acc[nb]);
+      uint32_t bf[4];  // tile rows k 0-7 | 8-15 at columns 0-7, then 8-15
+      LdMatrixTrans(bf, tile + (kk * 16 + lane % 8 + (lane / 8 % 2) * 8) * kLd + nb * 16 +
+                            (lane / 16) * 8);
+      Mma<F>(acc[2 * nb], af, bf[0], bf[1]);
+      Mma<F>(acc[2 * nb + 1], af, bf[2], bf[3]);
     }
   }
 }
 
-// dst (global, 16 rows of stride ld from row0, HS columns) += acc, through
-// the warp's fp32 rows f (stride Smem::kLdF); rows at or past T skipped.
-template <typename F, int HS>
-__device__ __forceinline__ void AddRows(F* dst, int64_t ld, int row0, int T, FragC (&acc)[HS / 16],
-                                        float* f) {
-#pragma unroll
-  for (int nb = 0; nb < HS / 16; ++nb) {
-    wmma::store_matrix_sync(f + nb * 16, acc[nb], Smem<HS>::kLdF, wmma::mem_row_major);
-  }
-  __syncwarp();
-  const int lane = threadIdx.x % kWarpSize;
-  for (int e = lane; e < kWarpRows * HS; e += kWarpSize) {
-    const int r = e / HS, c = e % HS;
-    if (row0 + r >= T) continue;
-    F* d = dst + (row0 + r) * ld + c;
-    *d = Store<F>(Load(*d) + f[r * Smem<HS>::kLdF + c]);
-  }
-  __syncwarp();
+// The accumulator element e of column tile nt: its row (0..15 of the warp's)
+// and column.
+__device__ __forceinline__ int FragRow(int e) { return threadIdx.x % kWarpSize / 4 + (e / 2) * 8; }
+__device__ __forceinline__ int FragCol(int nt, int e) {
+  return nt * 8 + (threadIdx.x % 4) * 2 + e % 2;
 }
 
-// Causal visibility of (row, column) pairs of a warp's 16 rows against a
-// tile: rows are queries (forward, dQ) or keys (dK/dV).
-struct PairGeometry {
-  int row0, col0;  // the first row's and column's positions
-  bool rows_are_queries;
-  int T;
-  __device__ __forceinline__ bool Visible(int r, int c) const {
-    const int i = rows_are_queries ? row0 + r : col0 + c;  // query
-    const int j = rows_are_queries ? col0 + c : row0 + r;  // key
-    return j <= i && i < T;
+// dst (global, the warp's 16 rows of stride ld from row0, HS columns) +=
+// acc, each element by the one lane that holds it; rows at or past T
+// skipped.
+template <typename F, int HS>
+__device__ __forceinline__ void AddRows(F* dst, int64_t ld, int row0, int T,
+                                        const float (&acc)[HS / 8][4]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + FragRow(2 * half);
+    if (row >= T) continue;
+#pragma unroll
+    for (int nt = 0; nt < HS / 8; ++nt) {
+      uint32_t* const d = reinterpret_cast<uint32_t*>(dst + row * ld + FragCol(nt, 0));
+      const float2 old = Unpack<F>(*d);
+      *d = Pack<F>(old.x + acc[nt][2 * half], old.y + acc[nt][2 * half + 1]);
+    }
   }
-};
+}
 
 template <typename F, int HS>
 __global__ void __launch_bounds__(kThreads)
@@ -202,145 +254,137 @@ __global__ void __launch_bounds__(kThreads)
   F* const sq = reinterpret_cast<F*>(smem);
   // Buffer i of K and of V (pointer arithmetic: an array would live in
   // local memory).
-  auto sk = [&](int i) { return reinterpret_cast<F*>(smem + (1 + i) * S::kRows16); };
-  auto sv = [&](int i) { return reinterpret_cast<F*>(smem + (3 + i) * S::kRows16); };
-  float* const sf = reinterpret_cast<float*>(smem + 5 * S::kRows16);
-  float* const so = reinterpret_cast<float*>(smem + 5 * S::kRows16 + S::kRowsF);
+  auto sk = [&](int i) { return reinterpret_cast<F*>(smem + (1 + i) * S::kTileBytes); };
+  auto sv = [&](int i) { return reinterpret_cast<F*>(smem + (3 + i) * S::kTileBytes); };
   const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int KV = KVH * HS, W = C + 2 * KV, kvh = h / (NH / KVH);
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int q0 = qt * kTile;
+  const int warp = threadIdx.x / kWarpSize;
+  const int q0 = qt * kTile, row0 = q0 + warp * kWarpRows;  // the warp's first query
   const F* const seq = qkv + int64_t{b} * T * W;
   const F* const keys = seq + C + kvh * HS;
   const F* const values = seq + C + KV + kvh * HS;
-  LoadTile<F, HS>(sq, seq + h * HS, q0, T, W);
-  LoadTile<F, HS>(sk(0), keys, 0, T, W);
-  LoadTile<F, HS>(sv(0), values, 0, T, W);
+  LoadTile<F, HS, kTile>(sq, seq + h * HS, q0, T, W);
+  LoadTile<F, HS, kTile>(sk(0), keys, 0, T, W);
+  LoadTile<F, HS, kTile>(sv(0), values, 0, T, W);
   CpAsyncCommit();
-  for (int e = threadIdx.x; e < kTile * S::kLdF; e += kThreads) so[e] = 0.0f;
-  // Two lanes per row: r the block's row, half the columns [32·half, +32)
-  // of a score row.
-  const int rl = lane / 2, r = warp * kWarpRows + rl, half = lane % 2, qi = q0 + r;
-  float m = -INFINITY, l = 0.0f;
-  float* const wf = sf + warp * kWarpRows * S::kLdF;
-  F* const wp = reinterpret_cast<F*>(wf);  // P over the warp's scores, once read
-  float* const wo = so + warp * kWarpRows * S::kLdF;
-  FragA<F> qa[HS / 16];
+  // The lane's two rows (FragRow(0), FragRow(2)): running max (log2 units)
+  // and the lane's part of the running sum.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[HS / 8][4] = {};
+  const F* const wq = sq + warp * kWarpRows * S::kLd;
   for (int kt = 0; kt <= qt; ++kt) {
     const int buf = kt & 1;
     if (kt < qt) {  // the next tile's K and V arrive while this one is used
-      LoadTile<F, HS>(sk(buf ^ 1), keys, (kt + 1) * kTile, T, W);
-      LoadTile<F, HS>(sv(buf ^ 1), values, (kt + 1) * kTile, T, W);
+      LoadTile<F, HS, kTile>(sk(buf ^ 1), keys, (kt + 1) * kTile, T, W);
+      LoadTile<F, HS, kTile>(sv(buf ^ 1), values, (kt + 1) * kTile, T, W);
       CpAsyncCommit();
       CpAsyncWait<1>();
     } else {
       CpAsyncWait<0>();
     }
     __syncthreads();
-    if (kt == 0) LoadRows<F, HS>(qa, sq + warp * kWarpRows * S::kLd);
-    RowsTimesTileT<F, HS>(wf, S::kLdF, qa, sk(buf));
-    __syncwarp();
+    float s[kTile / 8][4];
+    RowsTimesTileT<F, HS, kTile>(s, wq, sk(buf));
     // Every tile up to the diagonal holds a visible key for each row
-    // (key kt·64 <= q0 <= qi), so the new max is finite.
-    float v[32];
-    float mx = -INFINITY;
-    const float* srow = wf + rl * S::kLdF + half * 32;
+    // (key kt·64 <= q0 <= the row), so the new max is finite.
+    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      const int j = kt * kTile + half * 32 + c;
-      v[c] = j <= qi ? srow[c] * scale_log2 : -INFINITY;
-      mx = fmaxf(mx, v[c]);
+    for (int nt = 0; nt < kTile / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool masked = kt == qt && FragCol(nt, e) > warp * kWarpRows + FragRow(e);
+        s[nt][e] = masked ? -INFINITY : s[nt][e] * scale_log2;
+        mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+      }
     }
-    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
-    const float m_new = fmaxf(m, mx), alpha = exp2f(m - m_new);
-    __syncwarp();  // every lane has read its scores: P may overwrite them
-    float sum = 0.0f;
-    F* const prow = wp + rl * S::kLdP + half * 32;
+    float alpha[2];
 #pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      const float p = exp2f(v[c] - m_new);
-      prow[c] = Store<F>(p);
-      sum += p;
+    for (int i = 0; i < 2; ++i) {  // a row's columns are spread over a quad's lanes
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(kFullMask, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(kFullMask, mx[i], 2));
+      const float m_new = fmaxf(m[i], mx[i]);
+      alpha[i] = exp2f(m[i] - m_new);
+      m[i] = m_new;
+      l[i] *= alpha[i];
     }
-    sum += __shfl_xor_sync(kFullMask, sum, 1);
-    l = l * alpha + sum;
-    m = m_new;
-    float* const orow = so + r * S::kLdF + half * (HS / 2);
 #pragma unroll
-    for (int c = 0; c < HS / 2; ++c) orow[c] *= alpha;
-    __syncwarp();
-    FragC acc[HS / 16];
+    for (int nt = 0; nt < kTile / 8; ++nt) {
 #pragma unroll
-    for (int nb = 0; nb < HS / 16; ++nb) {
-      wmma::load_matrix_sync(acc[nb], wo + nb * 16, S::kLdF, wmma::mem_row_major);
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = exp2f(s[nt][e] - m[e / 2]);
+        l[e / 2] += s[nt][e];
+      }
     }
-    AccumulateRowsTimesTile<F, HS>(acc, wp, S::kLdP, sv(buf));
 #pragma unroll
-    for (int nb = 0; nb < HS / 16; ++nb) {
-      wmma::store_matrix_sync(wo + nb * 16, acc[nb], S::kLdF, wmma::mem_row_major);
+    for (int nt = 0; nt < HS / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[nt][e] *= alpha[e / 2];
     }
+    AccumulateRowsTimesTile<F, HS, kTile>(o, s, sv(buf));
     __syncthreads();  // this tile's K and V are consumed: the next load may reuse them
   }
-  if (qi >= T) return;
-  const float inv = 1.0f / l;
-  F* const orow = out + (int64_t{b} * T + qi) * C + h * HS + half * (HS / 2);
-  const float* const src = so + r * S::kLdF + half * (HS / 2);
-  for (int c = 0; c < HS / 2; ++c) orow[c] = Store<F>(src[c] * inv);
-  if (half == 0) lse[(int64_t{b} * NH + h) * T + qi] = (m + log2f(l)) * kLn2;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(kFullMask, l[i], 1);
+    l[i] += __shfl_xor_sync(kFullMask, l[i], 2);
+    const int qi = row0 + FragRow(2 * i);
+    if (qi >= T) continue;
+    const float inv = 1.0f / l[i];
+    F* const orow = out + (int64_t{b} * T + qi) * C + h * HS;
+#pragma unroll
+    for (int nt = 0; nt < HS / 8; ++nt) {
+      *reinterpret_cast<uint32_t*>(orow + FragCol(nt, 0)) =
+          Pack<F>(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
+    }
+    if (threadIdx.x % 4 == 0) lse[(int64_t{b} * NH + h) * T + qi] = (m[i] + log2f(l[i])) * kLn2;
+  }
 }
 
 // dK and dV of one key tile of one kv head: its query heads in order, each
-// query tile from the diagonal on (double-buffered), the warp's 16 keys'
-// K and V held as fragments.
+// query tile (kQTile rows) from the diagonal on (double-buffered); the warp's
+// 16 keys' dK and dV in registers.
 template <typename F, int HS>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardKvKernel(F* dqkv, const F* dout, const F* qkv, const float* lse_all,
                           const float* D_all, int T, int C, int NH, int KVH, float scale) {
   using S = Smem<HS>;
+  constexpr int QT = S::kQTile;
   extern __shared__ __align__(128) unsigned char smem[];
   F* const sk = reinterpret_cast<F*>(smem);
-  F* const sv = reinterpret_cast<F*>(smem + S::kRows16);
-  auto sq = [&](int i) { return reinterpret_cast<F*>(smem + (2 + i) * S::kRows16); };
-  auto sd = [&](int i) { return reinterpret_cast<F*>(smem + (4 + i) * S::kRows16); };
-  float* const sf = reinterpret_cast<float*>(smem + 6 * S::kRows16);
-  F* const sp = reinterpret_cast<F*>(smem + 6 * S::kRows16 + S::kRowsF);
-  float* const stats = reinterpret_cast<float*>(smem + 6 * S::kRows16 + S::kRowsF + S::kRowsP);
-  const int tiles = (T + kTile - 1) / kTile;
+  F* const sv = reinterpret_cast<F*>(smem + S::kTileBytes);
+  auto sq = [&](int i) { return reinterpret_cast<F*>(smem + 2 * S::kTileBytes + i * S::kQBytes); };
+  auto sd = [&](int i) {
+    return reinterpret_cast<F*>(smem + 2 * S::kTileBytes + (2 + i) * S::kQBytes);
+  };
+  float* const stats = reinterpret_cast<float*>(smem + 2 * S::kTileBytes + 4 * S::kQBytes);
   const int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int G = NH / KVH, KV = KVH * HS, W = C + 2 * KV;
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int k0 = kt * kTile;
+  const int warp = threadIdx.x / kWarpSize;
+  const int k0 = kt * kTile, row0 = k0 + warp * kWarpRows;  // the warp's first key
   const F* const seq = qkv + int64_t{b} * T * W;
   const float scale_log2 = scale * kLog2e;
-  // The (head, query tile) pairs this block visits, in order: n per head.
-  const int n = tiles - kt, pairs = G * n;
+  // The (head, query tile) pairs this block visits, in order: n per head,
+  // from the query tile holding key k0 on.
+  const int first = k0 / QT, n = (T + QT - 1) / QT - first, pairs = G * n;
   // Starts the loads of pair idx into buffer buf: Q, dout, lse·log2(e), D.
   auto load = [&](int idx, int buf) {
-    const int h = kvh * G + idx / n, q0 = (kt + idx % n) * kTile;
-    LoadTile<F, HS>(sq(buf), seq + h * HS, q0, T, W);
-    LoadTile<F, HS>(sd(buf), dout + int64_t{b} * T * C + h * HS, q0, T, C);
+    const int h = kvh * G + idx / n, q0 = (first + idx % n) * QT;
+    LoadTile<F, HS, QT>(sq(buf), seq + h * HS, q0, T, W);
+    LoadTile<F, HS, QT>(sd(buf), dout + int64_t{b} * T * C + h * HS, q0, T, C);
     const int64_t at = (int64_t{b} * NH + h) * T + q0;
-    float* const st = stats + buf * 2 * kTile;
-    for (int e = threadIdx.x; e < kTile; e += kThreads) {
+    float* const st = stats + buf * 2 * QT;
+    for (int e = threadIdx.x; e < QT; e += kThreads) {
       st[e] = q0 + e < T ? lse_all[at + e] * kLog2e : 0.0f;
-      st[kTile + e] = q0 + e < T ? D_all[at + e] : 0.0f;
+      st[QT + e] = q0 + e < T ? D_all[at + e] : 0.0f;
     }
   };
-  LoadTile<F, HS>(sk, seq + C + kvh * HS, k0, T, W);
-  LoadTile<F, HS>(sv, seq + C + KV + kvh * HS, k0, T, W);
+  LoadTile<F, HS, kTile>(sk, seq + C + kvh * HS, k0, T, W);
+  LoadTile<F, HS, kTile>(sv, seq + C + KV + kvh * HS, k0, T, W);
   load(0, 0);
   CpAsyncCommit();
-  FragC dk[HS / 16], dv[HS / 16];
-#pragma unroll
-  for (int nb = 0; nb < HS / 16; ++nb) {
-    wmma::fill_fragment(dk[nb], 0.0f);
-    wmma::fill_fragment(dv[nb], 0.0f);
-  }
-  const int rl = lane / 2, half = lane % 2;
-  float* const wf = sf + warp * kWarpRows * S::kLdF;
-  F* const wds = reinterpret_cast<F*>(wf);  // dS^T over the warp's dP^T, once read
-  F* const wp = sp + warp * kWarpRows * S::kLdP;
-  FragA<F> ka[HS / 16], va[HS / 16];
+  float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+  const F* const wk = sk + warp * kWarpRows * S::kLd;
+  const F* const wv = sv + warp * kWarpRows * S::kLd;
   for (int idx = 0; idx < pairs; ++idx) {
     const int buf = idx & 1;
     if (idx + 1 < pairs) {
@@ -351,52 +395,42 @@ __global__ void __launch_bounds__(kThreads)
       CpAsyncWait<0>();
     }
     __syncthreads();
-    if (idx == 0) {
-      LoadRows<F, HS>(ka, sk + warp * kWarpRows * S::kLd);
-      LoadRows<F, HS>(va, sv + warp * kWarpRows * S::kLd);
-    }
-    const float* const slse = stats + buf * 2 * kTile;
-    const float* const sD = slse + kTile;
-    const int q0 = (kt + idx % n) * kTile;
-    const PairGeometry geo{k0 + warp * kWarpRows, q0 + half * 32, false, T};
+    const float* const slse = stats + buf * 2 * QT;
+    const float* const sD = slse + QT;
+    const int q0 = (first + idx % n) * QT;
+    // Tiles across the diagonal or past T hold invisible pairs.
+    const bool edge = q0 < k0 + kTile || q0 + QT > T;
     // P^T: this warp's keys against the tile's queries.
-    RowsTimesTileT<F, HS>(wf, S::kLdF, ka, sq(buf));
-    __syncwarp();
-    float p[32];
-    {
-      const float* srow = wf + rl * S::kLdF + half * 32;
-      F* const prow = wp + rl * S::kLdP + half * 32;
+    float p[QT / 8][4];
+    RowsTimesTileT<F, HS, QT>(p, wk, sq(buf));
 #pragma unroll
-      for (int c = 0; c < 32; ++c) {
-        p[c] = geo.Visible(rl, c) ? exp2f(srow[c] * scale_log2 - slse[half * 32 + c]) : 0.0f;
-        prow[c] = Store<F>(p[c]);
+    for (int nt = 0; nt < QT / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = FragCol(nt, e), qi = q0 + c;
+        const bool hidden = edge && (row0 + FragRow(e) > qi || qi >= T);
+        p[nt][e] = hidden ? 0.0f : exp2f(p[nt][e] * scale_log2 - slse[c]);
       }
     }
-    __syncwarp();
-    // dP^T = V · dout^T, then dS^T = P^T ∘ (dP^T − D) · s over it.
-    RowsTimesTileT<F, HS>(wf, S::kLdF, va, sd(buf));
-    __syncwarp();
-    {
-      const float* srow = wf + rl * S::kLdF + half * 32;
+    // dP^T = V · dout^T, then dS^T = P^T ∘ (dP^T − D) · s in place.
+    float ds[QT / 8][4];
+    RowsTimesTileT<F, HS, QT>(ds, wv, sd(buf));
+    AccumulateRowsTimesTile<F, HS, QT>(dv, p, sd(buf));
 #pragma unroll
-      for (int c = 0; c < 32; ++c) p[c] = p[c] * (srow[c] - sD[half * 32 + c]) * scale;
-      __syncwarp();
-      F* const dsrow = wds + rl * S::kLdP + half * 32;
+    for (int nt = 0; nt < QT / 8; ++nt) {
 #pragma unroll
-      for (int c = 0; c < 32; ++c) dsrow[c] = Store<F>(p[c]);
+      for (int e = 0; e < 4; ++e) ds[nt][e] = p[nt][e] * (ds[nt][e] - sD[FragCol(nt, e)]) * scale;
     }
-    __syncwarp();
-    AccumulateRowsTimesTile<F, HS>(dv, wp, S::kLdP, sd(buf));
-    AccumulateRowsTimesTile<F, HS>(dk, wds, S::kLdP, sq(buf));
+    AccumulateRowsTimesTile<F, HS, QT>(dk, ds, sq(buf));
     __syncthreads();  // this pair's buffers are consumed: the next load may reuse them
   }
   F* const dseq = dqkv + int64_t{b} * T * W;
-  AddRows<F, HS>(dseq + C + kvh * HS, W, k0 + warp * kWarpRows, T, dk, wf);
-  AddRows<F, HS>(dseq + C + KV + kvh * HS, W, k0 + warp * kWarpRows, T, dv, wf);
+  AddRows<F, HS>(dseq + C + kvh * HS, W, row0, T, dk);
+  AddRows<F, HS>(dseq + C + KV + kvh * HS, W, row0, T, dv);
 }
 
 // dQ of one query tile of one head: every key tile up to the diagonal
-// (double-buffered), the warp's 16 rows of Q and dout held as fragments.
+// (double-buffered); the warp's 16 rows' dQ in registers.
 template <typename F, int HS>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardQKernel(F* dqkv, const F* dout, const F* qkv, const float* lse_all,
@@ -404,70 +438,67 @@ __global__ void __launch_bounds__(kThreads)
   using S = Smem<HS>;
   extern __shared__ __align__(128) unsigned char smem[];
   F* const sq = reinterpret_cast<F*>(smem);
-  F* const sd = reinterpret_cast<F*>(smem + S::kRows16);
-  auto sk = [&](int i) { return reinterpret_cast<F*>(smem + (2 + i) * S::kRows16); };
-  auto sv = [&](int i) { return reinterpret_cast<F*>(smem + (4 + i) * S::kRows16); };
-  float* const sf = reinterpret_cast<float*>(smem + 6 * S::kRows16);
+  F* const sd = reinterpret_cast<F*>(smem + S::kTileBytes);
+  auto sk = [&](int i) { return reinterpret_cast<F*>(smem + (2 + i) * S::kTileBytes); };
+  auto sv = [&](int i) { return reinterpret_cast<F*>(smem + (4 + i) * S::kTileBytes); };
   const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int KV = KVH * HS, W = C + 2 * KV, kvh = h / (NH / KVH);
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int q0 = qt * kTile;
+  const int warp = threadIdx.x / kWarpSize;
+  const int q0 = qt * kTile, row0 = q0 + warp * kWarpRows;  // the warp's first query
   const F* const seq = qkv + int64_t{b} * T * W;
   const F* const keys = seq + C + kvh * HS;
   const F* const values = seq + C + KV + kvh * HS;
-  LoadTile<F, HS>(sq, seq + h * HS, q0, T, W);
-  LoadTile<F, HS>(sd, dout + int64_t{b} * T * C + h * HS, q0, T, C);
-  LoadTile<F, HS>(sk(0), keys, 0, T, W);
-  LoadTile<F, HS>(sv(0), values, 0, T, W);
+  LoadTile<F, HS, kTile>(sq, seq + h * HS, q0, T, W);
+  LoadTile<F, HS, kTile>(sd, dout + int64_t{b} * T * C + h * HS, q0, T, C);
+  LoadTile<F, HS, kTile>(sk(0), keys, 0, T, W);
+  LoadTile<F, HS, kTile>(sv(0), values, 0, T, W);
   CpAsyncCommit();
-  const int rl = lane / 2, r = warp * kWarpRows + rl, half = lane % 2, qi = q0 + r;
-  const int64_t at = (int64_t{b} * NH + h) * T + qi;
-  const float lse = qi < T ? lse_all[at] * kLog2e : 0.0f, D = qi < T ? D_all[at] : 0.0f;
-  const float scale_log2 = scale * kLog2e;
-  float* const wf = sf + warp * kWarpRows * S::kLdF;
-  F* const wds = reinterpret_cast<F*>(wf);
-  FragC dq[HS / 16];
+  // The lane's two rows' lse (log2 units) and D.
+  float lse[2], D[2];
 #pragma unroll
-  for (int nb = 0; nb < HS / 16; ++nb) wmma::fill_fragment(dq[nb], 0.0f);
-  FragA<F> qa[HS / 16], da[HS / 16];
+  for (int i = 0; i < 2; ++i) {
+    const int qi = row0 + FragRow(2 * i);
+    const int64_t at = (int64_t{b} * NH + h) * T + qi;
+    lse[i] = qi < T ? lse_all[at] * kLog2e : 0.0f;
+    D[i] = qi < T ? D_all[at] : 0.0f;
+  }
+  const float scale_log2 = scale * kLog2e;
+  float dq[HS / 8][4] = {};
+  const F* const wq = sq + warp * kWarpRows * S::kLd;
+  const F* const wd = sd + warp * kWarpRows * S::kLd;
   for (int kt = 0; kt <= qt; ++kt) {
     const int buf = kt & 1;
     if (kt < qt) {
-      LoadTile<F, HS>(sk(buf ^ 1), keys, (kt + 1) * kTile, T, W);
-      LoadTile<F, HS>(sv(buf ^ 1), values, (kt + 1) * kTile, T, W);
+      LoadTile<F, HS, kTile>(sk(buf ^ 1), keys, (kt + 1) * kTile, T, W);
+      LoadTile<F, HS, kTile>(sv(buf ^ 1), values, (kt + 1) * kTile, T, W);
       CpAsyncCommit();
       CpAsyncWait<1>();
     } else {
       CpAsyncWait<0>();
     }
     __syncthreads();
-    if (kt == 0) {
-      LoadRows<F, HS>(qa, sq + warp * kWarpRows * S::kLd);
-      LoadRows<F, HS>(da, sd + warp * kWarpRows * S::kLd);
+    float p[kTile / 8][4];
+    RowsTimesTileT<F, HS, kTile>(p, wq, sk(buf));
+#pragma unroll
+    for (int nt = 0; nt < kTile / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        // Rows past T: zero Q and dout make P·(dP − D) zero.
+        const bool hidden = kt == qt && FragCol(nt, e) > warp * kWarpRows + FragRow(e);
+        p[nt][e] = hidden ? 0.0f : exp2f(p[nt][e] * scale_log2 - lse[e / 2]);
+      }
     }
-    const PairGeometry geo{q0 + warp * kWarpRows, kt * kTile + half * 32, true, T};
-    RowsTimesTileT<F, HS>(wf, S::kLdF, qa, sk(buf));
-    __syncwarp();
-    float p[32];
-    const float* srow = wf + rl * S::kLdF + half * 32;
+    float ds[kTile / 8][4];
+    RowsTimesTileT<F, HS, kTile>(ds, wd, sv(buf));
 #pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      p[c] = geo.Visible(rl, c) ? exp2f(srow[c] * scale_log2 - lse) : 0.0f;
+    for (int nt = 0; nt < kTile / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ds[nt][e] = p[nt][e] * (ds[nt][e] - D[e / 2]) * scale;
     }
-    __syncwarp();
-    RowsTimesTileT<F, HS>(wf, S::kLdF, da, sv(buf));
-    __syncwarp();
-#pragma unroll
-    for (int c = 0; c < 32; ++c) p[c] = p[c] * (srow[c] - D) * scale;
-    __syncwarp();
-    F* const dsrow = wds + rl * S::kLdP + half * 32;
-#pragma unroll
-    for (int c = 0; c < 32; ++c) dsrow[c] = Store<F>(p[c]);
-    __syncwarp();
-    AccumulateRowsTimesTile<F, HS>(dq, wds, S::kLdP, sk(buf));
+    AccumulateRowsTimesTile<F, HS, kTile>(dq, ds, sk(buf));
     __syncthreads();
   }
-  AddRows<F, HS>(dqkv + int64_t{b} * T * W + h * HS, W, q0 + warp * kWarpRows, T, dq, wf);
+  AddRows<F, HS>(dqkv + int64_t{b} * T * W + h * HS, W, row0, T, dq);
 }
 
 template <typename Kernel, typename... Args>

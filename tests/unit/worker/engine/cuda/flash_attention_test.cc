@@ -37,7 +37,9 @@ TEST_F(CudaKernelsTest, FlashAttentionMatchesCpu) {
   };
   for (const Case& c :
        {Case{DataType::kBFloat16, 2, 100, 4, 2, 64}, Case{DataType::kFloat16, 1, 64, 2, 2, 64},
-        Case{DataType::kBFloat16, 1, 130, 2, 1, 128}, Case{DataType::kBFloat16, 2, 1, 2, 2, 64}}) {
+        Case{DataType::kBFloat16, 1, 130, 2, 1, 128}, Case{DataType::kBFloat16, 2, 1, 2, 2, 64},
+        // Several tiles on each side of the diagonal, a partial last one.
+        Case{DataType::kFloat16, 1, 257, 4, 1, 64}, Case{DataType::kBFloat16, 1, 200, 2, 2, 128}}) {
     const DataType dtype = c.dtype;
     const int B = c.B, T = c.T, NH = c.NH, KVH = c.KVH, C = NH * c.hs, KV = KVH * c.hs;
     const int W = C + 2 * KV;
