@@ -19,11 +19,15 @@ absl::Status CheckConvert(const char* kernel, const void* dst, const void* src, 
   return internal::CheckGrid(kernel, internal::BlocksFor(n, kThreads));
 }
 
-// One thread per element. dst (n, F) = src (n, fp32), rounded to nearest even.
-template <typename F>
+// One thread per V elements. dst (n, F) = src (n, fp32), rounded to nearest
+// even.
+template <typename F, int V>
 __global__ void FromFloat32Kernel(F* dst, const float* src, int64_t n) {
-  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i < n) dst[i] = Store<F>(src[i]);
+  const int64_t i = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * V;
+  if (i >= n) return;
+  float v[V];
+  internal::LoadVec<float, V>(v, src + i);
+  internal::StoreVec<F, V>(dst + i, v);
 }
 
 }  // namespace
@@ -33,19 +37,24 @@ absl::Status ConvertFromFloat32(const KernelCtx& ctx, void* dst, const float* sr
   if (n == 0) return absl::OkStatus();
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
-    const int blocks = static_cast<int>(internal::BlocksFor(n, kThreads));
-    FromFloat32Kernel<F><<<blocks, kThreads, 0, ctx.stream>>>(static_cast<F*>(dst), src, n);
-    return internal::CheckLaunch("ConvertFromFloat32");
+    return internal::LaunchElementwise<F, kThreads>(
+        "ConvertFromFloat32", n, true, {dst, src}, [&](auto v, int blocks) {
+          FromFloat32Kernel<F, decltype(v)::value>
+              <<<blocks, kThreads, 0, ctx.stream>>>(static_cast<F*>(dst), src, n);
+        });
   });
 }
 
 namespace {
 
-// One thread per element. dst (n, fp32) = src (n, F).
-template <typename F>
+// One thread per V elements. dst (n, fp32) = src (n, F).
+template <typename F, int V>
 __global__ void ToFloat32Kernel(float* dst, const F* src, int64_t n) {
-  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i < n) dst[i] = Load(src[i]);
+  const int64_t i = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * V;
+  if (i >= n) return;
+  float v[V];
+  internal::LoadVec<F, V>(v, src + i);
+  internal::StoreVec<float, V>(dst + i, v);
 }
 
 }  // namespace
@@ -55,9 +64,11 @@ absl::Status ConvertToFloat32(const KernelCtx& ctx, float* dst, const void* src,
   if (n == 0) return absl::OkStatus();
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
-    const int blocks = static_cast<int>(internal::BlocksFor(n, kThreads));
-    ToFloat32Kernel<F><<<blocks, kThreads, 0, ctx.stream>>>(dst, static_cast<const F*>(src), n);
-    return internal::CheckLaunch("ConvertToFloat32");
+    return internal::LaunchElementwise<F, kThreads>(
+        "ConvertToFloat32", n, true, {dst, src}, [&](auto v, int blocks) {
+          ToFloat32Kernel<F, decltype(v)::value>
+              <<<blocks, kThreads, 0, ctx.stream>>>(dst, static_cast<const F*>(src), n);
+        });
   });
 }
 

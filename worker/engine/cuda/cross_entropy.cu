@@ -26,21 +26,41 @@ absl::Status CheckCrossEntropySizes(const char* kernel, int N, int V, int Vp) {
 }
 
 // One block per row of logits (N,Vp), over columns [0,V): lse = max +
-// log Σ exp(logit - max) (fixed-order block reductions, fp32); losses =
-// lse - logit[target], NaN for a target outside [0,V); no loss when targets
-// is null.
-template <typename F>
+// log Σ exp(logit - max), each thread keeping a running max and sum of its
+// columns (an online softmax: one pass over the row, 16-byte loads when
+// kPacked), then fixed-order block reductions (fp32); losses = lse -
+// logit[target], NaN for a target outside [0,V); no loss when targets is
+// null.
+template <typename F, bool kPacked>
 __global__ void CrossEntropyForwardKernel(float* losses, float* lse, const F* logits,
                                           const int* targets, int N, int V, int Vp) {
   const int row = blockIdx.x;
   if (row >= N) return;  // the whole block leaves together
   const F* l = logits + int64_t{row} * Vp;
-  float max_v = -INFINITY;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) max_v = fmaxf(max_v, Load(l[j]));
-  max_v = BlockMax(max_v);
-  float sum = 0.0f;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(Load(l[j]) - max_v);
-  sum = BlockSum(sum);
+  float m = -INFINITY, sum = 0.0f;
+  auto add = [&](float x) {
+    if (x > m) {
+      sum = sum * expf(m - x) + 1.0f;
+      m = x;
+    } else {
+      sum += expf(x - m);
+    }
+  };
+  int tail = 0;  // the first column of the scalar tail
+  if constexpr (kPacked) {
+    constexpr int kPack = internal::kPack<F>;
+    tail = V / kPack * kPack;
+    const int4* packs = reinterpret_cast<const int4*>(l);
+    for (int p = threadIdx.x; p < V / kPack; p += blockDim.x) {
+      const int4 raw = packs[p];
+      const F* x = reinterpret_cast<const F*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) add(Load(x[j]));
+    }
+  }
+  for (int j = tail + threadIdx.x; j < V; j += blockDim.x) add(Load(l[j]));
+  const float max_v = BlockMax(m);
+  sum = BlockSum(m == -INFINITY ? 0.0f : sum * expf(m - max_v));
   if (threadIdx.x == 0) {
     const float row_lse = max_v + logf(sum);
     lse[row] = row_lse;
@@ -62,29 +82,56 @@ absl::Status CrossEntropyForward(const KernelCtx& ctx, float* losses, float* lse
   if (N == 0) return absl::OkStatus();
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
-    CrossEntropyForwardKernel<F><<<N, kThreads, 0, ctx.stream>>>(
-        losses, lse, static_cast<const F*>(logits), targets, N, V, Vp);
+    const F* l = static_cast<const F*>(logits);
+    if (internal::Packable(Vp, sizeof(F), {logits})) {
+      CrossEntropyForwardKernel<F, true>
+          <<<N, kThreads, 0, ctx.stream>>>(losses, lse, l, targets, N, V, Vp);
+    } else {
+      CrossEntropyForwardKernel<F, false>
+          <<<N, kThreads, 0, ctx.stream>>>(losses, lse, l, targets, N, V, Vp);
+    }
     return internal::CheckLaunch(kName);
   });
 }
 
 namespace {
 
-// One thread per element (i, j) of logits (N,Vp), in place: (softmax_j -
-// 1{j == targets[i]}) · dloss for j < V, 0 for the padding j >= V.
+// One block per row of logits (N,Vp), in place: (softmax_j - 1{j ==
+// targets[row]}) · dloss for j < V, 0 for the padding j >= V; 16-byte
+// accesses when kPacked.
 template <typename F>
+__device__ __forceinline__ float CrossEntropyGrad(float logit, int j, float row_lse, int target,
+                                                  float dloss, int V) {
+  if (j >= V) return 0.0f;
+  const float g = expf(logit - row_lse) * dloss;
+  return j == target ? g - dloss : g;  // as the CPU: p·dloss - dloss
+}
+template <typename F, bool kPacked>
 __global__ void CrossEntropyBackwardKernel(F* logits, const float* lse, const int* targets,
                                            float dloss, int N, int V, int Vp) {
-  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i >= int64_t{N} * Vp) return;
-  const int64_t row = i / Vp;
-  const int j = static_cast<int>(i % Vp);
-  float g = 0.0f;
-  if (j < V) {
-    g = expf(Load(logits[i]) - lse[row]) * dloss;
-    if (j == targets[row]) g -= dloss;  // as the CPU: p·dloss - dloss
+  const int row = blockIdx.x;
+  if (row >= N) return;
+  F* l = logits + int64_t{row} * Vp;
+  const float row_lse = lse[row];
+  const int target = targets[row];
+  if constexpr (kPacked) {
+    constexpr int kPack = internal::kPack<F>;
+    int4* packs = reinterpret_cast<int4*>(l);
+    for (int p = threadIdx.x; p < Vp / kPack; p += blockDim.x) {
+      int4 raw = packs[p];
+      F* x = reinterpret_cast<F*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) {
+        x[j] = Store<F>(
+            CrossEntropyGrad<F>(Load(x[j]), p * kPack + j, row_lse, target, dloss, V));
+      }
+      packs[p] = raw;
+    }
+  } else {
+    for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
+      l[j] = Store<F>(CrossEntropyGrad<F>(Load(l[j]), j, row_lse, target, dloss, V));
+    }
   }
-  logits[i] = Store<F>(g);
 }
 
 }  // namespace
@@ -96,12 +143,16 @@ absl::Status CrossEntropyBackward(const KernelCtx& ctx, void* logits, const floa
   constexpr const char* kName = "CrossEntropyBackward";
   SHARDTRAIN_RETURN_IF_ERROR(CheckCrossEntropySizes(kName, N, V, Vp));
   if (N == 0) return absl::OkStatus();
-  const int64_t blocks = internal::BlocksFor(int64_t{N} * Vp, kThreads);
-  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckGrid(kName, blocks));
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
-    CrossEntropyBackwardKernel<F><<<static_cast<int>(blocks), kThreads, 0, ctx.stream>>>(
-        static_cast<F*>(logits), lse, targets, dloss, N, V, Vp);
+    F* l = static_cast<F*>(logits);
+    if (internal::Packable(Vp, sizeof(F), {logits})) {
+      CrossEntropyBackwardKernel<F, true>
+          <<<N, kThreads, 0, ctx.stream>>>(l, lse, targets, dloss, N, V, Vp);
+    } else {
+      CrossEntropyBackwardKernel<F, false>
+          <<<N, kThreads, 0, ctx.stream>>>(l, lse, targets, dloss, N, V, Vp);
+    }
     return internal::CheckLaunch(kName);
   });
 }

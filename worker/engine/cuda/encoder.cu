@@ -70,22 +70,28 @@ namespace {
 
 // dwte[tokens[r], c] += dout[r, c] for every row r, in row order per token
 // (the CPU's order: same bits run after run, no atomics). A warp per tile
-// of 32 channels and token class k: it walks all B*T rows and adds those
-// whose token ≡ k (mod kTokenClasses), so no two warps write one element.
-// Grid: (channel tiles, kTokenClasses / warps per block).
+// of 32 channels and token class k: it reads the B*T tokens 32 at a time
+// (a lane each), and a ballot names the rows whose token ≡ k (mod
+// kTokenClasses), which the warp then adds in row order; no two warps write
+// one element. Grid: (channel tiles, kTokenClasses / warps per block).
 constexpr int kTokenClasses = 64;
 constexpr int kClassWarps = 8;  // token classes per block (blockDim.y)
 // Tokens outside this rank's rows [v0, v0 + real) are skipped.
 template <typename F>
 __global__ void EncoderBackwardWteKernel(float* dwte, const F* dout, const int* tokens, int v0,
                                          int real, int rows, int C) {
-  const int c = blockIdx.x * internal::kWarpSize + threadIdx.x;
+  const int lane = threadIdx.x;
+  const int c = blockIdx.x * internal::kWarpSize + lane;
   const int token_class = blockIdx.y * kClassWarps + threadIdx.y;
-  if (c >= C) return;
-  for (int r = 0; r < rows; ++r) {
-    const int64_t token = int64_t{tokens[r]} - v0;
-    if (token < 0 || token >= real || token % kTokenClasses != token_class) continue;
-    dwte[token * C + c] += Load(dout[int64_t{r} * C + c]);
+  for (int base = 0; base < rows; base += internal::kWarpSize) {
+    const int r = base + lane;
+    const int64_t token = r < rows ? int64_t{tokens[r]} - v0 : -1;
+    const bool mine = token >= 0 && token < real && token % kTokenClasses == token_class;
+    for (unsigned m = __ballot_sync(internal::kFullMask, mine); m != 0; m &= m - 1) {
+      const int j = __ffs(m) - 1;  // the lowest row first: row order
+      const int64_t t = __shfl_sync(internal::kFullMask, token, j);
+      if (c < C) dwte[t * C + c] += Load(dout[int64_t{base + j} * C + c]);
+    }
   }
 }
 

@@ -22,14 +22,15 @@
 // lse = (m + log2 l)·ln 2, the natural-log logsumexp of the row, saved for
 // backward (and for a ring's merge).
 //
-// Backward (FlashAttention-2's, without atomics): D = rowsum(dout ∘ out)
-// (AttentionRowDot), then
-//   - one block per (key tile, kv head, sequence): for each query head of
+// Backward (FlashAttention-2's, without atomics):
+//   - one block per (query tile, head, sequence): D = rowsum(dout ∘ out) of
+//     its rows, then for each key tile up to the diagonal P = exp(Q·K^T·s −
+//     lse), dP = dout·V^T, dS = P ∘ (dP − D)·s, dQ += dS·K, added to dqkv
+//     once;
+//   - then one block per (key tile, kv head, sequence): for each query head of
 //     the group in order and each query tile from the diagonal on, P^T =
 //     exp(K·Q^T·s − lse), dP^T = V·dout^T, dS^T = P^T ∘ (dP^T − D)·s;
-//     dV += P^T·dout, dK += dS^T·Q in registers, added to dqkv once;
-//   - one block per (query tile, head, sequence): for each key tile up to
-//     the diagonal the same P and dS, dQ += dS·K, added to dqkv once.
+//     dV += P^T·dout, dK += dS^T·Q in registers, added to dqkv once.
 // Each element of dqkv is written by one thread after a fixed-order sum:
 // the same inputs give the same bits.
 #include <cmath>
@@ -430,11 +431,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dQ of one query tile of one head: every key tile up to the diagonal
-// (double-buffered); the warp's 16 rows' dQ in registers.
+// (double-buffered); the warp's 16 rows' dQ in registers. Runs first: it
+// also computes the rows' D = dout · out (a quad of lanes per row) and
+// saves it in D_all for the dK/dV kernel.
 template <typename F, int HS>
 __global__ void __launch_bounds__(kThreads)
-    FlashBackwardQKernel(F* dqkv, const F* dout, const F* qkv, const float* lse_all,
-                         const float* D_all, int T, int C, int NH, int KVH, float scale) {
+    FlashBackwardQKernel(F* dqkv, float* D_all, const F* dout, const F* qkv, const F* out,
+                         const float* lse_all, int T, int C, int NH, int KVH, float scale) {
   using S = Smem<HS>;
   extern __shared__ __align__(128) unsigned char smem[];
   F* const sq = reinterpret_cast<F*>(smem);
@@ -453,14 +456,28 @@ __global__ void __launch_bounds__(kThreads)
   LoadTile<F, HS, kTile>(sk(0), keys, 0, T, W);
   LoadTile<F, HS, kTile>(sv(0), values, 0, T, W);
   CpAsyncCommit();
-  // The lane's two rows' lse (log2 units) and D.
+  // The lane's two rows' lse (log2 units) and D, each lane of the row's
+  // quad summing HS/4 of its channels.
   float lse[2], D[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int qi = row0 + FragRow(2 * i);
     const int64_t at = (int64_t{b} * NH + h) * T + qi;
+    float d = 0.0f;
+    if (qi < T) {
+      constexpr int kQuarter = HS / 4;
+      const int64_t x = (int64_t{b} * T + qi) * C + h * HS + (threadIdx.x % 4) * kQuarter;
+      float o[kQuarter], g[kQuarter];
+      internal::LoadVec<F, kQuarter>(o, out + x);
+      internal::LoadVec<F, kQuarter>(g, dout + x);
+#pragma unroll
+      for (int c = 0; c < kQuarter; ++c) d += o[c] * g[c];
+    }
+    d += __shfl_xor_sync(kFullMask, d, 1);
+    d += __shfl_xor_sync(kFullMask, d, 2);
+    D[i] = d;
+    if (qi < T && threadIdx.x % 4 == 0) D_all[at] = d;
     lse[i] = qi < T ? lse_all[at] * kLog2e : 0.0f;
-    D[i] = qi < T ? D_all[at] : 0.0f;
   }
   const float scale_log2 = scale * kLog2e;
   float dq[HS / 8][4] = {};
@@ -580,19 +597,19 @@ absl::Status FlashAttentionBackward(const KernelCtx& ctx, void* dqkv, float* D, 
   SHARDTRAIN_RETURN_IF_ERROR(
       CheckFlash(kName, ctx.dtype, B, T, C, NH, KVH, {dqkv, dout, qkv, out}));
   if (B == 0 || T == 0) return absl::OkStatus();
-  SHARDTRAIN_RETURN_IF_ERROR(AttentionRowDot(ctx, D, dout, out, B, T, C, NH));
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int tiles = (T + kTile - 1) / kTile;
   return DispatchFlash(ctx.dtype, hs, [&](auto tag, auto hs_c) -> absl::Status {
     using F = typename decltype(tag)::type;
     constexpr int HS = decltype(hs_c)::value;
+    // dQ first: it leaves D for dK/dV.
     SHARDTRAIN_RETURN_IF_ERROR(Launch(
-        "FlashAttentionBackward (dK, dV)", FlashBackwardKvKernel<F, HS>, dim3(tiles, KVH, B),
-        Smem<HS>::kBackwardKv, ctx.stream, static_cast<F*>(dqkv), static_cast<const F*>(dout),
-        static_cast<const F*>(qkv), lse, static_cast<const float*>(D), T, C, NH, KVH, scale));
-    return Launch("FlashAttentionBackward (dQ)", FlashBackwardQKernel<F, HS>, dim3(tiles, NH, B),
-                  Smem<HS>::kBackwardQ, ctx.stream, static_cast<F*>(dqkv),
+        "FlashAttentionBackward (dQ)", FlashBackwardQKernel<F, HS>, dim3(tiles, NH, B),
+        Smem<HS>::kBackwardQ, ctx.stream, static_cast<F*>(dqkv), D, static_cast<const F*>(dout),
+        static_cast<const F*>(qkv), static_cast<const F*>(out), lse, T, C, NH, KVH, scale));
+    return Launch("FlashAttentionBackward (dK, dV)", FlashBackwardKvKernel<F, HS>,
+                  dim3(tiles, KVH, B), Smem<HS>::kBackwardKv, ctx.stream, static_cast<F*>(dqkv),
                   static_cast<const F*>(dout), static_cast<const F*>(qkv), lse,
                   static_cast<const float*>(D), T, C, NH, KVH, scale);
   });

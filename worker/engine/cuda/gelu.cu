@@ -20,14 +20,20 @@ absl::Status CheckElementwise(const char* kernel, int64_t n, bool* skip) {
   return internal::CheckGrid(kernel, internal::BlocksFor(n, kThreads));
 }
 
-// One thread per element: out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-template <typename F>
+// One thread per V elements: out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715
+// x^3))).
+template <typename F, int V>
 __global__ void GeluForwardKernel(F* out, const F* inp, int64_t n) {
-  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  const int64_t i = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * V;
   if (i >= n) return;
-  const float x = Load(inp[i]);
-  const float u = kGeluScale * (x + 0.044715f * x * x * x);
-  out[i] = Store<F>(0.5f * x * (1.0f + tanhf(u)));
+  float x[V];
+  internal::LoadVec<F, V>(x, inp + i);
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const float u = kGeluScale * (x[j] + 0.044715f * x[j] * x[j] * x[j]);
+    x[j] = 0.5f * x[j] * (1.0f + tanhf(u));
+  }
+  internal::StoreVec<F, V>(out + i, x);
 }
 
 }  // namespace
@@ -40,27 +46,34 @@ absl::Status GeluForward(const KernelCtx& ctx, void* out, const void* inp, int64
   if (skip) return absl::OkStatus();
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
-    const int blocks = static_cast<int>(internal::BlocksFor(n, kThreads));
-    GeluForwardKernel<F>
-        <<<blocks, kThreads, 0, ctx.stream>>>(static_cast<F*>(out), static_cast<const F*>(inp), n);
-    return internal::CheckLaunch(kName);
+    return internal::LaunchElementwise<F, kThreads>(kName, n, true, {out, inp}, [&](auto v, int blocks) {
+      GeluForwardKernel<F, decltype(v)::value><<<blocks, kThreads, 0, ctx.stream>>>(
+          static_cast<F*>(out), static_cast<const F*>(inp), n);
+    });
   });
 }
 
 namespace {
 
-// One thread per element: dinp += gelu'(x) · dout.
-template <typename F>
+// One thread per V elements: dinp += gelu'(x) · dout.
+template <typename F, int V>
 __global__ void GeluBackwardKernel(F* dinp, const F* inp, const F* dout, int64_t n) {
-  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  const int64_t i = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * V;
   if (i >= n) return;
-  const float x = Load(inp[i]);
-  const float u = kGeluScale * (x + 0.044715f * x * x * x);
-  const float th = tanhf(u);
-  const float sech2 = 1.0f - th * th;
-  const float grad =
-      0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-  dinp[i] = Store<F>(Load(dinp[i]) + grad * Load(dout[i]));
+  float x[V], d[V], di[V];
+  internal::LoadVec<F, V>(x, inp + i);
+  internal::LoadVec<F, V>(d, dout + i);
+  internal::LoadVec<F, V>(di, dinp + i);
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const float u = kGeluScale * (x[j] + 0.044715f * x[j] * x[j] * x[j]);
+    const float th = tanhf(u);
+    const float sech2 = 1.0f - th * th;
+    const float grad = 0.5f * (1.0f + th) +
+                       0.5f * x[j] * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x[j] * x[j]);
+    di[j] += grad * d[j];
+  }
+  internal::StoreVec<F, V>(dinp + i, di);
 }
 
 }  // namespace
@@ -74,23 +87,31 @@ absl::Status GeluBackward(const KernelCtx& ctx, void* dinp, const void* inp, con
   if (skip) return absl::OkStatus();
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
-    const int blocks = static_cast<int>(internal::BlocksFor(n, kThreads));
-    GeluBackwardKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
-        static_cast<F*>(dinp), static_cast<const F*>(inp), static_cast<const F*>(dout), n);
-    return internal::CheckLaunch(kName);
+    return internal::LaunchElementwise<F, kThreads>(kName, n, true, {dinp, inp, dout}, [&](auto v, int blocks) {
+      GeluBackwardKernel<F, decltype(v)::value><<<blocks, kThreads, 0, ctx.stream>>>(
+          static_cast<F*>(dinp), static_cast<const F*>(inp), static_cast<const F*>(dout), n);
+    });
   });
 }
 
 namespace {
 
-// One thread per element: out[i] = a[i] + b[(i + shift) mod period]
+// One thread per V elements: out[i] = a[i] + b[(i + shift) mod period]
 // (period n, shift 0: an elementwise sum; a row's width: a bias on every
-// row; T rows of position embeddings from row first: shift first·C).
-template <typename F>
+// row; T rows of position embeddings from row first: shift first·C). With
+// V > 1, period and shift are multiples of V: a thread's elements read one
+// run of b.
+template <typename F, int V>
 __global__ void AddKernel(F* out, const F* a, const F* b, int64_t n, int64_t period,
                           int64_t shift) {
-  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = Store<F>(Load(a[i]) + Load(b[(i + shift) % period]));
+  const int64_t i = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * V;
+  if (i >= n) return;
+  float x[V], y[V];
+  internal::LoadVec<F, V>(x, a + i);
+  internal::LoadVec<F, V>(y, b + (period == n && shift == 0 ? i : (i + shift) % period));
+#pragma unroll
+  for (int j = 0; j < V; ++j) x[j] += y[j];
+  internal::StoreVec<F, V>(out + i, x);
 }
 
 // out = a + b (b read cyclically: every `period` elements, 0: n, starting
@@ -103,10 +124,13 @@ absl::Status LaunchAdd(const KernelCtx& ctx, const char* kernel, void* out, cons
   if (period <= 0) period = n;
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
-    const int blocks = static_cast<int>(internal::BlocksFor(n, kThreads));
-    AddKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
-        static_cast<F*>(out), static_cast<const F*>(a), static_cast<const F*>(b), n, period, shift);
-    return internal::CheckLaunch(kernel);
+    // Packs need period and shift to keep a pack's elements in one run of b.
+    const bool runs = (period * int64_t{sizeof(F)}) % 16 == 0 && (shift * int64_t{sizeof(F)}) % 16 == 0;
+    return internal::LaunchElementwise<F, kThreads>(kernel, n, runs, {out, a, b}, [&](auto v, int blocks) {
+      AddKernel<F, decltype(v)::value><<<blocks, kThreads, 0, ctx.stream>>>(
+          static_cast<F*>(out), static_cast<const F*>(a), static_cast<const F*>(b), n, period,
+          shift);
+    });
   });
 }
 

@@ -10,10 +10,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "common/dtype.h"
@@ -104,6 +106,69 @@ __device__ __forceinline__ float ColumnLaneSum(float v) {
   return lanes[0][threadIdx.x];
 }
 
+// Column sums split over row chunks (bias and norm-weight gradients): a
+// grid of (column tiles × row chunks) blocks of kColumnTile × kRowLanes
+// threads; each block sums its chunk's rows of its columns (ColumnLaneSum)
+// into a partial row of the workspace, and AddColumnPartials adds a column's
+// partials in chunk order into the output. One block per column tile would
+// leave most of the GPU idle (C = 768: 24 blocks). The chunking depends on
+// N, C and the workspace's size only: the same bits run after run. With one
+// chunk, blocks add into the outputs directly.
+constexpr int kChunkRows = 512;
+struct ColumnChunks {
+  int chunks = 1;
+  int rows = 0;  // rows per chunk
+};
+// K sums per column (dweight and dbias: 2) of C columns over N rows, the
+// partials in workspace_bytes.
+inline ColumnChunks PlanColumnChunks(int N, int C, int K, size_t workspace_bytes) {
+  ColumnChunks p;
+  p.rows = N;
+  if (N <= kChunkRows || C <= 0) return p;
+  int64_t chunks = (int64_t{N} + kChunkRows - 1) / kChunkRows;
+  chunks = std::min<int64_t>(chunks, static_cast<int64_t>(workspace_bytes / (size_t{4} * K * C)));
+  chunks = std::min<int64_t>(chunks, 65535);  // gridDim.y
+  if (chunks <= 1) return p;
+  p.rows = static_cast<int>((N + chunks - 1) / chunks);
+  p.chunks = (N + p.rows - 1) / p.rows;
+  return p;
+}
+inline dim3 ColumnChunkGrid(const ColumnChunks& p, int C) {
+  return dim3(static_cast<unsigned>((C + kColumnTile - 1) / kColumnTile),
+              static_cast<unsigned>(p.chunks));
+}
+// The block's rows [*r0, *r1) of N, rows per chunk given.
+__device__ __forceinline__ void ChunkRows(int N, int rows, int* r0, int* r1) {
+  *r0 = blockIdx.y * rows;
+  *r1 = min(N, *r0 + rows);
+}
+// Every thread of the block calls it with its lane's K sums of column c.
+template <int K>
+__device__ __forceinline__ void FinishColumnChunk(float (&acc)[K], int c, int C, float* out0,
+                                                  float* out1, float* partials) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) acc[k] = ColumnLaneSum(acc[k]);
+  if (threadIdx.y != 0 || c >= C) return;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (gridDim.y == 1) {
+      (k == 0 ? out0 : out1)[c] += acc[k];
+    } else {
+      partials[(int64_t{k} * gridDim.y + blockIdx.y) * C + c] = acc[k];
+    }
+  }
+}
+template <int K>
+__global__ void AddColumnPartialsKernel(float* out0, float* out1, const float* partials,
+                                        int chunks, int C) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= int64_t{K} * C) return;
+  const int k = static_cast<int>(i / C), c = static_cast<int>(i % C);
+  float s = 0.0f;
+  for (int ch = 0; ch < chunks; ++ch) s += partials[(int64_t{k} * chunks + ch) * C + c];
+  (k == 0 ? out0 : out1)[c] += s;
+}
+
 // ---- 16-byte accesses: kPack<F> elements at a time (int4 loads/stores)
 
 template <typename F>
@@ -118,6 +183,43 @@ inline bool Packable(int64_t n, size_t elem, std::initializer_list<const void*> 
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   }
   return true;
+}
+
+// V consecutive elements at p as fp32, and back (rounded): int4 accesses
+// when V elements are whole 16-byte packs (p then 16-byte aligned), else one
+// at a time. Elementwise kernels take V = kPack<F> when Packable, else 1.
+template <typename F, int V>
+__device__ __forceinline__ void LoadVec(float (&v)[V], const F* p) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(F));
+  if constexpr (V % kPer == 0) {
+#pragma unroll
+    for (int q = 0; q < V / kPer; ++q) {
+      const int4 raw = reinterpret_cast<const int4*>(p)[q];
+      const F* x = reinterpret_cast<const F*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) v[q * kPer + j] = Load(x[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = Load(p[j]);
+  }
+}
+template <typename F, int V>
+__device__ __forceinline__ void StoreVec(F* p, const float (&v)[V]) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(F));
+  if constexpr (V % kPer == 0) {
+#pragma unroll
+    for (int q = 0; q < V / kPer; ++q) {
+      int4 raw;
+      F* x = reinterpret_cast<F*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) x[j] = Store<F>(v[q * kPer + j]);
+      reinterpret_cast<int4*>(p)[q] = raw;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) p[j] = Store<F>(v[j]);
+  }
 }
 
 // ---- host side: dispatch, sizes, errors
@@ -169,10 +271,39 @@ absl::Status CheckPointer(const char* kernel, const char* what, const void* p);
 // After a launch: INTERNAL "<kernel>: <CUDA error name> (<text>)" when
 // cudaGetLastError reports one.
 absl::Status CheckLaunch(const char* kernel);
+
+// After a ColumnChunks kernel: its partials (K rows of p.chunks × C in
+// `partials`) added into out0 (and out1) in chunk order; nothing with one
+// chunk.
+template <int K>
+absl::Status AddColumnPartials(cudaStream_t stream, const ColumnChunks& p, float* out0,
+                               float* out1, const float* partials, int C, const char* kernel) {
+  if (p.chunks == 1) return absl::OkStatus();
+  constexpr int kThreads = 256;
+  AddColumnPartialsKernel<K><<<static_cast<unsigned>(BlocksFor(int64_t{K} * C, kThreads)),
+                               kThreads, 0, stream>>>(out0, out1, partials, p.chunks, C);
+  return CheckLaunch(kernel);
+}
 // INTERNAL "<what>: <cuBLAS status name> (<text>)" unless s is success.
 absl::Status CublasStatus(cublasStatus_t s, const std::string& what);
 // INTERNAL for a CUDA runtime error of `call`.
 absl::Status CudaStatus(cudaError_t e, const std::string& call);
+
+// launch(V, blocks) runs a kernel of V elements per thread over n: V =
+// kPack<F> when `packs` allow it and every pointer and n are packable, else
+// 1 (n a multiple of V either way).
+template <typename F, int kThreads, typename Launch>
+absl::Status LaunchElementwise(const char* name, int64_t n, bool packs,
+                               std::initializer_list<const void*> ptrs, Launch&& launch) {
+  if (packs && Packable(n, sizeof(F), ptrs)) {
+    constexpr int V = kPack<F>;
+    launch(std::integral_constant<int, V>{},
+           static_cast<int>(BlocksFor(n / V, kThreads)));
+  } else {
+    launch(std::integral_constant<int, 1>{}, static_cast<int>(BlocksFor(n, kThreads)));
+  }
+  return CheckLaunch(name);
+}
 
 }  // namespace shardtrain::engine::cuda::internal
 

@@ -146,29 +146,26 @@ __global__ void LayerNormBackwardInputPackedKernel(F* dinp, const F* dout, const
   }
 }
 
-// A block per tile of kColumnTile channels, kRowLanes row lanes each
-// (ColumnLaneSum; deterministic): dweight[c] += Σ_r norm[r,c] · dout[r,c],
-// dbias[c] += Σ_r dout[r,c].
+// A block per (tile of kColumnTile channels, chunk of rows) (ColumnChunks;
+// deterministic): dweight[c] += Σ_r norm[r,c] · dout[r,c], dbias[c] +=
+// Σ_r dout[r,c].
 template <typename F>
-__global__ void LayerNormBackwardParamsKernel(float* dweight, float* dbias, const F* dout,
-                                              const F* inp, const float* mean, const float* rstd,
-                                              int N, int C) {
+__global__ void LayerNormBackwardParamsKernel(float* dweight, float* dbias, float* partials,
+                                              const F* dout, const F* inp, const float* mean,
+                                              const float* rstd, int N, int C, int chunk_rows) {
   const int c = blockIdx.x * internal::kColumnTile + threadIdx.x;
-  float dw = 0.0f, db = 0.0f;
+  int r0, r1;
+  internal::ChunkRows(N, chunk_rows, &r0, &r1);
+  float acc[2] = {0.0f, 0.0f};  // dweight, dbias
   if (c < C) {
-    for (int r = threadIdx.y; r < N; r += internal::kRowLanes) {
+    for (int r = r0 + threadIdx.y; r < r1; r += internal::kRowLanes) {
       const int64_t i = int64_t{r} * C + c;
       const float d = Load(dout[i]);
-      dw += (Load(inp[i]) - mean[r]) * rstd[r] * d;
-      db += d;
+      acc[0] += (Load(inp[i]) - mean[r]) * rstd[r] * d;
+      acc[1] += d;
     }
   }
-  dw = internal::ColumnLaneSum(dw);
-  db = internal::ColumnLaneSum(db);
-  if (threadIdx.y == 0 && c < C) {
-    dweight[c] += dw;
-    dbias[c] += db;
-  }
+  internal::FinishColumnChunk<2>(acc, c, C, dweight, dbias, partials);
 }
 
 }  // namespace
@@ -185,11 +182,15 @@ absl::Status LayerNormBackward(const KernelCtx& ctx, void* dinp, float* dweight,
     using F = typename decltype(tag)::type;
     const F* d = static_cast<const F*>(dout);
     const F* x = static_cast<const F*>(inp);
-    const int param_blocks = static_cast<int>(internal::BlocksFor(C, internal::kColumnTile));
-    LayerNormBackwardParamsKernel<F>
-        <<<param_blocks, dim3(internal::kColumnTile, internal::kRowLanes), 0, ctx.stream>>>(
-            dweight, dbias, d, x, mean, rstd, N, C);
+    const internal::ColumnChunks chunks = internal::PlanColumnChunks(N, C, 2, ctx.workspace_bytes);
+    float* const partials = static_cast<float*>(ctx.workspace);
+    LayerNormBackwardParamsKernel<F><<<internal::ColumnChunkGrid(chunks, C),
+                                       dim3(internal::kColumnTile, internal::kRowLanes), 0,
+                                       ctx.stream>>>(dweight, dbias, partials, d, x, mean, rstd, N,
+                                                     C, chunks.rows);
     SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("LayerNormBackward (dweight, dbias)"));
+    SHARDTRAIN_RETURN_IF_ERROR(internal::AddColumnPartials<2>(
+        ctx.stream, chunks, dweight, dbias, partials, C, "LayerNormBackward (partials)"));
     const int row_blocks = static_cast<int>(internal::BlocksFor(N, kRowsPerBlock));
     if (internal::Packable(C, sizeof(F), {dinp, dout, inp, weight})) {
       LayerNormBackwardInputPackedKernel<F><<<row_blocks, kThreads, 0, ctx.stream>>>(

@@ -177,20 +177,22 @@ absl::Status MatmulForward(const KernelCtx& ctx, void* out, const void* inp, con
 
 namespace {
 
-// A block per tile of kColumnTile columns of dout (N,OC) with row stride
-// ld_dout, kRowLanes row lanes each (ColumnLaneSum; deterministic):
-// dbias[o] += Σ_r dout[r, o].
+// A block per (tile of kColumnTile columns, chunk of rows) of dout (N,OC)
+// with row stride ld_dout (ColumnChunks; deterministic): dbias[o] +=
+// Σ_r dout[r, o].
 template <typename F>
-__global__ void ColumnSumKernel(float* dbias, const F* dout, int N, int OC, int ld_dout) {
+__global__ void ColumnSumKernel(float* dbias, float* partials, const F* dout, int N, int OC,
+                                int ld_dout, int chunk_rows) {
   const int o = blockIdx.x * internal::kColumnTile + threadIdx.x;
-  float acc = 0.0f;
+  int r0, r1;
+  internal::ChunkRows(N, chunk_rows, &r0, &r1);
+  float acc[1] = {0.0f};
   if (o < OC) {
-    for (int r = threadIdx.y; r < N; r += internal::kRowLanes) {
-      acc += Load(dout[int64_t{r} * ld_dout + o]);
+    for (int r = r0 + threadIdx.y; r < r1; r += internal::kRowLanes) {
+      acc[0] += Load(dout[int64_t{r} * ld_dout + o]);
     }
   }
-  acc = internal::ColumnLaneSum(acc);
-  if (threadIdx.y == 0 && o < OC) dbias[o] += acc;
+  internal::FinishColumnChunk<1>(acc, o, OC, dbias, nullptr, partials);
 }
 
 }  // namespace
@@ -208,11 +210,15 @@ absl::Status MatmulBackward(const KernelCtx& ctx, void* dinp, float* dweight, fl
   if (dbias != nullptr) {
     SHARDTRAIN_RETURN_IF_ERROR(internal::DispatchDtype(ctx.dtype, [&](auto tag) {
       using F = typename decltype(tag)::type;
-      const int blocks = static_cast<int>(internal::BlocksFor(OC, internal::kColumnTile));
-      ColumnSumKernel<F>
-          <<<blocks, dim3(internal::kColumnTile, internal::kRowLanes), 0, ctx.stream>>>(
-              dbias, static_cast<const F*>(dout), N, OC, ld_dout);
-      return internal::CheckLaunch("MatmulBackward (dbias)");
+      const internal::ColumnChunks chunks =
+          internal::PlanColumnChunks(N, OC, 1, ctx.workspace_bytes);
+      float* const partials = static_cast<float*>(ctx.workspace);
+      ColumnSumKernel<F><<<internal::ColumnChunkGrid(chunks, OC),
+                           dim3(internal::kColumnTile, internal::kRowLanes), 0, ctx.stream>>>(
+          dbias, partials, static_cast<const F*>(dout), N, OC, ld_dout, chunks.rows);
+      SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("MatmulBackward (dbias)"));
+      return internal::AddColumnPartials<1>(ctx.stream, chunks, dbias, nullptr, partials, OC,
+                                            "MatmulBackward (dbias partials)");
     }));
   }
   if (C == 0) return absl::OkStatus();  // dinp and dweight are empty

@@ -83,22 +83,23 @@ __global__ void RmsNormBackwardInputKernel(F* dinp, const F* dout, const F* inp,
   }
 }
 
-// A block per tile of kColumnTile channels, kRowLanes row lanes each
-// (ColumnLaneSum; deterministic): dweight[c] += Σ_r x[r,c] · rstd[r] ·
-// dout[r,c].
+// A block per (tile of kColumnTile channels, chunk of rows) (ColumnChunks;
+// deterministic): dweight[c] += Σ_r x[r,c] · rstd[r] · dout[r,c].
 template <typename F>
-__global__ void RmsNormBackwardWeightKernel(float* dweight, const F* dout, const F* inp,
-                                            const float* rstd, int N, int C) {
+__global__ void RmsNormBackwardWeightKernel(float* dweight, float* partials, const F* dout,
+                                            const F* inp, const float* rstd, int N, int C,
+                                            int chunk_rows) {
   const int c = blockIdx.x * internal::kColumnTile + threadIdx.x;
-  float dw = 0.0f;
+  int r0, r1;
+  internal::ChunkRows(N, chunk_rows, &r0, &r1);
+  float acc[1] = {0.0f};
   if (c < C) {
-    for (int r = threadIdx.y; r < N; r += internal::kRowLanes) {
+    for (int r = r0 + threadIdx.y; r < r1; r += internal::kRowLanes) {
       const int64_t i = int64_t{r} * C + c;
-      dw += Load(inp[i]) * rstd[r] * Load(dout[i]);
+      acc[0] += Load(inp[i]) * rstd[r] * Load(dout[i]);
     }
   }
-  dw = internal::ColumnLaneSum(dw);
-  if (threadIdx.y == 0 && c < C) dweight[c] += dw;
+  internal::FinishColumnChunk<1>(acc, c, C, dweight, nullptr, partials);
 }
 
 }  // namespace
@@ -114,11 +115,15 @@ absl::Status RmsNormBackward(const KernelCtx& ctx, void* dinp, float* dweight, c
     using F = typename decltype(tag)::type;
     const F* d = static_cast<const F*>(dout);
     const F* x = static_cast<const F*>(inp);
-    const int weight_blocks = static_cast<int>(internal::BlocksFor(C, internal::kColumnTile));
-    RmsNormBackwardWeightKernel<F>
-        <<<weight_blocks, dim3(internal::kColumnTile, internal::kRowLanes), 0, ctx.stream>>>(
-            dweight, d, x, rstd, N, C);
+    const internal::ColumnChunks chunks = internal::PlanColumnChunks(N, C, 1, ctx.workspace_bytes);
+    float* const partials = static_cast<float*>(ctx.workspace);
+    RmsNormBackwardWeightKernel<F><<<internal::ColumnChunkGrid(chunks, C),
+                                     dim3(internal::kColumnTile, internal::kRowLanes), 0,
+                                     ctx.stream>>>(dweight, partials, d, x, rstd, N, C,
+                                                   chunks.rows);
     SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("RmsNormBackward (dweight)"));
+    SHARDTRAIN_RETURN_IF_ERROR(internal::AddColumnPartials<1>(
+        ctx.stream, chunks, dweight, nullptr, partials, C, "RmsNormBackward (partials)"));
     const int row_blocks = static_cast<int>(internal::BlocksFor(N, kRowsPerBlock));
     RmsNormBackwardInputKernel<F><<<row_blocks, kThreads, 0, ctx.stream>>>(
         static_cast<F*>(dinp), d, x, static_cast<const F*>(weight), rstd, N, C);

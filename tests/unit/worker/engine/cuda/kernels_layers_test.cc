@@ -147,8 +147,9 @@ TEST_F(CudaKernelsTest, EncoderShardsMatchTheVocabParallelCpu) {
 
 // C = 100: 16-bit rows are not whole 16-byte packs (the scalar kernels);
 // C = 128: they are (the packed dinp kernel). fp32 rows are packs at both.
+// N = 1100: the parameter gradients' column sums run in three row chunks.
 struct LayerNormCase {
-  static constexpr int N = 67;
+  static constexpr int N = 1100;
   int C;
   std::vector<float> inp, weight, bias, dout, dinp0, dweight0, dbias0;
   LayerNormCase(std::mt19937& rng, DataType dtype, int c) : C(c) {
@@ -243,8 +244,9 @@ TEST_F(CudaKernelsTest, LayerNormBackwardIsDeterministic) {
 // out (N,OC) with a row stride > OC (the padding columns must stay as they
 // were), with and without bias; backward with dout's row stride > OC, every
 // gradient accumulated onto non-zero values, and with dinp / dbias null.
+// N = 1100: dbias's column sums run in three row chunks.
 TEST_F(CudaKernelsTest, MatmulMatchesCpu) {
-  const int N = 67, C = 100, OC = 61, ld = 64;
+  const int N = 1100, C = 100, OC = 61, ld = 64;
   for (DataType dtype : {kF32, DataType::kBFloat16, DataType::kFloat16}) {
     SCOPED_TRACE(std::string(DataTypeName(dtype)));
     const double tol = dtype == kF32 ? kFp32Tol : kLowPrecisionTol;
