@@ -30,17 +30,19 @@
 // is given too), rank r on GPU r (with N GPUs; says so and skips them
 // otherwise): the speed-up over one GPU at the same global batch, next to
 // PyTorch DDP and FSDP2 on as many GPUs (the peer's ddpN and fsdp2xN rows).
-// --flash adds one rank with model.attention: flash (flash_attention.cu)
-// next to the default materialized kernels: speed and device memory.
+// The main rows run model.attention auto (--attention): flash where it
+// applies (bf16 or fp16, heads of 64 or 128), as a job does by default;
+// --materialized adds one rank with the materialized (T,T) kernels next to
+// them: speed and device memory.
 // --kernels B profiles a warm-up and 2 steps at batch B under Nsight Compute
 // (ncu, when installed: the toolkit's) and prints the time per kernel
-// family (of the main rows' step: --attention flash profiles flash's);
+// family (of the main rows' step);
 // --ncu-csv FILE prints that table from a saved profile.
 //
 // Usage: gpu_train_bench [--model gpt2-124m] [--batch 16,32] [--steps 20] [--warmup 3]
 //                        [--peer torch|none] [--compile] [--peak-tflops 989.4]
 //                        [--data FILE] [--peer-dir DIR] [--kernels B] [--ranks N]
-//                        [--zero 0,3] [--offload] [--nccl] [--flash]
+//                        [--zero 0,3] [--offload] [--nccl] [--materialized]
 //        gpu_train_bench --ncu-csv FILE [--ncu-steps 2]
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -91,8 +93,8 @@ struct Options {
   std::vector<int> zeros = {0};            // the ZeRO stages of those ranks' rows
   bool offload = false;                    // also one rank with the optimizer on the host
   bool nccl = false;                       // also --ranks ranks over NCCL, one per GPU
-  bool flash = false;                      // also one rank with model.attention: flash
-  std::string attention = "materialized";  // the main rows' model.attention
+  bool materialized = false;  // also one rank with model.attention: materialized
+  std::string attention = "auto";  // the main rows' model.attention
 };
 
 // One row's layout of ours: ranks sharing GPU 0 (or over NCCL, rank r on
@@ -102,11 +104,11 @@ struct Variant {
   int zero = 0;
   bool offload = false;
   bool nccl = false;
-  bool flash = false;
+  bool materialized = false;
   std::string Name() const {
-    if (ranks == 1 && zero == 0 && !offload && !flash) return "shardtrain";
+    if (ranks == 1 && zero == 0 && !offload && !materialized) return "shardtrain";
     std::string name = "shardtrain";
-    if (flash) absl::StrAppend(&name, " flash");
+    if (materialized) absl::StrAppend(&name, " materialized");
     if (nccl) absl::StrAppend(&name, " nccl");
     if (ranks > 1) absl::StrAppend(&name, " dp", ranks);
     if (zero > 0) absl::StrAppend(&name, " z", zero);
@@ -194,7 +196,7 @@ absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
        absl::StrCat("parallel.zero=", v.zero),
        absl::StrCat("parallel.offload=", v.offload ? "optimizer" : "none"),
        absl::StrCat("parallel.comm=", v.nccl ? "nccl" : "gloo"),
-       absl::StrCat("model.attention=", v.flash ? "flash" : o.attention)});
+       absl::StrCat("model.attention=", v.materialized ? "materialized" : o.attention)});
   if (!spec.ok()) return spec.status();
   MemoryHeld memory(ranks);
   // Host threads as workers take them by default (all cores), shared by the
@@ -435,9 +437,9 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--offload", o.offload,
                "also one rank with parallel.offload: optimizer (AdamW on the host)");
-  app.add_flag("--flash", o.flash,
-               "also one rank with model.attention: flash (tensor-core tiles, no (T,T) matrix; "
-               "ours/this row: the materialized kernels' speed over flash's)");
+  app.add_flag("--materialized", o.materialized,
+               "also one rank with model.attention: materialized (the (T,T) probabilities kept; "
+               "ours/this row: the main rows' speed over the materialized kernels')");
   app.add_flag("--nccl", o.nccl,
                "also --ranks ranks over NCCL (each ZeRO stage of --zero), rank r on GPU r "
                "(skipped, saying so, with fewer GPUs): the speed-up over one GPU at the same "
@@ -445,7 +447,7 @@ int Main(int argc, char** argv) {
   app.add_option("--attention", o.attention,
                  "model.attention of the main rows (and of the step --kernels profiles)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"materialized", "flash"}));
+      ->check(CLI::IsMember({"auto", "materialized", "flash"}));
   int kernels_batch = 0;
   app.add_option("--kernels", kernels_batch,
                  "B: also profile a warm-up and 2 steps at batch B under Nsight Compute (ncu) "
@@ -507,7 +509,7 @@ int Main(int argc, char** argv) {
       for (int z : o.zeros) variants.push_back(Variant{o.ranks, z, false});
     }
     if (o.offload) variants.push_back(Variant{1, 0, true});
-    if (o.flash) variants.push_back(Variant{1, 0, false, false, true});
+    if (o.materialized) variants.push_back(Variant{1, 0, false, false, true});
     if (o.nccl && o.ranks > 1) {
       if (int(gpus->size()) >= o.ranks) {
         for (int z : o.zeros) {

@@ -132,12 +132,19 @@ MicroBatchFlops StageFlops(const model::ModelConfig& cfg, int B, int T,
                                (slice.last_stage ? double(cfg.padded_vocab) / slice.tp * C : 0);
   f.train = 6 * N * matmul_params + 3 * Ls * attention;
   const int k = RecomputedLayers(policy, Ls);
-  if (policy.recompute == model::Recompute::kSelective && cp == 1) f.recompute = k * attention;
+  // Flash attention keeps no probabilities: selective has nothing to refill.
+  if (policy.recompute == model::Recompute::kSelective && cp == 1 && !policy.flash_attention) {
+    f.recompute = k * attention;
+  }
   if (policy.recompute == model::Recompute::kFull) {
     // The refill stops at the MLP's activation: not the MLP's projection.
     f.recompute = k * (2 * N * (qkv + proj + fc) + attention);
   }
   if (cp > 1) f.recompute += Ls * attention;  // the ring's backward, every block
+  // Flash's backward forms each tile's scores twice (its dQ and its dK/dV
+  // kernels) and dout·V^T once more than the materialized backward: three
+  // of the forward's (T,T) products, 1.5 × `attention`, every block.
+  if (policy.flash_attention) f.recompute += Ls * 1.5 * attention;
   return f;
 }
 

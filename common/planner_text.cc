@@ -186,7 +186,11 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
                               "the GPUs, AdamW steps a host copy)"
                             : "; GPU ranks: through the host (Gloo), the shards and the "
                               "optimizer state in host memory");
-  absl::StrAppendFormat(&out, "activations: recompute %s%s\n", RecomputeWhat(spec.model),
+  absl::StrAppendFormat(&out, "activations: recompute %s%s%s\n", RecomputeWhat(spec.model),
+                        spec.model.attention == AttentionKind::kFlash
+                            ? "; flash attention (each row's logsumexp kept, not its T² "
+                              "probabilities)"
+                            : "",
                         spec.parallel.sequence_parallel
                             ? absl::StrFormat("; sequence parallel: the residual stream and "
                                               "LayerNorms hold 1/%d of the rows per tp rank",

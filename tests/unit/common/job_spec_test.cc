@@ -133,20 +133,45 @@ TEST(JobSpecTest, WorldAndWorkerDefaults) {
   EXPECT_EQ(spec->resources.max_workers, 12);
 }
 
-// model.attention: materialized by default; flash where its kernels serve
-// the job (resources.device cuda, bf16 or fp16, heads of 64 or 128
-// channels), refused elsewhere naming the field; the activation policy
-// follows it, and the canonical YAML keeps it.
+// model.attention: flash where its kernels serve the job (resources.device
+// cuda, bf16 or fp16, heads of 64 or 128 channels), refused elsewhere
+// naming the field; the activation policy follows it, and the canonical
+// YAML keeps it. auto (the default) resolves to flash exactly where flash
+// would be accepted (and parallel.cp is 1), to materialized elsewhere.
 TEST(JobSpecTest, FlashAttentionOnCudaIn16BitWithHeadsOf64) {
   const std::string model = "{layers: 2, heads: 2, dim: 128, context: 16, vocab: 256";
   auto parse = [&](const std::string& device, const std::string& precision, const std::string& m) {
     return ParseJobSpec(Make(
         {{"model", m + "}"}, {"resources", "{device: " + device + "}"}, {"precision", precision}}));
   };
-  absl::StatusOr<JobSpec> plain = parse("cuda", "bf16", model);
+  absl::StatusOr<JobSpec> plain = parse("cuda", "bf16", model + ", attention: materialized");
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->model.attention, AttentionKind::kMaterialized);
   EXPECT_FALSE(plain->Activations().flash_attention);
+  for (const std::string& attention : {std::string(), std::string(", attention: auto")}) {
+    for (const auto& [device, precision, m, want] :
+         std::vector<std::tuple<std::string, std::string, std::string, AttentionKind>>{
+             {"cuda", "bf16", model, AttentionKind::kFlash},
+             {"cuda", "fp16", model, AttentionKind::kFlash},
+             {"cuda", "fp32", model, AttentionKind::kMaterialized},
+             {"cpu", "bf16", model, AttentionKind::kMaterialized},
+             {"cuda", "bf16", "{layers: 2, heads: 4, dim: 128, context: 16, vocab: 256",
+              AttentionKind::kMaterialized}}) {
+      absl::StatusOr<JobSpec> spec = parse(device, precision, m + attention);
+      ASSERT_TRUE(spec.ok()) << spec.status();
+      EXPECT_EQ(spec->model.attention, want) << device << " " << precision << " " << m;
+      absl::StatusOr<JobSpec> again = ParseJobSpec(JobSpecToYaml(*spec));
+      ASSERT_TRUE(again.ok()) << again.status();
+      EXPECT_EQ(again->model.attention, want);  // the YAML names the kernels
+    }
+  }
+  // Context parallelism keeps the ring's kernels (CPU ranks so far).
+  absl::StatusOr<JobSpec> ring = ParseJobSpec(Make({{"model", model + "}"},
+                                                    {"parallel", "{cp: 2}"},
+                                                    {"batch", "{global: 1, micro: 1, seq_len: 16}"},
+                                                    {"precision", "bf16"}}));
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  EXPECT_EQ(ring->model.attention, AttentionKind::kMaterialized);
   for (const char* precision : {"bf16", "fp16"}) {
     absl::StatusOr<JobSpec> flash = parse("cuda", precision, model + ", attention: flash");
     ASSERT_TRUE(flash.ok()) << flash.status();

@@ -37,9 +37,9 @@ using gpu_testing::TrainRanks;
 
 constexpr int kSteps = 20;
 
-// The small GPT's 1-rank cuda spec in `precision`, batch `micro`, kSteps steps.
-JobSpec OneGpuSpec(const char* precision, int micro) {
-  RunSpec r;
+// The 1-rank cuda spec of `base` (the small GPT by default) in `precision`,
+// batch `micro`, kSteps steps.
+JobSpec OneGpuSpec(const char* precision, int micro, RunSpec r = RunSpec{}) {
   r.device = "cuda";
   r.precision = precision;
   r.micro = micro;
@@ -54,10 +54,11 @@ JobSpec OneGpuSpec(const char* precision, int micro) {
 // paths, played by Gloo through host copies).
 using Layouts = std::vector<std::pair<std::string, std::vector<std::string>>>;
 void ExpectLayoutsOnOneGpuEqualOneRank(int micro, const Layouts& layouts,
-                                       bool device_memory_comm = false) {
+                                       bool device_memory_comm = false,
+                                       const RunSpec& base = RunSpec{}) {
   for (const auto& [precision, tolerance] :
        {std::pair<const char*, double>{"fp32", 1e-5}, {"bf16", 1e-2}}) {
-    const JobSpec spec = OneGpuSpec(precision, micro);
+    const JobSpec spec = OneGpuSpec(precision, micro, base);
     const std::vector<double> want = TrainRanks(spec, 1, kSteps);
     for (const auto& [name, overrides] : layouts) {
       absl::StatusOr<JobSpec> split = ParseJobSpec(JobSpecToYaml(spec), overrides);
@@ -125,6 +126,21 @@ TEST(GpuParallelTrainerTest, DataParallelRanksOnOneGpuEqualOneRank) {
 TEST(GpuParallelTrainerTest, TensorAndPipelineParallelOnOneGpuEqualOneRank) {
   SKIP_WITHOUT_GPU();
   ExpectLayoutsOnOneGpuEqualOneRank(8, ModelParallelLayouts());
+}
+
+// model.attention auto on a model whose heads have 64 channels: flash in
+// bf16 (materialized in fp32), under pp 2, dp 2 × pp 2, tp 2, tp 2 with
+// sequence parallelism and dp 2 × tp 2 on one GPU, each equal to one rank
+// (T = 100: flash's tiles end part-way).
+TEST(GpuParallelTrainerTest, FlashAttentionUnderModelParallelismOnOneGpuEqualsOneRank) {
+  SKIP_WITHOUT_GPU();
+  RunSpec base;
+  base.model = "{layers: 2, heads: 2, dim: 128, context: 128, vocab: 256}";
+  base.seq_len = 100;
+  ASSERT_TRUE(OneGpuSpec("bf16", 8, base).Activations().flash_attention);
+  ASSERT_FALSE(OneGpuSpec("fp32", 8, base).Activations().flash_attention);
+  ExpectLayoutsOnOneGpuEqualOneRank(8, ModelParallelLayouts(), /*device_memory_comm=*/false,
+                                    base);
 }
 
 // NCCL's device-memory paths with every layout's ranks on one GPU (the

@@ -373,10 +373,11 @@ TEST_F(GpuTrainerTest, FlashAttentionTrainsLikeTheMaterializedKernels) {
     RunSpec r;
     r.device = "cuda";
     r.precision = "bf16";
-    r.model = model + "}";
+    r.model = model + ", attention: materialized}";
     r.seq_len = 100;
     r.steps = 20;
     std::unique_ptr<Trainer> plain = MakeTrainer(SpecOf(r));
+    ASSERT_FALSE(SpecOf(r).Activations().flash_attention);
     r.precision = "fp32";
     std::unique_ptr<Trainer> fp32 = MakeTrainer(SpecOf(r));
     r.precision = "bf16";
