@@ -225,7 +225,7 @@ absl::Status Trainer::AttachModelParallel(std::unique_ptr<parallel::Mesh> mesh,
   mp.sum_squares = [this, m](double squared) -> absl::StatusOr<double> {
     absl::StatusOr<double> over_tp = SumOverModelGroup(m->tp(), squared);
     if (!over_tp.ok()) return over_tp.status();
-    return SumOverModelGroup(m->pp_forward(), *over_tp);
+    return SumOverModelGroup(m->pp(), *over_tp);
   };
   // A tied LM head: the first and last stages sum their wte gradients.
   if (m->tied() != nullptr && layout.config().tie_embeddings) {
@@ -462,7 +462,7 @@ absl::StatusOr<double> Trainer::Evaluate() {
   if (tp_group_ != nullptr) {
     if (absl::Status s = tp_group_->Finish(); !s.ok()) return s;
   }
-  if (mesh_ != nullptr) total = SumOverModelGroup(mesh_->pp_forward(), *total);
+  if (mesh_ != nullptr) total = SumOverModelGroup(mesh_->pp(), *total);
   if (!total.ok()) return total.status();
   if (cp_group_ != nullptr) {
     if (absl::Status s = cp_group_->status(); !s.ok()) return s;

@@ -66,8 +66,22 @@ absl::StatusOr<std::unique_ptr<Mesh>> Mesh::Create(const ParallelDims& dims, int
   }
   if (dims.pp() > 1) {
     const int pp_group = GroupIndex(dims, GroupKind::kPp, rank);
-    absl::Status s = split(pp_group, c.pp, "pp_forward", &mesh->pp_forward_);
-    if (s.ok()) s = split(pp_group, c.pp, "pp_backward", &mesh->pp_backward_);
+    absl::Status s = split(pp_group, c.pp, "pp", &mesh->pp_);
+    // Neighbour pairs from stages of one parity: the pair (first, first + 1)
+    // of pipeline g has colour g·pp + first; key 0 the lower stage.
+    const int pp = dims.pp();
+    auto pair = [&](int parity, const char* group) -> absl::Status {
+      const int first = c.pp % 2 == parity ? c.pp : c.pp - 1;  // the pair's lower stage
+      const bool joins = first >= 0 && first + 1 < pp;
+      std::unique_ptr<comm::Communicator> got;
+      absl::Status st = split(joins ? pp_group * pp + first : comm::Communicator::kNoColor,
+                              c.pp - first, group, &got);
+      if (!st.ok() || !joins) return st;
+      (first == c.pp ? mesh->pp_next_ : mesh->pp_prev_) = std::move(got);
+      return absl::OkStatus();
+    };
+    if (s.ok()) s = pair(0, "pp pairs (even, odd)");
+    if (s.ok() && pp > 2) s = pair(1, "pp pairs (odd, even)");
     // Only the ends of each pipeline join `tied`; middle stages pass kNoColor.
     const bool end = c.pp == 0 || c.pp == dims.pp() - 1;
     if (s.ok()) {

@@ -8,26 +8,29 @@
 //                ZeRO shards (the strategies in this folder) — dp itself
 //                when cp = 1;
 //   tp           the ranks that differ only in tp: tensor-parallel layers;
-//   pp_forward   the pipeline group, for activations sent to the next stage;
-//   pp_backward  the same ranks, for gradients sent to the previous stage;
+//   pp           the pipeline group (its collectives: sums over stages);
+//   pp_prev      this stage and the previous one (rank 1 of 2): the
+//                activations that arrive and the gradients sent back;
+//   pp_next      this stage and the next one (rank 0 of 2): the activations
+//                sent on and the gradients that come back;
 //   tied         the first and last stage of a pipeline (same dp and tp):
 //                the gradients of the tied token embedding (the LM head on
 //                the last stage, the encoder on the first).
-// Two pipeline communicators because each communicator runs its ops one at
-// a time on its own op thread, and a Gloo Send completes only once the peer
-// posted the matching Recv: with one communicator, a stage's Recv of the
-// gradient its next backward needs would queue behind its Send of an
-// activation that the next stage only receives later, serialising the two
-// directions (and, under 1F1B, risking a wait cycle). Separate
-// communicators give each direction its own queue.
+// One communicator per neighbour pair carries both directions, as
+// Megatron-LM's p2p does: each communicator runs its ops one at a time, so
+// the pipeline groups a send to a neighbour with the receive from it that
+// its next action needs into one SendRecv (pipeline.h); two ranks never
+// wait on each other's queued ops, and on NCCL both directions of a pair
+// share one communicator's order on the device.
 //
 // Every accessor returns nullptr for a group of one rank (dp == 1, cp == 1,
 // tp == 1, pp == 1; replica when dp · cp == 1; tied when pp == 1 or on a
-// middle stage): the strategies treat a
+// middle stage; pp_prev on the first stage, pp_next on the last): the
+// strategies treat a
 // null communicator as a group of one. Ranks within a group are ordered by
 // that coordinate (rank i of the dp group has dp coordinate i; the stage
-// index is the rank in the pipeline groups, and the first stage is rank 0 of
-// `tied`).
+// index is the rank in `pp`, the lower stage is rank 0 of a pair, and the
+// first stage is rank 0 of `tied`).
 //
 // Thread-compatible: built once, then read-only; the communicators follow
 // their own rules (worker/comm/communicator.h).
@@ -46,9 +49,10 @@ class Mesh {
  public:
   // Collective over `world` (not owned; nullptr when dims.world() == 1): every
   // rank must call it, with the same dims, before any other Split on `world`.
-  // It splits, in this order, dp, tp, pp_forward, pp_backward, tied, cp and
-  // replica (the last two only when cp > 1), skipping the kinds whose
-  // groups have one rank (the same on every rank);
+  // It splits, in this order, dp, tp, pp, the pairs from even stages
+  // ((0, 1), (2, 3), ...), the pairs from odd stages ((1, 2), ...; only when
+  // pp > 2), tied, cp and replica (the last two only when cp > 1), skipping
+  // the kinds whose groups have one rank (the same on every rank);
   // each split implicitly synchronises the ranks of the world. Colour = the
   // index of this rank's group in ParallelDims::Groups(kind), key = its
   // coordinate. INVALID_ARGUMENT when `world` does not match dims (size,
@@ -71,8 +75,9 @@ class Mesh {
   comm::Communicator* cp() const { return cp_.get(); }
   comm::Communicator* replica() const { return dims_.cp() > 1 ? replica_.get() : dp_.get(); }
   comm::Communicator* tp() const { return tp_.get(); }
-  comm::Communicator* pp_forward() const { return pp_forward_.get(); }
-  comm::Communicator* pp_backward() const { return pp_backward_.get(); }
+  comm::Communicator* pp() const { return pp_.get(); }
+  comm::Communicator* pp_prev() const { return pp_prev_.get(); }
+  comm::Communicator* pp_next() const { return pp_next_.get(); }
   comm::Communicator* tied() const { return tied_.get(); }
 
  private:
@@ -81,7 +86,7 @@ class Mesh {
   ParallelDims dims_;
   int rank_;
   MeshCoord coord_;
-  std::unique_ptr<comm::Communicator> dp_, tp_, pp_forward_, pp_backward_, tied_, cp_, replica_;
+  std::unique_ptr<comm::Communicator> dp_, tp_, pp_, pp_prev_, pp_next_, tied_, cp_, replica_;
 };
 
 }  // namespace shardtrain::parallel

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -20,6 +21,13 @@ double MsSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
+// Pipeline messages' tag: they match per pair communicator in order.
+constexpr uint32_t kPipeTag = 0x7070;  // "pp"
+
+bool DeviceMemory(const comm::Communicator* a, const comm::Communicator* b) {
+  return (a != nullptr && a->device_memory()) || (b != nullptr && b->device_memory());
+}
+
 // `status` with `context` in front of its message, same code.
 absl::Status Prefix(const absl::Status& status, const std::string& context) {
   if (status.ok()) return status;
@@ -29,8 +37,8 @@ absl::Status Prefix(const absl::Status& status, const std::string& context) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
-    engine::Engine* engine, comm::Communicator* pp_forward, comm::Communicator* pp_backward,
-    int stage, int stages, PipelineSchedule schedule, int micro_batches) {
+    engine::Engine* engine, comm::Communicator* pp_prev, comm::Communicator* pp_next, int stage,
+    int stages, PipelineSchedule schedule, int micro_batches) {
   if (engine == nullptr) return absl::InvalidArgumentError("pipeline: no engine");
   if (stages < 1 || stage < 0 || stage >= stages) {
     return absl::InvalidArgumentError(
@@ -40,22 +48,28 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("pipeline: micro_batches must be >= 1, got ", micro_batches));
   }
-  if (stages > 1) {
-    for (auto [name, c] : {std::pair<const char*, comm::Communicator*>{"pp_forward", pp_forward},
-                           {"pp_backward", pp_backward}}) {
-      if (c == nullptr || c->size() != stages || c->rank() != stage) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("pipeline: ", name, " must be rank ", stage, " of ", stages, ", is ",
-                         c == nullptr ? std::string("null")
-                                      : absl::StrCat("rank ", c->rank(), " of ", c->size())));
-      }
+  // pp_prev: this stage is rank 1 of 2 (none on the first stage); pp_next:
+  // rank 0 of 2 (none on the last).
+  for (auto [name, c, wanted, rank] :
+       {std::tuple<const char*, comm::Communicator*, bool, int>{"pp_prev", pp_prev, stage > 0, 1},
+        {"pp_next", pp_next, stage + 1 < stages, 0}}) {
+    if (!wanted && c == nullptr) continue;
+    if (!wanted || c == nullptr || c->size() != 2 || c->rank() != rank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pipeline: stage ", stage, " of ", stages, " wants ",
+          wanted ? absl::StrCat("rank ", rank, " of 2") : std::string("none"), " as ", name,
+          ", got ",
+          c == nullptr ? std::string("null") : absl::StrCat("rank ", c->rank(), " of ", c->size())));
     }
-    if (pp_forward->device_memory() != pp_backward->device_memory() ||
-        (pp_forward->device_memory() && engine->math().kind() == DeviceKind::kCpu)) {
-      return absl::InvalidArgumentError(
-          "pipeline: communicators of device memory need both directions so and an engine off "
-          "the host");
-    }
+  }
+  const bool device = (pp_prev != nullptr && pp_prev->device_memory()) ||
+                      (pp_next != nullptr && pp_next->device_memory());
+  if (device && ((pp_prev != nullptr && !pp_prev->device_memory()) ||
+                 (pp_next != nullptr && !pp_next->device_memory()) ||
+                 engine->math().kind() == DeviceKind::kCpu)) {
+    return absl::InvalidArgumentError(
+        "pipeline: communicators of device memory need both neighbours' so and an engine off "
+        "the host");
   }
   std::vector<PipelineAction> actions = PipelineActions(schedule, stage, stages, micro_batches);
   const int peak = PeakInFlight(actions);
@@ -66,21 +80,21 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
         " micro-batches per step), but the engine keeps ", engine->slots(), " (slots)"));
   }
   return std::unique_ptr<PipelineExecutor>(new PipelineExecutor(
-      engine, pp_forward, pp_backward, stage, stages, micro_batches, std::move(actions)));
+      engine, pp_prev, pp_next, stage, stages, micro_batches, std::move(actions)));
 }
 
 absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     engine::Engine* engine, const Mesh& mesh, PipelineSchedule schedule, int micro_batches) {
-  return Create(engine, mesh.pp_forward(), mesh.pp_backward(), mesh.stage(), mesh.stages(),
-                schedule, micro_batches);
+  return Create(engine, mesh.pp_prev(), mesh.pp_next(), mesh.stage(), mesh.stages(), schedule,
+                micro_batches);
 }
 
-PipelineExecutor::PipelineExecutor(engine::Engine* engine, comm::Communicator* pp_forward,
-                                   comm::Communicator* pp_backward, int stage, int stages,
+PipelineExecutor::PipelineExecutor(engine::Engine* engine, comm::Communicator* pp_prev,
+                                   comm::Communicator* pp_next, int stage, int stages,
                                    int micro_batches, std::vector<PipelineAction> actions)
     : engine_(engine),
-      pp_forward_(pp_forward),
-      pp_backward_(pp_backward),
+      pp_prev_(pp_prev),
+      pp_next_(pp_next),
       stage_(stage),
       stages_(stages),
       micro_batches_(micro_batches),
@@ -92,9 +106,8 @@ PipelineExecutor::PipelineExecutor(engine::Engine* engine, comm::Communicator* p
       targets_(slots_, std::vector<int>(tokens_per_micro_)),
       fwd_sends_(slots_),
       bwd_sends_(slots_),
-      staged_(engine->math().kind() != DeviceKind::kCpu &&
-              !(pp_forward != nullptr && pp_forward->device_memory())),
-      device_(pp_forward != nullptr && pp_forward->device_memory()) {
+      staged_(engine->math().kind() != DeviceKind::kCpu && !DeviceMemory(pp_prev, pp_next)),
+      device_(DeviceMemory(pp_prev, pp_next)) {
   engine::FlatMath& math = engine->math();
   if (!first()) {
     if (!device_) {
@@ -168,21 +181,51 @@ absl::Status PipelineExecutor::DrainSends(double* wait_ms) {
     }
   }
   events_.clear();  // every op that waited for them is done
+  // A receive grouped with a send is done with it (or failed: the step is
+  // abandoned and the next starts from no posted receive).
+  input_recv_.reset();
+  doutput_recv_.reset();
   return first_error;
 }
 
+std::shared_ptr<comm::Work> PipelineExecutor::Send(bool to_next, const float* data, float* recv) {
+  comm::Communicator* c = to_next ? pp_next_ : pp_prev_;
+  const int peer = to_next ? 1 : 0;
+  if (recv == nullptr) {
+    return c->SendAsync(data, act_elems_, DataType::kFloat32, peer, kPipeTag, AfterEngine());
+  }
+  comm::OpArgs a;
+  a.type = comm::OpType::kSendRecv;
+  a.dtype = DataType::kFloat32;
+  a.input = data;
+  a.output = recv;
+  a.count = act_elems_;
+  a.recv_count = act_elems_;
+  a.peer = peer;
+  a.recv_peer = peer;
+  a.tag = kPipeTag;
+  a.after = AfterEngine();
+  return c->Submit(a);
+}
+
+std::shared_ptr<comm::Work> PipelineExecutor::Receive(bool from_next, float* data) {
+  comm::Communicator* c = from_next ? pp_next_ : pp_prev_;
+  return c->RecvAsync(data, act_elems_, DataType::kFloat32, from_next ? 1 : 0, kPipeTag,
+                      AfterEngine());
+}
+
 absl::Status PipelineExecutor::Forward(int micro, int slot, const MicroBatchFn& fill, double* loss,
-                                       double* wait_ms) {
+                                       double* wait_ms, const PipelineAction* next) {
   const std::string where = absl::StrCat("pipeline stage ", stage_, "/", stages_, " F", micro);
   int* tokens = tokens_[slot].data();
   int* targets = targets_[slot].data();
   if (absl::Status s = fill(micro, tokens, targets); !s.ok()) return s;
+  float* const input = device_ ? (dev_input_ ? dev_input_->as<float>() : nullptr) : input_.data();
   if (!first()) {
-    // Device mode: into the engine's buffer, once the last forward read it.
-    std::shared_ptr<comm::Work> recv = pp_forward_->RecvAsync(
-        device_ ? dev_input_->as<float>() : input_.data(), act_elems_, DataType::kFloat32,
-        stage_ - 1, static_cast<uint32_t>(micro), AfterEngine());
-    if (absl::Status s = Order(&recv, wait_ms); !s.ok()) {
+    // Device mode: into the engine's buffer, once the last forward read it
+    // (posted with the last backward's send when that one came first).
+    if (input_recv_ == nullptr) input_recv_ = Receive(/*from_next=*/false, input);
+    if (absl::Status s = Order(&input_recv_, wait_ms); !s.ok()) {
       return Prefix(s, absl::StrCat(where, ": receiving activations from stage ", stage_ - 1));
     }
   }
@@ -203,20 +246,25 @@ absl::Status PipelineExecutor::Forward(int micro, int slot, const MicroBatchFn& 
       engine_->math().CopyToHost(out_send_[slot].data(), out, act_elems_);
       out = out_send_[slot].data();
     }
-    fwd_sends_[slot] = pp_forward_->SendAsync(out, act_elems_, DataType::kFloat32, stage_ + 1,
-                                              static_cast<uint32_t>(micro), AfterEngine());
+    // A backward next receives its gradient from the stage this goes to.
+    const bool group = next != nullptr && next->kind == StepKind::kBackward;
+    float* const doutput = device_ ? dev_doutput_->as<float>() : doutput_.data();
+    fwd_sends_[slot] = Send(/*to_next=*/true, out, group ? doutput : nullptr);
+    if (group) doutput_recv_ = fwd_sends_[slot];
   }
   return absl::OkStatus();
 }
 
 absl::Status PipelineExecutor::Backward(int micro, int slot, const Bracket& before,
-                                        const Bracket& after, float loss_scale, double* wait_ms) {
+                                        const Bracket& after, float loss_scale, double* wait_ms,
+                                        const PipelineAction* next) {
   const std::string where = absl::StrCat("pipeline stage ", stage_, "/", stages_, " B", micro);
   if (!last()) {
-    std::shared_ptr<comm::Work> recv = pp_backward_->RecvAsync(
-        device_ ? dev_doutput_->as<float>() : doutput_.data(), act_elems_, DataType::kFloat32,
-        stage_ + 1, static_cast<uint32_t>(micro), AfterEngine());
-    if (absl::Status s = Order(&recv, wait_ms); !s.ok()) {
+    if (doutput_recv_ == nullptr) {
+      doutput_recv_ =
+          Receive(/*from_next=*/true, device_ ? dev_doutput_->as<float>() : doutput_.data());
+    }
+    if (absl::Status s = Order(&doutput_recv_, wait_ms); !s.ok()) {
       return Prefix(s, absl::StrCat(where, ": receiving gradients from stage ", stage_ + 1));
     }
   }
@@ -244,8 +292,11 @@ absl::Status PipelineExecutor::Backward(int micro, int slot, const Bracket& befo
     } else {
       std::memcpy(grad_send_[slot].data(), dinput, act_elems_ * sizeof(float));
     }
-    bwd_sends_[slot] = pp_backward_->SendAsync(send, act_elems_, DataType::kFloat32, stage_ - 1,
-                                               static_cast<uint32_t>(micro), AfterEngine());
+    // A forward next receives its input from the stage this goes to.
+    const bool group = next != nullptr && next->kind == StepKind::kForward;
+    float* const input = device_ ? dev_input_->as<float>() : input_.data();
+    bwd_sends_[slot] = Send(/*to_next=*/false, send, group ? input : nullptr);
+    if (group) input_recv_ = bwd_sends_[slot];
   }
   if (after) {
     if (absl::Status s = after(micro); !s.ok()) return s;
@@ -260,13 +311,15 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::RunStep(const MicroBatchFn&
   PipelineStepResult result;
   const Clock::time_point t0 = Clock::now();
   absl::Status status;
-  for (const PipelineAction& a : actions_) {
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    const PipelineAction& a = actions_[i];
+    const PipelineAction* next = i + 1 < actions_.size() ? &actions_[i + 1] : nullptr;
     ActionTiming timing{a.kind, a.micro, MsSince(t0), 0, 0};
     const int slot = a.micro % slots_;
-    status =
-        a.kind == StepKind::kForward
-            ? Forward(a.micro, slot, fill, &result.loss_sum, &timing.wait_ms)
-            : Backward(a.micro, slot, before_backward, after_backward, loss_scale, &timing.wait_ms);
+    status = a.kind == StepKind::kForward
+                 ? Forward(a.micro, slot, fill, &result.loss_sum, &timing.wait_ms, next)
+                 : Backward(a.micro, slot, before_backward, after_backward, loss_scale,
+                            &timing.wait_ms, next);
     timing.end_ms = MsSince(t0);
     result.actions.push_back(timing);
     if (!status.ok()) break;
@@ -288,7 +341,7 @@ absl::StatusOr<double> PipelineExecutor::RunForwardOnly(int micro_batches,
   double loss = 0, wait_ms = 0;
   absl::Status status;
   for (int m = 0; m < micro_batches && status.ok(); ++m) {
-    status = Forward(m, 0, fill, &loss, &wait_ms);
+    status = Forward(m, 0, fill, &loss, &wait_ms, /*next=*/nullptr);
   }
   absl::Status drained = DrainSends(&wait_ms);
   if (!status.ok()) return status;

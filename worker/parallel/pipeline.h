@@ -7,15 +7,26 @@
 //   F(m)  fill(m) gives the micro-batch's (B, T) token ids and targets
 //         (every stage calls it: the first reads the tokens, the last the
 //         targets); a non-first stage receives its (B, T, C) input from the
-//         previous stage on pp_forward (blocking); StageForward; a non-last
-//         stage sends StageOutput(slot) to the next stage asynchronously.
+//         previous stage (blocking); StageForward; a non-last stage sends
+//         StageOutput(slot) to the next stage asynchronously.
 //   B(m)  a non-last stage receives the gradient of its output from the next
-//         stage on pp_backward (blocking); before_backward(m); StageBackward
-//         with loss_scale; a non-first stage copies InputGrad() into the
-//         slot's send buffer and sends it to the previous stage
-//         asynchronously; after_backward(m). (The send goes before
-//         after_backward so that the previous stage is not kept waiting by
-//         this stage's data-parallel gradient reduction.)
+//         stage (blocking); before_backward(m); StageBackward with
+//         loss_scale; a non-first stage copies InputGrad() into the slot's
+//         send buffer and sends it to the previous stage asynchronously;
+//         after_backward(m). (The send goes before after_backward so that
+//         the previous stage is not kept waiting by this stage's
+//         data-parallel gradient reduction.)
+// Messages to and from a neighbour travel on that pair's one communicator
+// (Mesh::pp_prev, pp_next), which runs its ops in order. A send to a
+// neighbour that the next action's receive from the same neighbour follows
+// — F then B on a middle stage sends an activation on and needs a gradient
+// back; B then F sends a gradient back and needs the next input — goes as
+// one SendRecv (Megatron-LM's send_forward_recv_backward and
+// send_backward_recv_forward; NCCL groups the two): the neighbour does the
+// same in the mirrored order (1F1B's steady state) or posts the two apart,
+// and neither side's receive is ever queued behind a send that waits for
+// it. Messages match per pair in order (one tag): both stages run their
+// micro-batches in the same order.
 // An engine off the host (a GPU rank, whose StageOutput, InputGrad and
 // inputs are device memory) exchanges in one of two ways:
 //   staged  (communicators of host memory: Gloo) its output and input
@@ -36,8 +47,7 @@
 // An asynchronous send reads its buffer until it completes: the executor
 // waits for a slot's previous send before that slot's output or send buffer
 // is written again, and for every send before RunStep returns. A Gloo send
-// completes once the peer has posted the matching receive; see mesh.h for
-// why the two directions use separate communicators.
+// completes once the peer has posted the matching receive.
 //
 // Every wait is on a communicator op, which fails with DEADLINE_EXCEEDED
 // after the communicator's op timeout (or ABORTED when a peer fails): a
@@ -94,17 +104,18 @@ struct PipelineStepResult {
 class PipelineExecutor {
  public:
   // `engine` runs this stage (not owned; must outlive the executor).
-  // pp_forward / pp_backward: the pipeline group's two communicators (rank =
-  // stage, size = stages; not owned; may be null when stages == 1).
+  // pp_prev / pp_next: this stage's pair communicators with the previous and
+  // the next stage (size 2, this stage rank 1 of pp_prev and rank 0 of
+  // pp_next; not owned; null where there is no such stage).
   // INVALID_ARGUMENT when the shape is inconsistent (stage outside [0,
   // stages), micro_batches < 1, communicators that do not match, or of
   // device memory with an engine on the host), or when
   // engine->slots() is below PeakInFlight of the stage's actions: the engine
   // cannot keep the activations the schedule holds at once.
   static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(
-      engine::Engine* engine, comm::Communicator* pp_forward, comm::Communicator* pp_backward,
-      int stage, int stages, PipelineSchedule schedule, int micro_batches);
-  // The same with the mesh's pipeline communicators and stage.
+      engine::Engine* engine, comm::Communicator* pp_prev, comm::Communicator* pp_next, int stage,
+      int stages, PipelineSchedule schedule, int micro_batches);
+  // The same with the mesh's pair communicators and stage.
   static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(engine::Engine* engine,
                                                                   const Mesh& mesh,
                                                                   PipelineSchedule schedule,
@@ -133,17 +144,26 @@ class PipelineExecutor {
   int micro_batches() const { return micro_batches_; }
 
  private:
-  PipelineExecutor(engine::Engine* engine, comm::Communicator* pp_forward,
-                   comm::Communicator* pp_backward, int stage, int stages, int micro_batches,
+  PipelineExecutor(engine::Engine* engine, comm::Communicator* pp_prev,
+                   comm::Communicator* pp_next, int stage, int stages, int micro_batches,
                    std::vector<PipelineAction> actions);
 
   bool first() const { return stage_ == 0; }
   bool last() const { return stage_ == stages_ - 1; }
   // Forward of `micro` into `slot`; adds StageForward's value to *loss.
+  // `next`: the action that follows (null: none), whose receive from the
+  // next stage is grouped with this one's send when it is a backward.
   absl::Status Forward(int micro, int slot, const MicroBatchFn& fill, double* loss,
-                       double* wait_ms);
+                       double* wait_ms, const PipelineAction* next);
+  // `next`: as Forward's; a forward's receive from the previous stage is
+  // grouped with this one's send.
   absl::Status Backward(int micro, int slot, const Bracket& before, const Bracket& after,
-                        float loss_scale, double* wait_ms);
+                        float loss_scale, double* wait_ms, const PipelineAction* next);
+  // A message to the pair's other stage (`to_next`: on pp_next, else on
+  // pp_prev), grouped with the receive into `recv` (count act_elems_) when
+  // that is not null; OpArgs::after = AfterEngine().
+  std::shared_ptr<comm::Work> Send(bool to_next, const float* data, float* recv);
+  std::shared_ptr<comm::Work> Receive(bool from_next, float* data);
   // What the engine reads of a received buffer: `host` itself, or staged
   // its copy in `device`.
   const float* ToEngine(std::vector<float>& host, engine::Buffer* device);
@@ -161,8 +181,8 @@ class PipelineExecutor {
   absl::Status DrainSends(double* wait_ms);
 
   engine::Engine* const engine_;
-  comm::Communicator* const pp_forward_;
-  comm::Communicator* const pp_backward_;
+  comm::Communicator* const pp_prev_;
+  comm::Communicator* const pp_next_;
   const int stage_, stages_, micro_batches_;
   const std::vector<PipelineAction> actions_;
   const int slots_;
@@ -172,6 +192,9 @@ class PipelineExecutor {
   std::vector<float> input_, doutput_;                              // receive buffers
   std::vector<std::vector<float>> grad_send_;                       // per slot: InputGrad copies
   std::vector<std::shared_ptr<comm::Work>> fwd_sends_, bwd_sends_;  // per slot
+  // Receives already posted, grouped with the last action's send: the next
+  // forward's input, the next backward's output gradient.
+  std::shared_ptr<comm::Work> input_recv_, doutput_recv_;
   // Staged (an engine off the host): the received activations and gradients
   // copied into the engine's memory, and per slot the StageOutput copies
   // that are sent.

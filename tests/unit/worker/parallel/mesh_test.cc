@@ -1,5 +1,5 @@
 // Mesh (worker/parallel/mesh.h) on thread ranks with Gloo over 127.0.0.1:
-// every rank's dp, tp, pp_forward, pp_backward and tied communicators hold
+// every rank's dp, tp, pp, pp_prev, pp_next and tied communicators hold
 // exactly the ranks ParallelDims names for its groups, in coordinate order,
 // and an all-reduce on each sums over those ranks only. Groups of one rank
 // are null; so is everything in a world of one.
@@ -66,8 +66,15 @@ void CheckMesh(int dp, int tp, int pp) {
     CheckGroup("dp", m.dp(), dims->Group(GroupKind::kDp, rank), rank, world);
     CheckGroup("tp", m.tp(), dims->Group(GroupKind::kTp, rank), rank, world);
     const std::vector<int> pipe = dims->Group(GroupKind::kPp, rank);
-    CheckGroup("pp_forward", m.pp_forward(), pipe, rank, world);
-    CheckGroup("pp_backward", m.pp_backward(), pipe, rank, world);
+    CheckGroup("pp", m.pp(), pipe, rank, world);
+    // The neighbour pairs, the lower stage first (pp_prev before pp_next: a
+    // stage's partner below has finished its own pp_prev by then).
+    const int s = m.stage();
+    CheckGroup("pp_prev", m.pp_prev(),
+               s > 0 ? std::vector<int>{pipe[s - 1], pipe[s]} : std::vector<int>{}, rank, world);
+    CheckGroup("pp_next", m.pp_next(),
+               s + 1 < pp ? std::vector<int>{pipe[s], pipe[s + 1]} : std::vector<int>{}, rank,
+               world);
     // tied: the two ends of the pipeline; nobody else, and no one at pp 1.
     const bool end = m.stage() == 0 || m.stage() == pp - 1;
     const std::vector<int> tied =
@@ -89,8 +96,9 @@ TEST(MeshTest, WorldOfOneHasNoCommunicators) {
   ASSERT_TRUE(mesh.ok()) << mesh.status();
   EXPECT_EQ((*mesh)->dp(), nullptr);
   EXPECT_EQ((*mesh)->tp(), nullptr);
-  EXPECT_EQ((*mesh)->pp_forward(), nullptr);
-  EXPECT_EQ((*mesh)->pp_backward(), nullptr);
+  EXPECT_EQ((*mesh)->pp(), nullptr);
+  EXPECT_EQ((*mesh)->pp_prev(), nullptr);
+  EXPECT_EQ((*mesh)->pp_next(), nullptr);
   EXPECT_EQ((*mesh)->tied(), nullptr);
   EXPECT_EQ((*mesh)->prev_stage(), -1);
   EXPECT_EQ((*mesh)->next_stage(), -1);
