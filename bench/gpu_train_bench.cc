@@ -93,8 +93,8 @@ struct Options {
   std::vector<int> zeros = {0};            // the ZeRO stages of those ranks' rows
   bool offload = false;                    // also one rank with the optimizer on the host
   bool nccl = false;                       // also --ranks ranks over NCCL, one per GPU
-  bool materialized = false;  // also one rank with model.attention: materialized
-  std::string attention = "auto";  // the main rows' model.attention
+  bool materialized = false;               // also one rank with model.attention: materialized
+  std::string attention = "auto";          // the main rows' model.attention
 };
 
 // One row's layout of ours: ranks sharing GPU 0 (or over NCCL, rank r on

@@ -85,7 +85,9 @@ struct ModelSpec {
   // The attention kernels: materialized (the (T,T) probabilities, saved for
   // backward) or flash (tiles with an online softmax: the rows' logsumexp
   // saved instead; resources.device cuda, bf16 or fp16, heads of 64 or 128
-  // channels, parallel.cp 1).
+  // channels, parallel.cp 1). The YAML's `auto` (its default) is resolved
+  // by ParseJobSpec: flash where flash is accepted, else materialized; this
+  // initial value serves specs built in code.
   AttentionKind attention = AttentionKind::kMaterialized;
   model::Arch arch = model::Arch::kGpt2;  // gpt2 | llama (a preset sets it)
   // Llama only (kept at these values for gpt2, whose are fixed: kv_heads =

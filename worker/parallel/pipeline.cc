@@ -55,11 +55,12 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
         {"pp_next", pp_next, stage + 1 < stages, 0}}) {
     if (!wanted && c == nullptr) continue;
     if (!wanted || c == nullptr || c->size() != 2 || c->rank() != rank) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pipeline: stage ", stage, " of ", stages, " wants ",
-          wanted ? absl::StrCat("rank ", rank, " of 2") : std::string("none"), " as ", name,
-          ", got ",
-          c == nullptr ? std::string("null") : absl::StrCat("rank ", c->rank(), " of ", c->size())));
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipeline: stage ", stage, " of ", stages, " wants ",
+                       wanted ? absl::StrCat("rank ", rank, " of 2") : std::string("none"), " as ",
+                       name, ", got ",
+                       c == nullptr ? std::string("null")
+                                    : absl::StrCat("rank ", c->rank(), " of ", c->size())));
     }
   }
   const bool device = (pp_prev != nullptr && pp_prev->device_memory()) ||

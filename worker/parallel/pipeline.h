@@ -144,17 +144,16 @@ class PipelineExecutor {
   int micro_batches() const { return micro_batches_; }
 
  private:
-  PipelineExecutor(engine::Engine* engine, comm::Communicator* pp_prev,
-                   comm::Communicator* pp_next, int stage, int stages, int micro_batches,
-                   std::vector<PipelineAction> actions);
+  PipelineExecutor(engine::Engine* engine, comm::Communicator* pp_prev, comm::Communicator* pp_next,
+                   int stage, int stages, int micro_batches, std::vector<PipelineAction> actions);
 
   bool first() const { return stage_ == 0; }
   bool last() const { return stage_ == stages_ - 1; }
   // Forward of `micro` into `slot`; adds StageForward's value to *loss.
   // `next`: the action that follows (null: none), whose receive from the
   // next stage is grouped with this one's send when it is a backward.
-  absl::Status Forward(int micro, int slot, const MicroBatchFn& fill, double* loss,
-                       double* wait_ms, const PipelineAction* next);
+  absl::Status Forward(int micro, int slot, const MicroBatchFn& fill, double* loss, double* wait_ms,
+                       const PipelineAction* next);
   // `next`: as Forward's; a forward's receive from the previous stage is
   // grouped with this one's send.
   absl::Status Backward(int micro, int slot, const Bracket& before, const Bracket& after,

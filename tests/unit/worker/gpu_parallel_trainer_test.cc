@@ -139,8 +139,7 @@ TEST(GpuParallelTrainerTest, FlashAttentionUnderModelParallelismOnOneGpuEqualsOn
   base.seq_len = 100;
   ASSERT_TRUE(OneGpuSpec("bf16", 8, base).Activations().flash_attention);
   ASSERT_FALSE(OneGpuSpec("fp32", 8, base).Activations().flash_attention);
-  ExpectLayoutsOnOneGpuEqualOneRank(8, ModelParallelLayouts(), /*device_memory_comm=*/false,
-                                    base);
+  ExpectLayoutsOnOneGpuEqualOneRank(8, ModelParallelLayouts(), /*device_memory_comm=*/false, base);
 }
 
 // NCCL's device-memory paths with every layout's ranks on one GPU (the

@@ -122,8 +122,7 @@ __global__ void CrossEntropyBackwardKernel(F* logits, const float* lse, const in
       F* x = reinterpret_cast<F*>(&raw);
 #pragma unroll
       for (int j = 0; j < kPack; ++j) {
-        x[j] = Store<F>(
-            CrossEntropyGrad<F>(Load(x[j]), p * kPack + j, row_lse, target, dloss, V));
+        x[j] = Store<F>(CrossEntropyGrad<F>(Load(x[j]), p * kPack + j, row_lse, target, dloss, V));
       }
       packs[p] = raw;
     }

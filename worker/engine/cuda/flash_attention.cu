@@ -205,15 +205,14 @@ __device__ __forceinline__ void AccumulateRowsTimesTile(float (&acc)[HS / 8][4],
   const int lane = threadIdx.x % kWarpSize;
 #pragma unroll
   for (int kk = 0; kk < N / 16; ++kk) {
-    const uint32_t af[4] = {Pack<F>(p[2 * kk][0], p[2 * kk][1]),
-                            Pack<F>(p[2 * kk][2], p[2 * kk][3]),
-                            Pack<F>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                            Pack<F>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    const uint32_t af[4] = {
+        Pack<F>(p[2 * kk][0], p[2 * kk][1]), Pack<F>(p[2 * kk][2], p[2 * kk][3]),
+        Pack<F>(p[2 * kk + 1][0], p[2 * kk + 1][1]), Pack<F>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
 #pragma unroll
     for (int nb = 0; nb < HS / 16; ++nb) {
       uint32_t bf[4];  // tile rows k 0-7 | 8-15 at columns 0-7, then 8-15
-      LdMatrixTrans(bf, tile + (kk * 16 + lane % 8 + (lane / 8 % 2) * 8) * kLd + nb * 16 +
-                            (lane / 16) * 8);
+      LdMatrixTrans(
+          bf, tile + (kk * 16 + lane % 8 + (lane / 8 % 2) * 8) * kLd + nb * 16 + (lane / 16) * 8);
       Mma<F>(acc[2 * nb], af, bf[0], bf[1]);
       Mma<F>(acc[2 * nb + 1], af, bf[2], bf[3]);
     }

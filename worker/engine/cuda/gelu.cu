@@ -46,10 +46,11 @@ absl::Status GeluForward(const KernelCtx& ctx, void* out, const void* inp, int64
   if (skip) return absl::OkStatus();
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
-    return internal::LaunchElementwise<F, kThreads>(kName, n, true, {out, inp}, [&](auto v, int blocks) {
-      GeluForwardKernel<F, decltype(v)::value><<<blocks, kThreads, 0, ctx.stream>>>(
-          static_cast<F*>(out), static_cast<const F*>(inp), n);
-    });
+    return internal::LaunchElementwise<F, kThreads>(
+        kName, n, true, {out, inp}, [&](auto v, int blocks) {
+          GeluForwardKernel<F, decltype(v)::value><<<blocks, kThreads, 0, ctx.stream>>>(
+              static_cast<F*>(out), static_cast<const F*>(inp), n);
+        });
   });
 }
 
@@ -87,10 +88,11 @@ absl::Status GeluBackward(const KernelCtx& ctx, void* dinp, const void* inp, con
   if (skip) return absl::OkStatus();
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
-    return internal::LaunchElementwise<F, kThreads>(kName, n, true, {dinp, inp, dout}, [&](auto v, int blocks) {
-      GeluBackwardKernel<F, decltype(v)::value><<<blocks, kThreads, 0, ctx.stream>>>(
-          static_cast<F*>(dinp), static_cast<const F*>(inp), static_cast<const F*>(dout), n);
-    });
+    return internal::LaunchElementwise<F, kThreads>(
+        kName, n, true, {dinp, inp, dout}, [&](auto v, int blocks) {
+          GeluBackwardKernel<F, decltype(v)::value><<<blocks, kThreads, 0, ctx.stream>>>(
+              static_cast<F*>(dinp), static_cast<const F*>(inp), static_cast<const F*>(dout), n);
+        });
   });
 }
 
@@ -125,12 +127,14 @@ absl::Status LaunchAdd(const KernelCtx& ctx, const char* kernel, void* out, cons
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
     // Packs need period and shift to keep a pack's elements in one run of b.
-    const bool runs = (period * int64_t{sizeof(F)}) % 16 == 0 && (shift * int64_t{sizeof(F)}) % 16 == 0;
-    return internal::LaunchElementwise<F, kThreads>(kernel, n, runs, {out, a, b}, [&](auto v, int blocks) {
-      AddKernel<F, decltype(v)::value><<<blocks, kThreads, 0, ctx.stream>>>(
-          static_cast<F*>(out), static_cast<const F*>(a), static_cast<const F*>(b), n, period,
-          shift);
-    });
+    const bool runs =
+        (period * int64_t{sizeof(F)}) % 16 == 0 && (shift * int64_t{sizeof(F)}) % 16 == 0;
+    return internal::LaunchElementwise<F, kThreads>(
+        kernel, n, runs, {out, a, b}, [&](auto v, int blocks) {
+          AddKernel<F, decltype(v)::value>
+              <<<blocks, kThreads, 0, ctx.stream>>>(static_cast<F*>(out), static_cast<const F*>(a),
+                                                    static_cast<const F*>(b), n, period, shift);
+        });
   });
 }
 

@@ -184,10 +184,9 @@ absl::Status LayerNormBackward(const KernelCtx& ctx, void* dinp, float* dweight,
     const F* x = static_cast<const F*>(inp);
     const internal::ColumnChunks chunks = internal::PlanColumnChunks(N, C, 2, ctx.workspace_bytes);
     float* const partials = static_cast<float*>(ctx.workspace);
-    LayerNormBackwardParamsKernel<F><<<internal::ColumnChunkGrid(chunks, C),
-                                       dim3(internal::kColumnTile, internal::kRowLanes), 0,
-                                       ctx.stream>>>(dweight, dbias, partials, d, x, mean, rstd, N,
-                                                     C, chunks.rows);
+    LayerNormBackwardParamsKernel<F>
+        <<<internal::ColumnChunkGrid(chunks, C), dim3(internal::kColumnTile, internal::kRowLanes),
+           0, ctx.stream>>>(dweight, dbias, partials, d, x, mean, rstd, N, C, chunks.rows);
     SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("LayerNormBackward (dweight, dbias)"));
     SHARDTRAIN_RETURN_IF_ERROR(internal::AddColumnPartials<2>(
         ctx.stream, chunks, dweight, dbias, partials, C, "LayerNormBackward (partials)"));

@@ -117,10 +117,9 @@ absl::Status RmsNormBackward(const KernelCtx& ctx, void* dinp, float* dweight, c
     const F* x = static_cast<const F*>(inp);
     const internal::ColumnChunks chunks = internal::PlanColumnChunks(N, C, 1, ctx.workspace_bytes);
     float* const partials = static_cast<float*>(ctx.workspace);
-    RmsNormBackwardWeightKernel<F><<<internal::ColumnChunkGrid(chunks, C),
-                                     dim3(internal::kColumnTile, internal::kRowLanes), 0,
-                                     ctx.stream>>>(dweight, partials, d, x, rstd, N, C,
-                                                   chunks.rows);
+    RmsNormBackwardWeightKernel<F>
+        <<<internal::ColumnChunkGrid(chunks, C), dim3(internal::kColumnTile, internal::kRowLanes),
+           0, ctx.stream>>>(dweight, partials, d, x, rstd, N, C, chunks.rows);
     SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("RmsNormBackward (dweight)"));
     SHARDTRAIN_RETURN_IF_ERROR(internal::AddColumnPartials<1>(
         ctx.stream, chunks, dweight, nullptr, partials, C, "RmsNormBackward (partials)"));
