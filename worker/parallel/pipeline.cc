@@ -63,11 +63,9 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
                                     : absl::StrCat("rank ", c->rank(), " of ", c->size())));
     }
   }
-  const bool device = (pp_prev != nullptr && pp_prev->device_memory()) ||
-                      (pp_next != nullptr && pp_next->device_memory());
-  if (device && ((pp_prev != nullptr && !pp_prev->device_memory()) ||
-                 (pp_next != nullptr && !pp_next->device_memory()) ||
-                 engine->math().kind() == DeviceKind::kCpu)) {
+  const bool host_pair = (pp_prev != nullptr && !pp_prev->device_memory()) ||
+                         (pp_next != nullptr && !pp_next->device_memory());
+  if (DeviceMemory(pp_prev, pp_next) && (host_pair || engine->math().kind() == DeviceKind::kCpu)) {
     return absl::InvalidArgumentError(
         "pipeline: communicators of device memory need both neighbours' so and an engine off "
         "the host");
