@@ -90,11 +90,11 @@ struct Options {
   std::string data = SHARDTRAIN_FORTUNES_PATH;
   std::string peer_dir = SHARDTRAIN_BENCH_DIR;  // where gpu_train_torch_peer.py is
   int ranks = 1;  // > 1: also that many ranks sharing the GPU (Gloo through the host)
-  std::vector<int> zeros = {0};            // the ZeRO stages of those ranks' rows
-  bool offload = false;                    // also one rank with the optimizer on the host
-  bool nccl = false;                       // also --ranks ranks over NCCL, one per GPU
-  bool materialized = false;               // also one rank with model.attention: materialized
-  std::string attention = "auto";          // the main rows' model.attention
+  std::vector<int> zeros = {0};    // the ZeRO stages of those ranks' rows
+  bool offload = false;            // also one rank with the optimizer on the host
+  bool nccl = false;               // also --ranks ranks over NCCL, one per GPU
+  bool materialized = false;       // also one rank with model.attention: materialized
+  std::string attention = "auto";  // the main rows' model.attention
 };
 
 // One row's layout of ours: ranks sharing GPU 0 (or over NCCL, rank r on

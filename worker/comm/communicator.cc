@@ -214,15 +214,22 @@ absl::Status Communicator::Recv(void* data, size_t count, DataType dtype, int pe
   return Finish(RecvAsync(data, count, dtype, peer, tag));
 }
 
-absl::Status Communicator::SendRecv(const void* send_data, size_t send_count, int send_peer,
-                                    void* recv_data, size_t recv_count, int recv_peer,
-                                    DataType dtype, uint32_t tag) {
-  OpArgs a = Op(OpType::kSendRecv, dtype, send_data, recv_data, send_count, nullptr);
+std::shared_ptr<Work> Communicator::SendRecvAsync(const void* send_data, size_t send_count,
+                                                  int send_peer, void* recv_data, size_t recv_count,
+                                                  int recv_peer, DataType dtype, uint32_t tag,
+                                                  const engine::Event* after) {
+  OpArgs a = Op(OpType::kSendRecv, dtype, send_data, recv_data, send_count, after);
   a.peer = send_peer;
   a.recv_count = recv_count;
   a.recv_peer = recv_peer;
   a.tag = tag;
-  return Finish(Submit(a));
+  return Submit(a);
+}
+absl::Status Communicator::SendRecv(const void* send_data, size_t send_count, int send_peer,
+                                    void* recv_data, size_t recv_count, int recv_peer,
+                                    DataType dtype, uint32_t tag) {
+  return Finish(SendRecvAsync(send_data, send_count, send_peer, recv_data, recv_count, recv_peer,
+                              dtype, tag));
 }
 
 std::shared_ptr<Work> Communicator::BarrierAsync() {

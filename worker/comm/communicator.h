@@ -186,6 +186,10 @@ class Communicator {
                                   uint32_t tag = 0, const engine::Event* after = nullptr);
   absl::Status Recv(void* data, size_t count, DataType dtype, int peer, uint32_t tag = 0);
 
+  std::shared_ptr<Work> SendRecvAsync(const void* send_data, size_t send_count, int send_peer,
+                                      void* recv_data, size_t recv_count, int recv_peer,
+                                      DataType dtype, uint32_t tag = 0,
+                                      const engine::Event* after = nullptr);
   absl::Status SendRecv(const void* send_data, size_t send_count, int send_peer, void* recv_data,
                         size_t recv_count, int recv_peer, DataType dtype, uint32_t tag = 0);
 

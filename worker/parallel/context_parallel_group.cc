@@ -19,19 +19,10 @@ void ContextParallelGroup::StartRingPass(const void* send, void* recv, size_t co
     return;
   }
   const int n = comm_->size(), r = comm_->rank();
-  comm::OpArgs a;
-  a.type = comm::OpType::kSendRecv;
-  a.dtype = dtype;
-  a.input = send;
-  a.output = recv;
-  a.count = count;
-  a.recv_count = count;
-  a.peer = (r + 1) % n;
-  a.recv_peer = (r + n - 1) % n;
-  a.tag = kRingTag;
   ++passes_;
   bytes_ += static_cast<int64_t>(count * DataTypeSize(dtype));
-  in_flight_ = comm_->Submit(a);
+  in_flight_ =
+      comm_->SendRecvAsync(send, count, (r + 1) % n, recv, count, (r + n - 1) % n, dtype, kRingTag);
 }
 
 void ContextParallelGroup::FinishRingPass() {

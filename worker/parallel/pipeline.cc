@@ -193,18 +193,8 @@ std::shared_ptr<comm::Work> PipelineExecutor::Send(bool to_next, const float* da
   if (recv == nullptr) {
     return c->SendAsync(data, act_elems_, DataType::kFloat32, peer, kPipeTag, AfterEngine());
   }
-  comm::OpArgs a;
-  a.type = comm::OpType::kSendRecv;
-  a.dtype = DataType::kFloat32;
-  a.input = data;
-  a.output = recv;
-  a.count = act_elems_;
-  a.recv_count = act_elems_;
-  a.peer = peer;
-  a.recv_peer = peer;
-  a.tag = kPipeTag;
-  a.after = AfterEngine();
-  return c->Submit(a);
+  return c->SendRecvAsync(data, act_elems_, peer, recv, act_elems_, peer, DataType::kFloat32,
+                          kPipeTag, AfterEngine());
 }
 
 std::shared_ptr<comm::Work> PipelineExecutor::Receive(bool from_next, float* data) {

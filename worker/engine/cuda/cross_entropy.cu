@@ -1,6 +1,7 @@
 // Fused softmax + cross-entropy over the real vocabulary, forward and
 // backward (kernels.h; the CPU twin is engine/cpu/layers.cc).
 #include <cmath>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/cuda/kernel_util.cuh"
@@ -23,6 +24,19 @@ absl::Status CheckCrossEntropySizes(const char* kernel, int N, int V, int Vp) {
         absl::StrCat(kernel, ": need 1 <= V <= Vp, got V ", V, " and Vp ", Vp));
   }
   return absl::OkStatus();
+}
+
+// launch(std::bool_constant<packed>) runs a row-per-block kernel over
+// logits rows of Vp elements: packed (16-byte accesses) when the rows are
+// whole int4s and logits is 16-byte aligned.
+template <typename F, typename Launch>
+absl::Status LaunchRows(const char* name, const void* logits, int Vp, Launch&& launch) {
+  if (internal::Packable(Vp, sizeof(F), {logits})) {
+    launch(std::true_type{});
+  } else {
+    launch(std::false_type{});
+  }
+  return internal::CheckLaunch(name);
 }
 
 // One block per row of logits (N,Vp), over columns [0,V): lse = max +
@@ -82,15 +96,10 @@ absl::Status CrossEntropyForward(const KernelCtx& ctx, float* losses, float* lse
   if (N == 0) return absl::OkStatus();
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
-    const F* l = static_cast<const F*>(logits);
-    if (internal::Packable(Vp, sizeof(F), {logits})) {
-      CrossEntropyForwardKernel<F, true>
-          <<<N, kThreads, 0, ctx.stream>>>(losses, lse, l, targets, N, V, Vp);
-    } else {
-      CrossEntropyForwardKernel<F, false>
-          <<<N, kThreads, 0, ctx.stream>>>(losses, lse, l, targets, N, V, Vp);
-    }
-    return internal::CheckLaunch(kName);
+    return LaunchRows<F>(kName, logits, Vp, [&](auto packed) {
+      CrossEntropyForwardKernel<F, decltype(packed)::value><<<N, kThreads, 0, ctx.stream>>>(
+          losses, lse, static_cast<const F*>(logits), targets, N, V, Vp);
+    });
   });
 }
 
@@ -144,15 +153,10 @@ absl::Status CrossEntropyBackward(const KernelCtx& ctx, void* logits, const floa
   if (N == 0) return absl::OkStatus();
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
-    F* l = static_cast<F*>(logits);
-    if (internal::Packable(Vp, sizeof(F), {logits})) {
-      CrossEntropyBackwardKernel<F, true>
-          <<<N, kThreads, 0, ctx.stream>>>(l, lse, targets, dloss, N, V, Vp);
-    } else {
-      CrossEntropyBackwardKernel<F, false>
-          <<<N, kThreads, 0, ctx.stream>>>(l, lse, targets, dloss, N, V, Vp);
-    }
-    return internal::CheckLaunch(kName);
+    return LaunchRows<F>(kName, logits, Vp, [&](auto packed) {
+      CrossEntropyBackwardKernel<F, decltype(packed)::value>
+          <<<N, kThreads, 0, ctx.stream>>>(static_cast<F*>(logits), lse, targets, dloss, N, V, Vp);
+    });
   });
 }
 
