@@ -8,7 +8,7 @@
 //      (dp 1, tp 1): the measured bubble is the mean over stages and timed
 //      steps of StepResult::bubble (the stage's idle fraction of the step,
 //      from the pipeline executor's per-action timeline), next to
-//      (pp - 1) / (m + pp - 1) (schedule.h: BubbleFraction), and the step
+//      (pp - 1) / (m + pp - 1) (pipeline_schedule.h: BubbleFraction), and the step
 //      time next to pp 1 at the same m (the whole model on one rank). With
 //      more rank threads than cores the stages share cores: a stage waiting
 //      for a core looks busy or idle depending on where it is preempted, so
@@ -31,10 +31,13 @@
 //        extras = m · (2·B·T·C + 3·B·T) · 4 B · 2(tp - 1)/tp
 //      Step time next to tp 1 measured in the same run.
 //   4. Interleaved 1F1B (v model chunks per stage, parallel.pp_virtual):
-//      the schedule's simulated idle fraction (schedule.h SimulateInterleaved,
-//      equal costs) next to (pp - 1) / (v·m + pp - 1) and 1F1B's bubble.
-//      Simulated only: the executor runs v = 1 so far (no model chunks in
-//      the engine yet), so there is no measured column.
+//      the schedule's simulated idle fraction (pipeline_schedule.h
+//      SimulateInterleaved, equal costs) next to (pp - 1) / (v·m + pp - 1)
+//      and 1F1B's bubble; then measured runs, pp 2 and 4 at m = pp and 2·pp,
+//      v = 1 and 2 in the same run: the measured bubble (as in table 1) next
+//      to the formula, the step time of v = 2 next to v = 1's, and each
+//      stage's activation allocation (v = 2 keeps each chunk's own peak of
+//      half-size sets) next to v = 1's.
 //
 // Usage: pipeline_bench [--steps 10] [--warmup 2] [--threads 1] [--quick]
 //                       [--layers 8] [--heads 4] [--dim 128] [--seq 64]
@@ -59,9 +62,9 @@
 #include "bench/bench_util.h"
 #include "common/job_spec.h"
 #include "common/parallel_dims.h"
+#include "common/pipeline_schedule.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/rendezvous_store.h"
-#include "worker/parallel/schedule.h"
 #include "worker/trainer.h"
 
 namespace {
@@ -81,6 +84,7 @@ struct Options {
 struct Layout {
   int tp = 1, pp = 1, m = 1;
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  int v = 1;  // parallel.pp_virtual
   int world() const { return tp * pp; }
 };
 
@@ -89,7 +93,7 @@ const char* ScheduleName(PipelineSchedule s) {
 }
 
 std::string Tag(const Layout& l) {
-  return absl::StrCat("tp", l.tp, "pp", l.pp, "m", l.m, ScheduleName(l.schedule));
+  return absl::StrCat("tp", l.tp, "pp", l.pp, "m", l.m, ScheduleName(l.schedule), "v", l.v);
 }
 
 // What one rank measured.
@@ -108,7 +112,7 @@ std::string SpecYaml(const Options& o, const Layout& l, const std::string& train
                       train, "\", format: text, tokenizer: byte}\n",
                       "batch: {global: ", o.micro * l.m, ", micro: ", o.micro, ", seq_len: ", o.seq,
                       "}\n", "parallel: {dp: 1, tp: ", l.tp, ", pp: ", l.pp,
-                      ", schedule: ", ScheduleName(l.schedule), "}\n",
+                      ", schedule: ", ScheduleName(l.schedule), ", pp_virtual: ", l.v, "}\n",
                       "optimizer: {lr: 1e-4, weight_decay: 0.1}\n", "steps: 1000000\n",
                       "timeouts: {collective_s: 300}\n");
 }
@@ -281,10 +285,10 @@ std::vector<std::vector<std::vector<RankOut>>> BubbleTable(const Options& o,
   return pp4;
 }
 
-void InterleavedTable() {
+void InterleavedTable(const Options& o, const std::string& train, unsigned cores) {
   std::printf(
       "\n== 4. Interleaved 1F1B, v model chunks per stage: simulated idle fraction (equal "
-      "costs; the executor runs v = 1 so far)\n");
+      "costs) ==\n");
   std::printf("%-3s %-3s %-2s | %9s %9s %7s | %9s %9s\n", "pp", "m", "v", "simulated", "formula",
               "ratio", "1f1b", "1f1b/sim");
   for (int pp : {2, 4}) {
@@ -304,6 +308,49 @@ void InterleavedTable() {
       }
     }
   }
+  std::printf(
+      "\n   measured (dp 1, tp 1, 1F1B; v 2 = two chunks per stage): bubble as in table 1, "
+      "formula (pp-1)/(v*m+pp-1); step ms and activation MiB\n   (the largest stage's "
+      "allocation) vs v 1 in the same run ==\n");
+  std::printf("%-3s %-3s %-2s | %9s %7s | %9s %9s %9s | %9s %7s | %-6s %5s\n", "pp", "m", "v",
+              "step ms", "vs v1", "measured", "formula", "meas/form", "act MiB", "vs v1", "cores",
+              "load");
+  std::vector<int> pps = o.quick ? std::vector<int>{2} : std::vector<int>{2, 4};
+  for (int pp : pps) {
+    if (o.layers % (2 * pp) != 0) {
+      std::printf("%-3d (skipped: --layers %d is not a multiple of pp x 2)\n", pp, o.layers);
+      continue;
+    }
+    for (int m : {pp, 2 * pp}) {
+      double base_ms = 0, base_act = 0;
+      for (int v : {1, 2}) {
+        const double load = bench::LoadAverage1();
+        const std::vector<RankOut> ranks =
+            RunLayout(o, Layout{1, pp, m, PipelineSchedule::k1F1B, v}, train);
+        if (ranks.empty()) {
+          std::printf("%-3d %-3d %-2d   (failed; see stderr)\n", pp, m, v);
+          continue;
+        }
+        const double ms = StepMs(ranks);
+        const Bubble b = MeasuredBubble(ranks);
+        const double formula = parallel::BubbleFraction(pp, m, v);
+        double act = 0;
+        for (const RankOut& r : ranks) act = std::max(act, double(r.allocated.activations));
+        if (v == 1) {
+          base_ms = ms;
+          base_act = act;
+        }
+        std::printf(
+            "%-3d %-3d %-2d | %9.1f %6.2fx | %9.3f %9.3f %9.3f | %9.3f %6.2fx | %-6s %5.2f\n", pp,
+            m, v, ms, base_ms > 0 ? ms / base_ms : 0, b.mean, formula, b.mean / formula, act / kMiB,
+            base_act > 0 ? act / base_act : 0, Cores(pp, o.threads, cores).c_str(), load);
+        std::fflush(stdout);
+      }
+    }
+  }
+  std::printf(
+      "v 2 sends every chunk's activations and gradients (2x the messages of v 1); the "
+      "formula assumes they cost nothing.\n");
 }
 
 const RankOut* StageOf(const std::vector<RankOut>& ranks, int stage) {
@@ -474,7 +521,7 @@ int main(int argc, char** argv) {
   const auto pp4 = BubbleTable(o, train, cores);
   MemoryTable(o, pp4);
   TensorParallelTable(o, train, cores);
-  InterleavedTable();
+  InterleavedTable(o, train, cores);
   std::printf("\nload after: %s\n", bench::Uptime().c_str());
   std::error_code ec;
   fs::remove_all(dir, ec);

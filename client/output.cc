@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/job_spec.h"
+#include "common/pipeline_schedule.h"
 
 namespace shardtrain::client {
 namespace {
@@ -309,11 +310,19 @@ std::string LayoutLine(const v1::Job& job) {
   absl::StatusOr<BatchSplit> split = spec->Split();
   if (p.pp > 1 && split.ok()) {
     const int m = split->accum;
-    absl::StrAppendFormat(&line,
-                          "; pipeline %s, %d micro-batches per step, bubble %.1f%% "
-                          "((pp-1)/(m+pp-1))",
-                          std::string(EnumName(p.schedule)), m,
-                          100.0 * (p.pp - 1) / double(m + p.pp - 1));
+    if (p.pp_virtual > 1) {
+      absl::StrAppendFormat(&line,
+                            "; pipeline interleaved 1F1B, %d chunks per stage, %d micro-batches "
+                            "per step, bubble %.1f%% ((pp-1)/(v·m+pp-1))",
+                            p.pp_virtual, m,
+                            100.0 * parallel::BubbleFraction(p.pp, m, p.pp_virtual));
+    } else {
+      absl::StrAppendFormat(&line,
+                            "; pipeline %s, %d micro-batches per step, bubble %.1f%% "
+                            "((pp-1)/(m+pp-1))",
+                            std::string(EnumName(p.schedule)), m,
+                            100.0 * parallel::BubbleFraction(p.pp, m));
+    }
   }
   return line;
 }

@@ -7,39 +7,49 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/pipeline_schedule.h"
 #include "common/planner.h"
-#include "worker/parallel/schedule.h"
 
 namespace shardtrain::client {
 
 // ------------------------------------------------------------- pipeline
 
 std::string PipelineTimeline(PipelineSchedule schedule, int stages, int micro_batches,
-                             int max_width) {
+                             int max_width, int chunks) {
   if (stages <= 1 || micro_batches < 1) return "";
   absl::StatusOr<parallel::SimulatedTimeline> tl =
-      parallel::SimulatePipeline(schedule, stages, micro_batches, /*fwd_cost=*/1.0,
-                                 /*bwd_cost=*/2.0);
+      chunks > 1 ? parallel::SimulateInterleaved(stages, micro_batches, chunks, /*fwd_cost=*/1.0,
+                                                 /*bwd_cost=*/2.0)
+                 : parallel::SimulatePipeline(schedule, stages, micro_batches, /*fwd_cost=*/1.0,
+                                              /*bwd_cost=*/2.0);
   if (!tl.ok()) return absl::StrCat("(no timeline: ", tl.status().message(), ")\n");
-  // Characters per time unit (one forward): 3 when it fits, fewer (down to
-  // a fraction) for long schedules.
-  const double scale = std::min(3.0, double(std::max(max_width, 8)) / tl->makespan);
+  // Characters per time unit (one forward): 3 when it fits (interleaved:
+  // 4·v, so that "F3.1", a forward of 1/v unit, is written whole), fewer
+  // (down to a fraction) for long schedules.
+  const double full = chunks > 1 ? 4.0 * chunks : 3.0;
+  const double scale = std::min(full, double(std::max(max_width, 8)) / tl->makespan);
   const int cols = static_cast<int>(std::lround(tl->makespan * scale));
+  const std::string kind = chunks > 1
+                               ? absl::StrCat("interleaved 1F1B, ", chunks, " chunks per stage")
+                               : std::string(EnumName(schedule));
   std::string out = absl::StrFormat(
-      "pipeline timeline (%s, %d stages, %d micro-batches; %s):\n", EnumName(schedule), stages,
-      micro_batches,
-      scale >= 3.0 ? "F<m> forward of micro-batch m = 1 unit, B<m> its backward = 2 units, . idle"
-                   : "F forward, B backward (2 forwards long), . idle; drawn at a reduced scale");
+      "pipeline timeline (%s, %d stages, %d micro-batches; %s):\n", kind, stages, micro_batches,
+      chunks > 1 && scale >= full
+          ? "F<m>.<c> forward of micro-batch m through chunk c (chunk 0: F<m>), B<m>.<c> its "
+            "backward (2 forwards long), . idle"
+      : scale >= full
+          ? "F<m> forward of micro-batch m = 1 unit, B<m> its backward = 2 units, . idle"
+          : "F forward, B backward (2 forwards long), . idle; drawn at a reduced scale");
   for (int s = 0; s < stages; ++s) {
     std::string row(cols, '.');
     for (const parallel::SimulatedAction& a : tl->actions[s]) {
       const int c0 = static_cast<int>(std::lround(a.start * scale));
       const int c1 = std::max(c0 + 1, static_cast<int>(std::lround(a.end * scale)));
       const bool fwd = a.action.kind == parallel::StepKind::kForward;
-      const std::string label = absl::StrCat(fwd ? "F" : "B", a.action.micro);
+      const std::string label = parallel::ActionsToString({a.action});
       // At full scale the label where it fits whole, then - or =; at a
       // coarser one (rounded widths) the kind's letter alone: FF BBBB.
-      const bool labelled = scale >= 3.0 && c1 - c0 >= static_cast<int>(label.size());
+      const bool labelled = scale >= full && c1 - c0 >= static_cast<int>(label.size());
       for (int c = c0; c < c1 && c < cols; ++c) {
         const size_t k = static_cast<size_t>(c - c0);
         row[c] = !labelled ? label[0] : k < label.size() ? label[k] : (fwd ? '-' : '=');
@@ -49,10 +59,11 @@ std::string PipelineTimeline(PipelineSchedule schedule, int stages, int micro_ba
                           100.0 * tl->idle[s] / tl->makespan);
   }
   absl::StrAppendFormat(&out,
-                        "  bubble: %.1f%% of the stages' time idle (simulated; (p-1)/(m+p-1) = "
+                        "  bubble: %.1f%% of the stages' time idle (simulated; %s = "
                         "%.1f%% with equal stages)\n",
                         100.0 * tl->idle_fraction(),
-                        100.0 * parallel::BubbleFraction(stages, micro_batches));
+                        chunks > 1 ? "(p-1)/(v·m+p-1)" : "(p-1)/(m+p-1)",
+                        100.0 * parallel::BubbleFraction(stages, micro_batches, chunks));
   return out;
 }
 
@@ -99,7 +110,8 @@ std::string MemoryBars(const std::vector<MemoryBar>& bars, int width) {
 std::string PlanPictures(const JobSpec& spec, const v1::Plan& plan) {
   std::string out;
   if (plan.pp() > 1) {
-    out += "\n" + PipelineTimeline(spec.parallel.schedule, plan.pp(), plan.grad_accum_steps());
+    out += "\n" + PipelineTimeline(spec.parallel.schedule, plan.pp(), plan.grad_accum_steps(),
+                                   /*max_width=*/96, spec.parallel.pp_virtual);
   }
   std::vector<MemoryBar> stages;
   for (const v1::PipelineStage& st : plan.stages()) {

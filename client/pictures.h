@@ -16,13 +16,15 @@
 namespace shardtrain::client {
 
 // One row per stage of `schedule` on `stages` stages and `micro_batches`
-// micro-batches, from the schedule's own simulation (worker/parallel/
-// schedule.h) with a backward costing two forwards: "F3-" a forward of
-// micro-batch 3, "B3====" its backward, "." idle; each row ends with the
-// stage's idle share. At most `max_width` characters of timeline (a long
-// schedule is drawn at a coarser scale). Empty for one stage.
+// micro-batches, from the schedule's own simulation
+// (common/pipeline_schedule.h) with a backward costing two forwards: "F3-" a
+// forward of micro-batch 3, "B3====" its backward, "." idle; each row ends
+// with the stage's idle share. At most `max_width` characters of timeline (a
+// long schedule is drawn at a coarser scale). Empty for one stage. chunks >
+// 1: the interleaved schedule (parallel.pp_virtual), "F3.1" micro-batch 3
+// through chunk 1, each action 1/chunks as long.
 std::string PipelineTimeline(PipelineSchedule schedule, int stages, int micro_batches,
-                             int max_width = 96);
+                             int max_width = 96, int chunks = 1);
 
 // A labelled memory estimate, drawn as one bar.
 struct MemoryBar {

@@ -124,6 +124,7 @@ std::vector<std::string> LayoutCandidate::Overrides(const JobSpec& spec) const {
   };
   if (cp != spec.parallel.cp) out.push_back(absl::StrCat("parallel.cp=", cp));
   if (!spec.parallel.stages.empty()) out.push_back("parallel.stages=[]");
+  if (spec.parallel.pp_virtual != 1) out.push_back("parallel.pp_virtual=1");
   if (micro_adjusted) out.push_back(absl::StrCat("batch.micro=", micro));
   if (memory_without > 0) {
     out.push_back(absl::StrCat("model.recompute=", std::string(EnumName(recompute))));
@@ -175,6 +176,7 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
           alt.parallel.pp = pp;
           alt.parallel.zero = zero;
           alt.parallel.schedule = PipelineSchedule::k1F1B;
+          alt.parallel.pp_virtual = 1;  // plain 1F1B candidates (no model chunks)
           alt.parallel.stages.clear();
           alt.batch.micro = micro;
           int64_t num_params = 0;
@@ -255,11 +257,12 @@ std::string AutoLayoutText(const JobSpec& spec, const AutoLayoutOptions& options
                            const AutoLayoutResult& result, int top) {
   const CostModel& cost = options.cost;
   std::string out;
-  absl::StrAppendFormat(&out,
-                        "auto layout for %s on %d ranks of %s each: global batch %d × seq_len %d "
-                        "kept, schedule 1f1b, layers balanced by parameter count\n",
-                        spec.name, options.ranks, FormatPlanBytes(options.memory_per_rank),
-                        spec.batch.global, spec.batch.seq_len);
+  absl::StrAppendFormat(
+      &out,
+      "auto layout for %s on %d ranks of %s each: global batch %d × seq_len %d "
+      "kept, schedule 1f1b (no model chunks), layers balanced by parameter count\n",
+      spec.name, options.ranks, FormatPlanBytes(options.memory_per_rank), spec.batch.global,
+      spec.batch.seq_len);
   absl::StrAppendFormat(
       &out,
       "cost model (no overlap): step = compute + tp + pp + dp\n"

@@ -196,6 +196,7 @@ absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpe
   SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "parallel", "offload", si::kOffloadModes, &p->offload));
   SHARDTRAIN_RETURN_IF_ERROR(
       ReadEnum(n, "parallel", "schedule", si::kPipelineSchedules, &p->schedule));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "pp_virtual", 1, &p->pp_virtual));
   SHARDTRAIN_RETURN_IF_ERROR(
       ReadBool(n, "parallel", "reshard_after_forward", &p->reshard_after_forward));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "bucket_mb", 1, &p->bucket_mb));
@@ -219,7 +220,24 @@ absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpe
   SHARDTRAIN_ASSIGN_OR_RETURN(model::ModelConfig config, model.Config());
   SHARDTRAIN_RETURN_IF_ERROR(dims.CheckModelFits(config));
   SHARDTRAIN_RETURN_IF_ERROR(dims.CheckZero(p->zero));
-  return model::StageLayers(config, p->pp, p->stages).status();
+  if (p->pp_virtual > 1) {
+    if (p->schedule != PipelineSchedule::k1F1B) {
+      return FieldError("parallel.pp_virtual", "interleaves 1F1B: it needs parallel.schedule 1f1b");
+    }
+    if (p->zero > 1) {
+      return FieldError("parallel.pp_virtual",
+                        "needs parallel.zero <= 1: ZeRO-2 reduces each micro-batch's gradients "
+                        "as its backward finishes them, and an interleaved stage runs a "
+                        "micro-batch's backward in pp_virtual parts (zero is ",
+                        p->zero, ")");
+    }
+    if (p->comm == CommBackend::kNccl) {
+      return FieldError("parallel.pp_virtual",
+                        "runs over Gloo so far (parallel.comm gloo or auto): its one-way "
+                        "channels have not run over NCCL on several GPUs yet");
+    }
+  }
+  return model::StageLayers(config, p->pp, p->stages, p->pp_virtual).status();
 }
 
 absl::Status ParseBatch(const Node& root, const ModelSpec& model, const ParallelSpec& par,
@@ -248,7 +266,13 @@ absl::Status ParseBatch(const Node& root, const ModelSpec& model, const Parallel
             : absl::StrCat("batch.seq_len = ", b->micro, " × ", b->seq_len),
         " (each tp rank holds an equal part of the micro-batch's rows)");
   }
-  return SplitBatch(b->global, b->micro, par.dp).status();
+  SHARDTRAIN_ASSIGN_OR_RETURN(BatchSplit split, SplitBatch(b->global, b->micro, par.dp));
+  if (par.pp_virtual > 1 && split.accum % par.pp != 0) {
+    return FieldError("parallel.pp_virtual", "the interleaved schedule runs micro-batches in ",
+                      "groups of parallel.pp: batch.global / (batch.micro × parallel.dp) = ",
+                      split.accum, " must be a multiple of pp ", par.pp);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ParseOptimizer(const Node& root, OptimizerSpec* o) {
@@ -360,11 +384,6 @@ absl::Status ParseResources(const Node& root, const ParallelSpec& par, Resources
   if (par.comm == CommBackend::kNccl && r->device != DeviceKind::kCuda) {
     return FieldError("parallel.comm", "nccl needs resources.device: cuda (NCCL moves GPU memory; ",
                       "CPU ranks use gloo)");
-  }
-  if (par.cp > 1 && r->device != DeviceKind::kCpu) {
-    return FieldError("parallel.cp", par.cp,
-                      ": context parallelism runs on CPU ranks so far (resources.device: cpu); "
-                      "its GPU ring is not built yet");
   }
   const int world = par.dp * par.cp * par.tp * par.pp;
   r->min_workers = world;

@@ -138,6 +138,11 @@ struct ParallelSpec {
   std::vector<int> stages;
   OffloadMode offload = OffloadMode::kNone;
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  // Interleaved 1F1B: model chunks per pipeline stage (Megatron-LM's virtual
+  // stages). 1: one contiguous run of layers per stage. > 1: pp > 1,
+  // schedule 1f1b, no explicit stages, model.layers a multiple of pp ×
+  // pp_virtual, micro-batches per step a multiple of pp, zero <= 1 and Gloo.
+  int pp_virtual = 1;
   bool reshard_after_forward = true;  // ZeRO-3: free gathered params after forward
   // Megatron-LM's sequence parallelism: the LayerNorm and residual regions
   // split along the sequence across the tp ranks (tp > 1; tp divides

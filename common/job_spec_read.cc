@@ -32,19 +32,13 @@ const std::vector<absl::string_view> kModelKeys = {
 const std::vector<absl::string_view> kDataKeys = {"train", "val", "format", "tokenizer",
                                                   "tokenizer_json"};
 const std::vector<absl::string_view> kBatchKeys = {"global", "micro", "seq_len"};
-const std::vector<absl::string_view> kParallelKeys = {"dp",
-                                                      "cp",
-                                                      "tp",
-                                                      "pp",
-                                                      "stages",
-                                                      "zero",
-                                                      "offload",
-                                                      "schedule",
-                                                      "reshard_after_forward",
-                                                      "bucket_mb",
-                                                      "sequence_parallel",
-                                                      "comm",
-                                                      "reduce_dtype"};
+const std::vector<absl::string_view> kParallelKeys = {"dp",         "cp",
+                                                      "tp",         "pp",
+                                                      "stages",     "zero",
+                                                      "offload",    "schedule",
+                                                      "pp_virtual", "reshard_after_forward",
+                                                      "bucket_mb",  "sequence_parallel",
+                                                      "comm",       "reduce_dtype"};
 const std::vector<absl::string_view> kOptimizerKeys = {"name",         "lr",       "min_lr",
                                                        "betas",        "eps",      "weight_decay",
                                                        "warmup_steps", "schedule", "grad_clip"};

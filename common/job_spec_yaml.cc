@@ -61,11 +61,12 @@ bool operator==(const BatchSpec& a, const BatchSpec& b) {
   return std::tie(a.global, a.micro, a.seq_len) == std::tie(b.global, b.micro, b.seq_len);
 }
 bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
-  return std::tie(a.dp, a.tp, a.pp, a.stages, a.zero, a.offload, a.schedule,
+  return std::tie(a.dp, a.cp, a.tp, a.pp, a.stages, a.zero, a.offload, a.schedule, a.pp_virtual,
                   a.reshard_after_forward, a.bucket_mb, a.sequence_parallel, a.comm,
-                  a.reduce_dtype) == std::tie(b.dp, b.tp, b.pp, b.stages, b.zero, b.offload,
-                                              b.schedule, b.reshard_after_forward, b.bucket_mb,
-                                              b.sequence_parallel, b.comm, b.reduce_dtype);
+                  a.reduce_dtype) == std::tie(b.dp, b.cp, b.tp, b.pp, b.stages, b.zero, b.offload,
+                                              b.schedule, b.pp_virtual, b.reshard_after_forward,
+                                              b.bucket_mb, b.sequence_parallel, b.comm,
+                                              b.reduce_dtype);
 }
 bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
   return std::tie(a.name, a.lr, a.min_lr, a.betas, a.eps, a.weight_decay, a.warmup_steps,
@@ -152,6 +153,7 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "zero" << YAML::Value << s.parallel.zero;
   out << YAML::Key << "offload" << YAML::Value << std::string(EnumName(s.parallel.offload));
   out << YAML::Key << "schedule" << YAML::Value << std::string(EnumName(s.parallel.schedule));
+  out << YAML::Key << "pp_virtual" << YAML::Value << s.parallel.pp_virtual;
   out << YAML::Key << "reshard_after_forward" << YAML::Value
       << boolean(s.parallel.reshard_after_forward);
   out << YAML::Key << "bucket_mb" << YAML::Value << s.parallel.bucket_mb;

@@ -13,6 +13,7 @@
 #include "common/model/param_layout.h"
 #include "common/model/slice.h"
 #include "common/parallel_dims.h"
+#include "common/pipeline_schedule.h"
 #include "common/shard_range.h"
 
 namespace shardtrain {
@@ -54,7 +55,7 @@ std::vector<std::string> LayoutProblems(const JobSpec& spec, int world) {
     const absl::Status fits = dims->CheckModelFits(*config);
     add(fits);
     // The split of the layers, once pp fits them.
-    if (fits.ok()) add(model::StageLayers(*config, par.pp, par.stages).status());
+    if (fits.ok()) add(model::StageLayers(*config, par.pp, par.stages, par.pp_virtual).status());
   }
   if (par.zero < 0 || par.zero > 3) {
     problems.push_back(absl::StrCat("parallel.zero: ", par.zero, " is not a ZeRO stage 0..3"));
@@ -120,7 +121,7 @@ MicroBatchFlops StageFlops(const model::ModelConfig& cfg, int B, int T,
                            const model::ModelSlice& slice, const model::ActivationPolicy& policy) {
   const int cp = std::max(1, policy.cp);
   const double N = double(B) * T / cp, C = cfg.dim, Ct = C / slice.tp, tp = slice.tp;
-  const int Ls = slice.end_layer(cfg) - slice.first_layer;
+  const int Ls = slice.total_layers(cfg);
   const double attention = 4 * N * T * Ct;  // forward, per block (QK^T and att·V)
   // A block's matrix weights on this rank, by what the forward multiplies:
   // qkv (C + 2KV rows), the attention's projection (C), fc (F, or SwiGLU's
@@ -151,13 +152,14 @@ MicroBatchFlops StageFlops(const model::ModelConfig& cfg, int B, int T,
 MicroBatchFlops BusiestRecompute(const JobSpec& spec) {
   const auto cfg = spec.model.Config();
   if (!cfg.ok()) return {};
-  const auto layers = model::StageLayers(*cfg, spec.parallel.pp, spec.parallel.stages);
+  const int v = spec.parallel.pp_virtual;
+  const auto layers = model::StageLayers(*cfg, spec.parallel.pp, spec.parallel.stages, v);
   if (!layers.ok()) return {};
   MicroBatchFlops busiest;
   for (int s = 0; s < spec.parallel.pp; ++s) {
     const MicroBatchFlops f =
         StageFlops(*cfg, spec.batch.micro, spec.batch.seq_len,
-                   model::SliceOf(*layers, s, spec.parallel.tp, 0), spec.Activations());
+                   model::SliceOf(*layers, s, spec.parallel.tp, 0, v), spec.Activations());
     if (s == 0 || f.recompute > busiest.recompute) busiest = f;
   }
   return busiest;
@@ -234,7 +236,7 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
   const int64_t ab = ComputeBytes(spec.precision);  // activations sent between ranks
   // A rank's rows: batch.seq_len / cp tokens of each sequence.
   const int64_t BT = int64_t{spec.batch.micro} * spec.LocalSeqLen(), BTC = BT * cfg.dim;
-  const int64_t Ls = shape.slice.num_layers;
+  const int64_t Ls = shape.slice.total_layers(cfg);
   const bool first = s == 0, last = s == pp - 1;
   const bool reshard = spec.parallel.reshard_after_forward;
 
@@ -259,16 +261,21 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
 
   // Activations and backward scratch: the engine's own table for this
   // stage's slice of the model (common/model/activations.h), its saved
-  // tensors once per micro-batch alive at once: 1 without a pipeline; with
-  // one, GPipe keeps all m forwards before the first backward, 1F1B at most
-  // pp - s on stage s.
+  // tensors once per micro-batch alive at once, as the stage's schedule
+  // holds them (PeakInFlight, the engine's slots): 1 without a pipeline;
+  // GPipe all m forwards before the first backward, 1F1B at most pp - s on
+  // stage s; interleaved, each chunk's own peak of its chunk's sets.
   // Stored in the compute dtype (as llm.c's floatX), statistics in fp32.
   const model::ActivationTable acts(cfg, spec.batch.micro, spec.LocalSeqLen(), shape.slice,
                                     mixed ? DataType::kBFloat16 : DataType::kFloat32,
                                     spec.Activations());
-  if (pp > 1)
-    e.in_flight = spec.parallel.schedule == PipelineSchedule::kGpipe ? m : std::min(pp - s, m);
-  mem.set_activations_bytes(acts.bytes(e.in_flight));
+  const int v = spec.parallel.pp_virtual;
+  const std::vector<parallel::PipelineAction> actions =
+      parallel::PipelineActions(spec.parallel.schedule, s, pp, m, v);
+  const std::vector<int> chunk_sets = parallel::PeakInFlightPerChunk(actions, v);
+  e.in_flight = 0;
+  for (int n : chunk_sets) e.in_flight += n;
+  mem.set_activations_bytes(acts.bytes(chunk_sets));
 
   // Working set of ZeRO-2/3 (parallel::Zero): whole-unit gradients alive in
   // backward — a tied head's embeddings' from the LM head to the end, the unit
@@ -412,8 +419,10 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
   // last stages sum a tied head's wte gradient (an all-reduce of two ranks:
   // each sends its tp-local wte gradient once).
   // Under sequence parallelism each tp rank exchanges its rows only.
+  // Interleaved, every chunk's forward and backward exchange, but at the
+  // pipeline's two ends (the first chunk of stage 0, the last of the last).
   const int64_t io = spec.parallel.sequence_parallel ? BTC / tp : BTC;
-  e.pp_comm = m * ((last ? 0 : io) + (first ? 0 : io)) * ab;
+  e.pp_comm = m * ((last ? v - 1 : v) + (first ? v - 1 : v)) * io * ab;
   if (pp > 1 && (first || last) && cfg.tie_embeddings) {
     e.pp_comm += AllReduceBytes(shape.wte, 2, gb);
   }
@@ -498,7 +507,8 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
   plan.set_seq_len(spec.batch.seq_len);
   plan.set_global_batch(spec.batch.global);
   plan.set_schedule(std::string(EnumName(par.schedule)));
-  plan.set_bubble_fraction(pp == 1 ? 0.0 : double(pp - 1) / double(m + pp - 1));
+  plan.set_pp_virtual(par.pp_virtual);
+  plan.set_bubble_fraction(pp == 1 ? 0.0 : parallel::BubbleFraction(pp, m, par.pp_virtual));
   // The layout's count: it includes the padded wte rows (Vp - V), which are
   // allocated, sharded and communicated like any other parameter.
   plan.set_num_params(static_cast<int64_t>(layout.num_params()));
@@ -550,16 +560,18 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
   }
 
   // Stages: the job's parallel.stages, or balanced by parameter count.
-  const std::vector<int> stage_layers = *model::StageLayers(cfg, pp, par.stages);
+  const std::vector<int> stage_layers = *model::StageLayers(cfg, pp, par.stages, par.pp_virtual);
   int64_t comm = -1;
   for (int s = 0; s < pp; ++s) {
-    const model::ModelSlice slice = model::SliceOf(stage_layers, s, tp, 0);
+    const model::ModelSlice slice = model::SliceOf(stage_layers, s, tp, 0, par.pp_virtual);
     const StageShape shape = ShapeOfStage(cfg, slice);
     const Estimate e = EstimateStage(spec, cfg, shape, s, par.zero, m);
     v1::PipelineStage* st = plan.add_stages();
     st->set_stage(s);
     st->set_first_layer(slice.first_layer);
     st->set_num_layers(slice.num_layers);
+    st->set_chunks(slice.chunks);
+    st->set_chunk_stride(slice.chunk_stride);
     st->set_num_params(shape.num_params);
     *st->mutable_memory() = e.memory;
     st->set_in_flight(e.in_flight);

@@ -18,6 +18,16 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 constexpr double kGiB = double(int64_t{1} << 30);
 
 // 1234567 -> "1,234,567".
+// "0..5", or an interleaved stage's chunks "0..1,4..5".
+std::string StageLayersText(const v1::PipelineStage& st) {
+  std::string out;
+  for (int c = 0; c < std::max(1, st.chunks()); ++c) {
+    const int first = st.first_layer() + c * st.chunk_stride();
+    absl::StrAppendFormat(&out, "%s%d..%d", c > 0 ? "," : "", first, first + st.num_layers() - 1);
+  }
+  return out;
+}
+
 std::string Thousands(int64_t v) {
   std::string digits = absl::StrCat(v < 0 ? -v : v), out;
   for (size_t i = 0; i < digits.size(); ++i) {
@@ -218,11 +228,23 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
   if (plan.pp() == 1) {
     out += "pipeline: none (pp 1), bubble 0.0%\n";
   } else {
-    absl::StrAppendFormat(&out,
-                          "pipeline: %d stages, schedule %s, m = %d micro-batches per step, "
-                          "bubble (p-1)/(m+p-1) = %d/%d = %.1f%%\n",
-                          plan.pp(), plan.schedule(), m, plan.pp() - 1, m + plan.pp() - 1,
-                          100.0 * plan.bubble_fraction());
+    const int v = std::max(1, plan.pp_virtual());
+    if (v == 1) {
+      absl::StrAppendFormat(&out,
+                            "pipeline: %d stages, schedule %s, m = %d micro-batches per step, "
+                            "bubble (p-1)/(m+p-1) = %d/%d = %.1f%%\n",
+                            plan.pp(), plan.schedule(), m, plan.pp() - 1, m + plan.pp() - 1,
+                            100.0 * plan.bubble_fraction());
+    } else {
+      absl::StrAppendFormat(
+          &out,
+          "pipeline: %d stages × %d model chunks (interleaved 1F1B: chunk c of stage s is "
+          "virtual stage c·%d + s), m = %d micro-batches per step, bubble (p-1)/(v·m+p-1) = "
+          "%d/%d = %.1f%% (1F1B: %.1f%%)\n",
+          plan.pp(), v, plan.pp(), m, plan.pp() - 1, v * m + plan.pp() - 1,
+          100.0 * plan.bubble_fraction(),
+          100.0 * double(plan.pp() - 1) / double(m + plan.pp() - 1));
+    }
   }
   // Per stage, per rank (a stage's tp and dp ranks are alike): its slice's
   // parameters, the micro-batches whose activations it keeps at the peak,
@@ -235,16 +257,18 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
       "BYTES  DP BYTES\n";
   for (const v1::PipelineStage& st : plan.stages()) {
     const v1::MemoryEstimate& e = st.memory();
-    absl::StrAppendFormat(
-        &out, "%5d  %6s  %11s  %9d  %11s  %11s  %9s  %8s  %8s  %8s\n", st.stage(),
-        absl::StrFormat("%d..%d", st.first_layer(), st.first_layer() + st.num_layers() - 1),
-        Thousands(st.num_params()), st.in_flight(),
-        FormatPlanBytes(e.params_bytes() + e.grads_bytes() + e.optimizer_bytes()),
-        FormatPlanBytes(e.activations_bytes()), FormatPlanBytes(e.total_bytes()),
-        FormatPlanBytes(st.tp_comm_bytes()), FormatPlanBytes(st.pp_comm_bytes()),
-        FormatPlanBytes(st.dp_comm_bytes()));
+    absl::StrAppendFormat(&out, "%5d  %6s  %11s  %9d  %11s  %11s  %9s  %8s  %8s  %8s\n", st.stage(),
+                          StageLayersText(st), Thousands(st.num_params()), st.in_flight(),
+                          FormatPlanBytes(e.params_bytes() + e.grads_bytes() + e.optimizer_bytes()),
+                          FormatPlanBytes(e.activations_bytes()), FormatPlanBytes(e.total_bytes()),
+                          FormatPlanBytes(st.tp_comm_bytes()), FormatPlanBytes(st.pp_comm_bytes()),
+                          FormatPlanBytes(st.dp_comm_bytes()));
   }
-  if (plan.pp() > 1) {
+  if (plan.pp() > 1 && plan.pp_virtual() > 1) {
+    out +=
+        "in flight: interleaved 1F1B keeps, of each chunk, the most of its micro-batches the "
+        "schedule holds at once (a chunk's set is 1/v of the stage's); IN-FLIGHT sums them\n";
+  } else if (plan.pp() > 1) {
     absl::StrAppendFormat(&out, "in flight: %s keeps %s micro-batches' activations\n",
                           plan.schedule(),
                           plan.schedule() == "gpipe" ? "all m" : "min(m, pp - stage)");
@@ -375,6 +399,10 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
     out += absl::StrCat(
         "  pp: per micro-batch B·T·C activations to the next stage and their gradient to the "
         "previous one",
+        plan.pp_virtual() > 1
+            ? " (interleaved: for every chunk but at the pipeline's two ends, stage pp-1's "
+              "chunk c sending to stage 0's chunk c+1)"
+            : "",
         spec.model.arch == model::Arch::kGpt2 || spec.model.tie_embeddings
             ? "; once per step the first and last stages sum the tied wte gradient\n"
             : " (the untied LM head lives on the last stage only)\n");

@@ -14,8 +14,8 @@
 #if SHARDTRAIN_HAVE_CUDA
 #include "worker/engine/cuda/cuda_model.h"
 #endif
+#include "common/pipeline_schedule.h"
 #include "worker/optim/lr_schedule.h"
-#include "worker/parallel/schedule.h"
 
 namespace shardtrain::worker {
 namespace {
@@ -37,11 +37,6 @@ absl::Status CheckSupported(const JobSpec& spec) {
         "resources.device: cuda, but this worker was built without CUDA");
   }
 #endif
-  if (spec.parallel.cp > 1 && spec.resources.device != DeviceKind::kCpu) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "parallel.cp: context parallelism (", spec.parallel.cp,
-        ") runs on the CPU engine so far (resources.device: cpu); its GPU ring is not built yet"));
-  }
   // NCCL carries DDP (its optimizer also offloaded), ZeRO-1/2/3, tp and pp
   // in device memory; ZeRO's offloaded optimizer steps host shards that
   // only Gloo's host staging keeps: refused here, naming the field.
@@ -142,7 +137,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   auto config = spec.model.Config();
   if (!config.ok()) return config.status();
   absl::StatusOr<std::vector<int>> stages =
-      model::StageLayers(*config, dims->pp(), spec.parallel.stages);
+      model::StageLayers(*config, dims->pp(), spec.parallel.stages, spec.parallel.pp_virtual);
   if (!stages.ok()) return stages.status();
   absl::StatusOr<BatchSplit> split = spec.Split();
   if (!split.ok()) return split.status();
@@ -161,7 +156,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   std::unique_ptr<parallel::Mesh> mesh;
   comm::Communicator* dp_comm = comm;
   if (dims->cp() > 1 || dims->tp() > 1 || dims->pp() > 1) {
-    absl::StatusOr<std::unique_ptr<parallel::Mesh>> m = parallel::Mesh::Create(*dims, rank, comm);
+    absl::StatusOr<std::unique_ptr<parallel::Mesh>> m =
+        parallel::Mesh::Create(*dims, rank, comm, spec.parallel.pp_virtual);
     if (!m.ok()) return m.status();
     mesh = *std::move(m);
     dp_comm = mesh->replica();
@@ -169,14 +165,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   std::unique_ptr<parallel::TensorParallelGroup> tp;
   std::unique_ptr<parallel::ContextParallelGroup> cp;
   engine::ModelEngineOptions options;
-  options.slice = model::SliceOf(*stages, coord.pp, dims->tp(), coord.tp);
+  const int chunks = spec.parallel.pp_virtual;
+  options.slice = model::SliceOf(*stages, coord.pp, dims->tp(), coord.tp, chunks);
   options.activations = spec.Activations();
   // ZeRO-2/3 give the device memory of the units not in use back.
   options.release_state = spec.parallel.zero >= 2;
   // ZeRO-3 also holds a unit's 16-bit compute copy only while it is in use.
   options.release_compute_copy = spec.parallel.zero == 3;
-  options.slots = parallel::PeakInFlight(
-      parallel::PipelineActions(ScheduleOf(spec), coord.pp, dims->pp(), split->accum));
+  const std::vector<parallel::PipelineAction> actions =
+      parallel::PipelineActions(ScheduleOf(spec), coord.pp, dims->pp(), split->accum, chunks);
+  options.slots = parallel::PeakInFlight(actions);
+  if (chunks > 1) options.chunk_slots = parallel::PeakInFlightPerChunk(actions, chunks);
   if (mesh != nullptr && mesh->tp() != nullptr) {
     tp = std::make_unique<parallel::TensorParallelGroup>(mesh->tp());
     options.tp = tp.get();
@@ -189,6 +188,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   if (!engine.ok()) return engine.status();
   if (wrap_engine) *engine = wrap_engine(*std::move(engine));
   if (tp != nullptr) tp->set_device(&(*engine)->device());  // orders a device group's ops
+  if (cp != nullptr) cp->set_device(&(*engine)->device());
   const optim::AdamWOptions adamw = AdamWOptionsOf(spec.optimizer);
   auto t = Compose(
       spec, rank, *std::move(engine),
@@ -346,8 +346,11 @@ absl::Status Trainer::RunMicroBatches(int64_t step, StepResult* r) {
   if (pipeline_ != nullptr) {
     // The strategy brackets each backward (forwards read whole parameters:
     // ZeRO-3, which gathers them, is refused with pp > 1).
-    auto begin = [&](int m) {
-      strategy_->BeginMicroBatch(m, accum);
+    // An interleaved stage's backwards are m · v passes: the strategy
+    // zeroes before the first and reduces in the last (pipeline.h).
+    const int passes = pipeline_->backward_passes();
+    auto begin = [&](int pass) {
+      strategy_->BeginMicroBatch(pass, passes);
       return absl::OkStatus();
     };
     auto end = [&](int) {
@@ -361,9 +364,12 @@ absl::Status Trainer::RunMicroBatches(int64_t step, StepResult* r) {
     if (!p.ok()) return p.status();
     r->loss = p->loss_sum / accum;
     r->bubble = p->idle_fraction;
+    // Every forward sends its output on and every backward its input
+    // gradient back, but at the pipeline's ends (model chunks: every chunk's).
     const int64_t sends = int64_t(accum) * B * T * engine_->config().dim * sizeof(float);
-    r->pp_bytes = (pipeline_->stage() > 0 ? sends : 0) +
-                  (pipeline_->stage() + 1 < pipeline_->stages() ? sends : 0);
+    const int v = pipeline_->chunks();
+    r->pp_bytes = sends * ((pipeline_->stage() > 0 ? v : v - 1) +
+                           (pipeline_->stage() + 1 < pipeline_->stages() ? v : v - 1));
     return absl::OkStatus();
   }
   double loss = 0;
@@ -390,7 +396,7 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
     r.tp_bytes = tp_group_->TakeBytes();
   }
   if (cp_group_ != nullptr) {
-    if (absl::Status s = cp_group_->status(); !s.ok()) return s;
+    if (absl::Status s = cp_group_->Finish(); !s.ok()) return s;
     r.cp_bytes = cp_group_->TakeBytes();
     // Each cp rank's loss is the mean over its tokens, as many on each: the
     // replica's loss is their mean.
@@ -465,7 +471,7 @@ absl::StatusOr<double> Trainer::Evaluate() {
   if (mesh_ != nullptr) total = SumOverModelGroup(mesh_->pp(), *total);
   if (!total.ok()) return total.status();
   if (cp_group_ != nullptr) {
-    if (absl::Status s = cp_group_->status(); !s.ok()) return s;
+    if (absl::Status s = cp_group_->Finish(); !s.ok()) return s;
     cp_group_->TakeBytes();  // the ring's traffic of evaluation is no step's
   }
   if (tp_group_ != nullptr) tp_group_->TakeBytes();  // nor tp's

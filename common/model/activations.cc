@@ -29,7 +29,6 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
   const bool rows_att = cp || policy.flash_attention;
   const int64_t rows = int64_t{B} * (config.heads / tp) * T;
   const int64_t KVt = 2 * int64_t{config.kv_heads} * config.head_dim() / tp;
-  const int last = slice.end_layer(config);
   constexpr ActivationKind kSaved = ActivationKind::kSaved, kScratch = ActivationKind::kScratch;
   // numel of each block tensor (kBlockActivations order); RMSNorm keeps no
   // mean (-1: absent).
@@ -47,24 +46,32 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
     return policy.recompute == Recompute::kSelective && n == "att" && !rows_att;
   };
   bool any_recomputed = false;
-  for (int l = slice.first_layer; l < last; ++l) {
-    const std::string b = absl::StrCat("block.", l, ".");
-    const bool recomputes = policy.Recomputes(l - slice.first_layer);
-    any_recomputed |= recomputes;
-    for (size_t k = 0; k < std::size(kBlockActivations); ++k) {
-      const std::string n = kBlockActivations[k];
-      if ((recomputes && refilled(n)) || block_numel[k] < 0) continue;
-      Add(b + n, block_numel[k], kSaved, is_stat(n));
+  // Chunk by chunk (one without an interleaved pipeline): its blocks, then
+  // its input; the model's end after the last.
+  const int per_chunk = slice.chunk_layers(config);
+  for (int c = 0; c < slice.chunks; ++c) {
+    const int64_t begin = saved_;
+    for (int i = c * per_chunk; i < (c + 1) * per_chunk; ++i) {
+      const std::string b = absl::StrCat("block.", slice.Layer(config, i), ".");
+      const bool recomputes = policy.Recomputes(i);
+      any_recomputed |= recomputes;
+      for (size_t k = 0; k < std::size(kBlockActivations); ++k) {
+        const std::string n = kBlockActivations[k];
+        if ((recomputes && refilled(n)) || block_numel[k] < 0) continue;
+        Add(b + n, block_numel[k], kSaved, is_stat(n));
+      }
     }
-  }
-  Add("encoded", BTl * C, kSaved);  // the first stage's embeddings, or the input received
-  if (slice.last_stage) {
-    Add("lnf", BT * C, kSaved);
-    if (mean >= 0) Add("lnf_mean", BTl, kSaved, true);
-    Add("lnf_rstd", BTl, kSaved, true);
-    Add("logits", BT * Vpt, kSaved);
-    Add("losses", BT, kSaved, true);
-    Add("lse", BT, kSaved, true);
+    // The first stage's embeddings, or the input received.
+    Add(c == 0 ? std::string("encoded") : absl::StrCat("encoded.", c), BTl * C, kSaved);
+    if (slice.last_stage && c == slice.chunks - 1) {
+      Add("lnf", BT * C, kSaved);
+      if (mean >= 0) Add("lnf_mean", BTl, kSaved, true);
+      Add("lnf_rstd", BTl, kSaved, true);
+      Add("logits", BT * Vpt, kSaved);
+      Add("losses", BT, kSaved, true);
+      Add("lse", BT, kSaved, true);
+    }
+    chunk_saved_.emplace_back(begin, saved_);
   }
   Add("proj_out", BT * C, kScratch);
   Add("dresidual", BTl * C, kScratch);
@@ -97,6 +104,14 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
       }
     }
   }
+}
+
+int64_t ActivationTable::bytes(const std::vector<int>& chunk_slots) const {
+  int64_t total = scratch_;
+  for (size_t c = 0; c < chunk_slots.size() && c < chunk_saved_.size(); ++c) {
+    total += chunk_slots[c] * (chunk_saved_[c].second - chunk_saved_[c].first);
+  }
+  return total;
 }
 
 void ActivationTable::Add(std::string name, int64_t numel, ActivationKind kind, bool stat) {

@@ -26,7 +26,11 @@
 //   (BT·QKVt), dfch (BT·FCt), dfch_act (BT·Ft), att_scratch (B·(NH/tp)·T·T)
 //                                                                   scratch
 // A pipeline stage keeps one set of the saved tensors per micro-batch in
-// flight (Engine::slots()).
+// flight (Engine::slots()). An interleaved stage (ModelSlice::chunks = v)
+// keeps sets per model chunk: chunk c's blocks and its input ("encoded" for
+// chunk 0, "encoded.<c>" after it; the model's end with the last chunk),
+// each chunk's contiguous (chunk_saved), as many of each as the schedule
+// holds of that chunk at once.
 //
 // Sequence parallelism (ActivationPolicy::sequence_parallel, tp > 1; Korthikanti
 // et al. 2022): the tensors outside the tp region — ln1, ln2, residual2,
@@ -76,6 +80,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -156,10 +161,16 @@ class ActivationTable {
   const ActivationTensor* find_block(int l, const std::string& name) const;
 
   DataType compute() const { return compute_; }
-  int64_t saved_bytes() const { return saved_; }  // per micro-batch in flight
+  int64_t saved_bytes() const { return saved_; }  // per micro-batch in flight (every chunk)
   int64_t scratch_bytes() const { return scratch_; }
   // What an engine keeping `slots` micro-batches in flight allocates.
   int64_t bytes(int slots) const { return saved_ * slots + scratch_; }
+  // Model chunks (1 without an interleaved pipeline), and the bytes [first,
+  // second) of chunk c's saved set within the saved part.
+  int chunks() const { return static_cast<int>(chunk_saved_.size()); }
+  std::pair<int64_t, int64_t> chunk_saved(int c) const { return chunk_saved_[c]; }
+  // What an engine keeping chunk_slots[c] sets of each chunk c allocates.
+  int64_t bytes(const std::vector<int>& chunk_slots) const;
 
  private:
   // A tensor of the compute type, or (stat) an fp32 statistic.
@@ -167,6 +178,7 @@ class ActivationTable {
   const DataType compute_;
   std::vector<ActivationTensor> tensors_;
   int64_t saved_ = 0, scratch_ = 0;  // bytes
+  std::vector<std::pair<int64_t, int64_t>> chunk_saved_;
 };
 
 }  // namespace shardtrain::model

@@ -31,8 +31,7 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
   const int64_t F = config.ffn_dim, FC = config.fc_dim();
   const bool bias = config.bias, layer_norm = config.norm == NormKind::kLayerNorm;
   const int tp = slice.tp;
-  const int end_layer = slice.end_layer(config);
-  num_layers_ = end_layer - slice.first_layer;
+  num_layers_ = slice.total_layers(config);
   // The tensor being visited, in the whole layout: offset, index; and the
   // whole layout's fingerprint, as Fingerprint() computes it.
   size_t global_offset = 0;
@@ -117,7 +116,7 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
   per_block_ = 0;
   for (const BlockRow& r : rows) block_index_[r.id] = r.present ? per_block_++ : -1;
   for (int l = 0; l < config.layers; ++l) {
-    const bool keep = l >= slice.first_layer && l < end_layer;
+    const bool keep = slice.LocalLayer(config, l) >= 0;
     const std::string p = absl::StrCat("block.", l, ".");
     if (keep) {
       if (l == slice.first_layer) first_block_ = static_cast<int>(tensors_.size());
@@ -232,7 +231,7 @@ std::vector<std::pair<size_t, size_t>> ParamLayout::SequenceParallelRanges() con
     }
   };
   for (int i = 0; i < num_layers_; ++i) {
-    const int l = slice_.first_layer + i;
+    const int l = slice_.Layer(config_, i);
     for (BlockTensor bt : {kLn1W, kLn1B, kLn2W, kLn2B}) {
       if (block_tensor(l, bt) >= 0) add(block_tensor(l, bt));
     }

@@ -113,15 +113,17 @@ class ParamLayout {
   int wpe() const { return wpe_; }
   int block_tensor(int layer, BlockTensor t) const {
     const int k = block_index_[t];
-    return k < 0 ? -1 : first_block_ + (layer - slice_.first_layer) * per_block_ + k;
+    return k < 0 ? -1 : first_block_ + slice_.LocalLayer(config_, layer) * per_block_ + k;
   }
   int lnf_w() const { return lnf_w_; }
   int lnf_b() const { return lnf_b_; }
   // The weight the LM head reads: wte when tied, lm_head otherwise (-1 off
   // the last stage).
   int lm_head() const { return lm_head_; }
-  int first_layer() const { return slice_.first_layer; }
+  // The slice's layers: num_layers() of them (every chunk's), the i-th
+  // being model layer layer(i).
   int num_layers() const { return num_layers_; }
+  int layer(int i) const { return slice_.Layer(config_, i); }
 
   // The runs of local elements [begin, end) in the whole model's layout, in
   // local order (which is also increasing global order), adjacent runs

@@ -38,9 +38,20 @@ absl::Status CheckRequested(const ModelConfig& config, int pp, const std::vector
 }  // namespace
 
 absl::StatusOr<std::vector<int>> StageLayers(const ModelConfig& config, int pp,
-                                             const std::vector<int>& requested) {
+                                             const std::vector<int>& requested, int chunks) {
   if (pp < 1) {
     return absl::InvalidArgumentError(absl::StrCat("parallel.pp: must be >= 1, got ", pp));
+  }
+  if (chunks > 1) {
+    if (pp < 2 || !requested.empty() || config.layers % (pp * chunks) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parallel.pp_virtual: ", chunks,
+          " model chunks per stage need parallel.pp > 1, no parallel.stages (every chunk has "
+          "model.layers / (pp × pp_virtual) layers) and model.layers a multiple of pp × "
+          "pp_virtual; got pp ",
+          pp, ", ", requested.size(), " stages entries, ", config.layers, " layers"));
+    }
+    return std::vector<int>(pp * chunks, config.layers / (pp * chunks));
   }
   if (pp > config.layers) {
     return absl::InvalidArgumentError(
@@ -110,15 +121,21 @@ absl::StatusOr<std::vector<int>> StageLayers(const ModelConfig& config, int pp,
   return out;
 }
 
-ModelSlice SliceOf(const std::vector<int>& stage_layers, int stage, int tp, int tp_rank) {
+ModelSlice SliceOf(const std::vector<int>& stage_layers, int stage, int tp, int tp_rank,
+                   int chunks) {
+  const int stages = static_cast<int>(stage_layers.size()) / chunks;
   ModelSlice slice;
   slice.first_layer = 0;
   for (int s = 0; s < stage; ++s) slice.first_layer += stage_layers[s];
   slice.num_layers = stage_layers[stage];
   slice.first_stage = stage == 0;
-  slice.last_stage = stage == static_cast<int>(stage_layers.size()) - 1;
+  slice.last_stage = stage == stages - 1;
   slice.tp = tp;
   slice.tp_rank = tp_rank;
+  slice.chunks = chunks;
+  if (chunks > 1) {  // the layers of one round of virtual stages (all equal)
+    slice.chunk_stride = stages * stage_layers[stage];
+  }
   return slice;
 }
 

@@ -20,8 +20,11 @@
 //
 // Pipeline parallelism gives each stage a contiguous run of layers; the
 // first stage also runs the encoder (wte, wpe), the last the final norm, the
-// LM head and the loss. A tied LM head reads wte, so with pp > 1 the last
-// stage holds the embeddings unit too (wte and wpe, the same shapes as on the
+// LM head and the loss. An interleaved pipeline (parallel.pp_virtual = v)
+// gives each stage v runs ("model chunks") of equal length instead: chunk c
+// of stage s is virtual stage c·pp + s of v·pp, so stage 0's chunk 0 starts
+// with the encoder and stage pp − 1's chunk v − 1 ends with the head. A tied LM head reads wte, so
+// with pp > 1 the last stage holds the embeddings unit too (wte and wpe, the same shapes as on the
 // first stage, wpe unused there): the two copies start equal and their
 // gradients are summed across the two stages before every update. An untied
 // head (lm_head) lives in the last stage's final unit.
@@ -39,15 +42,35 @@ namespace shardtrain::model {
 
 struct ModelSlice {
   int first_layer = 0;
-  int num_layers = -1;  // -1: to the last layer
+  int num_layers = -1;  // of each chunk; -1: to the last layer (one chunk only)
   bool first_stage = true;
   bool last_stage = true;
   int tp = 1;       // tensor-parallel degree
   int tp_rank = 0;  // this rank's index in [0, tp)
+  // Model chunks: chunk c holds layers [first_layer + c·chunk_stride,
+  // + num_layers); 1 chunk without an interleaved pipeline.
+  int chunks = 1;
+  int chunk_stride = 0;
 
-  // The end of the layer range for `config` (first_layer + num_layers).
+  // The end of chunk 0's layer range for `config` (first_layer + num_layers).
   int end_layer(const ModelConfig& config) const {
     return num_layers < 0 ? config.layers : first_layer + num_layers;
+  }
+  // Layers of one chunk, and of the whole slice.
+  int chunk_layers(const ModelConfig& config) const { return end_layer(config) - first_layer; }
+  int total_layers(const ModelConfig& config) const { return chunks * chunk_layers(config); }
+  // The model's layer number of the slice's i-th layer (0 <= i <
+  // total_layers), in increasing order.
+  int Layer(const ModelConfig& config, int i) const {
+    const int n = chunk_layers(config);
+    return first_layer + (i / n) * chunk_stride + i % n;
+  }
+  // The slice's index of model layer l, or -1 when the slice does not hold it.
+  int LocalLayer(const ModelConfig& config, int l) const {
+    const int n = chunk_layers(config), d = l - first_layer;
+    if (d < 0) return -1;
+    const int c = chunks > 1 ? d / chunk_stride : 0, j = chunks > 1 ? d % chunk_stride : d;
+    return c < chunks && j < n ? c * n + j : -1;
   }
   // True when the slice holds the embeddings unit: the first stage (the
   // encoder) and, when the LM head is tied to wte, the last.
@@ -55,7 +78,9 @@ struct ModelSlice {
     return first_stage || (last_stage && config.tie_embeddings);
   }
   // The whole model on one rank.
-  bool whole() const { return first_stage && last_stage && tp == 1 && first_layer == 0; }
+  bool whole() const {
+    return first_stage && last_stage && tp == 1 && first_layer == 0 && chunks == 1;
+  }
 };
 
 // How a tensor is split over tp (see the header comment).
@@ -73,13 +98,20 @@ enum class TpSplit {
 // tied wte on the last), ties to the earliest split. Otherwise it must have pp entries,
 // each >= 1, summing to config.layers. INVALID_ARGUMENT naming
 // parallel.stages or parallel.pp otherwise.
+// chunks > 1 (an interleaved pipeline, parallel.pp_virtual): the layers of
+// each of the pp · chunks virtual stages, all equal — config.layers must be
+// a multiple of pp · chunks and `requested` empty (INVALID_ARGUMENT naming
+// parallel.pp_virtual otherwise).
 absl::StatusOr<std::vector<int>> StageLayers(const ModelConfig& config, int pp,
-                                             const std::vector<int>& requested = {});
+                                             const std::vector<int>& requested = {},
+                                             int chunks = 1);
 
-// The slice of pipeline stage `stage` (of stage_layers.size()) and tensor
-// rank tp_rank of tp. Preconditions (the callers validate them): stage and
-// tp_rank in range.
-ModelSlice SliceOf(const std::vector<int>& stage_layers, int stage, int tp, int tp_rank);
+// The slice of pipeline stage `stage` and tensor rank tp_rank of tp;
+// stage_layers from StageLayers (with `chunks` > 1: pp · chunks equal
+// virtual stages, the slice chunk c being virtual stage c·pp + stage).
+// Preconditions (the callers validate them): stage and tp_rank in range.
+ModelSlice SliceOf(const std::vector<int>& stage_layers, int stage, int tp, int tp_rank,
+                   int chunks = 1);
 
 // Context parallelism's chunks: the position in its sequence of each of the
 // seq_len / cp rows that cp rank `cp_rank` holds. The sequence is cut into

@@ -34,6 +34,9 @@ class ContextParallel {
   virtual ~ContextParallel() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // Whether the passes move device memory (NCCL) — else host memory, which
+  // a GPU engine stages its buffers through.
+  virtual bool device_memory() const { return false; }
   // Starts one pass: send[count] to the next rank, recv[count] from the
   // previous one, elements of `dtype` (the engine's compute type). The
   // buffers stay untouched by the caller until FinishRingPass. One pass at

@@ -134,6 +134,20 @@ class Engine {
   // previous stage (null on the first stage); valid until the next
   // StageBackward.
   virtual const float* InputGrad() const { return nullptr; }
+  // ---- Interleaved pipelines (layout().slice().chunks = v > 1): the slice
+  // is v model chunks, each a pipeline stage of its own (chunk c of stage s
+  // is virtual stage c·pp + s). The slots are numbered chunk by chunk, chunk
+  // c holding chunk_slots(c) of them, the k-th SlotOf(c, k); a slot's
+  // StageForward and StageBackward run its chunk's layers — the encoder only
+  // in chunk 0 of the first stage, the head and the loss only in the last
+  // chunk of the last stage, every other chunk reading `input` and handing
+  // StageOutput on (InputGrad back) like a stage in the middle.
+  virtual int chunks() const { return 1; }
+  virtual int chunk_slots(int chunk) const { return slots(); }
+  int SlotOf(int chunk, int k) const {
+    for (int c = 0; c < chunk; ++c) k += chunk_slots(c);
+    return k;
+  }
   // Elements of StageOutput and InputGrad (for the largest micro-batch): the
   // pipeline's exchange size. Default max_batch() · max_seq_len() · dim.
   virtual size_t StageIoElements() const {

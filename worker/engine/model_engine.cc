@@ -47,9 +47,21 @@ absl::Status ValidateModelEngine(const ModelConfig& config, int B, int T,
   }
   const model::ModelSlice& sl = options.slice;
   const int end = sl.end_layer(config);
-  if (sl.first_layer < 0 || end > config.layers || end <= sl.first_layer) {
-    return absl::InvalidArgumentError(absl::StrCat("layers [", sl.first_layer, ", ", end,
-                                                   ") outside the model's ", config.layers));
+  if (sl.first_layer < 0 || end > config.layers || end <= sl.first_layer || sl.chunks < 1 ||
+      (sl.chunks > 1 && (sl.num_layers < 1 || sl.chunk_stride < sl.num_layers ||
+                         sl.Layer(config, sl.total_layers(config) - 1) >= config.layers))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layers [", sl.first_layer, ", ", end, ") in ", sl.chunks, " chunk(s) ",
+                     sl.chunk_stride, " layers apart: outside the model's ", config.layers));
+  }
+  if (!options.chunk_slots.empty()) {
+    bool ok = static_cast<int>(options.chunk_slots.size()) == sl.chunks;
+    for (int n : options.chunk_slots) ok = ok && n >= 1;
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk_slots: ", options.chunk_slots.size(),
+                                                     " entries for ", sl.chunks,
+                                                     " chunks; each must be >= 1"));
+    }
   }
   const int tp = sl.tp;
   if (tp < 1 || sl.tp_rank < 0 || sl.tp_rank >= tp || config.heads % tp != 0 ||
@@ -123,38 +135,41 @@ ModelEngine::ModelEngine(const ModelConfig& config, int B, int T, const ModelEng
       cp_pos_.push_back(model::ContextChunkPositions(T * cp_->size(), cp_->size(), r));
     }
   }
-  slots_.resize(options.slots);
-  for (SlotActs& s : slots_) {
-    s.layers.resize(layout_.num_layers());
-    s.tokens.assign(BT, 0);
-    s.targets.assign(BT, 0);
+  chunk_slots_ = options.chunk_slots;
+  if (chunk_slots_.empty()) chunk_slots_.assign(options.slice.chunks, options.slots);
+  const int per_chunk = layout_.num_layers() / chunks();
+  for (int c = 0; c < chunks(); ++c) {
+    for (int k = 0; k < chunk_slots_[c]; ++k) {
+      SlotActs& s = slots_.emplace_back();
+      s.chunk = c;
+      s.layers.resize(per_chunk);
+      s.tokens.assign(BT, 0);
+      s.targets.assign(BT, 0);
+    }
   }
 }
 
 void ModelEngine::BindActivations(char* base) {
-  char* const scratch = base + table_.saved_bytes() * slots();
-  // The table's tensor `name` in a slot's saved set, or in the scratch set.
-  auto take = [&](char* saved, const std::string& name) -> void* {
-    for (const model::ActivationTensor& t : table_.tensors()) {
-      if (t.name == name)
-        return (t.kind == model::ActivationKind::kSaved ? saved : scratch) + t.offset;
-    }
-    return nullptr;  // not on this stage
+  char* const scratch = base + (activation_alloc_bytes() - table_.scratch_bytes());
+  // A slot of chunk c holds the table's saved bytes [first, second) of
+  // chunk_saved(c), at `saved`: tensor t at saved + t.offset - first.
+  std::pair<int64_t, int64_t> range{0, 0};
+  auto at = [&](char* saved, const model::ActivationTensor* t) -> void* {
+    if (t == nullptr) return nullptr;  // not on this stage, or not in this recipe
+    return t->kind == model::ActivationKind::kSaved ? saved + (t->offset - range.first)
+                                                    : scratch + t->offset;
   };
   auto f32 = [](void* p) { return static_cast<float*>(p); };
-  for (int k = 0; k < slots(); ++k) {
-    SlotActs& s = slots_[k];
-    char* const saved = base + table_.saved_bytes() * k;
-    for (int i = 0; i < layout_.num_layers(); ++i) {
-      const int l = layout_.first_layer() + i;
+  char* saved = base;
+  const int per_chunk = layout_.num_layers() / chunks();
+  for (SlotActs& s : slots_) {
+    range = table_.chunk_saved(s.chunk);
+    for (int j = 0; j < per_chunk; ++j) {
+      const int i = s.chunk * per_chunk + j, l = layout_.layer(i);
       // Saved in the slot, or the shared scratch a recomputing block
       // refills; null where the recipe keeps none.
-      auto block = [&](const char* name) -> void* {
-        const model::ActivationTensor* t = table_.find_block(l, name);
-        if (t == nullptr) return nullptr;
-        return (t->kind == model::ActivationKind::kSaved ? saved : scratch) + t->offset;
-      };
-      LayerActs& a = s.layers[i];
+      auto block = [&](const char* name) { return at(saved, table_.find_block(l, name)); };
+      LayerActs& a = s.layers[j];
       a.ln1 = block("ln1");
       a.ln1_mean = f32(block("ln1_mean"));
       a.ln1_rstd = f32(block("ln1_rstd"));
@@ -170,29 +185,34 @@ void ModelEngine::BindActivations(char* base) {
       a.residual3 = block("residual3");
       a.recompute = policy_.Recomputes(i);
     }
-    s.encoded = take(saved, "encoded");
-    s.lnf = take(saved, "lnf");
-    s.lnf_mean = f32(take(saved, "lnf_mean"));
-    s.lnf_rstd = f32(take(saved, "lnf_rstd"));
-    s.logits = take(saved, "logits");
-    s.losses = f32(take(saved, "losses"));
-    s.lse = f32(take(saved, "lse"));
+    auto take = [&](const std::string& name) { return at(saved, table_.find(name)); };
+    s.encoded = take(s.chunk == 0 ? std::string("encoded") : absl::StrCat("encoded.", s.chunk));
+    if (PipelineLast(s)) {
+      s.lnf = take("lnf");
+      s.lnf_mean = f32(take("lnf_mean"));
+      s.lnf_rstd = f32(take("lnf_rstd"));
+      s.logits = take("logits");
+      s.losses = f32(take("losses"));
+      s.lse = f32(take("lse"));
+    }
+    saved += range.second - range.first;
   }
-  proj_out_ = take(nullptr, "proj_out");
-  dresidual_ = take(nullptr, "dresidual");
-  dln_ = take(nullptr, "dln");
-  datty_ = take(nullptr, "datty");
-  dqkv_ = take(nullptr, "dqkv");
-  dfch_ = take(nullptr, "dfch");
-  dfch_act_ = take(nullptr, "dfch_act");
-  att_scratch_ = take(nullptr, "att_scratch");
-  sp_full_ = take(nullptr, "sp_full");
-  sp_local_ = take(nullptr, "sp_local");
-  cp_kv_ = take(nullptr, "cp_kv");
-  cp_dkv_ = take(nullptr, "cp_dkv");
-  cp_out_ = take(nullptr, "cp_out");
-  cp_rows_ = f32(take(nullptr, "cp_rows"));
-  cp_scores_ = take(nullptr, "cp_scores");
+  auto take = [&](const char* name) { return at(nullptr, table_.find(name)); };
+  proj_out_ = take("proj_out");
+  dresidual_ = take("dresidual");
+  dln_ = take("dln");
+  datty_ = take("datty");
+  dqkv_ = take("dqkv");
+  dfch_ = take("dfch");
+  dfch_act_ = take("dfch_act");
+  att_scratch_ = take("att_scratch");
+  sp_full_ = take("sp_full");
+  sp_local_ = take("sp_local");
+  cp_kv_ = take("cp_kv");
+  cp_dkv_ = take("cp_dkv");
+  cp_out_ = take("cp_out");
+  cp_rows_ = f32(take("cp_rows"));
+  cp_scores_ = take("cp_scores");
 }
 
 void ModelEngine::InitSliceHost(uint64_t seed, size_t begin, size_t end, float* out,
@@ -287,12 +307,12 @@ void ModelEngine::RingAttentionForward(LayerActs& a, int b, int t) {
   CopyKv(kv[0], a.qkv, b, t, Ct, KVt);
   for (int s = 0; s < n; ++s) {
     const bool more = s + 1 < n;
-    if (more) cp_->StartRingPass(kv[s % 2], kv[(s + 1) % 2], block, table_.compute());
+    if (more) StartRingPass(kv[s % 2], kv[(s + 1) % 2], block);
     const int src = ((r - s) % n + n) % n;
     AttentionBlockForward(a.atty, static_cast<float*>(a.att), cp_out_, cp_rows_, att_scratch_,
-                          a.qkv, kv[s % 2], cp_pos_[r].data(), cp_pos_[src].data(), b, t, Ct, NHt,
-                          KVHt, /*first=*/s == 0);
-    if (more) cp_->FinishRingPass();
+                          a.qkv, kv[s % 2], CpPositions(r), CpPositions(src), b, t, Ct, NHt, KVHt,
+                          /*first=*/s == 0);
+    if (more) FinishRingPass();
   }
 }
 
@@ -316,20 +336,26 @@ void ModelEngine::RingAttentionBackward(LayerActs& a, int b, int t) {
   AttentionRowDot(cp_rows_, datty_, a.atty, b, t, Ct, NHt);
   for (int s = 0; s < n; ++s) {
     const int cur = s % 2, next = (s + 1) % 2;
-    if (s + 1 < n) cp_->StartRingPass(kv[cur], kv[next], block, table_.compute());
+    if (s + 1 < n) StartRingPass(kv[cur], kv[next], block);
     const int src = ((r - s) % n + n) % n;
     AttentionBlockBackward(dqkv_, dkv[cur], att_scratch_, cp_scores_, datty_, a.qkv, kv[cur],
-                           static_cast<const float*>(a.att), cp_rows_, cp_pos_[r].data(),
-                           cp_pos_[src].data(), b, t, Ct, NHt, KVHt);
-    if (s + 1 < n) cp_->FinishRingPass();
+                           static_cast<const float*>(a.att), cp_rows_, CpPositions(r),
+                           CpPositions(src), b, t, Ct, NHt, KVHt);
+    if (s + 1 < n) FinishRingPass();
     // The gradient of the block just done moves on with it: it arrives
     // where its block is next, and after the last pass at its owner.
-    cp_->StartRingPass(dkv[cur], dkv[next], block, table_.compute());
-    cp_->FinishRingPass();
+    StartRingPass(dkv[cur], dkv[next], block);
+    FinishRingPass();
   }
   // After n passes the gradient of this rank's own block is in hand.
   AddKvGrad(dqkv_, dkv[n % 2], b, t, Ct, KVt);
 }
+
+void ModelEngine::StartRingPass(const void* send, void* recv, int64_t count) {
+  cp_->StartRingPass(send, recv, static_cast<size_t>(count), table_.compute());
+}
+
+void ModelEngine::FinishRingPass() { cp_->FinishRingPass(); }
 
 void ModelEngine::CopyToTpRegionBackward(void* dinput, int64_t n) {
   if (tp_ != nullptr && tp_->size() > 1) TpAllReduceSum(dinput, n);
@@ -362,7 +388,6 @@ const void* ModelEngine::ReduceScatterToSequenceRegionBackward(const void* dloca
 float ModelEngine::StageForward(int slot, const int* tokens, const int* targets, const float* input,
                                 int b, int t) {
   const ModelConfig& cfg = config();
-  const model::ModelSlice& sl = layout_.slice();
   const int C = cfg.dim, V = cfg.vocab;
   const int N = b * t;
   // Preconditions (programming errors, not data errors: the token readers
@@ -373,7 +398,9 @@ float ModelEngine::StageForward(int slot, const int* tokens, const int* targets,
                  slot, b, t, slots(), B_, T_);
     std::abort();
   }
-  if ((sl.first_stage && tokens == nullptr) || (!sl.first_stage && input == nullptr)) {
+  SlotActs& s = slots_[slot];
+  const bool first = PipelineFirst(s), last = PipelineLast(s);
+  if ((first && tokens == nullptr) || (!first && input == nullptr)) {
     Fail("ModelEngine::StageForward: the first stage reads tokens, the others input");
   }
   for (int i = 0; i < N; ++i) {
@@ -390,25 +417,25 @@ float ModelEngine::StageForward(int slot, const int* tokens, const int* targets,
                  T_, t);
     std::abort();
   }
-  SlotActs& s = slots_[slot];
   s.b = b;
   s.t = t;
-  s.forwarded = sl.last_stage ? targets != nullptr : true;
+  s.forwarded = last ? targets != nullptr : true;
   if (tokens != nullptr) std::copy(tokens, tokens + N, s.tokens.begin());
   if (targets != nullptr) std::copy(targets, targets + N, s.targets.begin());
 
-  if (sl.first_stage) {
+  if (first) {
     UnitScope use(*this, layout_.wte());
     EncoderForward(s);
   } else {
     CopyFromFloat32(s.encoded, input, int64_t{LocalRows(N)} * C);
   }
   const void* residual = s.encoded;
-  for (int i = 0; i < layout_.num_layers(); ++i) {
-    BlockForward(layout_.first_layer() + i, s.layers[i], residual, b, t);
+  const int first_layer = s.chunk * static_cast<int>(s.layers.size());
+  for (size_t i = 0; i < s.layers.size(); ++i) {
+    BlockForward(layout_.layer(first_layer + static_cast<int>(i)), s.layers[i], residual, b, t);
     residual = s.layers[i].residual3;
   }
-  if (!sl.last_stage) return 0.0f;
+  if (!last) return 0.0f;
   // The LM head computes only this rank's real vocabulary columns (lnf
   // enters the tp region: CopyToTpRegion, an identity). A tied head reads
   // the embeddings unit; an untied one is in the final unit with the norm.
@@ -432,9 +459,8 @@ float ModelEngine::StageForward(int slot, const int* tokens, const int* targets,
 }
 
 void ModelEngine::StageBackward(int slot, float loss_scale, const float* doutput) {
-  const model::ModelSlice& sl = layout_.slice();
   if (slot < 0 || slot >= slots() || !slots_[slot].forwarded ||
-      (!sl.last_stage && doutput == nullptr)) {
+      (!PipelineLast(slots_[slot]) && doutput == nullptr)) {
     // precondition: a forward (with targets on the last stage) of this
     // slot, not yet backpropagated; the gradient of its output elsewhere.
     std::fprintf(stderr,
@@ -446,7 +472,7 @@ void ModelEngine::StageBackward(int slot, float loss_scale, const float* doutput
   SlotActs& s = slots_[slot];
   const int C = config().dim, b = s.b, t = s.t, N = b * t, Nl = LocalRows(N);
   const int64_t NC = int64_t{N} * C, NlC = int64_t{Nl} * C;
-  if (sl.last_stage) {
+  if (PipelineLast(s)) {
     CrossEntropyBackward(s, loss_scale / static_cast<float>(N));
     Zero(dresidual_, NlC);
     Zero(dln_, NC);
@@ -475,14 +501,20 @@ void ModelEngine::StageBackward(int slot, float loss_scale, const float* doutput
   } else {
     CopyFromFloat32(dresidual_, doutput, NlC);
   }
-  for (int i = layout_.num_layers() - 1; i >= 0; --i) {
-    const int l = layout_.first_layer() + i;
+  const int first_layer = s.chunk * static_cast<int>(s.layers.size());
+  for (int i = static_cast<int>(s.layers.size()) - 1; i >= 0; --i) {
+    const int l = layout_.layer(first_layer + i);
     BlockBackward(l, s.layers[i], i == 0 ? s.encoded : s.layers[i - 1].residual3, b, t);
     if (grads_ready_) grads_ready_(layout_.offset(layout_.block_tensor(l, BlockTensor(0))));
   }
-  if (sl.first_stage) EncoderBackward(s, ReduceScatterToSequenceRegionBackward(dresidual_, NlC));
+  has_input_grad_ = !PipelineFirst(s);
+  if (!has_input_grad_) {
+    EncoderBackward(s, ReduceScatterToSequenceRegionBackward(dresidual_, NlC));
+  }
   s.forwarded = false;
-  if (sl.has_embeddings(config()) && grads_ready_) grads_ready_(0);
+  // The embeddings unit is final once chunk 0's backward is (a tied head's
+  // gradient came in the last chunk's, before it).
+  if (layout_.slice().has_embeddings(config()) && s.chunk == 0 && grads_ready_) grads_ready_(0);
 }
 
 // One transformer block, forward and backward, for the tp-local part of a

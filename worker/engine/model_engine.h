@@ -43,6 +43,9 @@ namespace shardtrain::engine {
 struct ModelEngineOptions {
   model::ModelSlice slice;  // default: the whole model
   int slots = 1;            // micro-batches whose saved activations are kept at once
+  // An interleaved slice (slice.chunks > 1): the slots of each chunk
+  // (slice.chunks entries, each >= 1); empty: `slots` for every chunk.
+  std::vector<int> chunk_slots;
   // The slice's tp group (rank slice.tp_rank of slice.tp); required when
   // slice.tp > 1, must outlive the engine.
   TensorParallel* tp = nullptr;
@@ -85,6 +88,8 @@ class ModelEngine : public Engine {
   using Engine::Forward;
   void Backward(float loss_scale = 1.0f) override { StageBackward(0, loss_scale, nullptr); }
   int slots() const override { return static_cast<int>(slots_.size()); }
+  int chunks() const override { return static_cast<int>(chunk_slots_.size()); }
+  int chunk_slots(int chunk) const override { return chunk_slots_[chunk]; }
   float StageForward(int slot, const int* tokens, const int* targets, const float* input, int b,
                      int t) override;
   void StageBackward(int slot, float loss_scale, const float* doutput) override;
@@ -108,7 +113,8 @@ class ModelEngine : public Engine {
   // The saved activations of one micro-batch in flight; tokens and targets
   // are the host's copies of its ids.
   struct SlotActs {
-    std::vector<LayerActs> layers;  // the slice's layers, in order
+    int chunk = 0;                  // the model chunk whose activations it keeps
+    std::vector<LayerActs> layers;  // the chunk's layers, in order
     void *encoded, *lnf, *logits;
     float *lnf_mean, *lnf_rstd, *losses, *lse;
     std::vector<int> tokens, targets;
@@ -120,7 +126,7 @@ class ModelEngine : public Engine {
               DataType compute);
 
   // Points every slot's and the scratch tensors into `base`, a buffer of
-  // table().bytes(slots()) bytes in the device's memory (16-byte aligned).
+  // activation_alloc_bytes() bytes in the device's memory (16-byte aligned).
   void BindActivations(char* base);
 
   // The whole model's init (GPT-2's, for every family: normal(0, 0.02)
@@ -144,6 +150,21 @@ class ModelEngine : public Engine {
   const int* positions() const { return cp_ == nullptr ? nullptr : cp_pos_[cp_->rank()].data(); }
   SlotActs& slot(int k) { return slots_[k]; }
   const SlotActs& slot(int k) const { return slots_[k]; }
+  // Whether slot s's chunk is the pipeline's first (it reads tokens) or
+  // last (it computes the loss): chunk 0 of the first stage, the last chunk
+  // of the last.
+  bool PipelineFirst(const SlotActs& s) const {
+    return layout_.slice().first_stage && s.chunk == 0;
+  }
+  bool PipelineLast(const SlotActs& s) const {
+    return layout_.slice().last_stage && s.chunk == chunks() - 1;
+  }
+  // Whether the last StageBackward left an input gradient (its chunk reads
+  // input rather than tokens).
+  bool has_input_grad() const { return has_input_grad_; }
+  // Bytes of the activation buffer BindActivations carves: every chunk's
+  // slots and the scratch.
+  int64_t activation_alloc_bytes() const { return table_.bytes(chunk_slots_); }
   // The (b, t, C) output of slot k's last block (its input on a stage
   // without blocks).
   const void* LastOutput(const SlotActs& s) const {
@@ -239,6 +260,17 @@ class ModelEngine : public Engine {
                                       const int* pos_k, int b, int t, int Ct, int NHt, int KVHt);
   virtual void CopyKv(void* kv, const void* qkv, int b, int t, int Ct, int KVt);
   virtual void AddKvGrad(void* dqkv, const void* dkv, int b, int t, int Ct, int KVt);
+  // The positions of cp rank r's T columns as the block functions read them
+  // (pos_q, pos_k): host memory here, a device copy on a GPU engine.
+  virtual const int* CpPositions(int r) const { return cp_pos_[r].data(); }
+  // One pass of the cp ring, `count` elements of the compute type from
+  // `send` to the next rank and into `recv` from the previous (buffers in
+  // the engine's memory, untouched until FinishRingPass): the group's
+  // StartRingPass / FinishRingPass here; a GPU engine with a group of host
+  // memory stages them through the host.
+  virtual void StartRingPass(const void* send, void* recv, int64_t count);
+  virtual void FinishRingPass();
+  ContextParallel* cp() const { return cp_; }
   // In place sum over the tp group (called only when tp > 1).
   virtual void TpAllReduceSum(void* x, int64_t n) = 0;
   // Sequence parallelism (called only then): full (tp·n) = every rank's
@@ -320,6 +352,8 @@ class ModelEngine : public Engine {
   const model::ActivationTable table_;
   const std::vector<float> rotary_;
   std::vector<SlotActs> slots_;
+  std::vector<int> chunk_slots_;  // per chunk
+  bool has_input_grad_ = false;
   // scratch
   void *proj_out_ = nullptr, *dresidual_ = nullptr, *dln_ = nullptr, *datty_ = nullptr,
        *dqkv_ = nullptr, *dfch_ = nullptr, *dfch_act_ = nullptr, *att_scratch_ = nullptr,

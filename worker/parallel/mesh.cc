@@ -29,8 +29,12 @@ absl::Status Annotate(const absl::Status& status, const char* group) {
 
 }  // namespace
 
+Mesh::~Mesh() {
+  while (!channels_.empty()) channels_.pop_back();
+}
+
 absl::StatusOr<std::unique_ptr<Mesh>> Mesh::Create(const ParallelDims& dims, int rank,
-                                                   comm::Communicator* world) {
+                                                   comm::Communicator* world, int chunks) {
   if (rank < 0 || rank >= dims.world()) {
     return absl::InvalidArgumentError(
         absl::StrCat("mesh: rank ", rank, " outside world ", dims.world()));
@@ -82,6 +86,36 @@ absl::StatusOr<std::unique_ptr<Mesh>> Mesh::Create(const ParallelDims& dims, int
     };
     if (s.ok()) s = pair(0, "pp pairs (even, odd)");
     if (s.ok() && pp > 2) s = pair(1, "pp pairs (odd, even)");
+    // The ring's edge k joins stage k and stage (k + 1) % pp; its round is
+    // k % 2, but 2 for the last edge of an odd ring, so that no stage is on
+    // two edges of one round. A channel's colour is its pipeline's and its
+    // edge's; key 0 the sender (activations: stage k, gradients: k + 1).
+    const int rounds = pp % 2 == 0 ? 2 : 3;
+    auto round_of = [&](int k) { return pp % 2 == 1 && k == pp - 1 ? 2 : k % 2; };
+    auto channels = [&](bool activations, const char* group) -> absl::Status {
+      for (int r = 0; r < rounds; ++r) {
+        const int out_edge = c.pp, in_edge = (c.pp + pp - 1) % pp;  // edges from and to here
+        int edge = -1;
+        if (round_of(out_edge) == r) edge = out_edge;
+        if (round_of(in_edge) == r) edge = in_edge;
+        const bool sends = (edge == out_edge) == activations;  // gradients run backwards
+        std::unique_ptr<comm::Communicator> got;
+        absl::Status st = split(edge < 0 ? comm::Communicator::kNoColor : pp_group * pp + edge,
+                                sends ? 0 : 1, group, &got);
+        if (!st.ok()) return st;
+        if (edge < 0) continue;
+        comm::Communicator* c = got.get();
+        mesh->channels_.push_back(std::move(got));
+        if (activations) {
+          (sends ? mesh->act_out_ : mesh->act_in_) = c;
+        } else {
+          (sends ? mesh->grad_out_ : mesh->grad_in_) = c;
+        }
+      }
+      return absl::OkStatus();
+    };
+    if (s.ok() && chunks > 1) s = channels(true, "pp activation channels");
+    if (s.ok() && chunks > 1) s = channels(false, "pp gradient channels");
     // Only the ends of each pipeline join `tied`; middle stages pass kNoColor.
     const bool end = c.pp == 0 || c.pp == dims.pp() - 1;
     if (s.ok()) {

@@ -13,6 +13,12 @@
 //                activations that arrive and the gradients sent back;
 //   pp_next      this stage and the next one (rank 0 of 2): the activations
 //                sent on and the gradients that come back;
+//   act_in, act_out, grad_in, grad_out
+//                an interleaved pipeline's one-way channels (only when
+//                created with chunks > 1): activations from the previous
+//                stage (stage 0: from the last) and to the next (the last:
+//                to stage 0), gradients back the other way; the sender is
+//                rank 0 of each (pipeline.h says why one-way);
 //   tied         the first and last stage of a pipeline (same dp and tp):
 //                the gradients of the tied token embedding (the LM head on
 //                the last stage, the encoder on the first).
@@ -38,6 +44,7 @@
 #define SHARDTRAIN_WORKER_PARALLEL_MESH_H_
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/parallel_dims.h"
@@ -58,8 +65,12 @@ class Mesh {
   // coordinate. INVALID_ARGUMENT when `world` does not match dims (size,
   // rank, null); Split's errors as they come (DEADLINE_EXCEEDED when a peer
   // never joins, the world poisoned after that).
+  // chunks > 1 (parallel.pp_virtual, with pp > 1): after the pairs it also
+  // splits the channels, activations then gradients, each in two rounds of
+  // the ring's edges (three when pp is odd, the edge from the last stage to
+  // stage 0 in the third).
   static absl::StatusOr<std::unique_ptr<Mesh>> Create(const ParallelDims& dims, int rank,
-                                                      comm::Communicator* world);
+                                                      comm::Communicator* world, int chunks = 1);
 
   const ParallelDims& dims() const { return dims_; }
   int rank() const { return rank_; }
@@ -79,6 +90,14 @@ class Mesh {
   comm::Communicator* pp_prev() const { return pp_prev_.get(); }
   comm::Communicator* pp_next() const { return pp_next_.get(); }
   comm::Communicator* tied() const { return tied_.get(); }
+  comm::Communicator* act_in() const { return act_in_; }
+  comm::Communicator* act_out() const { return act_out_; }
+  comm::Communicator* grad_in() const { return grad_in_; }
+  comm::Communicator* grad_out() const { return grad_out_; }
+
+  // Gives the channels back in the reverse of the order they were split,
+  // the same on every rank (a communicator's shutdown waits for its peer's).
+  ~Mesh();
 
  private:
   Mesh(const ParallelDims& dims, int rank) : dims_(dims), rank_(rank), coord_(dims.Coord(rank)) {}
@@ -87,6 +106,10 @@ class Mesh {
   int rank_;
   MeshCoord coord_;
   std::unique_ptr<comm::Communicator> dp_, tp_, pp_, pp_prev_, pp_next_, tied_, cp_, replica_;
+  // The channels in split order; act_in_ .. grad_out_ point into it.
+  std::vector<std::unique_ptr<comm::Communicator>> channels_;
+  comm::Communicator *act_in_ = nullptr, *act_out_ = nullptr, *grad_in_ = nullptr,
+                     *grad_out_ = nullptr;
 };
 
 }  // namespace shardtrain::parallel

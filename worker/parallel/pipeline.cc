@@ -24,8 +24,11 @@ double MsSince(Clock::time_point t0) {
 // Pipeline messages' tag: they match per pair communicator in order.
 constexpr uint32_t kPipeTag = 0x7070;  // "pp"
 
-bool DeviceMemory(const comm::Communicator* a, const comm::Communicator* b) {
-  return (a != nullptr && a->device_memory()) || (b != nullptr && b->device_memory());
+bool DeviceMemory(const PipelineLinks& l) {
+  for (const comm::Communicator* c : {l.act_in, l.act_out, l.grad_in, l.grad_out}) {
+    if (c != nullptr && c->device_memory()) return true;
+  }
+  return false;
 }
 
 // `status` with `context` in front of its message, same code.
@@ -39,6 +42,13 @@ absl::Status Prefix(const absl::Status& status, const std::string& context) {
 absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     engine::Engine* engine, comm::Communicator* pp_prev, comm::Communicator* pp_next, int stage,
     int stages, PipelineSchedule schedule, int micro_batches) {
+  return Create(engine, PipelineLinks{pp_prev, pp_next, pp_next, pp_prev}, stage, stages, schedule,
+                micro_batches);
+}
+
+absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
+    engine::Engine* engine, const PipelineLinks& links, int stage, int stages,
+    PipelineSchedule schedule, int micro_batches) {
   if (engine == nullptr) return absl::InvalidArgumentError("pipeline: no engine");
   if (stages < 1 || stage < 0 || stage >= stages) {
     return absl::InvalidArgumentError(
@@ -48,11 +58,22 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("pipeline: micro_batches must be >= 1, got ", micro_batches));
   }
-  // pp_prev: this stage is rank 1 of 2 (none on the first stage); pp_next:
-  // rank 0 of 2 (none on the last).
-  for (auto [name, c, wanted, rank] :
-       {std::tuple<const char*, comm::Communicator*, bool, int>{"pp_prev", pp_prev, stage > 0, 1},
-        {"pp_next", pp_next, stage + 1 < stages, 0}}) {
+  const int chunks = engine->chunks();
+  if (chunks > 1 && (stages < 2 || micro_batches % stages != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline: ", chunks, " model chunks per stage need pp > 1 and micro-batches ",
+                     "a multiple of pp (the interleaved schedule's groups); got pp ", stages, ", ",
+                     micro_batches, " micro-batches"));
+  }
+  // Without chunks: pp_prev (act_in = grad_out), this stage rank 1 of 2,
+  // none on the first stage; pp_next (act_out = grad_in), rank 0 of 2, none
+  // on the last. With chunks every channel, senders rank 0.
+  const bool has_prev = chunks > 1 || stage > 0, has_next = chunks > 1 || stage + 1 < stages;
+  for (auto [name, c, wanted, rank] : {std::tuple<const char*, comm::Communicator*, bool, int>{
+                                           "act_in", links.act_in, has_prev, 1},
+                                       {"grad_out", links.grad_out, has_prev, chunks > 1 ? 0 : 1},
+                                       {"act_out", links.act_out, has_next, 0},
+                                       {"grad_in", links.grad_in, has_next, chunks > 1 ? 1 : 0}}) {
     if (!wanted && c == nullptr) continue;
     if (!wanted || c == nullptr || c->size() != 2 || c->rank() != rank) {
       return absl::InvalidArgumentError(
@@ -63,52 +84,66 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
                                     : absl::StrCat("rank ", c->rank(), " of ", c->size())));
     }
   }
-  const bool host_pair = (pp_prev != nullptr && !pp_prev->device_memory()) ||
-                         (pp_next != nullptr && !pp_next->device_memory());
-  if (DeviceMemory(pp_prev, pp_next) && (host_pair || engine->math().kind() == DeviceKind::kCpu)) {
+  if (chunks == 1 && (links.act_in != links.grad_out || links.act_out != links.grad_in)) {
     return absl::InvalidArgumentError(
-        "pipeline: communicators of device memory need both neighbours' so and an engine off "
-        "the host");
+        "pipeline: without model chunks each neighbour's messages share its pair communicator");
   }
-  std::vector<PipelineAction> actions = PipelineActions(schedule, stage, stages, micro_batches);
-  const int peak = PeakInFlight(actions);
-  if (engine->slots() < peak) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pipeline: the ", std::string(EnumName(schedule)), " schedule holds up to ", peak,
-        " micro-batches' activations at once on stage ", stage, " of ", stages, " (", micro_batches,
-        " micro-batches per step), but the engine keeps ", engine->slots(), " (slots)"));
+  bool host_link = false;
+  for (const comm::Communicator* c : {links.act_in, links.act_out}) {
+    host_link |= c != nullptr && !c->device_memory();
   }
-  return std::unique_ptr<PipelineExecutor>(new PipelineExecutor(
-      engine, pp_prev, pp_next, stage, stages, micro_batches, std::move(actions)));
+  if (DeviceMemory(links) &&
+      (host_link || engine->math().kind() == DeviceKind::kCpu || chunks > 1)) {
+    return absl::InvalidArgumentError(
+        "pipeline: communicators of device memory need both neighbours' so, an engine off the "
+        "host and no model chunks (interleaved stages run over Gloo)");
+  }
+  std::vector<PipelineAction> actions =
+      PipelineActions(schedule, stage, stages, micro_batches, chunks);
+  for (int c = 0; c < chunks; ++c) {
+    const int peak = PeakInFlight(actions, c);
+    if (engine->chunk_slots(c) < peak) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pipeline: the ", chunks > 1 ? "interleaved" : std::string(EnumName(schedule)),
+          " schedule holds up to ", peak, " micro-batches' activations at once on stage ", stage,
+          " of ", stages, chunks > 1 ? absl::StrCat(" (chunk ", c, ")") : "", " (", micro_batches,
+          " micro-batches per step), but the engine keeps ", engine->chunk_slots(c), " (slots)"));
+    }
+  }
+  return std::unique_ptr<PipelineExecutor>(
+      new PipelineExecutor(engine, links, stage, stages, micro_batches, std::move(actions)));
 }
 
 absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     engine::Engine* engine, const Mesh& mesh, PipelineSchedule schedule, int micro_batches) {
-  return Create(engine, mesh.pp_prev(), mesh.pp_next(), mesh.stage(), mesh.stages(), schedule,
-                micro_batches);
+  const PipelineLinks links =
+      engine != nullptr && engine->chunks() > 1
+          ? PipelineLinks{mesh.act_in(), mesh.act_out(), mesh.grad_in(), mesh.grad_out()}
+          : PipelineLinks{mesh.pp_prev(), mesh.pp_next(), mesh.pp_next(), mesh.pp_prev()};
+  return Create(engine, links, mesh.stage(), mesh.stages(), schedule, micro_batches);
 }
 
-PipelineExecutor::PipelineExecutor(engine::Engine* engine, comm::Communicator* pp_prev,
-                                   comm::Communicator* pp_next, int stage, int stages,
-                                   int micro_batches, std::vector<PipelineAction> actions)
+PipelineExecutor::PipelineExecutor(engine::Engine* engine, const PipelineLinks& links, int stage,
+                                   int stages, int micro_batches,
+                                   std::vector<PipelineAction> actions)
     : engine_(engine),
-      pp_prev_(pp_prev),
-      pp_next_(pp_next),
+      links_(links),
       stage_(stage),
       stages_(stages),
       micro_batches_(micro_batches),
+      chunks_(engine->chunks()),
       actions_(std::move(actions)),
-      slots_(std::max(1, std::min(engine->slots(), micro_batches))),
+      slots_(engine->slots()),
       tokens_per_micro_(size_t(engine->max_batch()) * size_t(engine->max_seq_len())),
       act_elems_(engine->StageIoElements()),
       tokens_(slots_, std::vector<int>(tokens_per_micro_)),
       targets_(slots_, std::vector<int>(tokens_per_micro_)),
       fwd_sends_(slots_),
       bwd_sends_(slots_),
-      staged_(engine->math().kind() != DeviceKind::kCpu && !DeviceMemory(pp_prev, pp_next)),
-      device_(DeviceMemory(pp_prev, pp_next)) {
+      staged_(engine->math().kind() != DeviceKind::kCpu && !DeviceMemory(links)),
+      device_(DeviceMemory(links)) {
   engine::FlatMath& math = engine->math();
-  if (!first()) {
+  if (links_.act_in != nullptr) {
     if (!device_) {
       input_.resize(act_elems_);
       grad_send_.assign(slots_, std::vector<float>(act_elems_));
@@ -116,11 +151,33 @@ PipelineExecutor::PipelineExecutor(engine::Engine* engine, comm::Communicator* p
     if (staged_ || device_) dev_input_ = math.Allocate(act_elems_);
     for (int s = 0; device_ && s < slots_; ++s) dev_grad_send_.push_back(math.Allocate(act_elems_));
   }
-  if (!last()) {
+  if (links_.act_out != nullptr) {
     if (!device_) doutput_.resize(act_elems_);
     if (staged_ || device_) dev_doutput_ = math.Allocate(act_elems_);
     if (staged_) out_send_.assign(slots_, std::vector<float>(act_elems_));
   }
+}
+
+int PipelineExecutor::SlotOf(const PipelineAction& a) const {
+  const int n = std::max(1, std::min(engine_->chunk_slots(a.chunk), micro_batches_));
+  return engine_->SlotOf(a.chunk, a.micro % n);
+}
+
+comm::Communicator* PipelineExecutor::ReceivesOn(const PipelineAction& a) const {
+  if (a.kind == StepKind::kForward) return first(a.chunk) ? nullptr : links_.act_in;
+  return last(a.chunk) ? nullptr : links_.grad_in;
+}
+
+float* PipelineExecutor::InputBuffer() {
+  return device_ ? (dev_input_ ? dev_input_->as<float>() : nullptr) : input_.data();
+}
+
+float* PipelineExecutor::DoutputBuffer() {
+  return device_ ? (dev_doutput_ ? dev_doutput_->as<float>() : nullptr) : doutput_.data();
+}
+
+std::string PipelineExecutor::Where(const PipelineAction& a) const {
+  return absl::StrCat("pipeline stage ", stage_, "/", stages_, " ", ActionsToString({a}));
 }
 
 const float* PipelineExecutor::ToEngine(std::vector<float>& host, engine::Buffer* device) {
@@ -171,12 +228,12 @@ absl::Status PipelineExecutor::DrainSends(double* wait_ms) {
     absl::Status f = WaitFor(&fwd_sends_[s], wait_ms);
     if (!f.ok() && first_error.ok()) {
       first_error = Prefix(f, absl::StrCat("pipeline stage ", stage_, "/", stages_,
-                                           ": sending activations to stage ", stage_ + 1));
+                                           ": sending activations to stage ", next_stage()));
     }
     absl::Status b = WaitFor(&bwd_sends_[s], wait_ms);
     if (!b.ok() && first_error.ok()) {
       first_error = Prefix(b, absl::StrCat("pipeline stage ", stage_, "/", stages_,
-                                           ": sending gradients to stage ", stage_ - 1));
+                                           ": sending gradients to stage ", prev_stage()));
     }
   }
   events_.clear();  // every op that waited for them is done
@@ -187,45 +244,47 @@ absl::Status PipelineExecutor::DrainSends(double* wait_ms) {
   return first_error;
 }
 
-std::shared_ptr<comm::Work> PipelineExecutor::Send(bool to_next, const float* data, float* recv) {
-  comm::Communicator* c = to_next ? pp_next_ : pp_prev_;
-  const int peer = to_next ? 1 : 0;
-  if (recv == nullptr) {
+std::shared_ptr<comm::Work> PipelineExecutor::Send(comm::Communicator* c, const float* data,
+                                                   const PipelineAction* next) {
+  const int peer = 1 - c->rank();
+  if (next == nullptr || ReceivesOn(*next) != c) {
     return c->SendAsync(data, act_elems_, DataType::kFloat32, peer, kPipeTag, AfterEngine());
   }
-  return c->SendRecvAsync(data, act_elems_, peer, recv, act_elems_, peer, DataType::kFloat32,
-                          kPipeTag, AfterEngine());
+  const bool input = next->kind == StepKind::kForward;
+  std::shared_ptr<comm::Work> w =
+      c->SendRecvAsync(data, act_elems_, peer, input ? InputBuffer() : DoutputBuffer(), act_elems_,
+                       peer, DataType::kFloat32, kPipeTag, AfterEngine());
+  (input ? input_recv_ : doutput_recv_) = w;
+  return w;
 }
 
-std::shared_ptr<comm::Work> PipelineExecutor::Receive(bool from_next, float* data) {
-  comm::Communicator* c = from_next ? pp_next_ : pp_prev_;
-  return c->RecvAsync(data, act_elems_, DataType::kFloat32, from_next ? 1 : 0, kPipeTag,
-                      AfterEngine());
+std::shared_ptr<comm::Work> PipelineExecutor::Receive(comm::Communicator* c, float* data) {
+  return c->RecvAsync(data, act_elems_, DataType::kFloat32, 1 - c->rank(), kPipeTag, AfterEngine());
 }
 
-absl::Status PipelineExecutor::Forward(int micro, int slot, const MicroBatchFn& fill, double* loss,
-                                       double* wait_ms, const PipelineAction* next) {
-  const std::string where = absl::StrCat("pipeline stage ", stage_, "/", stages_, " F", micro);
+absl::Status PipelineExecutor::Forward(const PipelineAction& a, const MicroBatchFn& fill,
+                                       double* loss, double* wait_ms, const PipelineAction* next) {
+  const std::string where = Where(a);
+  const int slot = SlotOf(a);
   int* tokens = tokens_[slot].data();
   int* targets = targets_[slot].data();
-  if (absl::Status s = fill(micro, tokens, targets); !s.ok()) return s;
-  float* const input = device_ ? (dev_input_ ? dev_input_->as<float>() : nullptr) : input_.data();
-  if (!first()) {
+  if (absl::Status s = fill(a.micro, tokens, targets); !s.ok()) return s;
+  if (!first(a.chunk)) {
     // Device mode: into the engine's buffer, once the last forward read it
     // (posted with the last backward's send when that one came first).
-    if (input_recv_ == nullptr) input_recv_ = Receive(/*from_next=*/false, input);
+    if (input_recv_ == nullptr) input_recv_ = Receive(links_.act_in, InputBuffer());
     if (absl::Status s = Order(&input_recv_, wait_ms); !s.ok()) {
-      return Prefix(s, absl::StrCat(where, ": receiving activations from stage ", stage_ - 1));
+      return Prefix(s, absl::StrCat(where, ": receiving activations from stage ", prev_stage()));
     }
   }
   // StageForward overwrites StageOutput(slot): its previous send must be done.
   if (absl::Status s = Order(&fwd_sends_[slot], wait_ms); !s.ok()) {
-    return Prefix(s, absl::StrCat(where, ": sending activations to stage ", stage_ + 1));
+    return Prefix(s, absl::StrCat(where, ": sending activations to stage ", next_stage()));
   }
   *loss += engine_->StageForward(slot, tokens, targets,
-                                 first() ? nullptr : ToEngine(input_, dev_input_.get()),
+                                 first(a.chunk) ? nullptr : ToEngine(input_, dev_input_.get()),
                                  engine_->max_batch(), engine_->max_seq_len());
-  if (!last()) {
+  if (!last(a.chunk)) {
     const float* out = engine_->StageOutput(slot);
     if (out == nullptr) {
       return absl::FailedPreconditionError(
@@ -235,41 +294,35 @@ absl::Status PipelineExecutor::Forward(int micro, int slot, const MicroBatchFn& 
       engine_->math().CopyToHost(out_send_[slot].data(), out, act_elems_);
       out = out_send_[slot].data();
     }
-    // A backward next receives its gradient from the stage this goes to.
-    const bool group = next != nullptr && next->kind == StepKind::kBackward;
-    float* const doutput = device_ ? dev_doutput_->as<float>() : doutput_.data();
-    fwd_sends_[slot] = Send(/*to_next=*/true, out, group ? doutput : nullptr);
-    if (group) doutput_recv_ = fwd_sends_[slot];
+    fwd_sends_[slot] = Send(links_.act_out, out, next);
   }
   return absl::OkStatus();
 }
 
-absl::Status PipelineExecutor::Backward(int micro, int slot, const Bracket& before,
+absl::Status PipelineExecutor::Backward(const PipelineAction& a, int pass, const Bracket& before,
                                         const Bracket& after, float loss_scale, double* wait_ms,
                                         const PipelineAction* next) {
-  const std::string where = absl::StrCat("pipeline stage ", stage_, "/", stages_, " B", micro);
-  if (!last()) {
-    if (doutput_recv_ == nullptr) {
-      doutput_recv_ =
-          Receive(/*from_next=*/true, device_ ? dev_doutput_->as<float>() : doutput_.data());
-    }
+  const std::string where = Where(a);
+  const int slot = SlotOf(a);
+  if (!last(a.chunk)) {
+    if (doutput_recv_ == nullptr) doutput_recv_ = Receive(links_.grad_in, DoutputBuffer());
     if (absl::Status s = Order(&doutput_recv_, wait_ms); !s.ok()) {
-      return Prefix(s, absl::StrCat(where, ": receiving gradients from stage ", stage_ + 1));
+      return Prefix(s, absl::StrCat(where, ": receiving gradients from stage ", next_stage()));
     }
   }
   if (before) {
-    if (absl::Status s = before(micro); !s.ok()) return s;
+    if (absl::Status s = before(pass); !s.ok()) return s;
   }
   engine_->StageBackward(slot, loss_scale,
-                         last() ? nullptr : ToEngine(doutput_, dev_doutput_.get()));
-  if (!first()) {
+                         last(a.chunk) ? nullptr : ToEngine(doutput_, dev_doutput_.get()));
+  if (!first(a.chunk)) {
     const float* dinput = engine_->InputGrad();
     if (dinput == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat(where, ": the engine gives no input gradient to send (InputGrad)"));
     }
     if (absl::Status s = Order(&bwd_sends_[slot], wait_ms); !s.ok()) {
-      return Prefix(s, absl::StrCat(where, ": sending gradients to stage ", stage_ - 1));
+      return Prefix(s, absl::StrCat(where, ": sending gradients to stage ", prev_stage()));
     }
     const float* send = grad_send_.empty() ? nullptr : grad_send_[slot].data();
     if (device_) {
@@ -281,14 +334,10 @@ absl::Status PipelineExecutor::Backward(int micro, int slot, const Bracket& befo
     } else {
       std::memcpy(grad_send_[slot].data(), dinput, act_elems_ * sizeof(float));
     }
-    // A forward next receives its input from the stage this goes to.
-    const bool group = next != nullptr && next->kind == StepKind::kForward;
-    float* const input = device_ ? dev_input_->as<float>() : input_.data();
-    bwd_sends_[slot] = Send(/*to_next=*/false, send, group ? input : nullptr);
-    if (group) input_recv_ = bwd_sends_[slot];
+    bwd_sends_[slot] = Send(links_.grad_out, send, next);
   }
   if (after) {
-    if (absl::Status s = after(micro); !s.ok()) return s;
+    if (absl::Status s = after(pass); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -300,15 +349,15 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::RunStep(const MicroBatchFn&
   PipelineStepResult result;
   const Clock::time_point t0 = Clock::now();
   absl::Status status;
+  int pass = 0;  // backward actions so far
   for (size_t i = 0; i < actions_.size(); ++i) {
     const PipelineAction& a = actions_[i];
     const PipelineAction* next = i + 1 < actions_.size() ? &actions_[i + 1] : nullptr;
-    ActionTiming timing{a.kind, a.micro, MsSince(t0), 0, 0};
-    const int slot = a.micro % slots_;
+    ActionTiming timing{a.kind, a.micro, MsSince(t0), 0, 0, a.chunk};
     status = a.kind == StepKind::kForward
-                 ? Forward(a.micro, slot, fill, &result.loss_sum, &timing.wait_ms, next)
-                 : Backward(a.micro, slot, before_backward, after_backward, loss_scale,
-                            &timing.wait_ms, next);
+                 ? Forward(a, fill, &result.loss_sum, &timing.wait_ms, next)
+                 : Backward(a, pass++, before_backward, after_backward, loss_scale, &timing.wait_ms,
+                            next);
     timing.end_ms = MsSince(t0);
     result.actions.push_back(timing);
     if (!status.ok()) break;
@@ -329,8 +378,12 @@ absl::StatusOr<double> PipelineExecutor::RunForwardOnly(int micro_batches,
                                                         const MicroBatchFn& fill) {
   double loss = 0, wait_ms = 0;
   absl::Status status;
+  // Each micro-batch through every chunk in turn, in each chunk's slot 0.
   for (int m = 0; m < micro_batches && status.ok(); ++m) {
-    status = Forward(m, 0, fill, &loss, &wait_ms, /*next=*/nullptr);
+    for (int c = 0; c < chunks_ && status.ok(); ++c) {
+      status = Forward(PipelineAction{StepKind::kForward, m, c}, fill, &loss, &wait_ms,
+                       /*next=*/nullptr);
+    }
   }
   absl::Status drained = DrainSends(&wait_ms);
   if (!status.ok()) return status;

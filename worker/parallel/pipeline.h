@@ -1,9 +1,10 @@
 // PipelineExecutor: runs one training step's forwards and backwards on one
-// pipeline stage, in the order of its schedule (schedule.h), moving
-// activations and their gradients between neighbouring stages.
+// pipeline stage, in the order of its schedule (common/pipeline_schedule.h),
+// moving activations and their gradients between neighbouring stages.
 //
 // Per action of the stage's list (micro-batch m keeps its saved activations
-// in engine slot m % engine->slots()):
+// in engine slot m % engine->slots(); with model chunks, below, chunk c's
+// slot SlotOf(c, m % chunk_slots(c))):
 //   F(m)  fill(m) gives the micro-batch's (B, T) token ids and targets
 //         (every stage calls it: the first reads the tokens, the last the
 //         targets); a non-first stage receives its (B, T, C) input from the
@@ -27,6 +28,25 @@
 // and neither side's receive is ever queued behind a send that waits for
 // it. Messages match per pair in order (one tag): both stages run their
 // micro-batches in the same order.
+// Interleaved (engine->chunks() = v > 1, parallel.pp_virtual): each action
+// is a forward or backward of one (micro-batch, chunk); the "first stage"
+// above is chunk 0 of stage 0 and the "last" chunk v − 1 of stage pp − 1,
+// every other chunk receiving from and sending to the virtual stages around
+// it — stage 0's chunk c > 0 from stage pp − 1's chunk c − 1, which sends
+// to it. Messages then travel on four one-way channels (Mesh::act_in,
+// act_out, grad_in, grad_out: activations from the previous virtual stage
+// and on to the next, gradients back), never grouped: each carries one
+// stream that both of its ranks post in the same order, so no receive
+// waits behind a send on a communicator that runs its ops one at a time.
+// (One pair carrying both directions of every chunk, as above, can: a
+// simulation of Gloo's queues deadlocks at pp 2, v 2, m 4.) Host memory
+// only (Gloo, or staged): over NCCL the channels' order across
+// communicators is not yet tested on several GPUs. The data-parallel
+// brackets run around every backward action with its ordinal among the
+// step's backward_passes() = m · v: the strategy zeroes gradients before
+// the first and reduces during the last, the stage's last B(m − 1, chunk 0),
+// when every unit's gradient is final.
+//
 // An engine off the host (a GPU rank, whose StageOutput, InputGrad and
 // inputs are device memory) exchanges in one of two ways:
 //   staged  (communicators of host memory: Gloo) its output and input
@@ -64,23 +84,35 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/job_spec.h"
+#include "common/pipeline_schedule.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/engine.h"
 #include "worker/parallel/mesh.h"
-#include "worker/parallel/schedule.h"
 
 namespace shardtrain::parallel {
 
 // Fills micro-batch `micro`'s B · T token ids and targets (row-major).
 using MicroBatchFn = std::function<absl::Status(int micro, int* tokens, int* targets)>;
-// Called around micro-batch `micro`'s backward: the data-parallel
-// strategy's BeginMicroBatch / EndMicroBatch. May be empty (no call).
-using Bracket = std::function<absl::Status(int micro)>;
+// Called around each backward: the data-parallel strategy's
+// BeginMicroBatch / EndMicroBatch. `pass`: the backward's ordinal in the
+// step, in [0, backward_passes()) — micro-batch m's without model chunks.
+// May be empty (no call).
+using Bracket = std::function<absl::Status(int pass)>;
+
+// The communicators a stage's messages travel on (not owned; null where
+// there is no such neighbour): activations in and out, gradients in and
+// out. Each is of two ranks, the peer being 1 − rank(). Without model
+// chunks the two pair communicators: act_in = grad_out = pp_prev, act_out =
+// grad_in = pp_next; with them the mesh's one-way channels.
+struct PipelineLinks {
+  comm::Communicator *act_in = nullptr, *act_out = nullptr, *grad_in = nullptr, *grad_out = nullptr;
+};
 
 // One action as it ran, in milliseconds from the start of the step. wait_ms:
 // time blocked on communication inside [start_ms, end_ms] (the receive of
@@ -89,6 +121,7 @@ struct ActionTiming {
   StepKind kind = StepKind::kForward;
   int micro = 0;
   double start_ms = 0, end_ms = 0, wait_ms = 0;
+  int chunk = 0;
 };
 
 struct PipelineStepResult {
@@ -115,7 +148,17 @@ class PipelineExecutor {
   static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(
       engine::Engine* engine, comm::Communicator* pp_prev, comm::Communicator* pp_next, int stage,
       int stages, PipelineSchedule schedule, int micro_batches);
-  // The same with the mesh's pair communicators and stage.
+  // Any engine, chunked or not, on `links`. Also INVALID_ARGUMENT for model
+  // chunks with micro_batches not a multiple of stages, links that are not
+  // the channels (senders rank 0), device memory, or a chunk with fewer
+  // slots than the schedule holds of it.
+  static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(engine::Engine* engine,
+                                                                  const PipelineLinks& links,
+                                                                  int stage, int stages,
+                                                                  PipelineSchedule schedule,
+                                                                  int micro_batches);
+  // The same with the mesh's communicators (its channels with model
+  // chunks, else its pairs) and stage.
   static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(engine::Engine* engine,
                                                                   const Mesh& mesh,
                                                                   PipelineSchedule schedule,
@@ -142,27 +185,44 @@ class PipelineExecutor {
   int stage() const { return stage_; }
   int stages() const { return stages_; }
   int micro_batches() const { return micro_batches_; }
+  int chunks() const { return chunks_; }
+  // Backward actions per step (m · v): the brackets' passes.
+  int backward_passes() const { return micro_batches_ * chunks_; }
 
  private:
-  PipelineExecutor(engine::Engine* engine, comm::Communicator* pp_prev, comm::Communicator* pp_next,
-                   int stage, int stages, int micro_batches, std::vector<PipelineAction> actions);
+  PipelineExecutor(engine::Engine* engine, const PipelineLinks& links, int stage, int stages,
+                   int micro_batches, std::vector<PipelineAction> actions);
 
-  bool first() const { return stage_ == 0; }
-  bool last() const { return stage_ == stages_ - 1; }
-  // Forward of `micro` into `slot`; adds StageForward's value to *loss.
-  // `next`: the action that follows (null: none), whose receive from the
-  // next stage is grouped with this one's send when it is a backward.
-  absl::Status Forward(int micro, int slot, const MicroBatchFn& fill, double* loss, double* wait_ms,
-                       const PipelineAction* next);
-  // `next`: as Forward's; a forward's receive from the previous stage is
-  // grouped with this one's send.
-  absl::Status Backward(int micro, int slot, const Bracket& before, const Bracket& after,
-                        float loss_scale, double* wait_ms, const PipelineAction* next);
-  // A message to the pair's other stage (`to_next`: on pp_next, else on
-  // pp_prev), grouped with the receive into `recv` (count act_elems_) when
-  // that is not null; OpArgs::after = AfterEngine().
-  std::shared_ptr<comm::Work> Send(bool to_next, const float* data, float* recv);
-  std::shared_ptr<comm::Work> Receive(bool from_next, float* data);
+  // Whether `chunk` here is the pipeline's first virtual stage (it reads
+  // tokens) or its last (it computes the loss).
+  bool first(int chunk) const { return stage_ == 0 && chunk == 0; }
+  bool last(int chunk) const { return stage_ == stages_ - 1 && chunk == chunks_ - 1; }
+  // The engine slot of action `a`.
+  int SlotOf(const PipelineAction& a) const;
+  // The communicator action `a` receives on (null: it receives nothing).
+  comm::Communicator* ReceivesOn(const PipelineAction& a) const;
+  // Forward of `a` into its slot; adds StageForward's value to *loss.
+  // `next`: the action that follows (null: none), whose receive is grouped
+  // with this one's send when it comes over the same communicator.
+  absl::Status Forward(const PipelineAction& a, const MicroBatchFn& fill, double* loss,
+                       double* wait_ms, const PipelineAction* next);
+  absl::Status Backward(const PipelineAction& a, int pass, const Bracket& before,
+                        const Bracket& after, float loss_scale, double* wait_ms,
+                        const PipelineAction* next);
+  // A message on `c` to its other rank, grouped with `next`'s receive when
+  // that comes over `c` (then posted into input_recv_ / doutput_recv_);
+  // OpArgs::after = AfterEngine().
+  std::shared_ptr<comm::Work> Send(comm::Communicator* c, const float* data,
+                                   const PipelineAction* next);
+  std::shared_ptr<comm::Work> Receive(comm::Communicator* c, float* data);
+  // Where a forward's input and a backward's output gradient arrive.
+  float* InputBuffer();
+  float* DoutputBuffer();
+  // "pipeline stage 1/2 F3.1" (the chunk after a dot when there are several).
+  std::string Where(const PipelineAction& a) const;
+  // The stages this one receives activations from and sends them to.
+  int prev_stage() const { return (stage_ + stages_ - 1) % stages_; }
+  int next_stage() const { return (stage_ + 1) % stages_; }
   // What the engine reads of a received buffer: `host` itself, or staged
   // its copy in `device`.
   const float* ToEngine(std::vector<float>& host, engine::Buffer* device);
@@ -180,11 +240,10 @@ class PipelineExecutor {
   absl::Status DrainSends(double* wait_ms);
 
   engine::Engine* const engine_;
-  comm::Communicator* const pp_prev_;
-  comm::Communicator* const pp_next_;
-  const int stage_, stages_, micro_batches_;
+  const PipelineLinks links_;
+  const int stage_, stages_, micro_batches_, chunks_;
   const std::vector<PipelineAction> actions_;
-  const int slots_;
+  const int slots_;                                                 // every chunk's
   const size_t tokens_per_micro_;                                   // B · T
   const size_t act_elems_;                                          // B · T · C
   std::vector<std::vector<int>> tokens_, targets_;                  // per slot

@@ -204,6 +204,7 @@ void Zero::BeginMicroBatch(int micro, int accum) {
   if (micro == 0 && options_.stage == 1) engine_->ZeroGrad();
   micro_ = micro;
   cursor_ = 0;
+  unhandled_units_ = static_cast<int>(units_.size());
   for (Unit& u : units_) {  // after GatherWholeModel
     if (options_.stage == 3 && u.state != Unit::State::kReleased) ReleaseParams(u);
   }
@@ -354,17 +355,22 @@ void Zero::OnGradsReady(size_t offset) {
     std::abort();
   }
   const int unit = static_cast<int>(it - units_.begin());
+  while (unhandled_units_ > unit) UnitGradsReady(--unhandled_units_);
+}
+
+void Zero::UnitGradsReady(int unit) {
+  const Unit& u = units_[unit];
   if (options_.stage >= 2) {
     // Alive now: this unit's gradient, those still being reduced, and a
     // tied head's embeddings' (written since the LM head's backward).
-    size_t alive = it->numel + (emb_unit_ >= 0 && unit != emb_unit_ ? units_[emb_unit_].numel : 0);
+    size_t alive = u.numel + (emb_unit_ >= 0 && unit != emb_unit_ ? units_[emb_unit_].numel : 0);
     for (const Reduction& r : reductions_) alive += units_[r.unit].numel;
     peak_live_grad_elems_ = std::max(peak_live_grad_elems_, alive);
   }
-  PullGrads(it->offset, it->numel);
+  PullGrads(u.offset, u.numel);
   if (staged_ && options_.stage >= 2) {
     // Reduced from the host copy: the device's can go (zeroed) at once.
-    engine_->grad_buffer().Release(it->offset, it->numel);
+    engine_->grad_buffer().Release(u.offset, u.numel);
   }
   AcquireGrads(unit - 1);  // the next one backward writes
   Sample();

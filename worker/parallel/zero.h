@@ -223,7 +223,13 @@ class Zero final : public DataParallel {
   absl::StatusOr<double> StepShard(float lr, float max_norm, float loss_scale);
 
   void OnParamUse(int unit, bool begin);
+  // The engine's hook: every unit from the lowest not yet handled this
+  // micro-batch down to the one at `offset` is final (one unit per call in
+  // a whole backward; an interleaved stage's last chunk pass reports only
+  // its own units, those of the later chunks having finished before).
   void OnGradsReady(size_t offset);
+  // One unit's gradient final: pulled, reduced.
+  void UnitGradsReady(int unit);
   void Gather(Unit& u);
   void WaitGathered(Unit& u);
   void ReleaseParams(Unit& u);
@@ -299,6 +305,7 @@ class Zero final : public DataParallel {
   bool eval_ = false;            // between BeginEval and EndEval: forward uses only
   int64_t comm_bytes_eval_ = 0;  // comm_bytes_ at BeginEval
   int micro_ = 0;
+  int unhandled_units_ = 0;  // units [0, this) not yet final in this micro-batch
   std::deque<Reduction> reductions_;
   absl::Status status_;
   int64_t comm_bytes_ = 0;

@@ -25,6 +25,18 @@ TEST(PipelineTimelineTest, OneFOneBOnTwoStagesShowsTheBubble) {
   EXPECT_NE(lines[3].find("bubble: 20.0%"), std::string::npos) << lines[3];
 }
 
+// Interleaved, 2 chunks: stage 0 forwards F0 F1 (chunk 0) then F0.1 F1.1,
+// each half a unit (4 characters); the simulated bubble is (p-1)/(v·m+p-1)
+// = 1/5 at m 2.
+TEST(PipelineTimelineTest, InterleavedLabelsChunks) {
+  const std::string t = PipelineTimeline(PipelineSchedule::k1F1B, 2, 2, 96, /*chunks=*/2);
+  const std::vector<std::string> lines = Lines(t);
+  ASSERT_GE(lines.size(), 4u) << t;
+  EXPECT_NE(lines[0].find("interleaved 1F1B, 2 chunks per stage"), std::string::npos) << t;
+  EXPECT_EQ(lines[1].rfind("  stage 0 |F0--F1--F0.1F1.1", 0), 0u) << t;
+  EXPECT_NE(lines[3].find("(p-1)/(v·m+p-1) = 20.0%"), std::string::npos) << t;
+}
+
 TEST(PipelineTimelineTest, GpipeRunsEveryForwardFirst) {
   const std::vector<std::string> lines = Lines(PipelineTimeline(PipelineSchedule::kGpipe, 2, 4));
   ASSERT_GE(lines.size(), 3u);

@@ -339,6 +339,48 @@ TEST(PlanMemoryTest, TensorAndPipelineCommByHand) {
   }
 }
 
+// Interleaved 1F1B (parallel.pp_virtual 2) on pp 2, 4 layers: each stage two
+// one-layer chunks (stage 0: layers 0 and 2; stage 1: 1 and 3), the bubble
+// (p-1)/(v·m+p-1), each chunk's own peak of its sets from the schedule, and
+// every chunk's activations sent but at the pipeline's two ends.
+TEST(PlanMemoryTest, InterleavedStagesByHand) {
+  JobSpec s = SmallSpec(1, 1, 2);
+  s.model.layers = 4;
+  s.parallel.pp_virtual = 2;
+  s.batch.global = 8;  // m = 4
+  const v1::Plan p = *MakePlan(s, 2);
+  EXPECT_EQ(p.pp_virtual(), 2);
+  EXPECT_DOUBLE_EQ(p.bubble_fraction(), 1.0 / (2 * 4 + 1));
+  ASSERT_EQ(p.stages_size(), 2);
+  const model::ModelConfig cfg = *model::MakeGptConfig(4, 12, 96, 16, 150);
+  for (int st = 0; st < 2; ++st) {
+    const v1::PipelineStage& ps = p.stages(st);
+    EXPECT_EQ(ps.first_layer(), st);
+    EXPECT_EQ(ps.num_layers(), 1);
+    EXPECT_EQ(ps.chunks(), 2);
+    EXPECT_EQ(ps.chunk_stride(), 2);
+    const model::ModelSlice slice = model::SliceOf({1, 1, 1, 1}, st, 1, 0, 2);
+    EXPECT_EQ(ps.num_params(), static_cast<int64_t>(model::ParamLayout(cfg, slice).num_params()));
+    // Stage 0 holds 4 of chunk 0's micro-batches and 2 of chunk 1's at
+    // once (pipeline_schedule_test); stage 1, whose chunk 1 ends the
+    // pipeline (F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 ...), 3 and 1.
+    const std::vector<int> sets = st == 0 ? std::vector<int>{4, 2} : std::vector<int>{3, 1};
+    EXPECT_EQ(ps.in_flight(), sets[0] + sets[1]);
+    EXPECT_EQ(ps.memory().activations_bytes(), ActivationsOf(s, slice).bytes(sets));
+  }
+  // Per micro-batch 3 of the 4 chunks send on (and 3 gradients come back):
+  // each stage sends 3 of its 4 chunk exchanges, plus the tied wte gradient.
+  const int64_t BTC = 2 * 16 * 96, wte_grad = 192 * 96 * 4;
+  EXPECT_EQ(p.stages(0).pp_comm_bytes(), 4 * 3 * BTC * 4 + wte_grad);
+  EXPECT_EQ(p.stages(1).pp_comm_bytes(), 4 * 3 * BTC * 4 + wte_grad);
+  const std::string text = PlanText(s, p);
+  for (const char* part :
+       {"0..0,2..2", "1..1,3..3", "2 stages × 2 model chunks",
+        "bubble (p-1)/(v·m+p-1) = 1/9 = 11.1% (1F1B: 20.0%)", "interleaved 1F1B keeps"}) {
+    EXPECT_NE(text.find(part), std::string::npos) << part << "\n" << text;
+  }
+}
+
 TEST(PlanMemoryTest, ReshardAfterForwardFalseKeepsParams) {
   JobSpec s = SmallSpec(4, 1, 1);
   s.parallel.zero = 3;

@@ -5,6 +5,9 @@
 //     sharing one GPU (Gloo through host copies) equal one rank;
 //   - the same layouts over device-memory communicators (NCCL's paths; Gloo
 //     through host copies behind them, so on one GPU) equal one rank;
+//   - context parallelism (cp 2, cp 4, cp 2 × tp 2, dp 2 × cp 2; staged and
+//     device-memory rings) and an interleaved pipeline (pp 2, 2 chunks per
+//     stage) equal one rank;
 //   - over NCCL (one rank per GPU; needs two, four for dp 2 × tp 2): DDP,
 //     ZeRO-1/2/3, DDP with the optimizer offloaded, tp 2, pp 2 and dp 2 × tp 2
 //     equal one rank; what NCCL does not carry yet (ZeRO with the optimizer
@@ -140,6 +143,28 @@ TEST(GpuParallelTrainerTest, FlashAttentionUnderModelParallelismOnOneGpuEqualsOn
   ASSERT_TRUE(OneGpuSpec("bf16", 8, base).Activations().flash_attention);
   ASSERT_FALSE(OneGpuSpec("fp32", 8, base).Activations().flash_attention);
   ExpectLayoutsOnOneGpuEqualOneRank(8, ModelParallelLayouts(), /*device_memory_comm=*/false, base);
+}
+
+// Context parallelism on one GPU, T = 40 (chunks of 10 and 5 tokens): cp 2,
+// cp 4, cp 2 × tp 2 and dp 2 × cp 2, the ring's key/value blocks staged
+// through the host (Gloo) and passed in the engine's buffers
+// (device-memory communicators: NCCL's path, Gloo behind
+// HostBackedDeviceComm); and an interleaved pipeline, pp 2 with two model
+// chunks per stage. Each equals one rank.
+TEST(GpuParallelTrainerTest, ContextParallelAndInterleavedStagesOnOneGpuEqualOneRank) {
+  SKIP_WITHOUT_GPU();
+  RunSpec base;
+  base.model = "{layers: 4, heads: 4, dim: 64, context: 64, vocab: 256}";
+  base.seq_len = 40;
+  const Layouts cp = {{"cp2", Ranks(2, {"parallel.cp=2"})},
+                      {"cp4", Ranks(4, {"parallel.cp=4"})},
+                      {"cp2 tp2", Ranks(4, {"parallel.cp=2", "parallel.tp=2"})},
+                      {"dp2 cp2", Ranks(4, {"parallel.dp=2", "parallel.cp=2", "batch.micro=4"})}};
+  ExpectLayoutsOnOneGpuEqualOneRank(8, cp, /*device_memory_comm=*/false, base);
+  ExpectLayoutsOnOneGpuEqualOneRank(8, cp, /*device_memory_comm=*/true, base);
+  ExpectLayoutsOnOneGpuEqualOneRank(
+      8, {{"pp2 v2", Ranks(2, {"parallel.pp=2", "parallel.pp_virtual=2", "batch.micro=2"})}},
+      /*device_memory_comm=*/false, base);
 }
 
 // NCCL's device-memory paths with every layout's ranks on one GPU (the

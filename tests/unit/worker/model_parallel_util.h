@@ -44,7 +44,14 @@ struct Layout {
   bool sp = false;                 // parallel.sequence_parallel
   bool llama = false;              // model.arch: llama (GQA, rotary, SwiGLU, untied head)
   int cp = 1;                      // parallel.cp
+  int pp_virtual = 1;              // parallel.pp_virtual (model chunks per stage)
 };
+
+// `l` interleaved: `v` model chunks per pipeline stage.
+inline Layout Interleaved(Layout l, int v) {
+  l.pp_virtual = v;
+  return l;
+}
 
 // `l` with context parallelism over `cp` ranks.
 inline Layout Cp(Layout l, int cp) {
@@ -62,6 +69,7 @@ inline std::string Name(const Layout& l) {
   std::string s = absl::StrCat("dp", l.dp, l.cp > 1 ? absl::StrCat("_cp", l.cp) : "", "_tp", l.tp,
                                "_pp", l.pp);
   if (l.pp > 1) absl::StrAppend(&s, "_", l.schedule, "_m", 16 / (l.micro * l.dp));
+  if (l.pp_virtual > 1) absl::StrAppend(&s, "_v", l.pp_virtual);
   if (l.zero > 0) absl::StrAppend(&s, "_zero", l.zero);
   if (std::string(l.recompute) != "none") absl::StrAppend(&s, "_", l.recompute);
   if (l.recompute_layers > 0) absl::StrAppend(&s, l.recompute_layers);
@@ -97,8 +105,9 @@ class Corpus {
         "}\n", "data: {train: ", (dir_ / "train.txt").string(),
         ", val: ", (dir_ / "val.txt").string(), "}\n", "batch: {global: 16, micro: ", l.micro,
         ", seq_len: 32}\n", "parallel: {dp: ", l.dp, ", cp: ", l.cp, ", tp: ", l.tp, ", pp: ", l.pp,
-        ", zero: ", l.zero, ", schedule: ", l.schedule, l.sp ? ", sequence_parallel: true" : "",
-        "}\n", "optimizer: {lr: 0.003, warmup_steps: 2, weight_decay: 0.1, grad_clip: 1.0}\n",
+        ", zero: ", l.zero, ", schedule: ", l.schedule, ", pp_virtual: ", l.pp_virtual,
+        l.sp ? ", sequence_parallel: true" : "", "}\n",
+        "optimizer: {lr: 0.003, warmup_steps: 2, weight_decay: 0.1, grad_clip: 1.0}\n",
         "eval: {every: 10, batches: 1}\n", "steps: ", kSteps, "\n",
         ckpt.empty() ? "" : absl::StrCat("checkpoint: {every: 10, dir: ", ckpt, "}\n")));
     EXPECT_TRUE(spec.ok()) << spec.status();

@@ -194,9 +194,10 @@ TEST_F(PlanMemoryTest, SequenceParallelOnTp2MatchesThePlanWithin5Percent) {
 // schedule keeps: GPipe m, 1F1B min(m, pp - stage)) within 5%.
 TEST_F(PlanMemoryTest, PipelineStagesMatchEachRankOfATp2Pp2Mesh) {
   const Shape& shape = kShapes[1];  // fortunes: 4 layers, 2 per stage
-  std::printf("%-6s %5s %5s  %14s %14s %6s  %14s %14s %6s\n", "sched", "zero", "rank", "plan acts",
+  std::printf("%-11s %5s %5s  %14s %14s %6s  %14s %14s %6s\n", "sched", "zero", "rank", "plan acts",
               "measured acts", "diff", "plan state", "measured state", "diff");
-  for (const char* schedule : {"gpipe", "1f1b"}) {
+  // "interleaved": 1F1B over two model chunks per stage (layers 0, 2 and 1, 3).
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved"}) {
     for (int zero = 0; zero <= 1; ++zero) {
       JobSpec spec = Spec(shape, zero);
       spec.parallel.dp = 1;
@@ -204,6 +205,7 @@ TEST_F(PlanMemoryTest, PipelineStagesMatchEachRankOfATp2Pp2Mesh) {
       spec.parallel.pp = 2;
       spec.parallel.schedule =
           std::string(schedule) == "gpipe" ? PipelineSchedule::kGpipe : PipelineSchedule::k1F1B;
+      if (std::string(schedule) == "interleaved") spec.parallel.pp_virtual = 2;
       spec.batch.global = 4 * spec.batch.micro;  // m = 4 micro-batches per step
       absl::StatusOr<v1::Plan> plan = MakePlan(spec, 4);
       ASSERT_TRUE(plan.ok()) << plan.status();
@@ -217,7 +219,7 @@ TEST_F(PlanMemoryTest, PipelineStagesMatchEachRankOfATp2Pp2Mesh) {
         const int64_t plan_state =
             want.params_bytes() + want.grads_bytes() + want.optimizer_bytes();
         const int64_t got_state = m.params + m.grads + m.optimizer;
-        std::printf("%-6s %5d %5d  %14lld %14lld %5.2f%%  %14lld %14lld %5.2f%%\n", schedule, zero,
+        std::printf("%-11s %5d %5d  %14lld %14lld %5.2f%%  %14lld %14lld %5.2f%%\n", schedule, zero,
                     rank, static_cast<long long>(want.activations_bytes()),
                     static_cast<long long>(m.activations),
                     100 * RelDiff(m.activations, want.activations_bytes()),

@@ -69,7 +69,7 @@ CpuModel::CpuModel(const ModelConfig& config, int B, int T, int threads,
   grad_data_ = grads_->as<float>();
   // Every activation and scratch tensor where the model's table puts it: one
   // set of the saved tensors per slot, then the scratch ones, in one buffer.
-  acts_ = *device_.Allocate(static_cast<size_t>(activations().bytes(slots()) / sizeof(float)),
+  acts_ = *device_.Allocate(static_cast<size_t>(activation_alloc_bytes() / sizeof(float)),
                             DataType::kFloat32);
   BindActivations(acts_->as<char>());
 }
@@ -87,7 +87,7 @@ float CpuModel::StageForward(int slot, const int* tokens, const int* targets, co
 }
 
 const float* CpuModel::StageOutput(int k) const {
-  if (layout().slice().last_stage) return nullptr;
+  if (PipelineLast(slot(k))) return nullptr;
   return F(LastOutput(slot(k)));
 }
 

@@ -70,7 +70,7 @@ class CpuModel final : public ModelEngine {
   using ModelEngine::Forward;
   const float* StageOutput(int slot) const override;
   const float* InputGrad() const override {
-    return layout().slice().first_stage ? nullptr : static_cast<const float*>(dresidual());
+    return has_input_grad() ? static_cast<const float*>(dresidual()) : nullptr;
   }
   void ZeroGrad() override;
   void ReadLogits(int row, float* out) const override;

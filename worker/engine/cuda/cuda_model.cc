@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -211,7 +212,7 @@ absl::Status CudaModel::Init() {
     }
   }
   if (s.ok()) {
-    s = alloc(static_cast<size_t>(activations().bytes(slots()) / 4), DataType::kFloat32, &acts_);
+    s = alloc(static_cast<size_t>(activation_alloc_bytes() / 4), DataType::kFloat32, &acts_);
   }
   // Token ids and targets of every slot (int32, 4 bytes like fp32).
   if (s.ok()) s = alloc(static_cast<size_t>(2 * slots() * BT), DataType::kFloat32, &ids_);
@@ -229,10 +230,12 @@ absl::Status CudaModel::Init() {
   if (s.ok() && tp() != nullptr && tp()->device_memory()) {
     s = alloc(size_t(3 * BT), DataType::kFloat32, &lse_scratch_);
   }
-  if (s.ok() && compute() != DataType::kFloat32 && !layout().slice().last_stage) {
+  // An interleaved slice's chunks send and receive on every stage.
+  const bool chunked = chunks() > 1;
+  if (s.ok() && compute() != DataType::kFloat32 && (!layout().slice().last_stage || chunked)) {
     s = alloc(io * size_t(slots()), DataType::kFloat32, &stage_out_);
   }
-  if (s.ok() && compute() != DataType::kFloat32 && !layout().slice().first_stage) {
+  if (s.ok() && compute() != DataType::kFloat32 && (!layout().slice().first_stage || chunked)) {
     s = alloc(io, DataType::kFloat32, &input_grad_);
   }
   // Rotary's table, once: every block of every slot rotates by it.
@@ -242,6 +245,16 @@ absl::Status CudaModel::Init() {
     s = alloc(table.size(), DataType::kFloat32, &rotary_table_);
     if (s.ok()) math_->CopyFromHost(rotary_table_->as<float>(), table.data(), table.size());
   }
+  // Every cp rank's column positions, once (int32, 4 bytes like fp32).
+  if (s.ok() && cp() != nullptr) {
+    const int n_cp = cp()->size(), T = max_seq_len();
+    s = alloc(size_t(n_cp) * size_t(T), DataType::kFloat32, &cp_positions_);
+    for (int r = 0; s.ok() && r < n_cp; ++r) {
+      CheckCuda(cudaMemcpy(cp_positions_->as<int>() + int64_t{r} * T, ModelEngine::CpPositions(r),
+                           sizeof(int) * size_t(T), cudaMemcpyHostToDevice),
+                "cudaMemcpy (cp positions)");
+    }
+  }
   if (!s.ok()) return s;
   BindActivations(acts_->as<char>());
   host_losses_.resize(BT);
@@ -250,8 +263,9 @@ absl::Status CudaModel::Init() {
 
 int64_t CudaModel::allocated_bytes() const {
   int64_t total = 0;
-  for (const auto* b : {&params_, &grads_, &compute_, &acts_, &ids_, &row_, &stage_out_,
-                        &input_grad_, &tp_scratch_, &lse_scratch_, &rotary_table_}) {
+  for (const auto* b :
+       {&params_, &grads_, &compute_, &acts_, &ids_, &row_, &stage_out_, &input_grad_, &tp_scratch_,
+        &lse_scratch_, &rotary_table_, &cp_positions_}) {
     if (*b != nullptr) total += int64_t((*b)->bytes());
   }
   return total;
@@ -300,14 +314,14 @@ const float* CudaModel::AsFloat32(float* dst, const void* src, int64_t n) const 
 }
 
 const float* CudaModel::StageOutput(int k_slot) const {
-  if (layout().slice().last_stage) return nullptr;
+  if (PipelineLast(slot(k_slot))) return nullptr;
   const int64_t n = static_cast<int64_t>(StageIoElements());
   float* dst = stage_out_ == nullptr ? nullptr : stage_out_->as<float>() + k_slot * n;
   return AsFloat32(dst, LastOutput(slot(k_slot)), n);
 }
 
 const float* CudaModel::InputGrad() const {
-  if (layout().slice().first_stage) return nullptr;
+  if (!has_input_grad()) return nullptr;
   float* dst = input_grad_ == nullptr ? nullptr : input_grad_->as<float>();
   return AsFloat32(dst, dresidual(), static_cast<int64_t>(StageIoElements()));
 }
@@ -350,12 +364,24 @@ void CudaModel::EncoderForward(SlotActs& s) {
             "cudaMemcpyAsync (tokens)");
   // Without learned positions (rotary) wpe() is -1: param() gives null and
   // the embeddings are wte's rows alone.
+  // Under cp the columns' positions are this rank's chunks (null: 0..T-1).
+  const int* pos = DevicePositions();
   if (tp() == nullptr) {
-    Check(cuda::EncoderForward(k(), s.encoded, DeviceTokens(k_slot), param(layout().wte()),
-                               param(layout().wpe()), s.b, s.t, config().dim));
+    Check(cuda::EncoderForwardShard(k(), s.encoded, DeviceTokens(k_slot), param(layout().wte()),
+                                    param(layout().wpe()), 0, std::numeric_limits<int>::max(), s.b,
+                                    s.t, config().dim, pos));
     return;
   }
   const int C = config().dim, N = s.b * s.t;
+  if (sequence_parallel() && pos != nullptr) {
+    // Under cp the rows' positions are not (first + r) mod T: wpe goes in
+    // before the reduce-scatter, added by tp rank 0 only (the sum is exact).
+    Check(cuda::EncoderForwardShard(k(), sp_full(), DeviceTokens(k_slot), param(layout().wte()),
+                                    tp()->rank() == 0 ? param(layout().wpe()) : nullptr, vocab_.v0,
+                                    vocab_.real, s.b, s.t, C, pos));
+    TpReduceScatter(s.encoded, sp_full(), int64_t{LocalRows(N)} * C);
+    return;
+  }
   if (sequence_parallel()) {
     // This rank's rows of wte for all N rows into sp_full, reduce-scattered
     // to its LocalRows(N) rows [rank·N/tp, +N/tp), then their positions.
@@ -373,7 +399,7 @@ void CudaModel::EncoderForward(SlotActs& s) {
   // summed over tp (one rank holds each token's row: the sum is exact).
   Check(cuda::EncoderForwardShard(k(), s.encoded, DeviceTokens(k_slot), param(layout().wte()),
                                   tp()->rank() == 0 ? param(layout().wpe()) : nullptr, vocab_.v0,
-                                  vocab_.real, s.b, s.t, C));
+                                  vocab_.real, s.b, s.t, C, pos));
   TpAllReduceSum(s.encoded, int64_t{N} * C);
 }
 
@@ -381,7 +407,7 @@ void CudaModel::EncoderForward(SlotActs& s) {
 void CudaModel::EncoderBackward(const SlotActs& s, const void* dout) {
   Check(cuda::EncoderBackwardShard(k(), grad(layout().wte()), grad(layout().wpe()), dout,
                                    DeviceTokens(SlotIndex(s)), vocab_.v0, vocab_.real, s.b, s.t,
-                                   config().dim));
+                                   config().dim, DevicePositions()));
 }
 
 void CudaModel::CopyFromFloat32(void* dst, const float* src, int64_t n) {
@@ -436,7 +462,7 @@ void CudaModel::RotaryForward(void* qkv, int b, int t, int NHt, int KVHt, bool i
   if (rotary_table_ == nullptr) Fail("CudaModel: RotaryForward without rotary positions");
   const int hs = config().head_dim();
   Check(cuda::RotaryForward(k(), qkv, rotary_table_->as<float>(), b, t, NHt + KVHt, hs,
-                            (NHt + 2 * KVHt) * hs, inverse));
+                            (NHt + 2 * KVHt) * hs, inverse, DevicePositions()));
 }
 
 // Flash attention where the table says so (policy().flash_attention: att

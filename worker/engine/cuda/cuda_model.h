@@ -104,6 +104,21 @@ class CudaModel final : public ModelEngine {
   double CrossEntropyForward(SlotActs& s) override;
   void CrossEntropyBackward(SlotActs& s, float dloss) override;
   void LmHeadBackward(SlotActs& s, void* dln) override;
+  // Context parallelism (cuda_model_cp.cc).
+  void AttentionBlockForward(void* out, float* lse, void* blk_out, float* blk_lse, void* scores,
+                             const void* qkv, const void* kv, const int* pos_q, const int* pos_k,
+                             int b, int t, int Ct, int NHt, int KVHt, bool first) override;
+  void AttentionRowDot(float* D, const void* dout, const void* out, int b, int t, int Ct,
+                       int NHt) override;
+  void AttentionBlockBackward(void* dqkv, void* dkv, void* scores, void* dscores, const void* dout,
+                              const void* qkv, const void* kv, const float* lse, const float* D,
+                              const int* pos_q, const int* pos_k, int b, int t, int Ct, int NHt,
+                              int KVHt) override;
+  void CopyKv(void* kv, const void* qkv, int b, int t, int Ct, int KVt) override;
+  void AddKvGrad(void* dqkv, const void* dkv, int b, int t, int Ct, int KVt) override;
+  const int* CpPositions(int r) const override;
+  void StartRingPass(const void* send, void* recv, int64_t count) override;
+  void FinishRingPass() override;
   void TpAllReduceSum(void* x, int64_t n) override;
   void TpAllGather(void* full, const void* local, int64_t n) override;
   void TpReduceScatter(void* local, const void* full, int64_t n) override;
@@ -140,6 +155,8 @@ class CudaModel final : public ModelEngine {
   const float* AsFloat32(float* dst, const void* src, int64_t n) const;
   int* DeviceTokens(int slot) const;
   int* DeviceTargets(int slot) const;
+  // This rank's columns' positions on the device under cp; null without.
+  const int* DevicePositions() const;
 
   ThreadPool pool_;
   std::unique_ptr<CudaDevice> device_;
@@ -149,6 +166,13 @@ class CudaModel final : public ModelEngine {
   // rotary_table() in device memory (fp32, (context, hs/2, 2)); null
   // without rotary positions.
   std::unique_ptr<Buffer> rotary_table_;
+  // Context parallelism: every cp rank's T positions (int32), rank r's at
+  // r·T; the ring's host staging (a group of host memory) and the device
+  // buffer the pass in flight delivers to.
+  std::unique_ptr<Buffer> cp_positions_;
+  std::vector<char> ring_send_, ring_recv_;
+  void* ring_pending_ = nullptr;
+  size_t ring_pending_bytes_ = 0;
   // Pipeline exchange in fp32 under a 16-bit compute type: every slot's
   // output (not on the last stage), the input gradient (not on the first).
   std::unique_ptr<Buffer> stage_out_, input_grad_;

@@ -23,15 +23,16 @@ absl::Status CheckEncoderSizes(const char* kernel, int B, int T, int C, int64_t*
 }
 
 // One thread per output element (b, t, c) of out (B,T,C): out[b,t,c] =
-// wte[tokens[b,t] - v0, c] (0 outside [0, real)) + wpe[t, c] (0 when null).
+// wte[tokens[b,t] - v0, c] (0 outside [0, real)) + wpe[pos[t], c] (0 when
+// null; pos null: t).
 template <typename F>
 __global__ void EncoderForwardKernel(F* out, const int* tokens, const F* wte, const F* wpe, int v0,
-                                     int real, int B, int T, int C) {
+                                     int real, int B, int T, int C, const int* pos) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= int64_t{B} * T * C) return;
   const int64_t row = i / C;  // b * T + t
   const int c = static_cast<int>(i % C);
-  const int t = static_cast<int>(row % T);
+  const int t = pos != nullptr ? pos[row % T] : static_cast<int>(row % T);
   const int64_t token = int64_t{tokens[row]} - v0;
   float x = token >= 0 && token < real ? Load(wte[token * C + c]) : 0.0f;
   if (wpe != nullptr) x += Load(wpe[int64_t{t} * C + c]);
@@ -50,7 +51,7 @@ absl::Status EncoderForward(const KernelCtx& ctx, void* out, const int* tokens, 
 
 absl::Status EncoderForwardShard(const KernelCtx& ctx, void* out, const int* tokens,
                                  const void* wte_shard, const void* wpe, int v0, int real, int B,
-                                 int T, int C) {
+                                 int T, int C, const int* pos) {
   constexpr const char* kName = "EncoderForward";
   int64_t n = 0;
   SHARDTRAIN_RETURN_IF_ERROR(CheckEncoderSizes(kName, B, T, C, &n));
@@ -61,7 +62,7 @@ absl::Status EncoderForwardShard(const KernelCtx& ctx, void* out, const int* tok
     using F = typename decltype(tag)::type;
     EncoderForwardKernel<F><<<static_cast<int>(blocks), kThreads, 0, ctx.stream>>>(
         static_cast<F*>(out), tokens, static_cast<const F*>(wte_shard), static_cast<const F*>(wpe),
-        v0, real, B, T, C);
+        v0, real, B, T, C, pos);
     return internal::CheckLaunch(kName);
   });
 }
@@ -95,15 +96,19 @@ __global__ void EncoderBackwardWteKernel(float* dwte, const F* dout, const int* 
   }
 }
 
-// One thread per element (t, c) of dwpe's first T rows: dwpe[t, c] +=
-// dout[b, t, c] for b = 0..B-1 in order.
+// One thread per element (t, c) of the T columns: dwpe[pos[t], c] (pos
+// null: t) += dout[b, t, c] for b = 0..B-1 in order (the positions are
+// distinct: no two threads write one element).
 template <typename F>
-__global__ void EncoderBackwardWpeKernel(float* dwpe, const F* dout, int B, int T, int C) {
+__global__ void EncoderBackwardWpeKernel(float* dwpe, const F* dout, int B, int T, int C,
+                                         const int* pos) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= int64_t{T} * C) return;
-  float acc = dwpe[i];
+  const int64_t t = i / C, c = i % C;
+  float* w = dwpe + (pos != nullptr ? int64_t{pos[t]} : t) * C + c;
+  float acc = *w;
   for (int b = 0; b < B; ++b) acc += Load(dout[int64_t{b} * T * C + i]);
-  dwpe[i] = acc;
+  *w = acc;
 }
 
 }  // namespace
@@ -117,7 +122,8 @@ absl::Status EncoderBackward(const KernelCtx& ctx, float* dwte, float* dwpe, con
 }
 
 absl::Status EncoderBackwardShard(const KernelCtx& ctx, float* dwte, float* dwpe, const void* dout,
-                                  const int* tokens, int v0, int real, int B, int T, int C) {
+                                  const int* tokens, int v0, int real, int B, int T, int C,
+                                  const int* pos) {
   constexpr const char* kName = "EncoderBackward";
   int64_t n = 0;
   SHARDTRAIN_RETURN_IF_ERROR(CheckEncoderSizes(kName, B, T, C, &n));
@@ -139,7 +145,7 @@ absl::Status EncoderBackwardShard(const KernelCtx& ctx, float* dwte, float* dwpe
     SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("EncoderBackward (dwte)"));
     if (dwpe == nullptr) return absl::OkStatus();  // no learned positions
     EncoderBackwardWpeKernel<F>
-        <<<static_cast<int>(wpe_blocks), kThreads, 0, ctx.stream>>>(dwpe, d, B, T, C);
+        <<<static_cast<int>(wpe_blocks), kThreads, 0, ctx.stream>>>(dwpe, d, B, T, C, pos);
     return internal::CheckLaunch("EncoderBackward (dwpe)");
   });
 }

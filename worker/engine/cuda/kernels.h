@@ -86,12 +86,14 @@ absl::Status EncoderBackward(const KernelCtx& ctx, float* dwte, float* dwpe, con
 // skipped when null (the tp sum adds it once: one rank passes it).
 // Backward: dwte_shard += the rows of this rank's tokens, dwpe += every row
 // (as EncoderBackward; skipped when dwpe is null).
+// pos (T, device ints, distinct): column t's position in its sequence
+// (context parallelism's chunks) — wpe's row pos[t] instead of t; null: t.
 absl::Status EncoderForwardShard(const KernelCtx& ctx, void* out, const int* tokens,
                                  const void* wte_shard, const void* wpe, int v0, int real, int B,
-                                 int T, int C);
+                                 int T, int C, const int* pos = nullptr);
 absl::Status EncoderBackwardShard(const KernelCtx& ctx, float* dwte_shard, float* dwpe,
                                   const void* dout, const int* tokens, int v0, int real, int B,
-                                  int T, int C);
+                                  int T, int C, const int* pos = nullptr);
 
 // ---- layernorm over the last dim, eps 1e-5 ----
 // inp, out (N,C); weight, bias (C); saves mean, rstd (N, fp32).
@@ -119,9 +121,10 @@ absl::Status RmsNormBackward(const KernelCtx& ctx, void* dinp, float* dweight, c
 // fp32, model::RotaryTable; T <= context): (x0, x1) -> (x0 cos - x1 sin,
 // x0 sin + x1 cos); `inverse` rotates by minus the angle (the backward,
 // applied to dqkv). Columns from heads·hs on are untouched. hs even, ld >=
-// heads·hs. One thread per pair.
+// heads·hs. One thread per pair. pos (T, device ints): the position of
+// column t (context parallelism's chunks); null: t.
 absl::Status RotaryForward(const KernelCtx& ctx, void* x, const float* table, int B, int T,
-                           int heads, int hs, int ld, bool inverse);
+                           int heads, int hs, int ld, bool inverse, const int* pos = nullptr);
 
 // ---- matmul (torch.nn.Linear) through cuBLASLt ----
 // out (N,OC) with row stride ld_out = inp (N,C) · weight (OC,C)^T + bias

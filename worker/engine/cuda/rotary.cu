@@ -17,17 +17,19 @@ constexpr int kThreads = 256;
 
 // One thread per pair (row, head, i) of the (B·T, heads, hs/2) pairs: the
 // pair (2i, 2i+1) of head `head` in row `row` of x (row stride ld) rotated by
-// the angle of table[(row mod T), i] (its [cos, sin]); sign -1 rotates back.
+// the angle of table[pos[row mod T] (pos null: row mod T), i] (its [cos,
+// sin]); sign -1 rotates back.
 template <typename F>
 __global__ void RotaryKernel(F* x, const float* table, int64_t pairs, int T, int heads, int half,
-                             int ld, float sign) {
+                             int ld, float sign, const int* pos) {
   const int64_t p = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (p >= pairs) return;
   const int64_t per_row = int64_t{heads} * half;
   const int64_t row = p / per_row;
   const int rem = static_cast<int>(p % per_row);
   const int head = rem / half, i = rem % half;
-  const float* angle = table + (int64_t{row % T} * half + i) * 2;
+  const int64_t t = pos != nullptr ? int64_t{pos[row % T]} : row % T;
+  const float* angle = table + (t * half + i) * 2;
   const float c = angle[0], s = sign * angle[1];
   F* v = x + row * ld + int64_t{head} * 2 * half + 2 * i;
   const float x0 = Load(v[0]), x1 = Load(v[1]);
@@ -40,7 +42,7 @@ __global__ void RotaryKernel(F* x, const float* table, int64_t pairs, int T, int
 // x (B,T,ld), the first heads·hs columns of each row rotated in place by
 // table (context, hs/2, 2) at the row's position; inverse: by minus the angle.
 absl::Status RotaryForward(const KernelCtx& ctx, void* x, const float* table, int B, int T,
-                           int heads, int hs, int ld, bool inverse) {
+                           int heads, int hs, int ld, bool inverse, const int* pos) {
   constexpr const char* kName = "RotaryForward";
   SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kName, "B", B));
   SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kName, "T", T));
@@ -62,7 +64,7 @@ absl::Status RotaryForward(const KernelCtx& ctx, void* x, const float* table, in
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
     RotaryKernel<F><<<static_cast<int>(blocks), kThreads, 0, ctx.stream>>>(
-        static_cast<F*>(x), table, pairs, T, heads, hs / 2, ld, inverse ? -1.0f : 1.0f);
+        static_cast<F*>(x), table, pairs, T, heads, hs / 2, ld, inverse ? -1.0f : 1.0f, pos);
     return internal::CheckLaunch(kName);
   });
 }

@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <vector>
+
+#include "common/model/slice.h"
 
 namespace shardtrain::model {
 namespace {
@@ -152,6 +155,34 @@ TEST(ActivationTableTest, FlashAttentionKeepsRowStatisticsInsteadOfProbabilities
       "[activations] B=%d T=%d bf16 per micro-batch: materialized %lld bytes saved, "
       "flash %lld\n",
       B, T, static_cast<long long>(plain.saved_bytes()), static_cast<long long>(t.saved_bytes()));
+}
+
+// An interleaved slice (two chunks: layers 1 and 3 of 4 on the last stage):
+// each chunk's saved set is contiguous — its block, its input ("encoded",
+// "encoded.1") and, with the last chunk, the model's end — and bytes() of
+// per-chunk slots sums each chunk's sets.
+TEST(ActivationTableTest, InterleavedChunksKeepContiguousSets) {
+  const ModelConfig c = *MakeGptConfig(4, 2, 16, 8, 64);
+  const ModelSlice last = SliceOf({1, 1, 1, 1}, 1, 1, 0, /*chunks=*/2);
+  const ActivationTable t(c, 2, 8, last);
+  ASSERT_EQ(t.chunks(), 2);
+  const auto [b0, e0] = t.chunk_saved(0);
+  const auto [b1, e1] = t.chunk_saved(1);
+  EXPECT_EQ(b0, 0);
+  EXPECT_EQ(e0, b1);
+  EXPECT_EQ(e1, t.saved_bytes());
+  auto in = [&](const char* name, int64_t b, int64_t e) {
+    const ActivationTensor& x = t.at(name);
+    return x.offset >= b && x.offset + x.bytes() <= e;
+  };
+  EXPECT_TRUE(in("block.1.qkv", b0, e0));
+  EXPECT_TRUE(in("encoded", b0, e0));
+  EXPECT_TRUE(in("block.3.residual3", b1, e1));
+  EXPECT_TRUE(in("encoded.1", b1, e1));
+  EXPECT_TRUE(in("logits", b1, e1));
+  EXPECT_EQ(t.find("block.2.qkv"), nullptr);
+  EXPECT_EQ(t.bytes(std::vector<int>{3, 1}), 3 * (e0 - b0) + (e1 - b1) + t.scratch_bytes());
+  EXPECT_EQ(t.bytes(std::vector<int>{2, 2}), t.bytes(2));
 }
 
 }  // namespace

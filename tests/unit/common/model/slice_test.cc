@@ -134,5 +134,35 @@ TEST(SliceOfTest, StagesAreContiguousAndEndsMarked) {
   EXPECT_TRUE(SliceOf({4}, 0, 1, 0).whole());
 }
 
+// Interleaved (parallel.pp_virtual): pp · v equal virtual stages, stage s
+// holding chunks c·pp + s; its layout holds the chunks' blocks in layer
+// order, block_tensor finds each.
+TEST(SliceOfTest, InterleavedChunksAreVirtualStages) {
+  const ModelConfig c = *MakeGptConfig(8, 4, 32, 16, 100);
+  const absl::StatusOr<std::vector<int>> split = StageLayers(c, 2, {}, 2);
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_EQ(*split, (std::vector<int>{2, 2, 2, 2}));
+  const ModelSlice s0 = SliceOf(*split, 0, 1, 0, 2), s1 = SliceOf(*split, 1, 1, 0, 2);
+  std::vector<int> layers0, layers1;
+  for (int i = 0; i < s0.total_layers(c); ++i) layers0.push_back(s0.Layer(c, i));
+  for (int i = 0; i < s1.total_layers(c); ++i) layers1.push_back(s1.Layer(c, i));
+  EXPECT_EQ(layers0, (std::vector<int>{0, 1, 4, 5}));
+  EXPECT_EQ(layers1, (std::vector<int>{2, 3, 6, 7}));
+  EXPECT_TRUE(s0.first_stage && !s0.last_stage && s1.last_stage && !s1.first_stage);
+  EXPECT_FALSE(s0.whole());
+  EXPECT_EQ(s1.LocalLayer(c, 6), 2);
+  EXPECT_EQ(s1.LocalLayer(c, 4), -1);
+  EXPECT_EQ(s0.LocalLayer(c, 8), -1);
+  const ParamLayout layout(c, s1);
+  EXPECT_EQ(layout.num_layers(), 4);
+  // embeddings (the tied head), block.2, block.3, block.6, block.7, final
+  EXPECT_EQ(layout.units()[3].name, "block.6");
+  EXPECT_EQ(layout.tensors()[layout.block_tensor(7, kLn1W)].name, "block.7.ln1.weight");
+  EXPECT_EQ(Message(StageLayers(c, 3, {}, 2)),
+            "parallel.pp_virtual: 2 model chunks per stage need parallel.pp > 1, no "
+            "parallel.stages (every chunk has model.layers / (pp × pp_virtual) layers) and "
+            "model.layers a multiple of pp × pp_virtual; got pp 3, 0 stages entries, 8 layers");
+}
+
 }  // namespace
 }  // namespace shardtrain::model

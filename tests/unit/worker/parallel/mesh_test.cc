@@ -49,13 +49,37 @@ void CheckGroup(const char* name, comm::Communicator* c, const std::vector<int>&
   EXPECT_EQ(v, Expected(members, world));
 }
 
-void CheckMesh(int dp, int tp, int pp) {
+// An interleaved pipeline's one-way channels: each stage sends its rank on
+// act_out (grad_out) and must receive the previous (next) stage's on act_in
+// (grad_in), around the ring; the sender is rank 0 of each.
+void CheckChannels(const Mesh& m, const std::vector<int>& pipe, int rank) {
+  const int s = m.stage(), pp = m.stages();
+  for (bool act : {true, false}) {
+    comm::Communicator* out = act ? m.act_out() : m.grad_out();
+    comm::Communicator* in = act ? m.act_in() : m.grad_in();
+    ASSERT_NE(out, nullptr);
+    ASSERT_NE(in, nullptr);
+    EXPECT_EQ(out->size(), 2);
+    EXPECT_EQ(out->rank(), 0);
+    EXPECT_EQ(in->size(), 2);
+    EXPECT_EQ(in->rank(), 1);
+    const float mine = static_cast<float>(rank);
+    float got = -1;
+    std::shared_ptr<comm::Work> sent = out->SendAsync(&mine, 1, DataType::kFloat32, 1);
+    ASSERT_TRUE(in->Recv(&got, 1, DataType::kFloat32, 0).ok());
+    ASSERT_TRUE(sent->Wait().ok());
+    const int from = act ? (s + pp - 1) % pp : (s + 1) % pp;
+    EXPECT_EQ(got, static_cast<float>(pipe[from])) << (act ? "activations" : "gradients");
+  }
+}
+
+void CheckMesh(int dp, int tp, int pp, int chunks = 1) {
   absl::StatusOr<ParallelDims> dims = ParallelDims::Create(dp, tp, pp);
   ASSERT_TRUE(dims.ok()) << dims.status();
   const int world = dims->world();
   RunRanks(world, [&](comm::Communicator& w) {
     const int rank = w.rank();
-    absl::StatusOr<std::unique_ptr<Mesh>> mesh = Mesh::Create(*dims, rank, &w);
+    absl::StatusOr<std::unique_ptr<Mesh>> mesh = Mesh::Create(*dims, rank, &w, chunks);
     ASSERT_TRUE(mesh.ok()) << mesh.status();
     const Mesh& m = **mesh;
     EXPECT_EQ(m.coord(), dims->Coord(rank));
@@ -80,6 +104,12 @@ void CheckMesh(int dp, int tp, int pp) {
     const std::vector<int> tied =
         pp > 1 && end ? std::vector<int>{pipe.front(), pipe.back()} : std::vector<int>{};
     CheckGroup("tied", m.tied(), tied, rank, world);
+    if (chunks > 1) {
+      CheckChannels(m, pipe, rank);
+    } else {
+      EXPECT_EQ(m.act_in(), nullptr);
+      EXPECT_EQ(m.grad_out(), nullptr);
+    }
   });
 }
 
@@ -88,6 +118,11 @@ TEST(MeshTest, Tp2Pp2) { CheckMesh(1, 2, 2); }
 TEST(MeshTest, Dp2Pp3) { CheckMesh(2, 1, 3); }
 TEST(MeshTest, Pp4TiesOnlyTheEnds) { CheckMesh(1, 1, 4); }
 TEST(MeshTest, Dp4) { CheckMesh(4, 1, 1); }
+// Interleaved: the ring's channels, pp 2 (both directions between the same
+// two ranks), odd pp 3 (three rounds) and pp 4.
+TEST(MeshTest, Dp2Pp2Channels) { CheckMesh(2, 1, 2, /*chunks=*/2); }
+TEST(MeshTest, Pp3Channels) { CheckMesh(1, 1, 3, /*chunks=*/2); }
+TEST(MeshTest, Pp4Channels) { CheckMesh(1, 1, 4, /*chunks=*/3); }
 
 TEST(MeshTest, WorldOfOneHasNoCommunicators) {
   absl::StatusOr<ParallelDims> dims = ParallelDims::Create(1, 1, 1);

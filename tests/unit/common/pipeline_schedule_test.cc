@@ -1,10 +1,10 @@
-// Pipeline schedules (worker/parallel/schedule.h): the exact action lists of
+// Pipeline schedules (common/pipeline_schedule.h): the exact action lists of
 // small cases written out by hand, the invariants of every list (each
 // micro-batch forwarded once, then backwarded once), the activation sets a
 // stage must keep, and the discrete-event simulation: its idle fraction is
 // the textbook bubble (pp - 1) / (m + pp - 1) for both schedules, and it
 // reports a schedule that can never finish instead of looping.
-#include "worker/parallel/schedule.h"
+#include "common/pipeline_schedule.h"
 
 #include <algorithm>
 #include <map>
@@ -90,6 +90,18 @@ TEST(ScheduleTest, PeakInFlight) {
   EXPECT_EQ(PeakInFlight(OneFOneBActions(3, 4, 8)), 1);
   EXPECT_EQ(PeakInFlight(OneFOneBActions(1, 4, 2)), 2);
   EXPECT_EQ(PeakInFlight(PipelineActions(PipelineSchedule::kGpipe, 0, 1, 8)), 1);
+}
+
+// An interleaved stage's slots per chunk: each chunk's own peak. Stage 0 of
+// pp 2, v 2, m 4 forwards F0.0 F1.0 F0.1 F1.1 F2.0 before B0.1: three of
+// chunk 0's micro-batches at once, then F3.0 a fourth before B0.0.
+TEST(ScheduleTest, PeakInFlightPerChunk) {
+  const std::vector<PipelineAction> a = InterleavedActions(0, 2, 4, 2);
+  EXPECT_EQ(ActionsToString(a), "F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 B2.1 B3.1 B2 B3");
+  EXPECT_EQ(PeakInFlightPerChunk(a, 2), (std::vector<int>{4, 2}));
+  EXPECT_EQ(PeakInFlight(a, 1), 2);
+  EXPECT_EQ(PipelineActions(PipelineSchedule::k1F1B, 0, 2, 4, 2), a);
+  EXPECT_EQ(PeakInFlightPerChunk(OneFOneBActions(0, 2, 4), 1), (std::vector<int>{2}));
 }
 
 TEST(ScheduleTest, BubbleFraction) {

@@ -1,8 +1,10 @@
 // Pipeline schedules: the order in which one pipeline stage runs the
 // forwards and backwards of a step's micro-batches, and a discrete-event
 // simulation of a whole pipeline running them. Pure: no communication, no
-// engine. The executor (pipeline.h) runs these lists; bench/pipeline_bench
-// compares its measured idle time with the simulation's.
+// engine. The executor (worker/parallel/pipeline.h) runs these lists, the
+// planner sizes each stage's activation slots from them (PeakInFlight), and
+// bench/pipeline_bench compares the measured idle time with the
+// simulation's.
 //
 // Shape letters: pp = stages, m = micro-batches per step, s = a stage's
 // index (0 = first, takes tokens; pp - 1 = last, computes the loss).
@@ -25,11 +27,10 @@
 //          forward and one backward, then the remaining backwards. Each
 //          action costs 1/v of a stage's, so the bubble shrinks to
 //          (pp − 1) / (v·m + pp − 1); m must be a multiple of pp.
-// (The executor runs v = 1 so far: the engine's model chunks are not built.)
 //
 // Thread-compatible: free functions over values.
-#ifndef SHARDTRAIN_WORKER_PARALLEL_SCHEDULE_H_
-#define SHARDTRAIN_WORKER_PARALLEL_SCHEDULE_H_
+#ifndef SHARDTRAIN_COMMON_PIPELINE_SCHEDULE_H_
+#define SHARDTRAIN_COMMON_PIPELINE_SCHEDULE_H_
 
 #include <string>
 #include <vector>
@@ -67,13 +68,18 @@ std::vector<PipelineAction> InterleavedActions(int stage, int stages, int micro_
 // The actions of `schedule` on `stage`. With one stage both schedules give
 // F0 B0 F1 B1 ...: a single stage waits for no one, so it has no bubble to
 // fill, and GPipe's order would only make it hold m activation sets at once.
+// chunks > 1 (parallel.pp_virtual): InterleavedActions, whatever `schedule`
+// (the job spec accepts only 1f1b with it).
 std::vector<PipelineAction> PipelineActions(PipelineSchedule schedule, int stage, int stages,
-                                            int micro_batches);
+                                            int micro_batches, int chunks = 1);
 
 // The most micro-batches forwarded and not yet backwarded at any point of
-// `actions`: the activation sets (engine slots) the stage must keep. GPipe:
-// m; 1F1B: min(m, pp - s).
-int PeakInFlight(const std::vector<PipelineAction>& actions);
+// `actions` (through `chunk` only, when chunk >= 0): the activation sets
+// (engine slots) the stage must keep. GPipe: m; 1F1B: min(m, pp - s).
+int PeakInFlight(const std::vector<PipelineAction>& actions, int chunk = -1);
+// PeakInFlight of each chunk 0 .. chunks - 1: an interleaved stage's slots
+// per model chunk (each chunk's saved set is 1/v of the stage's).
+std::vector<int> PeakInFlightPerChunk(const std::vector<PipelineAction>& actions, int chunks);
 
 // (pp - 1) / (v·m + pp - 1): the idle fraction of every stage of a pipeline
 // of equal stages (GPipe, 1F1B: v = 1; interleaved: v chunks), when
@@ -120,4 +126,4 @@ absl::StatusOr<SimulatedTimeline> SimulateInterleaved(int stages, int micro_batc
 
 }  // namespace shardtrain::parallel
 
-#endif  // SHARDTRAIN_WORKER_PARALLEL_SCHEDULE_H_
+#endif  // SHARDTRAIN_COMMON_PIPELINE_SCHEDULE_H_

@@ -1,4 +1,4 @@
-#include "worker/parallel/schedule.h"
+#include "common/pipeline_schedule.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -96,20 +96,28 @@ std::vector<PipelineAction> InterleavedActions(int stage, int stages, int micro_
 }
 
 std::vector<PipelineAction> PipelineActions(PipelineSchedule schedule, int stage, int stages,
-                                            int micro_batches) {
+                                            int micro_batches, int chunks) {
+  if (chunks > 1) return InterleavedActions(stage, stages, micro_batches, chunks);
   if (schedule == PipelineSchedule::kGpipe && stages > 1) {
     return GpipeActions(stage, stages, micro_batches);
   }
   return OneFOneBActions(stage, stages, micro_batches);  // one stage: F0 B0 F1 B1 ...
 }
 
-int PeakInFlight(const std::vector<PipelineAction>& actions) {
+int PeakInFlight(const std::vector<PipelineAction>& actions, int chunk) {
   int in_flight = 0, peak = 0;
   for (const PipelineAction& a : actions) {
+    if (chunk >= 0 && a.chunk != chunk) continue;
     in_flight += a.kind == StepKind::kForward ? 1 : -1;
     peak = std::max(peak, in_flight);
   }
   return peak;
+}
+
+std::vector<int> PeakInFlightPerChunk(const std::vector<PipelineAction>& actions, int chunks) {
+  std::vector<int> out;
+  for (int c = 0; c < chunks; ++c) out.push_back(PeakInFlight(actions, c));
+  return out;
 }
 
 double BubbleFraction(int stages, int micro_batches, int chunks) {
