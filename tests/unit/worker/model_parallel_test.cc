@@ -42,7 +42,8 @@ INSTANTIATE_TEST_SUITE_P(
         Interleaved(Layout{1, 1, 2, 0, "1f1b", 2}, 2),
         Interleaved(Layout{2, 1, 2, 0, "1f1b", 2}, 2),
         Interleaved(Layout{2, 1, 2, 1, "1f1b", 2}, 2),
-        Interleaved(Layout{1, 2, 2, 0, "1f1b", 4}, 2)),
+        Interleaved(Layout{1, 2, 2, 0, "1f1b", 4}, 2),
+        Interleaved(Cp(Layout{1, 1, 2, 0, "1f1b", 4}, 2), 2)),
     [](const ::testing::TestParamInfo<Layout>& info) { return Name(info.param); });
 // clang-format on
 
