@@ -303,9 +303,10 @@ class ModelEngine : public Engine {
   // MLP's activation from the block's input `residual`.
   void Refill(int layer, LayerActs& a, const void* residual, int b, int t);
   void BlockBackward(int layer, LayerActs& a, const void* residual, int b, int t);
-  // Attention under context parallelism: this rank's queries against every
-  // cp rank's key/value block as it passes around the ring (the block in
-  // hand computed while the next one arrives), merged by logsumexp into
+  // Attention under context parallelism (model_engine_cp.cc): this rank's
+  // queries against every cp rank's key/value block as it passes around the
+  // ring (the block in hand computed while the next one arrives), merged
+  // by logsumexp into
   // a.atty and a.att (the rows' logsumexp). Backward recomputes each
   // block's probabilities from a.qkv and passes each block's key/value
   // gradient around with it, back to its owner, into dqkv_.
