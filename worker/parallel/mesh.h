@@ -58,7 +58,8 @@ class Mesh {
   // rank must call it, with the same dims, before any other Split on `world`.
   // It splits, in this order, dp, tp, pp, the pairs from even stages
   // ((0, 1), (2, 3), ...), the pairs from odd stages ((1, 2), ...; only when
-  // pp > 2), tied, cp and replica (the last two only when cp > 1), skipping
+  // pp > 2), the channels (only with chunks > 1, below), tied, cp and
+  // replica (the last two only when cp > 1), skipping
   // the kinds whose groups have one rank (the same on every rank);
   // each split implicitly synchronises the ranks of the world. Colour = the
   // index of this rank's group in ParallelDims::Groups(kind), key = its
