@@ -1,7 +1,5 @@
 #include "worker/parallel/context_parallel_group.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "worker/parallel/data_parallel.h"
 
@@ -22,13 +20,7 @@ void ContextParallelGroup::StartRingPass(const void* send, void* recv, size_t co
           "ContextParallelGroup: a device-memory group without the engine's device (set_device)");
       return;
     }
-    // Forget what finished (and, once nothing is in flight, the events).
-    ordered_.erase(std::remove_if(ordered_.begin(), ordered_.end(),
-                                  [](const std::shared_ptr<comm::Work>& w) {
-                                    return w->Done() && w->Wait().ok();  // failures stay
-                                  }),
-                   ordered_.end());
-    if (ordered_.empty()) events_.clear();
+    ForgetFinished(&ordered_, &events_);
     after = AfterComputeWork(*device_, &events_);  // the block to send is written
   }
   const int n = comm_->size(), r = comm_->rank();

@@ -111,6 +111,16 @@ const engine::Event* AfterComputeWork(engine::Device& device,
   return nullptr;
 }
 
+void ForgetFinished(std::vector<std::shared_ptr<comm::Work>>* in_flight,
+                    std::vector<std::unique_ptr<engine::Event>>* events) {
+  in_flight->erase(std::remove_if(in_flight->begin(), in_flight->end(),
+                                  [](const std::shared_ptr<comm::Work>& w) {
+                                    return w->Done() && w->Wait().ok();  // failures stay
+                                  }),
+                   in_flight->end());
+  if (in_flight->empty()) events->clear();
+}
+
 absl::Status AllReduceSumNow(comm::Communicator& comm, engine::Engine& engine, float* data,
                              size_t n) {
   std::vector<std::unique_ptr<engine::Event>> keep;

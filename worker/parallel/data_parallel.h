@@ -205,6 +205,11 @@ double SquaredNormOutside(engine::FlatMath& math, const float* grads, size_t cou
 // waits for the stream instead and this returns null.
 const engine::Event* AfterComputeWork(engine::Device& device,
                                       std::vector<std::unique_ptr<engine::Event>>* keep);
+// Drops from `in_flight` the ops ordered on the device that are done and
+// succeeded (a failed one stays, for the caller's Finish to report), and,
+// once none is left, the events AfterComputeWork kept for them.
+void ForgetFinished(std::vector<std::shared_ptr<comm::Work>>* in_flight,
+                    std::vector<std::unique_ptr<engine::Event>>* events);
 
 // All-reduces (sum) data[0, n) in place over `comm` and waits for it: host
 // memory, or, for a communicator of device memory, `engine`'s memory, the

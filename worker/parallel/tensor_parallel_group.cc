@@ -1,7 +1,5 @@
 #include "worker/parallel/tensor_parallel_group.h"
 
-#include <algorithm>
-
 #include "worker/parallel/data_parallel.h"
 
 namespace shardtrain::parallel {
@@ -43,14 +41,7 @@ void TensorParallelGroup::Run(
         "TensorParallelGroup: a device-memory group without the engine's device (set_device)");
     return;
   }
-  // Forget what finished (and, once nothing is in flight, the events).
-  in_flight_.erase(std::remove_if(in_flight_.begin(), in_flight_.end(),
-                                  [](const std::shared_ptr<comm::Work>& w) {
-                                    if (!w->Done()) return false;
-                                    return w->Wait().ok();  // a failure stays for Finish
-                                  }),
-                   in_flight_.end());
-  if (in_flight_.empty()) events_.clear();
+  ForgetFinished(&in_flight_, &events_);
   const engine::Event* after = AfterComputeWork(*device_, &events_);
   std::shared_ptr<comm::Work> work = submit(after);
   status_ = work->BlockStream(device_->compute_stream());
