@@ -266,9 +266,15 @@ absl::Status PipelineExecutor::Forward(const PipelineAction& a, const MicroBatch
                                        double* loss, double* wait_ms, const PipelineAction* next) {
   const std::string where = Where(a);
   const int slot = SlotOf(a);
-  int* tokens = tokens_[slot].data();
-  int* targets = targets_[slot].data();
-  if (absl::Status s = fill(a.micro, tokens, targets); !s.ok()) return s;
+  // Only the pipeline's ends read the micro-batch: the first its tokens,
+  // the last its targets.
+  int* tokens = first(a.chunk) ? tokens_[slot].data() : nullptr;
+  int* targets = last(a.chunk) ? targets_[slot].data() : nullptr;
+  if (tokens != nullptr || targets != nullptr) {
+    if (absl::Status s = fill(a.micro, tokens_[slot].data(), targets_[slot].data()); !s.ok()) {
+      return s;
+    }
+  }
   if (!first(a.chunk)) {
     // Device mode: into the engine's buffer, once the last forward read it
     // (posted with the last backward's send when that one came first).

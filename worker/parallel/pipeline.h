@@ -6,10 +6,11 @@
 // in engine slot m % engine->slots(); with model chunks, below, chunk c's
 // slot SlotOf(c, m % chunk_slots(c))):
 //   F(m)  fill(m) gives the micro-batch's (B, T) token ids and targets
-//         (every stage calls it: the first reads the tokens, the last the
-//         targets); a non-first stage receives its (B, T, C) input from the
-//         previous stage (blocking); StageForward; a non-last stage sends
-//         StageOutput(slot) to the next stage asynchronously.
+//         (the first stage calls it for the tokens, the last for the
+//         targets; the others read neither); a non-first stage receives its
+//         (B, T, C) input from the previous stage (blocking); StageForward;
+//         a non-last stage sends StageOutput(slot) to the next stage
+//         asynchronously.
 //   B(m)  a non-last stage receives the gradient of its output from the next
 //         stage (blocking); before_backward(m); StageBackward with
 //         loss_scale; a non-first stage copies InputGrad() into the slot's

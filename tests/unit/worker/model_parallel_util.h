@@ -66,8 +66,8 @@ inline Layout Llama(Layout l) {
 }
 
 inline std::string Name(const Layout& l) {
-  std::string s = absl::StrCat("dp", l.dp, l.cp > 1 ? absl::StrCat("_cp", l.cp) : "", "_tp", l.tp,
-                               "_pp", l.pp);
+  std::string s =
+      absl::StrCat("dp", l.dp, l.cp > 1 ? absl::StrCat("_cp", l.cp) : "", "_tp", l.tp, "_pp", l.pp);
   if (l.pp > 1) absl::StrAppend(&s, "_", l.schedule, "_m", 16 / (l.micro * l.dp));
   if (l.pp_virtual > 1) absl::StrAppend(&s, "_v", l.pp_virtual);
   if (l.zero > 0) absl::StrAppend(&s, "_zero", l.zero);
