@@ -100,13 +100,14 @@ void HostFlatMath::AdamWUpdate(float* p, float* g, float* m, float* v, size_t n,
                                const AdamWCoefficients& c, bool zero_grads) {
   const float b1 = c.beta1, b2 = c.beta2, eps = c.eps, decay = c.decay;
   const float step_size = c.step_size, inv_sqrt_bc2 = c.inv_sqrt_bc2;
+  const float grad_scale = c.grad_scale;
   auto body = [&](auto zero) {
     ParallelFor(
         pool_, static_cast<int64_t>(n),
         [&](int64_t i0, int64_t i1) {
 #pragma omp simd
           for (int64_t i = i0; i < i1; ++i) {
-            const float gi = g[i];
+            const float gi = g[i] * grad_scale;  // x · 1 == x: unscaled bits unchanged
             if constexpr (decltype(zero)::value) g[i] = 0.0f;
             const float mi = b1 * m[i] + (1.0f - b1) * gi;
             const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "worker/engine/device.h"
 #include "worker/engine/thread_pool.h"
@@ -21,7 +22,8 @@
 namespace shardtrain::engine {
 
 // One AdamW update's coefficients, computed once per step by the optimizer
-// (optim/adamw.h): per element
+// (optim/adamw.h): per element, with g = grad · grad_scale (the clip
+// factor, applied in the update's pass instead of a pass of its own)
 //   m = b1 m + (1-b1) g ;  v = b2 v + (1-b2) g²
 //   p = p · decay - step_size · m / (sqrt(v) · inv_sqrt_bc2 + eps)
 struct AdamWCoefficients {
@@ -29,6 +31,15 @@ struct AdamWCoefficients {
   float decay = 1.0f;      // 1 - lr · weight_decay, or 1 for tensors without decay
   float step_size = 0.0f;  // lr / (1 - b1^t)
   float inv_sqrt_bc2 = 1.0f;
+  float grad_scale = 1.0f;  // g = grad · grad_scale (the stored gradient is not changed)
+};
+
+// One range [begin, end) of the optimizer's arrays and its decay (the
+// AdamWCoefficients' decay of that range: tensors with and without weight
+// decay alternate in a model's flat buffer).
+struct AdamWRange {
+  size_t begin = 0, end = 0;
+  float decay = 1.0f;
 };
 
 class FlatMath {
@@ -45,6 +56,20 @@ class FlatMath {
   // same pass.
   virtual void AdamWUpdate(float* p, float* g, float* m, float* v, size_t n,
                            const AdamWCoefficients& c, bool zero_grads) = 0;
+  // AdamWUpdate of every range (p, g, m, v offset by its begin; c.decay
+  // replaced by the range's): one pass where a device can do them in one
+  // launch (a GPU: a few launches instead of one per tensor). Default:
+  // AdamWUpdate range by range. Either way the same bits.
+  virtual void AdamWUpdateRanges(float* p, float* g, float* m, float* v,
+                                 const std::vector<AdamWRange>& ranges, const AdamWCoefficients& c,
+                                 bool zero_grads) {
+    for (const AdamWRange& r : ranges) {
+      AdamWCoefficients rc = c;
+      rc.decay = r.decay;
+      AdamWUpdate(p + r.begin, g + r.begin, m + r.begin, v + r.begin, r.end - r.begin, rc,
+                  zero_grads);
+    }
+  }
   // host[0, n) = x[0, n) and back (host memory is the caller's).
   virtual void CopyToHost(float* host, const float* x, size_t n) = 0;
   virtual void CopyFromHost(float* x, const float* host, size_t n) = 0;

@@ -102,7 +102,7 @@ class ModelEngine::UnitScope {
   UnitScope(ModelEngine& gpt, int tensor)
       : gpt_(gpt), hook_(gpt.param_hook_), unit_(gpt.layout_.tensors()[tensor].unit) {
     if (hook_) hook_(unit_, true);
-    gpt.OnUnitUse(unit_);
+    gpt.OnUnitUse(unit_, gpt.in_backward_);
   }
   ~UnitScope() {
     if (hook_) hook_(unit_, false);
@@ -375,6 +375,11 @@ float ModelEngine::StageForward(int slot, const int* tokens, const int* targets,
 }
 
 void ModelEngine::StageBackward(int slot, float loss_scale, const float* doutput) {
+  struct InBackward {  // for UnitScope's OnUnitUse, until this returns
+    explicit InBackward(bool& flag) : flag_(flag) { flag_ = true; }
+    ~InBackward() { flag_ = false; }
+    bool& flag_;
+  } in_backward(in_backward_);
   if (slot < 0 || slot >= slots() || !slots_[slot].forwarded ||
       (!PipelineLast(slots_[slot]) && doutput == nullptr)) {
     // precondition: a forward (with targets on the last stage) of this
@@ -497,6 +502,31 @@ void ModelEngine::MlpActBackward(void* dfch, const void* fch, const void* dout, 
   }
 }
 
+void ModelEngine::MlpInForward(int l, LayerActs& a, const void* inp, int N) {
+  const int C = config().dim, FCt = config().fc_dim() / layout_.slice().tp;
+  const int weight = layout_.block_tensor(l, kFcW), bias = layout_.block_tensor(l, kFcB);
+  if (config().mlp == model::MlpKind::kGelu &&
+      MatmulGeluForward(a.fch_act, a.fch, inp, weight, bias, N, C, FCt)) {
+    return;
+  }
+  MatmulForward(a.fch, inp, weight, bias, N, C, FCt, FCt);
+  MlpActForward(a.fch_act, a.fch, N);
+}
+
+void ModelEngine::MlpOutBackward(int l, const LayerActs& a, const void* dout, int N) {
+  const int C = config().dim, tp = layout_.slice().tp;
+  const int FCt = config().fc_dim() / tp, Ft = config().ffn_dim / tp;
+  const int weight = layout_.block_tensor(l, kFcProjW), bias = layout_.block_tensor(l, kFcProjB);
+  if (config().mlp == model::MlpKind::kGelu &&
+      MatmulDGeluBackward(dfch_, dout, C, a.fch_act, a.fch, weight, bias, N, Ft, C)) {
+    return;
+  }
+  Zero(dfch_act_, int64_t{N} * Ft);
+  Zero(dfch_, int64_t{N} * FCt);
+  MatmulBackward(dfch_act_, dout, C, a.fch_act, weight, bias, N, Ft, C);
+  MlpActBackward(dfch_, a.fch, dfch_act_, N);
+}
+
 void ModelEngine::BlockForward(int l, LayerActs& a, const void* residual, int b, int t) {
   UnitScope use(*this, layout_.block_tensor(l, kLn1W));
   BlockForwardMath(l, a, residual, b, t, /*refill=*/false);
@@ -508,7 +538,7 @@ void ModelEngine::BlockForwardMath(int l, LayerActs& a, const void* residual, in
   const int C = cfg.dim, tp = layout_.slice().tp;
   const int Ct = C / tp, NHt = cfg.heads / tp, KVHt = cfg.kv_heads / tp, N = b * t,
             Nl = LocalRows(N);
-  const int QKVt = cfg.qkv_dim() / tp, FCt = cfg.fc_dim() / tp, Ft = cfg.ffn_dim / tp;
+  const int QKVt = cfg.qkv_dim() / tp, Ft = cfg.ffn_dim / tp;
   const int64_t NlC = int64_t{Nl} * C;
   auto w = [&](BlockTensor bt) { return layout_.block_tensor(l, bt); };
   // The residual stream and the norms: Nl rows (all of them without
@@ -527,9 +557,7 @@ void ModelEngine::BlockForwardMath(int l, LayerActs& a, const void* residual, in
   ResidualForward(a.residual2, residual,
                   RowParallelForward(a.atty, w(kAttnProjW), w(kAttnProjB), N, Ct, C), NlC);
   NormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w(kLn2W), w(kLn2B), Nl);
-  MatmulForward(a.fch, GatherFromSequenceRegionForward(a.ln2, NlC), w(kFcW), w(kFcB), N, C, FCt,
-                FCt);
-  MlpActForward(a.fch_act, a.fch, N);
+  MlpInForward(l, a, GatherFromSequenceRegionForward(a.ln2, NlC), N);
   if (refill) return;
   ResidualForward(a.residual3, a.residual2,
                   RowParallelForward(a.fch_act, w(kFcProjW), w(kFcProjB), N, Ft, C), NlC);
@@ -556,8 +584,8 @@ void ModelEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b
   const int C = cfg.dim, tp = layout_.slice().tp;
   const int Ct = C / tp, NHt = cfg.heads / tp, KVHt = cfg.kv_heads / tp, N = b * t,
             Nl = LocalRows(N);
-  const int QKVt = cfg.qkv_dim() / tp, FCt = cfg.fc_dim() / tp, Ft = cfg.ffn_dim / tp;
-  const int64_t NC = int64_t{N} * C, NlC = int64_t{Nl} * C;
+  const int QKVt = cfg.qkv_dim() / tp, FCt = cfg.fc_dim() / tp;
+  const int64_t NlC = int64_t{Nl} * C;
   auto w = [&](BlockTensor bt) { return layout_.block_tensor(l, bt); };
   if (a.recompute) Refill(l, a, residual, b, t);
   // Where a norm's input gradient lands: dln_ itself (all rows, summed over
@@ -567,23 +595,17 @@ void ModelEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b
   // row-parallel projections' backward is the identity side of their region
   // (or the all-gather of dresidual's rows): their output gradient is whole
   // on every rank.
-  Zero(dfch_act_, int64_t{N} * Ft);
-  Zero(dfch_, int64_t{N} * FCt);
-  MatmulBackward(dfch_act_, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), C, a.fch_act,
-                 w(kFcProjW), w(kFcProjB), N, Ft, C);
-  MlpActBackward(dfch_, a.fch, dfch_act_, N);
-  Zero(dln_, NC);
+  MlpOutBackward(l, a, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), N);
   // Sequence parallelism keeps ln2's rows only: gathered again for fc's
   // weight gradient (as Megatron-LM does).
-  MatmulBackward(dln_, dfch_, FCt, GatherFromSequenceRegionForward(a.ln2, NlC), w(kFcW), w(kFcB), N,
-                 C, FCt);
+  MatmulBackwardOverwrite(dln_, dfch_, FCt, GatherFromSequenceRegionForward(a.ln2, NlC), w(kFcW),
+                          w(kFcB), N, C, FCt);
   GatherFromSequenceRegionBackward(dln_rows, dln_, NlC);
   NormBackward(dresidual_, dln_rows, a.residual2, a.ln2_mean, a.ln2_rstd, w(kLn2W), w(kLn2B), Nl);
   // residual2 = residual + attproj: both receive dresidual (in place).
-  Zero(datty_, int64_t{N} * Ct);
   Zero(dqkv_, int64_t{N} * QKVt);
-  MatmulBackward(datty_, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), C, a.atty,
-                 w(kAttnProjW), w(kAttnProjB), N, Ct, C);
+  MatmulBackwardOverwrite(datty_, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), C, a.atty,
+                          w(kAttnProjW), w(kAttnProjB), N, Ct, C);
   if (cp_ != nullptr) {
     RingAttentionBackward(a, b, t);
   } else {
@@ -592,9 +614,8 @@ void ModelEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b
   if (cfg.positions == model::PositionKind::kRotary) {
     RotaryForward(dqkv_, b, t, NHt, KVHt, /*inverse=*/true);  // dL/d(q, k before rotation)
   }
-  Zero(dln_, NC);
-  MatmulBackward(dln_, dqkv_, QKVt, GatherFromSequenceRegionForward(a.ln1, NlC), w(kQkvW), w(kQkvB),
-                 N, C, QKVt);
+  MatmulBackwardOverwrite(dln_, dqkv_, QKVt, GatherFromSequenceRegionForward(a.ln1, NlC), w(kQkvW),
+                          w(kQkvB), N, C, QKVt);
   GatherFromSequenceRegionBackward(dln_rows, dln_, NlC);
   NormBackward(dresidual_, dln_rows, residual, a.ln1_mean, a.ln1_rstd, w(kLn1W), w(kLn1B), Nl);
 }

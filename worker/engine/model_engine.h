@@ -216,6 +216,14 @@ class ModelEngine : public Engine {
                              int OC, int ld_out) = 0;
   virtual void MatmulBackward(void* dinp, const void* dout, int ld_dout, const void* inp,
                               int weight, int bias, int N, int IC, int OC) = 0;
+  // MatmulBackward with dinp (N, IC) set to dout · weight rather than added
+  // to. Default: Zero, then MatmulBackward; a device may skip the zeros
+  // (a GEMM that overwrites).
+  virtual void MatmulBackwardOverwrite(void* dinp, const void* dout, int ld_dout, const void* inp,
+                                       int weight, int bias, int N, int IC, int OC) {
+    Zero(dinp, int64_t{N} * IC);
+    MatmulBackward(dinp, dout, ld_dout, inp, weight, bias, N, IC, OC);
+  }
   // out (N, OC) += bias (OC) on every row.
   virtual void AddBias(void* out, int bias, int N, int OC) = 0;
   // qkv (b, t, Ct + 2·KVHt·hs) of NHt query and KVHt key/value heads (hs =
@@ -229,6 +237,20 @@ class ModelEngine : public Engine {
                                  int KVHt) = 0;
   virtual void GeluForward(void* out, const void* inp, int64_t n) = 0;
   virtual void GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) = 0;
+  // A GEMM and the GELU in one call, where a device fuses them (the GELU in
+  // the GEMM's epilogue): pre (N, OC) = inp (N, IC) · weight^T + bias (-1:
+  // none), act = gelu(pre); and the backward of out = act · weight^T + bias
+  // through it: dpre (N, IC) = gelu'(pre) ⊙ (dout · weight), OVERWRITTEN,
+  // the weight's and bias's gradients +=. false (the default): not fused
+  // here, nothing done; the engine then runs the GEMM and the GELU apart.
+  virtual bool MatmulGeluForward(void* act, void* pre, const void* inp, int weight, int bias, int N,
+                                 int IC, int OC) {
+    return false;
+  }
+  virtual bool MatmulDGeluBackward(void* dpre, const void* dout, int ld_dout, const void* act,
+                                   const void* pre, int weight, int bias, int N, int IC, int OC) {
+    return false;
+  }
   // inp (N, 2H) = [gate | up]; out (N, H) (engine/cpu/layers.h).
   virtual void SwiGluForward(void* out, const void* inp, int N, int H) = 0;
   virtual void SwiGluBackward(void* dinp, const void* inp, const void* dout, int N, int H) = 0;
@@ -280,8 +302,11 @@ class ModelEngine : public Engine {
   virtual void TpReduceScatter(void* local, const void* full, int64_t n) = 0;
   // Called when a unit's parameters are about to be read, after the
   // parameter hook: a mixed-precision engine refreshes the unit's compute
-  // copy from its fp32 master here. Default: nothing.
-  virtual void OnUnitUse(int unit) {}
+  // copy from its fp32 master here. `backward`: within StageBackward — the
+  // parameters are those the same slot's forward read in this step (they
+  // change only between steps), so a compute copy kept since then is
+  // current. Default: nothing.
+  virtual void OnUnitUse(int unit, bool backward) {}
   // Called when a unit's parameters are no longer read, after the parameter
   // hook (release_compute_copy gives the compute copy back here). Default:
   // nothing.
@@ -321,6 +346,13 @@ class ModelEngine : public Engine {
                     const float* rstd, int weight, int bias, int N);
   void MlpActForward(void* out, const void* fch, int N);
   void MlpActBackward(void* dfch, const void* fch, const void* dout, int N);
+  // The MLP's fc GEMM and activation: a.fch (N, FCt) = inp (N, C) · fc^T
+  // + bias, a.fch_act = act(a.fch) (MatmulGeluForward where the device
+  // fuses them). Backward of the MLP's projection (dout (N, C): its output
+  // gradient) through the activation: dfch_ = act'(fch) ⊙ (dout ·
+  // proj), overwritten; the projection's gradients +=.
+  void MlpInForward(int layer, LayerActs& a, const void* inp, int N);
+  void MlpOutBackward(int layer, const LayerActs& a, const void* dout, int N);
   // Row-parallel linear forward: inp (N, IC_local) · weight^T summed over tp
   // (ReduceFromTpRegion; or ReduceScatterToSequenceRegion, this rank's
   // LocalRows(N) rows of it), plus bias: returns proj_out_ (N, OC) or
@@ -355,6 +387,8 @@ class ModelEngine : public Engine {
   std::vector<SlotActs> slots_;
   std::vector<int> chunk_slots_;  // per chunk
   bool has_input_grad_ = false;
+  // Within StageBackward (UnitScope tells OnUnitUse).
+  bool in_backward_ = false;
   // scratch
   void *proj_out_ = nullptr, *dresidual_ = nullptr, *dln_ = nullptr, *datty_ = nullptr,
        *dqkv_ = nullptr, *dfch_ = nullptr, *dfch_act_ = nullptr, *att_scratch_ = nullptr,

@@ -60,8 +60,8 @@ void AdamW::StepAndZeroGrads(absl::Span<float> params, absl::Span<float> grads, 
   StepImpl(params.data(), grads.data(), lr, host, true);
 }
 
-void AdamW::Step(float* params, float* grads, float lr, bool zero_grads) {
-  StepImpl(params, grads, lr, math(), zero_grads);
+void AdamW::Step(float* params, float* grads, float lr, bool zero_grads, float grad_scale) {
+  StepImpl(params, grads, lr, math(), zero_grads, grad_scale);
 }
 
 void AdamW::UpdateRange(absl::Span<float> params, absl::Span<const float> grads, float lr,
@@ -70,13 +70,14 @@ void AdamW::UpdateRange(absl::Span<float> params, absl::Span<const float> grads,
   Update(params.data(), const_cast<float*>(grads.data()), lr, host, false, begin, end);
 }
 
-void AdamW::StepImpl(float* p, float* g, float lr, engine::FlatMath& math, bool zero_grads) {
+void AdamW::StepImpl(float* p, float* g, float lr, engine::FlatMath& math, bool zero_grads,
+                     float grad_scale) {
   ++step_;
-  Update(p, g, lr, math, zero_grads, 0, count_);
+  Update(p, g, lr, math, zero_grads, 0, count_, grad_scale);
 }
 
 void AdamW::Update(float* p, float* g, float lr, engine::FlatMath& math, bool zero_grads,
-                   size_t begin, size_t end) {
+                   size_t begin, size_t end, float grad_scale) {
   const float b1 = options_.beta1, b2 = options_.beta2;
   const float bc1 = 1.0f - static_cast<float>(std::pow(double{b1}, step_));
   const float bc2 = 1.0f - static_cast<float>(std::pow(double{b2}, step_));
@@ -87,14 +88,14 @@ void AdamW::Update(float* p, float* g, float lr, engine::FlatMath& math, bool ze
   c.eps = options_.eps;
   c.step_size = lr / bc1;
   c.inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
-  float* m = m_->as<float>();
-  float* v = v_->as<float>();
+  c.grad_scale = grad_scale;
+  std::vector<engine::AdamWRange> ranges;
   for (const Segment& s : segments_) {
     const size_t first = std::max(s.begin, begin), last = std::min(s.end, end);
     if (first >= last) continue;
-    c.decay = s.decay ? 1.0f - lr * options_.weight_decay : 1.0f;
-    math.AdamWUpdate(p + first, g + first, m + first, v + first, last - first, c, zero_grads);
+    ranges.push_back({first, last, s.decay ? 1.0f - lr * options_.weight_decay : 1.0f});
   }
+  math.AdamWUpdateRanges(p, g, m_->as<float>(), v_->as<float>(), ranges, c, zero_grads);
 }
 
 std::vector<float> AdamW::CopyM(size_t begin, size_t end) const {

@@ -57,8 +57,10 @@ class AdamW {
   void StepAndZeroGrads(absl::Span<float> params, absl::Span<float> grads, float lr,
                         engine::ThreadPool* pool);
   // The same on the arrays of the optimizer's math (count elements each, in
-  // its memory): the step of a device-held model.
-  void Step(float* params, float* grads, float lr, bool zero_grads);
+  // its memory): the step of a device-held model. The update reads grads ·
+  // grad_scale (the clip factor: the same bits as scaling the gradients
+  // first, without a pass over them; grads themselves stay as they are).
+  void Step(float* params, float* grads, float lr, bool zero_grads, float grad_scale = 1.0f);
   // One host step in pieces, so that copies of other pieces can overlap it:
   // Advance() once, then UpdateRange over disjoint [begin, end) covering
   // the range (indices and spans as Step's). Equal to Step.
@@ -91,10 +93,11 @@ class AdamW {
   };
   AdamW(size_t offset, size_t count, const AdamWOptions& options, std::vector<Segment> segments,
         engine::FlatMath* math);
-  void StepImpl(float* params, float* grads, float lr, engine::FlatMath& math, bool zero_grads);
+  void StepImpl(float* params, float* grads, float lr, engine::FlatMath& math, bool zero_grads,
+                float grad_scale = 1.0f);
   // The update (step_ already advanced) of [begin, end).
   void Update(float* params, float* grads, float lr, engine::FlatMath& math, bool zero_grads,
-              size_t begin, size_t end);
+              size_t begin, size_t end, float grad_scale = 1.0f);
   engine::FlatMath& math() const;
 
   size_t offset_, count_;

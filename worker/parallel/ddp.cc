@@ -282,11 +282,12 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) 
     if (absl::Status s = StepCopiedOut(lr, scale); !s.ok()) return s;
     return stats;
   }
-  if (scale != 1.0f) math.Scale(grads, g.count, scale);
-  if (!host_master_) {
-    adamw_.Step(static_cast<float*>(engine_->params().data), grads, lr, /*zero_grads=*/false);
+  if (!host_master_) {  // the clip factor in AdamW's own pass
+    adamw_.Step(static_cast<float*>(engine_->params().data), grads, lr, /*zero_grads=*/false,
+                scale);
     return stats;
   }
+  if (scale != 1.0f) math.Scale(grads, g.count, scale);
   if (absl::Status s = StepOnHost(on_host ? nullptr : grads, lr); !s.ok()) return s;
   return stats;
 }

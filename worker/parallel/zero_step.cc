@@ -90,10 +90,10 @@ absl::StatusOr<double> Zero::StepShard(float lr, float max_norm, float loss_scal
   for (size_t k = 0; k < units_.size(); ++k) {
     Unit& u = units_[k];
     absl::Span<float> g = ShardGrad(u);
-    if (clip != 1.0f) math.Scale(g.data(), g.size(), clip);
-    if (on_device_) {  // the shard's m and v live on the device
-      adamw_[k].Step(ShardParamPtr(u), g.data(), lr, /*zero_grads=*/false);
+    if (on_device_) {  // the shard's m and v live on the device; clipped in AdamW's pass
+      adamw_[k].Step(ShardParamPtr(u), g.data(), lr, /*zero_grads=*/false, clip);
     } else {
+      if (clip != 1.0f) math.Scale(g.data(), g.size(), clip);
       adamw_[k].Step(absl::MakeSpan(ShardParamPtr(u), u.own.size()), g, lr, pool);
     }
   }

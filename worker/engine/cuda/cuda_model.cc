@@ -43,23 +43,23 @@ class CudaFlatMath final : public FlatMath {
   }
   void AdamWUpdate(float* p, float* g, float* m, float* v, size_t n, const AdamWCoefficients& c,
                    bool zero_grads) override {
-    // kernels.h's AdamW: p -= lr·wd·p, then p -= lr·(m/bias1)/(sqrt(v/bias2)+eps).
-    // The host's form (p·decay − step_size·m/(sqrt(v)·inv_sqrt_bc2 + eps)) is
-    // the same update: lr·wd = 1 − decay, lr/bias1 = step_size, sqrt(bias2) =
-    // 1/inv_sqrt_bc2. The kernel takes lr = step_size with bias1 = 1, and
-    // weight_decay = (1 − decay)/step_size when step_size > 0.
-    AdamWArgs a;
-    a.lr = c.step_size;
-    a.beta1 = c.beta1;
-    a.beta2 = c.beta2;
-    a.eps = c.eps;
-    a.weight_decay = c.step_size > 0 ? (1.0f - c.decay) / c.step_size : 0.0f;
-    a.bias1 = 1.0f;
-    a.bias2 = 1.0f / (c.inv_sqrt_bc2 * c.inv_sqrt_bc2);
-    Check(cuda::AdamWUpdate(stream(), p, g, m, v, static_cast<int64_t>(n), a));
+    Check(cuda::AdamWUpdate(stream(), p, g, m, v, static_cast<int64_t>(n), Args(c, c.decay)));
     if (zero_grads) {
       CheckCuda(cudaMemsetAsync(g, 0, n * sizeof(float), stream()), "cudaMemsetAsync (grads)");
     }
+  }
+  // The multi-tensor update: every range in one launch (per 128 ranges).
+  void AdamWUpdateRanges(float* p, float* g, float* m, float* v,
+                         const std::vector<AdamWRange>& ranges, const AdamWCoefficients& c,
+                         bool zero_grads) override {
+    std::vector<AdamWRangeArgs> args(ranges.size());
+    for (size_t k = 0; k < ranges.size(); ++k) {
+      args[k].begin = static_cast<int64_t>(ranges[k].begin);
+      args[k].end = static_cast<int64_t>(ranges[k].end);
+      args[k].weight_decay = Args(c, ranges[k].decay).weight_decay;
+    }
+    Check(cuda::AdamWUpdateRanges(stream(), p, g, m, v, args.data(), static_cast<int>(args.size()),
+                                  Args(c, 1.0f), zero_grads));
   }
   void CopyToHost(float* host, const float* x, size_t n) override {
     CheckCuda(cudaMemcpyAsync(host, x, n * sizeof(float), cudaMemcpyDeviceToHost, stream()),
@@ -106,6 +106,23 @@ class CudaFlatMath final : public FlatMath {
   DeviceKind kind() const override { return DeviceKind::kCuda; }
 
  private:
+  // kernels.h's AdamW: p -= lr·wd·p, then p -= lr·(m/bias1)/(sqrt(v/bias2)+eps).
+  // The host's form (p·decay − step_size·m/(sqrt(v)·inv_sqrt_bc2 + eps)) is
+  // the same update: lr·wd = 1 − decay, lr/bias1 = step_size, sqrt(bias2) =
+  // 1/inv_sqrt_bc2. The kernel takes lr = step_size with bias1 = 1, and
+  // weight_decay = (1 − decay)/step_size when step_size > 0.
+  static AdamWArgs Args(const AdamWCoefficients& c, float decay) {
+    AdamWArgs a;
+    a.lr = c.step_size;
+    a.beta1 = c.beta1;
+    a.beta2 = c.beta2;
+    a.eps = c.eps;
+    a.weight_decay = c.step_size > 0 ? (1.0f - decay) / c.step_size : 0.0f;
+    a.bias1 = 1.0f;
+    a.bias2 = 1.0f / (c.inv_sqrt_bc2 * c.inv_sqrt_bc2);
+    a.grad_scale = c.grad_scale;
+    return a;
+  }
   cudaStream_t stream() const {
     return static_cast<cudaStream_t>(device_->compute_stream().native());
   }
@@ -255,6 +272,10 @@ absl::Status CudaModel::Init() {
                 "cudaMemcpy (cp positions)");
     }
   }
+  if (s.ok() && layout().slice().first_stage) {
+    s = alloc(size_t(3 * slots() * BT), DataType::kFloat32, &buckets_);
+    bucket_counts_.assign(slots(), 0);
+  }
   if (!s.ok()) return s;
   BindActivations(acts_->as<char>());
   host_losses_.resize(BT);
@@ -265,7 +286,7 @@ int64_t CudaModel::allocated_bytes() const {
   int64_t total = 0;
   for (const auto* b :
        {&params_, &grads_, &compute_, &acts_, &ids_, &row_, &stage_out_, &input_grad_, &tp_scratch_,
-        &lse_scratch_, &rotary_table_, &cp_positions_}) {
+        &lse_scratch_, &rotary_table_, &cp_positions_, &buckets_}) {
     if (*b != nullptr) total += int64_t((*b)->bytes());
   }
   return total;
@@ -295,6 +316,13 @@ float* CudaModel::grad(int tensor) const {
 
 int* CudaModel::DeviceTokens(int k) const {
   return ids_->as<int>() + int64_t{2} * k * max_batch() * max_seq_len();
+}
+
+TokenBuckets CudaModel::DeviceBuckets(int k) const {
+  TokenBuckets b;
+  b.data = buckets_->as<int>() + int64_t{3} * k * max_batch() * max_seq_len();
+  b.count = bucket_counts_[k];
+  return b;
 }
 
 int* CudaModel::DeviceTargets(int k) const {
@@ -341,8 +369,11 @@ void CudaModel::ReadLogits(int row, float* out) const {
   CheckCuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (logits)");
 }
 
-void CudaModel::OnUnitUse(int unit) {
+void CudaModel::OnUnitUse(int unit, bool backward) {
   if (compute_ == nullptr) return;  // fp32: the master is the compute copy
+  // A copy kept since the forward is current in backward (half the
+  // conversions of a step); one given back after use (ZeRO-3) is not.
+  if (backward && !release_compute_) return;
   const model::UnitInfo& u = layout().units()[unit];
   if (release_compute_) compute_->Acquire(u.offset, u.numel);
   Check(ConvertFromFloat32(k(), compute_->as<char>() + u.offset * DataTypeSize(compute()),
@@ -362,6 +393,13 @@ void CudaModel::EncoderForward(SlotActs& s) {
   CheckCuda(cudaMemcpyAsync(DeviceTokens(k_slot), s.tokens.data(), sizeof(int) * s.b * s.t,
                             cudaMemcpyHostToDevice, stream()),
             "cudaMemcpyAsync (tokens)");
+  // The rows grouped by token for EncoderBackward's wte gradient (this
+  // rank's vocabulary rows only).
+  bucket_counts_[k_slot] = BuildTokenBuckets(s.tokens.data(), s.b * s.t, vocab_.v0, vocab_.real,
+                                             &host_buckets_, &bucket_scratch_);
+  CheckCuda(cudaMemcpyAsync(const_cast<int*>(DeviceBuckets(k_slot).data), host_buckets_.data(),
+                            sizeof(int) * host_buckets_.size(), cudaMemcpyHostToDevice, stream()),
+            "cudaMemcpyAsync (token buckets)");
   // Without learned positions (rotary) wpe() is -1: param() gives null and
   // the embeddings are wte's rows alone.
   // Under cp the columns' positions are this rank's chunks (null: 0..T-1).
@@ -405,9 +443,10 @@ void CudaModel::EncoderForward(SlotActs& s) {
 
 // dwpe is null without learned positions (grad(-1)): wte's gradient alone.
 void CudaModel::EncoderBackward(const SlotActs& s, const void* dout) {
-  Check(cuda::EncoderBackwardShard(k(), grad(layout().wte()), grad(layout().wpe()), dout,
-                                   DeviceTokens(SlotIndex(s)), vocab_.v0, vocab_.real, s.b, s.t,
-                                   config().dim, DevicePositions()));
+  const TokenBuckets buckets = DeviceBuckets(SlotIndex(s));
+  Check(cuda::EncoderBackwardShard(
+      k(), grad(layout().wte()), grad(layout().wpe()), dout, DeviceTokens(SlotIndex(s)), vocab_.v0,
+      vocab_.real, s.b, s.t, config().dim, DevicePositions(), k().fused ? &buckets : nullptr));
 }
 
 void CudaModel::CopyFromFloat32(void* dst, const float* src, int64_t n) {
@@ -439,6 +478,13 @@ void CudaModel::MatmulBackward(void* dinp, const void* dout, int ld_dout, const 
                                int weight, int bias, int N, int IC, int OC) {
   Check(cuda::MatmulBackward(k(), dinp, grad(weight), bias < 0 ? nullptr : grad(bias), dout,
                              ld_dout, inp, param(weight), N, IC, OC));
+}
+
+// The GEMM writes dinp (beta 0): no zeros written first.
+void CudaModel::MatmulBackwardOverwrite(void* dinp, const void* dout, int ld_dout, const void* inp,
+                                        int weight, int bias, int N, int IC, int OC) {
+  Check(cuda::MatmulBackward(k(), dinp, grad(weight), bias < 0 ? nullptr : grad(bias), dout,
+                             ld_dout, inp, param(weight), N, IC, OC, /*overwrite_dinp=*/true));
 }
 
 void CudaModel::AddBias(void* out, int bias, int N, int OC) {
@@ -502,6 +548,30 @@ void CudaModel::GeluForward(void* out, const void* inp, int64_t n) {
 
 void CudaModel::GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) {
   Check(cuda::GeluBackward(k(), dinp, inp, dout, n));
+}
+
+// The GELU in the GEMMs' epilogues under a 16-bit compute type (fp32 keeps
+// the separate kernels: equal to the CPU engine to rounding); false where
+// cuBLASLt has no such algorithm (UNIMPLEMENTED: nothing ran).
+bool CudaModel::MatmulGeluForward(void* act, void* pre, const void* inp, int weight, int bias,
+                                  int N, int IC, int OC) {
+  if (compute() == DataType::kFloat32) return false;
+  const absl::Status s = cuda::MatmulGeluForward(k(), act, pre, inp, param(weight),
+                                                 bias < 0 ? nullptr : param(bias), N, IC, OC);
+  if (absl::IsUnimplemented(s)) return false;
+  Check(s);
+  return true;
+}
+
+bool CudaModel::MatmulDGeluBackward(void* dpre, const void* dout, int ld_dout, const void* act,
+                                    const void* pre, int weight, int bias, int N, int IC, int OC) {
+  if (compute() == DataType::kFloat32) return false;
+  const absl::Status s =
+      cuda::MatmulDGeluBackward(k(), dpre, grad(weight), bias < 0 ? nullptr : grad(bias), dout,
+                                ld_dout, act, pre, param(weight), N, IC, OC);
+  if (absl::IsUnimplemented(s)) return false;
+  Check(s);
+  return true;
 }
 
 void CudaModel::ResidualForward(void* out, const void* inp1, const void* inp2, int64_t n) {

@@ -85,6 +85,8 @@ class CudaModel final : public ModelEngine {
                      int ld_out) override;
   void MatmulBackward(void* dinp, const void* dout, int ld_dout, const void* inp, int weight,
                       int bias, int N, int IC, int OC) override;
+  void MatmulBackwardOverwrite(void* dinp, const void* dout, int ld_dout, const void* inp,
+                               int weight, int bias, int N, int IC, int OC) override;
   void AddBias(void* out, int bias, int N, int OC) override;
   void RmsNormForward(void* out, float* rstd, const void* inp, int weight, int N, int C) override;
   void RmsNormBackward(void* dinp, const void* dout, const void* inp, const float* rstd, int weight,
@@ -97,6 +99,10 @@ class CudaModel final : public ModelEngine {
                          int KVHt) override;
   void GeluForward(void* out, const void* inp, int64_t n) override;
   void GeluBackward(void* dinp, const void* inp, const void* dout, int64_t n) override;
+  bool MatmulGeluForward(void* act, void* pre, const void* inp, int weight, int bias, int N, int IC,
+                         int OC) override;
+  bool MatmulDGeluBackward(void* dpre, const void* dout, int ld_dout, const void* act,
+                           const void* pre, int weight, int bias, int N, int IC, int OC) override;
   void SwiGluForward(void* out, const void* inp, int N, int H) override;
   void SwiGluBackward(void* dinp, const void* inp, const void* dout, int N, int H) override;
   void ResidualForward(void* out, const void* inp1, const void* inp2, int64_t n) override;
@@ -122,7 +128,7 @@ class CudaModel final : public ModelEngine {
   void TpAllReduceSum(void* x, int64_t n) override;
   void TpAllGather(void* full, const void* local, int64_t n) override;
   void TpReduceScatter(void* local, const void* full, int64_t n) override;
-  void OnUnitUse(int unit) override;
+  void OnUnitUse(int unit, bool backward) override;
   void OnUnitDone(int unit) override;
 
  private:
@@ -154,6 +160,9 @@ class CudaModel final : public ModelEngine {
   // converted into dst (on the compute stream).
   const float* AsFloat32(float* dst, const void* src, int64_t n) const;
   int* DeviceTokens(int slot) const;
+  // Slot k's rows grouped by token (kernels.h TokenBuckets), made when its
+  // tokens arrive (EncoderForward) for the wte gradient.
+  TokenBuckets DeviceBuckets(int slot) const;
   int* DeviceTargets(int slot) const;
   // This rank's columns' positions on the device under cp; null without.
   const int* DevicePositions() const;
@@ -170,6 +179,10 @@ class CudaModel final : public ModelEngine {
   // r·T; the ring's host staging (a group of host memory) and the device
   // buffer the pass in flight delivers to.
   std::unique_ptr<Buffer> cp_positions_;
+  // Every slot's token buckets (3·B·T ints each; the first stage only), the
+  // count of each, and the host's scratch for making them.
+  std::unique_ptr<Buffer> buckets_;
+  std::vector<int> bucket_counts_, host_buckets_, bucket_scratch_;
   std::vector<char> ring_send_, ring_recv_;
   void* ring_pending_ = nullptr;
   size_t ring_pending_bytes_ = 0;

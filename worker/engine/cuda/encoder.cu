@@ -1,6 +1,8 @@
 // Encoder: token + position embedding, forward and backward (kernels.h; the
 // CPU twin is engine/cpu/layers.cc).
+#include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "worker/engine/cuda/kernel_util.cuh"
 #include "worker/engine/cuda/kernels.h"
@@ -70,7 +72,9 @@ absl::Status EncoderForwardShard(const KernelCtx& ctx, void* out, const int* tok
 namespace {
 
 // dwte[tokens[r], c] += dout[r, c] for every row r, in row order per token
-// (the CPU's order: same bits run after run, no atomics). A warp per tile
+// (the CPU's order: same bits run after run, no atomics). The reference
+// for the bucketed kernel below (the engine's path), which needs the rows
+// grouped on the host; this one needs nothing but the tokens. A warp per tile
 // of 32 channels and token class k: it reads the B*T tokens 32 at a time
 // (a lane each), and a ballot names the rows whose token ≡ k (mod
 // kTokenClasses), which the warp then adds in row order; no two warps write
@@ -94,6 +98,35 @@ __global__ void EncoderBackwardWteKernel(float* dwte, const F* dout, const int* 
       if (c < C) dwte[t * C + c] += Load(dout[int64_t{base + j} * C + c]);
     }
   }
+}
+
+// A block per (bucket, 256 channels): dwte[token, c] += dout[r, c] over the
+// bucket's rows r in row order (TokenBuckets), each row read once; the rows
+// are loaded kUnroll at a time and added in order (the same bits as the
+// scan above, which adds in row order too). No two blocks write one
+// element: every token has one bucket.
+constexpr int kBucketThreads = 256;
+constexpr int kUnroll = 4;
+template <typename F>
+__global__ void EncoderBackwardWteBucketsKernel(float* dwte, const F* dout, const int* tokens,
+                                                const int* data, int buckets, int v0, int C) {
+  const int g = blockIdx.x;
+  const int c = blockIdx.y * kBucketThreads + threadIdx.x;
+  if (c >= C) return;
+  const int first = data[g], size = data[buckets + g];
+  const int* rows = data + 2 * buckets + first;
+  float* w = dwte + (int64_t{tokens[rows[0]]} - v0) * C + c;
+  float acc = *w;
+  int i = 0;
+  for (; i + kUnroll <= size; i += kUnroll) {
+    float x[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) x[u] = Load(dout[int64_t{rows[i + u]} * C + c]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc += x[u];
+  }
+  for (; i < size; ++i) acc += Load(dout[int64_t{rows[i]} * C + c]);
+  *w = acc;
 }
 
 // One thread per element (t, c) of the T columns: dwpe[pos[t], c] (pos
@@ -121,9 +154,49 @@ absl::Status EncoderBackward(const KernelCtx& ctx, float* dwte, float* dwpe, con
                               T, C);
 }
 
+int BuildTokenBuckets(const int* tokens, int n, int v0, int real, std::vector<int>* out,
+                      std::vector<int>* counts) {
+  // Counting by token (ids relative to v0, those kept below `span`).
+  int span = 0;
+  for (int r = 0; r < n; ++r) {
+    const int64_t t = int64_t{tokens[r]} - v0;
+    if (t >= 0 && t < real) span = std::max(span, static_cast<int>(t) + 1);
+  }
+  counts->assign(span, 0);
+  int kept = 0;
+  for (int r = 0; r < n; ++r) {
+    const int64_t t = int64_t{tokens[r]} - v0;
+    if (t >= 0 && t < span) ++(*counts)[t], ++kept;
+  }
+  std::vector<int> ids;  // the tokens kept, largest count first (ties: smaller id)
+  for (int t = 0; t < span; ++t) {
+    if ((*counts)[t] > 0) ids.push_back(t);
+  }
+  std::stable_sort(ids.begin(), ids.end(),
+                   [&](int a, int b) { return (*counts)[a] > (*counts)[b]; });
+  const int buckets = static_cast<int>(ids.size());
+  out->assign(size_t{2} * buckets + kept, 0);
+  int* first = out->data();
+  int* size = first + buckets;
+  int* rows = size + buckets;
+  // counts becomes each token's next slot in rows.
+  int at = 0;
+  for (int g = 0; g < buckets; ++g) {
+    first[g] = at;
+    size[g] = (*counts)[ids[g]];
+    (*counts)[ids[g]] = at;
+    at += size[g];
+  }
+  for (int r = 0; r < n; ++r) {  // row order within each bucket
+    const int64_t t = int64_t{tokens[r]} - v0;
+    if (t >= 0 && t < span) rows[(*counts)[t]++] = r;
+  }
+  return buckets;
+}
+
 absl::Status EncoderBackwardShard(const KernelCtx& ctx, float* dwte, float* dwpe, const void* dout,
                                   const int* tokens, int v0, int real, int B, int T, int C,
-                                  const int* pos) {
+                                  const int* pos, const TokenBuckets* buckets) {
   constexpr const char* kName = "EncoderBackward";
   int64_t n = 0;
   SHARDTRAIN_RETURN_IF_ERROR(CheckEncoderSizes(kName, B, T, C, &n));
@@ -137,12 +210,22 @@ absl::Status EncoderBackwardShard(const KernelCtx& ctx, float* dwte, float* dwpe
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
     const F* d = static_cast<const F*>(dout);
-    const dim3 wte_grid(static_cast<unsigned>(internal::BlocksFor(C, internal::kWarpSize)),
-                        kTokenClasses / kClassWarps);
-    EncoderBackwardWteKernel<F>
-        <<<wte_grid, dim3(internal::kWarpSize, kClassWarps), 0, ctx.stream>>>(
-            dwte, d, tokens, v0, real, static_cast<int>(rows), C);
-    SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("EncoderBackward (dwte)"));
+    if (buckets != nullptr) {
+      if (buckets->count > 0) {
+        const dim3 grid(static_cast<unsigned>(buckets->count),
+                        static_cast<unsigned>(internal::BlocksFor(C, kBucketThreads)));
+        EncoderBackwardWteBucketsKernel<F><<<grid, kBucketThreads, 0, ctx.stream>>>(
+            dwte, d, tokens, buckets->data, buckets->count, v0, C);
+        SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("EncoderBackward (dwte by token)"));
+      }
+    } else {
+      const dim3 wte_grid(static_cast<unsigned>(internal::BlocksFor(C, internal::kWarpSize)),
+                          kTokenClasses / kClassWarps);
+      EncoderBackwardWteKernel<F>
+          <<<wte_grid, dim3(internal::kWarpSize, kClassWarps), 0, ctx.stream>>>(
+              dwte, d, tokens, v0, real, static_cast<int>(rows), C);
+      SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("EncoderBackward (dwte)"));
+    }
     if (dwpe == nullptr) return absl::OkStatus();  // no learned positions
     EncoderBackwardWpeKernel<F>
         <<<static_cast<int>(wpe_blocks), kThreads, 0, ctx.stream>>>(dwpe, d, B, T, C, pos);

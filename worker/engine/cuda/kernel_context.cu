@@ -1,5 +1,9 @@
 // KernelContext: the cuBLASLt and cuBLAS handles and the cuBLASLt workspace
 // every launcher of kernels.h runs with.
+#include <cstdlib>
+#include <memory>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "worker/engine/cuda/cublas_loader.h"
 #include "worker/engine/cuda/kernel_util.cuh"
@@ -62,11 +66,16 @@ absl::Status KernelContext::Create(cudaStream_t stream, DataType dtype, KernelCo
     Release(ctx);
     return s;
   }
+  const char* fused = std::getenv("SHARDTRAIN_CUDA_FUSED");
+  ctx.fused = fused == nullptr || std::string(fused) != "0";
   Release(out->ctx_);
+  out->algos_ = std::make_unique<internal::LtAlgoCache>();
+  ctx.algos = out->algos_.get();
   out->ctx_ = ctx;
   return absl::OkStatus();
 }
 
+KernelContext::KernelContext() = default;
 KernelContext::~KernelContext() { Release(ctx_); }
 
 }  // namespace shardtrain::engine::cuda

@@ -11,7 +11,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <map>
 #include <initializer_list>
 #include <limits>
 #include <string>
@@ -22,6 +24,28 @@
 #include "common/status_macros.h"
 
 namespace shardtrain::engine::cuda::internal {
+
+// ---- the GEMMs' algorithms, chosen once per shape (matmul.cu's LtMatmul)
+
+// Everything cuBLASLt's heuristic choice depends on: transposes, types,
+// shapes and leading dimensions of A, B and D, the operands' alignments,
+// the epilogue and its aux leading dimension, the workspace's size.
+using LtAlgoKey = std::array<int64_t, 22>;
+class LtAlgoCache {
+ public:
+  struct Entry {
+    bool found = false;  // false: cuBLASLt has no algorithm (or refused it)
+    cublasLtMatmulAlgo_t algo{};
+  };
+  const Entry* Find(const LtAlgoKey& key) const {
+    auto it = entries_.find(key);
+    return it == entries_.end() ? nullptr : &it->second;
+  }
+  void Insert(const LtAlgoKey& key, const Entry& entry) { entries_[key] = entry; }
+
+ private:
+  std::map<LtAlgoKey, Entry> entries_;
+};
 
 // ---- the compute type: fp32 arithmetic, converted on load, rounded on store
 

@@ -31,11 +31,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/dtype.h"
 
 namespace shardtrain::engine::cuda {
+namespace internal {
+class LtAlgoCache;  // kernel_util.cuh
+}  // namespace internal
 
 // What every launcher runs with. Handles and the workspace belong to the
 // caller (KernelContext below owns a set); one context per stream.
@@ -46,15 +51,25 @@ struct KernelCtx {
   cublasHandle_t blas = nullptr;        // attention's strided-batched GEMMs
   void* workspace = nullptr;            // cuBLASLt workspace (device memory)
   size_t workspace_bytes = 0;
+  // Each GEMM shape's algorithm, chosen once (null: the heuristic runs every
+  // call). Owned by the KernelContext; one stream, one thread.
+  internal::LtAlgoCache* algos = nullptr;
+  // Fused paths (GEMM epilogues for bias gradients and GELU, the engine's
+  // wte gradient by token): on unless the environment sets
+  // SHARDTRAIN_CUDA_FUSED=0 when the context is made — the same step
+  // computed the separate way, the baseline gpu_train_bench --unfused
+  // measures against.
+  bool fused = true;
 };
 
-// Owns a cuBLASLt and a cuBLAS handle bound to `stream` and a 32 MiB
-// workspace; ctx() hands them to the launchers. Create fails with INTERNAL
-// naming the call (no device: FAILED_PRECONDITION).
+// Owns a cuBLASLt and a cuBLAS handle bound to `stream`, a 32 MiB
+// workspace and the GEMM algorithm cache; ctx() hands them to the
+// launchers. Create fails with INTERNAL naming the call (no device:
+// FAILED_PRECONDITION).
 class KernelContext {
  public:
   static absl::Status Create(cudaStream_t stream, DataType dtype, KernelContext* out);
-  KernelContext() = default;
+  KernelContext();
   ~KernelContext();
   KernelContext(const KernelContext&) = delete;
   KernelContext& operator=(const KernelContext&) = delete;
@@ -62,6 +77,7 @@ class KernelContext {
 
  private:
   KernelCtx ctx_;
+  std::unique_ptr<internal::LtAlgoCache> algos_;
 };
 
 // ---- conversions and fills ----
@@ -91,9 +107,30 @@ absl::Status EncoderBackward(const KernelCtx& ctx, float* dwte, float* dwpe, con
 absl::Status EncoderForwardShard(const KernelCtx& ctx, void* out, const int* tokens,
                                  const void* wte_shard, const void* wpe, int v0, int real, int B,
                                  int T, int C, const int* pos = nullptr);
+// `buckets`: the rows grouped by token (TokenBuckets below, built from these
+// tokens with the same v0 and real), so the wte gradient reads each row
+// once, a block per token; null: a warp per (token class, 32 channels)
+// scans every token (the reference). Both add in row order per token: the
+// same bits.
+struct TokenBuckets;
 absl::Status EncoderBackwardShard(const KernelCtx& ctx, float* dwte_shard, float* dwpe,
                                   const void* dout, const int* tokens, int v0, int real, int B,
-                                  int T, int C, const int* pos = nullptr);
+                                  int T, int C, const int* pos = nullptr,
+                                  const TokenBuckets* buckets = nullptr);
+// The rows of a micro-batch grouped by token, for the wte gradient: made on
+// the host (BuildTokenBuckets), copied to the device whole. data = [first
+// (count) | size (count) | rows]: bucket g holds rows[first[g], first[g] +
+// size[g]), the rows (indices into the B·T rows) of one token in row order;
+// the largest buckets first (they take longest). Rows whose token is
+// outside [v0, v0 + real) are in none.
+struct TokenBuckets {
+  const int* data = nullptr;  // device: 2·count + (rows kept) ints
+  int count = 0;              // buckets (distinct tokens kept)
+};
+// Fills *out (resized; at most 3·n ints) from tokens (n, host) and returns
+// the number of buckets. `counts` is scratch (resized to real; reused).
+int BuildTokenBuckets(const int* tokens, int n, int v0, int real, std::vector<int>* out,
+                      std::vector<int>* counts);
 
 // ---- layernorm over the last dim, eps 1e-5 ----
 // inp, out (N,C); weight, bias (C); saves mean, rstd (N, fp32).
@@ -134,10 +171,28 @@ absl::Status MatmulForward(const KernelCtx& ctx, void* out, const void* inp, con
                            const void* bias, int N, int C, int OC, int ld_out);
 // dinp (N,C) += dout · weight (dinp may be null: skipped); dweight (OC,C,
 // fp32) += dout^T · inp; dbias (OC, fp32) += column sums of dout (may be
-// null). dout (N,OC) has row stride ld_dout.
+// null; with ctx.fused by the weight GEMM's BGRADB epilogue where cuBLASLt
+// has one, else a column-sum kernel). dout (N,OC) has row stride ld_dout.
+// overwrite_dinp: dinp = dout · weight instead (its old values unread).
 absl::Status MatmulBackward(const KernelCtx& ctx, void* dinp, float* dweight, float* dbias,
                             const void* dout, int ld_dout, const void* inp, const void* weight,
-                            int N, int C, int OC);
+                            int N, int C, int OC, bool overwrite_dinp = false);
+// The MLP's GEMMs with the GELU (tanh) in their epilogues, for 16-bit
+// compute: UNIMPLEMENTED — nothing ran — when !ctx.fused, a width is not a
+// multiple of 8 or cuBLASLt has no such algorithm; the caller then runs
+// MatmulForward + GeluForward (MatmulBackward + GeluBackward), the same
+// arithmetic with the product rounded before the GELU.
+// Forward: pre (N,OC) = inp (N,C) · weight (OC,C)^T + bias (null: none),
+// act (N,OC) = gelu(pre); both overwritten (GELU_AUX_BIAS).
+absl::Status MatmulGeluForward(const KernelCtx& ctx, void* act, void* pre, const void* inp,
+                               const void* weight, const void* bias, int N, int C, int OC);
+// Backward of out = act · weight^T + bias through act = gelu(pre): dpre
+// (N,C) = gelu'(pre) ⊙ (dout · weight), OVERWRITTEN (DGELU); dweight
+// (OC,C, fp32) += dout^T · act; dbias (OC, fp32; may be null) += column
+// sums of dout. dout (N,OC) has row stride ld_dout.
+absl::Status MatmulDGeluBackward(const KernelCtx& ctx, void* dpre, float* dweight, float* dbias,
+                                 const void* dout, int ld_dout, const void* act, const void* pre,
+                                 const void* weight, int N, int C, int OC);
 
 // ---- causal self-attention, multi-head or grouped-query ----
 // qkv (B,T,C+2KV) = [Q | K | V] with KV = KVH·hs, hs = C/NH: query head h
@@ -273,6 +328,21 @@ struct AdamWArgs {
 };
 absl::Status AdamWUpdate(cudaStream_t stream, float* params, const float* grads, float* m, float* v,
                          int64_t n, const AdamWArgs& args);
+// AdamWUpdate of several ranges of the same arrays in one launch per
+// kAdamWRangesPerLaunch ranges (the multi-tensor update: a model's tensors
+// alternate with and without weight decay, ~8 ranges per block): range k
+// is elements [begin, end) with its own weight_decay, every other
+// coefficient from args (args.weight_decay unused). Per element the same
+// arithmetic as AdamWUpdate: the same bits. zero_grads: each gradient is
+// set to 0 once read. Ranges must not overlap.
+struct AdamWRangeArgs {
+  int64_t begin = 0, end = 0;
+  float weight_decay = 0;
+};
+constexpr int kAdamWRangesPerLaunch = 128;
+absl::Status AdamWUpdateRanges(cudaStream_t stream, float* params, float* grads, float* m, float* v,
+                               const AdamWRangeArgs* ranges, int count, const AdamWArgs& args,
+                               bool zero_grads);
 
 }  // namespace shardtrain::engine::cuda
 

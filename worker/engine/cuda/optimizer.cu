@@ -78,20 +78,55 @@ absl::Status ScaleFloat32(cudaStream_t stream, float* x, int64_t n, float s) {
 
 namespace {
 
-// One thread per element: AdamW as documented in kernels.h, fp32.
-__global__ void AdamWKernel(float* params, const float* grads, float* m, float* v, int64_t n,
-                            AdamWArgs a) {
-  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i >= n) return;
+// AdamW of element i as documented in kernels.h, fp32; weight_decay is the
+// element's range's.
+__device__ __forceinline__ void AdamWElement(float* params, const float* grads, float* m, float* v,
+                                             int64_t i, const AdamWArgs& a, float weight_decay) {
   const float g = grads[i] * a.grad_scale;
   float p = params[i];
-  if (a.weight_decay != 0.0f) p -= a.lr * a.weight_decay * p;
+  if (weight_decay != 0.0f) p -= a.lr * weight_decay * p;
   const float mi = a.beta1 * m[i] + (1.0f - a.beta1) * g;
   const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * g * g;
   m[i] = mi;
   v[i] = vi;
   p -= a.lr * (mi / a.bias1) / (sqrtf(vi / a.bias2) + a.eps);
   params[i] = p;
+}
+
+// One thread per element.
+__global__ void AdamWKernel(float* params, const float* grads, float* m, float* v, int64_t n,
+                            AdamWArgs a) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i < n) AdamWElement(params, grads, m, v, i, a, a.weight_decay);
+}
+
+// Up to kAdamWRangesPerLaunch ranges by value (the kernel's parameters):
+// start[k] is the number of elements in ranges before k (start[count] the
+// total), so thread j finds its range by a binary search over start.
+struct AdamWTable {
+  int count = 0;
+  int64_t start[kAdamWRangesPerLaunch + 1];
+  int64_t begin[kAdamWRangesPerLaunch];
+  float weight_decay[kAdamWRangesPerLaunch];
+};
+
+// One thread per element of the table's ranges, in range order.
+__global__ void AdamWRangesKernel(float* params, float* grads, float* m, float* v, AdamWTable t,
+                                  AdamWArgs a, bool zero_grads) {
+  const int64_t j = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (j >= t.start[t.count]) return;
+  int lo = 0, hi = t.count - 1;  // the last k with start[k] <= j
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.start[mid] <= j) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int64_t i = t.begin[lo] + (j - t.start[lo]);
+  AdamWElement(params, grads, m, v, i, a, t.weight_decay[lo]);
+  if (zero_grads) grads[i] = 0.0f;
 }
 
 }  // namespace
@@ -109,6 +144,38 @@ absl::Status AdamWUpdate(cudaStream_t stream, float* params, const float* grads,
   AdamWKernel<<<static_cast<int>(internal::BlocksFor(n, kThreads)), kThreads, 0, stream>>>(
       params, grads, m, v, n, args);
   return internal::CheckLaunch(kName);
+}
+
+absl::Status AdamWUpdateRanges(cudaStream_t stream, float* params, float* grads, float* m, float* v,
+                               const AdamWRangeArgs* ranges, int count, const AdamWArgs& args,
+                               bool zero_grads) {
+  constexpr const char* kName = "AdamWUpdateRanges";
+  if (!(args.bias1 > 0.0f) || !(args.bias2 > 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(kName, ": bias1 and bias2 must be > 0, got ",
+                                                   args.bias1, " and ", args.bias2));
+  }
+  for (int first = 0; first < count; first += kAdamWRangesPerLaunch) {
+    AdamWTable t;
+    t.count = std::min(kAdamWRangesPerLaunch, count - first);
+    t.start[0] = 0;
+    for (int k = 0; k < t.count; ++k) {
+      const AdamWRangeArgs& r = ranges[first + k];
+      if (r.begin < 0 || r.end < r.begin) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(kName, ": range ", first + k, " is [", r.begin, ", ", r.end, ")"));
+      }
+      t.begin[k] = r.begin;
+      t.weight_decay[k] = r.weight_decay;
+      t.start[k + 1] = t.start[k] + (r.end - r.begin);
+    }
+    const int64_t n = t.start[t.count];
+    if (n == 0) continue;
+    SHARDTRAIN_RETURN_IF_ERROR(CheckFlat(kName, n));
+    AdamWRangesKernel<<<static_cast<int>(internal::BlocksFor(n, kThreads)), kThreads, 0, stream>>>(
+        params, grads, m, v, t, args, zero_grads);
+    SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch(kName));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace shardtrain::engine::cuda

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/model/config.h"
+#include "common/model/param_layout.h"
 #include "worker/optim/lr_schedule.h"
 
 namespace shardtrain::optim {
@@ -62,6 +64,39 @@ TEST(OptimTest, ClipGradNorm) {
   EXPECT_FLOAT_EQ(ClipGradNorm(absl::MakeSpan(g), 1.0f, &pool), 5.0f);
   EXPECT_NEAR(g[0], 0.6f, 1e-6);
   EXPECT_NEAR(g[199999], 0.8f, 1e-6);
+}
+
+// The clip factor inside AdamW's pass (Step's grad_scale) against scaling
+// the gradients first: the same parameters, m and v bit for bit over three
+// steps of a model's whole range (decayed and undecayed tensors), and the
+// gradients themselves untouched.
+TEST(OptimTest, GradScaleInTheStepEqualsScalingFirst) {
+  auto config = model::MakeGptConfig(/*layers=*/2, /*heads=*/2, /*dim=*/16, /*context=*/8,
+                                     /*vocab=*/61);
+  ASSERT_TRUE(config.ok()) << config.status();
+  const model::ParamLayout layout(*config);
+  const size_t n = layout.num_params();
+  AdamWOptions options;
+  options.weight_decay = 0.1f;
+  auto fused = AdamW::Create(layout, 0, n, options);
+  auto apart = AdamW::Create(layout, 0, n, options);
+  ASSERT_TRUE(fused.ok() && apart.ok());
+  std::vector<float> p_fused(n), p_apart(n), grads(n);
+  for (size_t i = 0; i < n; ++i) {
+    p_fused[i] = p_apart[i] = std::sin(0.37f * i);
+  }
+  for (int step = 1; step <= 3; ++step) {
+    for (size_t i = 0; i < n; ++i) grads[i] = std::cos(0.11f * i * step);
+    const float clip = 0.3f + 0.1f * step;
+    std::vector<float> g = grads, scaled = grads;
+    for (float& x : scaled) x *= clip;
+    fused->Step(p_fused.data(), g.data(), 1e-2f, /*zero_grads=*/false, clip);
+    apart->Step(p_apart.data(), scaled.data(), 1e-2f, /*zero_grads=*/false);
+    EXPECT_EQ(g, grads) << "the step changed the gradients";
+  }
+  EXPECT_EQ(p_fused, p_apart);
+  EXPECT_EQ(fused->CopyM(0, n), apart->CopyM(0, n));
+  EXPECT_EQ(fused->CopyV(0, n), apart->CopyV(0, n));
 }
 
 }  // namespace

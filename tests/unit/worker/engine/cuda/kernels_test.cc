@@ -164,6 +164,56 @@ TEST_F(CudaKernelsTest, AdamWUpdateMatchesHostAdamW) {
   }
 }
 
+// The multi-tensor update against AdamWUpdate range by range, bit for bit:
+// 300 ranges (3 launches of at most 128) of varying lengths, decayed and
+// not alternating, one empty, gaps between them left untouched, a clip
+// factor, the gradients zeroed in the same pass.
+TEST_F(CudaKernelsTest, AdamWUpdateRangesEqualsOneLaunchPerRange) {
+  std::vector<AdamWRangeArgs> ranges;
+  int64_t at = 3;
+  for (int k = 0; k < 300; ++k) {
+    const int64_t len = k == 17 ? 0 : 1 + (k * 37) % 300;
+    ranges.push_back({at, at + len, k % 2 == 0 ? 0.1f : 0.0f});
+    at += len + (k % 5 == 0 ? 2 : 0);  // a gap after every fifth
+  }
+  const int64_t n = at + 5;
+  const std::vector<float> p0 = Uniform(rng_, n), g0 = Uniform(rng_, n);
+  const std::vector<float> m0 = Uniform(rng_, n), v0 = Uniform(rng_, n, 0.0f, 1.0f);
+  AdamWArgs a;
+  a.lr = 1e-2f;
+  a.bias1 = 0.19f;
+  a.bias2 = 0.0975f;
+  a.grad_scale = 0.37f;
+  std::vector<float> got[2][4];
+  for (int multi = 0; multi < 2; ++multi) {
+    DevicePtr p = UploadF32(p0), g = UploadF32(g0), m = UploadF32(m0), v = UploadF32(v0);
+    auto* fp = static_cast<float*>(p.get());
+    auto* fg = static_cast<float*>(g.get());
+    auto* fm = static_cast<float*>(m.get());
+    auto* fv = static_cast<float*>(v.get());
+    if (multi) {
+      ASSERT_OK(AdamWUpdateRanges(stream_, fp, fg, fm, fv, ranges.data(),
+                                  static_cast<int>(ranges.size()), a, /*zero_grads=*/true));
+    } else {
+      for (const AdamWRangeArgs& r : ranges) {
+        AdamWArgs ra = a;
+        ra.weight_decay = r.weight_decay;
+        ASSERT_OK(AdamWUpdate(stream_, fp + r.begin, fg + r.begin, fm + r.begin, fv + r.begin,
+                              r.end - r.begin, ra));
+        ASSERT_EQ(cudaMemset(fg + r.begin, 0, sizeof(float) * (r.end - r.begin)), cudaSuccess);
+      }
+    }
+    got[multi][0] = DownloadF32(p.get(), n);
+    got[multi][1] = DownloadF32(g.get(), n);
+    got[multi][2] = DownloadF32(m.get(), n);
+    got[multi][3] = DownloadF32(v.get(), n);
+  }
+  const char* names[] = {"params", "grads", "m", "v"};
+  for (int i = 0; i < 4; ++i) ExpectSameBits(got[1][i], got[0][i], names[i]);
+  EXPECT_EQ(got[1][0][0], p0[0]);          // before the first range: untouched
+  EXPECT_EQ(got[1][1][n - 1], g0[n - 1]);  // after the last
+}
+
 // ----------------------------------------------------------- size checks
 
 TEST_F(CudaKernelsTest, LaunchersRejectBadSizes) {
