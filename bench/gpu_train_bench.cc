@@ -33,7 +33,10 @@
 // The main rows run model.attention auto (--attention): flash where it
 // applies (bf16 or fp16, heads of 64 or 128), as a job does by default;
 // --materialized adds one rank with the materialized (T,T) kernels next to
-// them: speed and device memory.
+// them: speed and device memory. --unfused adds one rank with the CUDA
+// engine's fusions off (SHARDTRAIN_CUDA_FUSED=0: no GEMM epilogues for the
+// GELU and the bias gradients, the wte gradient by the token scan): what
+// they are worth, measured in the same run.
 // --kernels B profiles a warm-up and 2 steps at batch B under Nsight Compute
 // (ncu, when installed: the toolkit's) and prints the time per kernel
 // family (of the main rows' step);
@@ -42,7 +45,7 @@
 // Usage: gpu_train_bench [--model gpt2-124m] [--batch 16,32] [--steps 20] [--warmup 3]
 //                        [--peer torch|none] [--compile] [--peak-tflops 989.4]
 //                        [--data FILE] [--peer-dir DIR] [--kernels B] [--ranks N]
-//                        [--zero 0,3] [--offload] [--nccl] [--materialized]
+//                        [--zero 0,3] [--offload] [--nccl] [--materialized] [--unfused]
 //        gpu_train_bench --ncu-csv FILE [--ncu-steps 2]
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -94,6 +97,7 @@ struct Options {
   bool offload = false;            // also one rank with the optimizer on the host
   bool nccl = false;               // also --ranks ranks over NCCL, one per GPU
   bool materialized = false;       // also one rank with model.attention: materialized
+  bool unfused = false;            // also one rank with SHARDTRAIN_CUDA_FUSED=0
   std::string attention = "auto";  // the main rows' model.attention
 };
 
@@ -105,10 +109,12 @@ struct Variant {
   bool offload = false;
   bool nccl = false;
   bool materialized = false;
+  bool unfused = false;  // the CUDA engine's fusions off (kernels.h KernelCtx::fused)
   std::string Name() const {
-    if (ranks == 1 && zero == 0 && !offload && !materialized) return "shardtrain";
+    if (ranks == 1 && zero == 0 && !offload && !materialized && !unfused) return "shardtrain";
     std::string name = "shardtrain";
     if (materialized) absl::StrAppend(&name, " materialized");
+    if (unfused) absl::StrAppend(&name, " unfused");
     if (nccl) absl::StrAppend(&name, " nccl");
     if (ranks > 1) absl::StrAppend(&name, " dp", ranks);
     if (zero > 0) absl::StrAppend(&name, " z", zero);
@@ -204,8 +210,11 @@ absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
   const int host_threads = std::max(1, int(std::thread::hardware_concurrency()) / ranks);
   absl::StatusOr<double> ms = absl::InternalError("no rank ran");
   if (ranks == 1) {
+    // The kernels' context reads it when the engine makes it.
+    if (v.unfused) setenv("SHARDTRAIN_CUDA_FUSED", "0", /*overwrite=*/1);
     absl::StatusOr<std::unique_ptr<worker::Trainer>> t =
         worker::Trainer::Create(*spec, /*rank=*/0, host_threads, /*comm=*/nullptr, /*gpu=*/0);
+    if (v.unfused) unsetenv("SHARDTRAIN_CUDA_FUSED");
     if (!t.ok()) return t.status();
     *flops_per_token =
         FlopsPerToken((*t)->engine().config(), (*t)->engine().layout().global_num_params(), o.seq);
@@ -440,6 +449,10 @@ int Main(int argc, char** argv) {
   app.add_flag("--materialized", o.materialized,
                "also one rank with model.attention: materialized (the (T,T) probabilities kept; "
                "ours/this row: the main rows' speed over the materialized kernels')");
+  app.add_flag("--unfused", o.unfused,
+               "also one rank with the CUDA engine's fusions off (SHARDTRAIN_CUDA_FUSED=0: "
+               "GELU and bias gradients apart from the GEMMs, the wte gradient by token scan); "
+               "ours/this row: what the fusions are worth");
   app.add_flag("--nccl", o.nccl,
                "also --ranks ranks over NCCL (each ZeRO stage of --zero), rank r on GPU r "
                "(skipped, saying so, with fewer GPUs): the speed-up over one GPU at the same "
@@ -510,6 +523,7 @@ int Main(int argc, char** argv) {
     }
     if (o.offload) variants.push_back(Variant{1, 0, true});
     if (o.materialized) variants.push_back(Variant{1, 0, false, false, true});
+    if (o.unfused) variants.push_back(Variant{1, 0, false, false, false, true});
     if (o.nccl && o.ranks > 1) {
       if (int(gpus->size()) >= o.ranks) {
         for (int z : o.zeros) {
