@@ -1,5 +1,7 @@
 // LayerNorm over the last dim (eps 1e-5), forward and backward (kernels.h;
 // the CPU twin is engine/cpu/layers.cc).
+#include <type_traits>
+
 #include "worker/engine/cuda/kernel_util.cuh"
 #include "worker/engine/cuda/kernels.h"
 
@@ -168,10 +170,122 @@ __global__ void LayerNormBackwardParamsKernel(float* dweight, float* dbias, floa
   internal::FinishColumnChunk<2>(acc, c, C, dweight, dbias, partials);
 }
 
+// The input gradient and the parameter gradients in one pass over dout and
+// inp (llm.c's fused LayerNorm backward): a block of kThreads per chunk of
+// chunk_rows rows, a warp per row at a time (rows r0 + warp, r0 + warp +
+// kRowsPerBlock, ...). A lane loads its packs of the row's x and dout once
+// (at most kMaxPacks: C <= 32 · kMaxPacks · kPack), takes the row's sums
+// and writes dinp exactly as LayerNormBackwardInputPackedKernel does (the
+// same bits), and keeps its columns' sums of norm · dout and dout over the
+// warp's rows in registers. The block adds its warps' sums in warp order in
+// shared memory (2·C floats) and writes them as chunk blockIdx.x's partials
+// (ColumnChunks' layout; with one chunk, into dweight and dbias), which
+// AddColumnPartials adds in chunk order: deterministic.
+template <typename F, int kMaxPacks>
+__global__ void LayerNormBackwardFusedKernel(F* dinp, float* dweight, float* dbias, float* partials,
+                                             const F* dout, const F* inp, const F* weight,
+                                             const float* mean, const float* rstd, int N, int C,
+                                             int chunk_rows) {
+  constexpr int kPack = internal::kPack<F>;
+  extern __shared__ float sums[];  // [2][C]: Σ norm·dout, Σ dout
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int packs = C / kPack;
+  const int4* w = reinterpret_cast<const int4*>(weight);
+  float acc_w[kMaxPacks][kPack], acc_b[kMaxPacks][kPack];
+#pragma unroll
+  for (int i = 0; i < kMaxPacks; ++i) {
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) acc_w[i][j] = acc_b[i][j] = 0.0f;
+  }
+  const int r0 = blockIdx.x * chunk_rows, r1 = min(N, r0 + chunk_rows);
+  for (int r = r0 + warp; r < r1; r += kRowsPerBlock) {
+    const int64_t row = r;
+    const int4* x = reinterpret_cast<const int4*>(inp + row * C);
+    const int4* d = reinterpret_cast<const int4*>(dout + row * C);
+    int4* di = reinterpret_cast<int4*>(dinp + row * C);
+    const float m = mean[row], s = rstd[row];
+    int4 xv[kMaxPacks], dv[kMaxPacks];
+    float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxPacks; ++i) {
+      const int k = lane + i * kWarpSize;
+      if (k >= packs) continue;
+      xv[i] = x[k];
+      dv[i] = d[k];
+      const int4 wv = w[k];
+      const F* xs = reinterpret_cast<const F*>(&xv[i]);
+      const F* ds = reinterpret_cast<const F*>(&dv[i]);
+      const F* ws = reinterpret_cast<const F*>(&wv);
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) {
+        const float dd = Load(ds[j]);
+        const float norm = (Load(xs[j]) - m) * s;
+        const float dn = Load(ws[j]) * dd;
+        dnorm_sum += dn;
+        dnorm_norm_sum += dn * (Load(xs[j]) - m) * s;
+        acc_w[i][j] += norm * dd;
+        acc_b[i][j] += dd;
+      }
+    }
+    const float dnorm_mean = WarpSum(dnorm_sum) / C;
+    const float dnorm_norm_mean = WarpSum(dnorm_norm_sum) / C;
+#pragma unroll
+    for (int i = 0; i < kMaxPacks; ++i) {
+      const int k = lane + i * kWarpSize;
+      if (k >= packs) continue;
+      const int4 wv = w[k];
+      int4 ov = di[k];
+      const F* xs = reinterpret_cast<const F*>(&xv[i]);
+      const F* ds = reinterpret_cast<const F*>(&dv[i]);
+      const F* ws = reinterpret_cast<const F*>(&wv);
+      F* os = reinterpret_cast<F*>(&ov);
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) {
+        const float norm = (Load(xs[j]) - m) * s;
+        const float dn = Load(ws[j]) * Load(ds[j]);
+        os[j] = Store<F>(Load(os[j]) + (dn - dnorm_mean - norm * dnorm_norm_mean) * s);
+      }
+      di[k] = ov;
+    }
+  }
+  // The warps' column sums, added in warp order.
+  for (int turn = 0; turn < kRowsPerBlock; ++turn) {
+    if (warp == turn) {
+#pragma unroll
+      for (int i = 0; i < kMaxPacks; ++i) {
+        const int k = lane + i * kWarpSize;
+        if (k >= packs) continue;
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) {
+          const int c = k * kPack + j;
+          sums[c] = turn == 0 ? acc_w[i][j] : sums[c] + acc_w[i][j];
+          sums[C + c] = turn == 0 ? acc_b[i][j] : sums[C + c] + acc_b[i][j];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) {
+    const int k = i / C, c = i % C;
+    if (gridDim.x == 1) {
+      (k == 0 ? dweight : dbias)[c] += sums[i];
+    } else {
+      partials[(int64_t{k} * gridDim.x + blockIdx.x) * C + c] = sums[i];
+    }
+  }
+}
+
+// Rows per block of the fused backward: 8 rows a warp (enough blocks to
+// fill a GPU at B·T = 16384: 256).
+constexpr int kFusedChunkRows = 64;
+
 }  // namespace
 
 // dinp (N,C) += ; dweight, dbias (C, fp32) += ; dout, inp (N,C); weight (C);
-// mean, rstd (N) from the forward.
+// mean, rstd (N) from the forward. Packed rows of at most 32·8 packs (C <=
+// 2048 in bf16/fp16, 1024 in fp32): one fused pass
+// (LayerNormBackwardFusedKernel); otherwise the parameters' column sums,
+// then the input gradient.
 absl::Status LayerNormBackward(const KernelCtx& ctx, void* dinp, float* dweight, float* dbias,
                                const void* dout, const void* inp, const void* weight,
                                const float* mean, const float* rstd, int N, int C) {
@@ -182,6 +296,36 @@ absl::Status LayerNormBackward(const KernelCtx& ctx, void* dinp, float* dweight,
     using F = typename decltype(tag)::type;
     const F* d = static_cast<const F*>(dout);
     const F* x = static_cast<const F*>(inp);
+    constexpr int kPack = internal::kPack<F>;
+    const bool packable = internal::Packable(C, sizeof(F), {dinp, dout, inp, weight});
+    const int lane_packs = (C / kPack + kWarpSize - 1) / kWarpSize;
+    internal::ColumnChunks fused;
+    fused.rows = kFusedChunkRows;
+    fused.chunks = static_cast<int>(internal::BlocksFor(N, kFusedChunkRows));
+    if (ctx.fused && packable && lane_packs <= 8 &&
+        size_t(fused.chunks) * 2 * size_t(C) * sizeof(float) <= ctx.workspace_bytes) {
+      float* const partials = static_cast<float*>(ctx.workspace);
+      const size_t smem = 2 * size_t(C) * sizeof(float);
+      auto launch = [&](auto max_packs) {
+        LayerNormBackwardFusedKernel<F, decltype(max_packs)::value>
+            <<<fused.chunks, kThreads, smem, ctx.stream>>>(
+                static_cast<F*>(dinp), dweight, dbias, partials, d, x,
+                static_cast<const F*>(weight), mean, rstd, N, C, fused.rows);
+      };
+      if (lane_packs <= 1) {
+        launch(std::integral_constant<int, 1>{});
+      } else if (lane_packs <= 2) {
+        launch(std::integral_constant<int, 2>{});
+      } else if (lane_packs <= 4) {
+        launch(std::integral_constant<int, 4>{});
+      } else {
+        launch(std::integral_constant<int, 8>{});
+      }
+      SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("LayerNormBackward (fused)"));
+      if (fused.chunks == 1) return absl::OkStatus();
+      return internal::AddColumnPartials<2>(ctx.stream, fused, dweight, dbias, partials, C,
+                                            "LayerNormBackward (fused partials)");
+    }
     const internal::ColumnChunks chunks = internal::PlanColumnChunks(N, C, 2, ctx.workspace_bytes);
     float* const partials = static_cast<float*>(ctx.workspace);
     LayerNormBackwardParamsKernel<F>
@@ -191,7 +335,7 @@ absl::Status LayerNormBackward(const KernelCtx& ctx, void* dinp, float* dweight,
     SHARDTRAIN_RETURN_IF_ERROR(internal::AddColumnPartials<2>(
         ctx.stream, chunks, dweight, dbias, partials, C, "LayerNormBackward (partials)"));
     const int row_blocks = static_cast<int>(internal::BlocksFor(N, kRowsPerBlock));
-    if (internal::Packable(C, sizeof(F), {dinp, dout, inp, weight})) {
+    if (packable) {
       LayerNormBackwardInputPackedKernel<F><<<row_blocks, kThreads, 0, ctx.stream>>>(
           static_cast<F*>(dinp), d, x, static_cast<const F*>(weight), mean, rstd, N, C);
     } else {

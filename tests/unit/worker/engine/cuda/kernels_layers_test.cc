@@ -290,6 +290,50 @@ TEST_F(CudaKernelsTest, LayerNormBackwardIsDeterministic) {
   ExpectSameBits(runs[0][2], runs[1][2], "dbias");
 }
 
+// The fused backward (one pass: dinp and the parameters' column sums,
+// chunks of 64 rows) against the separate kernels (ctx.fused off) at GPT-2's
+// width in bf16 and an fp32 width at the fused kernel's limit (1024): dinp
+// the same bits (the same arithmetic per row), dweight and dbias the same
+// sums in another order (within 1e-5), N = 1000 (a partial last chunk).
+TEST_F(CudaKernelsTest, LayerNormBackwardFusedEqualsTheSeparateKernels) {
+  const int N = 1000;
+  for (const auto& [dtype, C] :
+       {std::pair<DataType, int>{DataType::kBFloat16, 768}, {kF32, 1024}}) {
+    SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " C=", C));
+    const size_t NC = size_t{N} * C;
+    const KernelCtx& k = Ctx(dtype);
+    KernelCtx separate = k;
+    separate.fused = false;
+    const std::vector<float> inp = Rounded(dtype, Uniform(rng_, NC, -2.0f, 3.0f));
+    const std::vector<float> weight = Rounded(dtype, Uniform(rng_, C, 0.5f, 1.5f));
+    const std::vector<float> bias = Rounded(dtype, Uniform(rng_, C));
+    const std::vector<float> dout = Rounded(dtype, Uniform(rng_, NC));
+    const std::vector<float> dinp0 = Rounded(dtype, Uniform(rng_, NC));
+    DevicePtr d_inp = Upload(dtype, inp), d_w = Upload(dtype, weight), d_b = Upload(dtype, bias);
+    DevicePtr d_dout = Upload(dtype, dout), d_out = Alloc(NC * DataTypeSize(dtype));
+    DevicePtr mean = Alloc(N * sizeof(float)), rstd = Alloc(N * sizeof(float));
+    ASSERT_OK(LayerNormForward(k, d_out.get(), static_cast<float*>(mean.get()),
+                               static_cast<float*>(rstd.get()), d_inp.get(), d_w.get(), d_b.get(),
+                               N, C));
+    std::vector<float> got[2][3];
+    for (int f = 0; f < 2; ++f) {
+      DevicePtr dinp = Upload(dtype, dinp0);
+      DevicePtr dweight = UploadF32(std::vector<float>(C, 0.5f));
+      DevicePtr dbias = UploadF32(std::vector<float>(C, -0.5f));
+      ASSERT_OK(LayerNormBackward(f ? k : separate, dinp.get(), static_cast<float*>(dweight.get()),
+                                  static_cast<float*>(dbias.get()), d_dout.get(), d_inp.get(),
+                                  d_w.get(), static_cast<const float*>(mean.get()),
+                                  static_cast<const float*>(rstd.get()), N, C));
+      got[f][0] = Download(dtype, dinp.get(), NC);
+      got[f][1] = DownloadF32(dweight.get(), C);
+      got[f][2] = DownloadF32(dbias.get(), C);
+    }
+    ExpectSameBits(got[1][0], got[0][0], "dinp fused vs separate");
+    CompareAndPrint("fused", got[1][1], got[0][1], 1e-5, "layernorm dweight fused vs separate");
+    CompareAndPrint("fused", got[1][2], got[0][2], 1e-5, "layernorm dbias fused vs separate");
+  }
+}
+
 // ----------------------------------------------------------------- matmul
 
 // out (N,OC) with a row stride > OC (the padding columns must stay as they
