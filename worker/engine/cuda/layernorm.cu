@@ -102,6 +102,24 @@ __global__ void LayerNormBackwardInputKernel(F* dinp, const F* dout, const F* in
 // issued 2-byte loads one channel per lane and ran at a tenth of the
 // bandwidth (ncu on an H100: 130 us per GPT-2 LayerNorm at B=4). The row's
 // sums are taken pack by pack in a fixed order (deterministic).
+// One pack of a row's input gradient: ov + (dnorm - dnorm_mean - norm ·
+// dnorm_norm_mean) · rstd per element, from the pack's x, dout and weight.
+template <typename F>
+__device__ __forceinline__ int4 AddInputGradPack(int4 ov, const int4& xv, const int4& dv,
+                                                 const int4& wv, float m, float s, float dnorm_mean,
+                                                 float dnorm_norm_mean) {
+  const F* xs = reinterpret_cast<const F*>(&xv);
+  const F* ds = reinterpret_cast<const F*>(&dv);
+  const F* ws = reinterpret_cast<const F*>(&wv);
+  F* os = reinterpret_cast<F*>(&ov);
+#pragma unroll
+  for (int j = 0; j < internal::kPack<F>; ++j) {
+    const float norm = (Load(xs[j]) - m) * s;
+    const float dn = Load(ws[j]) * Load(ds[j]);
+    os[j] = Store<F>(Load(os[j]) + (dn - dnorm_mean - norm * dnorm_norm_mean) * s);
+  }
+  return ov;
+}
 template <typename F>
 __global__ void LayerNormBackwardInputPackedKernel(F* dinp, const F* dout, const F* inp,
                                                    const F* weight, const float* mean,
@@ -133,18 +151,7 @@ __global__ void LayerNormBackwardInputPackedKernel(F* dinp, const F* dout, const
   const float dnorm_norm_mean = WarpSum(dnorm_norm_sum) / C;
   for (int k = lane; k < packs; k += kWarpSize) {
     const int4 xv = x[k], dv = d[k], wv = w[k];
-    int4 ov = di[k];
-    const F* xs = reinterpret_cast<const F*>(&xv);
-    const F* ds = reinterpret_cast<const F*>(&dv);
-    const F* ws = reinterpret_cast<const F*>(&wv);
-    F* os = reinterpret_cast<F*>(&ov);
-#pragma unroll
-    for (int j = 0; j < kPack; ++j) {
-      const float norm = (Load(xs[j]) - m) * s;
-      const float dn = Load(ws[j]) * Load(ds[j]);
-      os[j] = Store<F>(Load(os[j]) + (dn - dnorm_mean - norm * dnorm_norm_mean) * s);
-    }
-    di[k] = ov;
+    di[k] = AddInputGradPack<F>(di[k], xv, dv, wv, m, s, dnorm_mean, dnorm_norm_mean);
   }
 }
 
@@ -233,19 +240,7 @@ __global__ void LayerNormBackwardFusedKernel(F* dinp, float* dweight, float* dbi
     for (int i = 0; i < kMaxPacks; ++i) {
       const int k = lane + i * kWarpSize;
       if (k >= packs) continue;
-      const int4 wv = w[k];
-      int4 ov = di[k];
-      const F* xs = reinterpret_cast<const F*>(&xv[i]);
-      const F* ds = reinterpret_cast<const F*>(&dv[i]);
-      const F* ws = reinterpret_cast<const F*>(&wv);
-      F* os = reinterpret_cast<F*>(&ov);
-#pragma unroll
-      for (int j = 0; j < kPack; ++j) {
-        const float norm = (Load(xs[j]) - m) * s;
-        const float dn = Load(ws[j]) * Load(ds[j]);
-        os[j] = Store<F>(Load(os[j]) + (dn - dnorm_mean - norm * dnorm_norm_mean) * s);
-      }
-      di[k] = ov;
+      di[k] = AddInputGradPack<F>(di[k], xv[i], dv[i], w[k], m, s, dnorm_mean, dnorm_norm_mean);
     }
   }
   // The warps' column sums, added in warp order.

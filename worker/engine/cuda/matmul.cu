@@ -229,6 +229,17 @@ absl::Status LtMatmul(const KernelCtx& ctx, const std::string& what, bool trans_
   return CublasStatus(ran, what + ": cublasLtMatmul");
 }
 
+// The forward's operands: out (N,OC) row stride ld_out = inp (N,C) ·
+// weight (OC,C)^T as the column-major out^T = W · inp^T (see the top).
+struct ForwardOperands {
+  ForwardOperands(const KernelCtx& ctx, void* out, const void* inp, const void* weight, int N,
+                  int C, int OC, int ld_out)
+      : a{weight, internal::CudaDataType(ctx.dtype), uint64_t(C), uint64_t(OC), C},
+        b{inp, internal::CudaDataType(ctx.dtype), uint64_t(C), uint64_t(N), C},
+        d{out, internal::CudaDataType(ctx.dtype), uint64_t(OC), uint64_t(N), ld_out} {}
+  LtMatrix a, b, d;
+};
+
 absl::Status CheckMatmulSizes(const char* kernel, int N, int C, int OC, const char* ld_name,
                               int ld) {
   SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kernel, "N", N));
@@ -251,16 +262,13 @@ absl::Status MatmulForward(const KernelCtx& ctx, void* out, const void* inp, con
   SHARDTRAIN_RETURN_IF_ERROR(CheckMatmulSizes(kName, N, C, OC, "ld_out", ld_out));
   if (N == 0 || OC == 0) return absl::OkStatus();
   if (C == 0) return absl::InvalidArgumentError("MatmulForward: C must be >= 1");
-  const cudaDataType_t t = internal::CudaDataType(ctx.dtype);
-  const LtMatrix a{weight, t, static_cast<uint64_t>(C), static_cast<uint64_t>(OC), C};
-  const LtMatrix b{inp, t, static_cast<uint64_t>(C), static_cast<uint64_t>(N), C};
-  const LtMatrix d{out, t, static_cast<uint64_t>(OC), static_cast<uint64_t>(N), ld_out};
+  const ForwardOperands m(ctx, out, inp, weight, N, C, OC, ld_out);
   LtEpilogue e;
   if (bias != nullptr) {
     e.kind = CUBLASLT_EPILOGUE_BIAS;
     e.bias = bias;
   }
-  return LtMatmul(ctx, kName, /*trans_a=*/true, a, /*trans_b=*/false, b, d, /*beta=*/0.0f, e);
+  return LtMatmul(ctx, kName, /*trans_a=*/true, m.a, /*trans_b=*/false, m.b, m.d, /*beta=*/0.0f, e);
 }
 
 absl::Status MatmulGeluForward(const KernelCtx& ctx, void* act, void* pre, const void* inp,
@@ -273,16 +281,13 @@ absl::Status MatmulGeluForward(const KernelCtx& ctx, void* act, void* pre, const
   }
   if (N == 0 || OC == 0) return absl::OkStatus();
   if (C == 0) return absl::InvalidArgumentError("MatmulGeluForward: C must be >= 1");
-  const cudaDataType_t t = internal::CudaDataType(ctx.dtype);
-  const LtMatrix a{weight, t, static_cast<uint64_t>(C), static_cast<uint64_t>(OC), C};
-  const LtMatrix b{inp, t, static_cast<uint64_t>(C), static_cast<uint64_t>(N), C};
-  const LtMatrix d{act, t, static_cast<uint64_t>(OC), static_cast<uint64_t>(N), OC};
+  const ForwardOperands m(ctx, act, inp, weight, N, C, OC, OC);
   LtEpilogue e;
   e.kind = bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
   e.bias = bias;
   e.aux = pre;
   e.aux_ld = OC;
-  return LtMatmul(ctx, kName, /*trans_a=*/true, a, /*trans_b=*/false, b, d, /*beta=*/0.0f, e);
+  return LtMatmul(ctx, kName, /*trans_a=*/true, m.a, /*trans_b=*/false, m.b, m.d, /*beta=*/0.0f, e);
 }
 
 namespace {
