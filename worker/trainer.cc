@@ -376,8 +376,10 @@ absl::Status Trainer::RunMicroBatches(int64_t step, StepResult* r) {
   for (int m = 0; m < accum; ++m) {
     if (absl::Status s = fill(m, inputs_.data(), targets_.data()); !s.ok()) return s;
     strategy_->BeginMicroBatch(m, accum);
+    const float loss_scale = LossScale() / accum;
+    engine_->ExpectBackward(loss_scale);  // the loss's gradient may come with the forward
     loss += engine_->Forward(inputs_.data(), targets_.data());
-    engine_->Backward(LossScale() / accum);
+    engine_->Backward(loss_scale);
     const auto t0 = std::chrono::steady_clock::now();
     if (absl::Status s = strategy_->EndMicroBatch(); !s.ok()) return s;
     r->comm_ms += MsSince(t0);

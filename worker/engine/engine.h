@@ -88,8 +88,15 @@ class Engine {
   // Sets every gradient to 0.
   virtual void ZeroGrad() = 0;
   // The logits of position `row` (= b·t index) of the last Forward into
-  // host memory out[0, vocab).
+  // host memory out[0, vocab). Not after a forward ExpectBackward announced.
   virtual void ReadLogits(int row, float* out) const = 0;
+  // The next Forward / StageForward with targets (of the last stage) will
+  // be followed by its Backward / StageBackward with this loss_scale: an
+  // engine may compute the loss's gradient in the forward's own pass over
+  // the logits (a fused classifier; the logits then hold that gradient, so
+  // ReadLogits fails), and a backward with another scale is then a
+  // precondition failure. For that one forward only. Default: ignored.
+  virtual void ExpectBackward(float loss_scale) { (void)loss_scale; }
 
   // Called by Backward each time the gradients of a whole unit became final,
   // with the unit's first element `offset`: every gradient in [offset,

@@ -306,6 +306,8 @@ float ModelEngine::StageForward(int slot, const int* tokens, const int* targets,
   const ModelConfig& cfg = config();
   const int C = cfg.dim, V = cfg.vocab;
   const int N = b * t;
+  const float expected_backward = expected_backward_;  // for this forward only
+  expected_backward_ = 0.0f;
   // Preconditions (programming errors, not data errors: the token readers
   // and Generate() validate their input): fail loudly, never corrupt memory.
   if (slot < 0 || slot >= slots() || b < 1 || b > B_ || t < 1 || t > T_) {
@@ -336,6 +338,7 @@ float ModelEngine::StageForward(int slot, const int* tokens, const int* targets,
   s.b = b;
   s.t = t;
   s.forwarded = last ? targets != nullptr : true;
+  s.dlogits_scale = 0.0f;
   if (tokens != nullptr) std::copy(tokens, tokens + N, s.tokens.begin());
   if (targets != nullptr) std::copy(targets, targets + N, s.targets.begin());
 
@@ -371,7 +374,17 @@ float ModelEngine::StageForward(int slot, const int* tokens, const int* targets,
     LmHeadForward(s);
   }
   if (targets == nullptr) return 0.0f;
-  return static_cast<float>(CrossEntropyForward(s) / N);
+  // The backward's dloss, as StageBackward computes it: with an announced
+  // backward the device may turn the logits into their gradient now.
+  const float dloss = expected_backward / static_cast<float>(N);
+  double loss_sum = 0;
+  if (expected_backward != 0.0f && tp_ == nullptr &&
+      CrossEntropyForwardBackward(s, dloss, &loss_sum)) {
+    s.dlogits_scale = dloss;
+  } else {
+    loss_sum = CrossEntropyForward(s);
+  }
+  return static_cast<float>(loss_sum / N);
 }
 
 void ModelEngine::StageBackward(int slot, float loss_scale, const float* doutput) {
@@ -394,7 +407,17 @@ void ModelEngine::StageBackward(int slot, float loss_scale, const float* doutput
   const int C = config().dim, b = s.b, t = s.t, N = b * t, Nl = LocalRows(N);
   const int64_t NC = int64_t{N} * C, NlC = int64_t{Nl} * C;
   if (PipelineLast(s)) {
-    CrossEntropyBackward(s, loss_scale / static_cast<float>(N));
+    const float dloss = loss_scale / static_cast<float>(N);
+    if (s.dlogits_scale == 0.0f) {
+      CrossEntropyBackward(s, dloss);
+    } else if (s.dlogits_scale != dloss) {  // precondition: ExpectBackward's scale
+      std::fprintf(stderr,
+                   "ModelEngine::StageBackward: slot %d's forward computed the loss's gradient "
+                   "for dloss %g (ExpectBackward), the backward asks for %g\n",
+                   slot, s.dlogits_scale, dloss);
+      std::abort();
+    }
+    s.dlogits_scale = 0.0f;
     Zero(dresidual_, NlC);
     Zero(dln_, NC);
     void* dlnf = sp_ ? sp_local_ : dln_;

@@ -87,6 +87,7 @@ class ModelEngine : public Engine {
   }
   using Engine::Forward;
   void Backward(float loss_scale = 1.0f) override { StageBackward(0, loss_scale, nullptr); }
+  void ExpectBackward(float loss_scale) override { expected_backward_ = loss_scale; }
   int slots() const override { return static_cast<int>(slots_.size()); }
   int chunks() const override { return static_cast<int>(chunk_slots_.size()); }
   int chunk_slots(int chunk) const override { return chunk_slots_[chunk]; }
@@ -120,6 +121,9 @@ class ModelEngine : public Engine {
     std::vector<int> tokens, targets;
     int b = 0, t = 0;
     bool forwarded = false;  // a forward with targets (last stage) not yet backpropagated
+    // The dloss the forward's fused classifier already turned the logits
+    // into the gradient for (ExpectBackward); 0: the logits are logits.
+    float dlogits_scale = 0.0f;
   };
 
   ModelEngine(const model::ModelConfig& config, int B, int T, const ModelEngineOptions& options,
@@ -263,6 +267,13 @@ class ModelEngine : public Engine {
   virtual double CrossEntropyForward(SlotActs& s) = 0;
   // s.logits become their gradient, times dloss.
   virtual void CrossEntropyBackward(SlotActs& s, float dloss) = 0;
+  // Both at once where the device fuses them (without tp: the whole
+  // vocabulary's lse is this rank's): *loss_sum as CrossEntropyForward's
+  // result, s.logits their gradient times dloss. false (the default): not
+  // fused here, nothing done.
+  virtual bool CrossEntropyForwardBackward(SlotActs& s, float dloss, double* loss_sum) {
+    return false;
+  }
   // dln (N, C) += the LM head's input gradient; the head weight's gradient +=.
   virtual void LmHeadBackward(SlotActs& s, void* dln) = 0;
   // ---- Attention by blocks of keys, for context parallelism's ring (called
@@ -389,6 +400,8 @@ class ModelEngine : public Engine {
   bool has_input_grad_ = false;
   // Within StageBackward (UnitScope tells OnUnitUse).
   bool in_backward_ = false;
+  // ExpectBackward's loss_scale for the next forward (0: none).
+  float expected_backward_ = 0.0f;
   // scratch
   void *proj_out_ = nullptr, *dresidual_ = nullptr, *dln_ = nullptr, *datty_ = nullptr,
        *dqkv_ = nullptr, *dfch_ = nullptr, *dfch_act_ = nullptr, *att_scratch_ = nullptr,

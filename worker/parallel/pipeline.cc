@@ -263,7 +263,8 @@ std::shared_ptr<comm::Work> PipelineExecutor::Receive(comm::Communicator* c, flo
 }
 
 absl::Status PipelineExecutor::Forward(const PipelineAction& a, const MicroBatchFn& fill,
-                                       double* loss, double* wait_ms, const PipelineAction* next) {
+                                       float loss_scale, double* loss, double* wait_ms,
+                                       const PipelineAction* next) {
   const std::string where = Where(a);
   const int slot = SlotOf(a);
   // Only the pipeline's ends read the micro-batch: the first its tokens,
@@ -287,6 +288,9 @@ absl::Status PipelineExecutor::Forward(const PipelineAction& a, const MicroBatch
   if (absl::Status s = Order(&fwd_sends_[slot], wait_ms); !s.ok()) {
     return Prefix(s, absl::StrCat(where, ": sending activations to stage ", next_stage()));
   }
+  // A training forward (loss_scale > 0) is backpropagated with the step's
+  // scale: the loss's gradient may come with the last stage's forward.
+  if (targets != nullptr && loss_scale != 0.0f) engine_->ExpectBackward(loss_scale);
   *loss += engine_->StageForward(slot, tokens, targets,
                                  first(a.chunk) ? nullptr : ToEngine(input_, dev_input_.get()),
                                  engine_->max_batch(), engine_->max_seq_len());
@@ -361,7 +365,7 @@ absl::StatusOr<PipelineStepResult> PipelineExecutor::RunStep(const MicroBatchFn&
     const PipelineAction* next = i + 1 < actions_.size() ? &actions_[i + 1] : nullptr;
     ActionTiming timing{a.kind, a.micro, MsSince(t0), 0, 0, a.chunk};
     status = a.kind == StepKind::kForward
-                 ? Forward(a, fill, &result.loss_sum, &timing.wait_ms, next)
+                 ? Forward(a, fill, loss_scale, &result.loss_sum, &timing.wait_ms, next)
                  : Backward(a, pass++, before_backward, after_backward, loss_scale, &timing.wait_ms,
                             next);
     timing.end_ms = MsSince(t0);
@@ -387,8 +391,8 @@ absl::StatusOr<double> PipelineExecutor::RunForwardOnly(int micro_batches,
   // Each micro-batch through every chunk in turn, in each chunk's slot 0.
   for (int m = 0; m < micro_batches && status.ok(); ++m) {
     for (int c = 0; c < chunks_ && status.ok(); ++c) {
-      status = Forward(PipelineAction{StepKind::kForward, m, c}, fill, &loss, &wait_ms,
-                       /*next=*/nullptr);
+      status = Forward(PipelineAction{StepKind::kForward, m, c}, fill, /*loss_scale=*/0.0f, &loss,
+                       &wait_ms, /*next=*/nullptr);
     }
   }
   absl::Status drained = DrainSends(&wait_ms);

@@ -203,10 +203,12 @@ class PipelineExecutor {
   // The communicator action `a` receives on (null: it receives nothing).
   comm::Communicator* ReceivesOn(const PipelineAction& a) const;
   // Forward of `a` into its slot; adds StageForward's value to *loss.
+  // loss_scale: the backward's that will follow (ExpectBackward), 0 for a
+  // forward without one (RunForwardOnly).
   // `next`: the action that follows (null: none), whose receive is grouped
   // with this one's send when it comes over the same communicator.
-  absl::Status Forward(const PipelineAction& a, const MicroBatchFn& fill, double* loss,
-                       double* wait_ms, const PipelineAction* next);
+  absl::Status Forward(const PipelineAction& a, const MicroBatchFn& fill, float loss_scale,
+                       double* loss, double* wait_ms, const PipelineAction* next);
   absl::Status Backward(const PipelineAction& a, int pass, const Bracket& before,
                         const Bracket& after, float loss_scale, double* wait_ms,
                         const PipelineAction* next);

@@ -360,6 +360,11 @@ void CudaModel::ZeroGrad() {
 }
 
 void CudaModel::ReadLogits(int row, float* out) const {
+  if (slot(0).dlogits_scale != 0.0f) {
+    Fail(
+        "CudaModel::ReadLogits: the last forward turned the logits into their gradient "
+        "(ExpectBackward)");
+  }
   // This rank's real columns (all of them without tp), as the CPU engine.
   const void* logits = Bytes(slot(0).logits) + int64_t{row} * vocab_.Vpt * DataTypeSize(compute());
   Check(ConvertToFloat32(k(), row_->as<float>(), logits, vocab_.real));
@@ -590,7 +595,17 @@ void CudaModel::LmHeadForward(SlotActs& s) {
                             config().dim, vocab_.Vpt, vocab_.Vpt));
 }
 
-double CudaModel::CrossEntropyForward(SlotActs& s) {
+double CudaModel::CrossEntropyForward(SlotActs& s) { return LossForward(s, 0.0f); }
+
+// The fused classifier under a 16-bit compute type (fp32 keeps the separate
+// kernels, equal to the CPU engine); the engine asks only without tp.
+bool CudaModel::CrossEntropyForwardBackward(SlotActs& s, float dloss, double* loss_sum) {
+  if (compute() == DataType::kFloat32 || !k().fused || tp() != nullptr) return false;
+  *loss_sum = LossForward(s, dloss);
+  return true;
+}
+
+double CudaModel::LossForward(SlotActs& s, float dloss) {
   const int N = s.b * s.t, k_slot = SlotIndex(s);
   // The targets as columns of this rank's logits (v0 = 0 without tp): one
   // held by another tp rank matches none.
@@ -601,9 +616,14 @@ double CudaModel::CrossEntropyForward(SlotActs& s) {
             "cudaMemcpyAsync (targets)");
   host_losses_.assign(N, NAN);
   host_lse_.assign(N, -INFINITY);  // a rank holding no real column adds nothing
-  if (vocab_.real > 0) {
+  if (vocab_.real > 0 && dloss != 0.0f) {
+    Check(cuda::CrossEntropyForwardBackward(k(), s.losses, s.lse, s.logits, DeviceTargets(k_slot),
+                                            dloss, N, vocab_.real, vocab_.Vpt));
+  } else if (vocab_.real > 0) {
     Check(cuda::CrossEntropyForward(k(), s.losses, s.lse, s.logits, DeviceTargets(k_slot), N,
                                     vocab_.real, vocab_.Vpt));
+  }
+  if (vocab_.real > 0) {
     CheckCuda(cudaMemcpyAsync(host_losses_.data(), s.losses, sizeof(float) * N,
                               cudaMemcpyDeviceToHost, stream()),
               "cudaMemcpyAsync (losses)");

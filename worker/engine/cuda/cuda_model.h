@@ -108,6 +108,7 @@ class CudaModel final : public ModelEngine {
   void ResidualForward(void* out, const void* inp1, const void* inp2, int64_t n) override;
   void LmHeadForward(SlotActs& s) override;
   double CrossEntropyForward(SlotActs& s) override;
+  bool CrossEntropyForwardBackward(SlotActs& s, float dloss, double* loss_sum) override;
   void CrossEntropyBackward(SlotActs& s, float dloss) override;
   void LmHeadBackward(SlotActs& s, void* dln) override;
   // Context parallelism (cuda_model_cp.cc).
@@ -138,6 +139,10 @@ class CudaModel final : public ModelEngine {
   // Aborts with the message when a launcher failed (see the class comment).
   void Check(const absl::Status& s) const;
   const KernelCtx& k() const { return kernels_.ctx(); }
+  // The cross-entropy's forward (dloss 0) or forward and backward in one
+  // pass (kernels.h CrossEntropyForwardBackward): the losses' sum, read
+  // back to the host.
+  double LossForward(SlotActs& s, float dloss);
   cudaStream_t stream() const;
   // The compute copy of a parameter tensor, and its fp32 gradient; null
   // for -1 (no such tensor in the recipe or the slice).

@@ -304,6 +304,14 @@ absl::Status CrossEntropyForward(const KernelCtx& ctx, float* losses, float* lse
 // columns >= V are set to 0. OVERWRITES the logits.
 absl::Status CrossEntropyBackward(const KernelCtx& ctx, void* logits, const float* lse,
                                   const int* targets, float dloss, int N, int V, int Vp);
+// Both in one launch (the fused classifier): losses and lse as
+// CrossEntropyForward, then the logits become their gradient as
+// CrossEntropyBackward with dloss — each row read twice by one block, the
+// second time from L2, so the logits cross the memory bus twice instead of
+// three times. targets required.
+absl::Status CrossEntropyForwardBackward(const KernelCtx& ctx, float* losses, float* lse,
+                                         void* logits, const int* targets, float dloss, int N,
+                                         int V, int Vp);
 
 // ---- the optimizer side, over flat fp32 buffers ----
 // partial (blocks, fp32x2 as double) = per-block sums of x[i]^2 over a fixed

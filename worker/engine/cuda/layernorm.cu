@@ -50,9 +50,93 @@ __global__ void LayerNormForwardKernel(F* out, float* mean, float* rstd, const F
   }
 }
 
+// The same with 16-byte accesses for rows of whole packs, at most
+// kMaxPacks a lane (C <= 32 · kMaxPacks · kPack): the lane's packs of the
+// row are loaded once and kept in registers for the mean, the variance and
+// the output (the scalar kernel reads the row three times, two bytes a
+// lane). The row's sums are taken lane by lane, then WarpSum: fixed order.
+template <typename F, int kMaxPacks>
+__global__ void LayerNormForwardPackedKernel(F* out, float* mean, float* rstd, const F* inp,
+                                             const F* weight, const F* bias, int N, int C) {
+  constexpr int kPack = internal::kPack<F>;
+  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (row >= N) return;  // the whole warp leaves together
+  const int packs = C / kPack;
+  const int4* x = reinterpret_cast<const int4*>(inp + row * C);
+  float v[kMaxPacks][kPack];
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMaxPacks; ++i) {
+    const int k = lane + i * kWarpSize;
+    if (k >= packs) continue;
+    const int4 raw = x[k];
+    const F* xs = reinterpret_cast<const F*>(&raw);
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) {
+      v[i][j] = Load(xs[j]);
+      sum += v[i][j];
+    }
+  }
+  const float m = WarpSum(sum) / C;
+  float var = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMaxPacks; ++i) {
+    if (lane + i * kWarpSize >= packs) continue;
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) {
+      const float d = v[i][j] - m;
+      var += d * d;
+    }
+  }
+  const float s = 1.0f / sqrtf(WarpSum(var) / C + kEps);
+  const int4* w = reinterpret_cast<const int4*>(weight);
+  const int4* b = reinterpret_cast<const int4*>(bias);
+  int4* o = reinterpret_cast<int4*>(out + row * C);
+#pragma unroll
+  for (int i = 0; i < kMaxPacks; ++i) {
+    const int k = lane + i * kWarpSize;
+    if (k >= packs) continue;
+    const int4 wv = w[k], bv = b[k];
+    const F* ws = reinterpret_cast<const F*>(&wv);
+    const F* bs = reinterpret_cast<const F*>(&bv);
+    int4 ov;
+    F* os = reinterpret_cast<F*>(&ov);
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) os[j] = Store<F>((v[i][j] - m) * s * Load(ws[j]) + Load(bs[j]));
+    o[k] = ov;
+  }
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+// launch(std::integral_constant<int, P>) with P the least of 1, 2, 4, 8
+// that holds lane_packs (<= 8).
+template <typename Launch>
+void WithMaxPacks(int lane_packs, Launch&& launch) {
+  if (lane_packs <= 1) {
+    launch(std::integral_constant<int, 1>{});
+  } else if (lane_packs <= 2) {
+    launch(std::integral_constant<int, 2>{});
+  } else if (lane_packs <= 4) {
+    launch(std::integral_constant<int, 4>{});
+  } else {
+    launch(std::integral_constant<int, 8>{});
+  }
+}
+
+// Packs per lane of a row of C elements of F, one warp per row.
+template <typename F>
+int LanePacks(int C) {
+  return (C / internal::kPack<F> + kWarpSize - 1) / kWarpSize;
+}
+
 }  // namespace
 
-// inp, out (N,C); weight, bias (C); saves mean, rstd (N, fp32).
+// inp, out (N,C); weight, bias (C); saves mean, rstd (N, fp32). Rows of
+// whole 16-byte packs (up to 8 a lane) take the packed kernel.
 absl::Status LayerNormForward(const KernelCtx& ctx, void* out, float* mean, float* rstd,
                               const void* inp, const void* weight, const void* bias, int N, int C) {
   constexpr const char* kName = "LayerNormForward";
@@ -61,6 +145,15 @@ absl::Status LayerNormForward(const KernelCtx& ctx, void* out, float* mean, floa
   const int blocks = static_cast<int>(internal::BlocksFor(N, kRowsPerBlock));
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
+    if (internal::Packable(C, sizeof(F), {out, inp, weight, bias}) && LanePacks<F>(C) <= 8) {
+      WithMaxPacks(LanePacks<F>(C), [&](auto max_packs) {
+        LayerNormForwardPackedKernel<F, decltype(max_packs)::value>
+            <<<blocks, kThreads, 0, ctx.stream>>>(
+                static_cast<F*>(out), mean, rstd, static_cast<const F*>(inp),
+                static_cast<const F*>(weight), static_cast<const F*>(bias), N, C);
+      });
+      return internal::CheckLaunch(kName);
+    }
     LayerNormForwardKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
         static_cast<F*>(out), mean, rstd, static_cast<const F*>(inp), static_cast<const F*>(weight),
         static_cast<const F*>(bias), N, C);
@@ -291,9 +384,8 @@ absl::Status LayerNormBackward(const KernelCtx& ctx, void* dinp, float* dweight,
     using F = typename decltype(tag)::type;
     const F* d = static_cast<const F*>(dout);
     const F* x = static_cast<const F*>(inp);
-    constexpr int kPack = internal::kPack<F>;
     const bool packable = internal::Packable(C, sizeof(F), {dinp, dout, inp, weight});
-    const int lane_packs = (C / kPack + kWarpSize - 1) / kWarpSize;
+    const int lane_packs = LanePacks<F>(C);
     internal::ColumnChunks fused;
     fused.rows = kFusedChunkRows;
     fused.chunks = static_cast<int>(internal::BlocksFor(N, kFusedChunkRows));
@@ -301,21 +393,12 @@ absl::Status LayerNormBackward(const KernelCtx& ctx, void* dinp, float* dweight,
         size_t(fused.chunks) * 2 * size_t(C) * sizeof(float) <= ctx.workspace_bytes) {
       float* const partials = static_cast<float*>(ctx.workspace);
       const size_t smem = 2 * size_t(C) * sizeof(float);
-      auto launch = [&](auto max_packs) {
+      WithMaxPacks(lane_packs, [&](auto max_packs) {
         LayerNormBackwardFusedKernel<F, decltype(max_packs)::value>
             <<<fused.chunks, kThreads, smem, ctx.stream>>>(
                 static_cast<F*>(dinp), dweight, dbias, partials, d, x,
                 static_cast<const F*>(weight), mean, rstd, N, C, fused.rows);
-      };
-      if (lane_packs <= 1) {
-        launch(std::integral_constant<int, 1>{});
-      } else if (lane_packs <= 2) {
-        launch(std::integral_constant<int, 2>{});
-      } else if (lane_packs <= 4) {
-        launch(std::integral_constant<int, 4>{});
-      } else {
-        launch(std::integral_constant<int, 8>{});
-      }
+      });
       SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("LayerNormBackward (fused)"));
       if (fused.chunks == 1) return absl::OkStatus();
       return internal::AddColumnPartials<2>(ctx.stream, fused, dweight, dbias, partials, C,

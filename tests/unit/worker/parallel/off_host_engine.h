@@ -189,6 +189,7 @@ class OffHostEngine final : public engine::Engine {
     return inner_->Forward(tokens, targets, b, t);
   }
   void Backward(float loss_scale) override { inner_->Backward(loss_scale); }
+  void ExpectBackward(float loss_scale) override { inner_->ExpectBackward(loss_scale); }
   void ZeroGrad() override { inner_->ZeroGrad(); }
   void ReadLogits(int row, float* out) const override { inner_->ReadLogits(row, out); }
   void set_grads_ready_hook(std::function<void(size_t)> hook) override {

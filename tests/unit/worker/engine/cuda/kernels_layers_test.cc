@@ -3,6 +3,8 @@
 // attention, GELU, residual and cross-entropy, forward and backward, in fp32
 // and bf16/fp16 (tolerances in kernels_test.cc's header comment), and the
 // determinism of the backward reductions. Skip without a GPU.
+#include <tuple>
+
 #include "absl/strings/str_cat.h"
 #include "tests/unit/worker/engine/cuda/kernels_test_util.h"
 #include "worker/engine/cpu/vocab_parallel.h"
@@ -676,6 +678,52 @@ TEST_F(CudaKernelsTest, CrossEntropyMatchesCpu) {
       }
     }
     ExpectClose(got_real, want_real, tol, "dlogits");
+  }
+}
+
+// The fused classifier (one launch: losses, lse, then the logits become
+// their gradient) against the two launches, at GPT-2's vocabulary (V =
+// 50257 padded to 50304: packed rows, and V = 61, Vp = 67: scalar ones):
+// losses and lse within 1e-5 (the row's sums in another order: 1024
+// threads a row, not 256), dlogits within the compute type's tolerance,
+// padding columns 0.
+TEST_F(CudaKernelsTest, CrossEntropyForwardBackwardEqualsTheTwoLaunches) {
+  for (const auto& [dtype, N, V, Vp] :
+       {std::tuple<DataType, int, int, int>{DataType::kBFloat16, 40, 50257, 50304},
+        {DataType::kFloat16, 33, 61, 67},
+        {kF32, 40, 50257, 50304}}) {
+    SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " V=", V, " Vp=", Vp));
+    const float dloss = 0.37f / N;
+    std::vector<float> logits =
+        Rounded(dtype, Uniform(rng_, static_cast<size_t>(N) * Vp, -6.0f, 6.0f));
+    std::vector<int> targets = Ids(rng_, N, V);
+    targets[1] = V - 1;
+    const KernelCtx& k = Ctx(dtype);
+    DevicePtr d_targets = UploadInts(targets);
+    std::vector<float> got[2][3];
+    for (int fused = 0; fused < 2; ++fused) {
+      DevicePtr d_logits = Upload(dtype, logits);
+      DevicePtr d_losses = Alloc(N * sizeof(float)), d_lse = Alloc(N * sizeof(float));
+      auto* losses = static_cast<float*>(d_losses.get());
+      auto* lse = static_cast<float*>(d_lse.get());
+      const auto* t = static_cast<const int*>(d_targets.get());
+      if (fused) {
+        ASSERT_OK(CrossEntropyForwardBackward(k, losses, lse, d_logits.get(), t, dloss, N, V, Vp));
+      } else {
+        ASSERT_OK(CrossEntropyForward(k, losses, lse, d_logits.get(), t, N, V, Vp));
+        ASSERT_OK(CrossEntropyBackward(k, d_logits.get(), lse, t, dloss, N, V, Vp));
+      }
+      got[fused][0] = DownloadF32(d_losses.get(), N);
+      got[fused][1] = DownloadF32(d_lse.get(), N);
+      got[fused][2] = Download(dtype, d_logits.get(), logits.size());
+    }
+    CompareAndPrint("fused", got[1][0], got[0][0], 1e-5, "cross-entropy losses, fused vs two");
+    CompareAndPrint("fused", got[1][1], got[0][1], 1e-5, "cross-entropy lse, fused vs two");
+    CompareAndPrint("fused", got[1][2], got[0][2], dtype == kF32 ? kFp32Tol : kLowPrecisionTol,
+                    "dlogits, fused vs two");
+    for (int r = 0; r < N; ++r) {
+      for (int j = V; j < Vp; ++j) ASSERT_EQ(got[1][2][size_t(r) * Vp + j], 0.0f) << r << " " << j;
+    }
   }
 }
 
