@@ -544,9 +544,8 @@ void ModelEngine::MlpOutBackward(int l, const LayerActs& a, const void* dout, in
       MatmulDGeluBackward(dfch_, dout, C, a.fch_act, a.fch, weight, bias, N, Ft, C)) {
     return;
   }
-  Zero(dfch_act_, int64_t{N} * Ft);
-  Zero(dfch_, int64_t{N} * FCt);
-  MatmulBackward(dfch_act_, dout, C, a.fch_act, weight, bias, N, Ft, C);
+  MatmulBackwardOverwrite(dfch_act_, dout, C, a.fch_act, weight, bias, N, Ft, C);
+  Zero(dfch_, int64_t{N} * FCt);  // the activation's backward adds into it
   MlpActBackward(dfch_, a.fch, dfch_act_, N);
 }
 

@@ -399,12 +399,15 @@ void CudaModel::EncoderForward(SlotActs& s) {
                             cudaMemcpyHostToDevice, stream()),
             "cudaMemcpyAsync (tokens)");
   // The rows grouped by token for EncoderBackward's wte gradient (this
-  // rank's vocabulary rows only).
-  bucket_counts_[k_slot] = BuildTokenBuckets(s.tokens.data(), s.b * s.t, vocab_.v0, vocab_.real,
-                                             &host_buckets_, &bucket_scratch_);
-  CheckCuda(cudaMemcpyAsync(const_cast<int*>(DeviceBuckets(k_slot).data), host_buckets_.data(),
-                            sizeof(int) * host_buckets_.size(), cudaMemcpyHostToDevice, stream()),
-            "cudaMemcpyAsync (token buckets)");
+  // rank's vocabulary rows only; the scan needs none).
+  if (k().fused) {
+    bucket_counts_[k_slot] = BuildTokenBuckets(s.tokens.data(), s.b * s.t, vocab_.v0, vocab_.real,
+                                               &host_buckets_, &bucket_scratch_);
+    CheckCuda(cudaMemcpyAsync(const_cast<int*>(DeviceBuckets(k_slot).data), host_buckets_.data(),
+                              sizeof(int) * host_buckets_.size(), cudaMemcpyHostToDevice,
+                              stream()),
+              "cudaMemcpyAsync (token buckets)");
+  }
   // Without learned positions (rotary) wpe() is -1: param() gives null and
   // the embeddings are wte's rows alone.
   // Under cp the columns' positions are this rank's chunks (null: 0..T-1).
