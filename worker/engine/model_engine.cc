@@ -9,12 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rng.h"
+#include "worker/engine/model_engine_internal.h"
 
 namespace shardtrain::engine {
 
 using model::BlockTensor;
-using model::kAttnProjB, model::kAttnProjW, model::kFcB, model::kFcProjB, model::kFcProjW,
-    model::kFcW, model::kLn1B, model::kLn1W, model::kLn2B, model::kLn2W, model::kQkvB, model::kQkvW;
 using model::ModelConfig;
 using model::TensorInfo;
 
@@ -93,29 +92,6 @@ absl::Status ValidateModelEngine(const ModelConfig& config, int B, int T,
   }
   return absl::OkStatus();
 }
-
-// Calls the parameter hook (if any) for the unit of `tensor` before and after
-// a scope, and lets the device prepare the unit's parameters (OnUnitUse) and
-// let them go (OnUnitDone).
-class ModelEngine::UnitScope {
- public:
-  UnitScope(ModelEngine& gpt, int tensor)
-      : gpt_(gpt), hook_(gpt.param_hook_), unit_(gpt.layout_.tensors()[tensor].unit) {
-    if (hook_) hook_(unit_, true);
-    gpt.OnUnitUse(unit_, gpt.in_backward_);
-  }
-  ~UnitScope() {
-    if (hook_) hook_(unit_, false);
-    gpt_.OnUnitDone(unit_);
-  }
-  UnitScope(const UnitScope&) = delete;
-  UnitScope& operator=(const UnitScope&) = delete;
-
- private:
-  ModelEngine& gpt_;
-  const std::function<void(int, bool)>& hook_;
-  const int unit_;
-};
 
 ModelEngine::ModelEngine(const ModelConfig& config, int B, int T, const ModelEngineOptions& options,
                          DataType compute)
@@ -459,187 +435,6 @@ void ModelEngine::StageBackward(int slot, float loss_scale, const float* doutput
   // The embeddings unit is final once chunk 0's backward is (a tied head's
   // gradient came in the last chunk's, before it).
   if (layout_.slice().has_embeddings(config()) && s.chunk == 0 && grads_ready_) grads_ready_(0);
-}
-
-// One transformer block, forward and backward, for the tp-local part of a
-// tensor-parallel slice (Megatron-LM): the attention's qkv projection and the
-// MLP's fc (SwiGLU's gate and up) are column-parallel (this rank's heads /
-// hidden units: its input enters the tp region through CopyToTpRegion, an
-// identity in forward), the
-// two output projections row-parallel (their partial outputs leave it through
-// ReduceFromTpRegion, then the replicated bias is added). With tp = 1 every
-// region function is a no-op and the projections add their bias inside the
-// matmul.
-const void* ModelEngine::RowParallelForward(const void* inp, int weight, int bias, int N, int IC,
-                                            int OC) {
-  if (tp_ == nullptr) {
-    MatmulForward(proj_out_, inp, weight, bias, N, IC, OC, OC);
-    return proj_out_;
-  }
-  MatmulForward(proj_out_, inp, weight, -1, N, IC, OC, OC);
-  if (!sp_) {
-    ReduceFromTpRegionForward(proj_out_, int64_t{N} * OC);
-    if (bias >= 0) AddBias(proj_out_, bias, N, OC);
-    return proj_out_;
-  }
-  // ReduceScatterToSequenceRegion: this rank's rows of the sum.
-  const int Nl = LocalRows(N);
-  TpReduceScatter(sp_local_, proj_out_, int64_t{Nl} * OC);
-  if (bias >= 0) AddBias(sp_local_, bias, Nl, OC);
-  return sp_local_;
-}
-
-void ModelEngine::NormForward(void* out, float* mean, float* rstd, const void* inp, int weight,
-                              int bias, int N) {
-  if (config().norm == model::NormKind::kRmsNorm) {
-    RmsNormForward(out, rstd, inp, weight, N, config().dim);
-  } else {
-    LayerNormForward(out, mean, rstd, inp, weight, bias, N, config().dim);
-  }
-}
-
-void ModelEngine::NormBackward(void* dinp, const void* dout, const void* inp, const float* mean,
-                               const float* rstd, int weight, int bias, int N) {
-  if (config().norm == model::NormKind::kRmsNorm) {
-    RmsNormBackward(dinp, dout, inp, rstd, weight, N, config().dim);
-  } else {
-    LayerNormBackward(dinp, dout, inp, mean, rstd, weight, bias, N, config().dim);
-  }
-}
-
-void ModelEngine::MlpActForward(void* out, const void* fch, int N) {
-  const int Ft = config().ffn_dim / layout_.slice().tp;
-  if (config().mlp == model::MlpKind::kSwiGlu) {
-    SwiGluForward(out, fch, N, Ft);
-  } else {
-    GeluForward(out, fch, int64_t{N} * Ft);
-  }
-}
-
-void ModelEngine::MlpActBackward(void* dfch, const void* fch, const void* dout, int N) {
-  const int Ft = config().ffn_dim / layout_.slice().tp;
-  if (config().mlp == model::MlpKind::kSwiGlu) {
-    SwiGluBackward(dfch, fch, dout, N, Ft);
-  } else {
-    GeluBackward(dfch, fch, dout, int64_t{N} * Ft);
-  }
-}
-
-void ModelEngine::MlpInForward(int l, LayerActs& a, const void* inp, int N) {
-  const int C = config().dim, FCt = config().fc_dim() / layout_.slice().tp;
-  const int weight = layout_.block_tensor(l, kFcW), bias = layout_.block_tensor(l, kFcB);
-  if (config().mlp == model::MlpKind::kGelu &&
-      MatmulGeluForward(a.fch_act, a.fch, inp, weight, bias, N, C, FCt)) {
-    return;
-  }
-  MatmulForward(a.fch, inp, weight, bias, N, C, FCt, FCt);
-  MlpActForward(a.fch_act, a.fch, N);
-}
-
-void ModelEngine::MlpOutBackward(int l, const LayerActs& a, const void* dout, int N) {
-  const int C = config().dim, tp = layout_.slice().tp;
-  const int FCt = config().fc_dim() / tp, Ft = config().ffn_dim / tp;
-  const int weight = layout_.block_tensor(l, kFcProjW), bias = layout_.block_tensor(l, kFcProjB);
-  if (config().mlp == model::MlpKind::kGelu &&
-      MatmulDGeluBackward(dfch_, dout, C, a.fch_act, a.fch, weight, bias, N, Ft, C)) {
-    return;
-  }
-  MatmulBackwardOverwrite(dfch_act_, dout, C, a.fch_act, weight, bias, N, Ft, C);
-  Zero(dfch_, int64_t{N} * FCt);  // the activation's backward adds into it
-  MlpActBackward(dfch_, a.fch, dfch_act_, N);
-}
-
-void ModelEngine::BlockForward(int l, LayerActs& a, const void* residual, int b, int t) {
-  UnitScope use(*this, layout_.block_tensor(l, kLn1W));
-  BlockForwardMath(l, a, residual, b, t, /*refill=*/false);
-}
-
-void ModelEngine::BlockForwardMath(int l, LayerActs& a, const void* residual, int b, int t,
-                                   bool refill) {
-  const model::ModelConfig& cfg = config();
-  const int C = cfg.dim, tp = layout_.slice().tp;
-  const int Ct = C / tp, NHt = cfg.heads / tp, KVHt = cfg.kv_heads / tp, N = b * t,
-            Nl = LocalRows(N);
-  const int QKVt = cfg.qkv_dim() / tp, Ft = cfg.ffn_dim / tp;
-  const int64_t NlC = int64_t{Nl} * C;
-  auto w = [&](BlockTensor bt) { return layout_.block_tensor(l, bt); };
-  // The residual stream and the norms: Nl rows (all of them without
-  // sequence parallelism); the tp region between them: all N rows.
-  NormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w(kLn1W), w(kLn1B), Nl);
-  MatmulForward(a.qkv, GatherFromSequenceRegionForward(a.ln1, NlC), w(kQkvW), w(kQkvB), N, C, QKVt,
-                QKVt);
-  if (cfg.positions == model::PositionKind::kRotary) {
-    RotaryForward(a.qkv, b, t, NHt, KVHt, /*inverse=*/false);
-  }
-  if (cp_ != nullptr) {
-    RingAttentionForward(a, b, t);
-  } else {
-    AttentionForward(a.atty, a.att, att_scratch_, a.qkv, b, t, Ct, NHt, KVHt);
-  }
-  ResidualForward(a.residual2, residual,
-                  RowParallelForward(a.atty, w(kAttnProjW), w(kAttnProjB), N, Ct, C), NlC);
-  NormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w(kLn2W), w(kLn2B), Nl);
-  MlpInForward(l, a, GatherFromSequenceRegionForward(a.ln2, NlC), N);
-  if (refill) return;
-  ResidualForward(a.residual3, a.residual2,
-                  RowParallelForward(a.fch_act, w(kFcProjW), w(kFcProjB), N, Ft, C), NlC);
-}
-
-void ModelEngine::Refill(int l, LayerActs& a, const void* residual, int b, int t) {
-  if (policy_.recompute == model::Recompute::kFull) {
-    BlockForwardMath(l, a, residual, b, t, /*refill=*/true);
-    return;
-  }
-  // Selective: the softmax probabilities from the saved qkv. The output is
-  // the saved atty again; it goes to proj_out_ (N·C >= N·Ct), unused here.
-  // Under context parallelism or flash attention nothing: the probabilities
-  // are recomputed in backward anyway (the saved att is their logsumexp).
-  if (cp_ != nullptr || policy_.flash_attention) return;
-  const int tp = layout_.slice().tp;
-  AttentionForward(proj_out_, a.att, att_scratch_, a.qkv, b, t, config().dim / tp,
-                   config().heads / tp, config().kv_heads / tp);
-}
-
-void ModelEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b, int t) {
-  UnitScope use(*this, layout_.block_tensor(l, kLn1W));
-  const model::ModelConfig& cfg = config();
-  const int C = cfg.dim, tp = layout_.slice().tp;
-  const int Ct = C / tp, NHt = cfg.heads / tp, KVHt = cfg.kv_heads / tp, N = b * t,
-            Nl = LocalRows(N);
-  const int QKVt = cfg.qkv_dim() / tp, FCt = cfg.fc_dim() / tp;
-  const int64_t NlC = int64_t{Nl} * C;
-  auto w = [&](BlockTensor bt) { return layout_.block_tensor(l, bt); };
-  if (a.recompute) Refill(l, a, residual, b, t);
-  // Where a norm's input gradient lands: dln_ itself (all rows, summed over
-  // tp in place), or this rank's rows of it under sequence parallelism.
-  void* const dln_rows = sp_ ? sp_local_ : dln_;
-  // residual3 = residual2 + fcproj: both receive dresidual (in place). The
-  // row-parallel projections' backward is the identity side of their region
-  // (or the all-gather of dresidual's rows): their output gradient is whole
-  // on every rank.
-  MlpOutBackward(l, a, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), N);
-  // Sequence parallelism keeps ln2's rows only: gathered again for fc's
-  // weight gradient (as Megatron-LM does).
-  MatmulBackwardOverwrite(dln_, dfch_, FCt, GatherFromSequenceRegionForward(a.ln2, NlC), w(kFcW),
-                          w(kFcB), N, C, FCt);
-  GatherFromSequenceRegionBackward(dln_rows, dln_, NlC);
-  NormBackward(dresidual_, dln_rows, a.residual2, a.ln2_mean, a.ln2_rstd, w(kLn2W), w(kLn2B), Nl);
-  // residual2 = residual + attproj: both receive dresidual (in place).
-  Zero(dqkv_, int64_t{N} * QKVt);
-  MatmulBackwardOverwrite(datty_, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), C, a.atty,
-                          w(kAttnProjW), w(kAttnProjB), N, Ct, C);
-  if (cp_ != nullptr) {
-    RingAttentionBackward(a, b, t);
-  } else {
-    AttentionBackward(dqkv_, att_scratch_, datty_, a.qkv, a.atty, a.att, b, t, Ct, NHt, KVHt);
-  }
-  if (cfg.positions == model::PositionKind::kRotary) {
-    RotaryForward(dqkv_, b, t, NHt, KVHt, /*inverse=*/true);  // dL/d(q, k before rotation)
-  }
-  MatmulBackwardOverwrite(dln_, dqkv_, QKVt, GatherFromSequenceRegionForward(a.ln1, NlC), w(kQkvW),
-                          w(kQkvB), N, C, QKVt);
-  GatherFromSequenceRegionBackward(dln_rows, dln_, NlC);
-  NormBackward(dresidual_, dln_rows, residual, a.ln1_mean, a.ln1_rstd, w(kLn1W), w(kLn1B), Nl);
 }
 
 }  // namespace shardtrain::engine
