@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -25,6 +26,7 @@
 #include "common/planner.h"
 #include "common/process.h"
 #include "common/storage_fault.h"
+#include "worker/checkpoint/hf_config.h"
 #include "worker/coordinator_client.h"
 
 namespace shardtrain::client {
@@ -161,7 +163,7 @@ std::string CheckpointSpaceWarning(const JobSpec& spec, const std::string& dir) 
   if (!plan.ok() || !free.ok()) return "";
   const bool checkpoints = spec.checkpoint.every > 0;
   const int64_t needed = checkpoints ? 2 * plan->checkpoint_bytes()
-                                     : WeightsFileBytes(plan->num_params(), spec.model.arch);
+                                     : WeightsFileBytes(plan->num_params(), *spec.model.Config());
   if (*free >= needed) return "";
   return absl::StrCat(
       "checkpoint.dir ", dir, " has ", FormatStorageBytes(*free), " free, less than ",
@@ -186,10 +188,41 @@ absl::Status ReadSpec(const std::string& path, std::string* text) {
   return absl::OkStatus();
 }
 
-int Submit(const GlobalFlags& g, const std::string& spec_path, const std::vector<std::string>& sets,
+absl::Status AddModelFromInit(const GlobalFlags& g, const std::string& spec_text,
+                              std::vector<std::string>* sets) {
+  absl::StatusOr<ModelFromInit> from = ModelShapeFromInit(spec_text, *sets);
+  if (!from.ok() || from->init.empty()) return absl::OkStatus();  // ParseJobSpec says what is wrong
+  const std::string path = checkpoint::HfConfigPathOf(from->init);
+  std::string json;
+  if (absl::Status s = ReadFile(path, &json); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.init: the spec names no model shape, and its config.json cannot be read here (",
+        s.message(), "): set model.preset or the model's fields, or run from where ", from->init,
+        " is"));
+  }
+  auto fields = checkpoint::ModelFieldsFromHfConfig(json);
+  if (!fields.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.init: ", path, ": ", fields.status().message()));
+  }
+  std::vector<std::string> added;
+  for (const auto& [key, value] : *fields) {
+    if (absl::c_linear_search(from->keys_set, key)) continue;
+    sets->push_back(absl::StrCat("model.", key, "=", value));
+    added.push_back(absl::StrCat(key, " ", value));
+  }
+  if (g.output != "json") {
+    std::cerr << "shardtrain: model from " << path << ": " << absl::StrJoin(added, ", ")
+              << std::endl;
+  }
+  return absl::OkStatus();
+}
+
+int Submit(const GlobalFlags& g, const std::string& spec_path, std::vector<std::string> sets,
            const std::string& resume_from, bool wait) {
   v1::SubmitJobRequest req;
   if (auto s = ReadSpec(spec_path, req.mutable_spec_yaml()); !s.ok()) return ReportError(g, s);
+  if (auto s = AddModelFromInit(g, req.spec_yaml(), &sets); !s.ok()) return ReportError(g, s);
   for (const auto& kv : sets) req.add_overrides(kv);
   req.set_resume_from(resume_from);
   // One key per invocation: a retry after UNAVAILABLE (the answer may have
@@ -427,10 +460,11 @@ int Checkpoints(const GlobalFlags& g, const std::string& job_id) {
   return 0;
 }
 
-int Plan(const GlobalFlags& g, const std::string& spec_path, const std::vector<std::string>& sets,
+int Plan(const GlobalFlags& g, const std::string& spec_path, std::vector<std::string> sets,
          int world) {
   std::string text;
   if (auto s = ReadSpec(spec_path, &text); !s.ok()) return ReportError(g, s);
+  if (auto s = AddModelFromInit(g, text, &sets); !s.ok()) return ReportError(g, s);
   absl::StatusOr<JobSpec> spec = ParseJobSpec(text, sets);
   if (!spec.ok()) return ReportError(g, spec.status());
   absl::StatusOr<v1::Plan> plan = MakePlan(*spec, world > 0 ? world : spec->World());
@@ -441,10 +475,11 @@ int Plan(const GlobalFlags& g, const std::string& spec_path, const std::vector<s
   return 0;
 }
 
-int PlanAuto(const GlobalFlags& g, const std::string& spec_path,
-             const std::vector<std::string>& sets, const PlanAutoFlags& flags) {
+int PlanAuto(const GlobalFlags& g, const std::string& spec_path, std::vector<std::string> sets,
+             const PlanAutoFlags& flags) {
   std::string text;
   if (auto s = ReadSpec(spec_path, &text); !s.ok()) return ReportError(g, s);
+  if (auto s = AddModelFromInit(g, text, &sets); !s.ok()) return ReportError(g, s);
   absl::StatusOr<JobSpec> spec = ParseJobSpec(text, sets);
   if (!spec.ok()) return ReportError(g, spec.status());
   absl::StatusOr<int64_t> memory = ParseByteSize(flags.memory, "--memory-per-rank");

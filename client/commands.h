@@ -24,7 +24,7 @@ struct GlobalFlags {
   worker::ConnectOptions connect;
 };
 
-int Submit(const GlobalFlags& g, const std::string& spec_path, const std::vector<std::string>& sets,
+int Submit(const GlobalFlags& g, const std::string& spec_path, std::vector<std::string> sets,
            const std::string& resume_from, bool wait);
 int List(const GlobalFlags& g);
 int Status(const GlobalFlags& g, const std::string& job_id);
@@ -44,7 +44,7 @@ int Checkpoints(const GlobalFlags& g, const std::string& job_id);
 // stuck collective, or the slowest one. Exit 0 when the coordinator answered
 // (whatever the verdict), else as ReportError.
 int Why(const GlobalFlags& g, const std::string& job_id);
-int Plan(const GlobalFlags& g, const std::string& spec_path, const std::vector<std::string>& sets,
+int Plan(const GlobalFlags& g, const std::string& spec_path, std::vector<std::string> sets,
          int world);
 
 // `plan --auto`: the flags, as given (the cost model's defaults are
@@ -64,8 +64,8 @@ struct PlanAutoFlags {
 // (common/auto_layout.h) and prints the ranked table and the chosen layout
 // as --set overrides. Exit 0 when a layout fits, 2 (with a message naming
 // the smallest need) when none does or the flags are bad.
-int PlanAuto(const GlobalFlags& g, const std::string& spec_path,
-             const std::vector<std::string>& sets, const PlanAutoFlags& flags);
+int PlanAuto(const GlobalFlags& g, const std::string& spec_path, std::vector<std::string> sets,
+             const PlanAutoFlags& flags);
 
 // Prints `s` on stderr, as text ("shardtrain: <message>") or, with --output
 // json, as one JSON object (client/errors.h), with advice for the common
@@ -91,6 +91,15 @@ std::string CheckpointSpaceWarning(const JobSpec& spec, const std::string& dir);
 std::string ValidationWarning(const JobSpec& spec);
 // Reads a spec file; the error names the path.
 absl::Status ReadSpec(const std::string& path, std::string* text);
+// For a spec whose model section names only model.init
+// (ModelShapeFromInit): reads init's config.json (a relative init from the
+// working directory, as `local` runs its workers) and appends to `sets` the
+// model.* fields it gives that the spec does not set, saying on stderr
+// where the model came from. Nothing for any other spec. INVALID_ARGUMENT
+// naming the file when it cannot be read or describes no model shardtrain
+// trains.
+absl::Status AddModelFromInit(const GlobalFlags& g, const std::string& spec_text,
+                              std::vector<std::string>* sets);
 
 }  // namespace shardtrain::client
 

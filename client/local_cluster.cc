@@ -166,7 +166,7 @@ void TearDown(std::vector<Child>& children) {
 
 class LocalRun {
  public:
-  LocalRun(const GlobalFlags& g, const LocalOptions& o) : g_(g), o_(o) {}
+  LocalRun(const GlobalFlags& g, const LocalOptions& o) : g_(g), o_(o), sets_(o.sets) {}
   ~LocalRun() {
     TearDown(children_);
     std::error_code ec;
@@ -176,7 +176,8 @@ class LocalRun {
   int Run() {
     std::string text;
     if (auto s = ReadSpec(o_.spec_path, &text); !s.ok()) return ReportError(g_, s);
-    absl::StatusOr<JobSpec> spec = ParseJobSpec(text, o_.sets);
+    if (auto s = AddModelFromInit(g_, text, &sets_); !s.ok()) return ReportError(g_, s);
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(text, sets_);
     if (!spec.ok()) return ReportError(g_, spec.status());
     if (std::string w = CheckpointDirWarning(*spec); !w.empty()) Warn(g_, w);
     if (std::string w = ValidationWarning(*spec); !w.empty()) Warn(g_, w);
@@ -309,7 +310,7 @@ class LocalRun {
     worker::CoordinatorClient client(g.coordinator, g.timeout_ms);
     v1::SubmitJobRequest req;
     req.set_spec_yaml(text);
-    for (const auto& kv : o_.sets) req.add_overrides(kv);
+    for (const auto& kv : sets_) req.add_overrides(kv);
     req.set_resume_from(o_.resume_from);
     v1::SubmitJobResponse resp;
     {
@@ -466,6 +467,9 @@ class LocalRun {
   const GlobalFlags g_;
   bool keep_logs_ = false;  // kept after the run even without --keep
   const LocalOptions o_;
+  // o_.sets and the model fields read from model.init's config.json
+  // (AddModelFromInit): what the job is submitted with.
+  std::vector<std::string> sets_;
   std::string dir_;
   std::vector<Child> children_;
 };

@@ -47,6 +47,52 @@ bool AttentionIsAuto(const Node& model) {
          (model["attention"].IsScalar() && model["attention"].Scalar() == "auto");
 }
 
+// model.rope_scaling: `none` (off), or a map {type: llama3, factor,
+// low_freq_factor, high_freq_factor, original_max_position_embeddings} —
+// Hugging Face's names; every number required (a preset's are replaced
+// whole). Range checks are ValidateModelConfig's, naming the same paths.
+absl::Status ReadRopeScaling(const Node& model, model::RopeScaling* out) {
+  if (!Present(model, "rope_scaling")) return absl::OkStatus();
+  const Node n = model["rope_scaling"];
+  const std::string path = "model.rope_scaling";
+  if (n.IsScalar() && (n.Scalar() == "none" || n.Scalar() == "null")) {
+    *out = model::RopeScaling{};
+    return absl::OkStatus();
+  }
+  if (!n.IsMap()) {
+    return FieldError(path,
+                      "expected none or a map {type: llama3, factor, low_freq_factor, "
+                      "high_freq_factor, original_max_position_embeddings}, got ",
+                      Describe(n));
+  }
+  SHARDTRAIN_RETURN_IF_ERROR(CheckMap(n, path,
+                                      {"type", "rope_type", "factor", "low_freq_factor",
+                                       "high_freq_factor", "original_max_position_embeddings"}));
+  std::string type;
+  SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, path, "type", &type));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, path, "rope_type", &type));  // Hugging Face's name
+  if (type != "llama3") {
+    return FieldError(
+        path + ".type",
+        type.empty() ? std::string("missing") : absl::StrCat("\"", absl::CEscape(type), "\""),
+        ": only llama3 (Llama 3.1/3.2's frequency adjustment) is implemented");
+  }
+  model::RopeScaling r;
+  for (const char* key :
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+    SHARDTRAIN_RETURN_IF_ERROR(Require(n, path, key));
+  }
+  SHARDTRAIN_RETURN_IF_ERROR(ReadDouble(n, path, "factor", 0.0, /*exclusive=*/true, &r.factor));
+  SHARDTRAIN_RETURN_IF_ERROR(
+      ReadDouble(n, path, "low_freq_factor", 0.0, /*exclusive=*/true, &r.low_freq_factor));
+  SHARDTRAIN_RETURN_IF_ERROR(
+      ReadDouble(n, path, "high_freq_factor", 0.0, /*exclusive=*/true, &r.high_freq_factor));
+  SHARDTRAIN_RETURN_IF_ERROR(
+      ReadInt(n, path, "original_max_position_embeddings", 1, &r.original_context));
+  *out = r;
+  return absl::OkStatus();
+}
+
 absl::Status ParseModel(const Node& root, ModelSpec* m) {
   SHARDTRAIN_RETURN_IF_ERROR(Require(root, "", "model"));
   SHARDTRAIN_ASSIGN_OR_RETURN(Node n, Section(root, "model"));
@@ -67,11 +113,15 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
       m->rope_theta = preset->rope_theta;
       m->norm_eps = preset->norm_eps;
       m->tie_embeddings = preset->tie_embeddings;
+      m->rope_scaling = preset->rope_scaling;
       llama_fields_given = true;
     }
   } else {
     for (const char* key : {"layers", "heads", "dim", "context", "vocab"}) {
-      SHARDTRAIN_RETURN_IF_ERROR(Require(n, "model", key, " (or set model.preset)"));
+      SHARDTRAIN_RETURN_IF_ERROR(
+          Require(n, "model", key,
+                  " (or set model.preset, or only model.init: a Hugging Face checkpoint whose "
+                  "config.json the CLI reads)"));
     }
   }
   const model::Arch preset_arch = m->arch;
@@ -86,7 +136,8 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "context", 1, &m->context));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "vocab", 1, &m->vocab));
   if (m->arch == model::Arch::kGpt2) {
-    for (const char* key : {"kv_heads", "ffn_dim", "rope_theta", "norm_eps", "tie_embeddings"}) {
+    for (const char* key :
+         {"kv_heads", "ffn_dim", "rope_theta", "rope_scaling", "norm_eps", "tie_embeddings"}) {
       if (Present(n, key)) {
         return FieldError(absl::StrCat("model.", key),
                           "only for model.arch: llama (GPT-2 has kv_heads = heads, ffn_dim = "
@@ -99,6 +150,7 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
     m->rope_theta = defaults.rope_theta;
     m->norm_eps = defaults.norm_eps;
     m->tie_embeddings = defaults.tie_embeddings;
+    m->rope_scaling = defaults.rope_scaling;
   } else {
     if (!llama_fields_given) {
       m->kv_heads = m->heads;
@@ -111,6 +163,7 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
     SHARDTRAIN_RETURN_IF_ERROR(
         ReadDouble(n, "model", "norm_eps", 0.0, /*exclusive=*/true, &m->norm_eps));
     SHARDTRAIN_RETURN_IF_ERROR(ReadBool(n, "model", "tie_embeddings", &m->tie_embeddings));
+    SHARDTRAIN_RETURN_IF_ERROR(ReadRopeScaling(n, &m->rope_scaling));
   }
   SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, "model", "init", &m->init));
   SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "model", "recompute", si::kRecomputes, &m->recompute));
@@ -459,6 +512,7 @@ absl::StatusOr<model::ModelConfig> ModelSpec::Config() const {
   shape.rope_theta = rope_theta;
   shape.norm_eps = norm_eps;
   shape.tie_embeddings = tie_embeddings;
+  shape.rope_scaling = rope_scaling;
   return model::MakeLlamaConfig(shape);
 }
 
@@ -471,8 +525,11 @@ absl::StatusOr<BatchSplit> JobSpec::Split() const {
   return SplitBatch(batch.global, batch.micro, parallel.dp);
 }
 
-absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text,
-                                     const std::vector<std::string>& overrides) {
+namespace {
+
+// The document with `overrides` applied: ParseJobSpec's first half.
+absl::StatusOr<Node> LoadSpecDocument(std::string_view yaml_text,
+                                      const std::vector<std::string>& overrides) {
   Node root;
   try {
     root = YAML::Load(std::string(yaml_text));
@@ -492,6 +549,18 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text,
   }
   try {
     for (const std::string& o : overrides) SHARDTRAIN_RETURN_IF_ERROR(ApplyOverride(root, o));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("spec: ", e.what()));
+  }
+  return root;
+}
+
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text,
+                                     const std::vector<std::string>& overrides) {
+  SHARDTRAIN_ASSIGN_OR_RETURN(Node root, LoadSpecDocument(yaml_text, overrides));
+  try {
     JobSpec spec;
     SHARDTRAIN_RETURN_IF_ERROR(ParseAll(root, &spec));
     return spec;
@@ -499,6 +568,26 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text,
     // Not expected: every access above checks types first.
     return absl::InvalidArgumentError(absl::StrCat("spec: ", e.what()));
   }
+}
+
+absl::StatusOr<ModelFromInit> ModelShapeFromInit(std::string_view yaml_text,
+                                                 const std::vector<std::string>& overrides) {
+  SHARDTRAIN_ASSIGN_OR_RETURN(Node root, LoadSpecDocument(yaml_text, overrides));
+  ModelFromInit out;
+  try {
+    const Node model = root["model"];
+    if (!model.IsDefined() || !model.IsMap()) return out;
+    for (const auto& kv : model) out.keys_set.push_back(kv.first.as<std::string>());
+    if (Present(model, "preset") || Present(model, "layers") || !Present(model, "init")) {
+      out.keys_set.clear();
+      return out;
+    }
+    SHARDTRAIN_RETURN_IF_ERROR(ReadString(model, "model", "init", &out.init));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("spec: ", e.what()));
+  }
+  if (out.init.empty()) out.keys_set.clear();
+  return out;
 }
 
 DataType JobSpec::Compute() const {

@@ -98,6 +98,11 @@ struct ModelSpec {
   double rope_theta = 500000;   // rotary positions' base, > 0
   double norm_eps = 1e-5;       // RMSNorm's epsilon, > 0
   bool tie_embeddings = false;  // the LM head reads wte
+  // Llama 3's long-context frequency adjustment (model::RopeScaling; the
+  // YAML's rope_scaling: {type: llama3, factor, low_freq_factor,
+  // high_freq_factor, original_max_position_embeddings}, or none). Off by
+  // default; the presets llama3-1b and llama3-8b set their checkpoints'.
+  model::RopeScaling rope_scaling;
 
   // The model's config (family recipe and shape), validated as
   // ParseJobSpec validates it: INVALID_ARGUMENT naming the field otherwise.
@@ -274,6 +279,21 @@ std::vector<std::string> JobSpecFieldPaths();
 // Returns the validated spec, or INVALID_ARGUMENT naming the first bad field.
 absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text,
                                      const std::vector<std::string>& overrides = {});
+
+// A spec whose model section (after `overrides`) sets model.init and
+// neither model.preset nor model.layers takes its model from init's
+// Hugging Face config.json (the CLI reads it: checkpoint::
+// ModelFieldsFromHfConfig, and adds what it gives as overrides). `init` is
+// that path ("" when the spec describes its model itself); `keys_set` the
+// model.* keys the spec sets (they are not overridden: the checkpoint's
+// reader checks that they agree with config.json). INVALID_ARGUMENT for
+// YAML or overrides ParseJobSpec would refuse the same way.
+struct ModelFromInit {
+  std::string init;
+  std::vector<std::string> keys_set;
+};
+absl::StatusOr<ModelFromInit> ModelShapeFromInit(std::string_view yaml_text,
+                                                 const std::vector<std::string>& overrides = {});
 
 // Canonical YAML for a validated spec: every field explicit, fixed order,
 // numbers in their shortest exact form. ParseJobSpec(JobSpecToYaml(s)) == s.

@@ -47,11 +47,11 @@ std::string_view EnumName(CheckpointFailurePolicy v) {
 
 bool operator==(const ModelSpec& a, const ModelSpec& b) {
   return std::tie(a.preset, a.arch, a.layers, a.heads, a.dim, a.context, a.vocab, a.kv_heads,
-                  a.ffn_dim, a.rope_theta, a.norm_eps, a.tie_embeddings, a.init, a.recompute,
-                  a.recompute_layers, a.attention) ==
+                  a.ffn_dim, a.rope_theta, a.rope_scaling, a.norm_eps, a.tie_embeddings, a.init,
+                  a.recompute, a.recompute_layers, a.attention) ==
          std::tie(b.preset, b.arch, b.layers, b.heads, b.dim, b.context, b.vocab, b.kv_heads,
-                  b.ffn_dim, b.rope_theta, b.norm_eps, b.tie_embeddings, b.init, b.recompute,
-                  b.recompute_layers, b.attention);
+                  b.ffn_dim, b.rope_theta, b.rope_scaling, b.norm_eps, b.tie_embeddings, b.init,
+                  b.recompute, b.recompute_layers, b.attention);
 }
 bool operator==(const DataSpec& a, const DataSpec& b) {
   return std::tie(a.train, a.val, a.format, a.tokenizer, a.tokenizer_json) ==
@@ -115,6 +115,19 @@ std::string JobSpecToYaml(const JobSpec& s) {
     out << YAML::Key << "kv_heads" << YAML::Value << s.model.kv_heads;
     out << YAML::Key << "ffn_dim" << YAML::Value << s.model.ffn_dim;
     out << YAML::Key << "rope_theta" << YAML::Value << num(s.model.rope_theta);
+    const model::RopeScaling& r = s.model.rope_scaling;
+    out << YAML::Key << "rope_scaling";
+    if (r.on()) {
+      out << YAML::Value << YAML::Flow << YAML::BeginMap;
+      out << YAML::Key << "type" << YAML::Value << "llama3";
+      out << YAML::Key << "factor" << YAML::Value << num(r.factor);
+      out << YAML::Key << "low_freq_factor" << YAML::Value << num(r.low_freq_factor);
+      out << YAML::Key << "high_freq_factor" << YAML::Value << num(r.high_freq_factor);
+      out << YAML::Key << "original_max_position_embeddings" << YAML::Value << r.original_context;
+      out << YAML::EndMap;
+    } else {
+      out << YAML::Value << "none";
+    }
     out << YAML::Key << "norm_eps" << YAML::Value << num(s.model.norm_eps);
     out << YAML::Key << "tie_embeddings" << YAML::Value << boolean(s.model.tie_embeddings);
   }

@@ -614,11 +614,13 @@ int64_t ShardFileBytes(int64_t elements, int64_t ranges) {
   return 56 + 16 * ranges + 4 * 16 + 3 * 4 * elements + 32 + 8;
 }
 
-int64_t WeightsFileBytes(int64_t num_params, model::Arch arch) {
+int64_t WeightsFileBytes(int64_t num_params, const model::ModelConfig& config) {
   // The header (magic 8, version 4, six int32 of config 24, padding 4,
   // num_params and fingerprint 16), a family's recipe record (32, not for
-  // GPT-2), the fp32 params, an 8-byte checksum.
-  return 56 + (arch == model::Arch::kGpt2 ? 0 : 32) + 4 * num_params + 8;
+  // GPT-2) and rotary scaling's (32, when on), the fp32 params, an 8-byte
+  // checksum.
+  return 56 + (config.arch == model::Arch::kGpt2 ? 0 : 32) + (config.rope_scaling.on() ? 32 : 0) +
+         4 * num_params + 8;
 }
 
 }  // namespace shardtrain

@@ -130,9 +130,9 @@ int RecomputedLayers(const model::ActivationPolicy& policy, int layers);
 // header, 16 bytes per range, fp32 params, AdamW m and v, the scalars, a
 // checksum). The checkpoint format's test holds it to EncodeShard.
 int64_t ShardFileBytes(int64_t elements, int64_t ranges);
-// Bytes of the final weights file of a model of `num_params` parameters of
-// family `arch` (worker/checkpoint/weights_file.h's format).
-int64_t WeightsFileBytes(int64_t num_params, model::Arch arch);
+// Bytes of the final weights file of a model of `num_params` parameters and
+// `config`'s recipe (worker/checkpoint/weights_file.h's format).
+int64_t WeightsFileBytes(int64_t num_params, const model::ModelConfig& config);
 
 // The plan of `spec` on `world` ranks.
 //

@@ -417,12 +417,12 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
       "rank (the largest shard); final weights %s\n  %s\n",
       FormatPlanBytes(plan.checkpoint_bytes()), Thousands(plan.checkpoint_bytes()),
       FormatPlanBytes(plan.checkpoint_bytes_per_rank()),
-      FormatPlanBytes(WeightsFileBytes(plan.num_params(), spec.model.arch)),
+      FormatPlanBytes(WeightsFileBytes(plan.num_params(), *spec.model.Config())),
       spec.checkpoint.every > 0
           ? absl::StrFormat("every %d steps, %d kept: checkpoint.dir needs %s or more",
                             spec.checkpoint.every, spec.checkpoint.keep,
                             FormatPlanBytes((spec.checkpoint.keep + 1) * plan.checkpoint_bytes() +
-                                            WeightsFileBytes(plan.num_params(), spec.model.arch)))
+                                            WeightsFileBytes(plan.num_params(), *spec.model.Config())))
           : "checkpoint.every 0: only the final weights are saved");
   absl::StrAppendFormat(&out,
                         "\nshard units (%d; element ranges within the unit per dp rank, the last "

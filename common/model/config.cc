@@ -33,12 +33,13 @@ struct LlamaPresetRow {
   const char* name;
   LlamaShape shape;
 };
-// Llama 3's context is 8192 here (its pre-training length; the 3.1/3.2
-// checkpoints extend it to 128k with rope scaling, which is not modelled).
+// Llama 3's context is 8192 here (its pre-training length); the 3.1/3.2
+// checkpoints' rope_scaling (their config.json's) lets a spec set up to
+// their 131072.
 const LlamaPresetRow kLlamaPresets[] = {
     {"llama-tiny", {4, 4, 2, 128, 384, 128, 256, 500000, 1e-5, false}},
-    {"llama3-1b", {16, 32, 8, 2048, 8192, 8192, 128256, 500000, 1e-5, true}},
-    {"llama3-8b", {32, 32, 8, 4096, 14336, 8192, 128256, 500000, 1e-5, false}},
+    {"llama3-1b", {16, 32, 8, 2048, 8192, 8192, 128256, 500000, 1e-5, true, {32, 1, 4, 8192}}},
+    {"llama3-8b", {32, 32, 8, 4096, 14336, 8192, 128256, 500000, 1e-5, false, {8, 1, 4, 8192}}},
 };
 
 absl::Status Positive(const char* field, int v) {
@@ -57,7 +58,38 @@ absl::Status TooLarge(const char* field, int v) {
       absl::StrCat("model.", field, ": ", v, " is too large (at most ", kMaxWidth, ")"));
 }
 
+// Off (factor 0 and nothing else set), or complete and in range.
+absl::Status ValidateRopeScaling(const RopeScaling& r) {
+  if (r == RopeScaling{}) return absl::OkStatus();
+  auto bad = [](const char* field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("model.rope_scaling.", field, ": ", why));
+  };
+  auto finite_positive = [](double v) { return v > 0 && std::isfinite(v); };
+  if (!finite_positive(r.factor)) {
+    return bad("factor", absl::StrCat("must be a finite number > 0, got ", r.factor));
+  }
+  if (!finite_positive(r.low_freq_factor)) {
+    return bad("low_freq_factor",
+               absl::StrCat("must be a finite number > 0, got ", r.low_freq_factor));
+  }
+  if (!std::isfinite(r.high_freq_factor) || !(r.high_freq_factor > r.low_freq_factor)) {
+    return bad("high_freq_factor",
+               absl::StrCat(r.high_freq_factor, " must be greater than low_freq_factor ",
+                            r.low_freq_factor));
+  }
+  if (r.original_context < 1) {
+    return bad("original_max_position_embeddings",
+               absl::StrCat("must be >= 1, got ", r.original_context));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+bool operator==(const RopeScaling& a, const RopeScaling& b) {
+  return a.factor == b.factor && a.low_freq_factor == b.low_freq_factor &&
+         a.high_freq_factor == b.high_freq_factor && a.original_context == b.original_context;
+}
 
 absl::Status ValidateModelConfig(const ModelConfig& c) {
   for (auto [field, v] : {std::pair<const char*, int>{"layers", c.layers},
@@ -98,6 +130,10 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
       return absl::InvalidArgumentError(
           absl::StrCat("model.rope_theta: must be a finite number > 0, got ", c.rope_theta));
     }
+    if (absl::Status s = ValidateRopeScaling(c.rope_scaling); !s.ok()) return s;
+  } else if (c.rope_scaling.on()) {
+    return absl::InvalidArgumentError(
+        "model.rope_scaling: only for rotary positions (model.arch: llama)");
   }
   // The recipes the families have (the engines implement these two).
   const bool gpt2 = c.arch == Arch::kGpt2 && c.norm == NormKind::kLayerNorm &&
@@ -154,6 +190,7 @@ absl::StatusOr<ModelConfig> MakeLlamaConfig(const LlamaShape& s) {
   c.tie_embeddings = s.tie_embeddings;
   c.norm_eps = s.norm_eps;
   c.rope_theta = s.rope_theta;
+  c.rope_scaling = s.rope_scaling;
   if (auto st = ValidateModelConfig(c); !st.ok()) return st;
   return c;
 }
@@ -193,13 +230,40 @@ int64_t FinalParams(const ModelConfig& c) {
   return norm + (c.tie_embeddings ? 0 : int64_t{c.padded_vocab} * c.dim);
 }
 
+std::vector<double> RotaryFrequencies(const ModelConfig& c) {
+  if (c.positions != PositionKind::kRotary) return {};
+  const int half = c.head_dim() / 2;
+  std::vector<double> freq(half);
+  const RopeScaling& r = c.rope_scaling;
+  constexpr double kPi = 3.14159265358979323846;
+  for (int i = 0; i < half; ++i) {
+    // In float, as transformers computes inv_freq (1 / θ^(arange(0, hs, 2) / hs)).
+    const double f = 1.0f / static_cast<float>(std::pow(c.rope_theta, 2.0 * i / c.head_dim()));
+    freq[i] = f;
+    if (!r.on()) continue;
+    // _compute_llama3_parameters in transformers' modeling_rope_utils.py.
+    const double wavelen = 2 * kPi / f;
+    const double low_wavelen = r.original_context / r.low_freq_factor;
+    const double high_wavelen = r.original_context / r.high_freq_factor;
+    if (wavelen > low_wavelen) {
+      freq[i] = f / r.factor;
+    } else if (!(wavelen < high_wavelen)) {
+      const double smooth = (r.original_context / wavelen - r.low_freq_factor) /
+                            (r.high_freq_factor - r.low_freq_factor);
+      freq[i] = (1 - smooth) * f / r.factor + smooth * f;
+    }
+  }
+  return freq;
+}
+
 std::vector<float> RotaryTable(const ModelConfig& c) {
   if (c.positions != PositionKind::kRotary) return {};
   const int half = c.head_dim() / 2;
+  const std::vector<double> freq = RotaryFrequencies(c);
   std::vector<float> table(size_t(c.context) * half * 2);
   for (int p = 0; p < c.context; ++p) {
     for (int i = 0; i < half; ++i) {
-      const double angle = p * std::pow(c.rope_theta, -2.0 * i / c.head_dim());
+      const double angle = p * freq[i];
       table[(size_t(p) * half + i) * 2] = static_cast<float>(std::cos(angle));
       table[(size_t(p) * half + i) * 2 + 1] = static_cast<float>(std::sin(angle));
     }
@@ -213,7 +277,7 @@ bool operator==(const ModelConfig& a, const ModelConfig& b) {
          a.kv_heads == b.kv_heads && a.ffn_dim == b.ffn_dim && a.norm == b.norm &&
          a.positions == b.positions && a.mlp == b.mlp && a.bias == b.bias &&
          a.tie_embeddings == b.tie_embeddings && a.norm_eps == b.norm_eps &&
-         a.rope_theta == b.rope_theta;
+         a.rope_theta == b.rope_theta && a.rope_scaling == b.rope_scaling;
 }
 
 std::string ToString(const ModelConfig& c) {
@@ -224,6 +288,12 @@ std::string ToString(const ModelConfig& c) {
     absl::StrAppend(&out, ", arch ", ArchName(c.arch), ", kv_heads ", c.kv_heads, ", ffn_dim ",
                     c.ffn_dim, ", tie_embeddings ", c.tie_embeddings ? "true" : "false",
                     ", norm_eps ", c.norm_eps, ", rope_theta ", c.rope_theta);
+    const RopeScaling& r = c.rope_scaling;
+    if (r.on()) {
+      absl::StrAppend(&out, ", rope_scaling llama3 (factor ", r.factor, ", low_freq_factor ",
+                      r.low_freq_factor, ", high_freq_factor ", r.high_freq_factor,
+                      ", original_max_position_embeddings ", r.original_context, ")");
+    }
   }
   return out + "}";
 }

@@ -37,6 +37,24 @@ enum class MlpKind { kGelu, kSwiGlu };          // gelu(x W1) W2 | (silu(x Wg) �
 
 const char* ArchName(Arch arch);  // "gpt2", "llama"
 
+// Llama 3's adjustment of rotary frequencies for long contexts (Hugging
+// Face's rope_scaling with rope_type "llama3", Llama 3.1 and 3.2): with
+// wavelength λ_i = 2π / f_i of frequency f_i = θ^(-2i/hs) and the original
+// context O, frequencies whose λ < O / high_freq_factor stay, those with
+// λ > O / low_freq_factor are divided by factor, and those between blend the
+// two: f' = (1 − s) f / factor + s f with s = (O / λ − low) / (high − low).
+// Attention is not rescaled (the llama3 type's attention factor is 1).
+// factor 0: none (every other family and Llama 3.0).
+struct RopeScaling {
+  double factor = 0;            // > 0 when on
+  double low_freq_factor = 0;   // > 0
+  double high_freq_factor = 0;  // > low_freq_factor
+  int original_context = 0;     // O: original_max_position_embeddings, >= 1
+  bool on() const { return factor > 0; }
+};
+bool operator==(const RopeScaling& a, const RopeScaling& b);
+inline bool operator!=(const RopeScaling& a, const RopeScaling& b) { return !(a == b); }
+
 struct ModelConfig {
   int layers = 0;        // L
   int heads = 0;         // NH
@@ -55,6 +73,7 @@ struct ModelConfig {
   bool tie_embeddings = true;  // the LM head reads wte (else its own lm_head weight)
   double norm_eps = 1e-5;      // the norms' epsilon
   double rope_theta = 0;       // rotary's base (rotary positions only)
+  RopeScaling rope_scaling;    // rotary positions only; off by default
 
   int head_dim() const { return dim / heads; }          // hs
   int kv_dim() const { return kv_heads * head_dim(); }  // KV
@@ -75,11 +94,14 @@ absl::StatusOr<ModelConfig> MakeGptConfig(int layers, int heads, int dim, int co
 
 // A Llama-style model (see the header comment), validated like
 // MakeGptConfig and: kv_heads >= 1 dividing heads, ffn_dim >= 1, an even
-// head size (rotary rotates pairs), norm_eps and rope_theta > 0.
+// head size (rotary rotates pairs), norm_eps and rope_theta > 0, and a
+// rope_scaling that is off or complete (factor, low_freq_factor > 0,
+// high_freq_factor > low_freq_factor, original_context >= 1).
 struct LlamaShape {
   int layers = 0, heads = 0, kv_heads = 0, dim = 0, ffn_dim = 0, context = 0, vocab = 0;
   double rope_theta = 500000, norm_eps = 1e-5;
   bool tie_embeddings = false;
+  RopeScaling rope_scaling = {};  // off unless set
 };
 absl::StatusOr<ModelConfig> MakeLlamaConfig(const LlamaShape& shape);
 
@@ -90,7 +112,9 @@ absl::Status ValidateModelConfig(const ModelConfig& config);
 // Named presets, the one table of them: "gpt2-124m" (12/12/768/1024/50257),
 // "gpt2-350m", "gpt2-774m", "gpt2-1558m"; "llama-tiny" (4 layers, dim 128, 4
 // heads, 2 kv heads, ffn 384, context 256, vocab 256: a byte model for CPU
-// tests), "llama3-1b" (Llama 3.2 1B), "llama3-8b" (Llama 3.1 8B). NotFound
+// tests), "llama3-1b" (Llama 3.2 1B), "llama3-8b" (Llama 3.1 8B) — these
+// two with their checkpoints' rope_scaling (factor 32 and 8, low 1, high 4,
+// original context 8192) and context 8192. NotFound
 // otherwise, listing the known names.
 absl::StatusOr<ModelConfig> ModelPreset(const std::string& name);
 // Their names, in the table's order.
@@ -104,13 +128,17 @@ int64_t BlockParams(const ModelConfig& config);
 int64_t EmbeddingParams(const ModelConfig& config);
 int64_t FinalParams(const ModelConfig& config);
 
-// Rotary's table: (context, hs/2) pairs (cos, sin) of the angle p·θ^(-2i/hs)
-// for position p and frequency i, computed in double and rounded to float,
+// Rotary's table: (context, hs/2) pairs (cos, sin) of the angle p·f_i for
+// position p and frequency f_i = θ^(-2i/hs) (adjusted by rope_scaling when
+// on: RotaryFrequencies), computed in double and rounded to float,
 // so every engine rotates by the same numbers. Pair i of a head rotates
 // channels (2i, 2i+1) (Meta's interleaved convention; Hugging Face's
 // rotate_half checkpoints are permuted on load). Empty without rotary
 // positions.
 std::vector<float> RotaryTable(const ModelConfig& config);
+// The hs/2 frequencies f_i that table rotates by, in double; empty without
+// rotary positions. The one place rope_scaling is applied.
+std::vector<double> RotaryFrequencies(const ModelConfig& config);
 
 bool operator==(const ModelConfig& a, const ModelConfig& b);
 inline bool operator!=(const ModelConfig& a, const ModelConfig& b) { return !(a == b); }

@@ -541,6 +541,39 @@ TEST_F(TrainingTest, LlamaFortunesOnFourWorkersLearnsAndSamples) {
   ASSERT_EQ(s.exit_code, 0) << s.err;
   std::cout << "sample: " << s.out << std::endl;
   EXPECT_GT(s.out.size(), 100u);
+
+  // Exported in Hugging Face's layout, the model comes back from a spec
+  // whose model names only init: the CLI reads config.json (plan prints the
+  // shape; local trains it), and with a learning rate that moves no fp32
+  // weight the first validation equals the source's last.
+  const std::string hf = dir.path() + "/hf";
+  CommandResult e = RunCommand({SHARDTRAIN_CLI_BIN, "export", dir.path(), "--out", hf});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  const std::string spec = dir.path() + "/from-init.yaml";
+  std::ofstream(spec) << "name: from-init\nmodel: {init: " << hf << "}\n"
+                      << "data: {train: " << kData << ", val: " << SourceDir()
+                      << "/data/fortunes-val.txt}\n"
+                         "batch: {global: 16, micro: 16, seq_len: 64}\n"
+                         "optimizer: {lr: 1e-30}\neval: {every: 1, batches: 2}\nsteps: 1\n";
+  CommandResult plan = RunCommand({SHARDTRAIN_CLI_BIN, "plan", spec});
+  ASSERT_EQ(plan.exit_code, 0) << plan.out << plan.err;
+  EXPECT_NE(plan.err.find("model from " + hf +
+                          "/config.json: arch llama, layers 4, heads 4, dim "
+                          "128, context 128, vocab 256, ffn_dim 384, kv_heads 2"),
+            std::string::npos)
+      << plan.err;
+  EXPECT_NE(plan.out.find("model: llama L=4 NH=4 KVH=2 C=128 F=384 context=128 V=256"),
+            std::string::npos)
+      << plan.out;
+  CommandResult ft = RunCommand({SHARDTRAIN_CLI_BIN, "local", spec, "--workers", "1", "--output",
+                                 "json", "--set", "checkpoint.dir=" + dir.path() + "/init"},
+                                seconds(300));
+  ASSERT_EQ(ft.exit_code, 0) << ft.out << ft.err;
+  const std::map<int, double> init_val = ValLosses(ft.out);
+  ASSERT_EQ(init_val.count(1), 1u) << ft.out;
+  std::cout << "model.init alone, from the export's config.json: val " << init_val.at(1)
+            << ", the source's last " << val.rbegin()->second << std::endl;
+  EXPECT_NEAR(init_val.at(1), val.rbegin()->second, 1e-5 * val.rbegin()->second);
 }
 
 // `shardtrain local` whose worker dies (here SIGKILL; on the H100 it was an

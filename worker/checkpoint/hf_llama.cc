@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/model/param_layout.h"
 #include "common/process.h"
+#include "worker/checkpoint/hf_config.h"
 #include "worker/checkpoint/safetensors.h"
 
 namespace shardtrain::checkpoint {
@@ -185,6 +186,14 @@ std::string FormatNumber(double v) {
   return absl::StrFormat("%.17g", v);
 }
 
+std::string RopeScalingText(const model::RopeScaling& r) {
+  if (!r.on()) return "none";
+  return absl::StrCat("{type: llama3, factor: ", FormatNumber(r.factor),
+                      ", low_freq_factor: ", FormatNumber(r.low_freq_factor),
+                      ", high_freq_factor: ", FormatNumber(r.high_freq_factor),
+                      ", original_max_position_embeddings: ", r.original_context, "}");
+}
+
 }  // namespace
 
 std::string HfLlamaConfigJson(const model::ModelConfig& c, DataType dtype) {
@@ -210,6 +219,13 @@ std::string HfLlamaConfigJson(const model::ModelConfig& c, DataType dtype) {
       {"initializer_range", 0.02},
       {"torch_dtype", dtype == DataType::kBFloat16 ? "bfloat16" : "float32"},
   };
+  if (const model::RopeScaling& r = c.rope_scaling; r.on()) {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", r.factor},
+                         {"low_freq_factor", r.low_freq_factor},
+                         {"high_freq_factor", r.high_freq_factor},
+                         {"original_max_position_embeddings", r.original_context}};
+  }
   if (c.vocab == 128256) {  // Llama 3's vocabulary: <|begin_of_text|>, <|end_of_text|>
     j["bos_token_id"] = 128000;
     j["eos_token_id"] = 128001;
@@ -274,10 +290,11 @@ absl::Status CheckHfLlamaConfig(const std::string& text, const model::ModelConfi
                             ", the spec's model.tie_embeddings ",
                             c.tie_embeddings ? "true" : "false"));
   }
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    return bad(absl::StrCat("rope_scaling ", j["rope_scaling"].dump(),
-                            ": shardtrain's rotary positions have no scaling (Llama 3.1 and 3.2 "
-                            "checkpoints use it); not read"));
+  absl::StatusOr<model::RopeScaling> scaling = HfRopeScaling(text);
+  if (!scaling.ok()) return bad(std::string(scaling.status().message()));
+  if (*scaling != c.rope_scaling) {
+    return bad(absl::StrCat("rope_scaling ", RopeScalingText(*scaling),
+                            ", the spec's model.rope_scaling ", RopeScalingText(c.rope_scaling)));
   }
   for (const char* key : {"attention_bias", "mlp_bias"}) {
     if (j.contains(key) && j[key].is_boolean() && j[key].get<bool>()) {

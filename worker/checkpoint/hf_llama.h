@@ -26,9 +26,9 @@
 // nothing else is permuted.
 //
 // The same block is read from MistralForCausalLM (whose sliding window, when
-// set, must cover the spec's context). Qwen2 (q/k/v biases) and checkpoints
-// with rope_scaling (Llama 3.1, 3.2) compute something else and are refused
-// naming the field.
+// set, must cover the spec's context). rope_scaling of type llama3 (Llama
+// 3.1, 3.2) must equal the spec's model.rope_scaling; other types, and Qwen2
+// (q/k/v biases), compute something else and are refused naming the field.
 #ifndef SHARDTRAIN_WORKER_CHECKPOINT_HF_LLAMA_H_
 #define SHARDTRAIN_WORKER_CHECKPOINT_HF_LLAMA_H_
 
@@ -51,8 +51,8 @@ std::string HfLlamaConfigJson(const model::ModelConfig& config, DataType dtype);
 // Checks a config.json's text against the model: INVALID_ARGUMENT naming the
 // first field that disagrees with the spec ("config.json: num_key_value_heads
 // 8, the spec's model.kv_heads 4") or that describes a block shardtrain does
-// not compute (an unknown architecture, rope_scaling, biases, another
-// activation).
+// not compute (an unknown architecture, a rope_scaling other than llama3's,
+// biases, another activation).
 absl::Status CheckHfLlamaConfig(const std::string& json_text, const model::ModelConfig& config);
 
 // The whole model's parameters from a Hugging Face Llama checkpoint at

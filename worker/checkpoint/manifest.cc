@@ -264,6 +264,13 @@ absl::StatusOr<Manifest> ParseBody(const std::string& body) {
       SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "tie_embeddings", &tie));
       SHARDTRAIN_RETURN_IF_ERROR(p.Double(*cfg, "norm_eps", &shape.norm_eps));
       SHARDTRAIN_RETURN_IF_ERROR(p.Double(*cfg, "rope_theta", &shape.rope_theta));
+      if (cfg->kv.count("rope_factor") != 0) {  // rope scaling on (absent: off)
+        model::RopeScaling& r = shape.rope_scaling;
+        SHARDTRAIN_RETURN_IF_ERROR(p.Double(*cfg, "rope_factor", &r.factor));
+        SHARDTRAIN_RETURN_IF_ERROR(p.Double(*cfg, "rope_low_freq_factor", &r.low_freq_factor));
+        SHARDTRAIN_RETURN_IF_ERROR(p.Double(*cfg, "rope_high_freq_factor", &r.high_freq_factor));
+        SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "rope_original_context", &r.original_context));
+      }
       shape.tie_embeddings = tie != 0;
       config = model::MakeLlamaConfig(shape);
     }
@@ -379,6 +386,12 @@ std::string SerializeManifest(const Manifest& m) {
                     " tie_embeddings=", m.config.tie_embeddings ? 1 : 0,
                     " norm_eps=", ExactDouble(m.config.norm_eps),
                     " rope_theta=", ExactDouble(m.config.rope_theta));
+    if (const model::RopeScaling& r = m.config.rope_scaling; r.on()) {
+      absl::StrAppend(&out, " rope_factor=", ExactDouble(r.factor),
+                      " rope_low_freq_factor=", ExactDouble(r.low_freq_factor),
+                      " rope_high_freq_factor=", ExactDouble(r.high_freq_factor),
+                      " rope_original_context=", r.original_context);
+    }
   }
   out += "\n";
   absl::StrAppend(&out, "layout num_params=", m.num_params,

@@ -32,6 +32,13 @@ struct Recipe {
   double norm_eps, rope_theta;
 };
 
+// Version 3's, after the recipe: rotary scaling (a model with it on; one
+// without is written as version 2, as before).
+struct RopeRecord {
+  double factor, low_freq_factor, high_freq_factor;
+  int32_t original_context, reserved;
+};
+
 uint64_t Fnv1a(const void* data, size_t n) {
   const auto* b = static_cast<const unsigned char*>(data);
   uint64_t h = 1469598103934665603ull;
@@ -53,7 +60,13 @@ absl::Status SaveWeights(const std::string& path, const model::ModelConfig& conf
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   const bool gpt2 = config.arch == model::Arch::kGpt2;
-  h.version = gpt2 ? 1 : 2;
+  const bool scaled = config.rope_scaling.on();
+  h.version = gpt2 ? 1 : scaled ? 3 : 2;
+  RopeRecord rope{};
+  rope.factor = config.rope_scaling.factor;
+  rope.low_freq_factor = config.rope_scaling.low_freq_factor;
+  rope.high_freq_factor = config.rope_scaling.high_freq_factor;
+  rope.original_context = config.rope_scaling.original_context;
   Recipe recipe{};
   recipe.arch = static_cast<int32_t>(config.arch);
   recipe.kv_heads = config.kv_heads;
@@ -71,6 +84,7 @@ absl::Status SaveWeights(const std::string& path, const model::ModelConfig& conf
   const std::string_view pieces[] = {
       {reinterpret_cast<const char*>(&h), sizeof h},
       {reinterpret_cast<const char*>(&recipe), gpt2 ? 0 : sizeof recipe},
+      {reinterpret_cast<const char*>(&rope), scaled ? sizeof rope : 0},
       {reinterpret_cast<const char*>(params.data()), params.size() * sizeof(float)},
       {reinterpret_cast<const char*>(&checksum), sizeof checksum}};
   int64_t bytes = 0;
@@ -96,9 +110,9 @@ absl::StatusOr<LoadedWeights> LoadWeights(const std::string& path) {
   if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) {
     return absl::DataLossError(absl::StrCat("weights file ", path, " has wrong magic"));
   }
-  if (h.version != 1 && h.version != 2) {
+  if (h.version < 1 || h.version > 3) {
     return absl::DataLossError(absl::StrCat("weights file ", path, " has unsupported version ",
-                                            h.version, " (this build reads 1 and 2)"));
+                                            h.version, " (this build reads 1 to 3)"));
   }
   LoadedWeights out;
   absl::StatusOr<model::ModelConfig> config;
@@ -124,6 +138,15 @@ absl::StatusOr<LoadedWeights> LoadWeights(const std::string& path) {
     shape.tie_embeddings = r.tie_embeddings != 0;
     shape.norm_eps = r.norm_eps;
     shape.rope_theta = r.rope_theta;
+    if (h.version == 3) {
+      RopeRecord rope{};
+      if (std::fread(&rope, sizeof rope, 1, f) != 1) {
+        return absl::DataLossError(
+            absl::StrCat("weights file ", path, " is truncated (no rope scaling)"));
+      }
+      shape.rope_scaling = {rope.factor, rope.low_freq_factor, rope.high_freq_factor,
+                            rope.original_context};
+    }
     config = model::MakeLlamaConfig(shape);
   }
   if (!config.ok() || config->padded_vocab != h.cfg[5]) {

@@ -496,7 +496,8 @@ TEST(JobSpecTest, BadSpecsNameTheirField) {
       {"missing batch.micro", Make({{"batch", "{global: 4, seq_len: 8}"}}),
        "batch.micro: required"},
       {"missing model.layers", Make({{"model", "{heads: 2, dim: 8, context: 16, vocab: 256}"}}),
-       "model.layers: required (or set model.preset)"},
+       "model.layers: required (or set model.preset, or only model.init: a Hugging Face "
+       "checkpoint whose config.json the CLI reads)"},
       {"steps not an integer", Make({{"steps", "ten"}}), "steps: expected an integer, got \"ten\""},
       {"steps fractional", Make({{"steps", "1.5"}}), "steps: expected an integer, got \"1.5\""},
       {"steps quoted", Make({{"steps", "\"10\""}}), "steps: expected an integer, got \"10\""},

@@ -450,14 +450,14 @@ TEST(PlanTextTest, CheckpointBytesInTotalAndPerRank) {
   EXPECT_NE(
       PlanText(s, ddp).find(absl::StrCat(
           "every 10 steps, 3 kept: checkpoint.dir needs ",
-          FormatPlanBytes(4 * ddp.checkpoint_bytes() + WeightsFileBytes(n, model::Arch::kGpt2)))),
+          FormatPlanBytes(4 * ddp.checkpoint_bytes() + WeightsFileBytes(n, model::ModelConfig{})))),
       std::string::npos)
       << PlanText(s, ddp);
   // ZeRO: one range per unit in every shard; the total is the same data.
   s.parallel.zero = 3;
   const v1::Plan z3 = *MakePlan(s, 4);
   EXPECT_EQ(z3.checkpoint_bytes(), 12 * n + 4 * ShardFileBytes(0, z3.units_size()));
-  EXPECT_EQ(WeightsFileBytes(n, model::Arch::kGpt2), 4 * n + 64);
+  EXPECT_EQ(WeightsFileBytes(n, model::ModelConfig{}), 4 * n + 64);
 }
 
 TEST(PlanTextTest, Gpt2ElidesMiddleUnits) {

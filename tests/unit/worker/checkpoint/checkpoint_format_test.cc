@@ -9,6 +9,7 @@ namespace shardtrain::checkpoint {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // ---------------------------------------------------------------- CRC-64
 
@@ -237,6 +238,18 @@ TEST(ManifestTest, LlamaRecipeRoundTrips) {
   EXPECT_TRUE(absl::IsFailedPrecondition(CheckCompatible(*got, gpt2)));
   EXPECT_THAT(SerializeManifest(*MakeManifest(gpt2, 5, 2, 1, FakeInfos(gpt2, 2, 1))),
               HasSubstr("padded_vocab=256\nlayout "));
+  // rope_scaling rides on the same line, and only when on.
+  EXPECT_THAT(text, Not(HasSubstr("rope_factor")));
+  const model::ModelConfig scaled =
+      *model::MakeLlamaConfig({2, 4, 2, 16, 40, 32, 256, 1e4, 1e-5, false, {8, 1.25, 4, 24}});
+  const model::ParamLayout scaled_layout(scaled);
+  const std::string scaled_text =
+      SerializeManifest(*MakeManifest(scaled_layout, 5, 2, 1, FakeInfos(scaled_layout, 2, 1)));
+  EXPECT_THAT(scaled_text, HasSubstr(" rope_factor=8 rope_low_freq_factor=1.25 "
+                                     "rope_high_freq_factor=4 rope_original_context=24\n"));
+  got = ParseManifest(scaled_text, "m.txt");
+  ASSERT_TRUE(got.ok()) << got.status() << "\n" << scaled_text;
+  EXPECT_EQ(got->config, scaled);
 }
 
 TEST(ManifestTest, MakeManifestRejectsBadShardSets) {

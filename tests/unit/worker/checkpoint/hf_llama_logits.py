@@ -5,7 +5,9 @@
 Usage: hf_llama_logits.py DIR
 
 DIR/shape.txt (written by the test): "key value" lines layers heads kv_heads
-dim ffn_dim vocab rope_theta norm_eps tie (0/1) batch seq_len. Writes into
+dim ffn_dim vocab rope_theta norm_eps tie (0/1) batch seq_len, and optionally
+rope_factor rope_low rope_high rope_original (Llama 3.1/3.2's rope_scaling of
+type llama3, computed as transformers' _compute_llama3_parameters). Writes into
 DIR, as a Hugging Face LlamaForCausalLM checkpoint would hold them:
   config.json, model.safetensors (BF16 weights: the reader's widening is
   exercised), tokens.bin (int32, batch*seq_len), logits.bin (float32,
@@ -29,12 +31,28 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def llama3_inv_freq(inv_freq, rs):
+    """transformers' _compute_llama3_parameters (modeling_rope_utils.py)."""
+    factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    old_context_len = rs["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low
+    high_freq_wavelen = old_context_len / high
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, inv_freq_llama)
+
+
 def forward(W, cfg, idx):
     L, NH, KVH = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     C, eps, theta = cfg["hidden_size"], cfg["rms_norm_eps"], cfg["rope_theta"]
     B, T = idx.shape
     hs = C // NH
     inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.int64).float() / hs))
+    if cfg.get("rope_scaling"):
+        inv_freq = llama3_inv_freq(inv_freq, cfg["rope_scaling"])
     freqs = torch.arange(T).float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()
@@ -101,6 +119,11 @@ def main():
            "rms_norm_eps": float(s["norm_eps"]), "rope_theta": float(s["rope_theta"]),
            "rope_scaling": None, "tie_word_embeddings": tie, "hidden_act": "silu",
            "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16"}
+    if "rope_factor" in s:
+        cfg["rope_scaling"] = {"rope_type": "llama3", "factor": float(s["rope_factor"]),
+                               "low_freq_factor": float(s["rope_low"]),
+                               "high_freq_factor": float(s["rope_high"]),
+                               "original_max_position_embeddings": int(s["rope_original"])}
     torch.manual_seed(0)
     hs, KV = C // NH, KVH * (C // NH)
     shapes = {"model.embed_tokens.weight": (V, C), "model.norm.weight": (C,)}

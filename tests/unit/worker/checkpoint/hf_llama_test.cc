@@ -148,9 +148,36 @@ TEST_F(HfLlamaTest, ACheckpointThatDisagreesIsRefusedNamingTheFieldOrTensor) {
   std::string text;
   ASSERT_TRUE(ReadFile(out + "/config.json", &text).ok());
   nlohmann::json j = nlohmann::json::parse(text);
+  // rope_scaling: llama3's must be complete and equal the spec's; other
+  // types are refused naming the type.
   j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}};
-  EXPECT_NE(CheckHfLlamaConfig(j.dump(), c).message().find("config.json: rope_scaling"),
-            std::string::npos);
+  EXPECT_NE(CheckHfLlamaConfig(j.dump(), c).message().find("low_freq_factor missing"),
+            std::string::npos)
+      << CheckHfLlamaConfig(j.dump(), c);
+  j["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 32.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  EXPECT_NE(CheckHfLlamaConfig(j.dump(), c)
+                .message()
+                .find("config.json: rope_scaling {type: llama3, factor: 32, low_freq_factor: 1, "
+                      "high_freq_factor: 4, original_max_position_embeddings: 8192}, the spec's "
+                      "model.rope_scaling none"),
+            std::string::npos)
+      << CheckHfLlamaConfig(j.dump(), c);
+  model::LlamaShape scaled_shape{2, 4, 2, 32, 48, 16, 100, 10000, 1e-5, false, {32, 1, 4, 8192}};
+  EXPECT_TRUE(CheckHfLlamaConfig(j.dump(), *model::MakeLlamaConfig(scaled_shape)).ok());
+  for (const char* type : {"yarn", "dynamic", "linear"}) {
+    j["rope_scaling"] = {{"rope_type", type}, {"factor", 4.0}};
+    EXPECT_NE(CheckHfLlamaConfig(j.dump(), c)
+                  .message()
+                  .find(std::string("rope_type ") + type + " is not implemented"),
+              std::string::npos)
+        << CheckHfLlamaConfig(j.dump(), c);
+  }
+  j["rope_scaling"] = {{"rope_type", "default"}};
+  EXPECT_TRUE(CheckHfLlamaConfig(j.dump(), c).ok());
   j["rope_scaling"] = nullptr;
   j["architectures"] = {"Qwen2ForCausalLM"};
   EXPECT_NE(CheckHfLlamaConfig(j.dump(), c).message().find("architectures Qwen2ForCausalLM"),
@@ -203,51 +230,127 @@ std::string LogitsScript() {
   return "tests/unit/worker/checkpoint/hf_llama_logits.py";
 }
 
+// What the PyTorch side computed and what the CPU engine computes from the
+// checkpoint it wrote into `d`.
+struct TorchLogits {
+  std::vector<float> want, got;
+  std::string reference;
+  double max_abs = 0, scale = 0;  // max |got - want|, max |want|
+};
+
+TorchLogits RunTorchCheckpoint(const model::ModelConfig& c, const std::string& d, int B, int T) {
+  TorchLogits out;
+  {
+    std::ofstream s(d + "/shape.txt");
+    s << "layers " << c.layers << "\nheads " << c.heads << "\nkv_heads " << c.kv_heads << "\ndim "
+      << c.dim << "\nffn_dim " << c.ffn_dim << "\nvocab " << c.vocab << "\nrope_theta "
+      << c.rope_theta << "\nnorm_eps " << c.norm_eps << "\ntie " << (c.tie_embeddings ? 1 : 0)
+      << "\nbatch " << B << "\nseq_len " << T << "\n";
+    if (const model::RopeScaling& r = c.rope_scaling; r.on()) {
+      s << "rope_factor " << r.factor << "\nrope_low " << r.low_freq_factor << "\nrope_high "
+        << r.high_freq_factor << "\nrope_original " << r.original_context << "\n";
+    }
+  }
+  const std::string cmd = Python() + " " + LogitsScript() + " " + d;
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  absl::StatusOr<std::vector<float>> w = LoadModelWeights(d, c);
+  EXPECT_TRUE(w.ok()) << w.status();
+  if (!w.ok()) return out;
+  auto m = engine::cpu::CpuModel::Create(c, B, T, /*threads=*/2);
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return out;
+  std::copy(w->begin(), w->end(), (*m)->params().f32().begin());
+  std::vector<int> tokens(B * T);
+  std::ifstream(d + "/tokens.bin", std::ios::binary)
+      .read(reinterpret_cast<char*>(tokens.data()), sizeof(int) * tokens.size());
+  (*m)->Forward(tokens.data(), nullptr);
+  out.want.resize(size_t(B) * T * c.vocab);
+  out.got.resize(out.want.size());
+  std::ifstream(d + "/logits.bin", std::ios::binary)
+      .read(reinterpret_cast<char*>(out.want.data()), sizeof(float) * out.want.size());
+  for (int r = 0; r < B * T; ++r) (*m)->ReadLogits(r, out.got.data() + size_t(r) * c.vocab);
+  for (size_t i = 0; i < out.want.size(); ++i) {
+    out.max_abs = std::max(out.max_abs, std::abs(double(out.got[i]) - out.want[i]));
+    out.scale = std::max(out.scale, std::abs(double(out.want[i])));
+  }
+  std::getline(std::ifstream(d + "/reference.txt"), out.reference);
+  return out;
+}
+
+bool HaveTorch() {
+  return std::system((Python() + " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
+}
+
 TEST_F(HfLlamaTest, APytorchCheckpointGivesTheEngineItsLogits) {
-  if (std::system((Python() + " -c 'import torch' >/dev/null 2>&1").c_str()) != 0) {
+  if (!HaveTorch()) {
     GTEST_SKIP() << Python() << " cannot import torch (scripts/setup installs python3-torch)";
   }
   if (!fs::exists(LogitsScript())) GTEST_SKIP() << "no " << LogitsScript();
   constexpr int B = 2, T = 12;
   for (bool tied : {false, true}) {
     SCOPED_TRACE(tied ? "tied" : "untied");
-    const model::ModelConfig c = Config(tied);
-    const std::string d = Dir(tied ? "torch_tied" : "torch");
-    {
-      std::ofstream s(d + "/shape.txt");
-      s << "layers " << c.layers << "\nheads " << c.heads << "\nkv_heads " << c.kv_heads << "\ndim "
-        << c.dim << "\nffn_dim " << c.ffn_dim << "\nvocab " << c.vocab << "\nrope_theta "
-        << c.rope_theta << "\nnorm_eps " << c.norm_eps << "\ntie " << (tied ? 1 : 0) << "\nbatch "
-        << B << "\nseq_len " << T << "\n";
-    }
-    const std::string cmd = Python() + " " + LogitsScript() + " " + d;
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    absl::StatusOr<std::vector<float>> w = LoadModelWeights(d, c);
-    ASSERT_TRUE(w.ok()) << w.status();
-    auto m = engine::cpu::CpuModel::Create(c, B, T, /*threads=*/2);
-    ASSERT_TRUE(m.ok()) << m.status();
-    std::copy(w->begin(), w->end(), (*m)->params().f32().begin());
-    std::vector<int> tokens(B * T);
-    std::ifstream(d + "/tokens.bin", std::ios::binary)
-        .read(reinterpret_cast<char*>(tokens.data()), sizeof(int) * tokens.size());
-    (*m)->Forward(tokens.data(), nullptr);
-    std::vector<float> want(size_t(B) * T * c.vocab), got(want.size());
-    std::ifstream(d + "/logits.bin", std::ios::binary)
-        .read(reinterpret_cast<char*>(want.data()), sizeof(float) * want.size());
-    for (int r = 0; r < B * T; ++r) (*m)->ReadLogits(r, got.data() + size_t(r) * c.vocab);
-    double max_abs = 0, scale = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-      max_abs = std::max(max_abs, std::abs(double(got[i]) - want[i]));
-      scale = std::max(scale, std::abs(double(want[i])));
-    }
-    std::string reference;
-    std::getline(std::ifstream(d + "/reference.txt"), reference);
+    const TorchLogits r =
+        RunTorchCheckpoint(Config(tied), Dir(tied ? "torch_tied" : "torch"), B, T);
     std::printf(
         "[hf-llama] %s: logits of %d tokens, max abs diff %.3g (largest logit %.3g), "
         "reference: %s\n",
-        tied ? "tied" : "untied", B * T, max_abs, scale, reference.c_str());
-    EXPECT_LT(max_abs, 1e-4 * std::max(1.0, scale));
+        tied ? "tied" : "untied", B * T, r.max_abs, r.scale, r.reference.c_str());
+    EXPECT_LT(r.max_abs, 1e-4 * std::max(1.0, r.scale));
   }
+}
+
+// A Llama 3.2-shaped checkpoint (tied, GQA) with rope_scaling of type
+// llama3, its factors chosen so that every one of the formula's three
+// bands holds a frequency (head size 8, θ 10000, original context 128:
+// wavelengths 6.3 | 62.8 | 628, 6283 against 32 and 128), gives the engine
+// the logits of transformers' formula — and different ones without it.
+TEST_F(HfLlamaTest, ALlama32CheckpointWithRopeScalingGivesItsLogits) {
+  if (!HaveTorch()) {
+    GTEST_SKIP() << Python() << " cannot import torch (scripts/setup installs python3-torch)";
+  }
+  if (!fs::exists(LogitsScript())) GTEST_SKIP() << "no " << LogitsScript();
+  constexpr int B = 2, T = 12;
+  model::LlamaShape shape{2, 4, 2, 32, 48, 16, 100, 10000, 1e-5, true, {8, 1, 4, 128}};
+  const model::ModelConfig c = *model::MakeLlamaConfig(shape);
+  const std::vector<double> f = model::RotaryFrequencies(c);
+  ASSERT_EQ(f.size(), 4u);
+  EXPECT_EQ(f[0], double(1.0f));                // high frequency: kept
+  EXPECT_NEAR(f[2], double(0.01f) / 8, 1e-12);  // low frequency: divided by factor
+  EXPECT_GT(f[1], double(0.1f) / 8);            // between: blended
+  EXPECT_LT(f[1], double(0.1f));
+  const TorchLogits r = RunTorchCheckpoint(c, Dir("scaled"), B, T);
+  std::printf(
+      "[hf-llama] rope_scaling llama3 (factor 8, low 1, high 4, original 128): logits of %d "
+      "tokens, max abs diff %.3g, relative %.3g (largest logit %.3g), reference: %s\n",
+      B * T, r.max_abs, r.max_abs / r.scale, r.scale, r.reference.c_str());
+  EXPECT_LT(r.max_abs, 1e-5 * std::max(1.0, r.scale));
+  // The same weights read as a model without scaling compute other logits
+  // (config.json's rope_scaling is refused for it: the check compares).
+  model::LlamaShape plain = shape;
+  plain.rope_scaling = {};
+  const model::ModelConfig unscaled = *model::MakeLlamaConfig(plain);
+  absl::StatusOr<std::vector<float>> refused = LoadModelWeights(Dir("scaled"), unscaled);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("rope_scaling"), std::string::npos) << refused.status();
+  absl::StatusOr<std::vector<float>> w = LoadModelWeights(Dir("scaled"), c);
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto m = engine::cpu::CpuModel::Create(unscaled, B, T, /*threads=*/2);
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::copy(w->begin(), w->end(), (*m)->params().f32().begin());
+  std::vector<int> tokens(B * T);
+  std::ifstream(Dir("scaled") + "/tokens.bin", std::ios::binary)
+      .read(reinterpret_cast<char*>(tokens.data()), sizeof(int) * tokens.size());
+  (*m)->Forward(tokens.data(), nullptr);
+  double differs = 0;
+  std::vector<float> row(c.vocab);
+  for (int t = 0; t < B * T; ++t) {
+    (*m)->ReadLogits(t, row.data());
+    for (int v = 0; v < c.vocab; ++v) {
+      differs = std::max(differs, std::abs(double(row[v]) - r.want[size_t(t) * c.vocab + v]));
+    }
+  }
+  std::printf("[hf-llama] the same weights without rope_scaling: max abs diff %.3g\n", differs);
+  EXPECT_GT(differs, 1e-3 * std::max(1.0, r.scale));
 }
 
 }  // namespace

@@ -42,7 +42,7 @@ TEST_F(WeightsFileTest, RoundTripAndErrors) {
   EXPECT_FALSE(fs::exists(path + ".tmp." + std::to_string(::getpid())));
   // The planner's size of it (`shardtrain plan`, the free-space warning).
   EXPECT_EQ(int64_t(fs::file_size(path)),
-            WeightsFileBytes(int64_t(params.size()), model::Arch::kGpt2));
+            WeightsFileBytes(int64_t(params.size()), model::ModelConfig{}));
   auto w = LoadWeights(path);
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ(w->config, cfg);
@@ -92,11 +92,22 @@ TEST_F(WeightsFileTest, LlamaRecipeRoundTripsAndGpt2StaysVersion1) {
     return v;
   };
   EXPECT_EQ(version(path), 2u);
-  EXPECT_EQ(int64_t(fs::file_size(path)), WeightsFileBytes(int64_t(params.size()), llama.arch));
+  EXPECT_EQ(int64_t(fs::file_size(path)), WeightsFileBytes(int64_t(params.size()), llama));
   const std::string gpt2 = (dir_ / "gpt2.bin").string();
   std::vector<float> g(model::ParamLayout(Tiny()).num_params(), 0.5f);
   ASSERT_TRUE(SaveWeights(gpt2, Tiny(), absl::MakeConstSpan(g)).ok());
   EXPECT_EQ(version(gpt2), 1u);
+  // With rope_scaling: version 3, its record after the recipe.
+  const model::ModelConfig scaled =
+      *model::MakeLlamaConfig({2, 4, 1, 32, 48, 16, 100, 10000, 1e-6, true, {8, 1.5, 4, 12}});
+  const std::string scaled_path = (dir_ / "scaled.bin").string();
+  ASSERT_TRUE(SaveWeights(scaled_path, scaled, absl::MakeConstSpan(params)).ok());
+  EXPECT_EQ(version(scaled_path), 3u);
+  EXPECT_EQ(int64_t(fs::file_size(scaled_path)), WeightsFileBytes(int64_t(params.size()), scaled));
+  w = LoadWeights(scaled_path);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->config, scaled);
+  EXPECT_EQ(w->params, params);
 }
 
 }  // namespace

@@ -1,0 +1,40 @@
+// A model's shape and family from a Hugging Face config.json, so that a spec
+// whose model section names only `init: DIR` trains the checkpoint's model
+// (as from_pretrained reads it), and the config.json fields shared by the
+// families' readers.
+#ifndef SHARDTRAIN_WORKER_CHECKPOINT_HF_CONFIG_H_
+#define SHARDTRAIN_WORKER_CHECKPOINT_HF_CONFIG_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/config.h"
+
+namespace shardtrain::checkpoint {
+
+// The rope_scaling of a config.json's text: off when absent, null or of
+// type "default"; INVALID_ARGUMENT ("rope_scaling {...}: ...") for another
+// type than llama3 or a missing field.
+absl::StatusOr<model::RopeScaling> HfRopeScaling(const std::string& config_json_text);
+
+// The spec's model.* fields a config.json describes, as (key, YAML value)
+// pairs in the spec's names: arch, layers, heads, dim, context, vocab, and
+// for Llama-style models kv_heads, ffn_dim, rope_theta, norm_eps,
+// tie_embeddings and rope_scaling. Reads GPT2LMHeadModel (n_layer, n_head,
+// n_embd, n_positions, vocab_size) and LlamaForCausalLM /
+// MistralForCausalLM (num_hidden_layers, ..., max_position_embeddings as
+// the context). INVALID_ARGUMENT "config.json: ..." naming the field for
+// another architecture, a missing or non-integer field, or a head_dim
+// other than hidden_size / num_attention_heads.
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ModelFieldsFromHfConfig(
+    const std::string& config_json_text);
+
+// Where the config.json of model.init's `path` lies: path/config.json for a
+// folder, else beside the file (a .safetensors file or its index).
+std::string HfConfigPathOf(const std::string& init_path);
+
+}  // namespace shardtrain::checkpoint
+
+#endif  // SHARDTRAIN_WORKER_CHECKPOINT_HF_CONFIG_H_
