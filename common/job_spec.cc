@@ -114,6 +114,8 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
       m->norm_eps = preset->norm_eps;
       m->tie_embeddings = preset->tie_embeddings;
       m->rope_scaling = preset->rope_scaling;
+      m->head_dim = preset->head_size;
+      m->qk_norm = preset->qk_norm;
       llama_fields_given = true;
     }
   } else {
@@ -136,8 +138,8 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "context", 1, &m->context));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "vocab", 1, &m->vocab));
   if (m->arch == model::Arch::kGpt2) {
-    for (const char* key :
-         {"kv_heads", "ffn_dim", "rope_theta", "rope_scaling", "norm_eps", "tie_embeddings"}) {
+    for (const char* key : {"kv_heads", "ffn_dim", "rope_theta", "rope_scaling", "norm_eps",
+                            "tie_embeddings", "head_dim", "qk_norm"}) {
       if (Present(n, key)) {
         return FieldError(absl::StrCat("model.", key),
                           "only for model.arch: llama (GPT-2 has kv_heads = heads, ffn_dim = "
@@ -151,6 +153,8 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
     m->norm_eps = defaults.norm_eps;
     m->tie_embeddings = defaults.tie_embeddings;
     m->rope_scaling = defaults.rope_scaling;
+    m->head_dim = defaults.head_dim;
+    m->qk_norm = defaults.qk_norm;
   } else {
     if (!llama_fields_given) {
       m->kv_heads = m->heads;
@@ -164,6 +168,8 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
         ReadDouble(n, "model", "norm_eps", 0.0, /*exclusive=*/true, &m->norm_eps));
     SHARDTRAIN_RETURN_IF_ERROR(ReadBool(n, "model", "tie_embeddings", &m->tie_embeddings));
     SHARDTRAIN_RETURN_IF_ERROR(ReadRopeScaling(n, &m->rope_scaling));
+    SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "head_dim", 1, &m->head_dim));
+    SHARDTRAIN_RETURN_IF_ERROR(ReadBool(n, "model", "qk_norm", &m->qk_norm));
   }
   SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, "model", "init", &m->init));
   SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "model", "recompute", si::kRecomputes, &m->recompute));
@@ -401,7 +407,7 @@ absl::Status ParseEval(const Node& root, const DataSpec& data, int steps, EvalSp
 AttentionKind AutoAttention(const JobSpec& spec) {
   const ModelSpec& m = spec.model;
   const bool flash = spec.resources.device == DeviceKind::kCuda &&
-                     model::FlashAttentionApplies(spec.Compute(), m.dim / m.heads) &&
+                     model::FlashAttentionApplies(spec.Compute(), m.HeadDim()) &&
                      spec.parallel.cp == 1;
   return flash ? AttentionKind::kFlash : AttentionKind::kMaterialized;
 }
@@ -416,12 +422,11 @@ absl::Status CheckAttention(const JobSpec& spec) {
                       "this job's is ",
                       std::string(EnumName(spec.resources.device)), ")");
   }
-  if (!model::FlashAttentionApplies(spec.Compute(), m.dim / m.heads)) {
+  if (!model::FlashAttentionApplies(spec.Compute(), m.HeadDim())) {
     return FieldError("model.attention",
                       "flash needs precision bf16 or fp16 and heads of 64 or "
                       "128 channels (this job: ",
-                      std::string(EnumName(spec.precision)), ", dim / heads = ", m.dim / m.heads,
-                      ")");
+                      std::string(EnumName(spec.precision)), ", head size ", m.HeadDim(), ")");
   }
   if (spec.parallel.cp > 1) {
     return FieldError("model.attention",
@@ -513,6 +518,8 @@ absl::StatusOr<model::ModelConfig> ModelSpec::Config() const {
   shape.norm_eps = norm_eps;
   shape.tie_embeddings = tie_embeddings;
   shape.rope_scaling = rope_scaling;
+  shape.head_dim = head_dim;
+  shape.qk_norm = qk_norm;
   return model::MakeLlamaConfig(shape);
 }
 

@@ -104,6 +104,13 @@ struct ModelSpec {
   // default; the presets llama3-1b and llama3-8b set their checkpoints'.
   model::RopeScaling rope_scaling;
 
+  // Llama only: the head size when it is not dim / heads (Qwen3: 128 with
+  // dim 1024, 16 heads); 0: dim / heads. And Qwen3's RMSNorm over each head
+  // of q and k.
+  int head_dim = 0;
+  bool qk_norm = false;
+  int HeadDim() const { return head_dim > 0 ? head_dim : heads > 0 ? dim / heads : 0; }
+
   // The model's config (family recipe and shape), validated as
   // ParseJobSpec validates it: INVALID_ARGUMENT naming the field otherwise.
   absl::StatusOr<model::ModelConfig> Config() const;

@@ -47,11 +47,11 @@ std::string_view EnumName(CheckpointFailurePolicy v) {
 
 bool operator==(const ModelSpec& a, const ModelSpec& b) {
   return std::tie(a.preset, a.arch, a.layers, a.heads, a.dim, a.context, a.vocab, a.kv_heads,
-                  a.ffn_dim, a.rope_theta, a.rope_scaling, a.norm_eps, a.tie_embeddings, a.init,
-                  a.recompute, a.recompute_layers, a.attention) ==
+                  a.ffn_dim, a.rope_theta, a.rope_scaling, a.head_dim, a.qk_norm, a.norm_eps,
+                  a.tie_embeddings, a.init, a.recompute, a.recompute_layers, a.attention) ==
          std::tie(b.preset, b.arch, b.layers, b.heads, b.dim, b.context, b.vocab, b.kv_heads,
-                  b.ffn_dim, b.rope_theta, b.rope_scaling, b.norm_eps, b.tie_embeddings, b.init,
-                  b.recompute, b.recompute_layers, b.attention);
+                  b.ffn_dim, b.rope_theta, b.rope_scaling, b.head_dim, b.qk_norm, b.norm_eps,
+                  b.tie_embeddings, b.init, b.recompute, b.recompute_layers, b.attention);
 }
 bool operator==(const DataSpec& a, const DataSpec& b) {
   return std::tie(a.train, a.val, a.format, a.tokenizer, a.tokenizer_json) ==
@@ -128,6 +128,8 @@ std::string JobSpecToYaml(const JobSpec& s) {
     } else {
       out << YAML::Value << "none";
     }
+    if (s.model.head_dim > 0) out << YAML::Key << "head_dim" << YAML::Value << s.model.head_dim;
+    out << YAML::Key << "qk_norm" << YAML::Value << boolean(s.model.qk_norm);
     out << YAML::Key << "norm_eps" << YAML::Value << num(s.model.norm_eps);
     out << YAML::Key << "tie_embeddings" << YAML::Value << boolean(s.model.tie_embeddings);
   }

@@ -120,13 +120,15 @@ int RecomputedLayers(const model::ActivationPolicy& policy, int layers) {
 MicroBatchFlops StageFlops(const model::ModelConfig& cfg, int B, int T,
                            const model::ModelSlice& slice, const model::ActivationPolicy& policy) {
   const int cp = std::max(1, policy.cp);
-  const double N = double(B) * T / cp, C = cfg.dim, Ct = C / slice.tp, tp = slice.tp;
+  const double N = double(B) * T / cp, C = cfg.dim, Qt = double(cfg.q_dim()) / slice.tp,
+               tp = slice.tp;
   const int Ls = slice.total_layers(cfg);
-  const double attention = 4 * N * T * Ct;  // forward, per block (QK^T and att·V)
+  const double attention = 4 * N * T * Qt;  // forward, per block (QK^T and att·V)
   // A block's matrix weights on this rank, by what the forward multiplies:
-  // qkv (C + 2KV rows), the attention's projection (C), fc (F, or SwiGLU's
-  // 2F) and the MLP's projection (F).
-  const double qkv = cfg.qkv_dim() * C / tp, proj = C * C / tp, fc = cfg.fc_dim() * C / tp;
+  // qkv (Q + 2KV rows), the attention's projection (Q columns), fc (F, or
+  // SwiGLU's 2F) and the MLP's projection (F).
+  const double qkv = cfg.qkv_dim() * C / tp, proj = C * cfg.q_dim() / tp,
+               fc = cfg.fc_dim() * C / tp;
   const double down = cfg.ffn_dim * C / tp;
   MicroBatchFlops f;
   const double matmul_params = Ls * (qkv + proj + fc + down) +
@@ -617,10 +619,10 @@ int64_t ShardFileBytes(int64_t elements, int64_t ranges) {
 int64_t WeightsFileBytes(int64_t num_params, const model::ModelConfig& config) {
   // The header (magic 8, version 4, six int32 of config 24, padding 4,
   // num_params and fingerprint 16), a family's recipe record (32, not for
-  // GPT-2) and rotary scaling's (32, when on), the fp32 params, an 8-byte
-  // checksum.
-  return 56 + (config.arch == model::Arch::kGpt2 ? 0 : 32) + (config.rope_scaling.on() ? 32 : 0) +
-         4 * num_params + 8;
+  // GPT-2) and its extension (40: rope scaling, head size, q/k norms; when
+  // any is set), the fp32 params, an 8-byte checksum.
+  const bool extra = config.rope_scaling.on() || config.head_size > 0 || config.qk_norm;
+  return 56 + (config.arch == model::Arch::kGpt2 ? 0 : 32) + (extra ? 40 : 0) + 4 * num_params + 8;
 }
 
 }  // namespace shardtrain

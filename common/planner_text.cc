@@ -365,10 +365,11 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
     for (const v1::PipelineStage& st : plan.stages())
       layers = std::max<int64_t>(layers, st.num_layers());
     const int64_t rows = int64_t{plan.micro_batch()} * (plan.seq_len() / cp);
-    const int64_t kv = 2 * int64_t{spec.model.kv_heads} * (spec.model.dim / spec.model.heads);
+    const int64_t kv = 2 * int64_t{spec.model.kv_heads} * spec.model.HeadDim();
     const int64_t ab = spec.precision == Precision::kFp32 ? 4 : 2;
     const int64_t ulysses = int64_t{m} * layers * 2 * (cp - 1) * rows *
-                            (2 * int64_t{spec.model.dim} + kv) / plan.tp() / cp * ab;
+                            (2 * int64_t{spec.model.heads} * spec.model.HeadDim() + kv) /
+                            plan.tp() / cp * ab;
     const bool heads_fit =
         spec.model.heads % (cp * plan.tp()) == 0 && spec.model.kv_heads % (cp * plan.tp()) == 0;
     absl::StrAppendFormat(
@@ -419,10 +420,11 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
       FormatPlanBytes(plan.checkpoint_bytes_per_rank()),
       FormatPlanBytes(WeightsFileBytes(plan.num_params(), *spec.model.Config())),
       spec.checkpoint.every > 0
-          ? absl::StrFormat("every %d steps, %d kept: checkpoint.dir needs %s or more",
-                            spec.checkpoint.every, spec.checkpoint.keep,
-                            FormatPlanBytes((spec.checkpoint.keep + 1) * plan.checkpoint_bytes() +
-                                            WeightsFileBytes(plan.num_params(), *spec.model.Config())))
+          ? absl::StrFormat(
+                "every %d steps, %d kept: checkpoint.dir needs %s or more", spec.checkpoint.every,
+                spec.checkpoint.keep,
+                FormatPlanBytes((spec.checkpoint.keep + 1) * plan.checkpoint_bytes() +
+                                WeightsFileBytes(plan.num_params(), *spec.model.Config())))
           : "checkpoint.every 0: only the final weights are saved");
   absl::StrAppendFormat(&out,
                         "\nshard units (%d; element ranges within the unit per dp rank, the last "

@@ -1,5 +1,6 @@
 #include "common/model/activations.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
@@ -19,7 +20,8 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
   const int64_t BTl = policy.sequence_parallel ? BT / tp : BT;
   // tp-local widths: the attention's output, q/k/v, the MLP's fc output and
   // its activation, the vocabulary.
-  const int64_t Ct = C / tp, QKVt = config.qkv_dim() / tp, FCt = config.fc_dim() / tp;
+  // Qt: the attention's output (heads·hs, C unless head_dim is set).
+  const int64_t Qt = config.q_dim() / tp, QKVt = config.qkv_dim() / tp, FCt = config.fc_dim() / tp;
   const int64_t Ft = config.ffn_dim / tp, Vpt = config.padded_vocab / tp;
   const int64_t att = int64_t{B} * (config.heads / tp) * T * T;
   // Context parallelism: the ring's row statistics replace the saved
@@ -33,10 +35,14 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
   // numel of each block tensor (kBlockActivations order); RMSNorm keeps no
   // mean (-1: absent).
   const int64_t mean = config.norm == NormKind::kLayerNorm ? BTl : -1;
-  const int64_t block_numel[] = {BTl * C, mean,    BTl,  BT * QKVt, BT * Ct,  rows_att ? rows : att,
-                                 BTl * C, BTl * C, mean, BTl,       BT * FCt, BT * Ft,
-                                 BTl * C};
-  static_assert(std::size(kBlockActivations) == 13);
+  // q/k norms: q's and k's heads before them, and their rstd (absent: -1).
+  const int64_t qk_heads = (config.heads + config.kv_heads) / tp;
+  const int64_t qk_pre = config.qk_norm ? BT * qk_heads * config.head_dim() : -1;
+  const int64_t qk_rstd = config.qk_norm ? BT * qk_heads : -1;
+  const int64_t block_numel[] = {
+      BTl * C, mean,    BTl,  BT * QKVt, qk_pre,   qk_rstd, BT * Qt, rows_att ? rows : att,
+      BTl * C, BTl * C, mean, BTl,       BT * FCt, BT * Ft, BTl * C};
+  static_assert(std::size(kBlockActivations) == 15);
   auto is_stat = [&](const std::string& n) {
     return absl::EndsWith(n, "_mean") || absl::EndsWith(n, "_rstd") || (rows_att && n == "att");
   };
@@ -73,10 +79,10 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
     }
     chunk_saved_.emplace_back(begin, saved_);
   }
-  Add("proj_out", BT * C, kScratch);
+  Add("proj_out", BT * std::max(C, Qt), kScratch);  // also selective recompute's atty
   Add("dresidual", BTl * C, kScratch);
   Add("dln", BT * C, kScratch);
-  Add("datty", BT * Ct, kScratch);
+  Add("datty", BT * Qt, kScratch);
   Add("dqkv", BT * QKVt, kScratch);
   Add("dfch", BT * FCt, kScratch);
   Add("dfch_act", BT * Ft, kScratch);
@@ -88,7 +94,7 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
   if (cp) {
     Add("cp_kv", 2 * BT * KVt, kScratch);
     Add("cp_dkv", 2 * BT * KVt, kScratch);
-    Add("cp_out", BT * Ct, kScratch);
+    Add("cp_out", BT * Qt, kScratch);
     Add("cp_rows", rows, kScratch, true);
     Add("cp_scores", att, kScratch);
   }

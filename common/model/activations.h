@@ -11,18 +11,21 @@
 //             gradients of activations): one set whatever the schedule.
 //
 // Per block l ("block.<l>.<name>"), with BT = B·T, C = dim and, for a rank's
-// share under tensor parallelism tp, Ct = C / tp, QKVt = (C + 2·KV) / tp (q,
-// k, v of its heads), Ft = F / tp (the MLP's hidden width) and FCt = Ft
-// (GELU) or 2·Ft (SwiGLU's gate and up):
+// share under tensor parallelism tp, Qt = Q / tp (the attention's width, Q =
+// NH·hs: C unless head_dim is set), QKVt = (Q + 2·KV) / tp (q, k, v of its
+// heads), Ft = F / tp (the MLP's hidden width) and FCt = Ft (GELU) or 2·Ft
+// (SwiGLU's gate and up):
 //   ln1, ln2 (BT·C) and their mean (LayerNorm only), rstd (BT each); qkv
-//   (BT·QKVt, q and k rotated under rotary positions); atty (BT·Ct); att
+//   (BT·QKVt, q and k normalised under qk_norm and rotated under rotary
+//   positions); qk_pre (BT·(NH+KVH)/tp·hs: q and k before their norms) and
+//   qk_rstd (BT·(NH+KVH)/tp), qk_norm only; atty (BT·Qt); att
 //   (B·(NH/tp)·T·T softmax probabilities); residual2, residual3 (BT·C); fch
 //   (BT·FCt), fch_act (BT·Ft: GELU or SwiGLU of fch)                 saved
 // Model ends: encoded (BT·C: the embeddings on the first stage, the input
 //   received from the previous stage on the others); lnf (BT·C), lnf_mean
 //   (LayerNorm only), lnf_rstd (BT), logits (BT·Vp/tp), losses, lse (BT) on
 //   the last stage                                                  saved
-// Scratch: proj_out, dresidual, dln (BT·C each), datty (BT·Ct), dqkv
+// Scratch: proj_out (BT·max(C, Qt)), dresidual, dln (BT·C each), datty (BT·Qt), dqkv
 //   (BT·QKVt), dfch (BT·FCt), dfch_act (BT·Ft), att_scratch (B·(NH/tp)·T·T)
 //                                                                   scratch
 // A pipeline stage keeps one set of the saved tensors per micro-batch in
@@ -126,8 +129,8 @@ inline bool FlashAttentionApplies(DataType compute, int head_dim) {
 // The tensors of block `l` ("block.<l>.<name>") in the order the table
 // lays them out; the statistics are the names ending in _mean and _rstd.
 inline constexpr const char* kBlockActivations[] = {
-    "ln1", "ln1_mean", "ln1_rstd", "qkv", "atty",    "att",      "residual2",
-    "ln2", "ln2_mean", "ln2_rstd", "fch", "fch_act", "residual3"};
+    "ln1",       "ln1_mean", "ln1_rstd", "qkv",      "qk_pre", "qk_rstd", "atty",     "att",
+    "residual2", "ln2",      "ln2_mean", "ln2_rstd", "fch",    "fch_act", "residual3"};
 
 struct ActivationTensor {
   std::string name;  // "block.3.qkv", "logits", "dqkv", ...

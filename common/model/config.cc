@@ -40,6 +40,7 @@ const LlamaPresetRow kLlamaPresets[] = {
     {"llama-tiny", {4, 4, 2, 128, 384, 128, 256, 500000, 1e-5, false}},
     {"llama3-1b", {16, 32, 8, 2048, 8192, 8192, 128256, 500000, 1e-5, true, {32, 1, 4, 8192}}},
     {"llama3-8b", {32, 32, 8, 4096, 14336, 8192, 128256, 500000, 1e-5, false, {8, 1, 4, 8192}}},
+    {"qwen3-0.6b", {28, 16, 8, 1024, 3072, 40960, 151936, 1000000, 1e-6, true, {}, 128, true}},
 };
 
 absl::Status Positive(const char* field, int v) {
@@ -102,8 +103,13 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     if (auto s = Positive(field, v); !s.ok()) return s;
   }
   if (c.dim > kMaxWidth) return TooLarge("dim", c.dim);
+  if (int64_t{c.heads} * c.head_dim() > kMaxWidth) return TooLarge("heads · head_dim", c.q_dim());
   if (c.ffn_dim > kMaxWidth) return TooLarge("ffn_dim", c.ffn_dim);
-  if (c.dim % c.heads != 0) {
+  if (c.head_size < 0 || c.head_size > kMaxWidth / 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.head_dim: must be >= 1 when set, got ", c.head_size));
+  }
+  if (c.head_size == 0 && c.dim % c.heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.dim: ", c.dim, " is not divisible by model.heads: ", c.heads));
   }
@@ -123,8 +129,11 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   if (c.positions == PositionKind::kRotary) {
     if (c.head_dim() % 2 != 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("model.dim: rotary positions need an even head size, dim / heads = ", c.dim,
-                       " / ", c.heads, " = ", c.head_dim()));
+          c.head_size > 0
+              ? absl::StrCat("model.head_dim: rotary positions need an even head size, got ",
+                             c.head_size)
+              : absl::StrCat("model.dim: rotary positions need an even head size, dim / heads = ",
+                             c.dim, " / ", c.heads, " = ", c.head_dim()));
     }
     if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta)) {
       return absl::InvalidArgumentError(
@@ -138,7 +147,7 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   // The recipes the families have (the engines implement these two).
   const bool gpt2 = c.arch == Arch::kGpt2 && c.norm == NormKind::kLayerNorm &&
                     c.positions == PositionKind::kLearned && c.mlp == MlpKind::kGelu && c.bias &&
-                    c.tie_embeddings && c.kv_heads == c.heads &&
+                    c.tie_embeddings && c.kv_heads == c.heads && c.head_size == 0 && !c.qk_norm &&
                     int64_t{c.ffn_dim} == int64_t{4} * c.dim && c.norm_eps == 1e-5;
   const bool llama = c.arch == Arch::kLlama && c.norm == NormKind::kRmsNorm &&
                      c.positions == PositionKind::kRotary && c.mlp == MlpKind::kSwiGlu && !c.bias;
@@ -191,6 +200,8 @@ absl::StatusOr<ModelConfig> MakeLlamaConfig(const LlamaShape& s) {
   c.norm_eps = s.norm_eps;
   c.rope_theta = s.rope_theta;
   c.rope_scaling = s.rope_scaling;
+  c.head_size = s.head_dim;
+  c.qk_norm = s.qk_norm;
   if (auto st = ValidateModelConfig(c); !st.ok()) return st;
   return c;
 }
@@ -214,10 +225,11 @@ std::vector<std::string> ModelPresetNames() {
 }
 
 int64_t BlockParams(const ModelConfig& c) {
-  const int64_t C = c.dim, QKV = c.qkv_dim(), F = c.ffn_dim, FC = c.fc_dim();
-  const int64_t norms = c.norm == NormKind::kLayerNorm ? 4 * C : 2 * C;
+  const int64_t C = c.dim, Q = c.q_dim(), QKV = c.qkv_dim(), F = c.ffn_dim, FC = c.fc_dim();
+  const int64_t norms = (c.norm == NormKind::kLayerNorm ? 4 * C : 2 * C) +
+                        (c.qk_norm ? 2 * int64_t{c.head_dim()} : 0);
   const int64_t biases = c.bias ? QKV + C + FC + C : 0;
-  return norms + QKV * C + C * C + FC * C + C * F + biases;
+  return norms + QKV * C + C * Q + FC * C + C * F + biases;
 }
 
 int64_t EmbeddingParams(const ModelConfig& c) {
@@ -277,7 +289,8 @@ bool operator==(const ModelConfig& a, const ModelConfig& b) {
          a.kv_heads == b.kv_heads && a.ffn_dim == b.ffn_dim && a.norm == b.norm &&
          a.positions == b.positions && a.mlp == b.mlp && a.bias == b.bias &&
          a.tie_embeddings == b.tie_embeddings && a.norm_eps == b.norm_eps &&
-         a.rope_theta == b.rope_theta && a.rope_scaling == b.rope_scaling;
+         a.rope_theta == b.rope_theta && a.rope_scaling == b.rope_scaling &&
+         a.head_size == b.head_size && a.qk_norm == b.qk_norm;
 }
 
 std::string ToString(const ModelConfig& c) {
@@ -288,6 +301,8 @@ std::string ToString(const ModelConfig& c) {
     absl::StrAppend(&out, ", arch ", ArchName(c.arch), ", kv_heads ", c.kv_heads, ", ffn_dim ",
                     c.ffn_dim, ", tie_embeddings ", c.tie_embeddings ? "true" : "false",
                     ", norm_eps ", c.norm_eps, ", rope_theta ", c.rope_theta);
+    if (c.head_size > 0) absl::StrAppend(&out, ", head_dim ", c.head_size);
+    if (c.qk_norm) absl::StrAppend(&out, ", qk_norm true");
     const RopeScaling& r = c.rope_scaling;
     if (r.on()) {
       absl::StrAppend(&out, ", rope_scaling llama3 (factor ", r.factor, ", low_freq_factor ",

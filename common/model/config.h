@@ -17,6 +17,7 @@
 //   C  channels (dim)                        NH attention heads, hs = C / NH
 //   L  layers                                V  vocab, Vp padded vocab
 //   KVH key/value heads (KV = KVH·hs)        F  the MLP's hidden width
+//   Q  the attention's width NH·hs (= C unless model.head_dim is set)
 #ifndef SHARDTRAIN_COMMON_MODEL_CONFIG_H_
 #define SHARDTRAIN_COMMON_MODEL_CONFIG_H_
 
@@ -74,10 +75,17 @@ struct ModelConfig {
   double norm_eps = 1e-5;      // the norms' epsilon
   double rope_theta = 0;       // rotary's base (rotary positions only)
   RopeScaling rope_scaling;    // rotary positions only; off by default
+  // hs when it is not dim / heads (Qwen3: dim 1024, 16 heads of 128); 0:
+  // dim / heads. The attention's width Q = heads · hs may then differ from C.
+  int head_size = 0;
+  // RMSNorm over each head of q and of k (weights hs each, shared by the
+  // heads), after the projection and before rotary (Qwen3's q_norm/k_norm).
+  bool qk_norm = false;
 
-  int head_dim() const { return dim / heads; }          // hs
-  int kv_dim() const { return kv_heads * head_dim(); }  // KV
-  int qkv_dim() const { return dim + 2 * kv_dim(); }    // rows of attn.qkv.weight
+  int head_dim() const { return head_size > 0 ? head_size : dim / heads; }  // hs
+  int q_dim() const { return heads * head_dim(); }                          // Q
+  int kv_dim() const { return kv_heads * head_dim(); }                      // KV
+  int qkv_dim() const { return q_dim() + 2 * kv_dim(); }  // rows of attn.qkv.weight
   int fc_dim() const { return mlp == MlpKind::kSwiGlu ? 2 * ffn_dim : ffn_dim; }  // fc's rows
 };
 
@@ -94,7 +102,8 @@ absl::StatusOr<ModelConfig> MakeGptConfig(int layers, int heads, int dim, int co
 
 // A Llama-style model (see the header comment), validated like
 // MakeGptConfig and: kv_heads >= 1 dividing heads, ffn_dim >= 1, an even
-// head size (rotary rotates pairs), norm_eps and rope_theta > 0, and a
+// head size (rotary rotates pairs; with head_dim set, dim need not divide by
+// heads), norm_eps and rope_theta > 0, and a
 // rope_scaling that is off or complete (factor, low_freq_factor > 0,
 // high_freq_factor > low_freq_factor, original_context >= 1).
 struct LlamaShape {
@@ -102,6 +111,8 @@ struct LlamaShape {
   double rope_theta = 500000, norm_eps = 1e-5;
   bool tie_embeddings = false;
   RopeScaling rope_scaling = {};  // off unless set
+  int head_dim = 0;               // 0: dim / heads (ModelConfig::head_size)
+  bool qk_norm = false;           // Qwen3's per-head q and k RMSNorm
 };
 absl::StatusOr<ModelConfig> MakeLlamaConfig(const LlamaShape& shape);
 
@@ -114,7 +125,9 @@ absl::Status ValidateModelConfig(const ModelConfig& config);
 // heads, 2 kv heads, ffn 384, context 256, vocab 256: a byte model for CPU
 // tests), "llama3-1b" (Llama 3.2 1B), "llama3-8b" (Llama 3.1 8B) — these
 // two with their checkpoints' rope_scaling (factor 32 and 8, low 1, high 4,
-// original context 8192) and context 8192. NotFound
+// original context 8192) and context 8192 — and "qwen3-0.6b" (Qwen3-0.6B:
+// 28 layers, dim 1024, 16 heads of 128, 8 kv heads, ffn 3072, q/k norms,
+// context 40960, vocab 151936, tied). NotFound
 // otherwise, listing the known names.
 absl::StatusOr<ModelConfig> ModelPreset(const std::string& name);
 // Their names, in the table's order.

@@ -28,6 +28,7 @@ void MixTensor(uint64_t& h, const std::string& name, const std::vector<int64_t>&
 ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
     : config_(config), slice_(slice) {
   const int64_t C = config.dim, Vp = config.padded_vocab, KV = config.kv_dim();
+  const int64_t Q = config.q_dim(), hs = config.head_dim();
   const int64_t F = config.ffn_dim, FC = config.fc_dim();
   const bool bias = config.bias, layer_norm = config.norm == NormKind::kLayerNorm;
   const int tp = slice.tp;
@@ -94,16 +95,18 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
     TpSplit split;
     std::vector<int64_t> parts;
   };
-  const std::vector<int64_t> qkv_parts = {C, KV, KV};
+  const std::vector<int64_t> qkv_parts = {Q, KV, KV};
   const std::vector<int64_t> fc_parts =
       config.mlp == MlpKind::kSwiGlu ? std::vector<int64_t>{F, F} : std::vector<int64_t>{};
   const TpSplit fc_split = fc_parts.empty() ? TpSplit::kRows : TpSplit::kRowParts;
   const BlockRow rows[] = {
       {kLn1W, "ln1.weight", true, {C}, TpSplit::kNone, {}},
       {kLn1B, "ln1.bias", layer_norm, {C}, TpSplit::kNone, {}},
-      {kQkvW, "attn.qkv.weight", true, {C + 2 * KV, C}, TpSplit::kRowParts, qkv_parts},
-      {kQkvB, "attn.qkv.bias", bias, {C + 2 * KV}, TpSplit::kRowParts, qkv_parts},
-      {kAttnProjW, "attn.proj.weight", true, {C, C}, TpSplit::kCols, {}},
+      {kQkvW, "attn.qkv.weight", true, {Q + 2 * KV, C}, TpSplit::kRowParts, qkv_parts},
+      {kQkvB, "attn.qkv.bias", bias, {Q + 2 * KV}, TpSplit::kRowParts, qkv_parts},
+      {kQNormW, "attn.q_norm.weight", config.qk_norm, {hs}, TpSplit::kNone, {}},
+      {kKNormW, "attn.k_norm.weight", config.qk_norm, {hs}, TpSplit::kNone, {}},
+      {kAttnProjW, "attn.proj.weight", true, {C, Q}, TpSplit::kCols, {}},
       {kAttnProjB, "attn.proj.bias", bias, {C}, TpSplit::kNone, {}},
       {kLn2W, "ln2.weight", true, {C}, TpSplit::kNone, {}},
       {kLn2B, "ln2.bias", layer_norm, {C}, TpSplit::kNone, {}},
@@ -220,7 +223,7 @@ std::vector<std::pair<size_t, size_t>> ParamLayout::ReplicaRanges() const {
   return out;
 }
 
-std::vector<std::pair<size_t, size_t>> ParamLayout::SequenceParallelRanges() const {
+std::vector<std::pair<size_t, size_t>> ParamLayout::TpPartialRanges(bool sequence_parallel) const {
   std::vector<std::pair<size_t, size_t>> out;
   auto add = [&](int tensor) {
     const TensorInfo& t = tensors_[tensor];
@@ -232,11 +235,14 @@ std::vector<std::pair<size_t, size_t>> ParamLayout::SequenceParallelRanges() con
   };
   for (int i = 0; i < num_layers_; ++i) {
     const int l = slice_.Layer(config_, i);
-    for (BlockTensor bt : {kLn1W, kLn1B, kLn2W, kLn2B}) {
-      if (block_tensor(l, bt) >= 0) add(block_tensor(l, bt));
+    for (BlockTensor bt : {kLn1W, kLn1B, kQNormW, kKNormW, kLn2W, kLn2B}) {
+      const bool qk = bt == kQNormW || bt == kKNormW;
+      if (block_tensor(l, bt) >= 0 && (qk ? slice_.tp > 1 : sequence_parallel)) {
+        add(block_tensor(l, bt));
+      }
     }
   }
-  if (slice_.last_stage) {
+  if (slice_.last_stage && sequence_parallel) {
     add(lnf_w());
     if (lnf_b() >= 0) add(lnf_b());
   }

@@ -8,14 +8,16 @@
 //   unit "embeddings": wte (Vp, C), wpe (context, C) (learned positions only)
 //   unit "block.l" for l = 0..L-1:
 //     block.l.ln1.weight (C), block.l.ln1.bias (C),
-//     block.l.attn.qkv.weight (C + 2KV, C), block.l.attn.qkv.bias (C + 2KV),
-//     block.l.attn.proj.weight (C, C), block.l.attn.proj.bias (C),
+//     block.l.attn.qkv.weight (Q + 2KV, C), block.l.attn.qkv.bias (Q + 2KV),
+//     block.l.attn.q_norm.weight (hs), block.l.attn.k_norm.weight (hs),
+//     block.l.attn.proj.weight (C, Q), block.l.attn.proj.bias (C),
 //     block.l.ln2.weight (C), block.l.ln2.bias (C),
 //     block.l.mlp.fc.weight (FC, C), block.l.mlp.fc.bias (FC),
 //     block.l.mlp.proj.weight (C, F), block.l.mlp.proj.bias (C)
 //   unit "final": lnf.weight (C), lnf.bias (C), lm_head (Vp, C) (untied only)
-// where ln* are the norms (LayerNorm, or RMSNorm without the bias), KV =
-// kv_heads·hs (C for GPT-2: 3C rows of q, k, v), F the MLP's hidden width and
+// where ln* are the norms (LayerNorm, or RMSNorm without the bias), Q =
+// heads·hs (C unless head_dim is set), KV = kv_heads·hs (C for GPT-2: 3C
+// rows of q, k, v), the q/k norms only in qk_norm recipes, F the MLP's hidden width and
 // FC = F (GELU) or 2F (SwiGLU's [gate; up]). Linear weights are (out, in)
 // row-major like torch.nn.Linear. A tied LM head reads wte. Gradients use a
 // buffer with the identical layout.
@@ -89,6 +91,8 @@ enum BlockTensor : int {
   kFcB,
   kFcProjW,
   kFcProjB,
+  kQNormW,  // q_norm and k_norm (qk_norm recipes only)
+  kKNormW,
   kNumBlockTensors
 };
 
@@ -137,11 +141,12 @@ class ParamLayout {
   // Gradient norms leave them out, and checkpoints do not save them twice.
   // Sorted, disjoint; empty for a whole model.
   std::vector<std::pair<size_t, size_t>> ReplicaRanges() const;
-  // The norms' weights and biases (ln1, ln2 of every block, the final
-  // norm): under sequence parallelism each tp rank computes their gradient
-  // on its rows only, so the gradients in these ranges are partial sums
-  // over the tp group. Sorted, disjoint.
-  std::vector<std::pair<size_t, size_t>> SequenceParallelRanges() const;
+  // The ranges whose gradients are partial sums over the tp group, to be
+  // summed over it: under sequence parallelism the norms' weights and
+  // biases (ln1, ln2 of every block, the final norm: each tp rank computes
+  // them on its rows only); with tp > 1 the q/k norms' weights (each rank
+  // normalises its own heads). Sorted, disjoint.
+  std::vector<std::pair<size_t, size_t>> TpPartialRanges(bool sequence_parallel) const;
   // Elements of the whole model (ParamLayout(config()).num_params()).
   size_t global_num_params() const { return global_num_params_; }
   // Offset in floats of a tensor.

@@ -106,10 +106,10 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ModelFieldsFrom
     }
     return out;
   }
-  if (arch != "LlamaForCausalLM" && arch != "MistralForCausalLM") {
+  if (arch != "LlamaForCausalLM" && arch != "MistralForCausalLM" && arch != "Qwen3ForCausalLM") {
     return Bad(absl::StrCat("architectures ", arch.empty() ? "missing" : arch,
-                            ": a model's shape is read from GPT2LMHeadModel, LlamaForCausalLM "
-                            "and MistralForCausalLM configs"));
+                            ": a model's shape is read from GPT2LMHeadModel, LlamaForCausalLM, "
+                            "MistralForCausalLM and Qwen3ForCausalLM configs"));
   }
   out.emplace_back("arch", "llama");
   for (auto [key, ours] : {std::pair<const char*, const char*>{"num_hidden_layers", "layers"},
@@ -123,11 +123,17 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ModelFieldsFrom
   const int64_t heads = j["num_attention_heads"].get<int64_t>();
   const int64_t dim = j["hidden_size"].get<int64_t>();
   if (absl::Status s = integer("num_key_value_heads", "kv_heads", heads); !s.ok()) return s;
-  if (j.contains("head_dim") && !j["head_dim"].is_null() &&
-      !(j["head_dim"].is_number_integer() && j["head_dim"].get<int64_t>() * heads == dim)) {
-    return Bad(absl::StrCat("head_dim ", j["head_dim"].dump(), ": shardtrain's head size is ",
-                            "hidden_size / num_attention_heads = ", dim, " / ", heads));
+  // head_dim: set when it is not hidden_size / num_attention_heads (Qwen3).
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+    if (!j["head_dim"].is_number_integer() || j["head_dim"].get<int64_t>() < 1 ||
+        j["head_dim"].get<int64_t>() > (1 << 20)) {
+      return Bad(absl::StrCat("head_dim ", j["head_dim"].dump(), " is not a positive integer"));
+    }
+    if (j["head_dim"].get<int64_t>() * heads != dim) {
+      out.emplace_back("head_dim", absl::StrCat(j["head_dim"].get<int64_t>()));
+    }
   }
+  out.emplace_back("qk_norm", arch == "Qwen3ForCausalLM" ? "true" : "false");
   out.emplace_back("rope_theta", Number(number("rope_theta", 10000.0)));
   out.emplace_back("norm_eps", Number(number("rms_norm_eps", 1e-6)));
   const bool tied = j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean() &&

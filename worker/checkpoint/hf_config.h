@@ -21,13 +21,14 @@ absl::StatusOr<model::RopeScaling> HfRopeScaling(const std::string& config_json_
 
 // The spec's model.* fields a config.json describes, as (key, YAML value)
 // pairs in the spec's names: arch, layers, heads, dim, context, vocab, and
-// for Llama-style models kv_heads, ffn_dim, rope_theta, norm_eps,
+// for Llama-style models kv_heads, ffn_dim, head_dim (when it is not
+// hidden_size / num_attention_heads), qk_norm, rope_theta, norm_eps,
 // tie_embeddings and rope_scaling. Reads GPT2LMHeadModel (n_layer, n_head,
 // n_embd, n_positions, vocab_size) and LlamaForCausalLM /
-// MistralForCausalLM (num_hidden_layers, ..., max_position_embeddings as
-// the context). INVALID_ARGUMENT "config.json: ..." naming the field for
-// another architecture, a missing or non-integer field, or a head_dim
-// other than hidden_size / num_attention_heads.
+// MistralForCausalLM / Qwen3ForCausalLM (num_hidden_layers, ...,
+// max_position_embeddings as the context; Qwen3: q/k norms).
+// INVALID_ARGUMENT "config.json: ..." naming the field for another
+// architecture, or a missing or non-integer field.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ModelFieldsFromHfConfig(
     const std::string& config_json_text);
 

@@ -50,7 +50,8 @@ int64_t HfRow(int64_t r, int hs) {
 // The sources of every tensor of the whole layout, in its order.
 std::vector<Source> SourcesOf(const model::ParamLayout& whole) {
   const model::ModelConfig& c = whole.config();
-  const int64_t C = c.dim, KV = c.kv_dim(), F = c.ffn_dim, V = c.vocab;
+  const int64_t C = c.dim, Q = c.q_dim(), KV = c.kv_dim(), F = c.ffn_dim, V = c.vocab;
+  const int64_t hs = c.head_dim();
   std::vector<Source> out;
   for (const model::TensorInfo& t : whole.tensors()) {
     Source s;
@@ -70,9 +71,13 @@ std::vector<Source> SourcesOf(const model::ParamLayout& whole) {
       if (rest == "ln1.weight") {
         s.parts = {{p + "input_layernorm.weight", C}};
       } else if (rest == "attn.qkv.weight") {
-        s.parts = {{p + "self_attn.q_proj.weight", C, true},
+        s.parts = {{p + "self_attn.q_proj.weight", Q, true},
                    {p + "self_attn.k_proj.weight", KV, true},
                    {p + "self_attn.v_proj.weight", KV}};
+      } else if (rest == "attn.q_norm.weight") {  // channels of one head: permuted as q's rows
+        s.parts = {{p + "self_attn.q_norm.weight", hs, true}};
+      } else if (rest == "attn.k_norm.weight") {
+        s.parts = {{p + "self_attn.k_norm.weight", hs, true}};
       } else if (rest == "attn.proj.weight") {
         s.parts = {{p + "self_attn.o_proj.weight", C}};
       } else if (rest == "ln2.weight") {
@@ -197,9 +202,10 @@ std::string RopeScalingText(const model::RopeScaling& r) {
 }  // namespace
 
 std::string HfLlamaConfigJson(const model::ModelConfig& c, DataType dtype) {
+  // q/k norms are Qwen3's block (the same otherwise).
   Json j = {
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
+      {"architectures", {c.qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
+      {"model_type", c.qk_norm ? "qwen3" : "llama"},
       {"hidden_size", c.dim},
       {"intermediate_size", c.ffn_dim},
       {"num_hidden_layers", c.layers},
@@ -215,6 +221,7 @@ std::string HfLlamaConfigJson(const model::ModelConfig& c, DataType dtype) {
       {"hidden_act", "silu"},
       {"attention_bias", false},
       {"mlp_bias", false},
+      {"use_sliding_window", false},
       {"attention_dropout", 0.0},
       {"initializer_range", 0.02},
       {"torch_dtype", dtype == DataType::kBFloat16 ? "bfloat16" : "float32"},
@@ -244,10 +251,20 @@ absl::Status CheckHfLlamaConfig(const std::string& text, const model::ModelConfi
       j["architectures"][0].is_string()) {
     arch = j["architectures"][0].get<std::string>();
   }
-  if (arch != "LlamaForCausalLM" && arch != "MistralForCausalLM") {
+  if (arch != "LlamaForCausalLM" && arch != "MistralForCausalLM" && arch != "Qwen3ForCausalLM") {
     return bad(absl::StrCat("architectures ", arch.empty() ? "missing" : arch,
-                            ": shardtrain reads LlamaForCausalLM and MistralForCausalLM (the "
-                            "same block) for model.arch: llama"));
+                            ": shardtrain reads LlamaForCausalLM, MistralForCausalLM and "
+                            "Qwen3ForCausalLM for model.arch: llama"));
+  }
+  const bool qwen3 = arch == "Qwen3ForCausalLM";
+  if (qwen3 != c.qk_norm) {
+    return bad(absl::StrCat("architectures ", arch, " (", qwen3 ? "with" : "without",
+                            " q/k norms), the spec's model.qk_norm ",
+                            c.qk_norm ? "true" : "false"));
+  }
+  if (j.contains("use_sliding_window") && j["use_sliding_window"].is_boolean() &&
+      j["use_sliding_window"].get<bool>()) {
+    return bad("use_sliding_window true: shardtrain attends over the whole context");
   }
   // An integer field against the spec's; `fallback` when absent (-1: required).
   auto int_field = [&](const char* key, int want, const char* ours, int fallback) -> absl::Status {
@@ -267,7 +284,8 @@ absl::Status CheckHfLlamaConfig(const std::string& text, const model::ModelConfi
         {"num_key_value_heads", c.kv_heads, "model.kv_heads", c.heads},
         {"intermediate_size", c.ffn_dim, "model.ffn_dim", -1},
         {"vocab_size", c.vocab, "model.vocab", -1},
-        {"head_dim", c.head_dim(), "model.dim / model.heads", c.head_dim()}}) {
+        {"head_dim", c.head_dim(), c.head_size > 0 ? "model.head_dim" : "model.dim / model.heads",
+         c.head_dim()}}) {
     if (absl::Status s = int_field(key, want, ours, fallback); !s.ok()) return s;
   }
   auto number = [&](const char* key, double fallback) {

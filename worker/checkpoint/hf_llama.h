@@ -27,7 +27,11 @@
 //
 // The same block is read from MistralForCausalLM (whose sliding window, when
 // set, must cover the spec's context). rope_scaling of type llama3 (Llama
-// 3.1, 3.2) must equal the spec's model.rope_scaling; other types, and Qwen2
+// 3.1, 3.2) must equal the spec's model.rope_scaling. Qwen3ForCausalLM is
+// the block with q/k norms (model.qk_norm: self_attn.q_norm.weight and
+// k_norm.weight (hs), permuted within the head like q's rows) and a head
+// size of its own (q_proj (NH·hs, C), o_proj (C, NH·hs)). Other rope
+// types, and Qwen2
 // (q/k/v biases), compute something else and are refused naming the field.
 #ifndef SHARDTRAIN_WORKER_CHECKPOINT_HF_LLAMA_H_
 #define SHARDTRAIN_WORKER_CHECKPOINT_HF_LLAMA_H_

@@ -271,6 +271,14 @@ absl::StatusOr<Manifest> ParseBody(const std::string& body) {
         SHARDTRAIN_RETURN_IF_ERROR(p.Double(*cfg, "rope_high_freq_factor", &r.high_freq_factor));
         SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "rope_original_context", &r.original_context));
       }
+      if (cfg->kv.count("head_dim") != 0) {
+        SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "head_dim", &shape.head_dim));
+      }
+      if (cfg->kv.count("qk_norm") != 0) {
+        int qk = 0;
+        SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "qk_norm", &qk));
+        shape.qk_norm = qk != 0;
+      }
       shape.tie_embeddings = tie != 0;
       config = model::MakeLlamaConfig(shape);
     }
@@ -392,6 +400,8 @@ std::string SerializeManifest(const Manifest& m) {
                       " rope_high_freq_factor=", ExactDouble(r.high_freq_factor),
                       " rope_original_context=", r.original_context);
     }
+    if (m.config.head_size > 0) absl::StrAppend(&out, " head_dim=", m.config.head_size);
+    if (m.config.qk_norm) absl::StrAppend(&out, " qk_norm=1");
   }
   out += "\n";
   absl::StrAppend(&out, "layout num_params=", m.num_params,

@@ -32,12 +32,17 @@ struct Recipe {
   double norm_eps, rope_theta;
 };
 
-// Version 3's, after the recipe: rotary scaling (a model with it on; one
-// without is written as version 2, as before).
-struct RopeRecord {
-  double factor, low_freq_factor, high_freq_factor;
-  int32_t original_context, reserved;
+// Version 3's, after the recipe: what later recipes added — rotary
+// scaling, a head size other than dim / heads, q/k norms (a model with any
+// of them; one without is written as version 2, as before).
+struct RecipeExtra {
+  double factor, low_freq_factor, high_freq_factor;  // rope_scaling (factor 0: off)
+  int32_t original_context, head_size, qk_norm, reserved;
 };
+
+bool NeedsExtra(const model::ModelConfig& c) {
+  return c.rope_scaling.on() || c.head_size > 0 || c.qk_norm;
+}
 
 uint64_t Fnv1a(const void* data, size_t n) {
   const auto* b = static_cast<const unsigned char*>(data);
@@ -60,13 +65,15 @@ absl::Status SaveWeights(const std::string& path, const model::ModelConfig& conf
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   const bool gpt2 = config.arch == model::Arch::kGpt2;
-  const bool scaled = config.rope_scaling.on();
-  h.version = gpt2 ? 1 : scaled ? 3 : 2;
-  RopeRecord rope{};
+  const bool extra = NeedsExtra(config);
+  h.version = gpt2 ? 1 : extra ? 3 : 2;
+  RecipeExtra rope{};
   rope.factor = config.rope_scaling.factor;
   rope.low_freq_factor = config.rope_scaling.low_freq_factor;
   rope.high_freq_factor = config.rope_scaling.high_freq_factor;
   rope.original_context = config.rope_scaling.original_context;
+  rope.head_size = config.head_size;
+  rope.qk_norm = config.qk_norm ? 1 : 0;
   Recipe recipe{};
   recipe.arch = static_cast<int32_t>(config.arch);
   recipe.kv_heads = config.kv_heads;
@@ -84,7 +91,7 @@ absl::Status SaveWeights(const std::string& path, const model::ModelConfig& conf
   const std::string_view pieces[] = {
       {reinterpret_cast<const char*>(&h), sizeof h},
       {reinterpret_cast<const char*>(&recipe), gpt2 ? 0 : sizeof recipe},
-      {reinterpret_cast<const char*>(&rope), scaled ? sizeof rope : 0},
+      {reinterpret_cast<const char*>(&rope), extra ? sizeof rope : 0},
       {reinterpret_cast<const char*>(params.data()), params.size() * sizeof(float)},
       {reinterpret_cast<const char*>(&checksum), sizeof checksum}};
   int64_t bytes = 0;
@@ -139,13 +146,15 @@ absl::StatusOr<LoadedWeights> LoadWeights(const std::string& path) {
     shape.norm_eps = r.norm_eps;
     shape.rope_theta = r.rope_theta;
     if (h.version == 3) {
-      RopeRecord rope{};
+      RecipeExtra rope{};
       if (std::fread(&rope, sizeof rope, 1, f) != 1) {
         return absl::DataLossError(
-            absl::StrCat("weights file ", path, " is truncated (no rope scaling)"));
+            absl::StrCat("weights file ", path, " is truncated (no recipe extension)"));
       }
       shape.rope_scaling = {rope.factor, rope.low_freq_factor, rope.high_freq_factor,
                             rope.original_context};
+      shape.head_dim = rope.head_size;
+      shape.qk_norm = rope.qk_norm != 0;
     }
     config = model::MakeLlamaConfig(shape);
   }

@@ -150,6 +150,8 @@ void ModelEngine::BindActivations(char* base) {
       a.ln1_mean = f32(block("ln1_mean"));
       a.ln1_rstd = f32(block("ln1_rstd"));
       a.qkv = block("qkv");
+      a.qk_pre = block("qk_pre");
+      a.qk_rstd = f32(block("qk_rstd"));
       a.atty = block("atty");
       a.att = block("att");
       a.residual2 = block("residual2");

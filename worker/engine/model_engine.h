@@ -107,6 +107,8 @@ class ModelEngine : public Engine {
   struct LayerActs {
     void *ln1, *qkv, *atty, *att, *residual2, *ln2, *fch, *fch_act, *residual3;
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;  // means: LayerNorm only (else null)
+    void* qk_pre = nullptr;                            // q and k before their norms (qk_norm only)
+    float* qk_rstd = nullptr;
     // Its backward first refills what the table did not save (the
     // "recompute.*" scratch tensors above point there).
     bool recompute = false;
@@ -215,6 +217,17 @@ class ModelEngine : public Engine {
   // k's KVHt heads rotated by rotary_table() at each row's position in its
   // sequence; `inverse` rotates back (the backward, on dqkv).
   virtual void RotaryForward(void* qkv, int b, int t, int NHt, int KVHt, bool inverse) = 0;
+  // The q and k norms (qk_norm recipes), in place on qkv (N, (NHt +
+  // 2·KVHt)·hs): q's NHt heads by weight `wq`, k's KVHt by `wk` (eps:
+  // config().norm_eps); saves pre (N, (NHt + KVHt)·hs) and rstd (N, NHt +
+  // KVHt). Backward: dqkv's q and k columns, the normalised values'
+  // gradient, become the gradient of the values before (overwritten);
+  // the weights' gradients +=. A device without them fails (its engine's
+  // Create refuses qk_norm first).
+  virtual void QkNormForward(void* qkv, void* pre, float* rstd, int wq, int wk, int N, int NHt,
+                             int KVHt);
+  virtual void QkNormBackward(void* dqkv, const void* pre, const float* rstd, int wq, int wk, int N,
+                              int NHt, int KVHt);
   // out (N, OC) row stride ld_out = inp (N, IC) · weight^T (+ bias; -1: none).
   virtual void MatmulForward(void* out, const void* inp, int weight, int bias, int N, int IC,
                              int OC, int ld_out) = 0;

@@ -10,7 +10,8 @@ namespace shardtrain::engine {
 
 using model::BlockTensor;
 using model::kAttnProjB, model::kAttnProjW, model::kFcB, model::kFcProjB, model::kFcProjW,
-    model::kFcW, model::kLn1B, model::kLn1W, model::kLn2B, model::kLn2W, model::kQkvB, model::kQkvW;
+    model::kFcW, model::kKNormW, model::kLn1B, model::kLn1W, model::kLn2B, model::kLn2W,
+    model::kQkvB, model::kQkvW, model::kQNormW;
 
 // One transformer block, forward and backward, for the tp-local part of a
 // tensor-parallel slice (Megatron-LM): the attention's qkv projection and the
@@ -109,7 +110,8 @@ void ModelEngine::BlockForwardMath(int l, LayerActs& a, const void* residual, in
                                    bool refill) {
   const model::ModelConfig& cfg = config();
   const int C = cfg.dim, tp = layout_.slice().tp;
-  const int Ct = C / tp, NHt = cfg.heads / tp, KVHt = cfg.kv_heads / tp, N = b * t,
+  // Qt: the attention's width on this rank (NHt·hs; C/tp unless head_dim is set).
+  const int Qt = cfg.q_dim() / tp, NHt = cfg.heads / tp, KVHt = cfg.kv_heads / tp, N = b * t,
             Nl = LocalRows(N);
   const int QKVt = cfg.qkv_dim() / tp, Ft = cfg.ffn_dim / tp;
   const int64_t NlC = int64_t{Nl} * C;
@@ -119,16 +121,17 @@ void ModelEngine::BlockForwardMath(int l, LayerActs& a, const void* residual, in
   NormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w(kLn1W), w(kLn1B), Nl);
   MatmulForward(a.qkv, GatherFromSequenceRegionForward(a.ln1, NlC), w(kQkvW), w(kQkvB), N, C, QKVt,
                 QKVt);
+  if (cfg.qk_norm) QkNormForward(a.qkv, a.qk_pre, a.qk_rstd, w(kQNormW), w(kKNormW), N, NHt, KVHt);
   if (cfg.positions == model::PositionKind::kRotary) {
     RotaryForward(a.qkv, b, t, NHt, KVHt, /*inverse=*/false);
   }
   if (cp_ != nullptr) {
     RingAttentionForward(a, b, t);
   } else {
-    AttentionForward(a.atty, a.att, att_scratch_, a.qkv, b, t, Ct, NHt, KVHt);
+    AttentionForward(a.atty, a.att, att_scratch_, a.qkv, b, t, Qt, NHt, KVHt);
   }
   ResidualForward(a.residual2, residual,
-                  RowParallelForward(a.atty, w(kAttnProjW), w(kAttnProjB), N, Ct, C), NlC);
+                  RowParallelForward(a.atty, w(kAttnProjW), w(kAttnProjB), N, Qt, C), NlC);
   NormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w(kLn2W), w(kLn2B), Nl);
   MlpInForward(l, a, GatherFromSequenceRegionForward(a.ln2, NlC), N);
   if (refill) return;
@@ -142,12 +145,12 @@ void ModelEngine::Refill(int l, LayerActs& a, const void* residual, int b, int t
     return;
   }
   // Selective: the softmax probabilities from the saved qkv. The output is
-  // the saved atty again; it goes to proj_out_ (N·C >= N·Ct), unused here.
+  // the saved atty again; it goes to proj_out_ (N·max(C, Qt)), unused here.
   // Under context parallelism or flash attention nothing: the probabilities
   // are recomputed in backward anyway (the saved att is their logsumexp).
   if (cp_ != nullptr || policy_.flash_attention) return;
   const int tp = layout_.slice().tp;
-  AttentionForward(proj_out_, a.att, att_scratch_, a.qkv, b, t, config().dim / tp,
+  AttentionForward(proj_out_, a.att, att_scratch_, a.qkv, b, t, config().q_dim() / tp,
                    config().heads / tp, config().kv_heads / tp);
 }
 
@@ -155,7 +158,7 @@ void ModelEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b
   UnitScope use(*this, layout_.block_tensor(l, kLn1W));
   const model::ModelConfig& cfg = config();
   const int C = cfg.dim, tp = layout_.slice().tp;
-  const int Ct = C / tp, NHt = cfg.heads / tp, KVHt = cfg.kv_heads / tp, N = b * t,
+  const int Qt = cfg.q_dim() / tp, NHt = cfg.heads / tp, KVHt = cfg.kv_heads / tp, N = b * t,
             Nl = LocalRows(N);
   const int QKVt = cfg.qkv_dim() / tp, FCt = cfg.fc_dim() / tp;
   const int64_t NlC = int64_t{Nl} * C;
@@ -178,15 +181,16 @@ void ModelEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b
   // residual2 = residual + attproj: both receive dresidual (in place).
   Zero(dqkv_, int64_t{N} * QKVt);
   MatmulBackwardOverwrite(datty_, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), C, a.atty,
-                          w(kAttnProjW), w(kAttnProjB), N, Ct, C);
+                          w(kAttnProjW), w(kAttnProjB), N, Qt, C);
   if (cp_ != nullptr) {
     RingAttentionBackward(a, b, t);
   } else {
-    AttentionBackward(dqkv_, att_scratch_, datty_, a.qkv, a.atty, a.att, b, t, Ct, NHt, KVHt);
+    AttentionBackward(dqkv_, att_scratch_, datty_, a.qkv, a.atty, a.att, b, t, Qt, NHt, KVHt);
   }
   if (cfg.positions == model::PositionKind::kRotary) {
     RotaryForward(dqkv_, b, t, NHt, KVHt, /*inverse=*/true);  // dL/d(q, k before rotation)
   }
+  if (cfg.qk_norm) QkNormBackward(dqkv_, a.qk_pre, a.qk_rstd, w(kQNormW), w(kKNormW), N, NHt, KVHt);
   MatmulBackwardOverwrite(dln_, dqkv_, QKVt, GatherFromSequenceRegionForward(a.ln1, NlC), w(kQkvW),
                           w(kQkvB), N, C, QKVt);
   GatherFromSequenceRegionBackward(dln_rows, dln_, NlC);

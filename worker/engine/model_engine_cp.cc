@@ -23,6 +23,12 @@ void ModelEngine::AttentionBlockBackward(void*, void*, void*, void*, const void*
                                          const int*, int, int, int, int, int) {
   Fail("ModelEngine: this device has no attention by blocks (context parallelism)");
 }
+void ModelEngine::QkNormForward(void*, void*, float*, int, int, int, int, int) {
+  Fail("ModelEngine: this device has no q/k norms (model.qk_norm)");
+}
+void ModelEngine::QkNormBackward(void*, const void*, const float*, int, int, int, int, int) {
+  Fail("ModelEngine: this device has no q/k norms (model.qk_norm)");
+}
 void ModelEngine::CopyKv(void*, const void*, int, int, int, int) {
   Fail("ModelEngine: this device has no attention by blocks (context parallelism)");
 }
@@ -35,7 +41,7 @@ void ModelEngine::AddKvGrad(void*, const void*, int, int, int, int) {
 // block in hand is computed (double buffer: cp_kv_ holds two blocks).
 void ModelEngine::RingAttentionForward(LayerActs& a, int b, int t) {
   const model::ModelConfig& cfg = config();
-  const int tp = layout_.slice().tp, Ct = cfg.dim / tp, NHt = cfg.heads / tp,
+  const int tp = layout_.slice().tp, Ct = cfg.q_dim() / tp, NHt = cfg.heads / tp,
             KVHt = cfg.kv_heads / tp, KVt = KVHt * cfg.head_dim();
   const int n = cp_->size(), r = cp_->rank();
   const int64_t block = int64_t{b} * t * 2 * KVt;  // elements of one kv block
@@ -61,7 +67,7 @@ void ModelEngine::RingAttentionForward(LayerActs& a, int b, int t) {
 // gradients go after the arithmetic.
 void ModelEngine::RingAttentionBackward(LayerActs& a, int b, int t) {
   const model::ModelConfig& cfg = config();
-  const int tp = layout_.slice().tp, Ct = cfg.dim / tp, NHt = cfg.heads / tp,
+  const int tp = layout_.slice().tp, Ct = cfg.q_dim() / tp, NHt = cfg.heads / tp,
             KVHt = cfg.kv_heads / tp, KVt = KVHt * cfg.head_dim();
   const int n = cp_->size(), r = cp_->rank();
   const int64_t block = int64_t{b} * t * 2 * KVt;

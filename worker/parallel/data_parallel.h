@@ -85,9 +85,10 @@ struct ModelParallelGrads {
   FlatRanges norm_skip;
   // Sums a squared norm over the tp and pp groups (identical on every rank).
   std::function<absl::StatusOr<double>(double)> sum_squares;
-  // Sequence parallelism: ranges of the flat gradient holding this tp rank's
-  // partial sums (the LayerNorms', computed on its rows only;
-  // ParamLayout::SequenceParallelRanges) and the in-place sum over the tp
+  // Ranges of the flat gradient holding this tp rank's partial sums (the
+  // norms' under sequence parallelism, computed on its rows only; the q/k
+  // norms', on its heads only: ParamLayout::TpPartialRanges) and the
+  // in-place sum over the tp
   // group that completes them — before the norm, like sum_tied.
   FlatRanges tp_partial;
   std::function<absl::Status(absl::Span<float>)> sum_tp;

@@ -185,7 +185,7 @@ TEST(JobSpecTest, FlashAttentionOnCudaIn16BitWithHeadsOf64) {
            {"cpu", "fp32", model, "resources.device: cuda"},
            {"cuda", "fp32", model, "bf16 or fp16"},
            {"cuda", "bf16", "{layers: 2, heads: 4, dim: 128, context: 16, vocab: 256",
-            "dim / heads = 32"}}) {
+            "head size 32"}}) {
     absl::StatusOr<JobSpec> bad = parse(device, precision, m + ", attention: flash");
     ASSERT_FALSE(bad.ok()) << device << " " << precision;
     const std::string message(bad.status().message());

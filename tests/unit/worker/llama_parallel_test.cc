@@ -50,6 +50,28 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Layout>& info) { return Name(info.param); });
 // clang-format on
 
+// Qwen3's recipe (heads of 16 on a width of 32, so q is 64 wide; q/k
+// norms, whose weights' gradients tp ranks sum: each normalises its own
+// heads) under the parallelisms that touch it.
+class Qwen3ParallelTest : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(Qwen3ParallelTest, EqualsOneRankStepByStep) {
+  const Layout l = GetParam();
+  const Losses& ref = Reference(/*llama=*/true, /*qwen3=*/true);
+  ExpectSameLosses(l, Train(TheCorpus().Spec(l)), ref, "1 rank", 1e-5);
+}
+
+// clang-format off
+INSTANTIATE_TEST_SUITE_P(
+    Sweep, Qwen3ParallelTest,
+    ::testing::Values(
+        Qwen3(Layout{1, 2, 1}),                                  // tp: the q/k norms' sums
+        Qwen3(Layout{2, 2, 1, 3, "1f1b", 2, "full", -1, true}),  // ZeRO-3, sp, full recompute
+        Qwen3(Layout{1, 1, 2, 0, "1f1b", 2, "selective"}),       // pp, selective recompute
+        Cp(Qwen3(Layout{1, 1, 1, 0, "1f1b", 4}), 2)),            // the ring on 64-wide q
+    [](const ::testing::TestParamInfo<Layout>& info) { return Name(info.param); });
+// clang-format on
+
 TEST(LlamaParallelResumeTest, Dp2Tp2CheckpointResumesOnPp2AndOneRank) {
   const Corpus& corpus = TheCorpus();
   const std::string ckpt = (corpus.dir() / "llama_ckpt").string();

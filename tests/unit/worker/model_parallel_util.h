@@ -45,6 +45,7 @@ struct Layout {
   bool llama = false;              // model.arch: llama (GQA, rotary, SwiGLU, untied head)
   int cp = 1;                      // parallel.cp
   int pp_virtual = 1;              // parallel.pp_virtual (model chunks per stage)
+  bool qwen3 = false;              // llama with Qwen3's head_dim (16: q is 64 wide) and q/k norms
 };
 
 // `l` interleaved: `v` model chunks per pipeline stage.
@@ -65,6 +66,13 @@ inline Layout Llama(Layout l) {
   return l;
 }
 
+// `l` for the Llama model with Qwen3's two recipe fields.
+inline Layout Qwen3(Layout l) {
+  l.llama = true;
+  l.qwen3 = true;
+  return l;
+}
+
 inline std::string Name(const Layout& l) {
   std::string s =
       absl::StrCat("dp", l.dp, l.cp > 1 ? absl::StrCat("_cp", l.cp) : "", "_tp", l.tp, "_pp", l.pp);
@@ -74,7 +82,7 @@ inline std::string Name(const Layout& l) {
   if (std::string(l.recompute) != "none") absl::StrAppend(&s, "_", l.recompute);
   if (l.recompute_layers > 0) absl::StrAppend(&s, l.recompute_layers);
   if (l.sp) absl::StrAppend(&s, "_sp");
-  if (l.llama) s = "llama_" + s;
+  if (l.llama) s = (l.qwen3 ? "qwen3_" : "llama_") + s;
   return s;
 }
 
@@ -100,6 +108,7 @@ class Corpus {
         "name: mp\n",
         // Llama: 2 kv heads (tp 2 splits them), SwiGLU 48, rotary, untied head.
         l.llama ? "model: {arch: llama, kv_heads: 2, ffn_dim: 48, rope_theta: 10000, " : "model: {",
+        l.qwen3 ? "head_dim: 16, qk_norm: true, " : "",
         "layers: 4, heads: 4, dim: 32, context: 32, vocab: 256, recompute: ", l.recompute,
         l.recompute_layers > 0 ? absl::StrCat(", recompute_layers: ", l.recompute_layers) : "",
         "}\n", "data: {train: ", (dir_ / "train.txt").string(),
@@ -177,7 +186,11 @@ inline const Corpus& TheCorpus() {
   return *corpus;
 }
 // One rank's run of the family of `l`.
-inline const Losses& Reference(bool llama = false) {
+inline const Losses& Reference(bool llama = false, bool qwen3 = false) {
+  if (qwen3) {
+    static const Losses* q = new Losses(Train(TheCorpus().Spec(Qwen3(Layout{}))));
+    return *q;
+  }
   static const Losses* gpt2 = new Losses(Train(TheCorpus().Spec(Layout{})));
   if (!llama) return *gpt2;
   static const Losses* run = new Losses(Train(TheCorpus().Spec(Llama(Layout{}))));

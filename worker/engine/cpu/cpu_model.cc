@@ -193,6 +193,29 @@ void CpuModel::RotaryForward(void* qkv, int b, int t, int NHt, int KVHt, bool in
                      inverse, &pool_, positions());
 }
 
+void CpuModel::QkNormForward(void* qkv, void* pre, float* rstd, int wq, int wk, int N, int NHt,
+                             int KVHt) {
+  PhaseTimer tm(profiling_, &timing_.layernorm);
+  const int hs = config().head_dim(), ld = (NHt + 2 * KVHt) * hs, heads = NHt + KVHt;
+  const float eps = static_cast<float>(config().norm_eps);
+  float* x = F(qkv);
+  float* p = F(pre);
+  cpu::HeadRmsNormForward(x, ld, p, rstd, heads, param(wq), eps, N, NHt, hs, &pool_);
+  cpu::HeadRmsNormForward(x + NHt * hs, ld, p + NHt * hs, rstd + NHt, heads, param(wk), eps, N,
+                          KVHt, hs, &pool_);
+}
+
+void CpuModel::QkNormBackward(void* dqkv, const void* pre, const float* rstd, int wq, int wk, int N,
+                              int NHt, int KVHt) {
+  PhaseTimer tm(profiling_, &timing_.layernorm);
+  const int hs = config().head_dim(), ld = (NHt + 2 * KVHt) * hs, heads = NHt + KVHt;
+  float* d = F(dqkv);
+  const float* p = F(pre);
+  cpu::HeadRmsNormBackward(d, ld, grad(wq), p, rstd, heads, param(wq), N, NHt, hs, &pool_);
+  cpu::HeadRmsNormBackward(d + NHt * hs, ld, grad(wk), p + NHt * hs, rstd + NHt, heads, param(wk),
+                           N, KVHt, hs, &pool_);
+}
+
 void CpuModel::AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t,
                                 int Ct, int NHt, int KVHt) {
   PhaseTimer tm(profiling_, &timing_.attention);

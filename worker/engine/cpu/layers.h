@@ -57,6 +57,23 @@ template <typename F>
 void RmsNormBackward(F* dinp, F* dweight, const F* dout, const F* inp, const F* weight,
                      const F* rstd, int N, int C, ThreadPool* pool);
 
+// ---- RMSNorm over each head (Qwen3's q_norm, k_norm) ----
+// x (N, ld): in each row, `heads` consecutive heads of hs channels from
+// column 0 (pass x offset to the first head's column) are normalised in
+// place: x = x · rstd · weight, one rstd per (row, head) and weight (hs)
+// shared by the heads. Saves the values before, pre (N, ld_stat·hs): head h
+// of row r at (r·ld_stat + h)·hs, and rstd (N, ld_stat) at r·ld_stat + h
+// (ld_stat >= heads: q's and k's heads share one saved buffer).
+template <typename F>
+void HeadRmsNormForward(F* x, int ld, F* pre, F* rstd, int ld_stat, const F* weight, F eps, int N,
+                        int heads, int hs, ThreadPool* pool);
+// In place: dx (N, ld), laid out as x, holds the normalised values'
+// gradient and is OVERWRITTEN with the gradient of the values before;
+// dweight (hs) += ; uses pre, rstd and weight as saved.
+template <typename F>
+void HeadRmsNormBackward(F* dx, int ld, F* dweight, const F* pre, const F* rstd, int ld_stat,
+                         const F* weight, int N, int heads, int hs, ThreadPool* pool);
+
 // ---- rotary position embedding (RoPE) ----
 // x (B,T,ld): in each row, `heads` consecutive heads of hs channels from
 // column 0 (q's heads, then k's: the qkv layout puts them side by side) are
@@ -113,8 +130,8 @@ void AttentionBackward(F* dqkv, const F* dout, const F* qkv, const F* att, F* sc
 // AttentionForward's rows.
 template <typename F>
 void AttentionBlockForward(F* out, F* lse, F* blk_out, F* blk_lse, const F* qkv, const F* kv,
-                           const int* pos_q, const int* pos_k, int B, int Tq, int Tk, int C,
-                           int NH, int KVH, bool first, F* scores, ThreadPool* pool);
+                           const int* pos_q, const int* pos_k, int B, int Tq, int Tk, int C, int NH,
+                           int KVH, bool first, F* scores, ThreadPool* pool);
 // D (B,NH,T) = per head, each row's dout · out (the softmax backward's
 // row term, the same for every block).
 template <typename F>
@@ -125,10 +142,9 @@ void AttentionRowDot(F* D, const F* dout, const F* out, int B, int T, int C, int
 // dscores: B·NH·Tq·Tk scratch each. Over every block, equals
 // AttentionBackward.
 template <typename F>
-void AttentionBlockBackward(F* dqkv, F* dkv, const F* dout, const F* qkv, const F* kv,
-                            const F* lse, const F* D, const int* pos_q, const int* pos_k, int B,
-                            int Tq, int Tk, int C, int NH, int KVH, F* scores, F* dscores,
-                            ThreadPool* pool);
+void AttentionBlockBackward(F* dqkv, F* dkv, const F* dout, const F* qkv, const F* kv, const F* lse,
+                            const F* D, const int* pos_q, const int* pos_k, int B, int Tq, int Tk,
+                            int C, int NH, int KVH, F* scores, F* dscores, ThreadPool* pool);
 // kv (B,T,2KV) = the [K | V] columns of qkv (B,T,C+2KV); and its backward,
 // dqkv's K and V columns += dkv.
 template <typename F>

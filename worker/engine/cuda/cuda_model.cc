@@ -25,8 +25,13 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const model::ModelC
                                                              const ModelEngineOptions& options) {
   if (auto s = ValidateModelEngine(config, B, T, options); !s.ok()) return s;
   const int tp = options.slice.tp;
+  if (config.qk_norm) {
+    return absl::UnimplementedError(
+        "model.qk_norm: the CUDA engine has no q/k norm kernels yet (Qwen3's recipe trains on "
+        "resources.device: cpu)");
+  }
   if (options.activations.flash_attention &&
-      !cuda::FlashAttentionSupports(compute, config.dim / tp, config.heads / tp,
+      !cuda::FlashAttentionSupports(compute, config.q_dim() / tp, config.heads / tp,
                                     config.kv_heads / tp)) {
     return absl::InvalidArgumentError(
         absl::StrCat("flash attention needs bf16 or fp16 and a head size of 64 or 128 (compute ",

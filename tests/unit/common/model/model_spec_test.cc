@@ -76,7 +76,22 @@ TEST(ConfigTest, LlamaPresetsHaveTheirPublishedParameterCounts) {
   const ModelConfig one = *ModelPreset("llama3-1b");
   EXPECT_TRUE(one.tie_embeddings);
   EXPECT_EQ(ParamLayout(one).num_params(), 1235814400u);  // Llama 3.2 1B
-  for (const char* name : {"llama-tiny", "llama3-1b", "llama3-8b"}) {
+  // Qwen3-0.6B: 16 heads of 128 on a width of 1024 (Q = 2048), q/k norms,
+  // tied: 596,049,920 parameters (its published 0.6B, 0.44B without the
+  // embeddings), the padded vocabulary being its own 151,936.
+  const ModelConfig qwen = *ModelPreset("qwen3-0.6b");
+  EXPECT_EQ(qwen.head_dim(), 128);
+  EXPECT_EQ(qwen.q_dim(), 2048);
+  EXPECT_EQ(qwen.padded_vocab, 151936);
+  EXPECT_EQ(ParamLayout(qwen).num_params(), 596049920u);
+  EXPECT_EQ(ParamLayout(qwen).num_params() - size_t(EmbeddingParams(qwen)), 440467456u);
+  const ParamLayout ql(qwen);
+  EXPECT_EQ(ql.tensors()[ql.block_tensor(0, kAttnProjW)].shape, (std::vector<int64_t>{1024, 2048}));
+  EXPECT_EQ(ql.tensors()[ql.block_tensor(0, kQkvW)].shape, (std::vector<int64_t>{4096, 1024}));
+  EXPECT_EQ(ql.tensors()[ql.block_tensor(0, kQNormW)].name, "block.0.attn.q_norm.weight");
+  EXPECT_EQ(ql.block_tensor(0, kQNormW), ql.block_tensor(0, kQkvW) + 1);  // no qkv bias
+  EXPECT_EQ(ParamLayout(one).block_tensor(0, kQNormW), -1);               // Llama has none
+  for (const char* name : {"llama-tiny", "llama3-1b", "llama3-8b", "qwen3-0.6b"}) {
     const ModelConfig c = *ModelPreset(name);
     EXPECT_EQ(static_cast<int64_t>(ParamLayout(c).num_params()),
               EmbeddingParams(c) + c.layers * BlockParams(c) + FinalParams(c))

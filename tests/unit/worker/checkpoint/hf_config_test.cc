@@ -46,7 +46,7 @@ TEST(HfConfigTest, OurExportsConfigIsTheModelBackThroughTheSpec) {
   absl::StatusOr<model::ModelConfig> back = ThroughTheSpec(HfGpt2ConfigJson(gpt));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, gpt) << ToString(*back);
-  for (const char* preset : {"llama-tiny", "llama3-1b", "llama3-8b"}) {
+  for (const char* preset : {"llama-tiny", "llama3-1b", "llama3-8b", "qwen3-0.6b"}) {
     SCOPED_TRACE(preset);
     const model::ModelConfig llama = *model::ModelPreset(preset);
     back = ThroughTheSpec(HfLlamaConfigJson(llama, DataType::kBFloat16));
@@ -54,6 +54,9 @@ TEST(HfConfigTest, OurExportsConfigIsTheModelBackThroughTheSpec) {
     EXPECT_EQ(*back, llama) << ToString(*back);
   }
   EXPECT_TRUE(model::ModelPreset("llama3-1b")->rope_scaling.on());
+  EXPECT_NE(HfLlamaConfigJson(*model::ModelPreset("qwen3-0.6b"), DataType::kBFloat16)
+                .find("\"Qwen3ForCausalLM\""),
+            std::string::npos);
 }
 
 // Llama 3.2 1B's published config.json (its fields that shape the model).
@@ -81,12 +84,14 @@ TEST(HfConfigTest, Llama32sConfigIsThePresetAtItsFullContext) {
 TEST(HfConfigTest, WhatIsNotComputedHereIsRefusedNamingTheField) {
   nlohmann::json j = nlohmann::json::parse(kLlama32);
   auto message = [&] { return std::string(ModelFieldsFromHfConfig(j.dump()).status().message()); };
-  j["architectures"] = {"Qwen3ForCausalLM"};
-  EXPECT_NE(message().find("config.json: architectures Qwen3ForCausalLM"), std::string::npos)
+  j["architectures"] = {"Qwen3MoeForCausalLM"};
+  EXPECT_NE(message().find("config.json: architectures Qwen3MoeForCausalLM"), std::string::npos)
       << message();
   j["architectures"] = {"LlamaForCausalLM"};
-  j["head_dim"] = 128;
-  EXPECT_NE(message().find("config.json: head_dim 128"), std::string::npos) << message();
+  j["head_dim"] = "128";
+  EXPECT_NE(message().find("config.json: head_dim \"128\" is not a positive integer"),
+            std::string::npos)
+      << message();
   j["head_dim"] = 64;
   j["rope_scaling"]["rope_type"] = "yarn";
   EXPECT_NE(message().find("rope_type yarn is not implemented"), std::string::npos) << message();

@@ -7,7 +7,10 @@ Usage: hf_llama_logits.py DIR
 DIR/shape.txt (written by the test): "key value" lines layers heads kv_heads
 dim ffn_dim vocab rope_theta norm_eps tie (0/1) batch seq_len, and optionally
 rope_factor rope_low rope_high rope_original (Llama 3.1/3.2's rope_scaling of
-type llama3, computed as transformers' _compute_llama3_parameters). Writes into
+type llama3, computed as transformers' _compute_llama3_parameters), head_dim
+(a head size other than dim / heads) and qk_norm 1 (Qwen3: an RMSNorm over
+each head of q and k before rotary; the checkpoint is then a
+Qwen3ForCausalLM's). Writes into
 DIR, as a Hugging Face LlamaForCausalLM checkpoint would hold them:
   config.json, model.safetensors (BF16 weights: the reader's widening is
   exercised), tokens.bin (int32, batch*seq_len), logits.bin (float32,
@@ -49,7 +52,8 @@ def forward(W, cfg, idx):
     L, NH, KVH = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     C, eps, theta = cfg["hidden_size"], cfg["rms_norm_eps"], cfg["rope_theta"]
     B, T = idx.shape
-    hs = C // NH
+    hs = cfg.get("head_dim") or C // NH
+    qk_norm = cfg["model_type"] == "qwen3"
     inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.int64).float() / hs))
     if cfg.get("rope_scaling"):
         inv_freq = llama3_inv_freq(inv_freq, cfg["rope_scaling"])
@@ -65,8 +69,12 @@ def forward(W, cfg, idx):
     for l in range(L):
         p = f"model.layers.{l}."
         h = norm(x, W[p + "input_layernorm.weight"])
-        q = F.linear(h, W[p + "self_attn.q_proj.weight"]).view(B, T, NH, hs).transpose(1, 2)
-        k = F.linear(h, W[p + "self_attn.k_proj.weight"]).view(B, T, KVH, hs).transpose(1, 2)
+        q = F.linear(h, W[p + "self_attn.q_proj.weight"]).view(B, T, NH, hs)
+        k = F.linear(h, W[p + "self_attn.k_proj.weight"]).view(B, T, KVH, hs)
+        if qk_norm:  # Qwen3Attention: q_norm(q_proj(x).view(...)) before rotary
+            q = norm(q, W[p + "self_attn.q_norm.weight"])
+            k = norm(k, W[p + "self_attn.k_norm.weight"])
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = F.linear(h, W[p + "self_attn.v_proj.weight"]).view(B, T, KVH, hs).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -74,7 +82,7 @@ def forward(W, cfg, idx):
         v = v.repeat_interleave(NH // KVH, dim=1)
         att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        y = (att @ v).transpose(1, 2).reshape(B, T, NH * hs)
         x = x + F.linear(y, W[p + "self_attn.o_proj.weight"])
         h = norm(x, W[p + "post_attention_layernorm.weight"])
         g = F.linear(h, W[p + "mlp.gate_proj.weight"])
@@ -113,27 +121,34 @@ def main():
     L, NH, KVH = int(s["layers"]), int(s["heads"]), int(s["kv_heads"])
     C, FF, V = int(s["dim"]), int(s["ffn_dim"]), int(s["vocab"])
     B, T, tie = int(s["batch"]), int(s["seq_len"]), s["tie"] == "1"
+    qwen3 = s.get("qk_norm") == "1"
+    hs = int(s["head_dim"]) if "head_dim" in s else C // NH
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": C,
            "intermediate_size": FF, "num_hidden_layers": L, "num_attention_heads": NH,
            "num_key_value_heads": KVH, "vocab_size": V, "max_position_embeddings": 64,
            "rms_norm_eps": float(s["norm_eps"]), "rope_theta": float(s["rope_theta"]),
            "rope_scaling": None, "tie_word_embeddings": tie, "hidden_act": "silu",
            "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16"}
+    if qwen3:
+        cfg.update({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": hs,
+                    "use_sliding_window": False})
     if "rope_factor" in s:
         cfg["rope_scaling"] = {"rope_type": "llama3", "factor": float(s["rope_factor"]),
                                "low_freq_factor": float(s["rope_low"]),
                                "high_freq_factor": float(s["rope_high"]),
                                "original_max_position_embeddings": int(s["rope_original"])}
     torch.manual_seed(0)
-    hs, KV = C // NH, KVH * (C // NH)
+    Q, KV = NH * hs, KVH * hs
     shapes = {"model.embed_tokens.weight": (V, C), "model.norm.weight": (C,)}
     for l in range(L):
         p = f"model.layers.{l}."
         shapes.update({p + "input_layernorm.weight": (C,), p + "post_attention_layernorm.weight": (C,),
-                       p + "self_attn.q_proj.weight": (C, C), p + "self_attn.k_proj.weight": (KV, C),
-                       p + "self_attn.v_proj.weight": (KV, C), p + "self_attn.o_proj.weight": (C, C),
+                       p + "self_attn.q_proj.weight": (Q, C), p + "self_attn.k_proj.weight": (KV, C),
+                       p + "self_attn.v_proj.weight": (KV, C), p + "self_attn.o_proj.weight": (C, Q),
                        p + "mlp.gate_proj.weight": (FF, C), p + "mlp.up_proj.weight": (FF, C),
                        p + "mlp.down_proj.weight": (C, FF)})
+        if qwen3:
+            shapes.update({p + "self_attn.q_norm.weight": (hs,), p + "self_attn.k_norm.weight": (hs,)})
     if not tie:
         shapes["lm_head.weight"] = (V, C)
     W = {}
@@ -148,16 +163,19 @@ def main():
     reference = "this script's modeling_llama-style forward"
     try:
         import transformers  # noqa: F401 (the GPU machines have it)
-        from transformers import LlamaConfig, LlamaForCausalLM
-        model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in cfg.items()
-                                                if k not in ("architectures", "torch_dtype")}))
+        if qwen3:
+            from transformers import Qwen3Config as Config, Qwen3ForCausalLM as Model
+        else:
+            from transformers import LlamaConfig as Config, LlamaForCausalLM as Model
+        model = Model(Config(**{k: v for k, v in cfg.items()
+                                if k not in ("architectures", "torch_dtype")}))
         model.load_state_dict(W, strict=False)
         if tie:
             model.tie_weights()
         model.eval()
         with torch.no_grad():
             logits = model(idx).logits
-        reference = f"transformers {transformers.__version__} LlamaForCausalLM"
+        reference = f"transformers {transformers.__version__} {Model.__name__}"
     except ImportError:
         with torch.no_grad():
             logits = forward(W, cfg, idx)

@@ -246,6 +246,8 @@ TorchLogits RunTorchCheckpoint(const model::ModelConfig& c, const std::string& d
       << c.dim << "\nffn_dim " << c.ffn_dim << "\nvocab " << c.vocab << "\nrope_theta "
       << c.rope_theta << "\nnorm_eps " << c.norm_eps << "\ntie " << (c.tie_embeddings ? 1 : 0)
       << "\nbatch " << B << "\nseq_len " << T << "\n";
+    if (c.head_size > 0) s << "head_dim " << c.head_size << "\n";
+    if (c.qk_norm) s << "qk_norm 1\n";
     if (const model::RopeScaling& r = c.rope_scaling; r.on()) {
       s << "rope_factor " << r.factor << "\nrope_low " << r.low_freq_factor << "\nrope_high "
         << r.high_freq_factor << "\nrope_original " << r.original_context << "\n";
@@ -351,6 +353,46 @@ TEST_F(HfLlamaTest, ALlama32CheckpointWithRopeScalingGivesItsLogits) {
   }
   std::printf("[hf-llama] the same weights without rope_scaling: max abs diff %.3g\n", differs);
   EXPECT_GT(differs, 1e-3 * std::max(1.0, r.scale));
+}
+
+// A Qwen3-shaped checkpoint (Qwen3ForCausalLM: heads of 16 on a width of
+// 32, so the attention is 64 wide; q/k norms; tied) written by PyTorch
+// gives the engine its logits, and our export of it reads back bit for bit
+// as a Qwen3ForCausalLM.
+TEST_F(HfLlamaTest, AQwen3CheckpointGivesItsLogitsAndExportsBack) {
+  model::LlamaShape shape{2, 4, 2, 32, 48, 16, 100, 1e6, 1e-6, true, {}, 16, true};
+  const model::ModelConfig c = *model::MakeLlamaConfig(shape);
+  ASSERT_EQ(c.q_dim(), 64);
+  const std::vector<float> p = RandomParams(c);
+  const std::string out = Dir("export");
+  ASSERT_TRUE(ExportHfLlama(c, p, out, {}).ok());
+  absl::StatusOr<std::vector<float>> back = LoadModelWeights(out, c);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, p);
+  std::string text;
+  ASSERT_TRUE(ReadFile(out + "/config.json", &text).ok());
+  EXPECT_NE(text.find("\"Qwen3ForCausalLM\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"head_dim\": 16"), std::string::npos) << text;
+  // The same file for a model without q/k norms is refused naming both.
+  model::LlamaShape llama = shape;
+  llama.qk_norm = false;
+  absl::StatusOr<std::vector<float>> refused =
+      LoadModelWeights(out, *model::MakeLlamaConfig(llama));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("Qwen3ForCausalLM (with q/k norms), the spec's "
+                                            "model.qk_norm false"),
+            std::string::npos)
+      << refused.status();
+  if (!HaveTorch()) {
+    GTEST_SKIP() << Python() << " cannot import torch (scripts/setup installs python3-torch)";
+  }
+  if (!fs::exists(LogitsScript())) GTEST_SKIP() << "no " << LogitsScript();
+  const TorchLogits r = RunTorchCheckpoint(c, Dir("qwen3"), 2, 12);
+  std::printf(
+      "[hf-llama] qwen3 (head_dim 16 on dim 32, q/k norms): logits of 24 tokens, max abs diff "
+      "%.3g, relative %.3g (largest logit %.3g), reference: %s\n",
+      r.max_abs, r.max_abs / r.scale, r.scale, r.reference.c_str());
+  EXPECT_LT(r.max_abs, 1e-5 * std::max(1.0, r.scale));
 }
 
 }  // namespace

@@ -349,7 +349,7 @@ void StageRun(comm::Communicator& world, Exchange how, int zero, RankResult* out
   };
   mp.tied_end = e->layout().units()[0].numel;
   mp.sum_tied = times(2.0f);
-  mp.tp_partial = e->layout().SequenceParallelRanges();
+  mp.tp_partial = e->layout().TpPartialRanges(/*sequence_parallel=*/true);
   mp.sum_tp = times(3.0f);
   s.set_model_parallel(mp);
   s.InitParams(9);

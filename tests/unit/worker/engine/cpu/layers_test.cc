@@ -306,6 +306,41 @@ TEST(LayersTest, RmsNorm) {
   ExpectFloatClose("rmsnorm", fo, out);
 }
 
+// Qwen3's q/k norms: rows of ld 14 = 3 heads of hs 4 from column 1 (and
+// one column before, one after, left alone), the saved values in a buffer
+// of ld_stat 4 heads from head 1: the finite differences of the in-place
+// normalisation, and each head equal to RmsNormForward on its own.
+TEST(LayersTest, HeadRmsNorm) {
+  const int N = 5, hs = 4, heads = 3, ld = 14, col = 1, ld_stat = 4, first = 1;
+  std::mt19937_64 rng(21);
+  Vec x = RandomVec(N * ld, rng, 2.0), wt = RandomVec(hs, rng), w = RandomVec(N * ld, rng);
+  Vec pre(N * ld_stat * hs), rstd(N * ld_stat), y;
+  auto loss = [&] {
+    y = x;
+    HeadRmsNormForward<double>(y.data() + col, ld, pre.data() + first * hs, rstd.data() + first,
+                               ld_stat, wt.data(), 1e-6, N, heads, hs, nullptr);
+    return Dot(y, w);
+  };
+  loss();
+  for (int r = 0; r < N; ++r) {
+    EXPECT_EQ(y[r * ld], x[r * ld]);  // outside the heads: untouched
+    EXPECT_EQ(y[r * ld + ld - 1], x[r * ld + ld - 1]);
+    for (int h = 0; h < heads; ++h) {
+      double out[hs], s = 0;
+      RmsNormForward<double>(out, &s, x.data() + r * ld + col + h * hs, wt.data(), 1e-6, 1, hs,
+                             nullptr);
+      for (int c = 0; c < hs; ++c) EXPECT_NEAR(y[r * ld + col + h * hs + c], out[c], 1e-14);
+      EXPECT_NEAR(rstd[r * ld_stat + first + h], s, 1e-14 * s);
+    }
+  }
+  // Backward: dy is w where the heads are (the rest passes through as is).
+  Vec dx = w, dwt(hs);
+  HeadRmsNormBackward<double>(dx.data() + col, ld, dwt.data(), pre.data() + first * hs,
+                              rstd.data() + first, ld_stat, wt.data(), N, heads, hs, nullptr);
+  ExpectGradClose("head-rmsnorm", "x", dx, NumericGrad(x, loss));
+  ExpectGradClose("head-rmsnorm", "weight", dwt, NumericGrad(wt, loss));
+}
+
 TEST(LayersTest, Rotary) {
   // 2 sequences of 3 positions, rows of 3 heads of hs 4 (2 rotated, as q
   // and k, then 1 more: v's, left alone) in rows of ld 12.
