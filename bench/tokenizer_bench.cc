@@ -1,6 +1,8 @@
-// tokenizer_bench: byte-level BPE encoding speed, ours against the
-// JavaScript reference measured in the same run on the same text, for GPT-2
-// and Llama 3. The reference is @lenml/tokenizers (transformers.js's
+// tokenizer_bench: BPE encoding speed, ours against the JavaScript
+// reference measured in the same run on the same text, for GPT-2 and Llama 3
+// (byte-level) and Llama 2 (SentencePiece-style: third_party/llama2's
+// tokenizer.json, loaded as a json tokenizer; its vocabulary is Mistral
+// 7B's). The reference is @lenml/tokenizers (transformers.js's
 // tokenizers) under node, timed inside node without its start-up and
 // vocabulary load (tests/tools/bpe_reference.js). Rows, per tokenizer:
 //   load           ours: reading the tokenizer's files (once per process)
@@ -66,7 +68,7 @@ int main(int argc, char** argv) {
   size_t reference_bytes = 256 << 10;
   bool json = false;
   CLI::App app{
-      "byte-level BPE encoding speed, GPT-2 and Llama 3: ours vs @lenml/tokenizers (the "
+      "BPE encoding speed, GPT-2, Llama 3 and Llama 2: ours vs @lenml/tokenizers (the "
       "JavaScript reference), same text, same run"};
   app.add_option("--file", file, "text to encode")->capture_default_str();
   app.add_option("--repeat", repeat, "runs per row (best kept)")->capture_default_str();
@@ -101,17 +103,35 @@ int main(int argc, char** argv) {
   std::ofstream(head_file, std::ios::binary) << head;
 
   int status = 0;
-  for (const shardtrain::TokenizerKind kind :
-       {shardtrain::TokenizerKind::kGpt2, shardtrain::TokenizerKind::kLlama3}) {
-    const std::string name(shardtrain::EnumName(kind));
+  // The tokenizers: a name, its kind and path as LoadTokenizer and prepare
+  // take them (Llama 2: a json tokenizer; "" when its file is missing).
+  struct Tokenizer {
+    std::string name;
+    shardtrain::TokenizerKind kind;
+    std::string path;
+  };
+  const absl::StatusOr<std::string> llama2 = shardtrain::FindLlama2Tokenizer();
+  const std::vector<Tokenizer> tokenizers = {
+      {"gpt2", shardtrain::TokenizerKind::kGpt2, ""},
+      {"llama3", shardtrain::TokenizerKind::kLlama3, ""},
+      {"llama2", shardtrain::TokenizerKind::kJson, llama2.ok() ? *llama2 : ""}};
+  for (const Tokenizer& t : tokenizers) {
+    const std::string& name = t.name;
+    const shardtrain::TokenizerKind kind = t.kind;
+    if (kind == shardtrain::TokenizerKind::kJson && t.path.empty()) {
+      std::fprintf(stderr, "tokenizer_bench: %s: %s\n", name.c_str(),
+                   std::string(llama2.status().message()).c_str());
+      status = 1;
+      continue;
+    }
     const auto load_t0 = Clock::now();
-    auto bpe = shardtrain::LoadTokenizer(kind);
+    auto bpe = shardtrain::LoadTokenizer(kind, t.path);
     const double load_s = Seconds(load_t0);
-    std::string reference_arg;
+    std::string reference_arg = t.path;
     if (kind == shardtrain::TokenizerKind::kGpt2) {
       auto files = shardtrain::FindGpt2Vocabulary();
       if (files.ok()) reference_arg = "gpt2:" + fs::path(files->vocab).parent_path().string();
-    } else {
+    } else if (kind == shardtrain::TokenizerKind::kLlama3) {
       auto path = shardtrain::FindLlama3Tokenizer();
       if (path.ok()) reference_arg = *path;
     }
@@ -174,6 +194,7 @@ int main(int argc, char** argv) {
         o.out_dir =
             (tmp / (name + "-" + std::to_string(threads) + "-" + std::to_string(i))).string();
         o.tokenizer = kind;
+        o.tokenizer_path = t.path;
         o.threads = threads;
         auto s = shardtrain::data::Prepare(o);
         if (!s.ok()) {

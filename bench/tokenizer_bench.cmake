@@ -1,5 +1,5 @@
-# tokenizer_bench: byte-level BPE MB/s, GPT-2 and Llama 3 (ByteLevelBpe,
-# prepare with 1 and 2 threads) next to @lenml/tokenizers under node, same
+# tokenizer_bench: BPE MB/s, GPT-2, Llama 3 (byte-level) and Llama 2
+# (SentencePiece-style) (ByteLevelBpe, prepare with 1 and 2 threads) next to @lenml/tokenizers under node, same
 # text, same run.
 if(TARGET shardtrain_prepare)
   add_executable(tokenizer_bench ${CMAKE_CURRENT_LIST_DIR}/tokenizer_bench.cc)

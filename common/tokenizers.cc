@@ -83,6 +83,13 @@ absl::StatusOr<std::string> FindLlama3Tokenizer(const std::string& file) {
       TokenizerJsonAt, "Llama 3's tokenizer.json", "--vocab");
 }
 
+absl::StatusOr<std::string> FindLlama2Tokenizer(const std::string& file) {
+  return Search<std::string>(
+      file, "SHARDTRAIN_LLAMA2_TOKENIZER",
+      {SHARDTRAIN_LLAMA2_TOKENIZER_BUILD_PATH, "/usr/share/shardtrain/llama2/tokenizer.json"},
+      TokenizerJsonAt, "Llama 2's tokenizer.json", "--tokenizer-json");
+}
+
 absl::StatusOr<std::unique_ptr<ByteLevelBpe>> LoadTokenizer(TokenizerKind kind,
                                                             const std::string& path) {
   switch (kind) {

@@ -1,7 +1,8 @@
-// The JavaScript reference of shardtrain's byte-level BPE (common/bpe.h):
+// The JavaScript reference of shardtrain's BPE (common/bpe.h):
 // @lenml/tokenizers (transformers.js's tokenizers, the pinned npm package in
-// third_party/llama3) encodes a text file, as tests/unit/common/bpe_test.cc
-// and bench/tokenizer_bench compare against.
+// third_party/llama3 and third_party/llama2) encodes a text file, as
+// tests/unit/common/bpe_test.cc, sp_bpe_test.cc and bench/tokenizer_bench
+// compare against.
 //
 //   node bpe_reference.js TOKENIZER IN OUT [REPEAT]
 //
@@ -15,8 +16,10 @@
 "use strict";
 const fs = require("fs");
 const path = require("path");
-const { TokenizerLoader } = require(path.join(
-  __dirname, "../../third_party/llama3/node_modules/@lenml/tokenizers"));
+// The same pinned version is in third_party/llama3 and third_party/llama2.
+const { TokenizerLoader } = require(["llama3", "llama2"]
+  .map((d) => path.join(__dirname, "../../third_party", d, "node_modules/@lenml/tokenizers"))
+  .find((p) => fs.existsSync(p)) || "@lenml/tokenizers");
 
 const [tokenizerArg, inPath, outPath, repeatArg] = process.argv.slice(2);
 let tokenizerJSON;
