@@ -120,6 +120,19 @@ TEST(RopeScalingTest, TheSpecReadsRefusesAndWritesIt) {
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->model.rope_scaling.factor, 16);
 
+  // Qwen3's fields: read, written back, refused on the CUDA engine.
+  s = ParseJobSpec(Spec("{" + llama + ", head_dim: 16, qk_norm: true}"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->model.Config()->q_dim(), 64);
+  again = ParseJobSpec(JobSpecToYaml(*s));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(*again == *s);
+  absl::StatusOr<JobSpec> cuda =
+      ParseJobSpec(Spec("{" + llama + ", qk_norm: true}"), {"resources.device=cuda"});
+  ASSERT_FALSE(cuda.ok());
+  EXPECT_NE(cuda.status().message().find("model.qk_norm: the CUDA engine"), std::string::npos)
+      << cuda.status();
+
   struct Bad {
     std::string model, want;
   };
@@ -140,6 +153,10 @@ TEST(RopeScalingTest, TheSpecReadsRefusesAndWritesIt) {
       {"{" + llama + ", rope_scaling: 4}", "model.rope_scaling: expected none or a map"},
       {"{layers: 2, heads: 4, dim: 32, context: 16, vocab: 256, rope_scaling: none}",
        "model.rope_scaling: only for model.arch: llama"},
+      {"{layers: 2, heads: 4, dim: 32, context: 16, vocab: 256, qk_norm: true}",
+       "model.qk_norm: only for model.arch: llama"},
+      {"{" + llama + ", head_dim: 7}", "model.head_dim: rotary positions need an even head size"},
+      {"{" + llama + ", head_dim: 0}", "model.head_dim: must be >= 1"},
   };
   for (const Bad& b : cases) {
     absl::StatusOr<JobSpec> bad = ParseJobSpec(Spec(b.model));
