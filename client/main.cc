@@ -235,7 +235,8 @@ int main(int argc, char** argv) {
           ->check(CLI::IsMember({"gpt2", "llama3", "byte"}));
   prepare
       ->add_option("--tokenizer-json", prep.tokenizer_json,
-                   "any byte-level BPE tokenizer as Hugging Face's tokenizer.json (Qwen, SmolLM, "
+                   "any BPE tokenizer as Hugging Face's tokenizer.json, byte-level (Qwen, "
+                   "SmolLM, ...) or SentencePiece-style with byte fallback (Llama 2, Mistral, "
                    "...; the file or its folder) instead of --tokenizer; a job spec names it as "
                    "data.tokenizer_json")
       ->excludes(prep_tokenizer);

@@ -499,11 +499,6 @@ absl::Status ParseAll(const Node& root, JobSpec* spec) {
       ReadInt(timeouts, "timeouts", "collective_s", 1, &spec->timeouts.collective_s));
   SHARDTRAIN_ASSIGN_OR_RETURN(Node model, Section(root, "model"));
   if (AttentionIsAuto(model)) spec->model.attention = AutoAttention(*spec);
-  if (spec->model.qk_norm && spec->resources.device == DeviceKind::kCuda) {
-    return FieldError("model.qk_norm",
-                      "the CUDA engine has no q/k norm kernels yet (resources.device: cpu "
-                      "trains Qwen3's recipe)");
-  }
   return CheckAttention(*spec);
 }
 

@@ -175,13 +175,17 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
                           spec.model.vocab, model::PaddedVocab(spec.model.vocab),
                           Thousands(plan.num_params()));
   } else {
+    // Qwen3's fields only where set: head size hs when not C / NH, q/k norms.
+    const std::string hs =
+        spec.model.head_dim > 0 ? absl::StrFormat(" hs=%d", spec.model.head_dim) : "";
     absl::StrAppendFormat(
         &out,
-        "model: %s L=%d NH=%d KVH=%d C=%d F=%d context=%d V=%d (Vp=%d), %s head; %s params "
+        "model: %s L=%d NH=%d%s KVH=%d C=%d F=%d context=%d V=%d (Vp=%d), %s head%s; %s params "
         "(%.2fB, incl. padded vocab rows)\n",
-        model::ArchName(spec.model.arch), spec.model.layers, spec.model.heads, spec.model.kv_heads,
-        spec.model.dim, spec.model.ffn_dim, spec.model.context, spec.model.vocab,
-        model::PaddedVocab(spec.model.vocab), spec.model.tie_embeddings ? "tied" : "untied",
+        model::ArchName(spec.model.arch), spec.model.layers, spec.model.heads, hs,
+        spec.model.kv_heads, spec.model.dim, spec.model.ffn_dim, spec.model.context,
+        spec.model.vocab, model::PaddedVocab(spec.model.vocab),
+        spec.model.tie_embeddings ? "tied" : "untied", spec.model.qk_norm ? ", q/k norms" : "",
         Thousands(plan.num_params()), plan.num_params() / 1e9);
   }
   out += ComputeLine(spec, plan);

@@ -25,11 +25,6 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const model::ModelC
                                                              const ModelEngineOptions& options) {
   if (auto s = ValidateModelEngine(config, B, T, options); !s.ok()) return s;
   const int tp = options.slice.tp;
-  if (config.qk_norm) {
-    return absl::UnimplementedError(
-        "model.qk_norm: the CUDA engine has no q/k norm kernels yet (Qwen3's recipe trains on "
-        "resources.device: cpu)");
-  }
   if (options.activations.flash_attention &&
       !cuda::FlashAttentionSupports(compute, config.q_dim() / tp, config.heads / tp,
                                     config.kv_heads / tp)) {
@@ -383,6 +378,31 @@ void CudaModel::RotaryForward(void* qkv, int b, int t, int NHt, int KVHt, bool i
   const int hs = config().head_dim();
   Check(cuda::RotaryForward(k(), qkv, rotary_table_->as<float>(), b, t, NHt + KVHt, hs,
                             (NHt + 2 * KVHt) * hs, inverse, DevicePositions()));
+}
+
+// Qwen3's q/k norms: q's NHt heads and k's KVHt, side by side from column 0
+// of the qkv rows; their saved values share one buffer of NHt + KVHt heads.
+void CudaModel::QkNormForward(void* qkv, void* pre, float* rstd, int wq, int wk, int N, int NHt,
+                              int KVHt) {
+  const int hs = config().head_dim(), ld = (NHt + 2 * KVHt) * hs, heads = NHt + KVHt;
+  const float eps = static_cast<float>(config().norm_eps);
+  const size_t es = DataTypeSize(compute());
+  char* x = static_cast<char*>(qkv);
+  char* p = static_cast<char*>(pre);
+  Check(cuda::HeadRmsNormForward(k(), x, ld, p, rstd, heads, param(wq), eps, N, NHt, hs));
+  Check(cuda::HeadRmsNormForward(k(), x + NHt * hs * es, ld, p + NHt * hs * es, rstd + NHt, heads,
+                                 param(wk), eps, N, KVHt, hs));
+}
+
+void CudaModel::QkNormBackward(void* dqkv, const void* pre, const float* rstd, int wq, int wk,
+                               int N, int NHt, int KVHt) {
+  const int hs = config().head_dim(), ld = (NHt + 2 * KVHt) * hs, heads = NHt + KVHt;
+  const size_t es = DataTypeSize(compute());
+  char* d = static_cast<char*>(dqkv);
+  const char* p = static_cast<const char*>(pre);
+  Check(cuda::HeadRmsNormBackward(k(), d, ld, grad(wq), p, rstd, heads, param(wq), N, NHt, hs));
+  Check(cuda::HeadRmsNormBackward(k(), d + NHt * hs * es, ld, grad(wk), p + NHt * hs * es,
+                                  rstd + NHt, heads, param(wk), N, KVHt, hs));
 }
 
 // Flash attention where the table says so (policy().flash_attention: att

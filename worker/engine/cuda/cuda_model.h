@@ -92,6 +92,10 @@ class CudaModel final : public ModelEngine {
   void RmsNormBackward(void* dinp, const void* dout, const void* inp, const float* rstd, int weight,
                        int N, int C) override;
   void RotaryForward(void* qkv, int b, int t, int NHt, int KVHt, bool inverse) override;
+  void QkNormForward(void* qkv, void* pre, float* rstd, int wq, int wk, int N, int NHt,
+                     int KVHt) override;
+  void QkNormBackward(void* dqkv, const void* pre, const float* rstd, int wq, int wk, int N,
+                      int NHt, int KVHt) override;
   void AttentionForward(void* out, void* att, void* scratch, const void* qkv, int b, int t, int Ct,
                         int NHt, int KVHt) override;
   void AttentionBackward(void* dqkv, void* scratch, const void* dout, const void* qkv,

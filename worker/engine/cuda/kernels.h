@@ -151,6 +151,22 @@ absl::Status RmsNormForward(const KernelCtx& ctx, void* out, float* rstd, const 
 absl::Status RmsNormBackward(const KernelCtx& ctx, void* dinp, float* dweight, const void* dout,
                              const void* inp, const void* weight, const float* rstd, int N, int C);
 
+// ---- RMSNorm over each head (Qwen3's q_norm, k_norm), in place ----
+// x (N rows of ld): `heads` consecutive heads of hs channels from column 0
+// (pass x offset to the first head) become x · rstd · weight (weight (hs),
+// shared by the heads); saves the values before in pre ((r·ld_stat + h)·hs)
+// and rstd (fp32, r·ld_stat + h). One warp per (row, head). The CPU twin is
+// cpu::HeadRmsNormForward.
+absl::Status HeadRmsNormForward(const KernelCtx& ctx, void* x, int ld, void* pre, float* rstd,
+                                int ld_stat, const void* weight, float eps, int N, int heads,
+                                int hs);
+// dx, laid out as x, holds the normalised values' gradient and is
+// OVERWRITTEN with the gradient of the values before; dweight (hs, fp32)
+// += (a block per channel, fixed-order sums: deterministic).
+absl::Status HeadRmsNormBackward(const KernelCtx& ctx, void* dx, int ld, float* dweight,
+                                 const void* pre, const float* rstd, int ld_stat,
+                                 const void* weight, int N, int heads, int hs);
+
 // ---- rotary position embedding (RoPE), in place ----
 // x (B,T,ld): in each row the first `heads` heads of hs channels (q's, then
 // k's: side by side in the qkv rows) are rotated, pair (2i, 2i+1) of a head

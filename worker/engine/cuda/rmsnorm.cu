@@ -2,6 +2,7 @@
 // CPU twin is engine/cpu/layers.cc). The layout of layernorm.cu: one warp
 // per row for the row's statistics and dinp, a column-tile kernel for the
 // weight's gradient (deterministic: no atomics).
+#include "absl/strings/str_cat.h"
 #include "worker/engine/cuda/kernel_util.cuh"
 #include "worker/engine/cuda/kernels.h"
 
@@ -127,6 +128,133 @@ absl::Status RmsNormBackward(const KernelCtx& ctx, void* dinp, float* dweight, c
     RmsNormBackwardInputKernel<F><<<row_blocks, kThreads, 0, ctx.stream>>>(
         static_cast<F*>(dinp), d, x, static_cast<const F*>(weight), rstd, N, C);
     return internal::CheckLaunch("RmsNormBackward (dinp)");
+  });
+}
+
+}  // namespace shardtrain::engine::cuda
+
+// ---- RMSNorm over each head (Qwen3's q_norm, k_norm) ----
+namespace shardtrain::engine::cuda {
+namespace {
+
+// One warp per (row, head) of hs channels: x (strided rows of ld) is
+// normalised in place; the values before go to pre ((row·ld_stat + h)·hs),
+// rstd to row·ld_stat + h.
+template <typename F>
+__global__ void HeadRmsNormForwardKernel(F* x, int ld, F* pre, float* rstd, int ld_stat,
+                                         const F* weight, float eps, int N, int heads, int hs) {
+  const int64_t item = int64_t{blockIdx.x} * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (item >= int64_t{N} * heads) return;  // the whole warp leaves together
+  const int64_t row = item / heads, h = item % heads;
+  F* v = x + row * ld + h * hs;
+  F* p = pre + (row * ld_stat + h) * hs;
+  float ss = 0.0f;
+  for (int c = lane; c < hs; c += kWarpSize) {
+    const float a = Load(v[c]);
+    ss += a * a;
+  }
+  const float s = 1.0f / sqrtf(WarpSum(ss) / hs + eps);
+  for (int c = lane; c < hs; c += kWarpSize) {
+    const F a = v[c];
+    p[c] = a;
+    v[c] = Store<F>(Load(a) * s * Load(weight[c]));
+  }
+  if (lane == 0) rstd[row * ld_stat + h] = s;
+}
+
+// A block per channel c of hs: dweight[c] += Σ over (row, head) of dy ·
+// pre · rstd, each thread's share in a fixed order, then a fixed-order tree
+// over the block (deterministic). Runs before the input kernel overwrites
+// dy.
+template <typename F>
+__global__ void HeadRmsNormBackwardWeightKernel(float* dweight, const F* dx, int ld, const F* pre,
+                                                const float* rstd, int ld_stat, int N, int heads,
+                                                int hs) {
+  __shared__ float sums[kThreads];
+  const int c = blockIdx.x;
+  float acc = 0.0f;
+  for (int64_t item = threadIdx.x; item < int64_t{N} * heads; item += kThreads) {
+    const int64_t row = item / heads, h = item % heads;
+    acc += Load(dx[row * ld + h * hs + c]) * Load(pre[(row * ld_stat + h) * hs + c]) *
+           rstd[row * ld_stat + h];
+  }
+  sums[threadIdx.x] = acc;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) sums[threadIdx.x] += sums[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) dweight[c] += sums[0];
+}
+
+// One warp per (row, head): dx = s·w·dy − s³/hs · x · Σ dy·w·x, in place.
+template <typename F>
+__global__ void HeadRmsNormBackwardInputKernel(F* dx, int ld, const F* pre, const float* rstd,
+                                               int ld_stat, const F* weight, int N, int heads,
+                                               int hs) {
+  const int64_t item = int64_t{blockIdx.x} * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (item >= int64_t{N} * heads) return;
+  const int64_t row = item / heads, h = item % heads;
+  F* d = dx + row * ld + h * hs;
+  const F* p = pre + (row * ld_stat + h) * hs;
+  const float s = rstd[row * ld_stat + h];
+  float dot = 0.0f;
+  for (int c = lane; c < hs; c += kWarpSize) dot += Load(d[c]) * Load(weight[c]) * Load(p[c]);
+  const float k = WarpSum(dot) / hs * s * s * s;
+  for (int c = lane; c < hs; c += kWarpSize) {
+    d[c] = Store<F>(s * Load(weight[c]) * Load(d[c]) - k * Load(p[c]));
+  }
+}
+
+absl::Status CheckHeadNormSizes(const char* kernel, int N, int heads, int hs, int ld, int ld_stat) {
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kernel, "N", N));
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kernel, "heads", heads));
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kernel, "hs", hs));
+  if (ld < heads * hs || ld_stat < heads) {
+    return absl::InvalidArgumentError(absl::StrCat(kernel, ": ld ", ld, " < heads·hs ", heads * hs,
+                                                   " or ld_stat ", ld_stat, " < heads ", heads));
+  }
+  return internal::CheckGrid(kernel, internal::BlocksFor(int64_t{N} * heads, kRowsPerBlock));
+}
+
+}  // namespace
+
+absl::Status HeadRmsNormForward(const KernelCtx& ctx, void* x, int ld, void* pre, float* rstd,
+                                int ld_stat, const void* weight, float eps, int N, int heads,
+                                int hs) {
+  constexpr const char* kName = "HeadRmsNormForward";
+  SHARDTRAIN_RETURN_IF_ERROR(CheckHeadNormSizes(kName, N, heads, hs, ld, ld_stat));
+  if (N == 0 || heads == 0 || hs == 0) return absl::OkStatus();
+  if (!(eps > 0.0f)) return absl::InvalidArgumentError("HeadRmsNormForward: eps must be > 0");
+  const int blocks = static_cast<int>(internal::BlocksFor(int64_t{N} * heads, kRowsPerBlock));
+  return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
+    using F = typename decltype(tag)::type;
+    HeadRmsNormForwardKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
+        static_cast<F*>(x), ld, static_cast<F*>(pre), rstd, ld_stat, static_cast<const F*>(weight),
+        eps, N, heads, hs);
+    return internal::CheckLaunch(kName);
+  });
+}
+
+absl::Status HeadRmsNormBackward(const KernelCtx& ctx, void* dx, int ld, float* dweight,
+                                 const void* pre, const float* rstd, int ld_stat,
+                                 const void* weight, int N, int heads, int hs) {
+  constexpr const char* kName = "HeadRmsNormBackward";
+  SHARDTRAIN_RETURN_IF_ERROR(CheckHeadNormSizes(kName, N, heads, hs, ld, ld_stat));
+  if (N == 0 || heads == 0 || hs == 0) return absl::OkStatus();
+  return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
+    using F = typename decltype(tag)::type;
+    F* d = static_cast<F*>(dx);
+    const F* p = static_cast<const F*>(pre);
+    HeadRmsNormBackwardWeightKernel<F>
+        <<<hs, kThreads, 0, ctx.stream>>>(dweight, d, ld, p, rstd, ld_stat, N, heads, hs);
+    SHARDTRAIN_RETURN_IF_ERROR(internal::CheckLaunch("HeadRmsNormBackward (dweight)"));
+    const int blocks = static_cast<int>(internal::BlocksFor(int64_t{N} * heads, kRowsPerBlock));
+    HeadRmsNormBackwardInputKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
+        d, ld, p, rstd, ld_stat, static_cast<const F*>(weight), N, heads, hs);
+    return internal::CheckLaunch("HeadRmsNormBackward (dx)");
   });
 }
 

@@ -100,6 +100,63 @@ TEST_F(CudaKernelsTest, RmsNormBackwardIsDeterministic) {
   ExpectSameBits(runs[0][1], runs[1][1], "dweight");
 }
 
+// Qwen3's q/k norms: rows of (NH + 2·KVH)·hs = (4 + 2·2)·128 (hs 128 as
+// Qwen3's), q's 4 heads by one weight and k's 2 by another into one saved
+// buffer of 6 heads, as CudaModel::QkNormForward calls them; backward
+// overwrites q's and k's gradient columns and adds into both weights'
+// gradients. Never ran on a GPU when written (2026-11-28).
+TEST_F(CudaKernelsTest, HeadRmsNormMatchesCpu) {
+  const int N = 300, NH = 4, KVH = 2, hs = 128, ld = (NH + 2 * KVH) * hs, heads = NH + KVH;
+  const float eps = 1e-6f;
+  for (DataType dtype : {kF32, DataType::kBFloat16}) {
+    const std::string label = absl::StrCat(DataTypeName(dtype), " head rmsnorm ");
+    SCOPED_TRACE(label);
+    const double tol = Tol(dtype);
+    const size_t n = size_t{N} * ld, np = size_t{N} * heads * hs;
+    const std::vector<float> x = Rounded(dtype, Uniform(rng_, n, -2.0f, 3.0f));
+    const std::vector<float> wq = Rounded(dtype, Uniform(rng_, hs, 0.5f, 1.5f));
+    const std::vector<float> wk = Rounded(dtype, Uniform(rng_, hs, 0.5f, 1.5f));
+    const std::vector<float> dy = Rounded(dtype, Uniform(rng_, n));
+    const std::vector<float> dwq0 = Uniform(rng_, hs), dwk0 = Uniform(rng_, hs);
+    std::vector<float> y_ref = x, pre_ref(np), rstd_ref(size_t{N} * heads);
+    cpu::HeadRmsNormForward<float>(y_ref.data(), ld, pre_ref.data(), rstd_ref.data(), heads,
+                                   wq.data(), eps, N, NH, hs, nullptr);
+    cpu::HeadRmsNormForward<float>(y_ref.data() + NH * hs, ld, pre_ref.data() + NH * hs,
+                                   rstd_ref.data() + NH, heads, wk.data(), eps, N, KVH, hs,
+                                   nullptr);
+    std::vector<float> dx_ref = dy, dwq_ref = dwq0, dwk_ref = dwk0;
+    cpu::HeadRmsNormBackward<float>(dx_ref.data(), ld, dwq_ref.data(), pre_ref.data(),
+                                    rstd_ref.data(), heads, wq.data(), N, NH, hs, nullptr);
+    cpu::HeadRmsNormBackward<float>(dx_ref.data() + NH * hs, ld, dwk_ref.data(),
+                                    pre_ref.data() + NH * hs, rstd_ref.data() + NH, heads,
+                                    wk.data(), N, KVH, hs, nullptr);
+
+    const KernelCtx& k = Ctx(dtype);
+    const size_t es = DataTypeSize(dtype);
+    DevicePtr d_x = Upload(dtype, x), d_wq = Upload(dtype, wq), d_wk = Upload(dtype, wk);
+    DevicePtr d_pre = Alloc(np * es), d_rstd = Alloc(size_t{N} * heads * sizeof(float));
+    char* xp = static_cast<char*>(d_x.get());
+    char* pp = static_cast<char*>(d_pre.get());
+    float* rp = static_cast<float*>(d_rstd.get());
+    ASSERT_OK(HeadRmsNormForward(k, xp, ld, pp, rp, heads, d_wq.get(), eps, N, NH, hs));
+    ASSERT_OK(HeadRmsNormForward(k, xp + NH * hs * es, ld, pp + NH * hs * es, rp + NH, heads,
+                                 d_wk.get(), eps, N, KVH, hs));
+    Compare(Download(dtype, d_x.get(), n), y_ref, tol, label + "y (v's columns untouched)");
+    Compare(Download(dtype, d_pre.get(), np), pre_ref, tol, label + "pre");
+    Compare(DownloadF32(d_rstd.get(), size_t{N} * heads), rstd_ref, kFp32Tol, label + "rstd");
+
+    DevicePtr d_dx = Upload(dtype, dy), d_dwq = UploadF32(dwq0), d_dwk = UploadF32(dwk0);
+    char* dp = static_cast<char*>(d_dx.get());
+    ASSERT_OK(HeadRmsNormBackward(k, dp, ld, static_cast<float*>(d_dwq.get()), pp, rp, heads,
+                                  d_wq.get(), N, NH, hs));
+    ASSERT_OK(HeadRmsNormBackward(k, dp + NH * hs * es, ld, static_cast<float*>(d_dwk.get()),
+                                  pp + NH * hs * es, rp + NH, heads, d_wk.get(), N, KVH, hs));
+    Compare(Download(dtype, d_dx.get(), n), dx_ref, tol, label + "dx");
+    Compare(DownloadF32(d_dwq.get(), hs), dwq_ref, tol, label + "dweight q");
+    Compare(DownloadF32(d_dwk.get(), hs), dwk_ref, tol, label + "dweight k");
+  }
+}
+
 // ---------------------------------------------------------------- rotary
 
 // The qkv rows of NH = 4 query and KVH = 2 kv heads of hs = 16 (rows of
