@@ -26,31 +26,17 @@
 
 #include "common/process.h"
 #include "common/tokenizers.h"
+#include "tests/unit/common/bpe_test_util.h"
 
 namespace shardtrain {
 namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-std::string ReadAll(const fs::path& p) {
-  std::string out;
-  ReadFile(p.string(), &out).IgnoreError();
-  return out;
-}
+using bpe_test::ReadAll;
+using bpe_test::Sha256;
 
-// A scratch folder of this test program, removed at exit.
-const fs::path& Scratch() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("shardtrain_bpe_test_" + std::to_string(getpid()));
-    fs::create_directories(d);
-    std::atexit([] {
-      fs::remove_all(fs::temp_directory_path() /
-                     ("shardtrain_bpe_test_" + std::to_string(getpid())));
-    });
-    return d;
-  }();
-  return dir;
-}
+const fs::path& Scratch() { return bpe_test::Scratch("shardtrain_bpe_test_"); }
 
 std::string Llama3Path() {
   absl::StatusOr<std::string> p = FindLlama3Tokenizer();
@@ -70,56 +56,10 @@ const ByteLevelBpe& Llama3() {
   return *bpe;
 }
 
-// The reference's ids for `text` (valid UTF-8) under `tokenizer` (a
-// tokenizer.json, or gpt2:DIR), added tokens in the text parsed.
-std::vector<int> ReferenceIds(const std::string& tokenizer, const std::string& text) {
-  const fs::path in = Scratch() / "in.txt", out = Scratch() / "ids.txt";
-  { std::ofstream(in, std::ios::binary) << text; }
-  fs::remove(out);
-  const std::string cmd = "node " SHARDTRAIN_SOURCE_DIR "/tests/tools/bpe_reference.js '" +
-                          tokenizer + "' '" + in.string() + "' '" + out.string() + "'";
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  std::istringstream ids(ReadAll(out));
-  double seconds = 0;
-  ids >> seconds;
-  std::vector<int> v;
-  for (int id; ids >> id;) v.push_back(id);
-  return v;
-}
-
-// Ours (specials parsed, as the reference does) equal the reference's, and
-// decode back to the text.
+// Ours (specials parsed, as the reference does) equal the reference's.
 void ExpectReferenceIds(const ByteLevelBpe& bpe, const std::string& tokenizer,
                         const std::string& text, const char* what) {
-  ByteLevelBpe::Cache cache;
-  ByteLevelBpe::EncodeOptions parse;
-  parse.specials = ByteLevelBpe::Specials::kParse;
-  const std::vector<int> ours = bpe.Encode(text, &cache, parse);
-  const std::vector<int> reference = ReferenceIds(tokenizer, text);
-  ASSERT_FALSE(reference.empty()) << what;
-  size_t first_diff = 0;
-  while (first_diff < ours.size() && first_diff < reference.size() &&
-         ours[first_diff] == reference[first_diff]) {
-    ++first_diff;
-  }
-  EXPECT_EQ(ours.size(), reference.size()) << what;
-  if (first_diff < ours.size() || first_diff < reference.size()) {
-    // The text around the first difference, as each side split it.
-    auto around = [&](const std::vector<int>& ids) {
-      std::string out;
-      for (size_t i = first_diff < 3 ? 0 : first_diff - 3; i < ids.size() && i < first_diff + 4;
-           ++i) {
-        absl::StatusOr<std::string> t = bpe.Decode({ids[i]});
-        out += "[" + std::to_string(ids[i]) + " " + (t.ok() ? *t : "?") + "]";
-      }
-      return out;
-    };
-    ADD_FAILURE() << what << ": ids differ first at token " << first_diff
-                  << "\n  ours:      " << around(ours) << "\n  reference: " << around(reference);
-  }
-  std::printf("[bpe] %s: %zu bytes -> %zu ids, equal to @lenml/tokenizers': %s\n", what,
-              text.size(), ours.size(), ours == reference ? "yes" : "NO");
-  EXPECT_EQ(bpe.Encode(text, &cache, parse), ours) << what << " (from the cache)";
+  bpe_test::ExpectReferenceIds(Scratch(), bpe, tokenizer, text, what, "bpe");
 }
 
 const char kMultilingual[] =
@@ -142,19 +82,6 @@ std::string FortunesSample() {
   std::string fortunes = ReadAll(SHARDTRAIN_FORTUNES_PATH).substr(0, 64 << 10);
   fortunes.resize(fortunes.rfind('\n') + 1);  // valid UTF-8
   return fortunes;
-}
-
-std::string Sha256(const std::string& bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  EVP_Digest(bytes.data(), bytes.size(), digest, &n, EVP_sha256(), nullptr);
-  std::string hex;
-  char b[3];
-  for (unsigned int i = 0; i < n; ++i) {
-    std::snprintf(b, sizeof b, "%02x", digest[i]);
-    hex += b;
-  }
-  return hex;
 }
 
 TEST(BpeTest, Llama3FileVocabularyAndKnownIds) {

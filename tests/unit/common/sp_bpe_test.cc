@@ -24,6 +24,7 @@
 #include "common/bpe.h"
 #include "common/process.h"
 #include "common/tokenizers.h"
+#include "tests/unit/common/bpe_test_util.h"
 
 namespace shardtrain {
 namespace {
@@ -31,25 +32,10 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using Ids = std::vector<int>;
 
-std::string ReadAll(const fs::path& p) {
-  std::string out;
-  ReadFile(p.string(), &out).IgnoreError();
-  return out;
-}
+using bpe_test::ReadAll;
+using bpe_test::Sha256;
 
-// A scratch folder of this test program, removed at exit.
-const fs::path& Scratch() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("shardtrain_sp_bpe_test_" + std::to_string(getpid()));
-    fs::create_directories(d);
-    std::atexit([] {
-      fs::remove_all(fs::temp_directory_path() /
-                     ("shardtrain_sp_bpe_test_" + std::to_string(getpid())));
-    });
-    return d;
-  }();
-  return dir;
-}
+const fs::path& Scratch() { return bpe_test::Scratch("shardtrain_sp_bpe_test_"); }
 
 const char kMark[] = "\xe2\x96\x81";  // U+2581, SentencePiece's space
 
@@ -304,52 +290,10 @@ bool HaveNode() {
   return have;
 }
 
-// The reference's ids for `text` (valid UTF-8) under tokenizer.json
-// `tokenizer`, added tokens in the text parsed.
-Ids ReferenceIds(const std::string& tokenizer, const std::string& text) {
-  const fs::path in = Scratch() / "in.txt", out = Scratch() / "ids.txt";
-  { std::ofstream(in, std::ios::binary) << text; }
-  fs::remove(out);
-  const std::string cmd = "node " SHARDTRAIN_SOURCE_DIR "/tests/tools/bpe_reference.js '" +
-                          tokenizer + "' '" + in.string() + "' '" + out.string() + "'";
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  std::istringstream ids(ReadAll(out));
-  double seconds = 0;
-  ids >> seconds;
-  Ids v;
-  for (int id; ids >> id;) v.push_back(id);
-  return v;
-}
-
 // Ours (specials parsed, as the reference does) equal the reference's.
 void ExpectReferenceIds(const ByteLevelBpe& bpe, const std::string& tokenizer,
                         const std::string& text, const char* what) {
-  ByteLevelBpe::Cache cache;
-  const Ids ours = bpe.Encode(text, &cache, Parse());
-  const Ids reference = ReferenceIds(tokenizer, text);
-  ASSERT_FALSE(reference.empty()) << what;
-  size_t first_diff = 0;
-  while (first_diff < ours.size() && first_diff < reference.size() &&
-         ours[first_diff] == reference[first_diff]) {
-    ++first_diff;
-  }
-  EXPECT_EQ(ours.size(), reference.size()) << what;
-  if (first_diff < ours.size() || first_diff < reference.size()) {
-    auto around = [&](const Ids& ids) {
-      std::string out;
-      for (size_t i = first_diff < 3 ? 0 : first_diff - 3; i < ids.size() && i < first_diff + 4;
-           ++i) {
-        absl::StatusOr<std::string> t = bpe.Decode({ids[i]});
-        out += "[" + std::to_string(ids[i]) + " " + (t.ok() ? *t : "?") + "]";
-      }
-      return out;
-    };
-    ADD_FAILURE() << what << ": ids differ first at token " << first_diff
-                  << "\n  ours:      " << around(ours) << "\n  reference: " << around(reference);
-  }
-  std::printf("[sp_bpe] %s: %zu bytes -> %zu ids, equal to @lenml/tokenizers': %s\n", what,
-              text.size(), ours.size(), ours == reference ? "yes" : "NO");
-  EXPECT_EQ(bpe.Encode(text, &cache, Parse()), ours) << what << " (from the cache)";
+  bpe_test::ExpectReferenceIds(Scratch(), bpe, tokenizer, text, what, "sp_bpe");
 }
 
 const char kMultilingual[] =
@@ -371,19 +315,6 @@ std::string Fortunes(size_t bytes) {
   std::string fortunes = ReadAll(SHARDTRAIN_FORTUNES_PATH).substr(0, bytes);
   if (!fortunes.empty()) fortunes.resize(fortunes.rfind('\n') + 1);  // valid UTF-8
   return fortunes;
-}
-
-std::string Sha256(const std::string& bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  EVP_Digest(bytes.data(), bytes.size(), digest, &n, EVP_sha256(), nullptr);
-  std::string hex;
-  char b[3];
-  for (unsigned int i = 0; i < n; ++i) {
-    std::snprintf(b, sizeof b, "%02x", digest[i]);
-    hex += b;
-  }
-  return hex;
 }
 
 TEST(SpBpeTest, Llama2FileVocabularyAndKnownIds) {
