@@ -101,7 +101,7 @@ class CrossCheckTest : public ::testing::Test {
       std::snprintf(eps, sizeof eps, "%.17g", config_.norm_eps);
       c << "kv_heads " << config_.kv_heads << "\nffn_dim " << config_.ffn_dim << "\nrope_theta "
         << theta << "\nnorm_eps " << eps << "\ntie_embeddings " << (config_.tie_embeddings ? 1 : 0)
-        << "\n";
+        << "\nhead_dim " << config_.head_dim() << "\nqk_norm " << (config_.qk_norm ? 1 : 0) << "\n";
     }
     c << extra_config;
     std::ofstream l(dir_ / "layout.txt");
@@ -212,6 +212,20 @@ class TiedLlamaCrossCheckTest : public LlamaCrossCheckTest {
 };
 
 TEST_F(TiedLlamaCrossCheckTest, LossLogitsAndGradientsMatchTorch) {
+  ExpectLossLogitsAndGradientsMatchTorch();
+}
+
+// Qwen3's recipe: heads of 32 on a width of 64 (q is 128 wide, the output
+// projection 64 × 128) and an RMSNorm over each head of q and k before
+// rotary; tied head.
+class Qwen3CrossCheckTest : public CrossCheckTest {
+ protected:
+  absl::StatusOr<ModelConfig> Config() const override {
+    return model::MakeLlamaConfig({2, 4, 2, 64, 96, 32, 100, 10000, 1e-6, true, {}, 32, true});
+  }
+};
+
+TEST_F(Qwen3CrossCheckTest, LossLogitsAndGradientsMatchTorch) {
   ExpectLossLogitsAndGradientsMatchTorch();
 }
 

@@ -6,7 +6,9 @@ Usage: torch_crosscheck.py DIR grad|adamw
 DIR holds what the C++ test wrote:
   config.txt   "key value" lines: arch (gpt2 | llama) layers heads dim context
                vocab padded_vocab batch seq_len; for llama also kv_heads
-               ffn_dim rope_theta norm_eps tie_embeddings (and for adamw:
+               ffn_dim rope_theta norm_eps tie_embeddings head_dim qk_norm
+               (Qwen3: an RMSNorm over each head of q and k before rotary)
+               (and for adamw:
                steps lr_0..lr_{n-1} beta1 beta2 eps weight_decay)
   layout.txt   one tensor per line: name offset numel decay d0 [d1]
   params.bin   flat float32 parameters
@@ -141,20 +143,25 @@ def llama_logits(P, cfg, idx, mask):
     KVH, FF = int(cfg["kv_heads"]), int(cfg["ffn_dim"])
     theta, eps = float(cfg["rope_theta"]), float(cfg["norm_eps"])
     B, T = idx.shape
-    hs = C // NH
+    hs = int(cfg.get("head_dim", C // NH))
+    qk_norm = cfg.get("qk_norm") == "1"
     x = P["wte"][idx]
     for l in range(L):
         p = f"block.{l}."
         h = rms_norm(x, P[p + "ln1.weight"], eps)
-        q, k, v = F.linear(h, P[p + "attn.qkv.weight"]).split([C, KVH * hs, KVH * hs], dim=2)
-        q = rotary(q.view(B, T, NH, hs).transpose(1, 2), theta)
-        k = rotary(k.view(B, T, KVH, hs).transpose(1, 2), theta)
+        q, k, v = F.linear(h, P[p + "attn.qkv.weight"]).split([NH * hs, KVH * hs, KVH * hs], dim=2)
+        q, k = q.view(B, T, NH, hs), k.view(B, T, KVH, hs)
+        if qk_norm:  # Qwen3Attention: q_norm / k_norm over each head, then rotary
+            q = rms_norm(q, P[p + "attn.q_norm.weight"], eps)
+            k = rms_norm(k, P[p + "attn.k_norm.weight"], eps)
+        q = rotary(q.transpose(1, 2), theta)
+        k = rotary(k.transpose(1, 2), theta)
         v = v.view(B, T, KVH, hs).transpose(1, 2)
         k = k.repeat_interleave(NH // KVH, dim=1)  # Hugging Face's repeat_kv
         v = v.repeat_interleave(NH // KVH, dim=1)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, NH * hs)
         x = x + F.linear(y, P[p + "attn.proj.weight"])
         h = rms_norm(x, P[p + "ln2.weight"], eps)
         gate, up = F.linear(h, P[p + "mlp.fc.weight"]).split(FF, dim=2)
