@@ -132,6 +132,7 @@ class Corpus {
 // coordinator aggregates), and the validation loss where evaluated.
 struct Losses {
   std::vector<double> loss, val;
+  std::vector<double> grad_norm;  // each step's global norm before clipping (rank 0's)
 };
 
 // Trains `spec` on its world of thread ranks over steps [first, kSteps];
@@ -143,6 +144,7 @@ inline Losses Train(const JobSpec& spec, int first = 1, const std::string& resum
   Losses run;
   run.loss.assign(kSteps + 1, 0.0);
   run.val.assign(kSteps + 1, NAN);
+  run.grad_norm.assign(kSteps + 1, 0.0);
   std::mutex mu;
   std::map<int64_t, std::vector<checkpoint::ShardFileInfo>> shards;
   checkpoint::FileCheckpointStorage storage;
@@ -160,6 +162,7 @@ inline Losses Train(const JobSpec& spec, int first = 1, const std::string& resum
       std::lock_guard<std::mutex> lock(mu);
       if (dims.SpeaksForReplica(comm.rank())) run.loss[step] += r->loss / dims.dp();
       if (r->val_loss && comm.rank() == 0) run.val[step] = *r->val_loss;
+      if (comm.rank() == 0) run.grad_norm[step] = r->grad_norm;
       if (save && step % spec.checkpoint.every == 0 && step < kSteps) {
         std::string path;
         auto info = (*trainer)->SaveShard(storage, step, &path);

@@ -50,8 +50,8 @@ struct Reference {
   float loss = 0;
   std::vector<float> params, grads;
 };
-Reference Whole(const std::vector<Batch>& batches) {
-  auto gpt = CpuModel::Create(Config(), kB, kT, 1);
+Reference Whole(const std::vector<Batch>& batches, const ModelConfig& config = Config()) {
+  auto gpt = CpuModel::Create(config, kB, kT, 1);
   EXPECT_TRUE(gpt.ok());
   (*gpt)->InitParams(kSeed);
   (*gpt)->ZeroGrad();
@@ -126,6 +126,65 @@ TEST_P(TensorParallelTest, SlicesEqualTheWholeModel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tp, TensorParallelTest, ::testing::Values(2, 4));
+
+// Qwen3's recipe (heads of 16 on a width of 32; q/k norms) on tp slices:
+// each rank's q/k norm gradient covers its own heads only, so the ranges
+// ParamLayout::TpPartialRanges names sum over the ranks to the whole
+// model's gradient (the trainer sums them over the tp group); every other
+// replicated tensor is the same on every rank.
+TEST_P(TensorParallelTest, QkNormGradientsAreTheSlicesPartialSums) {
+  const int tp = GetParam();
+  const ModelConfig config =
+      *model::MakeLlamaConfig({2, 4, 4, 32, 48, 16, 100, 1e4, 1e-6, false, {}, 16, true});
+  const Batch batch = MakeBatch(2);
+  const Reference ref = Whole({batch}, config);
+  std::mutex mu;
+  std::vector<float> grads(ref.grads.size(), 0.0f);
+  std::vector<int> covered(ref.grads.size(), 0);
+  int partial_elements = 0;
+  comm::testing::RunRanks(tp, [&](comm::Communicator& comm) {
+    parallel::TensorParallelGroup group(&comm);
+    ModelEngineOptions o;
+    o.slice.tp = tp;
+    o.slice.tp_rank = comm.rank();
+    o.tp = &group;
+    auto g = CpuModel::Create(config, kB, kT, 1, o);
+    ASSERT_TRUE(g.ok()) << g.status();
+    (*g)->InitParams(kSeed);
+    (*g)->ZeroGrad();
+    const float loss = (*g)->Forward(batch.tokens.data(), batch.targets.data());
+    EXPECT_NEAR(loss, ref.loss, 1e-5 * ref.loss);
+    (*g)->Backward();
+    ASSERT_TRUE(group.status().ok()) << group.status();
+    const auto partial = (*g)->layout().TpPartialRanges(/*sequence_parallel=*/false);
+    auto is_partial = [&](size_t local) {
+      for (const auto& [b, e] : partial) {
+        if (local >= b && local < e) return true;
+      }
+      return false;
+    };
+    std::lock_guard<std::mutex> lock(mu);
+    const float* gr = (*g)->grads().f32().data();
+    for (const FlatRun& r : (*g)->layout().GlobalRuns()) {
+      for (size_t i = 0; i < r.count; ++i) {
+        const size_t at = r.global + i;
+        if (is_partial(r.local + i)) {
+          grads[at] += gr[r.local + i];
+          covered[at]++;
+          if (comm.rank() == 0) ++partial_elements;
+        } else if (covered[at]++ == 0) {
+          grads[at] = gr[r.local + i];
+        } else {
+          ASSERT_EQ(grads[at], gr[r.local + i]) << "replica differs at " << at;
+        }
+      }
+    }
+  });
+  // The q and k norms of 2 layers, hs 16 each.
+  EXPECT_EQ(partial_elements, 2 * 2 * 16);
+  for (size_t i = 0; i < covered.size(); ++i) ASSERT_GT(covered[i], 0) << "element " << i;
+  ExpectClose(grads, ref.grads);
+}
 
 TEST(PipelineStageTest, TwoStagesWithTwoSlotsEqualTheWholeModel) {
   const std::vector<Batch> batches = {MakeBatch(2), MakeBatch(3)};
