@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/job_spec.h"
 #include "common/job_spec_internal.h"
 #include "yaml-cpp/yaml.h"
 
@@ -79,6 +80,15 @@ absl::Status ReadEnum(const Node& parent, const std::string& prefix, absl::strin
 absl::StatusOr<Node> Section(const Node& root, absl::string_view key);
 // Applies one "key.path=value" override to the document.
 absl::Status ApplyOverride(Node& root, const std::string& override_text);
+
+// The model section (job_spec_model.cc): model.* into *m (a preset
+// expanded, the family's fields checked), validated as ModelSpec::Config()
+// validates it. model.attention's auto is left for the caller
+// (AttentionIsAuto): it depends on the rest of the spec.
+absl::Status ParseModel(const Node& root, ModelSpec* m);
+// model.attention absent or "auto": the job gets flash where its kernels
+// serve it, materialized elsewhere (resolved once the whole spec is read).
+bool AttentionIsAuto(const Node& model);
 
 }  // namespace shardtrain::spec_read
 
