@@ -429,17 +429,16 @@ absl::StatusOr<ModelFromInit> ModelShapeFromInit(std::string_view yaml_text,
   ModelFromInit out;
   try {
     const Node model = root["model"];
-    if (!model.IsDefined() || !model.IsMap()) return out;
-    for (const auto& kv : model) out.keys_set.push_back(kv.first.as<std::string>());
-    if (Present(model, "preset") || Present(model, "layers") || !Present(model, "init")) {
-      out.keys_set.clear();
-      return out;
+    if (!model.IsDefined() || !model.IsMap() || Present(model, "preset") ||
+        Present(model, "layers") || !Present(model, "init")) {
+      return out;  // the spec describes its model itself (or ParseJobSpec refuses it)
     }
     SHARDTRAIN_RETURN_IF_ERROR(ReadString(model, "model", "init", &out.init));
+    if (out.init.empty()) return out;
+    for (const auto& kv : model) out.keys_set.push_back(kv.first.as<std::string>());
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("spec: ", e.what()));
   }
-  if (out.init.empty()) out.keys_set.clear();
   return out;
 }
 

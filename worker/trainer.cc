@@ -235,8 +235,10 @@ absl::Status Trainer::AttachModelParallel(std::unique_ptr<parallel::Mesh> mesh,
       return parallel::AllReduceSumNow(*m->tied(), *e, g.data(), g.size());
     };
   }
-  if (tp_group_ != nullptr && !layout.TpPartialRanges(spec_.parallel.sequence_parallel).empty()) {
+  if (tp_group_ != nullptr) {
     mp.tp_partial = layout.TpPartialRanges(spec_.parallel.sequence_parallel);
+  }
+  if (!mp.tp_partial.empty()) {
     parallel::TensorParallelGroup* tp = tp_group_.get();
     mp.sum_tp = [tp](absl::Span<float> g) {
       tp->AllReduceSum(g.data(), g.size());

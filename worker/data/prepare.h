@@ -29,8 +29,9 @@
 // threads encode chunks independently and the ids equal a one-thread
 // encoding. For a SentencePiece-style file the same holds while no merge
 // joins '\n' to its neighbours (the pinned Llama 2 file's '\n' is a byte
-// token no merge uses: sp_bpe_test checks chunks against whole documents). Input is read in batches of ~64 MB (memory stays
-// about the batch and its tokens).
+// token no merge uses: sp_bpe_test checks chunks against whole documents).
+// Input is read in batches of ~64 MB (memory stays about the batch and its
+// tokens).
 #ifndef SHARDTRAIN_WORKER_DATA_PREPARE_H_
 #define SHARDTRAIN_WORKER_DATA_PREPARE_H_
 
