@@ -343,6 +343,12 @@ absl::Status ParseAll(const Node& root, JobSpec* spec) {
   SHARDTRAIN_ASSIGN_OR_RETURN(Node timeouts, Section(root, "timeouts"));
   SHARDTRAIN_RETURN_IF_ERROR(
       ReadInt(timeouts, "timeouts", "collective_s", 1, &spec->timeouts.collective_s));
+  SHARDTRAIN_RETURN_IF_ERROR(ParseRouter(root, &spec->router));
+  if (spec->model.moe.on() && spec->resources.device == DeviceKind::kCuda) {
+    return FieldError("model.moe",
+                      "the CUDA engine has no Mixture-of-Experts kernels yet (resources.device: "
+                      "cpu trains MoE models)");
+  }
   SHARDTRAIN_ASSIGN_OR_RETURN(Node model, Section(root, "model"));
   if (AttentionIsAuto(model)) spec->model.attention = AutoAttention(*spec);
   return CheckAttention(*spec);
@@ -351,7 +357,13 @@ absl::Status ParseAll(const Node& root, JobSpec* spec) {
 }  // namespace
 
 absl::StatusOr<model::ModelConfig> ModelSpec::Config() const {
-  if (arch == model::Arch::kGpt2) return model::MakeGptConfig(layers, heads, dim, context, vocab);
+  if (arch == model::Arch::kGpt2) {
+    absl::StatusOr<model::ModelConfig> c = model::MakeGptConfig(layers, heads, dim, context, vocab);
+    if (!c.ok() || !moe.on()) return c;
+    c->moe = moe;
+    if (absl::Status s = model::ValidateModelConfig(*c); !s.ok()) return s;
+    return c;
+  }
   model::LlamaShape shape;
   shape.layers = layers;
   shape.heads = heads;
@@ -366,6 +378,7 @@ absl::StatusOr<model::ModelConfig> ModelSpec::Config() const {
   shape.rope_scaling = rope_scaling;
   shape.head_dim = head_dim;
   shape.qk_norm = qk_norm;
+  shape.moe = moe;
   return model::MakeLlamaConfig(shape);
 }
 

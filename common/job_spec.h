@@ -109,6 +109,11 @@ struct ModelSpec {
   // of q and k.
   int head_dim = 0;
   bool qk_norm = false;
+  // A Mixture of Experts (model::MoeConfig; the YAML's model.moe: {experts,
+  // top_k, expert_ffn_dim, shared_experts, scoring, norm_topk_prob,
+  // first_dense_layers}, or none). Off by default; a preset's is replaced
+  // whole. Both families: GELU experts in gpt2, SwiGLU in llama.
+  model::MoeConfig moe;
   int HeadDim() const { return head_dim > 0 ? head_dim : heads > 0 ? dim / heads : 0; }
 
   // The model's config (family recipe and shape), validated as
@@ -224,6 +229,18 @@ struct TimeoutsSpec {
   int collective_s = 60;  // a collective that takes longer is an error, > 0
 };
 
+// How MoE layers are trained (the YAML's router section; ignored without
+// model.moe): the balancing losses' coefficients, DeepSeek-V3's
+// aux-loss-free bias (its update rate; 0: off) and the experts' capacity
+// (0: dropless; > 0: ceil(capacity_factor · tokens·top_k / experts) pairs
+// per expert of a micro-batch, the rest dropped).
+struct RouterSpec {
+  double aux_loss_coef = 0.01;   // >= 0
+  double z_loss_coef = 0;        // >= 0
+  double bias_update_rate = 0;   // >= 0
+  double capacity_factor = 0;    // >= 0
+};
+
 struct JobSpec {
   std::string name;  // required, [a-z0-9._-]{1,64}
   ModelSpec model;
@@ -239,6 +256,7 @@ struct JobSpec {
   ResourcesSpec resources;
   int max_restarts = 3;  // recoveries before the job fails, >= 0
   TimeoutsSpec timeouts;
+  RouterSpec router;
 
   // Ranks the job needs: dp · cp · tp · pp.
   int World() const { return parallel.dp * parallel.cp * parallel.tp * parallel.pp; }
@@ -268,6 +286,7 @@ bool operator==(const CheckpointSpec& a, const CheckpointSpec& b);
 bool operator==(const EvalSpec& a, const EvalSpec& b);
 bool operator==(const ResourcesSpec& a, const ResourcesSpec& b);
 bool operator==(const TimeoutsSpec& a, const TimeoutsSpec& b);
+bool operator==(const RouterSpec& a, const RouterSpec& b);
 bool operator==(const JobSpec& a, const JobSpec& b);
 inline bool operator!=(const JobSpec& a, const JobSpec& b) { return !(a == b); }
 

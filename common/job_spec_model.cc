@@ -75,7 +75,64 @@ absl::Status ReadRopeScaling(const Node& model, model::RopeScaling* out) {
   return absl::OkStatus();
 }
 
+inline const si::EnumTable<model::RouterScoring> kScorings = {
+    {"softmax", model::RouterScoring::kSoftmax}, {"sigmoid", model::RouterScoring::kSigmoid}};
+
+// model.moe: `none` (off), or a map {experts, top_k, expert_ffn_dim,
+// shared_experts, scoring, norm_topk_prob, first_dense_layers}; experts and
+// top_k required, expert_ffn_dim defaulting to the dense MLP's width
+// (ffn_dim). Replaces a preset's whole. Cross-field checks are
+// ValidateModelConfig's (model.moe.top_k naming model.moe.experts).
+absl::Status ReadMoe(const Node& model, int ffn_dim, model::MoeConfig* out) {
+  if (!Present(model, "moe")) return absl::OkStatus();
+  const Node n = model["moe"];
+  const std::string path = "model.moe";
+  if (n.IsScalar() && (n.Scalar() == "none" || n.Scalar() == "null")) {
+    *out = model::MoeConfig{};
+    return absl::OkStatus();
+  }
+  if (!n.IsMap()) {
+    return FieldError(path,
+                      "expected none or a map {experts, top_k, expert_ffn_dim, shared_experts, "
+                      "scoring, norm_topk_prob, first_dense_layers}, got ",
+                      Describe(n));
+  }
+  SHARDTRAIN_RETURN_IF_ERROR(CheckMap(n, path,
+                                      {"experts", "top_k", "expert_ffn_dim", "shared_experts",
+                                       "scoring", "norm_topk_prob", "first_dense_layers"}));
+  for (const char* key : {"experts", "top_k"}) SHARDTRAIN_RETURN_IF_ERROR(Require(n, path, key));
+  model::MoeConfig m;
+  m.expert_ffn_dim = ffn_dim;
+  SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, path, "experts", 1, &m.experts));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, path, "top_k", 1, &m.top_k));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, path, "expert_ffn_dim", 1, &m.expert_ffn_dim));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, path, "shared_experts", 0, &m.shared_experts));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, path, "scoring", kScorings, &m.scoring));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadBool(n, path, "norm_topk_prob", &m.norm_topk_prob));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, path, "first_dense_layers", 0, &m.first_dense_layers));
+  *out = m;
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status ParseRouter(const Node& root, RouterSpec* r) {
+  SHARDTRAIN_ASSIGN_OR_RETURN(Node n, Section(root, "router"));
+  SHARDTRAIN_RETURN_IF_ERROR(
+      ReadDouble(n, "router", "aux_loss_coef", 0.0, /*exclusive=*/false, &r->aux_loss_coef));
+  SHARDTRAIN_RETURN_IF_ERROR(
+      ReadDouble(n, "router", "z_loss_coef", 0.0, /*exclusive=*/false, &r->z_loss_coef));
+  SHARDTRAIN_RETURN_IF_ERROR(
+      ReadDouble(n, "router", "bias_update_rate", 0.0, /*exclusive=*/false, &r->bias_update_rate));
+  SHARDTRAIN_RETURN_IF_ERROR(
+      ReadDouble(n, "router", "capacity_factor", 0.0, /*exclusive=*/false, &r->capacity_factor));
+  if (r->bias_update_rate > 0) {
+    return FieldError("router.bias_update_rate",
+                      "aux-loss-free balancing is not implemented yet (set 0 and balance with "
+                      "router.aux_loss_coef)");
+  }
+  return absl::OkStatus();
+}
 
 // model.attention absent or "auto": the job gets flash where its kernels
 // serve it, materialized elsewhere (ResolveAttention).
@@ -109,6 +166,7 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
       m->qk_norm = preset->qk_norm;
       llama_fields_given = true;
     }
+    m->moe = preset->moe;
   } else {
     for (const char* key : {"layers", "heads", "dim", "context", "vocab"}) {
       SHARDTRAIN_RETURN_IF_ERROR(
@@ -162,6 +220,8 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
     SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "head_dim", 1, &m->head_dim));
     SHARDTRAIN_RETURN_IF_ERROR(ReadBool(n, "model", "qk_norm", &m->qk_norm));
   }
+  SHARDTRAIN_RETURN_IF_ERROR(ReadMoe(n, m->arch == model::Arch::kGpt2 ? 4 * m->dim : m->ffn_dim,
+                                     &m->moe));
   SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, "model", "init", &m->init));
   SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "model", "recompute", si::kRecomputes, &m->recompute));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "recompute_layers", 1, &m->recompute_layers));

@@ -24,12 +24,12 @@ namespace {
 
 const std::vector<absl::string_view> kTopKeys_def = {
     "name",  "model",      "data", "batch", "parallel",  "precision",    "optimizer",
-    "steps", "checkpoint", "eval", "seed",  "resources", "max_restarts", "timeouts"};
+    "steps", "checkpoint", "eval", "seed",  "resources", "max_restarts", "timeouts", "router"};
 const std::vector<absl::string_view> kModelKeys = {
     "preset",       "arch",      "layers",           "heads",    "dim",
     "context",      "vocab",     "kv_heads",         "ffn_dim",  "rope_theta",
     "rope_scaling", "head_dim",  "qk_norm",          "norm_eps", "tie_embeddings",
-    "init",         "recompute", "recompute_layers", "attention"};
+    "init",         "recompute", "recompute_layers", "attention", "moe"};
 const std::vector<absl::string_view> kDataKeys = {"train", "val", "format", "tokenizer",
                                                   "tokenizer_json"};
 const std::vector<absl::string_view> kBatchKeys = {"global", "micro", "seq_len"};
@@ -48,6 +48,8 @@ const std::vector<absl::string_view> kCheckpointKeys = {
 const std::vector<absl::string_view> kEvalKeys = {"every", "batches"};
 const std::vector<absl::string_view> kResourcesKeys = {"device", "min_workers", "max_workers"};
 const std::vector<absl::string_view> kTimeoutsKeys = {"collective_s"};
+const std::vector<absl::string_view> kRouterKeys = {"aux_loss_coef", "z_loss_coef",
+                                                    "bias_update_rate", "capacity_factor"};
 
 // The keys of a top-level section, or nullptr when `key` holds a plain value.
 const std::vector<absl::string_view>* SectionKeys(absl::string_view key) {
@@ -60,6 +62,7 @@ const std::vector<absl::string_view>* SectionKeys(absl::string_view key) {
   if (key == "eval") return &kEvalKeys;
   if (key == "resources") return &kResourcesKeys;
   if (key == "timeouts") return &kTimeoutsKeys;
+  if (key == "router") return &kRouterKeys;
   return nullptr;
 }
 

@@ -47,11 +47,13 @@ std::string_view EnumName(CheckpointFailurePolicy v) {
 
 bool operator==(const ModelSpec& a, const ModelSpec& b) {
   return std::tie(a.preset, a.arch, a.layers, a.heads, a.dim, a.context, a.vocab, a.kv_heads,
-                  a.ffn_dim, a.rope_theta, a.rope_scaling, a.head_dim, a.qk_norm, a.norm_eps,
-                  a.tie_embeddings, a.init, a.recompute, a.recompute_layers, a.attention) ==
+                  a.ffn_dim, a.rope_theta, a.rope_scaling, a.head_dim, a.qk_norm, a.moe,
+                  a.norm_eps, a.tie_embeddings, a.init, a.recompute, a.recompute_layers,
+                  a.attention) ==
          std::tie(b.preset, b.arch, b.layers, b.heads, b.dim, b.context, b.vocab, b.kv_heads,
-                  b.ffn_dim, b.rope_theta, b.rope_scaling, b.head_dim, b.qk_norm, b.norm_eps,
-                  b.tie_embeddings, b.init, b.recompute, b.recompute_layers, b.attention);
+                  b.ffn_dim, b.rope_theta, b.rope_scaling, b.head_dim, b.qk_norm, b.moe,
+                  b.norm_eps, b.tie_embeddings, b.init, b.recompute, b.recompute_layers,
+                  b.attention);
 }
 bool operator==(const DataSpec& a, const DataSpec& b) {
   return std::tie(a.train, a.val, a.format, a.tokenizer, a.tokenizer_json) ==
@@ -89,11 +91,17 @@ bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) {
 bool operator==(const TimeoutsSpec& a, const TimeoutsSpec& b) {
   return a.collective_s == b.collective_s;
 }
+bool operator==(const RouterSpec& a, const RouterSpec& b) {
+  return std::tie(a.aux_loss_coef, a.z_loss_coef, a.bias_update_rate, a.capacity_factor) ==
+         std::tie(b.aux_loss_coef, b.z_loss_coef, b.bias_update_rate, b.capacity_factor);
+}
 bool operator==(const JobSpec& a, const JobSpec& b) {
   return std::tie(a.name, a.model, a.data, a.batch, a.parallel, a.precision, a.optimizer, a.steps,
-                  a.checkpoint, a.eval, a.seed, a.resources, a.max_restarts, a.timeouts) ==
+                  a.checkpoint, a.eval, a.seed, a.resources, a.max_restarts, a.timeouts,
+                  a.router) ==
          std::tie(b.name, b.model, b.data, b.batch, b.parallel, b.precision, b.optimizer, b.steps,
-                  b.checkpoint, b.eval, b.seed, b.resources, b.max_restarts, b.timeouts);
+                  b.checkpoint, b.eval, b.seed, b.resources, b.max_restarts, b.timeouts,
+                  b.router);
 }
 
 std::string JobSpecToYaml(const JobSpec& s) {
@@ -132,6 +140,22 @@ std::string JobSpecToYaml(const JobSpec& s) {
     out << YAML::Key << "qk_norm" << YAML::Value << boolean(s.model.qk_norm);
     out << YAML::Key << "norm_eps" << YAML::Value << num(s.model.norm_eps);
     out << YAML::Key << "tie_embeddings" << YAML::Value << boolean(s.model.tie_embeddings);
+  }
+  const model::MoeConfig& moe = s.model.moe;
+  out << YAML::Key << "moe";
+  if (moe.on()) {
+    out << YAML::Value << YAML::Flow << YAML::BeginMap;
+    out << YAML::Key << "experts" << YAML::Value << moe.experts;
+    out << YAML::Key << "top_k" << YAML::Value << moe.top_k;
+    out << YAML::Key << "expert_ffn_dim" << YAML::Value << moe.expert_ffn_dim;
+    out << YAML::Key << "shared_experts" << YAML::Value << moe.shared_experts;
+    out << YAML::Key << "scoring" << YAML::Value
+        << std::string(moe.scoring == model::RouterScoring::kSigmoid ? "sigmoid" : "softmax");
+    out << YAML::Key << "norm_topk_prob" << YAML::Value << boolean(moe.norm_topk_prob);
+    out << YAML::Key << "first_dense_layers" << YAML::Value << moe.first_dense_layers;
+    out << YAML::EndMap;
+  } else {
+    out << YAML::Value << "none";
   }
   if (!s.model.init.empty()) out << YAML::Key << "init" << YAML::Value << s.model.init;
   out << YAML::Key << "recompute" << YAML::Value << std::string(EnumName(s.model.recompute));
@@ -223,6 +247,13 @@ std::string JobSpecToYaml(const JobSpec& s) {
 
   out << YAML::Key << "timeouts" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "collective_s" << YAML::Value << s.timeouts.collective_s;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "router" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "aux_loss_coef" << YAML::Value << num(s.router.aux_loss_coef);
+  out << YAML::Key << "z_loss_coef" << YAML::Value << num(s.router.z_loss_coef);
+  out << YAML::Key << "bias_update_rate" << YAML::Value << num(s.router.bias_update_rate);
+  out << YAML::Key << "capacity_factor" << YAML::Value << num(s.router.capacity_factor);
   out << YAML::EndMap;
 
   out << YAML::EndMap;

@@ -136,6 +136,16 @@ absl::Status ParallelDims::CheckModelFits(const model::ModelConfig& config) cons
             : absl::StrCat("parallel.tp: ", tp_,
                            " does not divide model.ffn_dim: ", config.ffn_dim));
   }
+  if (config.moe.on()) {
+    const int He = config.moe.expert_ffn_dim, Fs = config.mlp_dim(config.layers - 1);
+    if (He % tp_ != 0) {
+      problems.push_back(absl::StrCat("parallel.tp: ", tp_,
+                                      " does not divide model.moe.expert_ffn_dim: ", He));
+    } else if (Fs % tp_ != 0) {
+      problems.push_back(absl::StrCat("parallel.tp: ", tp_,
+                                      " does not divide the shared experts' width: ", Fs));
+    }
+  }
   const int vp = model::PaddedVocab(vocab);
   if (vocab >= 1 && vp % tp_ != 0) {
     problems.push_back(absl::StrCat("parallel.tp: ", tp_, " does not divide the padded vocabulary ",

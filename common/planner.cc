@@ -125,13 +125,26 @@ MicroBatchFlops StageFlops(const model::ModelConfig& cfg, int B, int T,
   const int Ls = slice.total_layers(cfg);
   const double attention = 4 * N * T * Qt;  // forward, per block (QK^T and att·V)
   // A block's matrix weights on this rank, by what the forward multiplies:
-  // qkv (Q + 2KV rows), the attention's projection (Q columns), fc (F, or
-  // SwiGLU's 2F) and the MLP's projection (F).
-  const double qkv = cfg.qkv_dim() * C / tp, proj = C * cfg.q_dim() / tp,
-               fc = cfg.fc_dim() * C / tp;
-  const double down = cfg.ffn_dim * C / tp;
+  // qkv (Q + 2KV rows), the attention's projection (Q columns), and the
+  // MLP's each token runs: fc (F, or SwiGLU's 2F) and its projection (F) —
+  // in an MoE layer the router (E rows, whole on every tp rank), top_k
+  // experts' and the shared experts' (config.mlp_dim).
+  const double qkv = cfg.qkv_dim() * C / tp, proj = C * cfg.q_dim() / tp;
+  auto mlp_params = [&](double width) { return (cfg.fc_rows(int(width)) + width) * C / tp; };
+  double mlp = 0, fc = 0;  // over the slice's blocks; fc: what full recompute refills
+  for (int i = 0; i < Ls; ++i) {
+    const int l = slice.Layer(cfg, i);
+    const double shared = cfg.mlp_dim(l);
+    mlp += mlp_params(shared);
+    fc += cfg.fc_rows(int(shared)) * C / tp;
+    if (cfg.moe_layer(l)) {
+      const double routed = mlp_params(cfg.moe.expert_ffn_dim) * cfg.moe.top_k;
+      mlp += routed + double(cfg.moe.experts) * C;
+      fc += routed + double(cfg.moe.experts) * C;  // the experts run whole before their output
+    }
+  }
   MicroBatchFlops f;
-  const double matmul_params = Ls * (qkv + proj + fc + down) +
+  const double matmul_params = Ls * (qkv + proj) + mlp +
                                (slice.last_stage ? double(cfg.padded_vocab) / slice.tp * C : 0);
   f.train = 6 * N * matmul_params + 3 * Ls * attention;
   const int k = RecomputedLayers(policy, Ls);
@@ -141,7 +154,8 @@ MicroBatchFlops StageFlops(const model::ModelConfig& cfg, int B, int T,
   }
   if (policy.recompute == model::Recompute::kFull) {
     // The refill stops at the MLP's activation: not the MLP's projection.
-    f.recompute = k * (2 * N * (qkv + proj + fc) + attention);
+    // (fc over the slice's blocks: the first k's share of it.)
+    f.recompute = k * (2 * N * (qkv + proj + fc / std::max(Ls, 1)) + attention);
   }
   if (cp > 1) f.recompute += Ls * attention;  // the ring's backward, every block
   // Flash's backward forms each tile's scores twice (its dQ and its dK/dV

@@ -188,6 +188,24 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
         spec.model.tie_embeddings ? "tied" : "untied", spec.model.qk_norm ? ", q/k norms" : "",
         Thousands(plan.num_params()), plan.num_params() / 1e9);
   }
+  if (spec.model.moe.on()) {
+    const model::MoeConfig& m = spec.model.moe;
+    const absl::StatusOr<model::ModelConfig> c = spec.model.Config();
+    const double total = c.ok() ? double(model::ModelParams(*c)) : 0;
+    const double active = c.ok() ? double(model::ActiveModelParams(*c)) : 0;
+    absl::StrAppendFormat(
+        &out,
+        "mixture of experts: %d experts of F=%d, top %d (%s%s)%s%s; %s params in all (%.2fB), %s "
+        "active per token (%.2fB, %.1f%%)\n",
+        m.experts, m.expert_ffn_dim, m.top_k,
+        m.scoring == model::RouterScoring::kSigmoid ? "sigmoid" : "softmax",
+        m.norm_topk_prob ? ", gates renormalised" : "",
+        m.shared_experts > 0 ? absl::StrFormat(", %d shared", m.shared_experts) : "",
+        m.first_dense_layers > 0 ? absl::StrFormat(", first %d layers dense", m.first_dense_layers)
+                                 : "",
+        Thousands(int64_t(total)), total / 1e9, Thousands(int64_t(active)), active / 1e9,
+        total > 0 ? 100 * active / total : 0.0);
+  }
   out += ComputeLine(spec, plan);
   absl::StrAppendFormat(&out, "ZeRO-%d: %s; precision %s%s%s\n", plan.zero_stage(),
                         ZeroWhat(plan.zero_stage()), std::string(EnumName(spec.precision)),

@@ -43,8 +43,9 @@ double ModelParams(const ModelSpec& m) {
   const absl::StatusOr<model::ModelConfig> c = m.Config();
   if (!c.ok()) return 0;  // not a spec ParseJobSpec accepted: refused there
   // In double: layers × a block's parameters may exceed int64.
-  return double(model::EmbeddingParams(*c)) + double(m.layers) * double(model::BlockParams(*c)) +
-         double(model::FinalParams(*c));
+  double n = double(model::EmbeddingParams(*c)) + double(model::FinalParams(*c));
+  for (int l = 0; l < c->layers; ++l) n += double(model::BlockParams(*c, l));
+  return n;
 }
 
 double EstimatePlanBytes(const JobSpec& spec, int world) {

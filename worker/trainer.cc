@@ -172,6 +172,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   options.release_state = spec.parallel.zero >= 2;
   // ZeRO-3 also holds a unit's 16-bit compute copy only while it is in use.
   options.release_compute_copy = spec.parallel.zero == 3;
+  options.moe = {spec.router.aux_loss_coef, spec.router.z_loss_coef, spec.router.capacity_factor};
   const std::vector<parallel::PipelineAction> actions =
       parallel::PipelineActions(ScheduleOf(spec), coord.pp, dims->pp(), split->accum, chunks);
   options.slots = parallel::PeakInFlight(actions);

@@ -21,8 +21,8 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
   // tp-local widths: the attention's output, q/k/v, the MLP's fc output and
   // its activation, the vocabulary.
   // Qt: the attention's output (heads·hs, C unless head_dim is set).
-  const int64_t Qt = config.q_dim() / tp, QKVt = config.qkv_dim() / tp, FCt = config.fc_dim() / tp;
-  const int64_t Ft = config.ffn_dim / tp, Vpt = config.padded_vocab / tp;
+  const int64_t Qt = config.q_dim() / tp, QKVt = config.qkv_dim() / tp;
+  const int64_t Vpt = config.padded_vocab / tp;
   const int64_t att = int64_t{B} * (config.heads / tp) * T * T;
   // Context parallelism: the ring's row statistics replace the saved
   // probabilities (see the header).
@@ -39,12 +39,53 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
   const int64_t qk_heads = (config.heads + config.kv_heads) / tp;
   const int64_t qk_pre = config.qk_norm ? BT * qk_heads * config.head_dim() : -1;
   const int64_t qk_rstd = config.qk_norm ? BT * qk_heads : -1;
-  const int64_t block_numel[] = {
-      BTl * C, mean,    BTl,  BT * QKVt, qk_pre,   qk_rstd, BT * Qt, rows_att ? rows : att,
-      BTl * C, BTl * C, mean, BTl,       BT * FCt, BT * Ft, BTl * C};
-  static_assert(std::size(kBlockActivations) == 15);
+  // An MoE layer's sizes (see the header): E experts, K slots, R rows on
+  // the experts' side, their hidden widths on this rank.
+  const int64_t E = config.moe.experts, K = config.moe.top_k, R = BT * K * slice.ep;
+  const int64_t Het = int64_t{config.moe.expert_ffn_dim} / tp;
+  const int64_t FCet = config.fc_rows(static_cast<int>(Het));
+  // The widest dense MLP of the slice's layers (the scratch's dfch).
+  int64_t Ft = 0;
+  bool any_moe = false;
+  for (int i = 0; i < slice.total_layers(config); ++i) {
+    Ft = std::max<int64_t>(Ft, config.mlp_dim(slice.Layer(config, i)) / tp);
+    any_moe |= config.moe_layer(slice.Layer(config, i));
+  }
+  const int64_t FCt = config.fc_rows(static_cast<int>(Ft));
+  auto block_numel = [&](int l) -> std::vector<int64_t> {
+    const int64_t Fl = config.mlp_dim(l) / tp, FCl = config.fc_rows(static_cast<int>(Fl));
+    const bool dense = Fl > 0, moe = config.moe_layer(l);
+    // numel, or -1 when the layer has no such tensor.
+    auto when = [](bool present, int64_t numel) { return present ? numel : int64_t{-1}; };
+    return {BTl * C,
+            mean,
+            BTl,
+            BT * QKVt,
+            qk_pre,
+            qk_rstd,
+            BT * Qt,
+            rows_att ? rows : att,
+            BTl * C,
+            BTl * C,
+            mean,
+            BTl,
+            when(dense, BT * FCl),
+            when(dense, BT * Fl),
+            when(moe, BT * E),
+            when(moe, BT * E),
+            when(moe, BT * K),
+            when(moe, BT * K),
+            when(moe, 2 * BT * K + 2 * E + 1),
+            when(moe, R * C),
+            when(moe, R * FCet),
+            when(moe, R * Het),
+            when(moe, R * C),
+            BTl * C};
+  };
+  static_assert(std::size(kBlockActivations) == 24);
   auto is_stat = [&](const std::string& n) {
-    return absl::EndsWith(n, "_mean") || absl::EndsWith(n, "_rstd") || (rows_att && n == "att");
+    return absl::EndsWith(n, "_mean") || absl::EndsWith(n, "_rstd") || (rows_att && n == "att") ||
+           IntBlockActivation(n);
   };
   // Which block tensors a recomputing block refills rather than keeps.
   auto refilled = [&](const std::string& n) {
@@ -52,19 +93,28 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
     return policy.recompute == Recompute::kSelective && n == "att" && !rows_att;
   };
   bool any_recomputed = false;
+  // Per block tensor: its largest size in a recomputing block (the shared
+  // "recompute.*" scratch holds any of them).
+  std::vector<int64_t> refill_numel(std::size(kBlockActivations), -1);
   // Chunk by chunk (one without an interleaved pipeline): its blocks, then
   // its input; the model's end after the last.
   const int per_chunk = slice.chunk_layers(config);
   for (int c = 0; c < slice.chunks; ++c) {
     const int64_t begin = saved_;
     for (int i = c * per_chunk; i < (c + 1) * per_chunk; ++i) {
-      const std::string b = absl::StrCat("block.", slice.Layer(config, i), ".");
+      const int l = slice.Layer(config, i);
+      const std::string b = absl::StrCat("block.", l, ".");
       const bool recomputes = policy.Recomputes(i);
       any_recomputed |= recomputes;
+      const std::vector<int64_t> numel = block_numel(l);
       for (size_t k = 0; k < std::size(kBlockActivations); ++k) {
         const std::string n = kBlockActivations[k];
-        if ((recomputes && refilled(n)) || block_numel[k] < 0) continue;
-        Add(b + n, block_numel[k], kSaved, is_stat(n));
+        if (numel[k] < 0) continue;
+        if (recomputes && refilled(n)) {
+          refill_numel[k] = std::max(refill_numel[k], numel[k]);
+          continue;
+        }
+        Add(b + n, numel[k], kSaved, is_stat(n));
       }
     }
     // The first stage's embeddings, or the input received.
@@ -102,11 +152,21 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
     Add("sp_full", BT * C, kScratch);
     Add("sp_local", BTl * C, kScratch);
   }
+  if (any_moe) {
+    Add("moe_out", BT * C, kScratch);
+    Add("moe_dxp", R * C, kScratch);
+    Add("moe_dy", R * C, kScratch);
+    Add("moe_dh", R * Het, kScratch);
+    Add("moe_dh_pre", R * FCet, kScratch);
+    Add("moe_dscores", BT * E, kScratch);
+    Add("moe_dlogits", BT * E, kScratch);
+    Add("moe_dgates", BT * K, kScratch);
+  }
   if (any_recomputed) {
     for (size_t k = 0; k < std::size(kBlockActivations); ++k) {
-      const std::string n = kBlockActivations[k];
-      if (refilled(n) && block_numel[k] >= 0) {
-        Add("recompute." + n, block_numel[k], kScratch, is_stat(n));
+      if (refill_numel[k] >= 0) {
+        const std::string n = kBlockActivations[k];
+        Add("recompute." + n, refill_numel[k], kScratch, is_stat(n));
       }
     }
   }

@@ -20,13 +20,25 @@
 //   positions); qk_pre (BT·(NH+KVH)/tp·hs: q and k before their norms) and
 //   qk_rstd (BT·(NH+KVH)/tp), qk_norm only; atty (BT·Qt); att
 //   (B·(NH/tp)·T·T softmax probabilities); residual2, residual3 (BT·C); fch
-//   (BT·FCt), fch_act (BT·Ft: GELU or SwiGLU of fch)                 saved
+//   (BT·FCt), fch_act (BT·Ft: GELU or SwiGLU of fch; in an MoE layer of
+//   the shared experts' width, absent without them)                  saved
+// An MoE layer (config.moe_layer(l)) adds, with E experts, K = top_k,
+// R = BT·K·ep rows on the experts' side (every (token, slot) pair this
+// rank's experts may receive, dropless), Het = He / tp, FCet = Het (GELU)
+// or 2·Het: router_logits, router_scores (BT·E), router_gates (BT·K),
+// router_experts (BT·K int32), moe_index (2·BT·K + 2·E + 1 int32: the
+// permutation, BuildPermutation's row_of_pair, pair_of_row, offsets and
+// counts), moe_xp (R·C), moe_h_pre (R·FCet), moe_h (R·Het), moe_y (R·C;
+// partial sums over tp)                                             saved
 // Model ends: encoded (BT·C: the embeddings on the first stage, the input
 //   received from the previous stage on the others); lnf (BT·C), lnf_mean
 //   (LayerNorm only), lnf_rstd (BT), logits (BT·Vp/tp), losses, lse (BT) on
 //   the last stage                                                  saved
 // Scratch: proj_out (BT·max(C, Qt)), dresidual, dln (BT·C each), datty (BT·Qt), dqkv
-//   (BT·QKVt), dfch (BT·FCt), dfch_act (BT·Ft), att_scratch (B·(NH/tp)·T·T)
+//   (BT·QKVt), dfch (BT·FCt), dfch_act (BT·Ft), att_scratch (B·(NH/tp)·T·T);
+//   with MoE layers moe_out (BT·C: the experts' combined output), moe_dxp,
+//   moe_dy (R·C), moe_dh (R·Het), moe_dh_pre (R·FCet), moe_dscores,
+//   moe_dlogits (BT·E), moe_dgates (BT·K) (FCt and Ft: the widest layer's)
 //                                                                   scratch
 // A pipeline stage keeps one set of the saved tensors per micro-batch in
 // flight (Engine::slots()). An interleaved stage (ModelSlice::chunks = v)
@@ -129,8 +141,16 @@ inline bool FlashAttentionApplies(DataType compute, int head_dim) {
 // The tensors of block `l` ("block.<l>.<name>") in the order the table
 // lays them out; the statistics are the names ending in _mean and _rstd.
 inline constexpr const char* kBlockActivations[] = {
-    "ln1",       "ln1_mean", "ln1_rstd", "qkv",      "qk_pre", "qk_rstd", "atty",     "att",
-    "residual2", "ln2",      "ln2_mean", "ln2_rstd", "fch",    "fch_act", "residual3"};
+    "ln1",           "ln1_mean",      "ln1_rstd",       "qkv",          "qk_pre",
+    "qk_rstd",       "atty",          "att",            "residual2",    "ln2",
+    "ln2_mean",      "ln2_rstd",      "fch",            "fch_act",      "router_logits",
+    "router_scores", "router_gates",  "router_experts", "moe_index",    "moe_xp",
+    "moe_h_pre",     "moe_h",         "moe_y",          "residual3"};
+// The block tensors holding 32-bit integers (4 bytes, whatever the
+// compute type): an MoE layer's chosen experts and its permutation.
+inline bool IntBlockActivation(const std::string& name) {
+  return name == "router_experts" || name == "moe_index";
+}
 
 struct ActivationTensor {
   std::string name;  // "block.3.qkv", "logits", "dqkv", ...

@@ -41,6 +41,9 @@ const LlamaPresetRow kLlamaPresets[] = {
     {"llama3-1b", {16, 32, 8, 2048, 8192, 8192, 128256, 500000, 1e-5, true, {32, 1, 4, 8192}}},
     {"llama3-8b", {32, 32, 8, 4096, 14336, 8192, 128256, 500000, 1e-5, false, {8, 1, 4, 8192}}},
     {"qwen3-0.6b", {28, 16, 8, 1024, 3072, 40960, 151936, 1000000, 1e-6, true, {}, 128, true}},
+    {"mixtral-8x7b",
+     {32, 32, 8, 4096, 14336, 32768, 32000, 1000000, 1e-5, false, {}, 0, false, {8, 2, 14336}}},
+    {"moe-tiny", {4, 4, 2, 128, 384, 128, 256, 500000, 1e-5, false, {}, 0, false, {4, 2, 128}}},
 };
 
 absl::Status Positive(const char* field, int v) {
@@ -85,7 +88,43 @@ absl::Status ValidateRopeScaling(const RopeScaling& r) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateMoe(const MoeConfig& m, int layers) {
+  if (m == MoeConfig{}) return absl::OkStatus();
+  auto bad = [](const char* field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("model.moe.", field, ": ", why));
+  };
+  if (m.experts < 1) return bad("experts", absl::StrCat("must be >= 1, got ", m.experts));
+  if (m.experts > (1 << 16)) {
+    return bad("experts", absl::StrCat(m.experts, " is too many (at most 65536)"));
+  }
+  if (m.top_k < 1 || m.top_k > m.experts) {
+    return bad("top_k", absl::StrCat("must be in [1, model.moe.experts: ", m.experts, "], got ",
+                                     m.top_k));
+  }
+  // experts · expert_ffn_dim within kMaxWidth: a block's count stays in int64.
+  if (m.expert_ffn_dim < 1 || int64_t{m.experts} * m.expert_ffn_dim > kMaxWidth) {
+    return bad("expert_ffn_dim",
+               absl::StrCat("must be >= 1 with experts · expert_ffn_dim <= ", kMaxWidth, ", got ",
+                            m.expert_ffn_dim));
+  }
+  if (m.shared_experts < 0 || int64_t{m.shared_experts} * m.expert_ffn_dim > kMaxWidth) {
+    return bad("shared_experts", absl::StrCat("must be >= 0 with shared_experts · expert_ffn_dim <= ",
+                                              kMaxWidth, ", got ", m.shared_experts));
+  }
+  if (m.first_dense_layers < 0 || m.first_dense_layers >= layers) {
+    return bad("first_dense_layers", absl::StrCat("must be in [0, model.layers: ", layers,
+                                                  "), got ", m.first_dense_layers));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+bool operator==(const MoeConfig& a, const MoeConfig& b) {
+  return a.experts == b.experts && a.top_k == b.top_k && a.expert_ffn_dim == b.expert_ffn_dim &&
+         a.shared_experts == b.shared_experts && a.scoring == b.scoring &&
+         a.norm_topk_prob == b.norm_topk_prob && a.first_dense_layers == b.first_dense_layers;
+}
 
 bool operator==(const RopeScaling& a, const RopeScaling& b) {
   return a.factor == b.factor && a.low_freq_factor == b.low_freq_factor &&
@@ -144,6 +183,7 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     return absl::InvalidArgumentError(
         "model.rope_scaling: only for rotary positions (model.arch: llama)");
   }
+  if (absl::Status s = ValidateMoe(c.moe, c.layers); !s.ok()) return s;
   // The recipes the families have (the engines implement these two).
   const bool gpt2 = c.arch == Arch::kGpt2 && c.norm == NormKind::kLayerNorm &&
                     c.positions == PositionKind::kLearned && c.mlp == MlpKind::kGelu && c.bias &&
@@ -202,6 +242,7 @@ absl::StatusOr<ModelConfig> MakeLlamaConfig(const LlamaShape& s) {
   c.rope_scaling = s.rope_scaling;
   c.head_size = s.head_dim;
   c.qk_norm = s.qk_norm;
+  c.moe = s.moe;
   if (auto st = ValidateModelConfig(c); !st.ok()) return st;
   return c;
 }
@@ -224,12 +265,49 @@ std::vector<std::string> ModelPresetNames() {
   return names;
 }
 
-int64_t BlockParams(const ModelConfig& c) {
-  const int64_t C = c.dim, Q = c.q_dim(), QKV = c.qkv_dim(), F = c.ffn_dim, FC = c.fc_dim();
+namespace {
+
+// An MLP of hidden width h: fc (fc_rows(h), C) and proj (C, h) with their
+// biases; 0 when h is 0.
+int64_t MlpParams(const ModelConfig& c, int64_t h) {
+  if (h == 0) return 0;
+  const int64_t C = c.dim, FC = c.fc_rows(static_cast<int>(h));
+  return FC * C + C * h + (c.bias ? FC + C : 0);
+}
+
+// Block l's parameters with `experts` of its experts counted.
+int64_t BlockParamsWith(const ModelConfig& c, int l, int experts) {
+  const int64_t C = c.dim, Q = c.q_dim(), QKV = c.qkv_dim();
   const int64_t norms = (c.norm == NormKind::kLayerNorm ? 4 * C : 2 * C) +
                         (c.qk_norm ? 2 * int64_t{c.head_dim()} : 0);
-  const int64_t biases = c.bias ? QKV + C + FC + C : 0;
-  return norms + QKV * C + C * Q + FC * C + C * F + biases;
+  const int64_t attention = QKV * C + C * Q + (c.bias ? QKV + C : 0);
+  int64_t mlp = MlpParams(c, c.mlp_dim(l));
+  if (c.moe_layer(l)) {
+    mlp += int64_t{c.moe.experts} * C + experts * MlpParams(c, c.moe.expert_ffn_dim);
+  }
+  return norms + attention + mlp;
+}
+
+}  // namespace
+
+int64_t BlockParams(const ModelConfig& c, int l) { return BlockParamsWith(c, l, c.moe.experts); }
+
+int64_t BlockParams(const ModelConfig& c) { return BlockParamsWith(c, -1, 0); }
+
+int64_t ActiveBlockParams(const ModelConfig& c, int l) {
+  return BlockParamsWith(c, l, c.moe.top_k);
+}
+
+int64_t ModelParams(const ModelConfig& c) {
+  int64_t n = EmbeddingParams(c) + FinalParams(c);
+  for (int l = 0; l < c.layers; ++l) n += BlockParams(c, l);
+  return n;
+}
+
+int64_t ActiveModelParams(const ModelConfig& c) {
+  int64_t n = EmbeddingParams(c) + FinalParams(c);
+  for (int l = 0; l < c.layers; ++l) n += ActiveBlockParams(c, l);
+  return n;
 }
 
 int64_t EmbeddingParams(const ModelConfig& c) {
@@ -290,7 +368,7 @@ bool operator==(const ModelConfig& a, const ModelConfig& b) {
          a.positions == b.positions && a.mlp == b.mlp && a.bias == b.bias &&
          a.tie_embeddings == b.tie_embeddings && a.norm_eps == b.norm_eps &&
          a.rope_theta == b.rope_theta && a.rope_scaling == b.rope_scaling &&
-         a.head_size == b.head_size && a.qk_norm == b.qk_norm;
+         a.head_size == b.head_size && a.qk_norm == b.qk_norm && a.moe == b.moe;
 }
 
 std::string ToString(const ModelConfig& c) {
@@ -309,6 +387,18 @@ std::string ToString(const ModelConfig& c) {
                       r.low_freq_factor, ", high_freq_factor ", r.high_freq_factor,
                       ", original_max_position_embeddings ", r.original_context, ")");
     }
+  }
+  const MoeConfig& m = c.moe;
+  if (m.on()) {
+    absl::StrAppend(&out, ", moe (experts ", m.experts, ", top_k ", m.top_k,
+                    ", expert_ffn_dim ", m.expert_ffn_dim);
+    if (m.shared_experts > 0) absl::StrAppend(&out, ", shared_experts ", m.shared_experts);
+    if (m.scoring == RouterScoring::kSigmoid) absl::StrAppend(&out, ", scoring sigmoid");
+    if (!m.norm_topk_prob) absl::StrAppend(&out, ", norm_topk_prob false");
+    if (m.first_dense_layers > 0) {
+      absl::StrAppend(&out, ", first_dense_layers ", m.first_dense_layers);
+    }
+    absl::StrAppend(&out, ")");
   }
   return out + "}";
 }

@@ -18,6 +18,7 @@
 //   L  layers                                V  vocab, Vp padded vocab
 //   KVH key/value heads (KV = KVH·hs)        F  the MLP's hidden width
 //   Q  the attention's width NH·hs (= C unless model.head_dim is set)
+//   E  experts, K top_k, He an expert's hidden width (MoE layers)
 #ifndef SHARDTRAIN_COMMON_MODEL_CONFIG_H_
 #define SHARDTRAIN_COMMON_MODEL_CONFIG_H_
 
@@ -35,6 +36,9 @@ enum class Arch { kGpt2, kLlama };              // "gpt2" | "llama"
 enum class NormKind { kLayerNorm, kRmsNorm };   // y = (x-mean)·rstd·w + b | x·rstd·w
 enum class PositionKind { kLearned, kRotary };  // wpe added to the embeddings | RoPE on q, k
 enum class MlpKind { kGelu, kSwiGlu };          // gelu(x W1) W2 | (silu(x Wg) ⊙ x Wu) W2
+// How an MoE router turns logits into scores: softmax over the experts
+// (Switch, Mixtral, Qwen-MoE) or a sigmoid per expert (DeepSeek-V3).
+enum class RouterScoring { kSoftmax, kSigmoid };  // "softmax" | "sigmoid"
 
 const char* ArchName(Arch arch);  // "gpt2", "llama"
 
@@ -55,6 +59,27 @@ struct RopeScaling {
 };
 bool operator==(const RopeScaling& a, const RopeScaling& b);
 inline bool operator!=(const RopeScaling& a, const RopeScaling& b) { return !(a == b); }
+
+// A Mixture-of-Experts MLP (model.moe): in layers >= first_dense_layers the
+// dense MLP is replaced by a router over `experts` (E) MLPs of
+// expert_ffn_dim (He) hidden units each, the recipe's kind (GELU or
+// SwiGLU), of which each token uses the top_k (K) by score, its output
+// their gate-weighted sum, plus `shared_experts` always-on experts of the
+// same shape (DeepSeek / Qwen2-MoE: one dense MLP of shared_experts·He,
+// the layer's mlp.fc / mlp.proj). The layers below first_dense_layers keep
+// the dense MLP of ffn_dim. experts 0: no MoE (every layer dense).
+struct MoeConfig {
+  int experts = 0;         // E; 0: off
+  int top_k = 0;           // K, 1 <= K <= E
+  int expert_ffn_dim = 0;  // He >= 1
+  int shared_experts = 0;  // >= 0
+  RouterScoring scoring = RouterScoring::kSoftmax;
+  bool norm_topk_prob = true;  // the K gates divided by their sum
+  int first_dense_layers = 0;  // 0 <= first_dense_layers < layers
+  bool on() const { return experts > 0; }
+};
+bool operator==(const MoeConfig& a, const MoeConfig& b);
+inline bool operator!=(const MoeConfig& a, const MoeConfig& b) { return !(a == b); }
 
 struct ModelConfig {
   int layers = 0;        // L
@@ -81,12 +106,22 @@ struct ModelConfig {
   // RMSNorm over each head of q and of k (weights hs each, shared by the
   // heads), after the projection and before rotary (Qwen3's q_norm/k_norm).
   bool qk_norm = false;
+  MoeConfig moe;  // off by default
 
   int head_dim() const { return head_size > 0 ? head_size : dim / heads; }  // hs
   int q_dim() const { return heads * head_dim(); }                          // Q
   int kv_dim() const { return kv_heads * head_dim(); }                      // KV
   int qkv_dim() const { return q_dim() + 2 * kv_dim(); }  // rows of attn.qkv.weight
   int fc_dim() const { return mlp == MlpKind::kSwiGlu ? 2 * ffn_dim : ffn_dim; }  // fc's rows
+  // Whether layer l's MLP is the MoE one.
+  bool moe_layer(int l) const { return moe.on() && l >= moe.first_dense_layers; }
+  // The hidden width of layer l's dense MLP: ffn_dim, or in an MoE layer the
+  // shared experts' shared_experts·He (0: none).
+  int mlp_dim(int l) const {
+    return moe_layer(l) ? moe.shared_experts * moe.expert_ffn_dim : ffn_dim;
+  }
+  // Rows of an MLP's fc weight of hidden width h: h, or SwiGLU's 2h.
+  int fc_rows(int h) const { return mlp == MlpKind::kSwiGlu ? 2 * h : h; }
 };
 
 // Vp for a vocabulary of `vocab` tokens (llm.c style): rounded up to a
@@ -113,11 +148,14 @@ struct LlamaShape {
   RopeScaling rope_scaling = {};  // off unless set
   int head_dim = 0;               // 0: dim / heads (ModelConfig::head_size)
   bool qk_norm = false;           // Qwen3's per-head q and k RMSNorm
+  MoeConfig moe = {};             // off unless set
 };
 absl::StatusOr<ModelConfig> MakeLlamaConfig(const LlamaShape& shape);
 
 // Validates an already filled config (including padded_vocab ==
-// PaddedVocab(vocab) and a recipe one of the families has).
+// PaddedVocab(vocab), a recipe one of the families has, and a moe that is
+// off or has 1 <= top_k <= experts, expert_ffn_dim >= 1, shared_experts >=
+// 0 and first_dense_layers in [0, layers)).
 absl::Status ValidateModelConfig(const ModelConfig& config);
 
 // Named presets, the one table of them: "gpt2-124m" (12/12/768/1024/50257),
@@ -127,17 +165,29 @@ absl::Status ValidateModelConfig(const ModelConfig& config);
 // two with their checkpoints' rope_scaling (factor 32 and 8, low 1, high 4,
 // original context 8192) and context 8192 — and "qwen3-0.6b" (Qwen3-0.6B:
 // 28 layers, dim 1024, 16 heads of 128, 8 kv heads, ffn 3072, q/k norms,
-// context 40960, vocab 151936, tied). NotFound
+// context 40960, vocab 151936, tied), "mixtral-8x7b" (Mixtral 8x7B: 32
+// layers, dim 4096, 32 heads, 8 kv heads, 8 SwiGLU experts of 14336, top 2,
+// context 32768, vocab 32000, θ 1e6; 46.7B parameters, 12.9B active) and
+// "moe-tiny" (llama-tiny's shape with 4 experts of 128, top 2: CPU tests). NotFound
 // otherwise, listing the known names.
 absl::StatusOr<ModelConfig> ModelPreset(const std::string& name);
 // Their names, in the table's order.
 std::vector<std::string> ModelPresetNames();
 
-// Parameters of one transformer block, of the embeddings (wte, and wpe
+// Parameters of transformer block `layer`, of the embeddings (wte, and wpe
 // with learned positions) and of the last stage's end (the final norm, and
 // the LM head when untied), in the whole model. The stage split and the
 // planner count with these; ParamLayout lays out the same tensors.
+// BlockParams without a layer: the dense block's (every block without MoE).
+int64_t BlockParams(const ModelConfig& config, int layer);
 int64_t BlockParams(const ModelConfig& config);
+// A block's parameters one token uses: an MoE block's top_k of its experts
+// (and the router, the shared experts); a dense block's all.
+int64_t ActiveBlockParams(const ModelConfig& config, int layer);
+// The whole model's parameters, and those one token uses (the tied wte
+// counted once): the FLOPs per token follow the active ones.
+int64_t ModelParams(const ModelConfig& config);
+int64_t ActiveModelParams(const ModelConfig& config);
 int64_t EmbeddingParams(const ModelConfig& config);
 int64_t FinalParams(const ModelConfig& config);
 

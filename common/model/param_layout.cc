@@ -1,6 +1,7 @@
 #include "common/model/param_layout.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 
@@ -29,7 +30,7 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
     : config_(config), slice_(slice) {
   const int64_t C = config.dim, Vp = config.padded_vocab, KV = config.kv_dim();
   const int64_t Q = config.q_dim(), hs = config.head_dim();
-  const int64_t F = config.ffn_dim, FC = config.fc_dim();
+  const int64_t F = config.ffn_dim;
   const bool bias = config.bias, layer_norm = config.norm == NormKind::kLayerNorm;
   const int tp = slice.tp;
   num_layers_ = slice.total_layers(config);
@@ -86,7 +87,9 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
   if (config.positions == PositionKind::kLearned) {
     wpe_ = add(emb, "wpe", {config.context, C}, TpSplit::kNone);
   }
-  // The block's tensors of this recipe, in the order above.
+  // The block's tensors of this recipe, in the order above: a dense
+  // block's (moe 0) and an MoE block's (moe 1), with the dense MLP of width
+  // Fk (none when 0).
   struct BlockRow {
     BlockTensor id;
     const char* name;
@@ -96,40 +99,75 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
     std::vector<int64_t> parts;
   };
   const std::vector<int64_t> qkv_parts = {Q, KV, KV};
-  const std::vector<int64_t> fc_parts =
-      config.mlp == MlpKind::kSwiGlu ? std::vector<int64_t>{F, F} : std::vector<int64_t>{};
-  const TpSplit fc_split = fc_parts.empty() ? TpSplit::kRows : TpSplit::kRowParts;
-  const BlockRow rows[] = {
-      {kLn1W, "ln1.weight", true, {C}, TpSplit::kNone, {}},
-      {kLn1B, "ln1.bias", layer_norm, {C}, TpSplit::kNone, {}},
-      {kQkvW, "attn.qkv.weight", true, {Q + 2 * KV, C}, TpSplit::kRowParts, qkv_parts},
-      {kQkvB, "attn.qkv.bias", bias, {Q + 2 * KV}, TpSplit::kRowParts, qkv_parts},
-      {kQNormW, "attn.q_norm.weight", config.qk_norm, {hs}, TpSplit::kNone, {}},
-      {kKNormW, "attn.k_norm.weight", config.qk_norm, {hs}, TpSplit::kNone, {}},
-      {kAttnProjW, "attn.proj.weight", true, {C, Q}, TpSplit::kCols, {}},
-      {kAttnProjB, "attn.proj.bias", bias, {C}, TpSplit::kNone, {}},
-      {kLn2W, "ln2.weight", true, {C}, TpSplit::kNone, {}},
-      {kLn2B, "ln2.bias", layer_norm, {C}, TpSplit::kNone, {}},
-      {kFcW, "mlp.fc.weight", true, {FC, C}, fc_split, fc_parts},
-      {kFcB, "mlp.fc.bias", bias, {FC}, fc_split, fc_parts},
-      {kFcProjW, "mlp.proj.weight", true, {C, F}, TpSplit::kCols, {}},
-      {kFcProjB, "mlp.proj.bias", bias, {C}, TpSplit::kNone, {}},
+  const bool swiglu = config.mlp == MlpKind::kSwiGlu;
+  auto fc_parts = [&](int64_t h) {
+    return swiglu ? std::vector<int64_t>{h, h} : std::vector<int64_t>{};
   };
-  static_assert(sizeof rows / sizeof rows[0] == kNumBlockTensors);
-  per_block_ = 0;
-  for (const BlockRow& r : rows) block_index_[r.id] = r.present ? per_block_++ : -1;
-  for (int l = 0; l < config.layers; ++l) {
-    const bool keep = slice.LocalLayer(config, l) >= 0;
-    const std::string p = absl::StrCat("block.", l, ".");
-    if (keep) {
-      if (l == slice.first_layer) first_block_ = static_cast<int>(tensors_.size());
-      unit(absl::StrCat("block.", l));
-    }
-    for (const BlockRow& r : rows) {
-      if (r.present) add(keep, p + r.name, r.shape, r.split, r.parts);
+  const TpSplit fc_split = swiglu ? TpSplit::kRowParts : TpSplit::kRows;
+  auto block_rows = [&](bool moe) -> std::vector<BlockRow> {
+    const int64_t Fk = moe ? config.mlp_dim(config.layers - 1) : F, FCk = config.fc_rows(Fk);
+    const bool mlp = Fk > 0;
+    return {
+        {kLn1W, "ln1.weight", true, {C}, TpSplit::kNone, {}},
+        {kLn1B, "ln1.bias", layer_norm, {C}, TpSplit::kNone, {}},
+        {kQkvW, "attn.qkv.weight", true, {Q + 2 * KV, C}, TpSplit::kRowParts, qkv_parts},
+        {kQkvB, "attn.qkv.bias", bias, {Q + 2 * KV}, TpSplit::kRowParts, qkv_parts},
+        {kQNormW, "attn.q_norm.weight", config.qk_norm, {hs}, TpSplit::kNone, {}},
+        {kKNormW, "attn.k_norm.weight", config.qk_norm, {hs}, TpSplit::kNone, {}},
+        {kAttnProjW, "attn.proj.weight", true, {C, Q}, TpSplit::kCols, {}},
+        {kAttnProjB, "attn.proj.bias", bias, {C}, TpSplit::kNone, {}},
+        {kLn2W, "ln2.weight", true, {C}, TpSplit::kNone, {}},
+        {kLn2B, "ln2.bias", layer_norm, {C}, TpSplit::kNone, {}},
+        {kFcW, "mlp.fc.weight", mlp, {FCk, C}, fc_split, fc_parts(Fk)},
+        {kFcB, "mlp.fc.bias", mlp && bias, {FCk}, fc_split, fc_parts(Fk)},
+        {kFcProjW, "mlp.proj.weight", mlp, {C, Fk}, TpSplit::kCols, {}},
+        {kFcProjB, "mlp.proj.bias", mlp && bias, {C}, TpSplit::kNone, {}},
+        {kRouterW, "mlp.router.weight", moe, {config.moe.experts, C}, TpSplit::kNone, {}},
+    };
+  };
+  const std::vector<BlockRow> rows[2] = {block_rows(false), block_rows(true)};
+  for (int kind = 0; kind < 2; ++kind) {
+    if (rows[kind].size() != kNumBlockTensors) std::abort();  // a row per BlockTensor
+    per_block_[kind] = 0;
+    for (const BlockRow& r : rows[kind]) {
+      block_index_[kind][r.id] = r.present ? per_block_[kind]++ : -1;
     }
   }
-  if (num_layers_ == 0) first_block_ = static_cast<int>(tensors_.size());
+  // The experts' tensors, kind by kind (each kind's experts consecutive).
+  const int64_t He = config.moe.expert_ffn_dim, FCe = config.fc_rows(static_cast<int>(He));
+  const BlockRow expert_rows[] = {
+      {kLn1W, "fc.weight", true, {FCe, C}, fc_split, fc_parts(He)},
+      {kLn1W, "fc.bias", bias, {FCe}, fc_split, fc_parts(He)},
+      {kLn1W, "proj.weight", true, {C, He}, TpSplit::kCols, {}},
+      {kLn1W, "proj.bias", bias, {C}, TpSplit::kNone, {}},
+  };
+  static_assert(sizeof expert_rows / sizeof expert_rows[0] == kNumExpertTensors);
+  int kinds = 0;
+  for (int t = 0; t < kNumExpertTensors; ++t) expert_index_[t] = expert_rows[t].present ? kinds++ : -1;
+  const int E = config.moe.experts;
+  local_experts_ = config.moe.on() ? slice.local_experts(config) : 0;
+  const int e0 = config.moe.on() ? slice.first_expert(config) : 0;
+  for (int l = 0; l < config.layers; ++l) {
+    const bool keep = slice.LocalLayer(config, l) >= 0;
+    const bool moe = config.moe_layer(l);
+    const std::string p = absl::StrCat("block.", l, ".");
+    if (keep) {
+      block_first_.push_back(static_cast<int>(tensors_.size()));
+      unit(absl::StrCat("block.", l));
+    }
+    for (const BlockRow& r : rows[moe]) {
+      if (r.present) add(keep, p + r.name, r.shape, r.split, r.parts);
+    }
+    if (!moe) continue;
+    for (const BlockRow& r : expert_rows) {
+      if (!r.present) continue;
+      for (int e = 0; e < E; ++e) {
+        const bool mine = e >= e0 && e < e0 + local_experts_;
+        add(keep && mine, absl::StrCat(p, "mlp.experts.", e, ".", r.name), r.shape, r.split,
+            r.parts);
+      }
+    }
+  }
   const bool last = slice.last_stage;
   if (last) unit("final");
   lnf_w_ = add(last, "lnf.weight", {C}, TpSplit::kNone);

@@ -14,11 +14,19 @@
 //     block.l.ln2.weight (C), block.l.ln2.bias (C),
 //     block.l.mlp.fc.weight (FC, C), block.l.mlp.fc.bias (FC),
 //     block.l.mlp.proj.weight (C, F), block.l.mlp.proj.bias (C)
+//     and in an MoE layer (config.moe_layer(l)):
+//     block.l.mlp.router.weight (E, C),
+//     block.l.mlp.experts.e.fc.weight (FCe, C) for each expert e, then
+//     every expert's fc.bias (FCe), proj.weight (C, He), proj.bias (C)
 //   unit "final": lnf.weight (C), lnf.bias (C), lm_head (Vp, C) (untied only)
 // where ln* are the norms (LayerNorm, or RMSNorm without the bias), Q =
 // heads·hs (C unless head_dim is set), KV = kv_heads·hs (C for GPT-2: 3C
 // rows of q, k, v), the q/k norms only in qk_norm recipes, F the MLP's hidden width and
-// FC = F (GELU) or 2F (SwiGLU's [gate; up]). Linear weights are (out, in)
+// FC = F (GELU) or 2F (SwiGLU's [gate; up]). In an MoE layer F is the
+// shared experts' width (config.mlp_dim(l); the mlp.fc and mlp.proj tensors
+// are absent without shared experts), He the experts' (FCe = He or 2He);
+// an expert's tensors of one kind are consecutive, so the slice's experts'
+// fc weights are one (E_local, FCe, C) array. Linear weights are (out, in)
 // row-major like torch.nn.Linear. A tied LM head reads wte. Gradients use a
 // buffer with the identical layout.
 //
@@ -27,7 +35,8 @@
 // embeddings unit when the slice has_embeddings(), the blocks of its layers,
 // the final unit on the last stage. GlobalRuns maps its elements to the whole
 // model's layout (checkpoints and initialisation work in those coordinates,
-// so a run saved on one layout resumes on any other).
+// so a run saved on one layout resumes on any other). Under expert
+// parallelism (slice.ep > 1) it holds only its experts' tensors.
 #ifndef SHARDTRAIN_COMMON_MODEL_PARAM_LAYOUT_H_
 #define SHARDTRAIN_COMMON_MODEL_PARAM_LAYOUT_H_
 
@@ -93,8 +102,12 @@ enum BlockTensor : int {
   kFcProjB,
   kQNormW,  // q_norm and k_norm (qk_norm recipes only)
   kKNormW,
+  kRouterW,  // an MoE layer's router (E, C)
   kNumBlockTensors
 };
+
+// The tensors of each expert of an MoE layer (ParamLayout::expert_tensor).
+enum ExpertTensor : int { kExpFcW = 0, kExpFcB, kExpProjW, kExpProjB, kNumExpertTensors };
 
 // Immutable after construction; thread-compatible.
 class ParamLayout {
@@ -116,9 +129,20 @@ class ParamLayout {
   int wte() const { return wte_; }
   int wpe() const { return wpe_; }
   int block_tensor(int layer, BlockTensor t) const {
-    const int k = block_index_[t];
-    return k < 0 ? -1 : first_block_ + slice_.LocalLayer(config_, layer) * per_block_ + k;
+    const int k = block_index_[config_.moe_layer(layer)][t];
+    return k < 0 ? -1 : block_first_[slice_.LocalLayer(config_, layer)] + k;
   }
+  // Expert `e` of the slice's local_experts() (the model's expert
+  // first_expert() + e) of MoE layer `layer`: its tensor t, -1 where the
+  // recipe has none (biases). The local experts' tensors of one kind are
+  // consecutive and contiguous.
+  int expert_tensor(int layer, ExpertTensor t, int e) const {
+    const int k = expert_index_[t];
+    return k < 0 ? -1
+                 : block_first_[slice_.LocalLayer(config_, layer)] + per_block_[1] +
+                       k * local_experts_ + e;
+  }
+  int local_experts() const { return local_experts_; }
   int lnf_w() const { return lnf_w_; }
   int lnf_b() const { return lnf_b_; }
   // The weight the LM head reads: wte when tied, lm_head otherwise (-1 off
@@ -161,9 +185,13 @@ class ParamLayout {
  private:
   ModelConfig config_;
   ModelSlice slice_;
-  int first_block_ = 0, num_layers_ = 0;
-  int per_block_ = 0;                  // tensors per block
-  int block_index_[kNumBlockTensors];  // a BlockTensor's index within a block, or -1
+  int num_layers_ = 0, local_experts_ = 0;
+  std::vector<int> block_first_;  // per local layer: the index of its first tensor
+  // Per kind of block (0 dense, 1 MoE): its tensors before the experts', and
+  // a BlockTensor's index within it, or -1.
+  int per_block_[2] = {0, 0};
+  int block_index_[2][kNumBlockTensors];
+  int expert_index_[kNumExpertTensors];  // an ExpertTensor's kind index, or -1
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, lm_head_ = -1;
   size_t global_num_params_ = 0;
   uint64_t global_fingerprint_ = 0;

@@ -64,9 +64,11 @@ absl::StatusOr<std::vector<int>> StageLayers(const ModelConfig& config, int pp,
   // Parameters of a stage of layers [a, b): its blocks, plus the embeddings
   // on the first stage and the final norm (with the tied wte or the untied
   // head) on the last (the whole model's counts: the split does not depend
-  // on tp).
+  // on tp). An MoE model's blocks are counted as its last (MoE) block: its
+  // leading dense layers (moe.first_dense_layers) weigh as much here, which
+  // slightly favours their stage; parallel.stages sets a split exactly.
   const int L = config.layers;
-  const int64_t block = BlockParams(config);
+  const int64_t block = BlockParams(config, L - 1);
   const int64_t wte = int64_t{config.padded_vocab} * config.dim;
   const int64_t first_extra = EmbeddingParams(config);
   const int64_t last_extra = FinalParams(config) + (config.tie_embeddings ? wte : 0);

@@ -47,6 +47,11 @@ struct ModelSlice {
   bool last_stage = true;
   int tp = 1;       // tensor-parallel degree
   int tp_rank = 0;  // this rank's index in [0, tp)
+  // Expert parallelism: an MoE layer's experts split in ep contiguous
+  // groups, this rank holding group ep_rank (E / ep experts from
+  // ep_rank · E / ep); 1: every expert.
+  int ep = 1;
+  int ep_rank = 0;
   // Model chunks: chunk c holds layers [first_layer + c·chunk_stride,
   // + num_layers); 1 chunk without an interleaved pipeline.
   int chunks = 1;
@@ -79,7 +84,13 @@ struct ModelSlice {
   }
   // The whole model on one rank.
   bool whole() const {
-    return first_stage && last_stage && tp == 1 && first_layer == 0 && chunks == 1;
+    return first_stage && last_stage && tp == 1 && ep == 1 && first_layer == 0 && chunks == 1;
+  }
+  // The experts of an MoE layer this slice holds: [first_expert,
+  // first_expert + local_experts).
+  int local_experts(const ModelConfig& config) const { return config.moe.experts / ep; }
+  int first_expert(const ModelConfig& config) const {
+    return ep_rank * local_experts(config);
   }
 };
 

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "common/model/activations.h"
 #include "common/model/config.h"
@@ -30,6 +31,17 @@
 #include "worker/engine/thread_pool.h"
 
 namespace shardtrain::engine {
+
+// What an engine's MoE layers did since the last TakeMoeStats: per MoE
+// layer of the slice (in order) every expert's (token, slot) pairs summed
+// over the forwards (before drops), and over all of them the balancing
+// losses' sum (with their coefficients), the pairs and those dropped.
+struct MoeStats {
+  int forwards = 0;                      // micro-batch forwards counted
+  std::vector<std::vector<int64_t>> load;  // [moe layer][expert]
+  double aux_loss = 0, z_loss = 0;
+  int64_t pairs = 0, dropped = 0;
+};
 
 class Engine {
  public:
@@ -113,6 +125,9 @@ class Engine {
   // final's use. The same as parallel::UnitUseOrder (common/shard_range.h).
   // Null: off.
   virtual void set_param_hook(std::function<void(int unit, bool begin)> hook) = 0;
+  // The MoE layers' figures since the last call (MoeStats), which starts
+  // the next count. Empty without MoE layers.
+  virtual MoeStats TakeMoeStats() { return {}; }
 
   // ---- Pipeline stages. An engine runs the part of the model in
   // layout().slice() (common/model/slice.h): under pipeline parallelism one

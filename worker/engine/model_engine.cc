@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/rng.h"
 #include "worker/engine/model_engine_internal.h"
@@ -70,6 +71,20 @@ absl::Status ValidateModelEngine(const ModelConfig& config, int B, int T,
                      config.heads, ", model.kv_heads ", config.kv_heads, ", the MLP width ",
                      config.ffn_dim, " and the padded vocabulary ", config.padded_vocab));
   }
+  if (config.moe.on()) {
+    const int He = config.moe.expert_ffn_dim, Fs = config.mlp_dim(config.layers - 1);
+    if (He % tp != 0 || Fs % tp != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parallel.tp: ", tp, " must divide model.moe.expert_ffn_dim ", He,
+                       " and the shared experts' width ", Fs));
+    }
+  }
+  if (sl.ep != 1 || sl.ep_rank != 0) {
+    // The experts' all-to-all is not in the engine yet.
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.ep: ", sl.ep, " (rank ", sl.ep_rank,
+                     "): this engine runs every expert of its layers (ep 1)"));
+  }
   if (options.activations.sequence_parallel && (tp < 2 || (int64_t{B} * T) % tp != 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "parallel.sequence_parallel needs parallel.tp > 1 dividing the micro-batch's B·T = ", B,
@@ -104,7 +119,8 @@ ModelEngine::ModelEngine(const ModelConfig& config, int B, int T, const ModelEng
       policy_(options.activations),
       sp_(options.activations.sequence_parallel && options.slice.tp > 1),
       table_(config, B, T, options.slice, compute, options.activations),
-      rotary_(model::RotaryTable(config)) {
+      rotary_(model::RotaryTable(config)),
+      moe_(options.moe) {
   const int64_t BT = int64_t{B} * T;
   if (cp_ != nullptr) {
     for (int r = 0; r < cp_->size(); ++r) {
@@ -160,6 +176,15 @@ void ModelEngine::BindActivations(char* base) {
       a.ln2_rstd = f32(block("ln2_rstd"));
       a.fch = block("fch");
       a.fch_act = block("fch_act");
+      a.router_logits = block("router_logits");
+      a.router_scores = block("router_scores");
+      a.router_gates = block("router_gates");
+      a.router_experts = static_cast<int*>(block("router_experts"));
+      a.moe_index = static_cast<int*>(block("moe_index"));
+      a.moe_xp = block("moe_xp");
+      a.moe_h_pre = block("moe_h_pre");
+      a.moe_h = block("moe_h");
+      a.moe_y = block("moe_y");
       a.residual3 = block("residual3");
       a.recompute = policy_.Recomputes(i);
     }
@@ -191,6 +216,14 @@ void ModelEngine::BindActivations(char* base) {
   cp_out_ = take("cp_out");
   cp_rows_ = f32(take("cp_rows"));
   cp_scores_ = take("cp_scores");
+  moe_out_ = take("moe_out");
+  moe_dxp_ = take("moe_dxp");
+  moe_dy_ = take("moe_dy");
+  moe_dh_ = take("moe_dh");
+  moe_dh_pre_ = take("moe_dh_pre");
+  moe_dscores_ = take("moe_dscores");
+  moe_dlogits_ = take("moe_dlogits");
+  moe_dgates_ = take("moe_dgates");
 }
 
 void ModelEngine::InitSliceHost(uint64_t seed, size_t begin, size_t end, float* out,
@@ -215,14 +248,13 @@ void ModelEngine::InitGlobal(uint64_t seed, size_t begin, size_t end, float* out
     if (t.offset + i0 >= i1) continue;
     const size_t stop = i1 - t.offset;
     float* w = out + (t.offset + i0 - begin);  // w[i - i0]: element i of the tensor
-    const bool is_ln_weight = t.name.find("ln") != std::string::npos && t.name.size() >= 6 &&
-                              t.name.compare(t.name.size() - 6, 6, "weight") == 0;
-    if (t.shape.size() == 1) {  // biases 0, LayerNorm weights 1
-      std::fill(w, w + (stop - i0), is_ln_weight ? 1.0f : 0.0f);
+    if (t.shape.size() == 1) {  // biases 0; norm weights (every 1-D weight: ln*, q/k norms) 1
+      std::fill(w, w + (stop - i0), absl::EndsWith(t.name, "weight") ? 1.0f : 0.0f);
       continue;
     }
-    const bool residual_proj = t.name.find("attn.proj.weight") != std::string::npos ||
-                               t.name.find("mlp.proj.weight") != std::string::npos;
+    // The projections back into the residual stream: attention's, the
+    // MLP's and every expert's.
+    const bool residual_proj = absl::EndsWith(t.name, ".proj.weight");
     const float std_dev = residual_proj ? residual_std : 0.02f;
     // wte and an untied lm_head: only the first vocab rows are real; padded
     // rows stay 0.
@@ -384,6 +416,7 @@ void ModelEngine::StageBackward(int slot, float loss_scale, const float* doutput
   SlotActs& s = slots_[slot];
   const int C = config().dim, b = s.b, t = s.t, N = b * t, Nl = LocalRows(N);
   const int64_t NC = int64_t{N} * C, NlC = int64_t{Nl} * C;
+  loss_scale_ = loss_scale;
   if (PipelineLast(s)) {
     const float dloss = loss_scale / static_cast<float>(N);
     if (s.dlogits_scale == 0.0f) {

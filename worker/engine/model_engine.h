@@ -40,6 +40,19 @@
 
 namespace shardtrain::engine {
 
+// How MoE layers balance and drop (the job's `router` section; nothing
+// without MoE layers). Per micro-batch and MoE layer, the objective the
+// backward differentiates adds aux_loss_coef · the Switch/GShard loss and
+// z_loss_coef · the router z-loss (engine/cpu/moe_layers.h) to the mean
+// cross-entropy; capacity_factor > 0 keeps at most ceil(capacity_factor ·
+// N·K / E) (token, slot) pairs per expert of a micro-batch's N tokens and
+// drops the rest (0: dropless).
+struct MoeOptions {
+  double aux_loss_coef = 0.01;
+  double z_loss_coef = 0;
+  double capacity_factor = 0;
+};
+
 struct ModelEngineOptions {
   model::ModelSlice slice;  // default: the whole model
   int slots = 1;            // micro-batches whose saved activations are kept at once
@@ -65,6 +78,7 @@ struct ModelEngineOptions {
   // (ZeRO-3: OnUnitUse maps and refreshes it, OnUnitDone gives it back), so
   // the device never holds the whole model in the compute type.
   bool release_compute_copy = false;
+  MoeOptions moe;  // MoE layers only
 };
 
 // The checks every engine makes of its shape and slice: B >= 1, 1 <= T <=
@@ -100,6 +114,7 @@ class ModelEngine : public Engine {
   void set_param_hook(std::function<void(int unit, bool begin)> hook) override {
     param_hook_ = std::move(hook);
   }
+  MoeStats TakeMoeStats() override;
 
  protected:
   // The activations of one transformer block of one micro-batch (the
@@ -109,6 +124,16 @@ class ModelEngine : public Engine {
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;  // means: LayerNorm only (else null)
     void* qk_pre = nullptr;                            // q and k before their norms (qk_norm only)
     float* qk_rstd = nullptr;
+    // An MoE layer's (null in a dense one): the router's logits, scores
+    // (N, E) and gates (N, K), its chosen experts (N, K), the permutation
+    // (MoeIndex), the experts' input rows, hidden pre-activations and
+    // activations, outputs (moe_rows of each).
+    void *router_logits = nullptr, *router_scores = nullptr, *router_gates = nullptr;
+    int* router_experts = nullptr;
+    int* moe_index = nullptr;
+    void *moe_xp = nullptr, *moe_h_pre = nullptr, *moe_h = nullptr, *moe_y = nullptr;
+    int moe_rows = 0;  // M: the (token, slot) pairs the experts received (host)
+    std::vector<int> moe_load;  // (E, host) the balancing loss's load (summed over cp)
     // Its backward first refills what the table did not save (the
     // "recompute.*" scratch tensors above point there).
     bool recompute = false;
@@ -289,6 +314,59 @@ class ModelEngine : public Engine {
   }
   // dln (N, C) += the LM head's input gradient; the head weight's gradient +=.
   virtual void LmHeadBackward(SlotActs& s, void* dln) = 0;
+  // ---- Mixture of Experts (MoE layers; engine/cpu/moe_layers.h says what
+  // each computes). The defaults fail: a device without them is refused
+  // MoE before an engine is made. N tokens (rows of x), E experts, K slots;
+  // `index`: a layer's moe_index as MoeIndex splits it.
+  struct MoeIndex {
+    int* row_of_pair;  // (N·K)
+    int* pair_of_row;  // (N·K)
+    int* offsets;      // (E + 1)
+    int* counts;       // (E)
+  };
+  MoeIndex moe_index(const LayerActs& a) const;
+  // What the router did for one micro-batch: every expert's (token, slot)
+  // pairs before drops, and the pairs kept (M).
+  struct MoeRouted {
+    std::vector<int> load;
+    int kept = 0;
+  };
+  // The router (tensor `router`) on x (N, C) into a.router_*, the load and
+  // the permutation (capacity per expert; <= 0: none) into a.moe_index.
+  virtual MoeRouted MoeRoute(LayerActs& a, const void* x, int router, int N, int capacity);
+  // The balancing losses' values (with their coefficients; 0 for a zero
+  // coefficient) of a routed layer: aux from `load` (E, host: the pairs
+  // per expert over the whole sequences, summed over cp), z from the logits.
+  struct MoeBalance {
+    double aux = 0, z = 0;
+  };
+  virtual MoeBalance MoeBalanceLosses(const LayerActs& a, const int* load, int N);
+  // a.moe_xp (M, C) = x's rows in expert order.
+  virtual void MoePermute(LayerActs& a, const void* x, int N, int M);
+  // Layer l's local experts (ParamLayout::expert_tensor) on a.moe_xp's M
+  // rows grouped by `offsets` (E_local + 1, device memory) into a.moe_y,
+  // saving a.moe_h_pre and a.moe_h; with_bias2: add the output biases
+  // (tp rank 0 only: moe_y is a partial sum over tp).
+  virtual void MoeExperts(int layer, LayerActs& a, const int* offsets, int M, bool with_bias2);
+  // out (N, C) = the gate-weighted sum of a.moe_y's rows of each token.
+  virtual void MoeCombine(void* out, const LayerActs& a, int N);
+  // dy (M, C) and dgates (N, K) OVERWRITTEN from dout (N, C).
+  virtual void MoeCombineBackward(void* dy, void* dgates, const void* dout, const LayerActs& a,
+                                  int N, int M);
+  // dxp (M, C) OVERWRITTEN from dy; dh, dh_pre scratch; the experts'
+  // gradients += (the output biases' on every tp rank: replicated).
+  virtual void MoeExpertsBackward(int layer, void* dxp, void* dh, void* dh_pre, const void* dy,
+                                  const LayerActs& a, const int* offsets, int M);
+  // dx (N, C) += the permutation's backward of dxp (M, C).
+  virtual void MoePermuteBackward(void* dx, const void* dxp, const LayerActs& a, int N);
+  // dx (N, C) += the router's input gradient from dgates (N, K) and the
+  // balancing losses (times dloss; load as MoeBalanceLosses read it); the
+  // router's gradient +=. dscores, dlogits (N, E): scratch.
+  virtual void MoeRouterBackward(void* dx, void* dscores, void* dlogits, const void* dgates,
+                                 const LayerActs& a, const int* load, const void* x, int router,
+                                 int N, float dloss);
+  const MoeOptions& moe_options() const { return moe_; }
+
   // ---- Attention by blocks of keys, for context parallelism's ring (called
   // only under cp; engine/cpu/layers.h's functions of the same names say
   // what each computes). lse, blk_lse and D are fp32 rows (b, NHt, t);
@@ -352,6 +430,19 @@ class ModelEngine : public Engine {
   // MLP's activation from the block's input `residual`.
   void Refill(int layer, LayerActs& a, const void* residual, int b, int t);
   void BlockBackward(int layer, LayerActs& a, const void* residual, int b, int t);
+  // An MoE layer's MLP (model_engine_moe.cc) on x (N, C, the norm's output
+  // gathered): moe_out_ = the experts' combined output plus the shared
+  // experts' (without their output bias), a partial sum over tp (the
+  // caller reduces it); `record`: add the router's figures to the step's
+  // MoeStats (not when a recomputing block refills). Backward from dout (N,
+  // C, whole): dln_ = the input gradient (partial over tp), the gradients
+  // +=; ln2: this rank's rows of the norm's output, gathered again after
+  // dout is used (sp_full_ holds either).
+  void MoeMlpForward(int layer, LayerActs& a, const void* x, int N, bool record);
+  void MoeMlpBackward(int layer, LayerActs& a, const void* dout, const void* ln2, int N);
+  // load (E) summed over the cp group, in place (the balancing loss's
+  // fractions are the whole sequences'): cp − 1 passes of the ring.
+  void SumOverCp(std::vector<int>& load);
   // Attention under context parallelism (model_engine_cp.cc): this rank's
   // queries against every cp rank's key/value block as it passes around the
   // ring (the block in hand computed while the next one arrives), merged
@@ -368,8 +459,8 @@ class ModelEngine : public Engine {
                    int N);
   void NormBackward(void* dinp, const void* dout, const void* inp, const float* mean,
                     const float* rstd, int weight, int bias, int N);
-  void MlpActForward(void* out, const void* fch, int N);
-  void MlpActBackward(void* dfch, const void* fch, const void* dout, int N);
+  void MlpActForward(int layer, void* out, const void* fch, int N);
+  void MlpActBackward(int layer, void* dfch, const void* fch, const void* dout, int N);
   // The MLP's fc GEMM and activation: a.fch (N, FCt) = inp (N, C) · fc^T
   // + bias, a.fch_act = act(a.fch) (MatmulGeluForward where the device
   // fuses them). Backward of the MLP's projection (dout (N, C): its output
@@ -382,6 +473,9 @@ class ModelEngine : public Engine {
   // LocalRows(N) rows of it), plus bias: returns proj_out_ (N, OC) or
   // sp_local_ (Nl, OC).
   const void* RowParallelForward(const void* inp, int weight, int bias, int N, int IC, int OC);
+  // The row-parallel reduction of partial (N, OC) (in place, or into
+  // sp_local_ under sequence parallelism) plus bias (-1: none).
+  const void* ReduceRowParallel(void* partial, int bias, int N, int OC);
   // Megatron's conjugate pairs over this engine's tp group (no-ops at tp 1);
   // see tensor_parallel.h. n: elements of this rank's rows.
   void CopyToTpRegionBackward(void* dinput, int64_t n);
@@ -415,11 +509,17 @@ class ModelEngine : public Engine {
   bool in_backward_ = false;
   // ExpectBackward's loss_scale for the next forward (0: none).
   float expected_backward_ = 0.0f;
+  // The running StageBackward's loss_scale (the balancing losses' dloss).
+  float loss_scale_ = 1.0f;
+  const MoeOptions moe_;
+  MoeStats moe_stats_;
   // scratch
   void *proj_out_ = nullptr, *dresidual_ = nullptr, *dln_ = nullptr, *datty_ = nullptr,
        *dqkv_ = nullptr, *dfch_ = nullptr, *dfch_act_ = nullptr, *att_scratch_ = nullptr,
        *sp_full_ = nullptr, *sp_local_ = nullptr, *cp_kv_ = nullptr, *cp_dkv_ = nullptr,
-       *cp_out_ = nullptr, *cp_scores_ = nullptr;
+       *cp_out_ = nullptr, *cp_scores_ = nullptr, *moe_out_ = nullptr, *moe_dxp_ = nullptr,
+       *moe_dy_ = nullptr, *moe_dh_ = nullptr, *moe_dh_pre_ = nullptr, *moe_dscores_ = nullptr,
+       *moe_dlogits_ = nullptr, *moe_dgates_ = nullptr;
   float* cp_rows_ = nullptr;
   std::function<void(size_t)> grads_ready_;
   std::function<void(int, bool)> param_hook_;

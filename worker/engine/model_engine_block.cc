@@ -29,14 +29,18 @@ const void* ModelEngine::RowParallelForward(const void* inp, int weight, int bia
     return proj_out_;
   }
   MatmulForward(proj_out_, inp, weight, -1, N, IC, OC, OC);
+  return ReduceRowParallel(proj_out_, bias, N, OC);
+}
+
+const void* ModelEngine::ReduceRowParallel(void* partial, int bias, int N, int OC) {
   if (!sp_) {
-    ReduceFromTpRegionForward(proj_out_, int64_t{N} * OC);
-    if (bias >= 0) AddBias(proj_out_, bias, N, OC);
-    return proj_out_;
+    ReduceFromTpRegionForward(partial, int64_t{N} * OC);
+    if (bias >= 0) AddBias(partial, bias, N, OC);
+    return partial;
   }
   // ReduceScatterToSequenceRegion: this rank's rows of the sum.
   const int Nl = LocalRows(N);
-  TpReduceScatter(sp_local_, proj_out_, int64_t{Nl} * OC);
+  TpReduceScatter(sp_local_, partial, int64_t{Nl} * OC);
   if (bias >= 0) AddBias(sp_local_, bias, Nl, OC);
   return sp_local_;
 }
@@ -59,8 +63,10 @@ void ModelEngine::NormBackward(void* dinp, const void* dout, const void* inp, co
   }
 }
 
-void ModelEngine::MlpActForward(void* out, const void* fch, int N) {
-  const int Ft = config().ffn_dim / layout_.slice().tp;
+// Layer widths below: the dense MLP's (Ft) is the layer's, config.mlp_dim(l)
+// (an MoE layer's shared experts); `l` comes with each call.
+void ModelEngine::MlpActForward(int l, void* out, const void* fch, int N) {
+  const int Ft = config().mlp_dim(l) / layout_.slice().tp;
   if (config().mlp == model::MlpKind::kSwiGlu) {
     SwiGluForward(out, fch, N, Ft);
   } else {
@@ -68,8 +74,8 @@ void ModelEngine::MlpActForward(void* out, const void* fch, int N) {
   }
 }
 
-void ModelEngine::MlpActBackward(void* dfch, const void* fch, const void* dout, int N) {
-  const int Ft = config().ffn_dim / layout_.slice().tp;
+void ModelEngine::MlpActBackward(int l, void* dfch, const void* fch, const void* dout, int N) {
+  const int Ft = config().mlp_dim(l) / layout_.slice().tp;
   if (config().mlp == model::MlpKind::kSwiGlu) {
     SwiGluBackward(dfch, fch, dout, N, Ft);
   } else {
@@ -78,19 +84,19 @@ void ModelEngine::MlpActBackward(void* dfch, const void* fch, const void* dout, 
 }
 
 void ModelEngine::MlpInForward(int l, LayerActs& a, const void* inp, int N) {
-  const int C = config().dim, FCt = config().fc_dim() / layout_.slice().tp;
+  const int C = config().dim, FCt = config().fc_rows(config().mlp_dim(l) / layout_.slice().tp);
   const int weight = layout_.block_tensor(l, kFcW), bias = layout_.block_tensor(l, kFcB);
   if (config().mlp == model::MlpKind::kGelu &&
       MatmulGeluForward(a.fch_act, a.fch, inp, weight, bias, N, C, FCt)) {
     return;
   }
   MatmulForward(a.fch, inp, weight, bias, N, C, FCt, FCt);
-  MlpActForward(a.fch_act, a.fch, N);
+  MlpActForward(l, a.fch_act, a.fch, N);
 }
 
 void ModelEngine::MlpOutBackward(int l, const LayerActs& a, const void* dout, int N) {
-  const int C = config().dim, tp = layout_.slice().tp;
-  const int FCt = config().fc_dim() / tp, Ft = config().ffn_dim / tp;
+  const int C = config().dim, Ft = config().mlp_dim(l) / layout_.slice().tp;
+  const int FCt = config().fc_rows(Ft);
   const int weight = layout_.block_tensor(l, kFcProjW), bias = layout_.block_tensor(l, kFcProjB);
   if (config().mlp == model::MlpKind::kGelu &&
       MatmulDGeluBackward(dfch_, dout, C, a.fch_act, a.fch, weight, bias, N, Ft, C)) {
@@ -98,7 +104,7 @@ void ModelEngine::MlpOutBackward(int l, const LayerActs& a, const void* dout, in
   }
   MatmulBackwardOverwrite(dfch_act_, dout, C, a.fch_act, weight, bias, N, Ft, C);
   Zero(dfch_, int64_t{N} * FCt);  // the activation's backward adds into it
-  MlpActBackward(dfch_, a.fch, dfch_act_, N);
+  MlpActBackward(l, dfch_, a.fch, dfch_act_, N);
 }
 
 void ModelEngine::BlockForward(int l, LayerActs& a, const void* residual, int b, int t) {
@@ -113,7 +119,7 @@ void ModelEngine::BlockForwardMath(int l, LayerActs& a, const void* residual, in
   // Qt: the attention's width on this rank (NHt·hs; C/tp unless head_dim is set).
   const int Qt = cfg.q_dim() / tp, NHt = cfg.heads / tp, KVHt = cfg.kv_heads / tp, N = b * t,
             Nl = LocalRows(N);
-  const int QKVt = cfg.qkv_dim() / tp, Ft = cfg.ffn_dim / tp;
+  const int QKVt = cfg.qkv_dim() / tp, Ft = cfg.mlp_dim(l) / tp;
   const int64_t NlC = int64_t{Nl} * C;
   auto w = [&](BlockTensor bt) { return layout_.block_tensor(l, bt); };
   // The residual stream and the norms: Nl rows (all of them without
@@ -133,7 +139,15 @@ void ModelEngine::BlockForwardMath(int l, LayerActs& a, const void* residual, in
   ResidualForward(a.residual2, residual,
                   RowParallelForward(a.atty, w(kAttnProjW), w(kAttnProjB), N, Qt, C), NlC);
   NormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w(kLn2W), w(kLn2B), Nl);
-  MlpInForward(l, a, GatherFromSequenceRegionForward(a.ln2, NlC), N);
+  const void* mlp_in = GatherFromSequenceRegionForward(a.ln2, NlC);
+  if (cfg.moe_layer(l)) {
+    MoeMlpForward(l, a, mlp_in, N, /*record=*/!refill);
+    if (refill) return;
+    // The shared experts' output bias is added once, after the reduction.
+    ResidualForward(a.residual3, a.residual2, ReduceRowParallel(moe_out_, w(kFcProjB), N, C), NlC);
+    return;
+  }
+  MlpInForward(l, a, mlp_in, N);
   if (refill) return;
   ResidualForward(a.residual3, a.residual2,
                   RowParallelForward(a.fch_act, w(kFcProjW), w(kFcProjB), N, Ft, C), NlC);
@@ -160,7 +174,7 @@ void ModelEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b
   const int C = cfg.dim, tp = layout_.slice().tp;
   const int Qt = cfg.q_dim() / tp, NHt = cfg.heads / tp, KVHt = cfg.kv_heads / tp, N = b * t,
             Nl = LocalRows(N);
-  const int QKVt = cfg.qkv_dim() / tp, FCt = cfg.fc_dim() / tp;
+  const int QKVt = cfg.qkv_dim() / tp, FCt = cfg.fc_rows(cfg.mlp_dim(l) / tp);
   const int64_t NlC = int64_t{Nl} * C;
   auto w = [&](BlockTensor bt) { return layout_.block_tensor(l, bt); };
   if (a.recompute) Refill(l, a, residual, b, t);
@@ -171,11 +185,15 @@ void ModelEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b
   // row-parallel projections' backward is the identity side of their region
   // (or the all-gather of dresidual's rows): their output gradient is whole
   // on every rank.
-  MlpOutBackward(l, a, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), N);
-  // Sequence parallelism keeps ln2's rows only: gathered again for fc's
-  // weight gradient (as Megatron-LM does).
-  MatmulBackwardOverwrite(dln_, dfch_, FCt, GatherFromSequenceRegionForward(a.ln2, NlC), w(kFcW),
-                          w(kFcB), N, C, FCt);
+  if (cfg.moe_layer(l)) {
+    MoeMlpBackward(l, a, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), a.ln2, N);
+  } else {
+    MlpOutBackward(l, a, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), N);
+    // Sequence parallelism keeps ln2's rows only: gathered again for fc's
+    // weight gradient (as Megatron-LM does).
+    MatmulBackwardOverwrite(dln_, dfch_, FCt, GatherFromSequenceRegionForward(a.ln2, NlC), w(kFcW),
+                            w(kFcB), N, C, FCt);
+  }
   GatherFromSequenceRegionBackward(dln_rows, dln_, NlC);
   NormBackward(dresidual_, dln_rows, a.residual2, a.ln2_mean, a.ln2_rstd, w(kLn2W), w(kLn2B), Nl);
   // residual2 = residual + attproj: both receive dresidual (in place).

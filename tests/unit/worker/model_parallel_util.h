@@ -46,6 +46,11 @@ struct Layout {
   int cp = 1;                      // parallel.cp
   int pp_virtual = 1;              // parallel.pp_virtual (model chunks per stage)
   bool qwen3 = false;              // llama with Qwen3's head_dim (16: q is 64 wide) and q/k norms
+  // llama with Mixture-of-Experts layers: 1 Mixtral's (4 SwiGLU experts of
+  // 24, top 2, softmax), 2 DeepSeek's (a dense first layer, 6 experts of 16,
+  // top 2 by sigmoid, unnormalised gates, a shared expert); both with the
+  // Switch loss and a z-loss.
+  int moe = 0;
 };
 
 // `l` interleaved: `v` model chunks per pipeline stage.
@@ -66,6 +71,13 @@ inline Layout Llama(Layout l) {
   return l;
 }
 
+// `l` for the Llama model with MoE layers of `variant` (Layout::moe).
+inline Layout Moe(Layout l, int variant = 1) {
+  l.llama = true;
+  l.moe = variant;
+  return l;
+}
+
 // `l` for the Llama model with Qwen3's two recipe fields.
 inline Layout Qwen3(Layout l) {
   l.llama = true;
@@ -82,7 +94,9 @@ inline std::string Name(const Layout& l) {
   if (std::string(l.recompute) != "none") absl::StrAppend(&s, "_", l.recompute);
   if (l.recompute_layers > 0) absl::StrAppend(&s, l.recompute_layers);
   if (l.sp) absl::StrAppend(&s, "_sp");
-  if (l.llama) s = (l.qwen3 ? "qwen3_" : "llama_") + s;
+  if (l.llama) {
+    s = (l.qwen3 ? "qwen3_" : l.moe > 0 ? absl::StrCat("moe", l.moe, "_") : "llama_") + s;
+  }
   return s;
 }
 
@@ -109,6 +123,10 @@ class Corpus {
         // Llama: 2 kv heads (tp 2 splits them), SwiGLU 48, rotary, untied head.
         l.llama ? "model: {arch: llama, kv_heads: 2, ffn_dim: 48, rope_theta: 10000, " : "model: {",
         l.qwen3 ? "head_dim: 16, qk_norm: true, " : "",
+        l.moe == 1 ? "moe: {experts: 4, top_k: 2, expert_ffn_dim: 24}, " : "",
+        l.moe == 2 ? "moe: {experts: 6, top_k: 2, expert_ffn_dim: 16, shared_experts: 1, "
+                     "scoring: sigmoid, norm_topk_prob: false, first_dense_layers: 1}, "
+                   : "",
         "layers: 4, heads: 4, dim: 32, context: 32, vocab: 256, recompute: ", l.recompute,
         l.recompute_layers > 0 ? absl::StrCat(", recompute_layers: ", l.recompute_layers) : "",
         "}\n", "data: {train: ", (dir_ / "train.txt").string(),
@@ -118,6 +136,7 @@ class Corpus {
         l.sp ? ", sequence_parallel: true" : "", "}\n",
         "optimizer: {lr: 0.003, warmup_steps: 2, weight_decay: 0.1, grad_clip: 1.0}\n",
         "eval: {every: 10, batches: 1}\n", "steps: ", kSteps, "\n",
+        l.moe > 0 ? "router: {aux_loss_coef: 0.01, z_loss_coef: 0.001}\n" : "",
         ckpt.empty() ? "" : absl::StrCat("checkpoint: {every: 10, dir: ", ckpt, "}\n")));
     EXPECT_TRUE(spec.ok()) << spec.status();
     return *spec;
@@ -189,7 +208,17 @@ inline const Corpus& TheCorpus() {
   return *corpus;
 }
 // One rank's run of the family of `l`.
-inline const Losses& Reference(bool llama = false, bool qwen3 = false) {
+// An MoE model's (Layout::moe) with micro-batches of `micro` sequences: the
+// balancing losses are per micro-batch (not linear in its sequences), so a
+// layout equals one rank that groups the global batch alike.
+inline const Losses& Reference(bool llama = false, bool qwen3 = false, int moe = 0,
+                               int micro = 4) {
+  if (moe > 0) {
+    static std::map<std::pair<int, int>, Losses>* runs = new std::map<std::pair<int, int>, Losses>;
+    auto [it, fresh] = runs->try_emplace({moe, micro});
+    if (fresh) it->second = Train(TheCorpus().Spec(Moe(Layout{1, 1, 1, 0, "1f1b", micro}, moe)));
+    return it->second;
+  }
   if (qwen3) {
     static const Losses* q = new Losses(Train(TheCorpus().Spec(Qwen3(Layout{}))));
     return *q;

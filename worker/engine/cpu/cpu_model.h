@@ -141,6 +141,20 @@ class CpuModel final : public ModelEngine {
   void TpAllReduceSum(void* x, int64_t n) override;
   void TpAllGather(void* full, const void* local, int64_t n) override;
   void TpReduceScatter(void* local, const void* full, int64_t n) override;
+  // Mixture of Experts (cpu_model_moe.cc, over moe_layers.h).
+  MoeRouted MoeRoute(LayerActs& a, const void* x, int router, int N, int capacity) override;
+  MoeBalance MoeBalanceLosses(const LayerActs& a, const int* load, int N) override;
+  void MoePermute(LayerActs& a, const void* x, int N, int M) override;
+  void MoeExperts(int layer, LayerActs& a, const int* offsets, int M, bool with_bias2) override;
+  void MoeCombine(void* out, const LayerActs& a, int N) override;
+  void MoeCombineBackward(void* dy, void* dgates, const void* dout, const LayerActs& a, int N,
+                          int M) override;
+  void MoeExpertsBackward(int layer, void* dxp, void* dh, void* dh_pre, const void* dy,
+                          const LayerActs& a, const int* offsets, int M) override;
+  void MoePermuteBackward(void* dx, const void* dxp, const LayerActs& a, int N) override;
+  void MoeRouterBackward(void* dx, void* dscores, void* dlogits, const void* dgates,
+                         const LayerActs& a, const int* load, const void* x, int router, int N,
+                         float dloss) override;
 
  private:
   CpuModel(const model::ModelConfig& config, int B, int T, int threads,

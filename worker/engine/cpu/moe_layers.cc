@@ -113,6 +113,15 @@ void RouterBackward(F* dx, F* dwr, F* dscores, F* dlogits, const F* dgates, cons
 
 // ------------------------------------------------- load, balancing losses
 
+// Σ_e load[e]: the (token, slot) pairs the load counts (N·K of one rank's
+// tokens, more when summed over ranks); at least 1.
+template <typename F>
+F LoadTotal(const int* load, int E) {
+  int64_t total = 0;
+  for (int e = 0; e < E; ++e) total += load[e];
+  return F(std::max<int64_t>(total, 1));
+}
+
 void ExpertLoad(int* load, const int* experts, int N, int K, int E) {
   std::fill(load, load + E, 0);
   for (int64_t i = 0; i < int64_t{N} * K; ++i) ++load[experts[i]];
@@ -127,8 +136,9 @@ F AuxLossForward(const F* scores, const int* load, int N, int E, int K, RouterSc
     const F div = RowProbDivisor(s, E, scoring);
     for (int e = 0; e < E; ++e) P[e] += s[e] / div;
   }
+  const F pairs = LoadTotal<F>(load, E);
   F sum = 0;
-  for (int e = 0; e < E; ++e) sum += F(load[e]) / (F(N) * K) * (P[e] / N);
+  for (int e = 0; e < E; ++e) sum += F(load[e]) / pairs * (P[e] / N);
   return coef * E * sum;
 }
 
@@ -137,7 +147,8 @@ void AuxLossBackward(F* dscores, const F* scores, const int* load, int N, int E,
                      RouterScoring scoring, F coef, F dloss, ThreadPool* pool) {
   // d aux / d p[t,e] = coef · E · f_e / N, the same for every token.
   std::vector<F> c(E);
-  for (int e = 0; e < E; ++e) c[e] = dloss * coef * E * (F(load[e]) / (F(N) * K)) / N;
+  const F pairs = LoadTotal<F>(load, E);
+  for (int e = 0; e < E; ++e) c[e] = dloss * coef * E * (F(load[e]) / pairs) / N;
   ParallelFor(
       pool, N,
       [&](int64_t r0, int64_t r1) {

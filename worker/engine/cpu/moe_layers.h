@@ -24,10 +24,9 @@
 
 namespace shardtrain::engine::cpu {
 
-// How the router turns logits into scores: softmax over the E experts
-// (Switch, Mixtral, Qwen-MoE) or an independent sigmoid per expert
-// (DeepSeek-V3).
-enum class RouterScoring { kSoftmax, kSigmoid };
+// How the router turns logits into scores (config.h): softmax over the E
+// experts or an independent sigmoid per expert.
+using RouterScoring = model::RouterScoring;
 
 // ---- router ----
 // logits (N,E) = x (N,C) · wr (E,C)^T; scores (N,E) = softmax or sigmoid of
@@ -61,7 +60,9 @@ void RouterBackward(F* dx, F* dwr, F* dscores, F* dlogits, const F* dgates, cons
 void ExpertLoad(int* load, const int* experts, int N, int K, int E);
 
 // The Switch/GShard auxiliary loss: aux = coef · E · Σ_e f_e · P_e with
-// f_e = load[e] / (N·K) (a constant: no gradient) and P_e = the mean over the
+// f_e = load[e] / Σ_j load[j] (a constant: no gradient; the N·K pairs of
+// these tokens, or under context parallelism the whole sequences' pairs,
+// summed over the ranks) and P_e = the mean over the
 // N tokens of p[t,e], the token's probability of expert e: p = scores for
 // softmax scoring; for sigmoid scoring p[t,e] = scores[t,e] / Σ_j scores[t,j]
 // (DeepSeek-V3's normalisation, so that a balanced router gives coef in both

@@ -24,6 +24,11 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const model::ModelC
                                                              DataType compute, int host_threads,
                                                              const ModelEngineOptions& options) {
   if (auto s = ValidateModelEngine(config, B, T, options); !s.ok()) return s;
+  if (config.moe.on()) {
+    return absl::InvalidArgumentError(
+        "model.moe: the CUDA engine has no Mixture-of-Experts kernels yet (resources.device: cpu "
+        "trains MoE models)");
+  }
   const int tp = options.slice.tp;
   if (options.activations.flash_attention &&
       !cuda::FlashAttentionSupports(compute, config.q_dim() / tp, config.heads / tp,

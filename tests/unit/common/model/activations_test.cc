@@ -19,7 +19,7 @@ bool IsStat(const std::string& name) {
     if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0)
       return true;
   }
-  return name == "losses" || name == "lse";
+  return name == "losses" || name == "lse" || IntBlockActivation(name.substr(name.rfind('.') + 1));
 }
 
 TEST(ActivationTableTest, StatisticsStayFp32AndTheRestTakeTheComputeType) {

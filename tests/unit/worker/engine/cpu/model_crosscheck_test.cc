@@ -73,7 +73,7 @@ class CrossCheckTest : public ::testing::Test {
     absl::StatusOr<ModelConfig> cfg = Config();
     ASSERT_TRUE(cfg.ok()) << cfg.status();
     config_ = *cfg;
-    auto m = CpuModel::Create(config_, kB, kT, /*threads=*/2);
+    auto m = CpuModel::Create(config_, kB, kT, /*threads=*/2, Options());
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::move(*m);
     model_->InitParams(1234);
@@ -89,6 +89,8 @@ class CrossCheckTest : public ::testing::Test {
     return MakeGptConfig(/*layers=*/2, /*heads=*/4, /*dim=*/64, /*context=*/32, /*vocab=*/100);
   }
 
+  virtual ModelEngineOptions Options() const { return {}; }
+
   void WriteCommon(const std::string& extra_config) {
     std::ofstream c(dir_ / "config.txt");
     c << "arch " << model::ArchName(config_.arch) << "\nlayers " << config_.layers << "\nheads "
@@ -102,6 +104,16 @@ class CrossCheckTest : public ::testing::Test {
       c << "kv_heads " << config_.kv_heads << "\nffn_dim " << config_.ffn_dim << "\nrope_theta "
         << theta << "\nnorm_eps " << eps << "\ntie_embeddings " << (config_.tie_embeddings ? 1 : 0)
         << "\nhead_dim " << config_.head_dim() << "\nqk_norm " << (config_.qk_norm ? 1 : 0) << "\n";
+    }
+    if (config_.moe.on()) {
+      const model::MoeConfig& m = config_.moe;
+      const MoeOptions o = Options().moe;
+      c << "experts " << m.experts << "\ntop_k " << m.top_k << "\nexpert_ffn_dim "
+        << m.expert_ffn_dim << "\nshared_experts " << m.shared_experts << "\nscoring "
+        << (m.scoring == model::RouterScoring::kSigmoid ? "sigmoid" : "softmax")
+        << "\nnorm_topk_prob " << (m.norm_topk_prob ? 1 : 0) << "\nfirst_dense_layers "
+        << m.first_dense_layers << "\naux_loss_coef " << o.aux_loss_coef << "\nz_loss_coef "
+        << o.z_loss_coef << "\n";
     }
     c << extra_config;
     std::ofstream l(dir_ / "layout.txt");
@@ -147,6 +159,16 @@ void CrossCheckTest::ExpectLossLogitsAndGradientsMatchTorch() {
   for (int r = 0; r < kB * kT; ++r)
     model_->ReadLogits(r, logits.data() + size_t(r) * config_.vocab);
   model_->Backward();
+  // The gradients are of the loss plus the MoE layers' balancing losses
+  // (torch_crosscheck.py's too).
+  const MoeStats moe = model_->TakeMoeStats();
+  if (config_.moe.on()) {
+    std::printf("[torch] MoE: aux loss %.6f, z-loss %.6f, %lld pairs, %lld dropped\n",
+                moe.aux_loss, moe.z_loss, static_cast<long long>(moe.pairs),
+                static_cast<long long>(moe.dropped));
+    EXPECT_EQ(moe.forwards, 1);
+    EXPECT_GT(moe.aux_loss, 0.0);
+  }
   ASSERT_EQ(RunTorch("grad"), 0);
   const std::vector<float> torch_logits = ReadFloats(dir_ / "logits.bin", logits.size());
   double max_abs = 0;
@@ -226,6 +248,52 @@ class Qwen3CrossCheckTest : public CrossCheckTest {
 };
 
 TEST_F(Qwen3CrossCheckTest, LossLogitsAndGradientsMatchTorch) {
+  ExpectLossLogitsAndGradientsMatchTorch();
+}
+
+// Mixtral's MoE MLP on the Llama block: 4 SwiGLU experts of 48, top 2 with
+// renormalised gates, the Switch loss and a z-loss.
+class MixtralCrossCheckTest : public CrossCheckTest {
+ protected:
+  absl::StatusOr<ModelConfig> Config() const override {
+    model::LlamaShape shape{2, 4, 2, 64, 96, 32, 100, 10000, 1e-5, false};
+    shape.moe = {/*experts=*/4, /*top_k=*/2, /*expert_ffn_dim=*/48};
+    return model::MakeLlamaConfig(shape);
+  }
+  ModelEngineOptions Options() const override {
+    ModelEngineOptions o;
+    o.moe.aux_loss_coef = 0.01;
+    o.moe.z_loss_coef = 0.001;
+    return o;
+  }
+};
+
+TEST_F(MixtralCrossCheckTest, LossLogitsAndGradientsMatchTorch) {
+  ExpectLossLogitsAndGradientsMatchTorch();
+}
+
+// GPT-2's block with GELU experts and biases, DeepSeek-style sigmoid
+// scoring without renormalised gates, a shared expert and a dense first
+// layer (3 layers: dense, MoE, MoE).
+class GptMoeCrossCheckTest : public CrossCheckTest {
+ protected:
+  absl::StatusOr<ModelConfig> Config() const override {
+    absl::StatusOr<ModelConfig> c = MakeGptConfig(3, 4, 64, 32, 100);
+    if (!c.ok()) return c;
+    c->moe = {/*experts=*/6, /*top_k=*/3, /*expert_ffn_dim=*/32, /*shared_experts=*/1,
+              model::RouterScoring::kSigmoid, /*norm_topk_prob=*/false,
+              /*first_dense_layers=*/1};
+    if (absl::Status s = model::ValidateModelConfig(*c); !s.ok()) return s;
+    return c;
+  }
+  ModelEngineOptions Options() const override {
+    ModelEngineOptions o;
+    o.moe.aux_loss_coef = 0.02;
+    return o;
+  }
+};
+
+TEST_F(GptMoeCrossCheckTest, LossLogitsAndGradientsMatchTorch) {
   ExpectLossLogitsAndGradientsMatchTorch();
 }
 

@@ -7,14 +7,18 @@ DIR holds what the C++ test wrote:
   config.txt   "key value" lines: arch (gpt2 | llama) layers heads dim context
                vocab padded_vocab batch seq_len; for llama also kv_heads
                ffn_dim rope_theta norm_eps tie_embeddings head_dim qk_norm
-               (Qwen3: an RMSNorm over each head of q and k before rotary)
+               (Qwen3: an RMSNorm over each head of q and k before rotary);
+               with Mixture-of-Experts layers also experts top_k
+               expert_ffn_dim shared_experts scoring (softmax | sigmoid)
+               norm_topk_prob first_dense_layers aux_loss_coef z_loss_coef
                (and for adamw:
                steps lr_0..lr_{n-1} beta1 beta2 eps weight_decay)
   layout.txt   one tensor per line: name offset numel decay d0 [d1]
   params.bin   flat float32 parameters
-grad:  tokens.bin, targets.bin (int32, B*T) -> writes loss.txt, logits.bin
-       (B*T*V float32) and grads.bin (flat float32, same layout) from the
-       same forward/backward in float32.
+grad:  tokens.bin, targets.bin (int32, B*T) -> writes loss.txt (the mean
+       cross-entropy), logits.bin (B*T*V float32) and grads.bin (flat
+       float32, same layout): the gradient of the cross-entropy plus every
+       MoE layer's balancing losses, in float32.
 
 The Llama block is written here as Meta's reference and Hugging Face's
 LlamaForCausalLM compute it (RMSNorm, rotary q/k, grouped-query attention
@@ -65,12 +69,13 @@ def main():
         tgt = torch.from_numpy(
             np.fromfile(f"{d}/targets.bin", dtype=np.int32).astype(np.int64)).view(B, T)
         mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+        balance = []  # each MoE layer's balancing losses
         if cfg.get("arch", "gpt2") == "llama":
-            logits = llama_logits(P, cfg, idx, mask)
+            logits = llama_logits(P, cfg, idx, mask, balance)
         else:
-            logits = gpt2_logits(P, cfg, idx, mask)
+            logits = gpt2_logits(P, cfg, idx, mask, balance)
         loss = F.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1))
-        loss.backward()
+        (loss + sum(balance)).backward()
         with open(f"{d}/loss.txt", "w") as f:
             f.write(f"{loss.item():.9g}\n")
         logits.detach().numpy().astype(np.float32).tofile(f"{d}/logits.bin")
@@ -97,7 +102,65 @@ def main():
         raise SystemExit(f"unknown mode {mode}")
 
 
-def gpt2_logits(P, cfg, idx, mask):
+def moe_layer(cfg, l):
+    return int(cfg.get("experts", 0)) > 0 and l >= int(cfg.get("first_dense_layers", 0))
+
+
+def mlp(P, cfg, p, h, width, arch):
+    """A dense MLP of hidden `width` on h (..., C): GPT-2's GELU with biases
+    or Llama's SwiGLU of [gate; up]. p: the tensors' name prefix."""
+    b = (lambda n: P[n + ".bias"]) if arch == "gpt2" else (lambda n: None)
+    if arch == "gpt2":
+        a = F.gelu(F.linear(h, P[p + "fc.weight"], b(p + "fc")), approximate="tanh")
+    else:
+        gate, up = F.linear(h, P[p + "fc.weight"]).split(width, dim=-1)
+        a = F.silu(gate) * up
+    return F.linear(a, P[p + "proj.weight"], b(p + "proj"))
+
+
+def moe_mlp(P, cfg, p, h, arch, balance):
+    """A Mixtral-style MoE MLP (Hugging Face's MixtralSparseMoeBlock, with a
+    sigmoid scoring and shared experts as DeepSeek-V3 / Qwen2-MoE add them):
+    the top_k experts by score, their gates (renormalised when
+    norm_topk_prob) weighing their outputs; appends the balancing losses,
+    Megatron-Core's Switch loss coef·E·Σ_e (load_e / (N·K))·mean_t p_te and
+    the z-loss coef·mean_t logsumexp(logits_t)², to `balance`."""
+    E, K, He = int(cfg["experts"]), int(cfg["top_k"]), int(cfg["expert_ffn_dim"])
+    shape = h.shape
+    x = h.reshape(-1, shape[-1])
+    N = x.shape[0]
+    logits = F.linear(x, P[p + "mlp.router.weight"])
+    sigmoid = cfg["scoring"] == "sigmoid"
+    scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)
+    top, chosen = torch.topk(scores, K, dim=-1)
+    gates = top / top.sum(-1, keepdim=True) if cfg["norm_topk_prob"] == "1" else top
+    out = torch.zeros_like(x)
+    for e in range(E):
+        tok, slot = torch.where(chosen == e)
+        if tok.numel() == 0:
+            continue
+        y = mlp(P, cfg, f"{p}mlp.experts.{e}.", x[tok], He, arch)
+        out = out.index_add(0, tok, y * gates[tok, slot, None])
+    S = int(cfg["shared_experts"])
+    if S > 0:
+        out = out + mlp(P, cfg, p + "mlp.", x, S * He, arch)
+    load = torch.bincount(chosen.reshape(-1), minlength=E).to(torch.float32)
+    probs = scores / scores.sum(-1, keepdim=True) if sigmoid else scores
+    aux = float(cfg["aux_loss_coef"]) * E * (load / (N * K) * probs.mean(0)).sum()
+    z = float(cfg["z_loss_coef"]) * (torch.logsumexp(logits, dim=-1) ** 2).mean()
+    balance.append(aux + z)
+    return out.view(shape)
+
+
+def block_mlp(P, cfg, l, h, arch, balance):
+    p = f"block.{l}."
+    if moe_layer(cfg, l):
+        return moe_mlp(P, cfg, p, h, arch, balance)
+    width = int(cfg["ffn_dim"]) if arch == "llama" else 4 * int(cfg["dim"])
+    return mlp(P, cfg, p + "mlp.", h, width, arch)
+
+
+def gpt2_logits(P, cfg, idx, mask, balance):
     """GPT-2: learned positions, LayerNorm, GELU MLP, biases, tied head."""
     L, NH, C, V = int(cfg["layers"]), int(cfg["heads"]), int(cfg["dim"]), int(cfg["vocab"])
     B, T = idx.shape
@@ -116,9 +179,7 @@ def gpt2_logits(P, cfg, idx, mask):
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
         x = x + F.linear(y, P[p + "attn.proj.weight"], P[p + "attn.proj.bias"])
         h = F.layer_norm(x, (C,), P[p + "ln2.weight"], P[p + "ln2.bias"], 1e-5)
-        h = F.gelu(F.linear(h, P[p + "mlp.fc.weight"], P[p + "mlp.fc.bias"]),
-                   approximate="tanh")
-        x = x + F.linear(h, P[p + "mlp.proj.weight"], P[p + "mlp.proj.bias"])
+        x = x + block_mlp(P, cfg, l, h, "gpt2", balance)
     x = F.layer_norm(x, (C,), P["lnf.weight"], P["lnf.bias"], 1e-5)
     return x @ P["wte"][:V].t()  # tied head; padded rows excluded
 
@@ -137,10 +198,10 @@ def rotary(x, theta):
     return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2)
 
 
-def llama_logits(P, cfg, idx, mask):
+def llama_logits(P, cfg, idx, mask, balance):
     """Llama: RMSNorm, rotary q/k, grouped-query attention, SwiGLU, no biases."""
     L, NH, C, V = int(cfg["layers"]), int(cfg["heads"]), int(cfg["dim"]), int(cfg["vocab"])
-    KVH, FF = int(cfg["kv_heads"]), int(cfg["ffn_dim"])
+    KVH = int(cfg["kv_heads"])
     theta, eps = float(cfg["rope_theta"]), float(cfg["norm_eps"])
     B, T = idx.shape
     hs = int(cfg.get("head_dim", C // NH))
@@ -164,8 +225,7 @@ def llama_logits(P, cfg, idx, mask):
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, NH * hs)
         x = x + F.linear(y, P[p + "attn.proj.weight"])
         h = rms_norm(x, P[p + "ln2.weight"], eps)
-        gate, up = F.linear(h, P[p + "mlp.fc.weight"]).split(FF, dim=2)
-        x = x + F.linear(F.silu(gate) * up, P[p + "mlp.proj.weight"])
+        x = x + block_mlp(P, cfg, l, h, "llama", balance)
     x = rms_norm(x, P["lnf.weight"], eps)
     head = P["wte"] if cfg["tie_embeddings"] == "1" else P["lm_head"]
     return x @ head[:V].t()  # padded rows excluded

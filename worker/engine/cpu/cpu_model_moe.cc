@@ -1,0 +1,117 @@
+// CpuModel's Mixture-of-Experts layers (model_engine.h's MoE virtuals) over
+// moe_layers.h, in fp32 on the host.
+#include <vector>
+
+#include "worker/engine/cpu/cpu_model.h"
+#include "worker/engine/cpu/moe_layers.h"
+
+namespace shardtrain::engine::cpu {
+namespace {
+
+float* F(void* p) { return static_cast<float*>(p); }
+const float* F(const void* p) { return static_cast<const float*>(p); }
+
+}  // namespace
+
+CpuModel::MoeRouted CpuModel::MoeRoute(LayerActs& a, const void* x, int router, int N,
+                                       int capacity) {
+  const model::MoeConfig& m = config().moe;
+  const int C = config().dim, E = m.experts, K = m.top_k;
+  RouterForward(F(a.router_logits), F(a.router_scores), a.router_experts, F(a.router_gates), F(x),
+                param(router), /*bias=*/static_cast<const float*>(nullptr), N, C, E, K, m.scoring,
+                m.norm_topk_prob, &pool_);
+  MoeRouted r;
+  r.load.resize(E);
+  ExpertLoad(r.load.data(), a.router_experts, N, K, E);
+  const MoeIndex ix = moe_index(a);
+  const int dropped = BuildPermutation(ix.counts, ix.offsets, ix.pair_of_row, ix.row_of_pair,
+                                       a.router_experts, N, K, E, capacity);
+  r.kept = N * K - dropped;
+  return r;
+}
+
+CpuModel::MoeBalance CpuModel::MoeBalanceLosses(const LayerActs& a, const int* load, int N) {
+  const model::MoeConfig& m = config().moe;
+  const MoeOptions& o = moe_options();
+  MoeBalance b;
+  if (o.aux_loss_coef > 0) {
+    b.aux = AuxLossForward(F(a.router_scores), load, N, m.experts, m.top_k, m.scoring,
+                           static_cast<float>(o.aux_loss_coef));
+  }
+  if (o.z_loss_coef > 0) {
+    b.z = ZLossForward(F(a.router_logits), N, m.experts, static_cast<float>(o.z_loss_coef));
+  }
+  return b;
+}
+
+void CpuModel::MoePermute(LayerActs& a, const void* x, int N, int M) {
+  PermuteForward(F(a.moe_xp), F(x), moe_index(a).pair_of_row, M, config().moe.top_k,
+                 config().dim, &pool_);
+}
+
+void CpuModel::MoeExperts(int l, LayerActs& a, const int* offsets, int M, bool with_bias2) {
+  const model::ParamLayout& lay = layout();
+  const int Het = config().moe.expert_ffn_dim / lay.slice().tp;
+  ExpertsForward(F(a.moe_y), F(a.moe_h_pre), F(a.moe_h), F(a.moe_xp),
+                 param(lay.expert_tensor(l, model::kExpFcW, 0)),
+                 param(lay.expert_tensor(l, model::kExpFcB, 0)),
+                 param(lay.expert_tensor(l, model::kExpProjW, 0)),
+                 with_bias2 ? param(lay.expert_tensor(l, model::kExpProjB, 0)) : nullptr, offsets,
+                 lay.local_experts(), config().dim, Het, config().mlp, &pool_);
+}
+
+void CpuModel::MoeCombine(void* out, const LayerActs& a, int N) {
+  CombineForward(F(out), F(a.moe_y), F(a.router_gates), moe_index(a).row_of_pair, N,
+                 config().moe.top_k, config().dim, &pool_);
+}
+
+void CpuModel::MoeCombineBackward(void* dy, void* dgates, const void* dout, const LayerActs& a,
+                                  int N, int M) {
+  const int C = config().dim, K = config().moe.top_k;
+  Zero(dy, int64_t{M} * C);
+  Zero(dgates, int64_t{N} * K);
+  CombineBackward(F(dy), F(dgates), F(dout), F(a.moe_y), F(a.router_gates),
+                  moe_index(a).row_of_pair, N, K, C, &pool_);
+}
+
+void CpuModel::MoeExpertsBackward(int l, void* dxp, void* dh, void* dh_pre, const void* dy,
+                                  const LayerActs& a, const int* offsets, int M) {
+  const model::ParamLayout& lay = layout();
+  const int C = config().dim, Het = config().moe.expert_ffn_dim / lay.slice().tp;
+  Zero(dxp, int64_t{M} * C);
+  ExpertsBackward(F(dxp), grad(lay.expert_tensor(l, model::kExpFcW, 0)),
+                  grad(lay.expert_tensor(l, model::kExpFcB, 0)),
+                  grad(lay.expert_tensor(l, model::kExpProjW, 0)),
+                  grad(lay.expert_tensor(l, model::kExpProjB, 0)), F(dh), F(dh_pre), F(dy),
+                  F(a.moe_xp), param(lay.expert_tensor(l, model::kExpFcW, 0)),
+                  param(lay.expert_tensor(l, model::kExpProjW, 0)), F(a.moe_h_pre), F(a.moe_h),
+                  offsets, lay.local_experts(), C, Het, config().mlp, &pool_);
+}
+
+void CpuModel::MoePermuteBackward(void* dx, const void* dxp, const LayerActs& a, int N) {
+  PermuteBackward(F(dx), F(dxp), moe_index(a).row_of_pair, N, config().moe.top_k, config().dim,
+                  &pool_);
+}
+
+void CpuModel::MoeRouterBackward(void* dx, void* dscores, void* dlogits, const void* dgates,
+                                 const LayerActs& a, const int* load, const void* x, int router,
+                                 int N, float dloss) {
+  const model::MoeConfig& m = config().moe;
+  const int C = config().dim, E = m.experts, K = m.top_k;
+  const MoeOptions& o = moe_options();
+  Zero(dscores, int64_t{N} * E);
+  Zero(dlogits, int64_t{N} * E);
+  if (o.aux_loss_coef > 0) {
+    AuxLossBackward(F(dscores), F(a.router_scores), load, N, E, K, m.scoring,
+                    static_cast<float>(o.aux_loss_coef), dloss, &pool_);
+  }
+  if (o.z_loss_coef > 0) {
+    ZLossBackward(F(dlogits), F(a.router_logits), N, E, static_cast<float>(o.z_loss_coef), dloss,
+                  &pool_);
+  }
+  RouterBackward(F(dx), grad(router), F(dscores), F(dlogits), F(dgates), F(x), param(router),
+                 F(a.router_scores), a.router_experts, N, C, E, K, m.scoring, m.norm_topk_prob,
+                 &pool_);
+}
+
+}  // namespace shardtrain::engine::cpu
