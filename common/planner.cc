@@ -633,10 +633,13 @@ int64_t ShardFileBytes(int64_t elements, int64_t ranges) {
 int64_t WeightsFileBytes(int64_t num_params, const model::ModelConfig& config) {
   // The header (magic 8, version 4, six int32 of config 24, padding 4,
   // num_params and fingerprint 16), a family's recipe record (32, not for
-  // GPT-2) and its extension (40: rope scaling, head size, q/k norms; when
-  // any is set), the fp32 params, an 8-byte checksum.
-  const bool extra = config.rope_scaling.on() || config.head_size > 0 || config.qk_norm;
-  return 56 + (config.arch == model::Arch::kGpt2 ? 0 : 32) + (extra ? 40 : 0) + 4 * num_params + 8;
+  // GPT-2 without MoE) and its extension (40: rope scaling, head size, q/k
+  // norms, MoE; when any is set), the MoE record (32), the fp32 params, an
+  // 8-byte checksum.
+  const bool moe = config.moe.on();
+  const bool extra = config.rope_scaling.on() || config.head_size > 0 || config.qk_norm || moe;
+  return 56 + (config.arch == model::Arch::kGpt2 && !moe ? 0 : 32) + (extra ? 40 : 0) +
+         (moe ? 32 : 0) + 4 * num_params + 8;
 }
 
 }  // namespace shardtrain

@@ -282,6 +282,20 @@ absl::StatusOr<Manifest> ParseBody(const std::string& body) {
       shape.tie_embeddings = tie != 0;
       config = model::MakeLlamaConfig(shape);
     }
+    if (config.ok() && cfg->kv.count("experts") != 0) {  // MoE layers (absent: none)
+      model::MoeConfig& moe = config->moe;
+      int scoring = 0, norm = 0;
+      SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "experts", &moe.experts));
+      SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "top_k", &moe.top_k));
+      SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "expert_ffn_dim", &moe.expert_ffn_dim));
+      SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "shared_experts", &moe.shared_experts));
+      SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "sigmoid_router", &scoring));
+      SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "norm_topk_prob", &norm));
+      SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "first_dense_layers", &moe.first_dense_layers));
+      moe.scoring = scoring != 0 ? model::RouterScoring::kSigmoid : model::RouterScoring::kSoftmax;
+      moe.norm_topk_prob = norm != 0;
+      if (absl::Status s = model::ValidateModelConfig(*config); !s.ok()) config = s;
+    }
     if (!config.ok()) return Parser::Error(absl::StrCat("config: ", config.status().message()));
     m.config = *config;
     m.config.padded_vocab = padded_vocab;  // ValidateManifest checks it
@@ -402,6 +416,13 @@ std::string SerializeManifest(const Manifest& m) {
     }
     if (m.config.head_size > 0) absl::StrAppend(&out, " head_dim=", m.config.head_size);
     if (m.config.qk_norm) absl::StrAppend(&out, " qk_norm=1");
+  }
+  if (const model::MoeConfig& moe = m.config.moe; moe.on()) {
+    absl::StrAppend(&out, " experts=", moe.experts, " top_k=", moe.top_k,
+                    " expert_ffn_dim=", moe.expert_ffn_dim, " shared_experts=", moe.shared_experts,
+                    " sigmoid_router=", moe.scoring == model::RouterScoring::kSigmoid ? 1 : 0,
+                    " norm_topk_prob=", moe.norm_topk_prob ? 1 : 0,
+                    " first_dense_layers=", moe.first_dense_layers);
   }
   out += "\n";
   absl::StrAppend(&out, "layout num_params=", m.num_params,

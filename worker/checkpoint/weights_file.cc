@@ -40,8 +40,15 @@ struct RecipeExtra {
   int32_t original_context, head_size, qk_norm, reserved;
 };
 
+// Version 4's, after the extension (a model with MoE layers, of either
+// family: its recipe record then names the arch).
+struct MoeRecord {
+  int32_t experts, top_k, expert_ffn_dim, shared_experts, sigmoid, norm_topk_prob,
+      first_dense_layers, reserved;
+};
+
 bool NeedsExtra(const model::ModelConfig& c) {
-  return c.rope_scaling.on() || c.head_size > 0 || c.qk_norm;
+  return c.rope_scaling.on() || c.head_size > 0 || c.qk_norm || c.moe.on();
 }
 
 uint64_t Fnv1a(const void* data, size_t n) {
@@ -64,9 +71,19 @@ absl::Status SaveWeights(const std::string& path, const model::ModelConfig& conf
   }
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
-  const bool gpt2 = config.arch == model::Arch::kGpt2;
+  const bool moe = config.moe.on();
+  const bool gpt2 = config.arch == model::Arch::kGpt2 && !moe;  // version 1: no recipe record
   const bool extra = NeedsExtra(config);
-  h.version = gpt2 ? 1 : extra ? 3 : 2;
+  h.version = moe ? 4 : gpt2 ? 1 : extra ? 3 : 2;
+  const model::MoeConfig& mc = config.moe;
+  const MoeRecord moe_record{mc.experts,
+                             mc.top_k,
+                             mc.expert_ffn_dim,
+                             mc.shared_experts,
+                             mc.scoring == model::RouterScoring::kSigmoid ? 1 : 0,
+                             mc.norm_topk_prob ? 1 : 0,
+                             mc.first_dense_layers,
+                             0};
   RecipeExtra rope{};
   rope.factor = config.rope_scaling.factor;
   rope.low_freq_factor = config.rope_scaling.low_freq_factor;
@@ -92,6 +109,7 @@ absl::Status SaveWeights(const std::string& path, const model::ModelConfig& conf
       {reinterpret_cast<const char*>(&h), sizeof h},
       {reinterpret_cast<const char*>(&recipe), gpt2 ? 0 : sizeof recipe},
       {reinterpret_cast<const char*>(&rope), extra ? sizeof rope : 0},
+      {reinterpret_cast<const char*>(&moe_record), moe ? sizeof moe_record : 0},
       {reinterpret_cast<const char*>(params.data()), params.size() * sizeof(float)},
       {reinterpret_cast<const char*>(&checksum), sizeof checksum}};
   int64_t bytes = 0;
@@ -117,9 +135,9 @@ absl::StatusOr<LoadedWeights> LoadWeights(const std::string& path) {
   if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) {
     return absl::DataLossError(absl::StrCat("weights file ", path, " has wrong magic"));
   }
-  if (h.version < 1 || h.version > 3) {
+  if (h.version < 1 || h.version > 4) {
     return absl::DataLossError(absl::StrCat("weights file ", path, " has unsupported version ",
-                                            h.version, " (this build reads 1 to 3)"));
+                                            h.version, " (this build reads 1 to 4)"));
   }
   LoadedWeights out;
   absl::StatusOr<model::ModelConfig> config;
@@ -130,7 +148,8 @@ absl::StatusOr<LoadedWeights> LoadWeights(const std::string& path) {
     if (std::fread(&r, sizeof r, 1, f) != 1) {
       return absl::DataLossError(absl::StrCat("weights file ", path, " is truncated (no recipe)"));
     }
-    if (r.arch != static_cast<int32_t>(model::Arch::kLlama)) {
+    const bool gpt2 = h.version == 4 && r.arch == static_cast<int32_t>(model::Arch::kGpt2);
+    if (r.arch != static_cast<int32_t>(model::Arch::kLlama) && !gpt2) {
       return absl::DataLossError(
           absl::StrCat("weights file ", path, " has an unknown model family ", r.arch));
     }
@@ -145,7 +164,7 @@ absl::StatusOr<LoadedWeights> LoadWeights(const std::string& path) {
     shape.tie_embeddings = r.tie_embeddings != 0;
     shape.norm_eps = r.norm_eps;
     shape.rope_theta = r.rope_theta;
-    if (h.version == 3) {
+    if (h.version >= 3) {
       RecipeExtra rope{};
       if (std::fread(&rope, sizeof rope, 1, f) != 1) {
         return absl::DataLossError(
@@ -156,7 +175,30 @@ absl::StatusOr<LoadedWeights> LoadWeights(const std::string& path) {
       shape.head_dim = rope.head_size;
       shape.qk_norm = rope.qk_norm != 0;
     }
-    config = model::MakeLlamaConfig(shape);
+    if (h.version == 4) {
+      MoeRecord m{};
+      if (std::fread(&m, sizeof m, 1, f) != 1) {
+        return absl::DataLossError(
+            absl::StrCat("weights file ", path, " is truncated (no MoE record)"));
+      }
+      shape.moe = {m.experts,
+                   m.top_k,
+                   m.expert_ffn_dim,
+                   m.shared_experts,
+                   m.sigmoid != 0 ? model::RouterScoring::kSigmoid : model::RouterScoring::kSoftmax,
+                   m.norm_topk_prob != 0,
+                   m.first_dense_layers};
+    }
+    if (gpt2) {
+      config = model::MakeGptConfig(shape.layers, shape.heads, shape.dim, shape.context,
+                                    shape.vocab);
+      if (config.ok()) {
+        config->moe = shape.moe;
+        if (absl::Status s = model::ValidateModelConfig(*config); !s.ok()) config = s;
+      }
+    } else {
+      config = model::MakeLlamaConfig(shape);
+    }
   }
   if (!config.ok() || config->padded_vocab != h.cfg[5]) {
     return absl::DataLossError(absl::StrCat(

@@ -2,15 +2,24 @@
 // the flat fp32 parameter buffer, with a checksum.
 //
 // Format (little-endian):
-//   char[8]  "STWGHTS\0"        uint32 version = 1 (GPT-2) or 2 (other families)
+//   char[8]  "STWGHTS\0"        uint32 version: 1 (GPT-2), 2 (other families),
+//                                3 (+ an extension), 4 (+ MoE layers)
 //   int32    layers, heads, dim, context, vocab, padded_vocab
 //   uint64   num_params         uint64 layout fingerprint (ParamLayout)
-//   version 2 only, the family's recipe:
-//     int32  arch (1 = llama), kv_heads, ffn_dim, tie_embeddings (0/1)
+//   version >= 2, the family's recipe:
+//     int32  arch (0 = gpt2, version 4 only; 1 = llama), kv_heads, ffn_dim,
+//            tie_embeddings (0/1)
 //     double norm_eps, rope_theta
+//   version >= 3, the extension:
+//     double rope factor, low_freq_factor, high_freq_factor (factor 0: off)
+//     int32  original_context, head_size (0: dim / heads), qk_norm, reserved
+//   version 4, the MoE record:
+//     int32  experts, top_k, expert_ffn_dim, shared_experts, sigmoid (0/1),
+//            norm_topk_prob (0/1), first_dense_layers, reserved
 //   float    params[num_params]
 //   uint64   FNV-1a 64 checksum of the params bytes
-// A GPT-2 model is written as version 1, byte for byte as before families.
+// Each model is written in the lowest version that holds it: a GPT-2 model
+// as version 1, byte for byte as before families.
 #ifndef SHARDTRAIN_WORKER_CHECKPOINT_WEIGHTS_FILE_H_
 #define SHARDTRAIN_WORKER_CHECKPOINT_WEIGHTS_FILE_H_
 
@@ -24,7 +33,7 @@
 
 namespace shardtrain::checkpoint {
 
-inline constexpr uint32_t kWeightsVersion = 2;  // the newest this build reads and writes
+inline constexpr uint32_t kWeightsVersion = 4;  // the newest this build reads and writes
 
 // Writes atomically: path.tmp.<pid> → fsync → rename → fsync(directory),
 // after checking that the volume has room for the file (CheckFreeSpace).

@@ -47,5 +47,24 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Layout>& info) { return Name(info.param); });
 // clang-format on
 
+// A checkpoint of an MoE model saved on dp 2 × tp 2 (every expert's hidden
+// units split over tp) resumes on one rank and on pp 2 like the
+// uninterrupted run (micro-batches of 2 sequences in all: the balancing
+// losses are per micro-batch).
+TEST(MoeParallelResumeTest, Dp2Tp2CheckpointResumesOnOneRankAndPp2) {
+  const Corpus& corpus = TheCorpus();
+  const std::string ckpt = (corpus.dir() / "moe_ckpt").string();
+  const Layout saved = Moe(Layout{2, 2, 1, 1, "1f1b", 2});
+  const Losses whole = Train(corpus.Spec(saved, ckpt), 1, "", /*save=*/true);
+  const std::string step10 = checkpoint::StepDir(ckpt, 10);
+  for (const Layout& l : {Moe(Layout{1, 1, 1, 0, "1f1b", 2}), Moe(Layout{1, 1, 2, 0, "1f1b", 2})}) {
+    const Losses resumed = Train(corpus.Spec(l), 11, step10);
+    const double worst = Worst(resumed.loss, whole.loss, 11);
+    std::printf("moe saved on %s, resumed on %s: steps 11-20 max rel loss diff %.3g\n",
+                Name(saved).c_str(), Name(l).c_str(), worst);
+    EXPECT_LE(worst, 1e-5) << Name(l);
+  }
+}
+
 }  // namespace
 }  // namespace shardtrain::worker

@@ -250,6 +250,19 @@ TEST(ManifestTest, LlamaRecipeRoundTrips) {
   got = ParseManifest(scaled_text, "m.txt");
   ASSERT_TRUE(got.ok()) << got.status() << "\n" << scaled_text;
   EXPECT_EQ(got->config, scaled);
+  // MoE layers too, in either family.
+  model::ModelConfig gpt_moe = *model::MakeGptConfig(2, 4, 16, 32, 256);
+  gpt_moe.moe = {4, 2, 8, 1, model::RouterScoring::kSigmoid, false, 1};
+  for (const model::ModelConfig& c : {gpt_moe, *model::ModelPreset("moe-tiny")}) {
+    const model::ParamLayout moe_layout(c);
+    const std::string moe_text =
+        SerializeManifest(*MakeManifest(moe_layout, 5, 2, 1, FakeInfos(moe_layout, 2, 1)));
+    EXPECT_THAT(moe_text, HasSubstr(" experts=4 top_k=2 "));
+    got = ParseManifest(moe_text, "m.txt");
+    ASSERT_TRUE(got.ok()) << got.status() << "\n" << moe_text;
+    EXPECT_EQ(got->config, c);
+    EXPECT_TRUE(CheckCompatible(*got, moe_layout).ok());
+  }
 }
 
 TEST(ManifestTest, MakeManifestRejectsBadShardSets) {

@@ -108,6 +108,23 @@ TEST_F(WeightsFileTest, LlamaRecipeRoundTripsAndGpt2StaysVersion1) {
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ(w->config, scaled);
   EXPECT_EQ(w->params, params);
+  // With MoE layers, of either family: version 4, its record after the
+  // extension.
+  model::ModelConfig gpt_moe = Tiny();
+  gpt_moe.moe = {4, 2, 16, 1, model::RouterScoring::kSigmoid, false, 1};
+  model::ModelConfig llama_moe = *model::ModelPreset("moe-tiny");
+  for (const model::ModelConfig& c : {gpt_moe, llama_moe}) {
+    ASSERT_TRUE(model::ValidateModelConfig(c).ok());
+    const std::string moe_path = (dir_ / "moe.bin").string();
+    std::vector<float> p(model::ParamLayout(c).num_params(), 0.25f);
+    ASSERT_TRUE(SaveWeights(moe_path, c, absl::MakeConstSpan(p)).ok());
+    EXPECT_EQ(version(moe_path), 4u);
+    EXPECT_EQ(int64_t(fs::file_size(moe_path)), WeightsFileBytes(int64_t(p.size()), c));
+    w = LoadWeights(moe_path);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(w->config, c) << model::ToString(w->config);
+    EXPECT_EQ(w->params, p);
+  }
 }
 
 }  // namespace
