@@ -117,6 +117,12 @@ std::string StepJson(const v1::StepReport& s) {
   if (s.mfu() > 0) absl::StrAppend(&fp16, ", \"mfu\": ", Num(s.mfu()));
   if (s.loss_scale() != 0) absl::StrAppend(&fp16, ", \"loss_scale\": ", Num(s.loss_scale()));
   if (s.skipped()) absl::StrAppend(&fp16, ", \"skipped\": true");
+  // moe_* only for Mixture-of-Experts models.
+  if (s.moe_max_load() > 0) {
+    absl::StrAppend(&fp16, ", \"moe_aux_loss\": ", Num(s.moe_aux_loss()), ", \"moe_z_loss\": ",
+                    Num(s.moe_z_loss()), ", \"moe_max_load\": ", Num(s.moe_max_load()),
+                    ", \"moe_dropped\": ", Num(s.moe_dropped()));
+  }
   return absl::StrCat("{\"step\": ", s.step(), ", \"loss\": ", Num(s.loss()), val,
                       ", \"grad_norm\": ", Num(s.grad_norm()), ", \"lr\": ", Num(s.lr()),
                       ", \"tokens_per_s\": ", Num(s.tokens_per_s()),
@@ -289,6 +295,13 @@ std::string StepLine(const v1::StepReport& s, int64_t total_steps, double eta_s)
   absl::StrAppend(&line, "  ETA ", FormatDuration(eta_s));
   // Bytes the busiest rank sent in the step (the plan predicts it: `plan`).
   if (s.comm_bytes() > 0) absl::StrAppendFormat(&line, "  sent %.1f MB", s.comm_bytes() / 1e6);
+  // Mixture of Experts: the balancing loss, the busiest expert's load over
+  // the mean's, the pairs dropped (only with a capacity).
+  if (s.moe_max_load() > 0) {
+    absl::StrAppendFormat(&line, "  aux %.4f  load max/mean %.2f", s.moe_aux_loss(),
+                          s.moe_max_load());
+    if (s.moe_dropped() > 0) absl::StrAppendFormat(&line, "  dropped %.1f%%", 100 * s.moe_dropped());
+  }
   // At the end, so that the other columns stay aligned with the lines
   // of steps that did not evaluate.
   if (s.has_val_loss()) absl::StrAppendFormat(&line, "  val %.4f", s.val_loss());

@@ -83,7 +83,11 @@ absl::StatusOr<v1::ReportStepResponse> Coordinator::ReportStep(const v1::ReportS
 //                  rank sees the same global gradients, so that is all or
 //                  none; a disagreement shows as skipped);
 //   step_ms, comm_ms, peak_rss_bytes, comm_bytes, time_ms: the worst
-//                  (largest) over all ranks.
+//                  (largest) over all ranks;
+//   moe_aux_loss, moe_z_loss: each pipeline stage's layers' (tp rank 0's),
+//                  the mean over its dp × cp ranks, summed over the stages;
+//   moe_max_load   the max over all ranks; moe_dropped the mean over the
+//                  ranks with MoE layers (tp rank 0's).
 v1::StepReport AggregateStep(const ParallelDims& dims,
                              const std::map<int, v1::StepReport>& by_rank) {
   v1::StepReport agg = by_rank.begin()->second;
@@ -113,6 +117,29 @@ v1::StepReport AggregateStep(const ParallelDims& dims,
   if (evaluated > 0) agg.set_val_loss(val_loss / evaluated);
   agg.set_grad_norm(norm);
   agg.set_tokens_per_s(tps);
+  // MoE: per stage, the mean over its replicas (tp rank 0 speaks for its
+  // group: every tp rank routes alike).
+  std::map<int, std::pair<double, int>> aux, z;  // stage -> (sum, ranks)
+  double max_load = 0, dropped = 0;
+  int moe_ranks = 0;
+  for (const auto& [rank, r] : by_rank) {
+    if (r.moe_max_load() <= 0 || dims.Coord(rank).tp != 0) continue;
+    const int stage = dims.Coord(rank).pp;
+    aux[stage].first += r.moe_aux_loss();
+    aux[stage].second++;
+    z[stage].first += r.moe_z_loss();
+    z[stage].second++;
+    max_load = std::max(max_load, r.moe_max_load());
+    dropped += r.moe_dropped();
+    ++moe_ranks;
+  }
+  double aux_sum = 0, z_sum = 0;
+  for (const auto& [stage, v] : aux) aux_sum += v.first / v.second;
+  for (const auto& [stage, v] : z) z_sum += v.first / v.second;
+  agg.set_moe_aux_loss(aux_sum);
+  agg.set_moe_z_loss(z_sum);
+  agg.set_moe_max_load(max_load);
+  agg.set_moe_dropped(moe_ranks > 0 ? dropped / moe_ranks : 0);
   return agg;
 }
 

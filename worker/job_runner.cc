@@ -74,6 +74,13 @@ struct TrainingMetrics {
                            "activations, comm_buffers, working: ZeRO-2/3 whole units alive); "
                            "compare with `shardtrain plan`.",
                            {"job_id", "rank", "kind"})),
+        moe(r->AddGauge("shardtrain_worker_moe",
+                        "Mixture-of-Experts layers of this rank's slice, last step, by figure: "
+                        "aux_loss and z_loss (the balancing losses with their coefficients, "
+                        "summed over the layers), max_load (the busiest expert's tokens over "
+                        "the mean's; 1 is balanced), dropped (the fraction of tokens over "
+                        "capacity); absent without MoE layers.",
+                        {"job_id", "rank", "figure"})),
         peak_rss(r->AddGauge("shardtrain_worker_peak_rss_bytes",
                              "Peak resident memory of the worker process.")
                      .WithLabels({})) {}
@@ -87,6 +94,7 @@ struct TrainingMetrics {
   Family<Gauge>& mfu;
   Family<Gauge>& val_loss;
   Family<Gauge>& memory;
+  Family<Gauge>& moe;
   Gauge& peak_rss;
 
   // Stops exporting every series of (job_id, rank): the job ended on this
@@ -102,7 +110,9 @@ struct TrainingMetrics {
     mfu.Remove(labels);
     val_loss.Remove(labels);
     for (const char* kind : kMemoryKinds) memory.Remove({job_id, rank, kind});
+    for (const char* figure : kMoeFigures) moe.Remove({job_id, rank, figure});
   }
+  static constexpr const char* kMoeFigures[] = {"aux_loss", "z_loss", "max_load", "dropped"};
 
   static constexpr const char* kMemoryKinds[] = {"params",      "grads",        "optimizer",
                                                  "activations", "comm_buffers", "working"};
@@ -135,6 +145,10 @@ class Reporter {
     s->set_loss_scale(r.loss_scale);
     s->set_mfu(mfu);
     s->set_skipped(r.skipped);
+    s->set_moe_aux_loss(r.moe_aux_loss);
+    s->set_moe_z_loss(r.moe_z_loss);
+    s->set_moe_max_load(r.moe_max_load);
+    s->set_moe_dropped(r.moe_dropped);
     s->set_peak_rss_bytes(PeakRssBytes());
     s->set_time_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                        std::chrono::system_clock::now().time_since_epoch())
@@ -577,6 +591,14 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
       if (std::isfinite(*r->val_loss)) metrics->val_loss.WithLabels(labels).Set(*r->val_loss);
       report.Log(absl::StrFormat("step %d: validation loss %.4f (evaluated in %.0f ms)", step,
                                  *r->val_loss, r->eval_ms));
+    }
+    if (r->moe_max_load > 0) {
+      for (auto [figure, v] : {std::pair<const char*, double>{"aux_loss", r->moe_aux_loss},
+                               {"z_loss", r->moe_z_loss},
+                               {"max_load", r->moe_max_load},
+                               {"dropped", r->moe_dropped}}) {
+        metrics->moe.WithLabels({labels[0], labels[1], figure}).Set(v);
+      }
     }
     metrics->peak_rss.Set(double(PeakRssBytes()));
     const MemoryUse mem = (*trainer)->memory();

@@ -395,7 +395,9 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   const auto start = std::chrono::steady_clock::now();
   StepResult r;
   r.step = step;
+  engine_->TakeMoeStats();  // the last evaluation's forwards are not this step's
   if (absl::Status s = RunMicroBatches(step, &r); !s.ok()) return s;
+  MoeFigures(engine_->TakeMoeStats(), &r);
   if (tp_group_ != nullptr) {
     if (absl::Status s = tp_group_->Finish(); !s.ok()) return s;
     r.tp_bytes = tp_group_->TakeBytes();
@@ -433,6 +435,21 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
     r.eval_ms = MsSince(eval_start);
   }
   return r;
+}
+
+void MoeFigures(const engine::MoeStats& st, StepResult* r) {
+  if (st.forwards == 0) return;
+  r->moe_aux_loss = st.aux_loss / st.forwards;
+  r->moe_z_loss = st.z_loss / st.forwards;
+  r->moe_dropped = st.pairs > 0 ? double(st.dropped) / double(st.pairs) : 0;
+  for (const std::vector<int64_t>& load : st.load) {
+    int64_t sum = 0, most = 0;
+    for (int64_t n : load) {
+      sum += n;
+      most = std::max(most, n);
+    }
+    if (sum > 0) r->moe_max_load = std::max(r->moe_max_load, double(most) * load.size() / sum);
+  }
 }
 
 absl::StatusOr<double> Trainer::Evaluate() {

@@ -79,7 +79,13 @@ struct StepResult {
   // overflowed so that the update was skipped (parameters unchanged).
   bool skipped = false;
   double loss_scale = 0;  // 0 when no loss scaling is used
+  // The MoE layers' figures of this rank's slice (MoeFigures; all 0 without
+  // MoE layers): v1::StepReport's moe_* fields say what each is.
+  double moe_aux_loss = 0, moe_z_loss = 0, moe_max_load = 0, moe_dropped = 0;
 };
+
+// StepResult's moe_* figures from an engine's MoeStats of one step.
+void MoeFigures(const engine::MoeStats& stats, StepResult* r);
 
 // Whether step `step` (1-based) ends with an evaluation: eval.every > 0 and
 // it divides the step, or the step is the last one.
