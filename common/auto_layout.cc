@@ -84,7 +84,9 @@ absl::StatusOr<LayoutCandidate> PlanLayout(const JobSpec& spec, JobSpec alt,
     if (own == 0) own = plan->memory_per_rank().total_bytes();
     if (plan->memory_per_rank().total_bytes() <= options.memory_per_rank) break;
   }
-  *num_params = plan->num_params();
+  // The parameters a token runs through: all of a dense model's, an MoE
+  // model's active ones (the FLOPs follow them).
+  *num_params = model::ActiveModelParams(config);
   LayoutCandidate c;
   c.dp = alt.parallel.dp;
   c.cp = alt.parallel.cp;
@@ -105,7 +107,7 @@ absl::StatusOr<LayoutCandidate> PlanLayout(const JobSpec& spec, JobSpec alt,
   c.recompute_share = f.train > 0 ? f.recompute / f.train : 0;
   const CostModel& cost = options.cost;
   const double tokens = double(spec.batch.global) * spec.batch.seq_len;
-  c.compute_s = 6.0 * double(plan->num_params()) * tokens / (ranks * cost.flops_per_rank) /
+  c.compute_s = 6.0 * double(*num_params) * tokens / (ranks * cost.flops_per_rank) /
                 (1.0 - c.bubble) * (1.0 + c.recompute_share);
   c.tp_s = double(plan->tp_comm_bytes_per_step()) / cost.tp_bandwidth;
   c.pp_s = double(plan->pp_comm_bytes_per_step()) / cost.link_bandwidth;
@@ -266,7 +268,8 @@ std::string AutoLayoutText(const JobSpec& spec, const AutoLayoutOptions& options
   absl::StrAppendFormat(
       &out,
       "cost model (no overlap): step = compute + tp + pp + dp\n"
-      "  compute = 6 · params (%d) · tokens/step (%d) / (ranks · %.0f TFLOP/s) / (1 − bubble)\n"
+      "  compute = 6 · params (%d; MoE: those a token uses) · tokens/step (%d) / (ranks · %.0f "
+      "TFLOP/s) / (1 − bubble)\n"
       "            · (1 + recomputed forward FLOPs / training FLOPs of the busiest stage)\n"
       "  tp = tp bytes sent per step / %.0f GB/s; pp = pp bytes / %.0f GB/s; dp = dp bytes / "
       "%.0f GB/s\n"

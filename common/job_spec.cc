@@ -344,11 +344,6 @@ absl::Status ParseAll(const Node& root, JobSpec* spec) {
   SHARDTRAIN_RETURN_IF_ERROR(
       ReadInt(timeouts, "timeouts", "collective_s", 1, &spec->timeouts.collective_s));
   SHARDTRAIN_RETURN_IF_ERROR(ParseRouter(root, &spec->router));
-  if (spec->model.moe.on() && spec->resources.device == DeviceKind::kCuda) {
-    return FieldError("model.moe",
-                      "the CUDA engine has no Mixture-of-Experts kernels yet (resources.device: "
-                      "cpu trains MoE models)");
-  }
   SHARDTRAIN_ASSIGN_OR_RETURN(Node model, Section(root, "model"));
   if (AttentionIsAuto(model)) spec->model.attention = AutoAttention(*spec);
   return CheckAttention(*spec);

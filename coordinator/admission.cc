@@ -123,6 +123,12 @@ absl::Status CheckSpecLimits(const JobSpec& spec, const ParallelDims& dims,
         dims.cp() > 1 ? absl::StrCat(" x cp ", dims.cp()) : "", " x tp ", dims.tp(), " x pp ",
         dims.pp(), ") is above the coordinator's limit of ", limits.max_world, " (--max-world)"));
   }
+  // A plan of it is useful (`shardtrain plan`); a run is not, yet.
+  if (spec.model.moe.on() && spec.resources.device == DeviceKind::kCuda) {
+    return absl::InvalidArgumentError(
+        "model.moe: the CUDA engine has no Mixture-of-Experts kernels yet (resources.device: cpu "
+        "trains MoE models; `shardtrain plan` plans GPU ones)");
+  }
   const double params = ModelParams(spec.model);
   if (params > static_cast<double>(limits.max_params)) {
     return absl::InvalidArgumentError(absl::StrFormat(

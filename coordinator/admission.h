@@ -46,7 +46,8 @@ absl::Status CheckSubmitRequest(const v1::SubmitJobRequest& req, const Admission
 // naming the field.
 absl::Status CheckRegisterRequest(const v1::RegisterWorkerRequest& req);
 
-// Checks a validated spec: parameters, plan size, world.
+// Checks a validated spec: parameters, plan size, world; and what no
+// worker can run yet (MoE layers on CUDA).
 absl::Status CheckSpecLimits(const JobSpec& spec, const ParallelDims& dims,
                              const AdmissionLimits& limits);
 

@@ -91,6 +91,10 @@ TEST_F(AdmissionTest, EachLimitNamesItsFieldAndFlag) {
   EXPECT_NE(params.status().message().find("model: "), std::string::npos);
   EXPECT_NE(params.status().message().find("--max-params"), std::string::npos);
 
+  auto moe = Submit(Spec(1), {"model.moe={experts: 4, top_k: 2}", "resources.device=cuda"});
+  ASSERT_TRUE(absl::IsInvalidArgument(moe.status())) << moe.status();
+  EXPECT_NE(moe.status().message().find("model.moe: the CUDA engine"), std::string::npos);
+
   auto bytes = Submit(Spec(1) + "# " + std::string(70 * 1024, 'x') + "\n");
   ASSERT_TRUE(absl::IsInvalidArgument(bytes.status())) << bytes.status();
   EXPECT_NE(bytes.status().message().find("--max-spec-bytes"), std::string::npos);
