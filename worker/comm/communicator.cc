@@ -101,6 +101,33 @@ absl::Status ValidateOpArgs(const OpArgs& a, int rank, int size) {
       return absl::OkStatus();
     case OpType::kBarrier:
       return absl::OkStatus();
+    case OpType::kAllToAllV: {
+      const size_t n = static_cast<size_t>(size);
+      if (a.send_counts.size() != n || a.recv_counts.size() != n) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            op, ": ", a.send_counts.size(), " send and ", a.recv_counts.size(),
+            " receive counts for a group of ", size));
+      }
+      size_t sent = 0, received = 0;
+      for (size_t p = 0; p < n; ++p) {
+        sent += a.send_counts[p];
+        received += a.recv_counts[p];
+      }
+      if (sent != a.count) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(op, ": send counts sum to ", sent, ", count is ", a.count));
+      }
+      if ((a.input == nullptr && sent > 0) || (a.output == nullptr && received > 0)) {
+        return absl::InvalidArgumentError(op + ": a null buffer with elements to move");
+      }
+      const size_t esz = DataTypeSize(a.dtype);
+      const auto* in = static_cast<const char*>(a.input);
+      const auto* out = static_cast<const char*>(a.output);
+      if (sent > 0 && received > 0 && in < out + received * esz && out < in + sent * esz) {
+        return absl::InvalidArgumentError(op + ": input and output overlap");
+      }
+      return absl::OkStatus();
+    }
   }
   return absl::InvalidArgumentError("unknown op");
 }
@@ -236,5 +263,23 @@ std::shared_ptr<Work> Communicator::BarrierAsync() {
   return Submit(Op(OpType::kBarrier, DataType::kFloat32, nullptr, nullptr, 0, nullptr));
 }
 absl::Status Communicator::Barrier() { return Finish(BarrierAsync()); }
+
+std::shared_ptr<Work> Communicator::AllToAllVAsync(const void* input,
+                                                   std::vector<size_t> send_counts, void* output,
+                                                   std::vector<size_t> recv_counts,
+                                                   DataType dtype, const engine::Event* after) {
+  size_t count = 0;
+  for (size_t c : send_counts) count += c;
+  OpArgs a = Op(OpType::kAllToAllV, dtype, input, output, count, after);
+  a.send_counts = std::move(send_counts);
+  a.recv_counts = std::move(recv_counts);
+  return Submit(a);
+}
+absl::Status Communicator::AllToAllV(const void* input, std::vector<size_t> send_counts,
+                                     void* output, std::vector<size_t> recv_counts,
+                                     DataType dtype) {
+  return Finish(AllToAllVAsync(input, std::move(send_counts), output, std::move(recv_counts),
+                               dtype));
+}
 
 }  // namespace shardtrain::comm

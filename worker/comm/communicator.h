@@ -81,6 +81,13 @@ class Work {
 //                  from `recv_peer` (use it for exchanges that would deadlock
 //                  as a Send followed by a Recv on both sides).
 //   kBarrier       no buffers.
+//   kAllToAllV     input holds send_counts[p] elements for each rank p in
+//                  rank order (count = their sum), output receives
+//                  recv_counts[p] from each p in rank order; recv_counts[p]
+//                  must equal rank p's send_counts[this rank] (exchange the
+//                  counts first). Zero counts are fine, all of them too
+//                  (Megatron-LM#1877: an expert rank that receives no
+//                  token). input and output must not overlap.
 //
 // `after` (optional) orders the op after device work, typically the kernels
 // or copies that produce its input: the op reads no input and writes no
@@ -107,6 +114,7 @@ struct OpArgs {
   int peer = -1;          // kSend, kRecv, kSendRecv (send destination)
   int recv_peer = -1;     // kSendRecv
   size_t recv_count = 0;  // kSendRecv
+  std::vector<size_t> send_counts, recv_counts;  // kAllToAllV: elements per rank
   uint32_t tag = 0;       // Send/Recv matching: pairs match per (peer, tag), in order
   absl::Duration timeout = absl::ZeroDuration();  // zero: communicator default
   const engine::Event* after = nullptr;           // see above; null: no wait
@@ -195,6 +203,12 @@ class Communicator {
 
   std::shared_ptr<Work> BarrierAsync();
   absl::Status Barrier();
+
+  std::shared_ptr<Work> AllToAllVAsync(const void* input, std::vector<size_t> send_counts,
+                                       void* output, std::vector<size_t> recv_counts,
+                                       DataType dtype, const engine::Event* after = nullptr);
+  absl::Status AllToAllV(const void* input, std::vector<size_t> send_counts, void* output,
+                         std::vector<size_t> recv_counts, DataType dtype);
 };
 
 // A Work that is already complete with `status` (used for argument errors and

@@ -325,6 +325,30 @@ class NcclCommunicator final : public Communicator {
       case OpType::kBarrier:
         r = ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_);
         break;
+      case OpType::kAllToAllV: {
+        // One group of a send to and a receive from every rank with
+        // elements to move (its own block too: NCCL copies it).
+        const size_t esz = DataTypeSize(a.dtype);
+        size_t in = 0, out = 0;
+        ncclGroupStart();
+        for (int p = 0; p < static_cast<int>(a.send_counts.size()); ++p) {
+          const size_t ns = a.send_counts[p], nr = a.recv_counts[p];
+          ncclResult_t rs = ncclSuccess, rr = ncclSuccess;
+          if (ns > 0) {
+            rs = ncclSend(static_cast<const char*>(a.input) + in * esz, ns, dt, p, comm_, stream_);
+          }
+          if (nr > 0) {
+            rr = ncclRecv(static_cast<char*>(a.output) + out * esz, nr, dt, p, comm_, stream_);
+          }
+          if (rs != ncclSuccess && rs != ncclInProgress) r = rs;
+          if (rr != ncclSuccess && rr != ncclInProgress) r = rr;
+          in += ns;
+          out += nr;
+        }
+        const ncclResult_t end = ncclGroupEnd();
+        if (r == ncclSuccess) r = end;
+        break;
+      }
     }
     if (r == ncclSuccess || r == ncclInProgress) return absl::OkStatus();
     return NcclStatus(r, OpTypeName(a.type));

@@ -33,6 +33,7 @@ enum class OpType {
   kRecv,
   kSendRecv,
   kBarrier,
+  kAllToAllV,
 };
 
 absl::string_view ReduceOpName(ReduceOp op);

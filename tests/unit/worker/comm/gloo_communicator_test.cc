@@ -190,6 +190,50 @@ TEST_P(CollectiveTest, SendRecv) {
   });
 }
 
+// Each rank sends rank p (r + p) % 3 elements (some blocks empty), then a
+// round in which rank 0 receives nothing at all (an expert rank no token
+// is routed to): every block arrives where its counts say.
+TEST_P(CollectiveTest, AllToAllV) {
+  const auto [world, dtype] = GetParam();
+  RunRanks(world, [&](Communicator& comm) {
+    const int r = comm.rank();
+    for (int round = 0; round < 2; ++round) {
+      auto n = [&](int from, int to) -> size_t {
+        return round == 1 && to == 0 ? 0 : static_cast<size_t>((from + to) % 3 + round);
+      };
+      std::vector<size_t> send_counts(world), recv_counts(world);
+      size_t sent = 0, received = 0;
+      for (int p = 0; p < world; ++p) {
+        send_counts[p] = n(r, p);
+        recv_counts[p] = n(p, r);
+        sent += send_counts[p];
+        received += recv_counts[p];
+      }
+      // Element i of the block from `from` to `to`: a value naming both.
+      auto value = [](int from, int to, size_t i) { return float(100 * from + 10 * to + i); };
+      TypedBuffer send(dtype, sent), recv(dtype, received);
+      size_t at = 0;
+      for (int p = 0; p < world; ++p) {
+        for (size_t i = 0; i < send_counts[p]; ++i) send.Set(at++, value(r, p, i));
+      }
+      ASSERT_TRUE(
+          comm.AllToAllV(send.data(), send_counts, recv.data(), recv_counts, dtype).ok());
+      std::vector<float> want;
+      for (int p = 0; p < world; ++p) {
+        for (size_t i = 0; i < recv_counts[p]; ++i) want.push_back(value(p, r, i));
+      }
+      ExpectClose(
+          recv, received, dtype, [&](size_t i) { return want[i]; },
+          absl::StrCat("rank ", r, " round ", round));
+    }
+    // Counts that do not match the group are refused before anything moves.
+    std::vector<float> x(4);
+    EXPECT_TRUE(absl::IsInvalidArgument(
+        comm.AllToAllV(x.data(), {1}, x.data() + 2, std::vector<size_t>(world + 1, 0),
+                       DataType::kFloat32)));
+  });
+}
+
 // Async ops complete in FIFO order; Wait returns each op's status; the flight
 // recorder holds them as done.
 TEST_P(CollectiveTest, AsyncAndFlightRecorder) {
@@ -370,6 +414,31 @@ TEST(GlooFailureTest, TimeoutNamesMissingRank) {
         ASSERT_FALSE(records.empty());
         EXPECT_EQ(records.back().state, OpState::kFailed);
         if (++failed == 2) others_failed.Notify();
+      },
+      options);
+}
+
+// An all-to-all waiting for a rank that never joins it fails by the
+// communicator's timeout, naming the op.
+TEST(GlooFailureTest, AllToAllVTimesOutOnAMissingRank) {
+  GlooOptions options;
+  options.timeout = absl::Seconds(1);
+  options.dump_on_failure = false;
+  absl::Notification done;
+  RunRanks(
+      2,
+      [&](Communicator& comm) {
+        if (comm.rank() == 1) {
+          done.WaitForNotification();
+          return;
+        }
+        std::vector<float> in(2, 1.0f), out(2);
+        const absl::Time t0 = absl::Now();
+        absl::Status s = comm.AllToAllV(in.data(), {1, 1}, out.data(), {1, 1}, DataType::kFloat32);
+        EXPECT_FALSE(s.ok());
+        EXPECT_LT(absl::Now() - t0, absl::Seconds(4)) << s;
+        EXPECT_NE(s.message().find("AllToAllV"), std::string::npos) << s;
+        done.Notify();
       },
       options);
 }
