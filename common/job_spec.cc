@@ -80,6 +80,7 @@ absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpe
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "cp", 1, &p->cp));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "tp", 1, &p->tp));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "pp", 1, &p->pp));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "parallel", "ep", 1, &p->ep));
   if (Present(n, "stages")) {
     const Node stages = n["stages"];
     if (!stages.IsSequence()) {
@@ -121,10 +122,17 @@ absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpe
   }
 
   SHARDTRAIN_ASSIGN_OR_RETURN(
-      ParallelDims dims, ParallelDims::Create(ParallelDims::Factors{p->dp, p->cp, p->tp, p->pp}));
+      ParallelDims dims,
+      ParallelDims::Create(ParallelDims::Factors{p->dp, p->cp, p->tp, p->pp, p->ep}));
   SHARDTRAIN_ASSIGN_OR_RETURN(model::ModelConfig config, model.Config());
   SHARDTRAIN_RETURN_IF_ERROR(dims.CheckModelFits(config));
   SHARDTRAIN_RETURN_IF_ERROR(dims.CheckZero(p->zero));
+  if (p->ep > 1 && p->zero > 0) {
+    return FieldError("parallel.ep", p->ep,
+                      " needs parallel.zero 0 for now: the ZeRO stages do not shard the experts' "
+                      "state over their expert-data-parallel group yet (zero is ",
+                      p->zero, ")");
+  }
   if (p->pp_virtual > 1) {
     if (p->schedule != PipelineSchedule::k1F1B) {
       return FieldError("parallel.pp_virtual", "interleaves 1F1B: it needs parallel.schedule 1f1b");
@@ -379,7 +387,7 @@ absl::StatusOr<model::ModelConfig> ModelSpec::Config() const {
 
 absl::StatusOr<ParallelDims> JobSpec::Dims() const {
   return ParallelDims::Create(
-      ParallelDims::Factors{parallel.dp, parallel.cp, parallel.tp, parallel.pp});
+      ParallelDims::Factors{parallel.dp, parallel.cp, parallel.tp, parallel.pp, parallel.ep});
 }
 
 absl::StatusOr<BatchSplit> JobSpec::Split() const {

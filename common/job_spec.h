@@ -148,6 +148,11 @@ struct ParallelSpec {
   int cp = 1;
   int tp = 1;    // tensor-parallel degree; divides model.heads, 4·dim and the padded vocab
   int pp = 1;    // pipeline stages; <= model.layers
+  // Expert parallelism: an MoE layer's experts split over ep ranks of the
+  // dp × cp replicas (not a factor of the world; divides dp · cp and
+  // model.moe.experts), tokens exchanged all-to-all; expert gradients summed
+  // over the dp · cp / ep ranks holding the same experts.
+  int ep = 1;
   int zero = 0;  // ZeRO stage 0..3; 3 only with pp = 1
   // Layers per pipeline stage: empty (the default) splits them balanced by
   // parameter count (model::StageLayers), else pp entries >= 1 summing to

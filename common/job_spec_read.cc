@@ -33,7 +33,7 @@ const std::vector<absl::string_view> kModelKeys = {
 const std::vector<absl::string_view> kDataKeys = {"train", "val", "format", "tokenizer",
                                                   "tokenizer_json"};
 const std::vector<absl::string_view> kBatchKeys = {"global", "micro", "seq_len"};
-const std::vector<absl::string_view> kParallelKeys = {"dp",         "cp",
+const std::vector<absl::string_view> kParallelKeys = {"dp",         "cp",         "ep",
                                                       "tp",         "pp",
                                                       "stages",     "zero",
                                                       "offload",    "schedule",

@@ -63,12 +63,12 @@ bool operator==(const BatchSpec& a, const BatchSpec& b) {
   return std::tie(a.global, a.micro, a.seq_len) == std::tie(b.global, b.micro, b.seq_len);
 }
 bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
-  return std::tie(a.dp, a.cp, a.tp, a.pp, a.stages, a.zero, a.offload, a.schedule, a.pp_virtual,
-                  a.reshard_after_forward, a.bucket_mb, a.sequence_parallel, a.comm,
-                  a.reduce_dtype) == std::tie(b.dp, b.cp, b.tp, b.pp, b.stages, b.zero, b.offload,
-                                              b.schedule, b.pp_virtual, b.reshard_after_forward,
-                                              b.bucket_mb, b.sequence_parallel, b.comm,
-                                              b.reduce_dtype);
+  return std::tie(a.dp, a.cp, a.tp, a.pp, a.ep, a.stages, a.zero, a.offload, a.schedule,
+                  a.pp_virtual, a.reshard_after_forward, a.bucket_mb, a.sequence_parallel, a.comm,
+                  a.reduce_dtype) == std::tie(b.dp, b.cp, b.tp, b.pp, b.ep, b.stages, b.zero,
+                                              b.offload, b.schedule, b.pp_virtual,
+                                              b.reshard_after_forward, b.bucket_mb,
+                                              b.sequence_parallel, b.comm, b.reduce_dtype);
 }
 bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
   return std::tie(a.name, a.lr, a.min_lr, a.betas, a.eps, a.weight_decay, a.warmup_steps,
@@ -186,6 +186,7 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "cp" << YAML::Value << s.parallel.cp;
   out << YAML::Key << "tp" << YAML::Value << s.parallel.tp;
   out << YAML::Key << "pp" << YAML::Value << s.parallel.pp;
+  out << YAML::Key << "ep" << YAML::Value << s.parallel.ep;
   out << YAML::Key << "stages" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (int layers : s.parallel.stages) out << layers;
   out << YAML::EndSeq;

@@ -18,7 +18,8 @@ bool operator==(const MeshCoord& a, const MeshCoord& b) {
 }
 
 std::string_view GroupKindName(GroupKind kind) {
-  static constexpr std::string_view kNames[] = {"dp", "tp", "pp", "cp", "replica"};
+  static constexpr std::string_view kNames[] = {"dp",      "tp", "pp",       "cp",
+                                                "replica", "ep", "expert_dp"};
   return NameIn(kNames, kind);
 }
 
@@ -27,8 +28,15 @@ absl::StatusOr<ParallelDims> ParallelDims::Create(const Factors& f, int world) {
   for (auto [field, v] : {std::pair<const char*, int>{"parallel.dp", f.dp},
                           {"parallel.cp", f.cp},
                           {"parallel.tp", f.tp},
-                          {"parallel.pp", f.pp}}) {
+                          {"parallel.pp", f.pp},
+                          {"parallel.ep", f.ep}}) {
     if (v < 1) problems.push_back(absl::StrCat(field, ": must be >= 1, got ", v));
+  }
+  if (problems.empty() && (int64_t{f.dp} * f.cp) % f.ep != 0) {
+    problems.push_back(absl::StrCat(
+        "parallel.ep: ", f.ep, " does not divide parallel.dp × parallel.cp = ", f.dp, " × ", f.cp,
+        " = ", int64_t{f.dp} * f.cp, " (expert parallelism splits the experts over ranks of the "
+        "data-parallel replicas)"));
   }
   // Without cp the message names the three factors it always named.
   const std::string names = f.cp == 1 ? "parallel.dp × parallel.tp × parallel.pp"
@@ -71,6 +79,17 @@ int ParallelDims::Rank(const MeshCoord& c) const {
 std::vector<int> ParallelDims::Group(GroupKind kind, int rank) const {
   MeshCoord c = Coord(rank);
   std::vector<int> out;
+  if (kind == GroupKind::kEp || kind == GroupKind::kExpertDp) {
+    // Members of the replica group, by ReplicaIndex: a block of ep
+    // consecutive ones, or a stride of ep.
+    const std::vector<int> replica = Group(GroupKind::kReplica, rank);
+    const int i = ReplicaIndex(c);
+    for (int j = 0; j < static_cast<int>(replica.size()); ++j) {
+      const bool same = kind == GroupKind::kEp ? j / ep_ == i / ep_ : j % ep_ == i % ep_;
+      if (same) out.push_back(replica[j]);
+    }
+    return out;
+  }
   if (kind == GroupKind::kReplica) {
     for (int d = 0; d < dp_; ++d) {
       for (int k = 0; k < cp_; ++k) {
@@ -135,6 +154,13 @@ absl::Status ParallelDims::CheckModelFits(const model::ModelConfig& config) cons
                            " does not divide the MLP width 4 × model.dim: ", config.ffn_dim)
             : absl::StrCat("parallel.tp: ", tp_,
                            " does not divide model.ffn_dim: ", config.ffn_dim));
+  }
+  if (ep_ > 1 && !config.moe.on()) {
+    problems.push_back(absl::StrCat("parallel.ep: ", ep_,
+                                    " splits experts: it needs model.moe (this model has none)"));
+  } else if (config.moe.on() && config.moe.experts % ep_ != 0) {
+    problems.push_back(absl::StrCat("parallel.ep: ", ep_, " does not divide model.moe.experts: ",
+                                    config.moe.experts));
   }
   if (config.moe.on()) {
     const int He = config.moe.expert_ffn_dim, Fs = config.mlp_dim(config.layers - 1);

@@ -12,6 +12,14 @@
 // by tp, a data-parallel group by tp · cp, and a pipeline group by
 // tp · cp · dp. With cp = 1 (the default) the layout is the dp × tp × pp one.
 //
+// Expert parallelism (ep) is carved out of the replica group, not added to
+// the world (torchtitan's and DeepSpeed's rule): ep divides dp · cp, and the
+// replica group's ranks [b·ep, (b+1)·ep) in ReplicaIndex order form an ep
+// group (kEp: they split an MoE layer's experts and exchange tokens), the
+// ranks with the same ReplicaIndex % ep an expert-data-parallel group
+// (kExpertDp, dp · cp / ep ranks: the experts' gradients are summed over
+// it, as the dense ones over the replica group).
+//
 // Context parallelism (cp) splits each sequence over cp ranks that see the
 // same sequences (the same dp coordinate): their parameters are replicated,
 // so gradients are summed over the ranks that differ in dp or cp — the
@@ -19,7 +27,9 @@
 //
 // Also here, the rules that tie the mesh to a model and to a batch:
 //   CheckModelFits   tp divides model.heads, model.kv_heads, the MLP width
-//                    (4·dim, or model.ffn_dim) and the padded vocabulary Vp
+//                    (4·dim, or model.ffn_dim), the experts' (MoE) and the
+//                    padded vocabulary Vp; ep divides the experts (and
+//                    ep > 1 only with MoE layers)
 //                    (tensor parallelism splits heads, MLP rows and
 //                    vocabulary rows); pp <= model.layers;
 //   CheckSequence    2·cp divides batch.seq_len (each cp rank holds two of
@@ -50,8 +60,9 @@ bool operator==(const MeshCoord& a, const MeshCoord& b);
 // The kinds of group a rank belongs to: the ranks that differ from it only
 // in that coordinate; kReplica, only in dp or cp (dp · cp ranks, ordered by
 // dp · cp_size + cp: the group gradients are reduced and ZeRO-sharded over).
-enum class GroupKind { kDp, kTp, kPp, kCp, kReplica };
-std::string_view GroupKindName(GroupKind kind);  // "dp", "tp", "pp", "cp", "replica"
+enum class GroupKind { kDp, kTp, kPp, kCp, kReplica, kEp, kExpertDp };
+// "dp", "tp", "pp", "cp", "replica", "ep", "expert_dp"
+std::string_view GroupKindName(GroupKind kind);
 
 // The largest world a job may ask for: 2^20 ranks, far above any cluster
 // yet small enough that per-rank and per-stage tables built from a spec
@@ -61,8 +72,9 @@ inline constexpr int64_t kMaxWorld = int64_t{1} << 20;
 class ParallelDims {
  public:
   // The four factors, by name (cp = 1: no context parallelism).
+  // ep: expert parallelism within dp · cp (1: none; not a factor of world).
   struct Factors {
-    int dp = 1, cp = 1, tp = 1, pp = 1;
+    int dp = 1, cp = 1, tp = 1, pp = 1, ep = 1;
   };
   // INVALID_ARGUMENT when a factor is < 1 ("parallel.tp: must be >= 1, got
   // 0") or the product is not `world` ("parallel.dp × parallel.cp ×
@@ -83,12 +95,17 @@ class ParallelDims {
   int cp() const { return cp_; }
   int tp() const { return tp_; }
   int pp() const { return pp_; }
+  int ep() const { return ep_; }
   int world() const { return dp_ * cp_ * tp_ * pp_; }
   // Ranks that hold one replica's gradients: dp · cp.
   int replicas() const { return dp_ * cp_; }
-  Factors factors() const { return Factors{dp_, cp_, tp_, pp_}; }
+  Factors factors() const { return Factors{dp_, cp_, tp_, pp_, ep_}; }
   // A rank's index in its kReplica group: dp · cp() + cp.
   int ReplicaIndex(const MeshCoord& c) const { return c.dp * cp_ + c.cp; }
+  // Its index in its kEp group (the slice of the experts it holds), and in
+  // its kExpertDp group.
+  int EpRank(const MeshCoord& c) const { return ReplicaIndex(c) % ep_; }
+  int ExpertDpRank(const MeshCoord& c) const { return ReplicaIndex(c) / ep_; }
 
   // Precondition: 0 <= rank < world() (aborts otherwise: a programming error).
   MeshCoord Coord(int rank) const;
@@ -134,8 +151,9 @@ class ParallelDims {
   absl::StatusOr<ParallelDims> WithDp(int dp) const { return Create(Factors{dp, cp_, tp_, pp_}); }
 
  private:
-  explicit ParallelDims(const Factors& f) : dp_(f.dp), cp_(f.cp), tp_(f.tp), pp_(f.pp) {}
-  int dp_, cp_, tp_, pp_;
+  explicit ParallelDims(const Factors& f)
+      : dp_(f.dp), cp_(f.cp), tp_(f.tp), pp_(f.pp), ep_(f.ep) {}
+  int dp_, cp_, tp_, pp_, ep_;
 };
 
 // How one optimizer step's batch is split: global = micro × dp × accum.

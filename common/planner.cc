@@ -95,6 +95,7 @@ struct StageShape {
   int64_t wte = 0;                   // tp-local wte elements (0 without embeddings)
   std::vector<int64_t> local_numel;  // one per unit
   std::vector<std::string> names;    // their names
+  int64_t experts = 0;               // elements of its experts' tensors (ExpertRanges)
 };
 
 StageShape ShapeOfStage(const model::ModelConfig& cfg, const model::ModelSlice& slice) {
@@ -107,6 +108,7 @@ StageShape ShapeOfStage(const model::ModelConfig& cfg, const model::ModelSlice& 
     shape.names.push_back(u.name);
   }
   if (slice.has_embeddings(cfg)) shape.wte = static_cast<int64_t>(layout.tensors()[0].numel);
+  for (const auto& [b, e] : layout.ExpertRanges()) shape.experts += static_cast<int64_t>(e - b);
   return shape;
 }
 
@@ -186,8 +188,8 @@ namespace {
 struct Estimate {
   v1::MemoryEstimate memory;
   int in_flight = 1;
-  int64_t tp_comm = 0, pp_comm = 0, dp_comm = 0, cp_comm = 0;
-  int64_t comm() const { return tp_comm + pp_comm + dp_comm + cp_comm; }
+  int64_t tp_comm = 0, pp_comm = 0, dp_comm = 0, cp_comm = 0, ep_comm = 0;
+  int64_t comm() const { return tp_comm + pp_comm + dp_comm + cp_comm + ep_comm; }
 };
 
 // Elements the busiest dp rank (the last) owns of a unit of n elements.
@@ -387,8 +389,12 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
       }
     }
     if (zero == 0) {
+      // Under expert parallelism the experts' gradients are summed over the
+      // dp · cp / ep ranks that hold the same experts, the rest over dp · cp.
       const int64_t rb = spec.parallel.reduce_dtype == ReduceDtype::kBf16 ? 2 : gb;
-      comm += AllReduceBytes(local, dp, rb);
+      const int edp = dp / spec.parallel.ep;
+      comm += AllReduceBytes(local - shape.experts, dp, rb) +
+              (edp > 1 ? AllReduceBytes(shape.experts, edp, rb) : 0);
     }
     if (zero >= 1) comm += (dp - 1) * 8;
   }
@@ -454,6 +460,27 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
     const int64_t block = BT * 2 * cfg.kv_heads * cfg.head_dim() / tp * ab;
     e.cp_comm = m * block * (Ls * (3 * int64_t{cp} - 2) + refills * (cp - 1));
   }
+  // Expert parallelism (engine/model_engine.h's MoE layers), per MoE layer
+  // and micro-batch: the kept pairs per (rank, expert) out (E/ep fp32 to
+  // each other rank), then this rank's B·T·K pairs of C to their experts'
+  // ranks and back, (ep − 1)/ep of them off this rank with routing in
+  // balance (dropless), in forward; their gradients both ways in backward;
+  // a full refill the forward's again.
+  if (spec.parallel.ep > 1) {
+    const int64_t ep = spec.parallel.ep, K = cfg.moe.top_k, El = cfg.moe.experts / ep;
+    int64_t moe_layers = 0, refilled = 0;
+    const int64_t k = spec.model.recompute == Recompute::kFull
+                          ? RecomputedLayers(spec.Activations(), static_cast<int>(Ls))
+                          : 0;
+    for (int i = 0; i < Ls; ++i) {
+      if (!cfg.moe_layer(shape.slice.Layer(cfg, i))) continue;
+      ++moe_layers;
+      if (i < k) ++refilled;
+    }
+    const int64_t rows = BT * K * (ep - 1) / ep * cfg.dim * ab;
+    const int64_t counts = (ep - 1) * El * 4;
+    e.ep_comm = m * ((moe_layers + refilled) * (counts + 2 * rows) + moe_layers * 2 * rows);
+  }
   return e;
 }
 
@@ -506,7 +533,8 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
   const int dp = par.dp, tp = par.tp, pp = par.pp;
   const model::ModelConfig cfg = *spec.model.Config();
   const model::ParamLayout layout(cfg);
-  const ParallelDims dims = *ParallelDims::Create(ParallelDims::Factors{dp, par.cp, tp, pp}, world);
+  const ParallelDims dims =
+      *ParallelDims::Create(ParallelDims::Factors{dp, par.cp, tp, pp, par.ep}, world);
   const int replicas = dims.replicas();  // what ZeRO shards over: dp · cp
   const BatchSplit split = *spec.Split();
   const int m = split.accum;
@@ -515,6 +543,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
   plan.set_world(world);
   plan.set_dp(dp);
   plan.set_cp(par.cp);
+  plan.set_ep(par.ep);
   plan.set_tp(tp);
   plan.set_pp(pp);
   plan.set_zero_stage(par.zero);
@@ -544,6 +573,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
   // Groups, each kind's numbered in rank order of their first member.
   std::vector<GroupKind> kinds = {GroupKind::kDp, GroupKind::kTp, GroupKind::kPp};
   if (par.cp > 1) kinds.insert(kinds.end(), {GroupKind::kCp, GroupKind::kReplica});
+  if (par.ep > 1) kinds.insert(kinds.end(), {GroupKind::kEp, GroupKind::kExpertDp});
   for (GroupKind kind : kinds) {
     int index = 0;
     for (const std::vector<int>& ranks : dims.Groups(kind)) {
@@ -579,7 +609,8 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
   const std::vector<int> stage_layers = *model::StageLayers(cfg, pp, par.stages, par.pp_virtual);
   int64_t comm = -1;
   for (int s = 0; s < pp; ++s) {
-    const model::ModelSlice slice = model::SliceOf(stage_layers, s, tp, 0, par.pp_virtual);
+    model::ModelSlice slice = model::SliceOf(stage_layers, s, tp, 0, par.pp_virtual);
+    slice.ep = par.ep;  // a rank's experts: E / ep of each MoE layer
     const StageShape shape = ShapeOfStage(cfg, slice);
     const Estimate e = EstimateStage(spec, cfg, shape, s, par.zero, m);
     v1::PipelineStage* st = plan.add_stages();
@@ -595,6 +626,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
     st->set_pp_comm_bytes(e.pp_comm);
     st->set_dp_comm_bytes(e.dp_comm);
     st->set_cp_comm_bytes(e.cp_comm);
+    st->set_ep_comm_bytes(e.ep_comm);
     if (s == 0 || e.memory.total_bytes() > plan.memory_per_rank().total_bytes()) {
       *plan.mutable_memory_per_rank() = e.memory;
     }
@@ -604,6 +636,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
       plan.set_pp_comm_bytes_per_step(e.pp_comm);
       plan.set_dp_comm_bytes_per_step(e.dp_comm);
       plan.set_cp_comm_bytes_per_step(e.cp_comm);
+      plan.set_ep_comm_bytes_per_step(e.ep_comm);
     }
   }
   plan.set_comm_bytes_per_step(comm);

@@ -205,6 +205,24 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
                                  : "",
         Thousands(int64_t(total)), total / 1e9, Thousands(int64_t(active)), active / 1e9,
         total > 0 ? 100 * active / total : 0.0);
+    if (plan.ep() > 1) {
+      std::vector<std::string> groups;
+      for (const v1::Group& g : plan.groups()) {
+        if (g.kind() != "ep") continue;
+        if (groups.size() == 4) {
+          groups.push_back("...");
+          break;
+        }
+        groups.push_back(absl::StrCat("[", absl::StrJoin(g.ranks(), " "), "]"));
+      }
+      absl::StrAppendFormat(
+          &out,
+          "expert parallelism: ep %d within dp × cp, %d of the %d experts per rank, ep groups %s; "
+          "all-to-all %s per step (each MoE layer's pairs to their experts and back, forward "
+          "and backward; routing in balance)\n",
+          plan.ep(), m.experts / plan.ep(), m.experts, absl::StrJoin(groups, " "),
+          FormatPlanBytes(plan.ep_comm_bytes_per_step()));
+    }
   }
   out += ComputeLine(spec, plan);
   absl::StrAppendFormat(&out, "ZeRO-%d: %s; precision %s%s%s\n", plan.zero_stage(),

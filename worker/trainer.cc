@@ -68,12 +68,6 @@ absl::StatusOr<std::unique_ptr<engine::Engine>> MakeEngine(
   return std::unique_ptr<engine::Engine>(*std::move(e));
 }
 
-// The schedule a stage runs: the spec's when pp > 1; one stage has no bubble
-// and runs each micro-batch's forward and backward in turn (1F1B's order).
-PipelineSchedule ScheduleOf(const JobSpec& spec) {
-  return spec.parallel.pp > 1 ? spec.parallel.schedule : PipelineSchedule::k1F1B;
-}
-
 optim::AdamWOptions AdamWOptionsOf(const OptimizerSpec& o) {
   optim::AdamWOptions a;
   a.beta1 = static_cast<float>(o.betas[0]);
@@ -155,7 +149,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   const MeshCoord coord = dims->Coord(rank);
   std::unique_ptr<parallel::Mesh> mesh;
   comm::Communicator* dp_comm = comm;
-  if (dims->cp() > 1 || dims->tp() > 1 || dims->pp() > 1) {
+  if (dims->cp() > 1 || dims->tp() > 1 || dims->pp() > 1 || dims->ep() > 1) {
     absl::StatusOr<std::unique_ptr<parallel::Mesh>> m =
         parallel::Mesh::Create(*dims, rank, comm, spec.parallel.pp_virtual);
     if (!m.ok()) return m.status();
@@ -164,9 +158,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   }
   std::unique_ptr<parallel::TensorParallelGroup> tp;
   std::unique_ptr<parallel::ContextParallelGroup> cp;
+  std::unique_ptr<parallel::ExpertParallelGroup> ep;
   engine::ModelEngineOptions options;
   const int chunks = spec.parallel.pp_virtual;
   options.slice = model::SliceOf(*stages, coord.pp, dims->tp(), coord.tp, chunks);
+  options.slice.ep = dims->ep();
+  options.slice.ep_rank = dims->EpRank(coord);
+  if (mesh != nullptr && mesh->ep() != nullptr) {
+    ep = std::make_unique<parallel::ExpertParallelGroup>(mesh->ep());
+    options.ep = ep.get();
+  }
   options.activations = spec.Activations();
   // ZeRO-2/3 give the device memory of the units not in use back.
   options.release_state = spec.parallel.zero >= 2;
@@ -200,64 +201,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   if (!t.ok()) return t.status();
   if (mesh != nullptr) {
     if (absl::Status s =
-            (*t)->AttachModelParallel(std::move(mesh), std::move(tp), std::move(cp), comm);
+            (*t)->AttachModelParallel(std::move(mesh), std::move(tp), std::move(cp), std::move(ep),
+                                      comm);
         !s.ok()) {
       return s;
     }
   }
   return t;
-}
-
-absl::Status Trainer::AttachModelParallel(std::unique_ptr<parallel::Mesh> mesh,
-                                          std::unique_ptr<parallel::TensorParallelGroup> tp,
-                                          std::unique_ptr<parallel::ContextParallelGroup> cp,
-                                          comm::Communicator* world) {
-  mesh_ = std::move(mesh);
-  tp_group_ = std::move(tp);
-  cp_group_ = std::move(cp);
-  world_ = world;
-  const model::ParamLayout& layout = engine_->layout();
-  parallel::ModelParallelGrads mp;
-  mp.norm_skip = layout.ReplicaRanges();
-  parallel::Mesh* m = mesh_.get();
-  // The mesh's groups are the world's kind: host memory (Gloo) or device
-  // memory (NCCL), where the sums below then take their data.
-  mp.device_memory = world != nullptr && world->device_memory();
-  mp.sum_squares = [this, m](double squared) -> absl::StatusOr<double> {
-    absl::StatusOr<double> over_tp = SumOverModelGroup(m->tp(), squared);
-    if (!over_tp.ok()) return over_tp.status();
-    return SumOverModelGroup(m->pp(), *over_tp);
-  };
-  // A tied LM head: the first and last stages sum their wte gradients.
-  if (m->tied() != nullptr && layout.config().tie_embeddings) {
-    mp.tied_end = layout.units()[0].numel;
-    engine::Engine* e = engine_.get();
-    mp.sum_tied = [m, e](absl::Span<float> g) {
-      return parallel::AllReduceSumNow(*m->tied(), *e, g.data(), g.size());
-    };
-  }
-  if (tp_group_ != nullptr) {
-    mp.tp_partial = layout.TpPartialRanges(spec_.parallel.sequence_parallel);
-  }
-  if (!mp.tp_partial.empty()) {
-    parallel::TensorParallelGroup* tp = tp_group_.get();
-    mp.sum_tp = [tp](absl::Span<float> g) {
-      tp->AllReduceSum(g.data(), g.size());
-      return tp->Finish();
-    };
-  }
-  strategy_->set_model_parallel(std::move(mp));
-  if (mesh_->dims().pp() > 1) {
-    auto p =
-        parallel::PipelineExecutor::Create(engine_.get(), *mesh_, ScheduleOf(spec_), split_.accum);
-    if (!p.ok()) return p.status();
-    pipeline_ = *std::move(p);
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<double> Trainer::SumOverModelGroup(comm::Communicator* group, double local) {
-  return parallel::SumOverGroup(group, local, &engine_->math(), &model_group_scratch_);
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Compose(const JobSpec& spec, int rank,
@@ -411,6 +361,10 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
     if (!sum.ok()) return sum.status();
     r.loss = *sum / mesh_->dims().cp();
   }
+  if (ep_group_ != nullptr) {  // the all-to-alls of the step's MoE layers
+    if (absl::Status s = ep_group_->status(); !s.ok()) return s;
+    r.ep_bytes = ep_group_->TakeBytes();
+  }
   r.lr = optim::LearningRate(spec_.optimizer, step - 1, spec_.steps);
   const float loss_scale = LossScale();
   absl::StatusOr<parallel::StepStats> stats = strategy_->Step(
@@ -424,7 +378,7 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   r.grad_norm = stats->grad_norm;
   r.comm_ms += stats->comm_ms;
   r.allreduce_ms = stats->collective_ms;
-  r.comm_bytes = stats->comm_bytes + r.tp_bytes + r.pp_bytes + r.cp_bytes;
+  r.comm_bytes = stats->comm_bytes + r.tp_bytes + r.pp_bytes + r.cp_bytes + r.ep_bytes;
   r.tokens = int64_t(split_.accum) * spec_.batch.micro * spec_.LocalSeqLen();
   r.step_ms = MsSince(start);
   if (EvalDue(spec_, step)) {
@@ -497,6 +451,10 @@ absl::StatusOr<double> Trainer::Evaluate() {
     cp_group_->TakeBytes();  // the ring's traffic of evaluation is no step's
   }
   if (tp_group_ != nullptr) tp_group_->TakeBytes();  // nor tp's
+  if (ep_group_ != nullptr) {  // nor ep's
+    if (absl::Status s = ep_group_->status(); !s.ok()) return s;
+    ep_group_->TakeBytes();
+  }
   // The strategy summed over dp × cp: each cp rank's mean covers 1/cp of
   // every window's tokens.
   const int cp = mesh_ != nullptr ? mesh_->dims().cp() : 1;

@@ -48,6 +48,7 @@
 #include "worker/optim/loss_scaler.h"
 #include "worker/parallel/context_parallel_group.h"
 #include "worker/parallel/data_parallel.h"
+#include "worker/parallel/expert_parallel_group.h"
 #include "worker/parallel/mesh.h"
 #include "worker/parallel/pipeline.h"
 #include "worker/parallel/tensor_parallel_group.h"
@@ -68,6 +69,7 @@ struct StepResult {
   int64_t tp_bytes = 0;     // of which in tensor-parallel all-reduces
   int64_t pp_bytes = 0;     // of which activations and gradients sent between stages
   int64_t cp_bytes = 0;     // of which key/value blocks and their gradients on the cp ring
+  int64_t ep_bytes = 0;     // of which MoE layers' tokens and gradients sent all-to-all (ep)
   double bubble = 0;        // pp > 1: the stage's idle fraction of the step (pipeline timeline)
   int64_t tokens = 0;       // tokens this rank processed
   // Set on evaluation steps only (EvalDue): the validation loss of the
@@ -83,6 +85,10 @@ struct StepResult {
   // MoE layers): v1::StepReport's moe_* fields say what each is.
   double moe_aux_loss = 0, moe_z_loss = 0, moe_max_load = 0, moe_dropped = 0;
 };
+
+// The schedule a stage runs: the spec's when pp > 1; one stage has no bubble
+// and runs each micro-batch's forward and backward in turn (1F1B's order).
+PipelineSchedule ScheduleOf(const JobSpec& spec);
 
 // StepResult's moe_* figures from an engine's MoeStats of one step.
 void MoeFigures(const engine::MoeStats& stats, StepResult* r);
@@ -200,9 +206,11 @@ class Trainer {
   // the engine's memory when the group is a device's.
   absl::StatusOr<double> SumOverModelGroup(comm::Communicator* group, double local);
   // Installs the tensor/context/pipeline parts on a composed trainer.
+  // (trainer_mesh.cc)
   absl::Status AttachModelParallel(std::unique_ptr<parallel::Mesh> mesh,
                                    std::unique_ptr<parallel::TensorParallelGroup> tp,
                                    std::unique_ptr<parallel::ContextParallelGroup> cp,
+                                   std::unique_ptr<parallel::ExpertParallelGroup> ep,
                                    comm::Communicator* world);
   // One micro-batch of this rank's tokens: what fill_whole gives (B whole
   // sequences), or under cp this rank's columns of them (cp_columns_).
@@ -232,6 +240,7 @@ class Trainer {
   std::unique_ptr<parallel::Mesh> mesh_;
   std::unique_ptr<parallel::TensorParallelGroup> tp_group_;
   std::unique_ptr<parallel::ContextParallelGroup> cp_group_;
+  std::unique_ptr<parallel::ExpertParallelGroup> ep_group_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<parallel::DataParallel> strategy_;  // after engine_: destroyed first
   // SumOverModelGroup's scratch in the engine's memory (device groups).

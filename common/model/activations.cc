@@ -161,6 +161,7 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
     Add("moe_dscores", BT * E, kScratch);
     Add("moe_dlogits", BT * E, kScratch);
     Add("moe_dgates", BT * K, kScratch);
+    if (slice.ep > 1) Add("moe_xfer", R * C, kScratch);  // the exchange's staging
   }
   if (any_recomputed) {
     for (size_t k = 0; k < std::size(kBlockActivations); ++k) {

@@ -38,7 +38,8 @@
 //   (BT·QKVt), dfch (BT·FCt), dfch_act (BT·Ft), att_scratch (B·(NH/tp)·T·T);
 //   with MoE layers moe_out (BT·C: the experts' combined output), moe_dxp,
 //   moe_dy (R·C), moe_dh (R·Het), moe_dh_pre (R·FCet), moe_dscores,
-//   moe_dlogits (BT·E), moe_dgates (BT·K) (FCt and Ft: the widest layer's)
+//   moe_dlogits (BT·E), moe_dgates (BT·K), and under expert parallelism
+//   moe_xfer (R·C: the exchange's staging) (FCt and Ft: the widest layer's)
 //                                                                   scratch
 // A pipeline stage keeps one set of the saved tensors per micro-batch in
 // flight (Engine::slots()). An interleaved stage (ModelSlice::chunks = v)

@@ -287,6 +287,23 @@ std::vector<std::pair<size_t, size_t>> ParamLayout::TpPartialRanges(bool sequenc
   return out;
 }
 
+std::vector<std::pair<size_t, size_t>> ParamLayout::ExpertRanges() const {
+  std::vector<std::pair<size_t, size_t>> out;
+  for (int i = 0; i < num_layers_; ++i) {
+    const int l = slice_.Layer(config_, i);
+    if (!config_.moe_layer(l) || local_experts_ == 0) continue;
+    // The experts' tensors close the block: from the first kind's first
+    // expert to the block's end.
+    int first = -1;
+    for (int t = 0; t < kNumExpertTensors && first < 0; ++t) {
+      first = expert_tensor(l, ExpertTensor(t), 0);
+    }
+    const UnitInfo& unit = units_[tensors_[first].unit];
+    out.emplace_back(tensors_[first].offset, unit.offset + unit.numel);
+  }
+  return out;
+}
+
 uint64_t ParamLayout::GlobalFingerprint() const { return global_fingerprint_; }
 
 }  // namespace shardtrain::model

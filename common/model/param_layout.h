@@ -171,6 +171,12 @@ class ParamLayout {
   // them on its rows only); with tp > 1 the q/k norms' weights (each rank
   // normalises its own heads). Sorted, disjoint.
   std::vector<std::pair<size_t, size_t>> TpPartialRanges(bool sequence_parallel) const;
+  // The ranges of the experts' tensors (every MoE layer's, of this slice's
+  // experts): under expert parallelism other ranks hold other experts at
+  // the same local offsets, so these are reduced over the ranks holding the
+  // same experts, not over every replica. Sorted, disjoint; empty without
+  // MoE layers.
+  std::vector<std::pair<size_t, size_t>> ExpertRanges() const;
   // Elements of the whole model (ParamLayout(config()).num_params()).
   size_t global_num_params() const { return global_num_params_; }
   // Offset in floats of a tensor.

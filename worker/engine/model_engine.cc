@@ -79,11 +79,15 @@ absl::Status ValidateModelEngine(const ModelConfig& config, int B, int T,
                        " and the shared experts' width ", Fs));
     }
   }
-  if (sl.ep != 1 || sl.ep_rank != 0) {
-    // The experts' all-to-all is not in the engine yet.
+  if (sl.ep < 1 || sl.ep_rank < 0 || sl.ep_rank >= sl.ep ||
+      (sl.ep > 1 && (!config.moe.on() || config.moe.experts % sl.ep != 0))) {
     return absl::InvalidArgumentError(
         absl::StrCat("parallel.ep: ", sl.ep, " (rank ", sl.ep_rank,
-                     "): this engine runs every expert of its layers (ep 1)"));
+                     ") must divide model.moe.experts ", config.moe.experts));
+  }
+  if (sl.ep > 1 &&
+      (options.ep == nullptr || options.ep->size() != sl.ep || options.ep->rank() != sl.ep_rank)) {
+    return absl::InvalidArgumentError("expert-parallel slice without its ep group");
   }
   if (options.activations.sequence_parallel && (tp < 2 || (int64_t{B} * T) % tp != 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -114,6 +118,7 @@ ModelEngine::ModelEngine(const ModelConfig& config, int B, int T, const ModelEng
       whole_(config),
       tp_(options.slice.tp > 1 ? options.tp : nullptr),
       cp_(options.activations.cp > 1 ? options.cp : nullptr),
+      ep_(options.slice.ep > 1 ? options.ep : nullptr),
       B_(B),
       T_(T),
       policy_(options.activations),
@@ -224,6 +229,7 @@ void ModelEngine::BindActivations(char* base) {
   moe_dscores_ = take("moe_dscores");
   moe_dlogits_ = take("moe_dlogits");
   moe_dgates_ = take("moe_dgates");
+  moe_xfer_ = take("moe_xfer");
 }
 
 void ModelEngine::InitSliceHost(uint64_t seed, size_t begin, size_t end, float* out,

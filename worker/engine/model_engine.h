@@ -36,6 +36,7 @@
 #include "common/model/slice.h"
 #include "worker/engine/context_parallel.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/expert_parallel.h"
 #include "worker/engine/tensor_parallel.h"
 
 namespace shardtrain::engine {
@@ -67,6 +68,11 @@ struct ModelEngineOptions {
   // activations.cp ranks), attention a ring over this group. Required when
   // activations.cp > 1 (size activations.cp), must outlive the engine.
   ContextParallel* cp = nullptr;
+  // Expert parallelism (slice.ep > 1): the slice holds experts
+  // [slice.first_expert, + E / ep) of each MoE layer, and the (token, slot)
+  // pairs go to their expert's rank and back over this group (size
+  // slice.ep, rank slice.ep_rank; must outlive the engine).
+  ExpertParallel* ep = nullptr;
   // What each block keeps for backward and what it recomputes
   // (model.recompute; common/model/activations.h).
   model::ActivationPolicy activations;
@@ -134,6 +140,13 @@ class ModelEngine : public Engine {
     void *moe_xp = nullptr, *moe_h_pre = nullptr, *moe_h = nullptr, *moe_y = nullptr;
     int moe_rows = 0;  // M: the (token, slot) pairs the experts received (host)
     std::vector<int> moe_load;  // (E, host) the balancing loss's load (summed over cp)
+    // Expert parallelism (host): rows sent to and received from each ep
+    // rank, the received rows' order by local expert (MoeGatherRows'
+    // index) and the local experts' offsets in it (E / ep + 1); without
+    // it, offsets are moe_index's.
+    std::vector<size_t> ep_send, ep_recv;
+    std::vector<int> ep_gather, ep_offsets;
+    int ep_rows = 0;  // the rows the local experts ran
     // Its backward first refills what the table did not save (the
     // "recompute.*" scratch tensors above point there).
     bool recompute = false;
@@ -334,6 +347,8 @@ class ModelEngine : public Engine {
   // The router (tensor `router`) on x (N, C) into a.router_*, the load and
   // the permutation (capacity per expert; <= 0: none) into a.moe_index.
   virtual MoeRouted MoeRoute(LayerActs& a, const void* x, int router, int N, int capacity);
+  // The kept pairs per expert (E, host) of a routed layer (its counts).
+  virtual std::vector<int> MoeKeptCounts(const LayerActs& a);
   // The balancing losses' values (with their coefficients; 0 for a zero
   // coefficient) of a routed layer: aux from `load` (E, host: the pairs
   // per expert over the whole sequences, summed over cp), z from the logits.
@@ -341,22 +356,28 @@ class ModelEngine : public Engine {
     double aux = 0, z = 0;
   };
   virtual MoeBalance MoeBalanceLosses(const LayerActs& a, const int* load, int N);
-  // a.moe_xp (M, C) = x's rows in expert order.
-  virtual void MoePermute(LayerActs& a, const void* x, int N, int M);
-  // Layer l's local experts (ParamLayout::expert_tensor) on a.moe_xp's M
-  // rows grouped by `offsets` (E_local + 1, device memory) into a.moe_y,
+  // xp (M, C) = x's rows in expert order.
+  virtual void MoePermute(void* xp, const LayerActs& a, const void* x, int N, int M);
+  // Layer l's local experts (ParamLayout::expert_tensor) on a.moe_xp's
+  // `rows` rows grouped by `offsets` (E_local + 1, host memory) into y,
   // saving a.moe_h_pre and a.moe_h; with_bias2: add the output biases
-  // (tp rank 0 only: moe_y is a partial sum over tp).
-  virtual void MoeExperts(int layer, LayerActs& a, const int* offsets, int M, bool with_bias2);
+  // (tp rank 0 only: y is a partial sum over tp).
+  virtual void MoeExperts(int layer, LayerActs& a, void* y, const int* offsets, int rows,
+                          bool with_bias2);
+  // Rows of C: dst[i] = src[index[i]], and dst[index[i]] = src[i], for i <
+  // n (index in host memory): expert parallelism's regrouping of the rows
+  // received from each rank by local expert, and back.
+  virtual void MoeGatherRows(void* dst, const void* src, const int* index, int n);
+  virtual void MoeScatterRows(void* dst, const void* src, const int* index, int n);
   // out (N, C) = the gate-weighted sum of a.moe_y's rows of each token.
   virtual void MoeCombine(void* out, const LayerActs& a, int N);
   // dy (M, C) and dgates (N, K) OVERWRITTEN from dout (N, C).
   virtual void MoeCombineBackward(void* dy, void* dgates, const void* dout, const LayerActs& a,
                                   int N, int M);
-  // dxp (M, C) OVERWRITTEN from dy; dh, dh_pre scratch; the experts'
+  // dxp (rows, C) OVERWRITTEN from dy; dh, dh_pre scratch; the experts'
   // gradients += (the output biases' on every tp rank: replicated).
   virtual void MoeExpertsBackward(int layer, void* dxp, void* dh, void* dh_pre, const void* dy,
-                                  const LayerActs& a, const int* offsets, int M);
+                                  const LayerActs& a, const int* offsets, int rows);
   // dx (N, C) += the permutation's backward of dxp (M, C).
   virtual void MoePermuteBackward(void* dx, const void* dxp, const LayerActs& a, int N);
   // dx (N, C) += the router's input gradient from dgates (N, K) and the
@@ -443,6 +464,15 @@ class ModelEngine : public Engine {
   // load (E) summed over the cp group, in place (the balancing loss's
   // fractions are the whole sequences'): cp − 1 passes of the ring.
   void SumOverCp(std::vector<int>& load);
+  // Expert parallelism (model_engine_moe.cc): from the kept pairs per
+  // expert, each rank's rows each way, the counts exchanged first, and the
+  // received rows' regrouping (a.ep_*). Then the rows of `send` (M, C, in
+  // expert order) to their experts' ranks, regrouped into recv_grouped
+  // (a.ep_rows, C), through `staging` (a.ep_rows, C); and back: grouped
+  // rows through staging to their ranks' `out` (M, C).
+  void EpPlan(LayerActs& a, const std::vector<int>& kept);
+  void EpDispatch(const LayerActs& a, const void* send, void* staging, void* recv_grouped);
+  void EpReturn(const LayerActs& a, const void* grouped, void* staging, void* out);
   // Attention under context parallelism (model_engine_cp.cc): this rank's
   // queries against every cp rank's key/value block as it passes around the
   // ring (the block in hand computed while the next one arrives), merged
@@ -495,6 +525,7 @@ class ModelEngine : public Engine {
   const model::ParamLayout whole_;  // the whole model's layout (init, global indices)
   TensorParallel* const tp_;
   ContextParallel* const cp_;  // null without context parallelism
+  ExpertParallel* const ep_;   // null without expert parallelism
   // Per cp rank: the positions of its T columns (ContextChunkPositions).
   std::vector<std::vector<int>> cp_pos_;
   const int B_, T_;
@@ -519,7 +550,7 @@ class ModelEngine : public Engine {
        *sp_full_ = nullptr, *sp_local_ = nullptr, *cp_kv_ = nullptr, *cp_dkv_ = nullptr,
        *cp_out_ = nullptr, *cp_scores_ = nullptr, *moe_out_ = nullptr, *moe_dxp_ = nullptr,
        *moe_dy_ = nullptr, *moe_dh_ = nullptr, *moe_dh_pre_ = nullptr, *moe_dscores_ = nullptr,
-       *moe_dlogits_ = nullptr, *moe_dgates_ = nullptr;
+       *moe_dlogits_ = nullptr, *moe_dgates_ = nullptr, *moe_xfer_ = nullptr;
   float* cp_rows_ = nullptr;
   std::function<void(size_t)> grads_ready_;
   std::function<void(int, bool)> param_hook_;

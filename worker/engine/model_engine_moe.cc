@@ -36,9 +36,19 @@ void ModelEngine::MoeMlpForward(int l, LayerActs& a, const void* x, int N, bool 
   a.moe_rows = routed.kept;
   a.moe_load = routed.load;
   if (cp_ != nullptr) SumOverCp(a.moe_load);
-  MoePermute(a, x, N, routed.kept);
   const bool with_bias2 = layout_.slice().tp_rank == 0;
-  MoeExperts(l, a, moe_index(a).offsets, routed.kept, with_bias2);
+  if (ep_ == nullptr) {
+    MoePermute(a.moe_xp, a, x, N, routed.kept);
+    MoeExperts(l, a, a.moe_y, moe_index(a).offsets, routed.kept, with_bias2);
+  } else {
+    // The pairs to their experts' ranks and the outputs back (moe_dxp_ and
+    // moe_dy_ are free in forward).
+    EpPlan(a, MoeKeptCounts(a));
+    MoePermute(moe_dxp_, a, x, N, routed.kept);
+    EpDispatch(a, moe_dxp_, moe_xfer_, a.moe_xp);
+    MoeExperts(l, a, moe_dy_, a.ep_offsets.data(), a.ep_rows, with_bias2);
+    EpReturn(a, moe_dy_, moe_xfer_, a.moe_y);
+  }
   MoeCombine(moe_out_, a, N);
   if (cfg.mlp_dim(l) > 0) {  // the shared experts, added before the reduction
     MlpInForward(l, a, x, N);
@@ -77,7 +87,15 @@ void ModelEngine::MoeMlpBackward(int l, LayerActs& a, const void* dout, const vo
   // The gates' gradient reads the experts' outputs, partial sums over tp:
   // summed, every rank's router sees the whole model's.
   if (tp_ != nullptr) TpAllReduceSum(moe_dgates_, int64_t{N} * K);
-  MoeExpertsBackward(l, moe_dxp_, moe_dh_, moe_dh_pre_, moe_dy_, a, moe_index(a).offsets, M);
+  if (ep_ == nullptr) {
+    MoeExpertsBackward(l, moe_dxp_, moe_dh_, moe_dh_pre_, moe_dy_, a, moe_index(a).offsets, M);
+  } else {
+    // The outputs' gradients to the experts' ranks, the inputs' back.
+    EpDispatch(a, moe_dy_, moe_xfer_, moe_dxp_);
+    MoeExpertsBackward(l, moe_dy_, moe_dh_, moe_dh_pre_, moe_dxp_, a, a.ep_offsets.data(),
+                       a.ep_rows);
+    EpReturn(a, moe_dy_, moe_xfer_, moe_dxp_);
+  }
   const void* x = GatherFromSequenceRegionForward(ln2, NlC);
   if (shared) {
     const int FCt = cfg.fc_rows(cfg.mlp_dim(l) / tp);
@@ -109,6 +127,52 @@ void ModelEngine::SumOverCp(std::vector<int>& load) {
   for (int e = 0; e < n; ++e) load[e] = static_cast<int>(sum[e]);
 }
 
+void ModelEngine::EpPlan(LayerActs& a, const std::vector<int>& kept) {
+  const int ep = ep_->size(), El = config().moe.experts / ep;
+  // Pairs per (destination rank, its local expert) out; per (source rank,
+  // local expert) in, exchanged first.
+  std::vector<float> out_counts(kept.begin(), kept.end()), in_counts(size_t(ep) * El);
+  ep_->AllToAllV(out_counts.data(), std::vector<size_t>(ep, El), in_counts.data(),
+                 std::vector<size_t>(ep, El));
+  const int C = config().dim;
+  a.ep_send.assign(ep, 0);
+  a.ep_recv.assign(ep, 0);
+  for (int r = 0; r < ep; ++r) {
+    for (int e = 0; e < El; ++e) {
+      a.ep_send[r] += size_t(kept[r * El + e]) * C;
+      a.ep_recv[r] += size_t(in_counts[r * El + e]) * C;
+    }
+  }
+  // Received rows: source-major (rank r's block: its pairs for each local
+  // expert in turn). Regrouped: expert-major (expert e: every rank's pairs
+  // for it in rank order), the order the grouped GEMMs read.
+  std::vector<int> block(size_t(ep) * El + 1, 0);  // source-major offset of (r, e)
+  for (int i = 0; i < ep * El; ++i) block[i + 1] = block[i] + static_cast<int>(in_counts[i]);
+  a.ep_rows = block.back();
+  a.ep_gather.clear();
+  a.ep_offsets.assign(1, 0);
+  for (int e = 0; e < El; ++e) {
+    for (int r = 0; r < ep; ++r) {
+      for (int i = block[r * El + e]; i < block[r * El + e + 1]; ++i) a.ep_gather.push_back(i);
+    }
+    a.ep_offsets.push_back(static_cast<int>(a.ep_gather.size()));
+  }
+}
+
+void ModelEngine::EpDispatch(const LayerActs& a, const void* send, void* staging,
+                             void* recv_grouped) {
+  // Host fp32 rows (the CPU engine's compute type).
+  ep_->AllToAllV(static_cast<const float*>(send), a.ep_send, static_cast<float*>(staging),
+                 a.ep_recv);
+  MoeGatherRows(recv_grouped, staging, a.ep_gather.data(), a.ep_rows);
+}
+
+void ModelEngine::EpReturn(const LayerActs& a, const void* grouped, void* staging, void* out) {
+  MoeScatterRows(staging, grouped, a.ep_gather.data(), a.ep_rows);
+  ep_->AllToAllV(static_cast<const float*>(staging), a.ep_recv, static_cast<float*>(out),
+                 a.ep_send);
+}
+
 MoeStats ModelEngine::TakeMoeStats() {
   MoeStats out = std::move(moe_stats_);
   moe_stats_ = MoeStats{};
@@ -119,10 +183,19 @@ MoeStats ModelEngine::TakeMoeStats() {
 ModelEngine::MoeRouted ModelEngine::MoeRoute(LayerActs&, const void*, int, int, int) {
   Fail("ModelEngine: this device has no MoE layers");
 }
-void ModelEngine::MoePermute(LayerActs&, const void*, int, int) {
+std::vector<int> ModelEngine::MoeKeptCounts(const LayerActs&) {
   Fail("ModelEngine: this device has no MoE layers");
 }
-void ModelEngine::MoeExperts(int, LayerActs&, const int*, int, bool) {
+void ModelEngine::MoePermute(void*, const LayerActs&, const void*, int, int) {
+  Fail("ModelEngine: this device has no MoE layers");
+}
+void ModelEngine::MoeExperts(int, LayerActs&, void*, const int*, int, bool) {
+  Fail("ModelEngine: this device has no MoE layers");
+}
+void ModelEngine::MoeGatherRows(void*, const void*, const int*, int) {
+  Fail("ModelEngine: this device has no MoE layers");
+}
+void ModelEngine::MoeScatterRows(void*, const void*, const int*, int) {
   Fail("ModelEngine: this device has no MoE layers");
 }
 void ModelEngine::MoeCombine(void*, const LayerActs&, int) {

@@ -98,6 +98,20 @@ struct ModelParallelGrads {
   // where the two differ.
   bool device_memory = false;
   bool has_tp_partials() const { return sum_tp && !tp_partial.empty(); }
+  // Expert parallelism (parallel.ep > 1): the experts' ranges
+  // (ParamLayout::ExpertRanges), where the replica group's ranks hold
+  // different experts. They are left out of the reduction over the replica
+  // group and summed instead over the ranks that hold the same experts
+  // (sum_expert; null when this rank alone does), then averaged like the
+  // rest (over dp · cp: every replica's tokens reached them). Their squares
+  // are summed over the ep group for the norm (sum_expert_squares).
+  // Checkpoints: the expert-data-parallel group (expert_dp_rank of
+  // expert_dp_size) splits their saving, the replica group the rest's.
+  // DDP only (ZeRO refuses them).
+  FlatRanges expert;
+  std::function<absl::Status(absl::Span<float>)> sum_expert;
+  std::function<absl::StatusOr<double>(double)> sum_expert_squares;
+  int expert_dp_rank = 0, expert_dp_size = 1;
 };
 
 // Runs `sum` (sum_tied or sum_tp of `mp`) over data[0, n), which lives in

@@ -192,7 +192,17 @@ void Ddp::LaunchBuckets(size_t offset, bool flush) {
     // backward kernels issued so far, which wrote this bucket: never the host.
     const engine::Event* after =
         comm_->device_memory() ? AfterComputeWork(engine_->device(), &bucket_events_) : nullptr;
-    inflight_.push_back(comm_->AllReduceAsync(data, n, dtype, comm::ReduceOp::kSum, after));
+    if (mp_.expert.empty()) {
+      inflight_.push_back(comm_->AllReduceAsync(data, n, dtype, comm::ReduceOp::kSum, after));
+      continue;
+    }
+    // Expert parallelism: the experts' gradients are summed in Step over
+    // the ranks that hold the same experts, not here.
+    const size_t esz = dtype == comm::DataType::kFloat32 ? 4 : 2;
+    ForEachOutside(unlaunched_end_, unlaunched_end_ + n, mp_.expert, [&](size_t b, size_t e) {
+      void* part = static_cast<char*>(data) + (b - unlaunched_end_) * esz;
+      inflight_.push_back(comm_->AllReduceAsync(part, e - b, dtype, comm::ReduceOp::kSum, after));
+    });
   }
 }
 
@@ -262,7 +272,28 @@ absl::StatusOr<StepStats> Ddp::Step(float lr, float max_norm, float loss_scale) 
   if (absl::Status s = SumTpPartials(mp_, *engine_, !on_host, grads, g.count, 0); !s.ok()) {
     return s;
   }
+  if (!mp_.expert.empty()) {
+    // The experts' gradients, summed over the ranks holding the same ones
+    // (averaged with the rest above: every replica's tokens reached them).
+    for (const auto& [b, e] : mp_.expert) {
+      if (!mp_.sum_expert) break;
+      if (absl::Status s = SumInPlace(mp_, *engine_, !on_host, grads + b, e - b, mp_.sum_expert);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
   double squared = SquaredNormOutside(math, grads, g.count, 0, mp_.norm_skip);
+  if (!mp_.expert.empty() && mp_.sum_expert_squares) {
+    // Each rank of the ep group holds other experts: their squares summed.
+    double experts = 0;
+    for (const auto& [b, e] : mp_.expert) {
+      experts += SquaredNormOutside(math, grads + b, e - b, b, mp_.norm_skip);
+    }
+    absl::StatusOr<double> all = mp_.sum_expert_squares(experts);
+    if (!all.ok()) return all.status();
+    squared += *all - experts;
+  }
   if (mp_.sum_squares) {
     absl::StatusOr<double> total = mp_.sum_squares(squared);
     if (!total.ok()) return total.status();
@@ -353,25 +384,53 @@ absl::Status Ddp::StepCopiedOut(float lr, float scale) {
 }
 
 FlatRanges Ddp::SaveRanges() const {
-  const checkpoint::FlatRange r =
-      checkpoint::EvenSplit(engine_->layout().num_params(), GroupSize(comm_), GroupRank(comm_));
-  return {{r.begin, r.end}};
+  const size_t n = engine_->layout().num_params();
+  const checkpoint::FlatRange r = checkpoint::EvenSplit(n, GroupSize(comm_), GroupRank(comm_));
+  if (mp_.expert.empty()) return {{r.begin, r.end}};
+  // Expert parallelism: this rank's share of the rest, split over the
+  // replica group, and of its experts, split over the ranks holding them.
+  FlatRanges out;
+  ForEachOutside(r.begin, r.end, mp_.expert, [&](size_t b, size_t e) { out.emplace_back(b, e); });
+  size_t experts = 0;
+  for (const auto& [b, e] : mp_.expert) experts += e - b;
+  const checkpoint::FlatRange mine =
+      checkpoint::EvenSplit(experts, mp_.expert_dp_size, mp_.expert_dp_rank);
+  size_t at = 0;  // the experts' elements before range [b, e)
+  for (const auto& [b, e] : mp_.expert) {
+    const size_t lo = std::max(at, size_t(mine.begin)), hi = std::min(at + (e - b), size_t(mine.end));
+    if (lo < hi) out.emplace_back(b + (lo - at), b + (hi - at));
+    at += e - b;
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::vector<float> Ddp::SaveParams() const {
-  const auto [begin, end] = SaveRanges().front();
-  std::vector<float> out(end - begin);
-  engine_->math().CopyToHost(out.data(), static_cast<const float*>(engine_->params().data) + begin,
-                             out.size());
+  std::vector<float> out;
+  for (const auto& [begin, end] : SaveRanges()) {
+    const size_t at = out.size();
+    out.resize(at + (end - begin));
+    engine_->math().CopyToHost(out.data() + at,
+                               static_cast<const float*>(engine_->params().data) + begin,
+                               end - begin);
+  }
   return out;
 }
 std::vector<float> Ddp::SaveM() const {
-  const auto [begin, end] = SaveRanges().front();
-  return adamw_.CopyM(begin, end);
+  std::vector<float> out;
+  for (const auto& [begin, end] : SaveRanges()) {
+    const std::vector<float> m = adamw_.CopyM(begin, end);
+    out.insert(out.end(), m.begin(), m.end());
+  }
+  return out;
 }
 std::vector<float> Ddp::SaveV() const {
-  const auto [begin, end] = SaveRanges().front();
-  return adamw_.CopyV(begin, end);
+  std::vector<float> out;
+  for (const auto& [begin, end] : SaveRanges()) {
+    const std::vector<float> v = adamw_.CopyV(begin, end);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
 }
 
 FlatRanges Ddp::LoadRanges() const { return {{0, engine_->layout().num_params()}}; }

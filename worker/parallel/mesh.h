@@ -7,6 +7,10 @@
 //   replica      the ranks that differ in dp or cp: gradient all-reduce /
 //                ZeRO shards (the strategies in this folder) — dp itself
 //                when cp = 1;
+//   ep           the ranks of a replica group that split an MoE layer's
+//                experts (ParallelDims' kEp: only when parallel.ep > 1);
+//   expert_dp    the ranks holding the same experts (kExpertDp): their
+//                gradients' sum (only when dp · cp > ep > 1);
 //   tp           the ranks that differ only in tp: tensor-parallel layers;
 //   pp           the pipeline group (its collectives: sums over stages);
 //   pp_prev      this stage and the previous one (rank 1 of 2): the
@@ -59,7 +63,7 @@ class Mesh {
   // It splits, in this order, dp, tp, pp, the pairs from even stages
   // ((0, 1), (2, 3), ...), the pairs from odd stages ((1, 2), ...; only when
   // pp > 2), the channels (only with chunks > 1, below), tied, cp and
-  // replica (the last two only when cp > 1), skipping
+  // replica (only when cp > 1), ep and expert_dp (only when ep > 1), skipping
   // the kinds whose groups have one rank (the same on every rank);
   // each split implicitly synchronises the ranks of the world. Colour = the
   // index of this rank's group in ParallelDims::Groups(kind), key = its
@@ -86,6 +90,8 @@ class Mesh {
   comm::Communicator* dp() const { return dp_.get(); }
   comm::Communicator* cp() const { return cp_.get(); }
   comm::Communicator* replica() const { return dims_.cp() > 1 ? replica_.get() : dp_.get(); }
+  comm::Communicator* ep() const { return ep_.get(); }
+  comm::Communicator* expert_dp() const { return expert_dp_.get(); }
   comm::Communicator* tp() const { return tp_.get(); }
   comm::Communicator* pp() const { return pp_.get(); }
   comm::Communicator* pp_prev() const { return pp_prev_.get(); }
@@ -106,7 +112,8 @@ class Mesh {
   ParallelDims dims_;
   int rank_;
   MeshCoord coord_;
-  std::unique_ptr<comm::Communicator> dp_, tp_, pp_, pp_prev_, pp_next_, tied_, cp_, replica_;
+  std::unique_ptr<comm::Communicator> dp_, tp_, pp_, pp_prev_, pp_next_, tied_, cp_, replica_, ep_,
+      expert_dp_;
   // The channels in split order; act_in_ .. grad_out_ point into it.
   std::vector<std::unique_ptr<comm::Communicator>> channels_;
   comm::Communicator *act_in_ = nullptr, *act_out_ = nullptr, *grad_in_ = nullptr,

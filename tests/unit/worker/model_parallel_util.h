@@ -51,7 +51,14 @@ struct Layout {
   // top 2 by sigmoid, unnormalised gates, a shared expert); both with the
   // Switch loss and a z-loss.
   int moe = 0;
+  int ep = 1;  // parallel.ep (experts split over ep ranks of dp × cp)
 };
+
+// `l` with its MoE layers' experts split over `ep` ranks.
+inline Layout Ep(Layout l, int ep) {
+  l.ep = ep;
+  return l;
+}
 
 // `l` interleaved: `v` model chunks per pipeline stage.
 inline Layout Interleaved(Layout l, int v) {
@@ -94,6 +101,7 @@ inline std::string Name(const Layout& l) {
   if (std::string(l.recompute) != "none") absl::StrAppend(&s, "_", l.recompute);
   if (l.recompute_layers > 0) absl::StrAppend(&s, l.recompute_layers);
   if (l.sp) absl::StrAppend(&s, "_sp");
+  if (l.ep > 1) absl::StrAppend(&s, "_ep", l.ep);
   if (l.llama) {
     s = (l.qwen3 ? "qwen3_" : l.moe > 0 ? absl::StrCat("moe", l.moe, "_") : "llama_") + s;
   }
@@ -132,7 +140,7 @@ class Corpus {
         "}\n", "data: {train: ", (dir_ / "train.txt").string(),
         ", val: ", (dir_ / "val.txt").string(), "}\n", "batch: {global: 16, micro: ", l.micro,
         ", seq_len: 32}\n", "parallel: {dp: ", l.dp, ", cp: ", l.cp, ", tp: ", l.tp, ", pp: ", l.pp,
-        ", zero: ", l.zero, ", schedule: ", l.schedule, ", pp_virtual: ", l.pp_virtual,
+        ", zero: ", l.zero, ", ep: ", l.ep, ", schedule: ", l.schedule, ", pp_virtual: ", l.pp_virtual,
         l.sp ? ", sequence_parallel: true" : "", "}\n",
         "optimizer: {lr: 0.003, warmup_steps: 2, weight_decay: 0.1, grad_clip: 1.0}\n",
         "eval: {every: 10, batches: 1}\n", "steps: ", kSteps, "\n",

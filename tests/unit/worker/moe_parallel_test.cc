@@ -8,6 +8,8 @@
 // validation loss. The balancing losses are per micro-batch, so the one rank
 // groups the global batch as the layout does (its micro-batch size).
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/unit/worker/model_parallel_util.h"
@@ -43,26 +45,52 @@ INSTANTIATE_TEST_SUITE_P(
         Moe(Layout{1, 1, 1, 0, "1f1b", 4, "full"}),                  // full recompute
         Cp(Moe(Layout{1, 1, 1, 0, "1f1b", 4}), 2),                   // cp: the load over the ring
         Moe(Layout{2, 2, 1, 1, "1f1b", 2}, 2),                       // DeepSeek's: dp × tp, ZeRO-1
-        Moe(Layout{1, 2, 2, 0, "1f1b", 2, "selective", -1, true}, 2)),  // tp + sp + pp
+        Moe(Layout{1, 2, 2, 0, "1f1b", 2, "selective", -1, true}, 2),  // tp + sp + pp
+        // Expert parallelism: the experts split over ep ranks of the
+        // replicas, every pair sent to its expert's rank and back.
+        Ep(Moe(Layout{2, 1, 1, 0, "1f1b", 2}), 2),                   // ep 2
+        Ep(Moe(Layout{4, 1, 1, 0, "1f1b", 1}), 4),                   // ep 4: one expert each
+        Ep(Moe(Layout{4, 1, 1, 0, "1f1b", 2}), 2),                   // dp 2 × ep 2
+        Ep(Moe(Layout{2, 2, 1, 0, "1f1b", 2, "none", -1, true}), 2),  // ep 2 × tp 2 + sp
+        Ep(Moe(Layout{2, 1, 2, 0, "1f1b", 2}), 2),                   // ep 2 × pp 2 (1F1B)
+        Ep(Cp(Moe(Layout{1, 1, 1, 0, "1f1b", 4}), 2), 2),            // ep 2 over the cp ranks
+        Ep(Moe(Layout{2, 1, 1, 0, "1f1b", 2, "full"}), 2),           // ep 2, full recompute
+        Ep(Moe(Layout{2, 1, 1, 0, "1f1b", 2, "selective"}), 2),      // ep 2, selective
+        Ep(Moe(Layout{2, 2, 1, 0, "1f1b", 2}, 2), 2)),               // DeepSeek's: 6 experts, 3 each
     [](const ::testing::TestParamInfo<Layout>& info) { return Name(info.param); });
 // clang-format on
 
-// A checkpoint of an MoE model saved on dp 2 × tp 2 (every expert's hidden
-// units split over tp) resumes on one rank and on pp 2 like the
+// Checkpoints of an MoE model resume on other layouts like the
 // uninterrupted run (micro-batches of 2 sequences in all: the balancing
-// losses are per micro-batch).
-TEST(MoeParallelResumeTest, Dp2Tp2CheckpointResumesOnOneRankAndPp2) {
+// losses are per micro-batch): saved on dp 2 × tp 2 with ZeRO-1 (every
+// expert's hidden units split over tp), on ep 2 × tp 2 (each rank half the
+// experts) and on one rank; resumed on one rank, pp 2, ep 4 and ep 2.
+TEST(MoeParallelResumeTest, CheckpointsResumeAcrossLayoutsAndExpertSplits) {
   const Corpus& corpus = TheCorpus();
-  const std::string ckpt = (corpus.dir() / "moe_ckpt").string();
-  const Layout saved = Moe(Layout{2, 2, 1, 1, "1f1b", 2});
-  const Losses whole = Train(corpus.Spec(saved, ckpt), 1, "", /*save=*/true);
-  const std::string step10 = checkpoint::StepDir(ckpt, 10);
-  for (const Layout& l : {Moe(Layout{1, 1, 1, 0, "1f1b", 2}), Moe(Layout{1, 1, 2, 0, "1f1b", 2})}) {
-    const Losses resumed = Train(corpus.Spec(l), 11, step10);
-    const double worst = Worst(resumed.loss, whole.loss, 11);
-    std::printf("moe saved on %s, resumed on %s: steps 11-20 max rel loss diff %.3g\n",
-                Name(saved).c_str(), Name(l).c_str(), worst);
-    EXPECT_LE(worst, 1e-5) << Name(l);
+  struct Case {
+    Layout saved;
+    std::vector<Layout> resumed;
+  };
+  const std::vector<Case> cases = {
+      {Moe(Layout{2, 2, 1, 1, "1f1b", 2}),
+       {Moe(Layout{1, 1, 1, 0, "1f1b", 2}), Moe(Layout{1, 1, 2, 0, "1f1b", 2})}},
+      {Ep(Moe(Layout{2, 2, 1, 0, "1f1b", 2}), 2),
+       {Moe(Layout{1, 1, 1, 0, "1f1b", 2}), Ep(Moe(Layout{4, 1, 1, 0, "1f1b", 2}), 4)}},
+      {Moe(Layout{1, 1, 1, 0, "1f1b", 2}),
+       {Ep(Moe(Layout{4, 1, 1, 0, "1f1b", 2}), 4), Ep(Moe(Layout{2, 1, 2, 0, "1f1b", 2}), 2)}},
+  };
+  int k = 0;
+  for (const Case& c : cases) {
+    const std::string ckpt = (corpus.dir() / ("moe_ckpt" + std::to_string(k++))).string();
+    const Losses whole = Train(corpus.Spec(c.saved, ckpt), 1, "", /*save=*/true);
+    const std::string step10 = checkpoint::StepDir(ckpt, 10);
+    for (const Layout& l : c.resumed) {
+      const Losses resumed = Train(corpus.Spec(l), 11, step10);
+      const double worst = Worst(resumed.loss, whole.loss, 11);
+      std::printf("moe saved on %s, resumed on %s: steps 11-20 max rel loss diff %.3g\n",
+                  Name(c.saved).c_str(), Name(l).c_str(), worst);
+      EXPECT_LE(worst, 1e-5) << Name(c.saved) << " -> " << Name(l);
+    }
   }
 }
 

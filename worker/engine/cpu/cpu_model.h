@@ -144,13 +144,17 @@ class CpuModel final : public ModelEngine {
   // Mixture of Experts (cpu_model_moe.cc, over moe_layers.h).
   MoeRouted MoeRoute(LayerActs& a, const void* x, int router, int N, int capacity) override;
   MoeBalance MoeBalanceLosses(const LayerActs& a, const int* load, int N) override;
-  void MoePermute(LayerActs& a, const void* x, int N, int M) override;
-  void MoeExperts(int layer, LayerActs& a, const int* offsets, int M, bool with_bias2) override;
+  std::vector<int> MoeKeptCounts(const LayerActs& a) override;
+  void MoePermute(void* xp, const LayerActs& a, const void* x, int N, int M) override;
+  void MoeExperts(int layer, LayerActs& a, void* y, const int* offsets, int rows,
+                  bool with_bias2) override;
+  void MoeGatherRows(void* dst, const void* src, const int* index, int n) override;
+  void MoeScatterRows(void* dst, const void* src, const int* index, int n) override;
   void MoeCombine(void* out, const LayerActs& a, int N) override;
   void MoeCombineBackward(void* dy, void* dgates, const void* dout, const LayerActs& a, int N,
                           int M) override;
   void MoeExpertsBackward(int layer, void* dxp, void* dh, void* dh_pre, const void* dy,
-                          const LayerActs& a, const int* offsets, int M) override;
+                          const LayerActs& a, const int* offsets, int rows) override;
   void MoePermuteBackward(void* dx, const void* dxp, const LayerActs& a, int N) override;
   void MoeRouterBackward(void* dx, void* dscores, void* dlogits, const void* dgates,
                          const LayerActs& a, const int* load, const void* x, int router, int N,

@@ -1,5 +1,6 @@
 // CpuModel's Mixture-of-Experts layers (model_engine.h's MoE virtuals) over
 // moe_layers.h, in fp32 on the host.
+#include <cstring>
 #include <vector>
 
 #include "worker/engine/cpu/cpu_model.h"
@@ -44,15 +45,32 @@ CpuModel::MoeBalance CpuModel::MoeBalanceLosses(const LayerActs& a, const int* l
   return b;
 }
 
-void CpuModel::MoePermute(LayerActs& a, const void* x, int N, int M) {
-  PermuteForward(F(a.moe_xp), F(x), moe_index(a).pair_of_row, M, config().moe.top_k,
-                 config().dim, &pool_);
+std::vector<int> CpuModel::MoeKeptCounts(const LayerActs& a) {
+  const int* counts = moe_index(a).counts;
+  return std::vector<int>(counts, counts + config().moe.experts);
 }
 
-void CpuModel::MoeExperts(int l, LayerActs& a, const int* offsets, int M, bool with_bias2) {
+void CpuModel::MoePermute(void* xp, const LayerActs& a, const void* x, int N, int M) {
+  PermuteForward(F(xp), F(x), moe_index(a).pair_of_row, M, config().moe.top_k, config().dim,
+                 &pool_);
+}
+
+void CpuModel::MoeGatherRows(void* dst, const void* src, const int* index, int n) {
+  const size_t C = config().dim;
+  for (int i = 0; i < n; ++i) std::memcpy(F(dst) + i * C, F(src) + index[i] * C, C * 4);
+}
+
+void CpuModel::MoeScatterRows(void* dst, const void* src, const int* index, int n) {
+  const size_t C = config().dim;
+  for (int i = 0; i < n; ++i) std::memcpy(F(dst) + index[i] * C, F(src) + i * C, C * 4);
+}
+
+void CpuModel::MoeExperts(int l, LayerActs& a, void* y, const int* offsets, int rows,
+                          bool with_bias2) {
+  (void)rows;  // offsets[local experts] rows in all
   const model::ParamLayout& lay = layout();
   const int Het = config().moe.expert_ffn_dim / lay.slice().tp;
-  ExpertsForward(F(a.moe_y), F(a.moe_h_pre), F(a.moe_h), F(a.moe_xp),
+  ExpertsForward(F(y), F(a.moe_h_pre), F(a.moe_h), F(a.moe_xp),
                  param(lay.expert_tensor(l, model::kExpFcW, 0)),
                  param(lay.expert_tensor(l, model::kExpFcB, 0)),
                  param(lay.expert_tensor(l, model::kExpProjW, 0)),
@@ -75,10 +93,10 @@ void CpuModel::MoeCombineBackward(void* dy, void* dgates, const void* dout, cons
 }
 
 void CpuModel::MoeExpertsBackward(int l, void* dxp, void* dh, void* dh_pre, const void* dy,
-                                  const LayerActs& a, const int* offsets, int M) {
+                                  const LayerActs& a, const int* offsets, int rows) {
   const model::ParamLayout& lay = layout();
   const int C = config().dim, Het = config().moe.expert_ffn_dim / lay.slice().tp;
-  Zero(dxp, int64_t{M} * C);
+  Zero(dxp, int64_t{rows} * C);
   ExpertsBackward(F(dxp), grad(lay.expert_tensor(l, model::kExpFcW, 0)),
                   grad(lay.expert_tensor(l, model::kExpFcB, 0)),
                   grad(lay.expert_tensor(l, model::kExpProjW, 0)),

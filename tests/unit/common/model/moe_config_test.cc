@@ -139,11 +139,9 @@ TEST(MoeConfigTest, ValidationNamesTheFieldAndBothValues) {
   EXPECT_NE(ToString(*ModelPreset("moe-tiny")).find("moe (experts 4, top_k 2"), std::string::npos);
 }
 
-std::string Spec(const std::string& model, const std::string& extra = "") {
-  return "name: m\nmodel: " + model +
-         "\ndata: {train: data/fortunes.txt}\nbatch: {global: 8, micro: 4, seq_len: 16}\n"
-         "steps: 1\n" +
-         extra;
+std::string Spec(const std::string& model, const std::string& extra = "", int global = 16) {
+  return "name: m\nmodel: " + model + "\ndata: {train: data/fortunes.txt}\nbatch: {global: " +
+         std::to_string(global) + ", micro: 4, seq_len: 16}\nsteps: 1\n" + extra;
 }
 
 TEST(MoeSpecTest, TheSpecReadsWritesAndRefusesIt) {
@@ -165,6 +163,11 @@ TEST(MoeSpecTest, TheSpecReadsWritesAndRefusesIt) {
                         "moe: {experts: 4, top_k: 1, expert_ffn_dim: 64}}"));
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->router.aux_loss_coef, 0.01);
+  // Expert parallelism within the replicas: ep 2 of dp 4, round trip.
+  s = ParseJobSpec(Spec("{preset: moe-tiny}", "parallel: {dp: 4, ep: 2}\n"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->Dims()->ep(), 2);
+  EXPECT_EQ(*ParseJobSpec(JobSpecToYaml(*s)), *s);
   s = ParseJobSpec(Spec("{preset: moe-tiny}"));
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->model.moe.experts, 4);
@@ -176,6 +179,7 @@ TEST(MoeSpecTest, TheSpecReadsWritesAndRefusesIt) {
 
   struct Bad {
     std::string model, extra, starts;
+    int global = 16;
   };
   const std::vector<Bad> bad = {
       {"{preset: moe-tiny, moe: {experts: 4, top_k: 5}}", "",
@@ -185,12 +189,20 @@ TEST(MoeSpecTest, TheSpecReadsWritesAndRefusesIt) {
       {"{preset: moe-tiny, moe: {experts: 4, top_k: 2, scoring: relu}}", "", "model.moe.scoring"},
       {"{preset: moe-tiny}", "router: {capacity_factor: -1}\n", "router.capacity_factor"},
       {"{preset: moe-tiny}", "router: {bias_update_rate: 0.001}\n", "router.bias_update_rate"},
+      {"{preset: moe-tiny}", "parallel: {dp: 3, ep: 3}\n",
+       "parallel.ep: 3 does not divide model.moe.experts: 4", 12},
+      {"{preset: moe-tiny}", "parallel: {dp: 2, ep: 4}\n",
+       "parallel.ep: 4 does not divide parallel.dp × parallel.cp = 2 × 1 = 2"},
+      {"{preset: llama-tiny}", "parallel: {dp: 2, ep: 2}\n", "parallel.ep: 2 splits experts: it "
+                                                            "needs model.moe"},
+      {"{preset: moe-tiny}", "parallel: {dp: 2, ep: 2, zero: 1}\n",
+       "parallel.ep: 2 needs parallel.zero 0 for now"},
       {"{preset: moe-tiny, moe: {experts: 4, top_k: 2, expert_ffn_dim: 63}}",
        "parallel: {tp: 2}\nresources: {min_workers: 1}\n",
        "parallel.tp: 2 does not divide model.moe.expert_ffn_dim: 63"},
   };
   for (const Bad& b : bad) {
-    absl::StatusOr<JobSpec> r = ParseJobSpec(Spec(b.model, b.extra));
+    absl::StatusOr<JobSpec> r = ParseJobSpec(Spec(b.model, b.extra, b.global));
     ASSERT_FALSE(r.ok()) << b.model << " " << b.extra;
     EXPECT_NE(std::string(r.status().message()).find(b.starts), std::string::npos)
         << r.status().message();
