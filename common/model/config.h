@@ -167,7 +167,10 @@ absl::Status ValidateModelConfig(const ModelConfig& config);
 // 28 layers, dim 1024, 16 heads of 128, 8 kv heads, ffn 3072, q/k norms,
 // context 40960, vocab 151936, tied), "mixtral-8x7b" (Mixtral 8x7B: 32
 // layers, dim 4096, 32 heads, 8 kv heads, 8 SwiGLU experts of 14336, top 2,
-// context 32768, vocab 32000, θ 1e6; 46.7B parameters, 12.9B active) and
+// context 32768, vocab 32000, θ 1e6; 46.7B parameters, 12.9B active),
+// "qwen3-30b-a3b" (Qwen3-30B-A3B: 48 layers, dim 2048, 32 heads of 128, 4
+// kv heads, q/k norms, 128 experts of 768, top 8 renormalised, context
+// 40960, vocab 151936, untied; 30.5B parameters, 3.3B active) and
 // "moe-tiny" (llama-tiny's shape with 4 experts of 128, top 2: CPU tests). NotFound
 // otherwise, listing the known names.
 absl::StatusOr<ModelConfig> ModelPreset(const std::string& name);

@@ -106,10 +106,13 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ModelFieldsFrom
     }
     return out;
   }
-  if (arch != "LlamaForCausalLM" && arch != "MistralForCausalLM" && arch != "Qwen3ForCausalLM") {
+  const bool mixtral = arch == "MixtralForCausalLM", qwen3_moe = arch == "Qwen3MoeForCausalLM";
+  if (arch != "LlamaForCausalLM" && arch != "MistralForCausalLM" && arch != "Qwen3ForCausalLM" &&
+      !mixtral && !qwen3_moe) {
     return Bad(absl::StrCat("architectures ", arch.empty() ? "missing" : arch,
                             ": a model's shape is read from GPT2LMHeadModel, LlamaForCausalLM, "
-                            "MistralForCausalLM and Qwen3ForCausalLM configs"));
+                            "MistralForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM and "
+                            "Qwen3MoeForCausalLM configs"));
   }
   out.emplace_back("arch", "llama");
   for (auto [key, ours] : {std::pair<const char*, const char*>{"num_hidden_layers", "layers"},
@@ -133,7 +136,47 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ModelFieldsFrom
       out.emplace_back("head_dim", absl::StrCat(j["head_dim"].get<int64_t>()));
     }
   }
-  out.emplace_back("qk_norm", arch == "Qwen3ForCausalLM" ? "true" : "false");
+  out.emplace_back("qk_norm", arch == "Qwen3ForCausalLM" || qwen3_moe ? "true" : "false");
+  // MoE layers: Mixtral's (every layer; intermediate_size is the experts',
+  // gates renormalised) or Qwen3-MoE's (the layers of mlp_only_layers,
+  // which must be the leading ones, dense).
+  std::string moe = "none";
+  if (mixtral || qwen3_moe) {
+    std::vector<std::pair<std::string, std::string>> got;
+    std::swap(got, out);  // `integer` appends to out: read the three apart
+    for (auto [key, ours] : {std::pair<const char*, const char*>{
+                                 mixtral ? "num_local_experts" : "num_experts", "moe.experts"},
+                             {"num_experts_per_tok", "moe.top_k"},
+                             {mixtral ? "intermediate_size" : "moe_intermediate_size",
+                              "moe.expert_ffn_dim"}}) {
+      if (absl::Status s = integer(key, ours, 0); !s.ok()) return s;
+    }
+    std::swap(got, out);
+    int dense = 0;
+    if (qwen3_moe) {
+      if (j.contains("decoder_sparse_step") &&
+          !(j["decoder_sparse_step"].is_number_integer() &&
+            j["decoder_sparse_step"].get<int64_t>() == 1)) {
+        return Bad(absl::StrCat("decoder_sparse_step ", j["decoder_sparse_step"].dump(),
+                                ": every layer from the first MoE one is MoE here (1)"));
+      }
+      if (j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array()) {
+        for (const Json& v : j["mlp_only_layers"]) {
+          if (!v.is_number_integer() || v.get<int64_t>() != dense) {
+            return Bad(absl::StrCat("mlp_only_layers ", j["mlp_only_layers"].dump(),
+                                    ": the dense layers must be the leading ones (0, 1, ...)"));
+          }
+          ++dense;
+        }
+      }
+    }
+    const bool norm = mixtral || (j.contains("norm_topk_prob") && j["norm_topk_prob"].is_boolean() &&
+                                  j["norm_topk_prob"].get<bool>());
+    moe = absl::StrCat("{experts: ", got[0].second, ", top_k: ", got[1].second,
+                       ", expert_ffn_dim: ", got[2].second, ", norm_topk_prob: ",
+                       norm ? "true" : "false", ", first_dense_layers: ", dense, "}");
+  }
+  out.emplace_back("moe", moe);
   out.emplace_back("rope_theta", Number(number("rope_theta", 10000.0)));
   out.emplace_back("norm_eps", Number(number("rms_norm_eps", 1e-6)));
   const bool tied = j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean() &&

@@ -23,10 +23,15 @@ absl::StatusOr<model::RopeScaling> HfRopeScaling(const std::string& config_json_
 // pairs in the spec's names: arch, layers, heads, dim, context, vocab, and
 // for Llama-style models kv_heads, ffn_dim, head_dim (when it is not
 // hidden_size / num_attention_heads), qk_norm, rope_theta, norm_eps,
-// tie_embeddings and rope_scaling. Reads GPT2LMHeadModel (n_layer, n_head,
-// n_embd, n_positions, vocab_size) and LlamaForCausalLM /
-// MistralForCausalLM / Qwen3ForCausalLM (num_hidden_layers, ...,
-// max_position_embeddings as the context; Qwen3: q/k norms).
+// tie_embeddings, rope_scaling and moe (a flow map, or none). Reads
+// GPT2LMHeadModel (n_layer, n_head, n_embd, n_positions, vocab_size) and
+// LlamaForCausalLM / MistralForCausalLM / Qwen3ForCausalLM /
+// MixtralForCausalLM / Qwen3MoeForCausalLM (num_hidden_layers, ...,
+// max_position_embeddings as the context; Qwen3: q/k norms; Mixtral:
+// num_local_experts, num_experts_per_tok, intermediate_size as the
+// experts'; Qwen3-MoE: num_experts, num_experts_per_tok,
+// moe_intermediate_size, norm_topk_prob, mlp_only_layers as the leading
+// dense layers).
 // INVALID_ARGUMENT "config.json: ..." naming the field for another
 // architecture, or a missing or non-integer field.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ModelFieldsFromHfConfig(

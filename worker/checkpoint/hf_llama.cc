@@ -5,6 +5,8 @@
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -47,11 +49,16 @@ int64_t HfRow(int64_t r, int hs) {
   return head * hs + (j % 2 == 0 ? j / 2 : hs / 2 + j / 2);
 }
 
-// The sources of every tensor of the whole layout, in its order.
+// The sources of every tensor of the whole layout, in its order. MoE layers
+// (HfFamilyOf: Mixtral's block_sparse_moe or Qwen3-MoE's mlp): the router
+// is the `gate` (E, C); an expert's fc is [w1; w3] or [gate_proj; up_proj],
+// its proj w2 or down_proj.
 std::vector<Source> SourcesOf(const model::ParamLayout& whole) {
   const model::ModelConfig& c = whole.config();
   const int64_t C = c.dim, Q = c.q_dim(), KV = c.kv_dim(), F = c.ffn_dim, V = c.vocab;
-  const int64_t hs = c.head_dim();
+  const int64_t hs = c.head_dim(), He = c.moe.expert_ffn_dim;
+  const bool mixtral = !c.qk_norm;  // of the MoE families
+  const std::string moe = mixtral ? "block_sparse_moe." : "mlp.";
   std::vector<Source> out;
   for (const model::TensorInfo& t : whole.tensors()) {
     Source s;
@@ -84,8 +91,20 @@ std::vector<Source> SourcesOf(const model::ParamLayout& whole) {
         s.parts = {{p + "post_attention_layernorm.weight", C}};
       } else if (rest == "mlp.fc.weight") {
         s.parts = {{p + "mlp.gate_proj.weight", F}, {p + "mlp.up_proj.weight", F}};
-      } else {  // mlp.proj.weight
+      } else if (rest == "mlp.proj.weight") {
         s.parts = {{p + "mlp.down_proj.weight", C}};
+      } else if (rest == "mlp.router.weight") {
+        s.parts = {{p + moe + "gate.weight", c.moe.experts}};
+      } else {  // mlp.experts.<e>.fc.weight or .proj.weight
+        const std::string e = rest.substr(12, rest.find('.', 12) - 12);
+        const std::string x = p + moe + "experts." + e + ".";
+        if (rest.size() >= 9 && rest.compare(rest.size() - 9, 9, "fc.weight") == 0) {
+          s.parts = mixtral ? std::vector<Part>{{x + "w1.weight", He}, {x + "w3.weight", He}}
+                            : std::vector<Part>{{x + "gate_proj.weight", He},
+                                                {x + "up_proj.weight", He}};
+        } else {
+          s.parts = {{x + (mixtral ? "w2.weight" : "down_proj.weight"), C}};
+        }
       }
     }
     out.push_back(std::move(s));
@@ -201,11 +220,43 @@ std::string RopeScalingText(const model::RopeScaling& r) {
 
 }  // namespace
 
+namespace {
+
+// The Hugging Face architecture of a Llama-family config: its recipe's.
+const char* HfArchitecture(const model::ModelConfig& c) {
+  if (c.moe.on()) return c.qk_norm ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM";
+  return c.qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
+}
+
+// What the Hugging Face MoE families here hold: no ungated shared experts,
+// softmax scoring; Mixtral also renormalised gates and no dense layers.
+absl::Status CheckHfMoe(const model::ModelConfig& c) {
+  if (!c.moe.on()) return absl::OkStatus();
+  const model::MoeConfig& m = c.moe;
+  if (m.shared_experts > 0 || m.scoring != model::RouterScoring::kSoftmax) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.moe: shared_experts ", m.shared_experts, ", scoring ",
+        m.scoring == model::RouterScoring::kSigmoid ? "sigmoid" : "softmax",
+        ": the Hugging Face MoE families read and written here (Mixtral, Qwen3-MoE) have no "
+        "ungated shared experts and score by softmax"));
+  }
+  if (!c.qk_norm && (!m.norm_topk_prob || m.first_dense_layers > 0)) {
+    return absl::InvalidArgumentError(
+        "model.moe: Mixtral renormalises its top-k gates (norm_topk_prob true) and has no dense "
+        "layers (first_dense_layers 0)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 std::string HfLlamaConfigJson(const model::ModelConfig& c, DataType dtype) {
-  // q/k norms are Qwen3's block (the same otherwise).
+  // q/k norms are Qwen3's block (the same otherwise); MoE layers Mixtral's
+  // or Qwen3-MoE's.
+  const bool moe = c.moe.on();
   Json j = {
-      {"architectures", {c.qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
-      {"model_type", c.qk_norm ? "qwen3" : "llama"},
+      {"architectures", {HfArchitecture(c)}},
+      {"model_type", moe ? (c.qk_norm ? "qwen3_moe" : "mixtral") : c.qk_norm ? "qwen3" : "llama"},
       {"hidden_size", c.dim},
       {"intermediate_size", c.ffn_dim},
       {"num_hidden_layers", c.layers},
@@ -237,6 +288,22 @@ std::string HfLlamaConfigJson(const model::ModelConfig& c, DataType dtype) {
     j["bos_token_id"] = 128000;
     j["eos_token_id"] = 128001;
   }
+  if (moe && !c.qk_norm) {  // Mixtral: intermediate_size is the experts'
+    j["intermediate_size"] = c.moe.expert_ffn_dim;
+    j["num_local_experts"] = c.moe.experts;
+    j["num_experts_per_tok"] = c.moe.top_k;
+    j["output_router_logits"] = false;
+  } else if (moe) {  // Qwen3-MoE: the leading dense layers keep intermediate_size
+    std::vector<int> dense(c.moe.first_dense_layers);
+    for (int l = 0; l < c.moe.first_dense_layers; ++l) dense[l] = l;
+    j["num_experts"] = c.moe.experts;
+    j["num_experts_per_tok"] = c.moe.top_k;
+    j["moe_intermediate_size"] = c.moe.expert_ffn_dim;
+    j["norm_topk_prob"] = c.moe.norm_topk_prob;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = dense;
+    j["output_router_logits"] = false;
+  }
   return j.dump(2) + "\n";
 }
 
@@ -251,17 +318,26 @@ absl::Status CheckHfLlamaConfig(const std::string& text, const model::ModelConfi
       j["architectures"][0].is_string()) {
     arch = j["architectures"][0].get<std::string>();
   }
-  if (arch != "LlamaForCausalLM" && arch != "MistralForCausalLM" && arch != "Qwen3ForCausalLM") {
+  if (arch != "LlamaForCausalLM" && arch != "MistralForCausalLM" && arch != "Qwen3ForCausalLM" &&
+      arch != "MixtralForCausalLM" && arch != "Qwen3MoeForCausalLM") {
     return bad(absl::StrCat("architectures ", arch.empty() ? "missing" : arch,
-                            ": shardtrain reads LlamaForCausalLM, MistralForCausalLM and "
-                            "Qwen3ForCausalLM for model.arch: llama"));
+                            ": shardtrain reads LlamaForCausalLM, MistralForCausalLM, "
+                            "Qwen3ForCausalLM, MixtralForCausalLM and Qwen3MoeForCausalLM for "
+                            "model.arch: llama"));
   }
-  const bool qwen3 = arch == "Qwen3ForCausalLM";
+  const bool qwen3 = arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM";
   if (qwen3 != c.qk_norm) {
     return bad(absl::StrCat("architectures ", arch, " (", qwen3 ? "with" : "without",
                             " q/k norms), the spec's model.qk_norm ",
                             c.qk_norm ? "true" : "false"));
   }
+  const bool moe = arch == "MixtralForCausalLM" || arch == "Qwen3MoeForCausalLM";
+  if (moe != c.moe.on()) {
+    return bad(absl::StrCat("architectures ", arch, " (", moe ? "with" : "without",
+                            " MoE layers), the spec's model.moe ",
+                            c.moe.on() ? "has experts" : "none"));
+  }
+  if (absl::Status s = CheckHfMoe(c); !s.ok()) return s;
   if (j.contains("use_sliding_window") && j["use_sliding_window"].is_boolean() &&
       j["use_sliding_window"].get<bool>()) {
     return bad("use_sliding_window true: shardtrain attends over the whole context");
@@ -277,16 +353,56 @@ absl::Status CheckHfLlamaConfig(const std::string& text, const model::ModelConfi
     if (v != want) return bad(absl::StrCat(key, " ", v, ", the spec's ", ours, " ", want));
     return absl::OkStatus();
   };
-  for (auto [key, want, ours, fallback] :
-       {std::tuple<const char*, int, const char*, int>{"hidden_size", c.dim, "model.dim", -1},
-        {"num_hidden_layers", c.layers, "model.layers", -1},
-        {"num_attention_heads", c.heads, "model.heads", -1},
-        {"num_key_value_heads", c.kv_heads, "model.kv_heads", c.heads},
-        {"intermediate_size", c.ffn_dim, "model.ffn_dim", -1},
-        {"vocab_size", c.vocab, "model.vocab", -1},
-        {"head_dim", c.head_dim(), c.head_size > 0 ? "model.head_dim" : "model.dim / model.heads",
-         c.head_dim()}}) {
+  std::vector<std::tuple<const char*, int, const char*, int>> fields = {
+      {"hidden_size", c.dim, "model.dim", -1},
+      {"num_hidden_layers", c.layers, "model.layers", -1},
+      {"num_attention_heads", c.heads, "model.heads", -1},
+      {"num_key_value_heads", c.kv_heads, "model.kv_heads", c.heads},
+      {"vocab_size", c.vocab, "model.vocab", -1},
+      {"head_dim", c.head_dim(), c.head_size > 0 ? "model.head_dim" : "model.dim / model.heads",
+       c.head_dim()}};
+  const model::MoeConfig& m = c.moe;
+  if (arch == "MixtralForCausalLM") {  // its intermediate_size is the experts'
+    fields.insert(fields.end(),
+                  {{"intermediate_size", m.expert_ffn_dim, "model.moe.expert_ffn_dim", -1},
+                   {"num_local_experts", m.experts, "model.moe.experts", -1},
+                   {"num_experts_per_tok", m.top_k, "model.moe.top_k", -1}});
+  } else if (moe) {
+    fields.insert(fields.end(),
+                  {{"moe_intermediate_size", m.expert_ffn_dim, "model.moe.expert_ffn_dim", -1},
+                   {"num_experts", m.experts, "model.moe.experts", -1},
+                   {"num_experts_per_tok", m.top_k, "model.moe.top_k", -1},
+                   {"decoder_sparse_step", 1, "(every layer from the first MoE one: 1)", 1}});
+    if (m.first_dense_layers > 0) {
+      fields.push_back({"intermediate_size", c.ffn_dim, "model.ffn_dim", -1});
+    }
+  } else {
+    fields.push_back({"intermediate_size", c.ffn_dim, "model.ffn_dim", -1});
+  }
+  for (auto [key, want, ours, fallback] : fields) {
     if (absl::Status s = int_field(key, want, ours, fallback); !s.ok()) return s;
+  }
+  if (arch == "Qwen3MoeForCausalLM") {
+    const bool norm = j.contains("norm_topk_prob") && j["norm_topk_prob"].is_boolean() &&
+                      j["norm_topk_prob"].get<bool>();
+    if (norm != m.norm_topk_prob) {
+      return bad(absl::StrCat("norm_topk_prob ", norm ? "true" : "false",
+                              ", the spec's model.moe.norm_topk_prob ",
+                              m.norm_topk_prob ? "true" : "false"));
+    }
+    // mlp_only_layers: the leading dense layers (model.moe.first_dense_layers).
+    std::vector<int> dense;
+    if (j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array()) {
+      for (const Json& v : j["mlp_only_layers"]) dense.push_back(v.is_number_integer() ? v.get<int>() : -1);
+    }
+    std::vector<int> want(m.first_dense_layers);
+    for (int l = 0; l < m.first_dense_layers; ++l) want[l] = l;
+    if (dense != want) {
+      return bad(absl::StrCat("mlp_only_layers [", absl::StrJoin(dense, ", "),
+                              "]: the dense layers here are the first model.moe."
+                              "first_dense_layers (",
+                              m.first_dense_layers, ")"));
+    }
   }
   auto number = [&](const char* key, double fallback) {
     return j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
@@ -361,6 +477,7 @@ absl::Status ExportHfLlama(const model::ModelConfig& config, absl::Span<const fl
   if (config.arch != model::Arch::kLlama) {
     return absl::InvalidArgumentError("ExportHfLlama: not a Llama model");
   }
+  if (absl::Status s = CheckHfMoe(config); !s.ok()) return s;
   const model::ParamLayout whole(config);
   if (params.size() != whole.num_params()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -26,6 +26,14 @@ TEST(MoeConfigTest, MixtralHasItsPublishedTotalAndActiveParameters) {
   EXPECT_EQ(static_cast<int64_t>(ParamLayout(c).num_params()), ModelParams(c));
   std::printf("mixtral-8x7b: %.1fB total, %.1fB active\n", ModelParams(c) / 1e9,
               ActiveModelParams(c) / 1e9);
+  // Qwen3-30B-A3B: "30.5B in total and 3.3B activated" (its model card);
+  // 30,532,122,624 and 3,353,032,704 here, both embeddings counted.
+  const ModelConfig qwen = *ModelPreset("qwen3-30b-a3b");
+  EXPECT_EQ(ModelParams(qwen), 30532122624);
+  EXPECT_EQ(ActiveModelParams(qwen), 3353032704);
+  std::printf("qwen3-30b-a3b: %lld total, %lld active\n",
+              static_cast<long long>(ModelParams(qwen)),
+              static_cast<long long>(ActiveModelParams(qwen)));
   // Without MoE the active count is the total.
   const ModelConfig dense = *ModelPreset("llama3-1b");
   EXPECT_EQ(ActiveModelParams(dense), ModelParams(dense));

@@ -84,9 +84,23 @@ TEST(HfConfigTest, Llama32sConfigIsThePresetAtItsFullContext) {
 TEST(HfConfigTest, WhatIsNotComputedHereIsRefusedNamingTheField) {
   nlohmann::json j = nlohmann::json::parse(kLlama32);
   auto message = [&] { return std::string(ModelFieldsFromHfConfig(j.dump()).status().message()); };
-  j["architectures"] = {"Qwen3MoeForCausalLM"};
-  EXPECT_NE(message().find("config.json: architectures Qwen3MoeForCausalLM"), std::string::npos)
+  j["architectures"] = {"DeepseekV3ForCausalLM"};
+  EXPECT_NE(message().find("config.json: architectures DeepseekV3ForCausalLM"), std::string::npos)
       << message();
+  // A Qwen3-MoE config without its experts' fields names the missing one.
+  j["architectures"] = {"Qwen3MoeForCausalLM"};
+  EXPECT_NE(message().find("config.json: num_experts missing (it gives model.moe.experts)"),
+            std::string::npos)
+      << message();
+  j["num_experts"] = 8;
+  j["num_experts_per_tok"] = 2;
+  j["moe_intermediate_size"] = 64;
+  j["mlp_only_layers"] = {1};
+  EXPECT_NE(message().find("config.json: mlp_only_layers [1]: the dense layers must be the "
+                           "leading ones"),
+            std::string::npos)
+      << message();
+  j.erase("mlp_only_layers");
   j["architectures"] = {"LlamaForCausalLM"};
   j["head_dim"] = "128";
   EXPECT_NE(message().find("config.json: head_dim \"128\" is not a positive integer"),

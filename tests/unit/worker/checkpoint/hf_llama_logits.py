@@ -10,7 +10,10 @@ rope_factor rope_low rope_high rope_original (Llama 3.1/3.2's rope_scaling of
 type llama3, computed as transformers' _compute_llama3_parameters), head_dim
 (a head size other than dim / heads) and qk_norm 1 (Qwen3: an RMSNorm over
 each head of q and k before rotary; the checkpoint is then a
-Qwen3ForCausalLM's). Writes into
+Qwen3ForCausalLM's), and experts top_k expert_ffn norm_topk first_dense for
+MoE layers (a MixtralForCausalLM's block_sparse_moe without q/k norms, a
+Qwen3MoeForCausalLM's mlp with them: the router's softmax, the top_k
+experts, their gates renormalised when norm_topk). Writes into
 DIR, as a Hugging Face LlamaForCausalLM checkpoint would hold them:
   config.json, model.safetensors (BF16 weights: the reader's widening is
   exercised), tokens.bin (int32, batch*seq_len), logits.bin (float32,
@@ -53,7 +56,7 @@ def forward(W, cfg, idx):
     C, eps, theta = cfg["hidden_size"], cfg["rms_norm_eps"], cfg["rope_theta"]
     B, T = idx.shape
     hs = cfg.get("head_dim") or C // NH
-    qk_norm = cfg["model_type"] == "qwen3"
+    qk_norm = cfg["model_type"] in ("qwen3", "qwen3_moe")
     inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.int64).float() / hs))
     if cfg.get("rope_scaling"):
         inv_freq = llama3_inv_freq(inv_freq, cfg["rope_scaling"])
@@ -85,12 +88,49 @@ def forward(W, cfg, idx):
         y = (att @ v).transpose(1, 2).reshape(B, T, NH * hs)
         x = x + F.linear(y, W[p + "self_attn.o_proj.weight"])
         h = norm(x, W[p + "post_attention_layernorm.weight"])
+        if moe_layer(cfg, l):
+            x = x + moe_mlp(W, cfg, p, h)
+            continue
         g = F.linear(h, W[p + "mlp.gate_proj.weight"])
         u = F.linear(h, W[p + "mlp.up_proj.weight"])
         x = x + F.linear(F.silu(g) * u, W[p + "mlp.down_proj.weight"])
     x = norm(x, W["model.norm.weight"])
     head = W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
     return x @ head.t()
+
+
+def moe_layer(cfg, l):
+    if cfg["model_type"] == "mixtral":
+        return True
+    return cfg["model_type"] == "qwen3_moe" and l not in cfg["mlp_only_layers"]
+
+
+def moe_mlp(W, cfg, p, h):
+    """MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock: softmax over the
+    router's logits in fp32, the top k, renormalised (Mixtral always), each
+    expert's SwiGLU on its tokens, weighted."""
+    mixtral = cfg["model_type"] == "mixtral"
+    E = cfg["num_local_experts"] if mixtral else cfg["num_experts"]
+    K = cfg["num_experts_per_tok"]
+    pre = p + ("block_sparse_moe." if mixtral else "mlp.")
+    B, T, C = h.shape
+    x = h.reshape(-1, C)
+    weights = F.linear(x, W[pre + "gate.weight"]).float().softmax(dim=-1)
+    top, chosen = torch.topk(weights, K, dim=-1)
+    if mixtral or cfg["norm_topk_prob"]:
+        top = top / top.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(x)
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    for e in range(E):
+        tok, slot = torch.where(chosen == e)
+        if tok.numel() == 0:
+            continue
+        q = pre + f"experts.{e}."
+        g = F.linear(x[tok], W[q + names[0] + ".weight"])
+        u = F.linear(x[tok], W[q + names[1] + ".weight"])
+        y = F.linear(F.silu(g) * u, W[q + names[2] + ".weight"])
+        out = out.index_add(0, tok, y * top[tok, slot, None])
+    return out.view(B, T, C)
 
 
 def write_safetensors(path, tensors):
@@ -132,6 +172,19 @@ def main():
     if qwen3:
         cfg.update({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": hs,
                     "use_sliding_window": False})
+    E = int(s.get("experts", 0))
+    mixtral, qwen3_moe = E > 0 and not qwen3, E > 0 and qwen3
+    if E > 0:
+        K, He, dense = int(s["top_k"]), int(s["expert_ffn"]), int(s["first_dense"])
+        if mixtral:
+            cfg.update({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                        "intermediate_size": He, "num_local_experts": E, "num_experts_per_tok": K,
+                        "output_router_logits": False})
+        else:
+            cfg.update({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                        "num_experts": E, "num_experts_per_tok": K, "moe_intermediate_size": He,
+                        "norm_topk_prob": s["norm_topk"] == "1", "decoder_sparse_step": 1,
+                        "mlp_only_layers": list(range(dense)), "output_router_logits": False})
     if "rope_factor" in s:
         cfg["rope_scaling"] = {"rope_type": "llama3", "factor": float(s["rope_factor"]),
                                "low_freq_factor": float(s["rope_low"]),
@@ -144,9 +197,18 @@ def main():
         p = f"model.layers.{l}."
         shapes.update({p + "input_layernorm.weight": (C,), p + "post_attention_layernorm.weight": (C,),
                        p + "self_attn.q_proj.weight": (Q, C), p + "self_attn.k_proj.weight": (KV, C),
-                       p + "self_attn.v_proj.weight": (KV, C), p + "self_attn.o_proj.weight": (C, Q),
-                       p + "mlp.gate_proj.weight": (FF, C), p + "mlp.up_proj.weight": (FF, C),
-                       p + "mlp.down_proj.weight": (C, FF)})
+                       p + "self_attn.v_proj.weight": (KV, C), p + "self_attn.o_proj.weight": (C, Q)})
+        if E > 0 and moe_layer(cfg, l):
+            pre = p + ("block_sparse_moe." if mixtral else "mlp.")
+            names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+            shapes[pre + "gate.weight"] = (E, C)
+            for e in range(E):
+                q = pre + f"experts.{e}."
+                shapes.update({q + names[0] + ".weight": (He, C), q + names[1] + ".weight": (He, C),
+                               q + names[2] + ".weight": (C, He)})
+        else:
+            shapes.update({p + "mlp.gate_proj.weight": (FF, C), p + "mlp.up_proj.weight": (FF, C),
+                           p + "mlp.down_proj.weight": (C, FF)})
         if qwen3:
             shapes.update({p + "self_attn.q_norm.weight": (hs,), p + "self_attn.k_norm.weight": (hs,)})
     if not tie:
@@ -163,7 +225,11 @@ def main():
     reference = "this script's modeling_llama-style forward"
     try:
         import transformers  # noqa: F401 (the GPU machines have it)
-        if qwen3:
+        if mixtral:
+            from transformers import MixtralConfig as Config, MixtralForCausalLM as Model
+        elif qwen3_moe:
+            from transformers import Qwen3MoeConfig as Config, Qwen3MoeForCausalLM as Model
+        elif qwen3:
             from transformers import Qwen3Config as Config, Qwen3ForCausalLM as Model
         else:
             from transformers import LlamaConfig as Config, LlamaForCausalLM as Model

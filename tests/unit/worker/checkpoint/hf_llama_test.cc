@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model/param_layout.h"
 #include "common/process.h"
+#include "worker/checkpoint/hf_config.h"
 #include "worker/checkpoint/model_weights.h"
 #include "worker/checkpoint/safetensors.h"
 #include "worker/engine/cpu/cpu_model.h"
@@ -248,6 +249,11 @@ TorchLogits RunTorchCheckpoint(const model::ModelConfig& c, const std::string& d
       << "\nbatch " << B << "\nseq_len " << T << "\n";
     if (c.head_size > 0) s << "head_dim " << c.head_size << "\n";
     if (c.qk_norm) s << "qk_norm 1\n";
+    if (const model::MoeConfig& m = c.moe; m.on()) {
+      s << "experts " << m.experts << "\ntop_k " << m.top_k << "\nexpert_ffn "
+        << m.expert_ffn_dim << "\nnorm_topk " << (m.norm_topk_prob ? 1 : 0) << "\nfirst_dense "
+        << m.first_dense_layers << "\n";
+    }
     if (const model::RopeScaling& r = c.rope_scaling; r.on()) {
       s << "rope_factor " << r.factor << "\nrope_low " << r.low_freq_factor << "\nrope_high "
         << r.high_freq_factor << "\nrope_original " << r.original_context << "\n";
@@ -393,6 +399,57 @@ TEST_F(HfLlamaTest, AQwen3CheckpointGivesItsLogitsAndExportsBack) {
       "%.3g, relative %.3g (largest logit %.3g), reference: %s\n",
       r.max_abs, r.max_abs / r.scale, r.scale, r.reference.c_str());
   EXPECT_LT(r.max_abs, 1e-5 * std::max(1.0, r.scale));
+}
+
+// Mixtral- and Qwen3-MoE-shaped checkpoints (MixtralForCausalLM's
+// block_sparse_moe; Qwen3MoeForCausalLM's mlp with q/k norms, a dense first
+// layer and gates not renormalised) written by PyTorch give the engine
+// their logits; our export of each reads back bit for bit, its config.json
+// gives the spec's model.moe back, and a spec without MoE is refused.
+TEST_F(HfLlamaTest, MixtralAndQwen3MoeCheckpointsGiveTheirLogitsAndExportBack) {
+  model::LlamaShape mixtral{2, 4, 2, 32, 48, 16, 100, 1e6, 1e-5, false};
+  mixtral.moe = {/*experts=*/4, /*top_k=*/2, /*expert_ffn_dim=*/24};
+  model::LlamaShape qwen{3, 4, 2, 32, 48, 16, 100, 1e6, 1e-6, true, {}, 16, true};
+  qwen.moe = {6, 3, 16, 0, model::RouterScoring::kSoftmax, /*norm_topk_prob=*/false,
+              /*first_dense_layers=*/1};
+  for (const model::LlamaShape& shape : {mixtral, qwen}) {
+    const model::ModelConfig c = *model::MakeLlamaConfig(shape);
+    const char* name = c.qk_norm ? "qwen3-moe" : "mixtral";
+    SCOPED_TRACE(name);
+    const std::vector<float> p = RandomParams(c);
+    const std::string out = Dir(std::string(name) + "_export");
+    ASSERT_TRUE(ExportHfLlama(c, p, out, {}).ok());
+    absl::StatusOr<std::vector<float>> back = LoadModelWeights(out, c);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, p);
+    std::string text;
+    ASSERT_TRUE(ReadFile(out + "/config.json", &text).ok());
+    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> fields =
+        ModelFieldsFromHfConfig(text);
+    ASSERT_TRUE(fields.ok()) << fields.status();
+    std::string moe;
+    for (const auto& [k, v] : *fields) {
+      if (k == "moe") moe = v;
+    }
+    EXPECT_EQ(moe, c.qk_norm ? "{experts: 6, top_k: 3, expert_ffn_dim: 16, norm_topk_prob: false, "
+                               "first_dense_layers: 1}"
+                             : "{experts: 4, top_k: 2, expert_ffn_dim: 24, norm_topk_prob: true, "
+                               "first_dense_layers: 0}");
+    model::LlamaShape dense = shape;
+    dense.moe = {};
+    absl::StatusOr<std::vector<float>> refused = LoadModelWeights(out, *model::MakeLlamaConfig(dense));
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("MoE layers), the spec's model.moe none"),
+              std::string::npos)
+        << refused.status();
+    if (!HaveTorch() || !fs::exists(LogitsScript())) continue;
+    const TorchLogits r = RunTorchCheckpoint(c, Dir(name), 2, 12);
+    std::printf(
+        "[hf-llama] %s: logits of 24 tokens, max abs diff %.3g, relative %.3g (largest logit "
+        "%.3g), reference: %s\n",
+        name, r.max_abs, r.max_abs / r.scale, r.scale, r.reference.c_str());
+    EXPECT_LT(r.max_abs, 1e-5 * std::max(1.0, r.scale));
+  }
 }
 
 }  // namespace
