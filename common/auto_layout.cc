@@ -90,6 +90,7 @@ absl::StatusOr<LayoutCandidate> PlanLayout(const JobSpec& spec, JobSpec alt,
   LayoutCandidate c;
   c.dp = alt.parallel.dp;
   c.cp = alt.parallel.cp;
+  c.ep = alt.parallel.ep;
   c.tp = alt.parallel.tp;
   c.pp = alt.parallel.pp;
   c.zero = alt.parallel.zero;
@@ -113,6 +114,7 @@ absl::StatusOr<LayoutCandidate> PlanLayout(const JobSpec& spec, JobSpec alt,
   c.pp_s = double(plan->pp_comm_bytes_per_step()) / cost.link_bandwidth;
   c.dp_s = double(plan->dp_comm_bytes_per_step()) / cost.link_bandwidth;
   c.cp_s = double(plan->cp_comm_bytes_per_step()) / cost.link_bandwidth;
+  c.ep_s = double(plan->ep_comm_bytes_per_step()) / cost.link_bandwidth;
   return c;
 }
 
@@ -125,6 +127,7 @@ std::vector<std::string> LayoutCandidate::Overrides(const JobSpec& spec) const {
       "parallel.schedule=1f1b",
   };
   if (cp != spec.parallel.cp) out.push_back(absl::StrCat("parallel.cp=", cp));
+  if (ep != spec.parallel.ep) out.push_back(absl::StrCat("parallel.ep=", ep));
   if (!spec.parallel.stages.empty()) out.push_back("parallel.stages=[]");
   if (spec.parallel.pp_virtual != 1) out.push_back("parallel.pp_virtual=1");
   if (micro_adjusted) out.push_back(absl::StrCat("batch.micro=", micro));
@@ -161,21 +164,27 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
       for (int pp = 1; pp <= rest / tp; ++pp) {
         if ((rest / tp) % pp != 0) continue;
         const int dp = rest / (tp * pp);
-        const ParallelDims dims = *ParallelDims::Create(ParallelDims::Factors{dp, cp, tp, pp});
-        if (!dims.CheckModelFits(*config).ok()) continue;
         const int micro = MicroFor(spec.batch.global, spec.batch.micro, dp);
+        // MoE models: every ep dividing dp · cp and the experts (ZeRO 0).
+        for (int ep = 1; ep <= dp * cp; ++ep) {
+        if ((dp * cp) % ep != 0 || (ep > 1 && !config->moe.on())) continue;
+        const ParallelDims dims = *ParallelDims::Create(ParallelDims::Factors{dp, cp, tp, pp, ep});
+        if (!dims.CheckModelFits(*config).ok()) continue;
         if (micro == 0) {
-          skipped.push_back(
-              absl::StrCat("dp ", dp, " does not divide batch.global ", spec.batch.global));
+          if (ep == 1) {
+            skipped.push_back(
+                absl::StrCat("dp ", dp, " does not divide batch.global ", spec.batch.global));
+          }
           continue;
         }
-        for (int zero = 0; zero <= 3; ++zero) {
+        for (int zero = 0; zero <= (ep > 1 ? 0 : 3); ++zero) {
           if (!dims.CheckZero(zero).ok()) continue;
           JobSpec alt = spec;
           alt.parallel.dp = dp;
           alt.parallel.cp = cp;
           alt.parallel.tp = tp;
           alt.parallel.pp = pp;
+          alt.parallel.ep = ep;
           alt.parallel.zero = zero;
           alt.parallel.schedule = PipelineSchedule::k1F1B;
           alt.parallel.pp_virtual = 1;  // plain 1F1B candidates (no model chunks)
@@ -192,6 +201,7 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
           (c->peak_memory <= options.memory_per_rank ? result.fitting : result.too_big)
               .push_back(*c);
         }
+        }
       }
     }
   }
@@ -205,7 +215,7 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
                         : absl::StrCat(": ", absl::StrJoin(skipped, "; "))));
   }
   auto key = [](const LayoutCandidate& c) {
-    return std::make_tuple(c.step_s(), c.peak_memory, c.cp, c.pp, c.tp, c.zero);
+    return std::make_tuple(c.step_s(), c.peak_memory, c.cp, c.pp, c.tp, c.zero, c.ep);
   };
   std::sort(result.fitting.begin(), result.fitting.end(),
             [&](const LayoutCandidate& a, const LayoutCandidate& b) { return key(a) < key(b); });
@@ -229,25 +239,31 @@ std::string RecomputeName(const LayoutCandidate& c) {
   return c.memory_without > 0 ? name + "+" : name;
 }
 
-// The ranked rows; CP and CP ms columns where some candidate has cp > 1.
+// The ranked rows; CP and CP ms columns where some candidate has cp > 1, EP
+// and EP ms where some has ep > 1.
 std::string Rows(const std::vector<LayoutCandidate>& cs, int top) {
   const int rows = std::min<int>(top, cs.size());
-  bool cp = false;
-  for (int i = 0; i < rows; ++i) cp = cp || cs[i].cp > 1;
-  std::string out = absl::StrCat("  #  DP", cp ? "  CP" : "",
+  bool cp = false, ep = false;
+  for (int i = 0; i < rows; ++i) {
+    cp = cp || cs[i].cp > 1;
+    ep = ep || cs[i].ep > 1;
+  }
+  std::string out = absl::StrCat("  #  DP", cp ? "  CP" : "", ep ? "  EP" : "",
                                  "  TP  PP  ZERO  MICRO    M  BUBBLE  RECOMPUTE     PEAK MEM  "
                                  "COMPUTE ms  TP ms  PP ms  DP ms",
-                                 cp ? "  CP ms" : "", "  STEP ms\n");
+                                 cp ? "  CP ms" : "", ep ? "  EP ms" : "", "  STEP ms\n");
   for (int i = 0; i < rows; ++i) {
     const LayoutCandidate& c = cs[i];
     absl::StrAppendFormat(&out, "%3d  %2d", i + 1, c.dp);
     if (cp) absl::StrAppendFormat(&out, "  %2d", c.cp);
+    if (ep) absl::StrAppendFormat(&out, "  %2d", c.ep);
     absl::StrAppendFormat(&out,
                           "  %2d  %2d  %4d  %5s  %3d  %5.1f%%  %-10s  %10s  %10s  %5s  %5s  %5s",
                           c.tp, c.pp, c.zero, absl::StrCat(c.micro, c.micro_adjusted ? "*" : ""),
                           c.accum, 100 * c.bubble, RecomputeName(c), FormatPlanBytes(c.peak_memory),
                           Ms(c.compute_s), Ms(c.tp_s), Ms(c.pp_s), Ms(c.dp_s));
     if (cp) absl::StrAppendFormat(&out, "  %5s", Ms(c.cp_s));
+    if (ep) absl::StrAppendFormat(&out, "  %5s", Ms(c.ep_s));
     absl::StrAppendFormat(&out, "  %7s\n", Ms(c.step_s()));
   }
   return out;
@@ -319,8 +335,9 @@ std::string AutoLayoutText(const JobSpec& spec, const AutoLayoutOptions& options
   }
   const LayoutCandidate& best = result.fitting.front();
   absl::StrAppendFormat(
-      &out, "\nchosen: dp %d%s · tp %d · pp %d, ZeRO-%d (predicted %s ms/step, %s per rank)\n",
-      best.dp, best.cp > 1 ? absl::StrCat(" · cp ", best.cp) : "", best.tp, best.pp, best.zero,
+      &out, "\nchosen: dp %d%s · tp %d · pp %d%s, ZeRO-%d (predicted %s ms/step, %s per rank)\n",
+      best.dp, best.cp > 1 ? absl::StrCat(" · cp ", best.cp) : "", best.tp, best.pp,
+      best.ep > 1 ? absl::StrCat(", ep ", best.ep) : "", best.zero,
       Ms(best.step_s()), FormatPlanBytes(best.peak_memory));
   if (best.memory_without > 0) {
     absl::StrAppendFormat(&out,

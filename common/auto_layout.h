@@ -69,6 +69,7 @@ struct AutoLayoutOptions {
 // One planned layout and its predicted cost.
 struct LayoutCandidate {
   int dp = 1, cp = 1, tp = 1, pp = 1, zero = 0;
+  int ep = 1;                   // parallel.ep (MoE models: experts over ep ranks of dp × cp)
   int micro = 0;                // batch.micro used
   bool micro_adjusted = false;  // micro differs from the spec's
   int accum = 0;                // m: micro-batches per step per replica
@@ -80,11 +81,13 @@ struct LayoutCandidate {
   int recompute_layers = -1;
   double recompute_share = 0;
   int64_t memory_without = 0;  // 0: the spec's own mode was kept
-  // cp_s: the context-parallel ring's bytes over the link.
-  double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0, cp_s = 0;
-  double step_s() const { return compute_s + tp_s + pp_s + dp_s + cp_s; }
+  // cp_s: the context-parallel ring's bytes over the link; ep_s: the MoE
+  // layers' all-to-all bytes over it.
+  double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0, cp_s = 0, ep_s = 0;
+  double step_s() const { return compute_s + tp_s + pp_s + dp_s + cp_s + ep_s; }
   // The layout as `--set` overrides of the spec: parallel.dp, tp, pp, zero,
-  // schedule=1f1b, parallel.cp when it differs from the spec's, parallel.stages=[] when the spec
+  // schedule=1f1b, parallel.cp and parallel.ep when they differ from the spec's,
+  // parallel.stages=[] when the spec
   // named stages, batch.micro when adjusted, model.recompute (and recompute_layers) when
   // recomputation was turned on.
   std::vector<std::string> Overrides(const JobSpec& spec) const;

@@ -69,6 +69,35 @@ TEST(AutoLayoutTest, Gpt2On8RanksPlansEveryAllowedLayout) {
   }
 }
 
+// An MoE model's search adds expert parallelism: every ep dividing dp · cp
+// and the experts, with ZeRO 0, each planned as its overrides plan it (the
+// all-to-all bytes counted over the link); the compute counts the
+// parameters a token uses.
+TEST(AutoLayoutTest, MoeModelsSearchExpertParallelism) {
+  const std::string yaml = ReadFile(kSourceDir + "/examples/moe-fortunes.yaml");
+  const JobSpec spec = *ParseJobSpec(yaml);
+  AutoLayoutOptions opt;
+  opt.ranks = 4;
+  opt.memory_per_rank = 80 * kGiB;
+  const AutoLayoutResult r = *AutoLayout(spec, opt);
+  std::set<int> eps;
+  for (const LayoutCandidate& c : r.fitting) {
+    eps.insert(c.ep);
+    EXPECT_EQ((c.dp * c.cp) % c.ep, 0);
+    if (c.ep > 1) EXPECT_EQ(c.zero, 0);
+    absl::StatusOr<JobSpec> alt = ParseJobSpec(yaml, c.Overrides(spec));
+    ASSERT_TRUE(alt.ok()) << alt.status();
+    EXPECT_EQ(alt->parallel.ep, c.ep);
+    const v1::Plan p = *MakePlan(*alt, 4);
+    EXPECT_EQ(p.memory_per_rank().total_bytes(), c.peak_memory);
+    EXPECT_NEAR(c.ep_s, p.ep_comm_bytes_per_step() / 25e9, 1e-12);
+    EXPECT_EQ(c.ep > 1, p.ep_comm_bytes_per_step() > 0);
+  }
+  EXPECT_EQ(eps, (std::set<int>{1, 2, 4}));  // dp 4: ep 1, 2, 4 (4 experts)
+  EXPECT_EQ(r.num_params, model::ActiveModelParams(*spec.model.Config()));
+  EXPECT_NE(AutoLayoutText(spec, opt, r, /*top=*/100).find("  EP"), std::string::npos);
+}
+
 // A layout over the budget is planned again with more recomputation,
 // cheapest first, and kept with the first that fits: the step below it on
 // the ladder (none → selective → full K=1, 2, ... → full) does not fit.
