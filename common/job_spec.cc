@@ -352,6 +352,14 @@ absl::Status ParseAll(const Node& root, JobSpec* spec) {
   SHARDTRAIN_RETURN_IF_ERROR(
       ReadInt(timeouts, "timeouts", "collective_s", 1, &spec->timeouts.collective_s));
   SHARDTRAIN_RETURN_IF_ERROR(ParseRouter(root, &spec->router));
+  if (spec->router.bias_update_rate > 0 &&
+      (!spec->model.moe.router_bias || spec->parallel.zero > 2)) {
+    return FieldError("router.bias_update_rate",
+                      "aux-loss-free balancing updates model.moe.router_bias's bias between "
+                      "steps: it needs model.moe.router_bias true (it is ",
+                      spec->model.moe.router_bias ? "true" : "false",
+                      ") and parallel.zero <= 2 (it is ", spec->parallel.zero, ")");
+  }
   SHARDTRAIN_ASSIGN_OR_RETURN(Node model, Section(root, "model"));
   if (AttentionIsAuto(model)) spec->model.attention = AutoAttention(*spec);
   return CheckAttention(*spec);

@@ -79,7 +79,8 @@ inline const si::EnumTable<model::RouterScoring> kScorings = {
     {"softmax", model::RouterScoring::kSoftmax}, {"sigmoid", model::RouterScoring::kSigmoid}};
 
 // model.moe: `none` (off), or a map {experts, top_k, expert_ffn_dim,
-// shared_experts, scoring, norm_topk_prob, first_dense_layers}; experts and
+// shared_experts, scoring, norm_topk_prob, first_dense_layers,
+// router_bias}; experts and
 // top_k required, expert_ffn_dim defaulting to the dense MLP's width
 // (ffn_dim). Replaces a preset's whole. Cross-field checks are
 // ValidateModelConfig's (model.moe.top_k naming model.moe.experts).
@@ -99,7 +100,8 @@ absl::Status ReadMoe(const Node& model, int ffn_dim, model::MoeConfig* out) {
   }
   SHARDTRAIN_RETURN_IF_ERROR(CheckMap(n, path,
                                       {"experts", "top_k", "expert_ffn_dim", "shared_experts",
-                                       "scoring", "norm_topk_prob", "first_dense_layers"}));
+                                       "scoring", "norm_topk_prob", "first_dense_layers",
+                                       "router_bias"}));
   for (const char* key : {"experts", "top_k"}) SHARDTRAIN_RETURN_IF_ERROR(Require(n, path, key));
   model::MoeConfig m;
   m.expert_ffn_dim = ffn_dim;
@@ -110,6 +112,7 @@ absl::Status ReadMoe(const Node& model, int ffn_dim, model::MoeConfig* out) {
   SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, path, "scoring", kScorings, &m.scoring));
   SHARDTRAIN_RETURN_IF_ERROR(ReadBool(n, path, "norm_topk_prob", &m.norm_topk_prob));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, path, "first_dense_layers", 0, &m.first_dense_layers));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadBool(n, path, "router_bias", &m.router_bias));
   *out = m;
   return absl::OkStatus();
 }
@@ -126,11 +129,6 @@ absl::Status ParseRouter(const Node& root, RouterSpec* r) {
       ReadDouble(n, "router", "bias_update_rate", 0.0, /*exclusive=*/false, &r->bias_update_rate));
   SHARDTRAIN_RETURN_IF_ERROR(
       ReadDouble(n, "router", "capacity_factor", 0.0, /*exclusive=*/false, &r->capacity_factor));
-  if (r->bias_update_rate > 0) {
-    return FieldError("router.bias_update_rate",
-                      "aux-loss-free balancing is not implemented yet (set 0 and balance with "
-                      "router.aux_loss_coef)");
-  }
   return absl::OkStatus();
 }
 

@@ -85,8 +85,8 @@ absl::Status ApplyOverride(Node& root, const std::string& override_text);
 // expanded, the family's fields checked), validated as ModelSpec::Config()
 // validates it. model.attention's auto is left for the caller
 // (AttentionIsAuto): it depends on the rest of the spec.
-// The router section (RouterSpec): its ranges; bias_update_rate > 0 is
-// refused (not implemented yet).
+// The router section (RouterSpec): its ranges (JobSpec-wide checks of
+// bias_update_rate against model.moe.router_bias in ParseJobSpec).
 absl::Status ParseRouter(const Node& root, RouterSpec* r);
 absl::Status ParseModel(const Node& root, ModelSpec* m);
 // model.attention absent or "auto": the job gets flash where its kernels

@@ -153,6 +153,7 @@ std::string JobSpecToYaml(const JobSpec& s) {
         << std::string(moe.scoring == model::RouterScoring::kSigmoid ? "sigmoid" : "softmax");
     out << YAML::Key << "norm_topk_prob" << YAML::Value << boolean(moe.norm_topk_prob);
     out << YAML::Key << "first_dense_layers" << YAML::Value << moe.first_dense_layers;
+    out << YAML::Key << "router_bias" << YAML::Value << boolean(moe.router_bias);
     out << YAML::EndMap;
   } else {
     out << YAML::Value << "none";

@@ -10,10 +10,6 @@
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/model_weights.h"
 #include "worker/data/tokens.h"
-#include "worker/engine/cpu/cpu_model.h"
-#if SHARDTRAIN_HAVE_CUDA
-#include "worker/engine/cuda/cuda_model.h"
-#endif
 #include "common/pipeline_schedule.h"
 #include "worker/optim/lr_schedule.h"
 
@@ -50,23 +46,6 @@ absl::Status CheckSupported(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
-// The engine of the spec's device on this rank's slice.
-absl::StatusOr<std::unique_ptr<engine::Engine>> MakeEngine(
-    const JobSpec& spec, const model::ModelConfig& config, int threads, int gpu,
-    const engine::ModelEngineOptions& options) {
-  if (spec.resources.device == DeviceKind::kCuda) {
-#if SHARDTRAIN_HAVE_CUDA
-    auto e = engine::cuda::CudaModel::Create(config, spec.batch.micro, spec.LocalSeqLen(), gpu,
-                                             spec.Compute(), threads, options);
-    if (!e.ok()) return e.status();
-    return std::unique_ptr<engine::Engine>(*std::move(e));
-#endif
-  }
-  auto e =
-      engine::cpu::CpuModel::Create(config, spec.batch.micro, spec.LocalSeqLen(), threads, options);
-  if (!e.ok()) return e.status();
-  return std::unique_ptr<engine::Engine>(*std::move(e));
-}
 
 optim::AdamWOptions AdamWOptionsOf(const OptimizerSpec& o) {
   optim::AdamWOptions a;
@@ -199,6 +178,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
       },
       *std::move(tokens), std::move(val_tokens));
   if (!t.ok()) return t.status();
+  (*t)->replica_comm_ = dp_comm;
   if (mesh != nullptr) {
     if (absl::Status s =
             (*t)->AttachModelParallel(std::move(mesh), std::move(tp), std::move(cp), std::move(ep),
@@ -347,7 +327,8 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   r.step = step;
   engine_->TakeMoeStats();  // the last evaluation's forwards are not this step's
   if (absl::Status s = RunMicroBatches(step, &r); !s.ok()) return s;
-  MoeFigures(engine_->TakeMoeStats(), &r);
+  const engine::MoeStats moe = engine_->TakeMoeStats();
+  MoeFigures(moe, &r);
   if (tp_group_ != nullptr) {
     if (absl::Status s = tp_group_->Finish(); !s.ok()) return s;
     r.tp_bytes = tp_group_->TakeBytes();
@@ -375,6 +356,7 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
     r.loss_scale = loss_scale;
     scaler_->Update(stats->skipped);
   }
+  if (absl::Status s = UpdateRouterBiases(moe); !s.ok()) return s;
   r.grad_norm = stats->grad_norm;
   r.comm_ms += stats->comm_ms;
   r.allreduce_ms = stats->collective_ms;
@@ -391,20 +373,6 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   return r;
 }
 
-void MoeFigures(const engine::MoeStats& st, StepResult* r) {
-  if (st.forwards == 0) return;
-  r->moe_aux_loss = st.aux_loss / st.forwards;
-  r->moe_z_loss = st.z_loss / st.forwards;
-  r->moe_dropped = st.pairs > 0 ? double(st.dropped) / double(st.pairs) : 0;
-  for (const std::vector<int64_t>& load : st.load) {
-    int64_t sum = 0, most = 0;
-    for (int64_t n : load) {
-      sum += n;
-      most = std::max(most, n);
-    }
-    if (sum > 0) r->moe_max_load = std::max(r->moe_max_load, double(most) * load.size() / sum);
-  }
-}
 
 absl::StatusOr<double> Trainer::Evaluate() {
   if (eval_sampler_ == nullptr) {

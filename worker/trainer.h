@@ -45,6 +45,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/data/sampler.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/model_engine.h"
 #include "worker/optim/loss_scaler.h"
 #include "worker/parallel/context_parallel_group.h"
 #include "worker/parallel/data_parallel.h"
@@ -85,6 +86,11 @@ struct StepResult {
   // MoE layers): v1::StepReport's moe_* fields say what each is.
   double moe_aux_loss = 0, moe_z_loss = 0, moe_max_load = 0, moe_dropped = 0;
 };
+
+// The engine of the spec's device on this rank's slice (trainer_mesh.cc).
+absl::StatusOr<std::unique_ptr<engine::Engine>> MakeEngine(
+    const JobSpec& spec, const model::ModelConfig& config, int threads, int gpu,
+    const engine::ModelEngineOptions& options);
 
 // The schedule a stage runs: the spec's when pp > 1; one stage has no bubble
 // and runs each micro-batch's forward and backward in turn (1F1B's order).
@@ -206,6 +212,10 @@ class Trainer {
   // the engine's memory when the group is a device's.
   absl::StatusOr<double> SumOverModelGroup(comm::Communicator* group, double local);
   // Installs the tensor/context/pipeline parts on a composed trainer.
+  // DeepSeek-V3's aux-loss-free balancing (router.bias_update_rate > 0;
+  // trainer_moe.cc): each MoE layer's choice bias moved by the sign of its
+  // experts' load error over the step's tokens of every replica, centred.
+  absl::Status UpdateRouterBiases(const engine::MoeStats& stats);
   // (trainer_mesh.cc)
   absl::Status AttachModelParallel(std::unique_ptr<parallel::Mesh> mesh,
                                    std::unique_ptr<parallel::TensorParallelGroup> tp,
@@ -241,6 +251,8 @@ class Trainer {
   std::unique_ptr<parallel::TensorParallelGroup> tp_group_;
   std::unique_ptr<parallel::ContextParallelGroup> cp_group_;
   std::unique_ptr<parallel::ExpertParallelGroup> ep_group_;
+  // The replica group (dp × cp; null for one rank): the router biases' loads.
+  comm::Communicator* replica_comm_ = nullptr;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<parallel::DataParallel> strategy_;  // after engine_: destroyed first
   // SumOverModelGroup's scratch in the engine's memory (device groups).

@@ -1,11 +1,33 @@
-// Trainer's mesh (trainer.h): the tensor, context, expert and pipeline
-// groups installed on a composed trainer, and the sums over them.
+// Trainer's engine and mesh (trainer.h): the engine of a rank's slice, the
+// tensor, context, expert and pipeline groups installed on a composed
+// trainer, and the sums over them.
 #include <utility>
 
+#include "worker/engine/cpu/cpu_model.h"
+#if SHARDTRAIN_HAVE_CUDA
+#include "worker/engine/cuda/cuda_model.h"
+#endif
 #include "worker/parallel/data_parallel.h"
 #include "worker/trainer.h"
 
 namespace shardtrain::worker {
+
+absl::StatusOr<std::unique_ptr<engine::Engine>> MakeEngine(
+    const JobSpec& spec, const model::ModelConfig& config, int threads, int gpu,
+    const engine::ModelEngineOptions& options) {
+  if (spec.resources.device == DeviceKind::kCuda) {
+#if SHARDTRAIN_HAVE_CUDA
+    auto e = engine::cuda::CudaModel::Create(config, spec.batch.micro, spec.LocalSeqLen(), gpu,
+                                             spec.Compute(), threads, options);
+    if (!e.ok()) return e.status();
+    return std::unique_ptr<engine::Engine>(*std::move(e));
+#endif
+  }
+  auto e =
+      engine::cpu::CpuModel::Create(config, spec.batch.micro, spec.LocalSeqLen(), threads, options);
+  if (!e.ok()) return e.status();
+  return std::unique_ptr<engine::Engine>(*std::move(e));
+}
 
 PipelineSchedule ScheduleOf(const JobSpec& spec) {
   return spec.parallel.pp > 1 ? spec.parallel.schedule : PipelineSchedule::k1F1B;

@@ -125,7 +125,8 @@ absl::Status ValidateMoe(const MoeConfig& m, int layers) {
 bool operator==(const MoeConfig& a, const MoeConfig& b) {
   return a.experts == b.experts && a.top_k == b.top_k && a.expert_ffn_dim == b.expert_ffn_dim &&
          a.shared_experts == b.shared_experts && a.scoring == b.scoring &&
-         a.norm_topk_prob == b.norm_topk_prob && a.first_dense_layers == b.first_dense_layers;
+         a.norm_topk_prob == b.norm_topk_prob && a.first_dense_layers == b.first_dense_layers &&
+         a.router_bias == b.router_bias;
 }
 
 bool operator==(const RopeScaling& a, const RopeScaling& b) {
@@ -285,7 +286,8 @@ int64_t BlockParamsWith(const ModelConfig& c, int l, int experts) {
   const int64_t attention = QKV * C + C * Q + (c.bias ? QKV + C : 0);
   int64_t mlp = MlpParams(c, c.mlp_dim(l));
   if (c.moe_layer(l)) {
-    mlp += int64_t{c.moe.experts} * C + experts * MlpParams(c, c.moe.expert_ffn_dim);
+    mlp += int64_t{c.moe.experts} * (C + (c.moe.router_bias ? 1 : 0)) +
+           experts * MlpParams(c, c.moe.expert_ffn_dim);
   }
   return norms + attention + mlp;
 }
@@ -400,6 +402,7 @@ std::string ToString(const ModelConfig& c) {
     if (m.first_dense_layers > 0) {
       absl::StrAppend(&out, ", first_dense_layers ", m.first_dense_layers);
     }
+    if (m.router_bias) absl::StrAppend(&out, ", router_bias true");
     absl::StrAppend(&out, ")");
   }
   return out + "}";

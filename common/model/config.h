@@ -76,6 +76,11 @@ struct MoeConfig {
   RouterScoring scoring = RouterScoring::kSoftmax;
   bool norm_topk_prob = true;  // the K gates divided by their sum
   int first_dense_layers = 0;  // 0 <= first_dense_layers < layers
+  // A per-expert bias added to the scores only to choose the experts (not
+  // to weigh them): DeepSeek-V3's aux-loss-free balancing, updated between
+  // steps (router.bias_update_rate), never by the optimizer (its tensor,
+  // mlp.router.bias, gets no gradient).
+  bool router_bias = false;
   bool on() const { return experts > 0; }
 };
 bool operator==(const MoeConfig& a, const MoeConfig& b);

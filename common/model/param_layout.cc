@@ -123,6 +123,8 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
         {kFcProjW, "mlp.proj.weight", mlp, {C, Fk}, TpSplit::kCols, {}},
         {kFcProjB, "mlp.proj.bias", mlp && bias, {C}, TpSplit::kNone, {}},
         {kRouterW, "mlp.router.weight", moe, {config.moe.experts, C}, TpSplit::kNone, {}},
+        {kRouterB, "mlp.router.bias", moe && config.moe.router_bias, {config.moe.experts},
+         TpSplit::kNone, {}},
     };
   };
   const std::vector<BlockRow> rows[2] = {block_rows(false), block_rows(true)};

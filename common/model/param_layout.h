@@ -15,7 +15,8 @@
 //     block.l.mlp.fc.weight (FC, C), block.l.mlp.fc.bias (FC),
 //     block.l.mlp.proj.weight (C, F), block.l.mlp.proj.bias (C)
 //     and in an MoE layer (config.moe_layer(l)):
-//     block.l.mlp.router.weight (E, C),
+//     block.l.mlp.router.weight (E, C), block.l.mlp.router.bias (E;
+//     moe.router_bias only: no gradient, set between steps),
 //     block.l.mlp.experts.e.fc.weight (FCe, C) for each expert e, then
 //     every expert's fc.bias (FCe), proj.weight (C, He), proj.bias (C)
 //   unit "final": lnf.weight (C), lnf.bias (C), lm_head (Vp, C) (untied only)
@@ -103,6 +104,7 @@ enum BlockTensor : int {
   kQNormW,  // q_norm and k_norm (qk_norm recipes only)
   kKNormW,
   kRouterW,  // an MoE layer's router (E, C)
+  kRouterB,  // its choice bias (E; moe.router_bias only)
   kNumBlockTensors
 };
 

@@ -233,12 +233,13 @@ const char* HfArchitecture(const model::ModelConfig& c) {
 absl::Status CheckHfMoe(const model::ModelConfig& c) {
   if (!c.moe.on()) return absl::OkStatus();
   const model::MoeConfig& m = c.moe;
-  if (m.shared_experts > 0 || m.scoring != model::RouterScoring::kSoftmax) {
+  if (m.shared_experts > 0 || m.scoring != model::RouterScoring::kSoftmax || m.router_bias) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.moe: shared_experts ", m.shared_experts, ", scoring ",
         m.scoring == model::RouterScoring::kSigmoid ? "sigmoid" : "softmax",
+        m.router_bias ? ", router_bias true" : "",
         ": the Hugging Face MoE families read and written here (Mixtral, Qwen3-MoE) have no "
-        "ungated shared experts and score by softmax"));
+        "ungated shared experts or choice bias and score by softmax"));
   }
   if (!c.qk_norm && (!m.norm_topk_prob || m.first_dense_layers > 0)) {
     return absl::InvalidArgumentError(

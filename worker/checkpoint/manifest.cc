@@ -294,6 +294,11 @@ absl::StatusOr<Manifest> ParseBody(const std::string& body) {
       SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "first_dense_layers", &moe.first_dense_layers));
       moe.scoring = scoring != 0 ? model::RouterScoring::kSigmoid : model::RouterScoring::kSoftmax;
       moe.norm_topk_prob = norm != 0;
+      if (cfg->kv.count("router_bias") != 0) {
+        int bias = 0;
+        SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "router_bias", &bias));
+        moe.router_bias = bias != 0;
+      }
       if (absl::Status s = model::ValidateModelConfig(*config); !s.ok()) config = s;
     }
     if (!config.ok()) return Parser::Error(absl::StrCat("config: ", config.status().message()));
@@ -423,6 +428,7 @@ std::string SerializeManifest(const Manifest& m) {
                     " sigmoid_router=", moe.scoring == model::RouterScoring::kSigmoid ? 1 : 0,
                     " norm_topk_prob=", moe.norm_topk_prob ? 1 : 0,
                     " first_dense_layers=", moe.first_dense_layers);
+    if (moe.router_bias) absl::StrAppend(&out, " router_bias=1");
   }
   out += "\n";
   absl::StrAppend(&out, "layout num_params=", m.num_params,

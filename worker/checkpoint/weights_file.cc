@@ -44,7 +44,7 @@ struct RecipeExtra {
 // family: its recipe record then names the arch).
 struct MoeRecord {
   int32_t experts, top_k, expert_ffn_dim, shared_experts, sigmoid, norm_topk_prob,
-      first_dense_layers, reserved;
+      first_dense_layers, router_bias;
 };
 
 bool NeedsExtra(const model::ModelConfig& c) {
@@ -83,7 +83,7 @@ absl::Status SaveWeights(const std::string& path, const model::ModelConfig& conf
                              mc.scoring == model::RouterScoring::kSigmoid ? 1 : 0,
                              mc.norm_topk_prob ? 1 : 0,
                              mc.first_dense_layers,
-                             0};
+                             mc.router_bias ? 1 : 0};
   RecipeExtra rope{};
   rope.factor = config.rope_scaling.factor;
   rope.low_freq_factor = config.rope_scaling.low_freq_factor;
@@ -187,7 +187,8 @@ absl::StatusOr<LoadedWeights> LoadWeights(const std::string& path) {
                    m.shared_experts,
                    m.sigmoid != 0 ? model::RouterScoring::kSigmoid : model::RouterScoring::kSoftmax,
                    m.norm_topk_prob != 0,
-                   m.first_dense_layers};
+                   m.first_dense_layers,
+                   m.router_bias != 0};
     }
     if (gpt2) {
       config = model::MakeGptConfig(shape.layers, shape.heads, shape.dim, shape.context,

@@ -15,7 +15,7 @@
 //     int32  original_context, head_size (0: dim / heads), qk_norm, reserved
 //   version 4, the MoE record:
 //     int32  experts, top_k, expert_ffn_dim, shared_experts, sigmoid (0/1),
-//            norm_topk_prob (0/1), first_dense_layers, reserved
+//            norm_topk_prob (0/1), first_dense_layers, router_bias (0/1)
 //   float    params[num_params]
 //   uint64   FNV-1a 64 checksum of the params bytes
 // Each model is written in the lowest version that holds it: a GPT-2 model

@@ -344,9 +344,11 @@ class ModelEngine : public Engine {
     std::vector<int> load;
     int kept = 0;
   };
-  // The router (tensor `router`) on x (N, C) into a.router_*, the load and
-  // the permutation (capacity per expert; <= 0: none) into a.moe_index.
-  virtual MoeRouted MoeRoute(LayerActs& a, const void* x, int router, int N, int capacity);
+  // The router (tensor `router`; its choice bias `bias`, -1: none) on x
+  // (N, C) into a.router_*, the load and the permutation (capacity per
+  // expert; <= 0: none) into a.moe_index.
+  virtual MoeRouted MoeRoute(LayerActs& a, const void* x, int router, int bias, int N,
+                             int capacity);
   // The kept pairs per expert (E, host) of a routed layer (its counts).
   virtual std::vector<int> MoeKeptCounts(const LayerActs& a);
   // The balancing losses' values (with their coefficients; 0 for a zero

@@ -14,7 +14,7 @@
 
 namespace shardtrain::engine {
 
-using model::kFcB, model::kFcProjW, model::kFcW, model::kRouterW;
+using model::kFcB, model::kFcProjW, model::kFcW, model::kRouterB, model::kRouterW;
 
 ModelEngine::MoeIndex ModelEngine::moe_index(const LayerActs& a) const {
   // moe_index's layout (activations.h): sized for the engine's B·T tokens.
@@ -32,7 +32,8 @@ void ModelEngine::MoeMlpForward(int l, LayerActs& a, const void* x, int N, bool 
   const int capacity = moe_.capacity_factor > 0
                            ? static_cast<int>(std::ceil(moe_.capacity_factor * N * K / E))
                            : 0;
-  MoeRouted routed = MoeRoute(a, x, layout_.block_tensor(l, kRouterW), N, capacity);
+  MoeRouted routed = MoeRoute(a, x, layout_.block_tensor(l, kRouterW),
+                              layout_.block_tensor(l, kRouterB), N, capacity);
   a.moe_rows = routed.kept;
   a.moe_load = routed.load;
   if (cp_ != nullptr) SumOverCp(a.moe_load);
@@ -180,7 +181,7 @@ MoeStats ModelEngine::TakeMoeStats() {
 }
 
 // The defaults: a device without MoE layers (its Create refuses them).
-ModelEngine::MoeRouted ModelEngine::MoeRoute(LayerActs&, const void*, int, int, int) {
+ModelEngine::MoeRouted ModelEngine::MoeRoute(LayerActs&, const void*, int, int, int, int) {
   Fail("ModelEngine: this device has no MoE layers");
 }
 std::vector<int> ModelEngine::MoeKeptCounts(const LayerActs&) {

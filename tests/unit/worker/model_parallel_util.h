@@ -49,7 +49,9 @@ struct Layout {
   // llama with Mixture-of-Experts layers: 1 Mixtral's (4 SwiGLU experts of
   // 24, top 2, softmax), 2 DeepSeek's (a dense first layer, 6 experts of 16,
   // top 2 by sigmoid, unnormalised gates, a shared expert); both with the
-  // Switch loss and a z-loss.
+  // Switch loss and a z-loss; 3 DeepSeek-V3's aux-loss-free balancing (4
+  // experts of 24, top 2 by sigmoid, a choice bias moved by 0.01 a step, no
+  // balancing loss); 4 the same without the bias updates.
   int moe = 0;
   int ep = 1;  // parallel.ep (experts split over ep ranks of dp × cp)
 };
@@ -135,6 +137,9 @@ class Corpus {
         l.moe == 2 ? "moe: {experts: 6, top_k: 2, expert_ffn_dim: 16, shared_experts: 1, "
                      "scoring: sigmoid, norm_topk_prob: false, first_dense_layers: 1}, "
                    : "",
+        l.moe >= 3 ? "moe: {experts: 4, top_k: 2, expert_ffn_dim: 24, scoring: sigmoid, "
+                     "router_bias: true}, "
+                   : "",
         "layers: 4, heads: 4, dim: 32, context: 32, vocab: 256, recompute: ", l.recompute,
         l.recompute_layers > 0 ? absl::StrCat(", recompute_layers: ", l.recompute_layers) : "",
         "}\n", "data: {train: ", (dir_ / "train.txt").string(),
@@ -144,7 +149,9 @@ class Corpus {
         l.sp ? ", sequence_parallel: true" : "", "}\n",
         "optimizer: {lr: 0.003, warmup_steps: 2, weight_decay: 0.1, grad_clip: 1.0}\n",
         "eval: {every: 10, batches: 1}\n", "steps: ", kSteps, "\n",
-        l.moe > 0 ? "router: {aux_loss_coef: 0.01, z_loss_coef: 0.001}\n" : "",
+        l.moe == 1 || l.moe == 2 ? "router: {aux_loss_coef: 0.01, z_loss_coef: 0.001}\n" : "",
+        l.moe == 3 ? "router: {aux_loss_coef: 0, bias_update_rate: 0.01}\n" : "",
+        l.moe == 4 ? "router: {aux_loss_coef: 0}\n" : "",
         ckpt.empty() ? "" : absl::StrCat("checkpoint: {every: 10, dir: ", ckpt, "}\n")));
     EXPECT_TRUE(spec.ok()) << spec.status();
     return *spec;

@@ -56,9 +56,25 @@ INSTANTIATE_TEST_SUITE_P(
         Ep(Cp(Moe(Layout{1, 1, 1, 0, "1f1b", 4}), 2), 2),            // ep 2 over the cp ranks
         Ep(Moe(Layout{2, 1, 1, 0, "1f1b", 2, "full"}), 2),           // ep 2, full recompute
         Ep(Moe(Layout{2, 1, 1, 0, "1f1b", 2, "selective"}), 2),      // ep 2, selective
-        Ep(Moe(Layout{2, 2, 1, 0, "1f1b", 2}, 2), 2)),               // DeepSeek's: 6 experts, 3 each
+        Ep(Moe(Layout{2, 2, 1, 0, "1f1b", 2}, 2), 2),                // DeepSeek's: 6 experts, 3 each
+        // Aux-loss-free balancing: the biases move alike on every rank (the
+        // step's loads summed over the replicas).
+        Moe(Layout{2, 1, 1, 1, "1f1b", 2}, 3),                       // dp 2, ZeRO-1
+        Ep(Moe(Layout{2, 2, 1, 0, "1f1b", 2}, 3), 2),                // ep 2 × tp 2
+        Moe(Layout{1, 1, 2, 0, "1f1b", 2}, 3)),                      // pp 2
     [](const ::testing::TestParamInfo<Layout>& info) { return Name(info.param); });
 // clang-format on
+
+// The aux-loss-free bias updates change the training (a run without them,
+// the same otherwise, differs): the equality above is not vacuous.
+TEST(MoeAuxFreeTest, TheBiasUpdatesChangeTheRun) {
+  const Losses& with = Reference(true, false, 3, 2), &without = Reference(true, false, 4, 2);
+  const double differs = Worst(with.loss, without.loss);
+  std::printf("aux-loss-free bias updates: loss step 20 %.6f, without them %.6f (max rel diff "
+              "%.3g)\n",
+              with.loss[kSteps], without.loss[kSteps], differs);
+  EXPECT_GT(differs, 1e-4);
+}
 
 // Checkpoints of an MoE model resume on other layouts like the
 // uninterrupted run (micro-batches of 2 sequences in all: the balancing

@@ -142,7 +142,8 @@ class CpuModel final : public ModelEngine {
   void TpAllGather(void* full, const void* local, int64_t n) override;
   void TpReduceScatter(void* local, const void* full, int64_t n) override;
   // Mixture of Experts (cpu_model_moe.cc, over moe_layers.h).
-  MoeRouted MoeRoute(LayerActs& a, const void* x, int router, int N, int capacity) override;
+  MoeRouted MoeRoute(LayerActs& a, const void* x, int router, int bias, int N,
+                     int capacity) override;
   MoeBalance MoeBalanceLosses(const LayerActs& a, const int* load, int N) override;
   std::vector<int> MoeKeptCounts(const LayerActs& a) override;
   void MoePermute(void* xp, const LayerActs& a, const void* x, int N, int M) override;

@@ -14,12 +14,12 @@ const float* F(const void* p) { return static_cast<const float*>(p); }
 
 }  // namespace
 
-CpuModel::MoeRouted CpuModel::MoeRoute(LayerActs& a, const void* x, int router, int N,
+CpuModel::MoeRouted CpuModel::MoeRoute(LayerActs& a, const void* x, int router, int bias, int N,
                                        int capacity) {
   const model::MoeConfig& m = config().moe;
   const int C = config().dim, E = m.experts, K = m.top_k;
   RouterForward(F(a.router_logits), F(a.router_scores), a.router_experts, F(a.router_gates), F(x),
-                param(router), /*bias=*/static_cast<const float*>(nullptr), N, C, E, K, m.scoring,
+                param(router), param(bias), N, C, E, K, m.scoring,
                 m.norm_topk_prob, &pool_);
   MoeRouted r;
   r.load.resize(E);
