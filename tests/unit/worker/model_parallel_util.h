@@ -271,6 +271,16 @@ inline void ExpectSameLosses(const Layout& l, const Losses& got, const Losses& w
   EXPECT_LT(want.loss[kSteps], want.loss[1] - 0.5) << "the reference does not learn";
 }
 
+// ExpectSameLosses against one rank, and every step's gradient norm within
+// `tolerance` too.
+inline void ExpectSameLossesAndNorms(const Layout& l, const Losses& got, const Losses& want,
+                                     double tolerance) {
+  ExpectSameLosses(l, got, want, "1 rank", tolerance);
+  const double norm = Worst(got.grad_norm, want.grad_norm);
+  std::printf("%-36s grad norm max rel diff %.3g\n", Name(l).c_str(), norm);
+  EXPECT_LE(norm, tolerance);
+}
+
 }  // namespace mp_test
 }  // namespace shardtrain::worker
 
