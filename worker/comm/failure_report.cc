@@ -1,5 +1,7 @@
 #include "worker/comm/failure_report.h"
 
+#include <signal.h>
+
 #include <algorithm>
 
 #include "absl/strings/numbers.h"
@@ -50,6 +52,14 @@ absl::Status FailureStatus(OpType op, uint64_t seq, const std::string& group_pre
                           ? absl::StatusCode::kDeadlineExceeded
                           : absl::StatusCode::kAborted,
                       msg);
+}
+
+void IgnoreSigpipe() {
+  struct sigaction old {};
+  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL &&
+      !(old.sa_flags & SA_SIGINFO)) {
+    signal(SIGPIPE, SIG_IGN);
+  }
 }
 
 }  // namespace shardtrain::comm

@@ -32,6 +32,11 @@ absl::Status FailureStatus(OpType op, uint64_t seq, const std::string& group_pre
                            int size, size_t bytes, DataType dtype, absl::Duration elapsed,
                            const absl::Status& cause, const FailureReports& reports);
 
+// Gloo's TCP transport writes with writev(2), so a write to a peer that just
+// died raises SIGPIPE, whose default action kills this process before the
+// error can be reported. Ignores it (only if nobody installed a handler).
+void IgnoreSigpipe();
+
 }  // namespace shardtrain::comm
 
 #endif  // SHARDTRAIN_WORKER_COMM_FAILURE_REPORT_H_

@@ -379,7 +379,7 @@ class GlooCommunicator final : public Communicator {
         PointToPoint(a, timeout);
         return;
       case OpType::kAllToAllV:
-        AllToAllV(a, timeout);
+        rings_.AllToAllV(a, timeout);
         return;
       case OpType::kBarrier: {
         gloo::BarrierOptions o(ctx_);
@@ -483,43 +483,6 @@ class GlooCommunicator final : public Communicator {
     if (send_buf) WaitSend(send_buf.get(), deadline, OpTypeName(a.type));
   }
 
-  // Every peer's block at once, over unbound buffers (so a peer's failure
-  // aborts the wait, as for PointToPoint): a receive from and a send to each
-  // other rank with elements to move (none for a zero count: both sides
-  // know it), this rank's own block copied.
-  void AllToAllV(const OpArgs& a, absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    const size_t esz = DataTypeSize(a.dtype);
-    constexpr uint32_t kTag = 0xA2A;  // its own slots, apart from user Send/Recv tags
-    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recvs, sends;
-    size_t in = 0, out = 0;  // element offsets of peer p's blocks
-    for (int p = 0; p < size_; ++p) {
-      const size_t ns = a.send_counts[p], nr = a.recv_counts[p];
-      char* const dst = static_cast<char*>(a.output) + out * esz;
-      char* const src = static_cast<char*>(const_cast<void*>(a.input)) + in * esz;
-      if (p == rank_) {
-        if (ns != nr) {
-          throw gloo::IoException(absl::StrCat("AllToAllV: rank ", rank_, " sends itself ", ns,
-                                               " elements but expects ", nr));
-        }
-        if (ns > 0) std::memcpy(dst, src, ns * esz);
-      } else {
-        if (nr > 0) {
-          recvs.push_back(ctx_->createUnboundBuffer(dst, nr * esz));
-          recvs.back()->recv(p, NextP2PSlot(recv_counters_, p, kTag));
-        }
-        if (ns > 0) {
-          sends.push_back(ctx_->createUnboundBuffer(src, ns * esz));
-          sends.back()->send(p, NextP2PSlot(send_counters_, p, kTag));
-        }
-      }
-      in += ns;
-      out += nr;
-    }
-    for (auto& b : recvs) WaitRecv(b.get(), deadline, "AllToAllV");
-    for (auto& b : sends) WaitSend(b.get(), deadline, "AllToAllV");
-  }
-
   // Tears the transport down, exchanges failure reports through the store,
   // poisons the communicator and returns the status to report.
   absl::Status HandleFailure(const Item& item, const absl::Status& cause, absl::Duration elapsed) {
@@ -590,17 +553,6 @@ class GlooCommunicator final : public Communicator {
                           absl::string_view what) { Wait(b, send, deadline, what); }};
   std::map<std::pair<int, uint32_t>, uint64_t> send_counters_, recv_counters_;
 };
-
-// Gloo's TCP transport writes with writev(2), so a write to a peer that just
-// died raises SIGPIPE, whose default action kills this process before the
-// error can be reported. Ignore it (only if nobody installed a handler).
-void IgnoreSigpipe() {
-  struct sigaction old {};
-  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL &&
-      !(old.sa_flags & SA_SIGINFO)) {
-    signal(SIGPIPE, SIG_IGN);
-  }
-}
 
 }  // namespace
 

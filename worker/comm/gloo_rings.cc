@@ -15,6 +15,7 @@ constexpr uint64_t kReduceScatterSlot = 0xA1ull << 56;
 constexpr uint64_t kAllReduceSlot = 0xA3ull << 56;
 constexpr uint64_t kAllGatherSlot = 0xA4ull << 56;
 constexpr uint64_t kBroadcastSlot = 0xA5ull << 56;
+constexpr uint64_t kAllToAllSlot = 0xA6ull << 56;
 constexpr size_t kSegmentBytes = 1 << 20;
 
 // acc (op)= in elementwise.
@@ -212,6 +213,43 @@ void GlooRings::PostSegments(gloo::transport::UnboundBuffer* buf, bool send, int
       buf->recv(peer, slot, (off + j) * 4, n * 4);
     }
     ++*posted;
+  }
+}
+
+void GlooRings::AllToAllV(const OpArgs& a, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  const size_t esz = DataTypeSize(a.dtype);
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recvs, sends;
+  std::vector<size_t> recv_posts, send_posts;  // segments posted on each
+  size_t in = 0, out = 0;                      // element offsets of peer p's blocks
+  for (int p = 0; p < size_; ++p) {
+    const size_t ns = a.send_counts[p], nr = a.recv_counts[p];
+    char* const dst = static_cast<char*>(a.output) + out * esz;
+    char* const src = static_cast<char*>(const_cast<void*>(a.input)) + in * esz;
+    in += ns;
+    out += nr;
+    if (p == rank_) {
+      if (ns != nr) {
+        throw gloo::IoException(absl::StrCat("AllToAllV: rank ", rank_, " sends itself ", ns,
+                                             " elements but expects ", nr));
+      }
+      if (ns > 0) std::memcpy(dst, src, ns * esz);
+      continue;
+    }
+    if (nr > 0) {
+      recvs.push_back(ctx_->createUnboundBuffer(dst, nr * esz));
+      recv_posts.push_back(PostBytes(recvs.back().get(), false, p, kAllToAllSlot, 0, nr * esz));
+    }
+    if (ns > 0) {
+      sends.push_back(ctx_->createUnboundBuffer(src, ns * esz));
+      send_posts.push_back(PostBytes(sends.back().get(), true, p, kAllToAllSlot, 0, ns * esz));
+    }
+  }
+  for (size_t k = 0; k < recvs.size(); ++k) {
+    for (size_t j = 0; j < recv_posts[k]; ++j) WaitRecv(recvs[k].get(), deadline, "AllToAllV");
+  }
+  for (size_t k = 0; k < sends.size(); ++k) {
+    for (size_t j = 0; j < send_posts[k]; ++j) WaitSend(sends[k].get(), deadline, "AllToAllV");
   }
 }
 

@@ -2,7 +2,8 @@
 // on fp32 buffers, written on Gloo's unbound buffers so that every segment
 // of a step is in flight at once and a wait can be aborted when a peer
 // fails: all-reduce (reduce-scatter ring + all-gather ring), reduce-scatter,
-// all-gather and a pipelined chain broadcast.
+// all-gather, a pipelined chain broadcast, and all-to-all-v (every pair of
+// ranks at once).
 //
 // Internal to worker/comm: GlooCommunicator runs these on its comm thread,
 // one op at a time; errors are thrown as gloo::IoException (by the wait
@@ -52,6 +53,10 @@ class GlooRings {
   void AllGather(const uint8_t* in, uint8_t* out, size_t bytes, absl::Duration timeout);
   // data[bytes] from `root` to every rank.
   void Broadcast(uint8_t* data, size_t bytes, int root, absl::Duration timeout);
+  // OpArgs' kAllToAllV, any dtype: a receive from and a send to each other
+  // rank with elements to move (none for a zero count: both sides know it),
+  // this rank's own block copied.
+  void AllToAllV(const OpArgs& a, absl::Duration timeout);
 
  private:
   void WaitRecv(gloo::transport::UnboundBuffer* b, absl::Time deadline, absl::string_view what);
