@@ -98,6 +98,29 @@ TEST(AutoLayoutTest, MoeModelsSearchExpertParallelism) {
   EXPECT_NE(AutoLayoutText(spec, opt, r, /*top=*/100).find("  EP"), std::string::npos);
 }
 
+// The MoE examples plan with their models' published parameter counts
+// (Mixtral 8x7B: 46.7B, 12.9B active; Qwen3-30B-A3B: 30.5B, 3.3B active),
+// the ep groups and the all-to-all bytes of Qwen3's ep 8.
+TEST(AutoLayoutTest, TheMoeExamplesPlanWithTheirPublishedCounts) {
+  for (const char* name : {"mixtral-8x7b", "qwen3-30b-a3b"}) {
+    const JobSpec spec = *ParseJobSpec(ReadFile(kSourceDir + "/examples/" + name + ".yaml"));
+    const absl::StatusOr<v1::Plan> plan = MakePlan(spec, spec.World());
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const bool mixtral = std::string(name) == "mixtral-8x7b";
+    EXPECT_EQ(plan->num_params(), mixtral ? 46702792704 : 30532122624) << name;
+    EXPECT_EQ(model::ActiveModelParams(*spec.model.Config()),
+              mixtral ? 12879925248 : 3353032704)
+        << name;
+    const std::string text = PlanText(spec, *plan);
+    EXPECT_NE(text.find("active per token"), std::string::npos) << text;
+    if (!mixtral) {
+      EXPECT_EQ(plan->ep(), 8);
+      EXPECT_GT(plan->ep_comm_bytes_per_step(), 0);
+      EXPECT_NE(text.find("ep groups [0 2 4 6 8 10 12 14]"), std::string::npos) << text;
+    }
+  }
+}
+
 // A layout over the budget is planned again with more recomputation,
 // cheapest first, and kept with the first that fits: the step below it on
 // the ladder (none → selective → full K=1, 2, ... → full) does not fit.
