@@ -281,7 +281,9 @@ def job_label_uses(source_dir):
     """Metric registrations in the programs' sources that use the label `job`
     (Prometheus keeps it for the scrape target and renames theirs)."""
     problems = []
-    for path in glob.glob(os.path.join(source_dir, "**", "*.cc"), recursive=True):
+    sources = [path for ext in ("*.cc", "*.h")  # a series may be registered in a header
+               for path in glob.glob(os.path.join(source_dir, "**", ext), recursive=True)]
+    for path in sources:
         if "/build" in path or "/tests/" in path:
             continue
         with open(path, errors="replace") as f:
@@ -296,7 +298,9 @@ def job_label_uses(source_dir):
 
 def exported_metrics(source_dir):
     names = set()
-    for path in glob.glob(os.path.join(source_dir, "**", "*.cc"), recursive=True):
+    sources = [path for ext in ("*.cc", "*.h")  # a series may be registered in a header
+               for path in glob.glob(os.path.join(source_dir, "**", ext), recursive=True)]
+    for path in sources:
         if "/build" in path or "/tests/" in path:
             continue
         with open(path, errors="replace") as f:
