@@ -25,10 +25,11 @@ struct Result {
 };
 
 int Main(int argc, char** argv) {
-  CLI::App app("moe_bench: an MoE model's training step next to a dense one's of the same "
-               "active parameters (CPU engine, one rank)");
-  int dim = 256, layers = 4, experts = 8, top_k = 2, expert_ffn = 256, B = 8, T = 128,
-      threads = 2, steps = 10;
+  CLI::App app(
+      "moe_bench: an MoE model's training step next to a dense one's of the same "
+      "active parameters (CPU engine, one rank)");
+  int dim = 256, layers = 4, experts = 8, top_k = 2, expert_ffn = 256, B = 8, T = 128, threads = 2,
+      steps = 10;
   app.add_option("--dim", dim, "model width C");
   app.add_option("--layers", layers, "layers");
   app.add_option("--experts", experts, "experts E per MoE layer");
@@ -47,8 +48,8 @@ int Main(int argc, char** argv) {
   std::printf("moe_bench: %s\n", Uptime().c_str());
   std::printf("dense: %s\nmoe:   %s\n", model::ToString(dense).c_str(),
               model::ToString(moe).c_str());
-  std::printf("B=%d T=%d threads=%d, %d timed steps each (alternating), after 2 warm-up steps\n",
-              B, T, threads, steps);
+  std::printf("B=%d T=%d threads=%d, %d timed steps each (alternating), after 2 warm-up steps\n", B,
+              T, threads, steps);
 
   std::vector<std::unique_ptr<engine::cpu::CpuModel>> models;
   for (const model::ModelConfig* c : {&dense, &moe}) {
@@ -90,13 +91,15 @@ int Main(int argc, char** argv) {
   double med[2];
   for (int k = 0; k < 2; ++k) {
     med[k] = Percentile(ms[k], 0.5);
-    std::printf("%-6s params %10zu (active %10lld)  step median %8.2f ms (p90 %8.2f)  %9.0f tok/s\n",
-                names[k], models[k]->layout().num_params(),
-                static_cast<long long>(model::ActiveModelParams(k == 0 ? dense : moe)), med[k],
-                Percentile(ms[k], 0.9), tokens_per_step / med[k] * 1000);
+    std::printf(
+        "%-6s params %10zu (active %10lld)  step median %8.2f ms (p90 %8.2f)  %9.0f tok/s\n",
+        names[k], models[k]->layout().num_params(),
+        static_cast<long long>(model::ActiveModelParams(k == 0 ? dense : moe)), med[k],
+        Percentile(ms[k], 0.9), tokens_per_step / med[k] * 1000);
   }
-  std::printf("moe / dense step time: %.3f (goal <= 1.3); router load max/mean %.2f, load avg %.2f\n",
-              med[1] / med[0], max_load, LoadAverage1());
+  std::printf(
+      "moe / dense step time: %.3f (goal <= 1.3); router load max/mean %.2f, load avg %.2f\n",
+      med[1] / med[0], max_load, LoadAverage1());
   return 0;
 }
 

@@ -119,8 +119,9 @@ std::string StepJson(const v1::StepReport& s) {
   if (s.skipped()) absl::StrAppend(&fp16, ", \"skipped\": true");
   // moe_* only for Mixture-of-Experts models.
   if (s.moe_max_load() > 0) {
-    absl::StrAppend(&fp16, ", \"moe_aux_loss\": ", Num(s.moe_aux_loss()), ", \"moe_z_loss\": ",
-                    Num(s.moe_z_loss()), ", \"moe_max_load\": ", Num(s.moe_max_load()),
+    absl::StrAppend(&fp16, ", \"moe_aux_loss\": ", Num(s.moe_aux_loss()),
+                    ", \"moe_z_loss\": ", Num(s.moe_z_loss()),
+                    ", \"moe_max_load\": ", Num(s.moe_max_load()),
                     ", \"moe_dropped\": ", Num(s.moe_dropped()));
   }
   return absl::StrCat("{\"step\": ", s.step(), ", \"loss\": ", Num(s.loss()), val,
@@ -300,7 +301,8 @@ std::string StepLine(const v1::StepReport& s, int64_t total_steps, double eta_s)
   if (s.moe_max_load() > 0) {
     absl::StrAppendFormat(&line, "  aux %.4f  load max/mean %.2f", s.moe_aux_loss(),
                           s.moe_max_load());
-    if (s.moe_dropped() > 0) absl::StrAppendFormat(&line, "  dropped %.1f%%", 100 * s.moe_dropped());
+    if (s.moe_dropped() > 0)
+      absl::StrAppendFormat(&line, "  dropped %.1f%%", 100 * s.moe_dropped());
   }
   // At the end, so that the other columns stay aligned with the lines
   // of steps that did not evaluate.

@@ -167,40 +167,41 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
         const int micro = MicroFor(spec.batch.global, spec.batch.micro, dp);
         // MoE models: every ep dividing dp · cp and the experts (ZeRO 0).
         for (int ep = 1; ep <= dp * cp; ++ep) {
-        if ((dp * cp) % ep != 0 || (ep > 1 && !config->moe.on())) continue;
-        const ParallelDims dims = *ParallelDims::Create(ParallelDims::Factors{dp, cp, tp, pp, ep});
-        if (!dims.CheckModelFits(*config).ok()) continue;
-        if (micro == 0) {
-          if (ep == 1) {
-            skipped.push_back(
-                absl::StrCat("dp ", dp, " does not divide batch.global ", spec.batch.global));
-          }
-          continue;
-        }
-        for (int zero = 0; zero <= (ep > 1 ? 0 : 3); ++zero) {
-          if (!dims.CheckZero(zero).ok()) continue;
-          JobSpec alt = spec;
-          alt.parallel.dp = dp;
-          alt.parallel.cp = cp;
-          alt.parallel.tp = tp;
-          alt.parallel.pp = pp;
-          alt.parallel.ep = ep;
-          alt.parallel.zero = zero;
-          alt.parallel.schedule = PipelineSchedule::k1F1B;
-          alt.parallel.pp_virtual = 1;  // plain 1F1B candidates (no model chunks)
-          alt.parallel.stages.clear();
-          alt.batch.micro = micro;
-          int64_t num_params = 0;
-          const absl::StatusOr<LayoutCandidate> c =
-              PlanLayout(spec, alt, *config, n, options, &num_params);
-          if (!c.ok()) {
-            skipped.push_back(std::string(c.status().message()));
+          if ((dp * cp) % ep != 0 || (ep > 1 && !config->moe.on())) continue;
+          const ParallelDims dims =
+              *ParallelDims::Create(ParallelDims::Factors{dp, cp, tp, pp, ep});
+          if (!dims.CheckModelFits(*config).ok()) continue;
+          if (micro == 0) {
+            if (ep == 1) {
+              skipped.push_back(
+                  absl::StrCat("dp ", dp, " does not divide batch.global ", spec.batch.global));
+            }
             continue;
           }
-          result.num_params = num_params;
-          (c->peak_memory <= options.memory_per_rank ? result.fitting : result.too_big)
-              .push_back(*c);
-        }
+          for (int zero = 0; zero <= (ep > 1 ? 0 : 3); ++zero) {
+            if (!dims.CheckZero(zero).ok()) continue;
+            JobSpec alt = spec;
+            alt.parallel.dp = dp;
+            alt.parallel.cp = cp;
+            alt.parallel.tp = tp;
+            alt.parallel.pp = pp;
+            alt.parallel.ep = ep;
+            alt.parallel.zero = zero;
+            alt.parallel.schedule = PipelineSchedule::k1F1B;
+            alt.parallel.pp_virtual = 1;  // plain 1F1B candidates (no model chunks)
+            alt.parallel.stages.clear();
+            alt.batch.micro = micro;
+            int64_t num_params = 0;
+            const absl::StatusOr<LayoutCandidate> c =
+                PlanLayout(spec, alt, *config, n, options, &num_params);
+            if (!c.ok()) {
+              skipped.push_back(std::string(c.status().message()));
+              continue;
+            }
+            result.num_params = num_params;
+            (c->peak_memory <= options.memory_per_rank ? result.fitting : result.too_big)
+                .push_back(*c);
+          }
         }
       }
     }
@@ -337,8 +338,8 @@ std::string AutoLayoutText(const JobSpec& spec, const AutoLayoutOptions& options
   absl::StrAppendFormat(
       &out, "\nchosen: dp %d%s · tp %d · pp %d%s, ZeRO-%d (predicted %s ms/step, %s per rank)\n",
       best.dp, best.cp > 1 ? absl::StrCat(" · cp ", best.cp) : "", best.tp, best.pp,
-      best.ep > 1 ? absl::StrCat(", ep ", best.ep) : "", best.zero,
-      Ms(best.step_s()), FormatPlanBytes(best.peak_memory));
+      best.ep > 1 ? absl::StrCat(", ep ", best.ep) : "", best.zero, Ms(best.step_s()),
+      FormatPlanBytes(best.peak_memory));
   if (best.memory_without > 0) {
     absl::StrAppendFormat(&out,
                           "  with model.recompute=%s: %s per rank without it (over the budget); "

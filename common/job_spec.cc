@@ -121,9 +121,8 @@ absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpe
     return FieldError("parallel.sequence_parallel", "needs parallel.tp > 1 (tp is ", p->tp, ")");
   }
 
-  SHARDTRAIN_ASSIGN_OR_RETURN(
-      ParallelDims dims,
-      ParallelDims::Create(ParallelDims::Factors{p->dp, p->cp, p->tp, p->pp, p->ep}));
+  SHARDTRAIN_ASSIGN_OR_RETURN(ParallelDims dims, ParallelDims::Create(ParallelDims::Factors{
+                                                     p->dp, p->cp, p->tp, p->pp, p->ep}));
   SHARDTRAIN_ASSIGN_OR_RETURN(model::ModelConfig config, model.Config());
   SHARDTRAIN_RETURN_IF_ERROR(dims.CheckModelFits(config));
   SHARDTRAIN_RETURN_IF_ERROR(dims.CheckZero(p->zero));

@@ -146,8 +146,8 @@ struct ParallelSpec {
   // 2·cp divides batch.seq_len); parameters replicated over cp, gradients
   // summed over dp × cp.
   int cp = 1;
-  int tp = 1;    // tensor-parallel degree; divides model.heads, 4·dim and the padded vocab
-  int pp = 1;    // pipeline stages; <= model.layers
+  int tp = 1;  // tensor-parallel degree; divides model.heads, 4·dim and the padded vocab
+  int pp = 1;  // pipeline stages; <= model.layers
   // Expert parallelism: an MoE layer's experts split over ep ranks of the
   // dp × cp replicas (not a factor of the world; divides dp · cp and
   // model.moe.experts), tokens exchanged all-to-all; expert gradients summed
@@ -240,10 +240,10 @@ struct TimeoutsSpec {
 // (0: dropless; > 0: ceil(capacity_factor · tokens·top_k / experts) pairs
 // per expert of a micro-batch, the rest dropped).
 struct RouterSpec {
-  double aux_loss_coef = 0.01;   // >= 0
-  double z_loss_coef = 0;        // >= 0
-  double bias_update_rate = 0;   // >= 0
-  double capacity_factor = 0;    // >= 0
+  double aux_loss_coef = 0.01;  // >= 0
+  double z_loss_coef = 0;       // >= 0
+  double bias_update_rate = 0;  // >= 0
+  double capacity_factor = 0;   // >= 0
 };
 
 struct JobSpec {

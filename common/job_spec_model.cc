@@ -98,10 +98,10 @@ absl::Status ReadMoe(const Node& model, int ffn_dim, model::MoeConfig* out) {
                       "scoring, norm_topk_prob, first_dense_layers}, got ",
                       Describe(n));
   }
-  SHARDTRAIN_RETURN_IF_ERROR(CheckMap(n, path,
-                                      {"experts", "top_k", "expert_ffn_dim", "shared_experts",
-                                       "scoring", "norm_topk_prob", "first_dense_layers",
-                                       "router_bias"}));
+  SHARDTRAIN_RETURN_IF_ERROR(
+      CheckMap(n, path,
+               {"experts", "top_k", "expert_ffn_dim", "shared_experts", "scoring", "norm_topk_prob",
+                "first_dense_layers", "router_bias"}));
   for (const char* key : {"experts", "top_k"}) SHARDTRAIN_RETURN_IF_ERROR(Require(n, path, key));
   model::MoeConfig m;
   m.expert_ffn_dim = ffn_dim;
@@ -218,8 +218,8 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
     SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "head_dim", 1, &m->head_dim));
     SHARDTRAIN_RETURN_IF_ERROR(ReadBool(n, "model", "qk_norm", &m->qk_norm));
   }
-  SHARDTRAIN_RETURN_IF_ERROR(ReadMoe(n, m->arch == model::Arch::kGpt2 ? 4 * m->dim : m->ffn_dim,
-                                     &m->moe));
+  SHARDTRAIN_RETURN_IF_ERROR(
+      ReadMoe(n, m->arch == model::Arch::kGpt2 ? 4 * m->dim : m->ffn_dim, &m->moe));
   SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, "model", "init", &m->init));
   SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "model", "recompute", si::kRecomputes, &m->recompute));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "recompute_layers", 1, &m->recompute_layers));

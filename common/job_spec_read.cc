@@ -23,23 +23,31 @@ namespace {
 // Schema: the keys each level of the document may hold.
 
 const std::vector<absl::string_view> kTopKeys_def = {
-    "name",  "model",      "data", "batch", "parallel",  "precision",    "optimizer",
-    "steps", "checkpoint", "eval", "seed",  "resources", "max_restarts", "timeouts", "router"};
+    "name",       "model", "data", "batch",     "parallel",     "precision", "optimizer", "steps",
+    "checkpoint", "eval",  "seed", "resources", "max_restarts", "timeouts",  "router"};
 const std::vector<absl::string_view> kModelKeys = {
-    "preset",       "arch",      "layers",           "heads",    "dim",
-    "context",      "vocab",     "kv_heads",         "ffn_dim",  "rope_theta",
-    "rope_scaling", "head_dim",  "qk_norm",          "norm_eps", "tie_embeddings",
+    "preset",       "arch",      "layers",           "heads",     "dim",
+    "context",      "vocab",     "kv_heads",         "ffn_dim",   "rope_theta",
+    "rope_scaling", "head_dim",  "qk_norm",          "norm_eps",  "tie_embeddings",
     "init",         "recompute", "recompute_layers", "attention", "moe"};
 const std::vector<absl::string_view> kDataKeys = {"train", "val", "format", "tokenizer",
                                                   "tokenizer_json"};
 const std::vector<absl::string_view> kBatchKeys = {"global", "micro", "seq_len"};
-const std::vector<absl::string_view> kParallelKeys = {"dp",         "cp",         "ep",
-                                                      "tp",         "pp",
-                                                      "stages",     "zero",
-                                                      "offload",    "schedule",
-                                                      "pp_virtual", "reshard_after_forward",
-                                                      "bucket_mb",  "sequence_parallel",
-                                                      "comm",       "reduce_dtype"};
+const std::vector<absl::string_view> kParallelKeys = {"dp",
+                                                      "cp",
+                                                      "ep",
+                                                      "tp",
+                                                      "pp",
+                                                      "stages",
+                                                      "zero",
+                                                      "offload",
+                                                      "schedule",
+                                                      "pp_virtual",
+                                                      "reshard_after_forward",
+                                                      "bucket_mb",
+                                                      "sequence_parallel",
+                                                      "comm",
+                                                      "reduce_dtype"};
 const std::vector<absl::string_view> kOptimizerKeys = {"name",         "lr",       "min_lr",
                                                        "betas",        "eps",      "weight_decay",
                                                        "warmup_steps", "schedule", "grad_clip"};

@@ -47,13 +47,11 @@ std::string_view EnumName(CheckpointFailurePolicy v) {
 
 bool operator==(const ModelSpec& a, const ModelSpec& b) {
   return std::tie(a.preset, a.arch, a.layers, a.heads, a.dim, a.context, a.vocab, a.kv_heads,
-                  a.ffn_dim, a.rope_theta, a.rope_scaling, a.head_dim, a.qk_norm, a.moe,
-                  a.norm_eps, a.tie_embeddings, a.init, a.recompute, a.recompute_layers,
-                  a.attention) ==
+                  a.ffn_dim, a.rope_theta, a.rope_scaling, a.head_dim, a.qk_norm, a.moe, a.norm_eps,
+                  a.tie_embeddings, a.init, a.recompute, a.recompute_layers, a.attention) ==
          std::tie(b.preset, b.arch, b.layers, b.heads, b.dim, b.context, b.vocab, b.kv_heads,
-                  b.ffn_dim, b.rope_theta, b.rope_scaling, b.head_dim, b.qk_norm, b.moe,
-                  b.norm_eps, b.tie_embeddings, b.init, b.recompute, b.recompute_layers,
-                  b.attention);
+                  b.ffn_dim, b.rope_theta, b.rope_scaling, b.head_dim, b.qk_norm, b.moe, b.norm_eps,
+                  b.tie_embeddings, b.init, b.recompute, b.recompute_layers, b.attention);
 }
 bool operator==(const DataSpec& a, const DataSpec& b) {
   return std::tie(a.train, a.val, a.format, a.tokenizer, a.tokenizer_json) ==
@@ -98,10 +96,9 @@ bool operator==(const RouterSpec& a, const RouterSpec& b) {
 bool operator==(const JobSpec& a, const JobSpec& b) {
   return std::tie(a.name, a.model, a.data, a.batch, a.parallel, a.precision, a.optimizer, a.steps,
                   a.checkpoint, a.eval, a.seed, a.resources, a.max_restarts, a.timeouts,
-                  a.router) ==
-         std::tie(b.name, b.model, b.data, b.batch, b.parallel, b.precision, b.optimizer, b.steps,
-                  b.checkpoint, b.eval, b.seed, b.resources, b.max_restarts, b.timeouts,
-                  b.router);
+                  a.router) == std::tie(b.name, b.model, b.data, b.batch, b.parallel, b.precision,
+                                        b.optimizer, b.steps, b.checkpoint, b.eval, b.seed,
+                                        b.resources, b.max_restarts, b.timeouts, b.router);
 }
 
 std::string JobSpecToYaml(const JobSpec& s) {

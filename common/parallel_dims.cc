@@ -33,10 +33,11 @@ absl::StatusOr<ParallelDims> ParallelDims::Create(const Factors& f, int world) {
     if (v < 1) problems.push_back(absl::StrCat(field, ": must be >= 1, got ", v));
   }
   if (problems.empty() && (int64_t{f.dp} * f.cp) % f.ep != 0) {
-    problems.push_back(absl::StrCat(
-        "parallel.ep: ", f.ep, " does not divide parallel.dp × parallel.cp = ", f.dp, " × ", f.cp,
-        " = ", int64_t{f.dp} * f.cp, " (expert parallelism splits the experts over ranks of the "
-        "data-parallel replicas)"));
+    problems.push_back(absl::StrCat("parallel.ep: ", f.ep,
+                                    " does not divide parallel.dp × parallel.cp = ", f.dp, " × ",
+                                    f.cp, " = ", int64_t{f.dp} * f.cp,
+                                    " (expert parallelism splits the experts over ranks of the "
+                                    "data-parallel replicas)"));
   }
   // Without cp the message names the three factors it always named.
   const std::string names = f.cp == 1 ? "parallel.dp × parallel.tp × parallel.pp"
@@ -159,17 +160,17 @@ absl::Status ParallelDims::CheckModelFits(const model::ModelConfig& config) cons
     problems.push_back(absl::StrCat("parallel.ep: ", ep_,
                                     " splits experts: it needs model.moe (this model has none)"));
   } else if (config.moe.on() && config.moe.experts % ep_ != 0) {
-    problems.push_back(absl::StrCat("parallel.ep: ", ep_, " does not divide model.moe.experts: ",
-                                    config.moe.experts));
+    problems.push_back(absl::StrCat("parallel.ep: ", ep_,
+                                    " does not divide model.moe.experts: ", config.moe.experts));
   }
   if (config.moe.on()) {
     const int He = config.moe.expert_ffn_dim, Fs = config.mlp_dim(config.layers - 1);
     if (He % tp_ != 0) {
-      problems.push_back(absl::StrCat("parallel.tp: ", tp_,
-                                      " does not divide model.moe.expert_ffn_dim: ", He));
+      problems.push_back(
+          absl::StrCat("parallel.tp: ", tp_, " does not divide model.moe.expert_ffn_dim: ", He));
     } else if (Fs % tp_ != 0) {
-      problems.push_back(absl::StrCat("parallel.tp: ", tp_,
-                                      " does not divide the shared experts' width: ", Fs));
+      problems.push_back(
+          absl::StrCat("parallel.tp: ", tp_, " does not divide the shared experts' width: ", Fs));
     }
   }
   const int vp = model::PaddedVocab(vocab);

@@ -151,8 +151,7 @@ class ParallelDims {
   absl::StatusOr<ParallelDims> WithDp(int dp) const { return Create(Factors{dp, cp_, tp_, pp_}); }
 
  private:
-  explicit ParallelDims(const Factors& f)
-      : dp_(f.dp), cp_(f.cp), tp_(f.tp), pp_(f.pp), ep_(f.ep) {}
+  explicit ParallelDims(const Factors& f) : dp_(f.dp), cp_(f.cp), tp_(f.tp), pp_(f.pp), ep_(f.ep) {}
   int dp_, cp_, tp_, pp_, ep_;
 };
 

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <vector>
 
-#include "common/planner.h"
 #include "common/model/activations.h"
 #include "common/model/config.h"
 #include "common/model/slice.h"
+#include "common/planner.h"
 
 namespace shardtrain {
 
@@ -42,8 +42,8 @@ MicroBatchFlops StageFlops(const model::ModelConfig& cfg, int B, int T,
     }
   }
   MicroBatchFlops f;
-  const double matmul_params = Ls * (qkv + proj) + mlp +
-                               (slice.last_stage ? double(cfg.padded_vocab) / slice.tp * C : 0);
+  const double matmul_params =
+      Ls * (qkv + proj) + mlp + (slice.last_stage ? double(cfg.padded_vocab) / slice.tp * C : 0);
   f.train = 6 * N * matmul_params + 3 * Ls * attention;
   const int k = RecomputedLayers(policy, Ls);
   // Flash attention keeps no probabilities: selective has nothing to refill.

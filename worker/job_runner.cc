@@ -30,8 +30,8 @@
 #endif
 #include "worker/kv_rendezvous_store.h"
 #include "worker/mfu.h"
-#include "worker/training_metrics.h"
 #include "worker/trainer.h"
+#include "worker/training_metrics.h"
 
 namespace shardtrain::worker {
 namespace {

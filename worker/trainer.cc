@@ -5,12 +5,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/pipeline_schedule.h"
 #include "worker/checkpoint/directory.h"
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/model_weights.h"
 #include "worker/data/tokens.h"
-#include "common/pipeline_schedule.h"
 #include "worker/optim/lr_schedule.h"
 
 namespace shardtrain::worker {
@@ -45,7 +45,6 @@ absl::Status CheckSupported(const JobSpec& spec) {
   }
   return absl::OkStatus();
 }
-
 
 optim::AdamWOptions AdamWOptionsOf(const OptimizerSpec& o) {
   optim::AdamWOptions a;
@@ -180,9 +179,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   if (!t.ok()) return t.status();
   (*t)->replica_comm_ = dp_comm;
   if (mesh != nullptr) {
-    if (absl::Status s =
-            (*t)->AttachModelParallel(std::move(mesh), std::move(tp), std::move(cp), std::move(ep),
-                                      comm);
+    if (absl::Status s = (*t)->AttachModelParallel(std::move(mesh), std::move(tp), std::move(cp),
+                                                   std::move(ep), comm);
         !s.ok()) {
       return s;
     }
@@ -373,7 +371,6 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   return r;
 }
 
-
 absl::StatusOr<double> Trainer::Evaluate() {
   if (eval_sampler_ == nullptr) {
     return absl::FailedPreconditionError("eval: no validation data (data.val, eval.every > 0)");
@@ -419,7 +416,7 @@ absl::StatusOr<double> Trainer::Evaluate() {
     cp_group_->TakeBytes();  // the ring's traffic of evaluation is no step's
   }
   if (tp_group_ != nullptr) tp_group_->TakeBytes();  // nor tp's
-  if (ep_group_ != nullptr) {  // nor ep's
+  if (ep_group_ != nullptr) {                        // nor ep's
     if (absl::Status s = ep_group_->status(); !s.ok()) return s;
     ep_group_->TakeBytes();
   }

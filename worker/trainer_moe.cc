@@ -36,7 +36,7 @@ absl::Status Trainer::UpdateRouterBiases(const engine::MoeStats& st) {
   for (const std::vector<int64_t>& l : st.load) load.insert(load.end(), l.begin(), l.end());
   if (replica_comm_ != nullptr && replica_comm_->size() > 1) {
     if (absl::Status s = replica_comm_->AllReduce(load.data(), load.size(),
-                                                 comm::DataType::kFloat32, comm::ReduceOp::kSum);
+                                                  comm::DataType::kFloat32, comm::ReduceOp::kSum);
         !s.ok()) {
       return s;
     }

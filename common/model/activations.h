@@ -142,11 +142,10 @@ inline bool FlashAttentionApplies(DataType compute, int head_dim) {
 // The tensors of block `l` ("block.<l>.<name>") in the order the table
 // lays them out; the statistics are the names ending in _mean and _rstd.
 inline constexpr const char* kBlockActivations[] = {
-    "ln1",           "ln1_mean",      "ln1_rstd",       "qkv",          "qk_pre",
-    "qk_rstd",       "atty",          "att",            "residual2",    "ln2",
-    "ln2_mean",      "ln2_rstd",      "fch",            "fch_act",      "router_logits",
-    "router_scores", "router_gates",  "router_experts", "moe_index",    "moe_xp",
-    "moe_h_pre",     "moe_h",         "moe_y",          "residual3"};
+    "ln1",       "ln1_mean", "ln1_rstd",      "qkv",           "qk_pre",       "qk_rstd",
+    "atty",      "att",      "residual2",     "ln2",           "ln2_mean",     "ln2_rstd",
+    "fch",       "fch_act",  "router_logits", "router_scores", "router_gates", "router_experts",
+    "moe_index", "moe_xp",   "moe_h_pre",     "moe_h",         "moe_y",        "residual3"};
 // The block tensors holding 32-bit integers (4 bytes, whatever the
 // compute type): an MoE layer's chosen experts and its permutation.
 inline bool IntBlockActivation(const std::string& name) {

@@ -100,18 +100,18 @@ absl::Status ValidateMoe(const MoeConfig& m, int layers) {
     return bad("experts", absl::StrCat(m.experts, " is too many (at most 65536)"));
   }
   if (m.top_k < 1 || m.top_k > m.experts) {
-    return bad("top_k", absl::StrCat("must be in [1, model.moe.experts: ", m.experts, "], got ",
-                                     m.top_k));
+    return bad("top_k",
+               absl::StrCat("must be in [1, model.moe.experts: ", m.experts, "], got ", m.top_k));
   }
   // experts · expert_ffn_dim within kMaxWidth: a block's count stays in int64.
   if (m.expert_ffn_dim < 1 || int64_t{m.experts} * m.expert_ffn_dim > kMaxWidth) {
-    return bad("expert_ffn_dim",
-               absl::StrCat("must be >= 1 with experts · expert_ffn_dim <= ", kMaxWidth, ", got ",
-                            m.expert_ffn_dim));
+    return bad("expert_ffn_dim", absl::StrCat("must be >= 1 with experts · expert_ffn_dim <= ",
+                                              kMaxWidth, ", got ", m.expert_ffn_dim));
   }
   if (m.shared_experts < 0 || int64_t{m.shared_experts} * m.expert_ffn_dim > kMaxWidth) {
-    return bad("shared_experts", absl::StrCat("must be >= 0 with shared_experts · expert_ffn_dim <= ",
-                                              kMaxWidth, ", got ", m.shared_experts));
+    return bad("shared_experts",
+               absl::StrCat("must be >= 0 with shared_experts · expert_ffn_dim <= ", kMaxWidth,
+                            ", got ", m.shared_experts));
   }
   if (m.first_dense_layers < 0 || m.first_dense_layers >= layers) {
     return bad("first_dense_layers", absl::StrCat("must be in [0, model.layers: ", layers,
@@ -394,8 +394,8 @@ std::string ToString(const ModelConfig& c) {
   }
   const MoeConfig& m = c.moe;
   if (m.on()) {
-    absl::StrAppend(&out, ", moe (experts ", m.experts, ", top_k ", m.top_k,
-                    ", expert_ffn_dim ", m.expert_ffn_dim);
+    absl::StrAppend(&out, ", moe (experts ", m.experts, ", top_k ", m.top_k, ", expert_ffn_dim ",
+                    m.expert_ffn_dim);
     if (m.shared_experts > 0) absl::StrAppend(&out, ", shared_experts ", m.shared_experts);
     if (m.scoring == RouterScoring::kSigmoid) absl::StrAppend(&out, ", scoring sigmoid");
     if (!m.norm_topk_prob) absl::StrAppend(&out, ", norm_topk_prob false");

@@ -123,8 +123,12 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
         {kFcProjW, "mlp.proj.weight", mlp, {C, Fk}, TpSplit::kCols, {}},
         {kFcProjB, "mlp.proj.bias", mlp && bias, {C}, TpSplit::kNone, {}},
         {kRouterW, "mlp.router.weight", moe, {config.moe.experts, C}, TpSplit::kNone, {}},
-        {kRouterB, "mlp.router.bias", moe && config.moe.router_bias, {config.moe.experts},
-         TpSplit::kNone, {}},
+        {kRouterB,
+         "mlp.router.bias",
+         moe && config.moe.router_bias,
+         {config.moe.experts},
+         TpSplit::kNone,
+         {}},
     };
   };
   const std::vector<BlockRow> rows[2] = {block_rows(false), block_rows(true)};
@@ -145,7 +149,8 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
   };
   static_assert(sizeof expert_rows / sizeof expert_rows[0] == kNumExpertTensors);
   int kinds = 0;
-  for (int t = 0; t < kNumExpertTensors; ++t) expert_index_[t] = expert_rows[t].present ? kinds++ : -1;
+  for (int t = 0; t < kNumExpertTensors; ++t)
+    expert_index_[t] = expert_rows[t].present ? kinds++ : -1;
   const int E = config.moe.experts;
   local_experts_ = config.moe.on() ? slice.local_experts(config) : 0;
   const int e0 = config.moe.on() ? slice.first_expert(config) : 0;

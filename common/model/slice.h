@@ -89,9 +89,7 @@ struct ModelSlice {
   // The experts of an MoE layer this slice holds: [first_expert,
   // first_expert + local_experts).
   int local_experts(const ModelConfig& config) const { return config.moe.experts / ep; }
-  int first_expert(const ModelConfig& config) const {
-    return ep_rank * local_experts(config);
-  }
+  int first_expert(const ModelConfig& config) const { return ep_rank * local_experts(config); }
 };
 
 // How a tensor is split over tp (see the header comment).

@@ -144,19 +144,18 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ModelFieldsFrom
   if (mixtral || qwen3_moe) {
     std::vector<std::pair<std::string, std::string>> got;
     std::swap(got, out);  // `integer` appends to out: read the three apart
-    for (auto [key, ours] : {std::pair<const char*, const char*>{
-                                 mixtral ? "num_local_experts" : "num_experts", "moe.experts"},
-                             {"num_experts_per_tok", "moe.top_k"},
-                             {mixtral ? "intermediate_size" : "moe_intermediate_size",
-                              "moe.expert_ffn_dim"}}) {
+    for (auto [key, ours] :
+         {std::pair<const char*, const char*>{mixtral ? "num_local_experts" : "num_experts",
+                                              "moe.experts"},
+          {"num_experts_per_tok", "moe.top_k"},
+          {mixtral ? "intermediate_size" : "moe_intermediate_size", "moe.expert_ffn_dim"}}) {
       if (absl::Status s = integer(key, ours, 0); !s.ok()) return s;
     }
     std::swap(got, out);
     int dense = 0;
     if (qwen3_moe) {
-      if (j.contains("decoder_sparse_step") &&
-          !(j["decoder_sparse_step"].is_number_integer() &&
-            j["decoder_sparse_step"].get<int64_t>() == 1)) {
+      if (j.contains("decoder_sparse_step") && !(j["decoder_sparse_step"].is_number_integer() &&
+                                                 j["decoder_sparse_step"].get<int64_t>() == 1)) {
         return Bad(absl::StrCat("decoder_sparse_step ", j["decoder_sparse_step"].dump(),
                                 ": every layer from the first MoE one is MoE here (1)"));
       }
@@ -170,11 +169,13 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ModelFieldsFrom
         }
       }
     }
-    const bool norm = mixtral || (j.contains("norm_topk_prob") && j["norm_topk_prob"].is_boolean() &&
-                                  j["norm_topk_prob"].get<bool>());
+    const bool norm =
+        mixtral || (j.contains("norm_topk_prob") && j["norm_topk_prob"].is_boolean() &&
+                    j["norm_topk_prob"].get<bool>());
     moe = absl::StrCat("{experts: ", got[0].second, ", top_k: ", got[1].second,
-                       ", expert_ffn_dim: ", got[2].second, ", norm_topk_prob: ",
-                       norm ? "true" : "false", ", first_dense_layers: ", dense, "}");
+                       ", expert_ffn_dim: ", got[2].second,
+                       ", norm_topk_prob: ", norm ? "true" : "false",
+                       ", first_dense_layers: ", dense, "}");
   }
   out.emplace_back("moe", moe);
   out.emplace_back("rope_theta", Number(number("rope_theta", 10000.0)));

@@ -4,8 +4,8 @@
 #include <cctype>
 #include <cmath>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -99,9 +99,9 @@ std::vector<Source> SourcesOf(const model::ParamLayout& whole) {
         const std::string e = rest.substr(12, rest.find('.', 12) - 12);
         const std::string x = p + moe + "experts." + e + ".";
         if (rest.size() >= 9 && rest.compare(rest.size() - 9, 9, "fc.weight") == 0) {
-          s.parts = mixtral ? std::vector<Part>{{x + "w1.weight", He}, {x + "w3.weight", He}}
-                            : std::vector<Part>{{x + "gate_proj.weight", He},
-                                                {x + "up_proj.weight", He}};
+          s.parts =
+              mixtral ? std::vector<Part>{{x + "w1.weight", He}, {x + "w3.weight", He}}
+                      : std::vector<Part>{{x + "gate_proj.weight", He}, {x + "up_proj.weight", He}};
         } else {
           s.parts = {{x + (mixtral ? "w2.weight" : "down_proj.weight"), C}};
         }
@@ -257,7 +257,9 @@ std::string HfLlamaConfigJson(const model::ModelConfig& c, DataType dtype) {
   const bool moe = c.moe.on();
   Json j = {
       {"architectures", {HfArchitecture(c)}},
-      {"model_type", moe ? (c.qk_norm ? "qwen3_moe" : "mixtral") : c.qk_norm ? "qwen3" : "llama"},
+      {"model_type", moe         ? (c.qk_norm ? "qwen3_moe" : "mixtral")
+                     : c.qk_norm ? "qwen3"
+                                 : "llama"},
       {"hidden_size", c.dim},
       {"intermediate_size", c.ffn_dim},
       {"num_hidden_layers", c.layers},
@@ -394,7 +396,8 @@ absl::Status CheckHfLlamaConfig(const std::string& text, const model::ModelConfi
     // mlp_only_layers: the leading dense layers (model.moe.first_dense_layers).
     std::vector<int> dense;
     if (j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array()) {
-      for (const Json& v : j["mlp_only_layers"]) dense.push_back(v.is_number_integer() ? v.get<int>() : -1);
+      for (const Json& v : j["mlp_only_layers"])
+        dense.push_back(v.is_number_integer() ? v.get<int>() : -1);
     }
     std::vector<int> want(m.first_dense_layers);
     for (int l = 0; l < m.first_dense_layers; ++l) want[l] = l;

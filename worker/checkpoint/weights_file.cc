@@ -191,8 +191,8 @@ absl::StatusOr<LoadedWeights> LoadWeights(const std::string& path) {
                    m.router_bias != 0};
     }
     if (gpt2) {
-      config = model::MakeGptConfig(shape.layers, shape.heads, shape.dim, shape.context,
-                                    shape.vocab);
+      config =
+          model::MakeGptConfig(shape.layers, shape.heads, shape.dim, shape.context, shape.vocab);
       if (config.ok()) {
         config->moe = shape.moe;
         if (absl::Status s = model::ValidateModelConfig(*config); !s.ok()) config = s;

@@ -104,9 +104,9 @@ absl::Status ValidateOpArgs(const OpArgs& a, int rank, int size) {
     case OpType::kAllToAllV: {
       const size_t n = static_cast<size_t>(size);
       if (a.send_counts.size() != n || a.recv_counts.size() != n) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            op, ": ", a.send_counts.size(), " send and ", a.recv_counts.size(),
-            " receive counts for a group of ", size));
+        return absl::InvalidArgumentError(absl::StrCat(op, ": ", a.send_counts.size(), " send and ",
+                                                       a.recv_counts.size(),
+                                                       " receive counts for a group of ", size));
       }
       size_t sent = 0, received = 0;
       for (size_t p = 0; p < n; ++p) {
@@ -266,8 +266,8 @@ absl::Status Communicator::Barrier() { return Finish(BarrierAsync()); }
 
 std::shared_ptr<Work> Communicator::AllToAllVAsync(const void* input,
                                                    std::vector<size_t> send_counts, void* output,
-                                                   std::vector<size_t> recv_counts,
-                                                   DataType dtype, const engine::Event* after) {
+                                                   std::vector<size_t> recv_counts, DataType dtype,
+                                                   const engine::Event* after) {
   size_t count = 0;
   for (size_t c : send_counts) count += c;
   OpArgs a = Op(OpType::kAllToAllV, dtype, input, output, count, after);
@@ -278,8 +278,8 @@ std::shared_ptr<Work> Communicator::AllToAllVAsync(const void* input,
 absl::Status Communicator::AllToAllV(const void* input, std::vector<size_t> send_counts,
                                      void* output, std::vector<size_t> recv_counts,
                                      DataType dtype) {
-  return Finish(AllToAllVAsync(input, std::move(send_counts), output, std::move(recv_counts),
-                               dtype));
+  return Finish(
+      AllToAllVAsync(input, std::move(send_counts), output, std::move(recv_counts), dtype));
 }
 
 }  // namespace shardtrain::comm

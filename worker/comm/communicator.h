@@ -110,12 +110,12 @@ struct OpArgs {
   const void* input = nullptr;
   void* output = nullptr;
   size_t count = 0;
-  int root = 0;           // kBroadcast, kReduce
-  int peer = -1;          // kSend, kRecv, kSendRecv (send destination)
-  int recv_peer = -1;     // kSendRecv
-  size_t recv_count = 0;  // kSendRecv
+  int root = 0;                                  // kBroadcast, kReduce
+  int peer = -1;                                 // kSend, kRecv, kSendRecv (send destination)
+  int recv_peer = -1;                            // kSendRecv
+  size_t recv_count = 0;                         // kSendRecv
   std::vector<size_t> send_counts, recv_counts;  // kAllToAllV: elements per rank
-  uint32_t tag = 0;       // Send/Recv matching: pairs match per (peer, tag), in order
+  uint32_t tag = 0;  // Send/Recv matching: pairs match per (peer, tag), in order
   absl::Duration timeout = absl::ZeroDuration();  // zero: communicator default
   const engine::Event* after = nullptr;           // see above; null: no wait
 };

@@ -10,10 +10,9 @@ absl::string_view ReduceOpName(ReduceOp op) {
 }
 
 absl::string_view OpTypeName(OpType op) {
-  static constexpr absl::string_view kNames[] = {"AllReduce", "Broadcast",     "Reduce",
-                                                 "AllGather", "ReduceScatter", "Send",
-                                                 "Recv",      "SendRecv",      "Barrier",
-                                                 "AllToAllV"};
+  static constexpr absl::string_view kNames[] = {
+      "AllReduce", "Broadcast", "Reduce",   "AllGather", "ReduceScatter",
+      "Send",      "Recv",      "SendRecv", "Barrier",   "AllToAllV"};
   return NameIn(kNames, op);
 }
 

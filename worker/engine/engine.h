@@ -37,7 +37,7 @@ namespace shardtrain::engine {
 // over the forwards (before drops), and over all of them the balancing
 // losses' sum (with their coefficients), the pairs and those dropped.
 struct MoeStats {
-  int forwards = 0;                      // micro-batch forwards counted
+  int forwards = 0;                        // micro-batch forwards counted
   std::vector<std::vector<int64_t>> load;  // [moe layer][expert]
   double aux_loss = 0, z_loss = 0;
   int64_t pairs = 0, dropped = 0;

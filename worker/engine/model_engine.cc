@@ -74,16 +74,16 @@ absl::Status ValidateModelEngine(const ModelConfig& config, int B, int T,
   if (config.moe.on()) {
     const int He = config.moe.expert_ffn_dim, Fs = config.mlp_dim(config.layers - 1);
     if (He % tp != 0 || Fs % tp != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parallel.tp: ", tp, " must divide model.moe.expert_ffn_dim ", He,
-                       " and the shared experts' width ", Fs));
+      return absl::InvalidArgumentError(absl::StrCat("parallel.tp: ", tp,
+                                                     " must divide model.moe.expert_ffn_dim ", He,
+                                                     " and the shared experts' width ", Fs));
     }
   }
   if (sl.ep < 1 || sl.ep_rank < 0 || sl.ep_rank >= sl.ep ||
       (sl.ep > 1 && (!config.moe.on() || config.moe.experts % sl.ep != 0))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("parallel.ep: ", sl.ep, " (rank ", sl.ep_rank,
-                     ") must divide model.moe.experts ", config.moe.experts));
+    return absl::InvalidArgumentError(absl::StrCat("parallel.ep: ", sl.ep, " (rank ", sl.ep_rank,
+                                                   ") must divide model.moe.experts ",
+                                                   config.moe.experts));
   }
   if (sl.ep > 1 &&
       (options.ep == nullptr || options.ep->size() != sl.ep || options.ep->rank() != sl.ep_rank)) {

@@ -138,7 +138,7 @@ class ModelEngine : public Engine {
     int* router_experts = nullptr;
     int* moe_index = nullptr;
     void *moe_xp = nullptr, *moe_h_pre = nullptr, *moe_h = nullptr, *moe_y = nullptr;
-    int moe_rows = 0;  // M: the (token, slot) pairs the experts received (host)
+    int moe_rows = 0;           // M: the (token, slot) pairs the experts received (host)
     std::vector<int> moe_load;  // (E, host) the balancing loss's load (summed over cp)
     // Expert parallelism (host): rows sent to and received from each ep
     // rank, the received rows' order by local expert (MoeGatherRows'

@@ -29,9 +29,8 @@ void ModelEngine::MoeMlpForward(int l, LayerActs& a, const void* x, int N, bool 
   const model::MoeConfig& moe = cfg.moe;
   const int C = cfg.dim, K = moe.top_k, E = moe.experts;
   // Capacity per expert: ceil(factor · N·K / E) pairs of this micro-batch.
-  const int capacity = moe_.capacity_factor > 0
-                           ? static_cast<int>(std::ceil(moe_.capacity_factor * N * K / E))
-                           : 0;
+  const int capacity =
+      moe_.capacity_factor > 0 ? static_cast<int>(std::ceil(moe_.capacity_factor * N * K / E)) : 0;
   MoeRouted routed = MoeRoute(a, x, layout_.block_tensor(l, kRouterW),
                               layout_.block_tensor(l, kRouterB), N, capacity);
   a.moe_rows = routed.kept;

@@ -397,7 +397,8 @@ FlatRanges Ddp::SaveRanges() const {
       checkpoint::EvenSplit(experts, mp_.expert_dp_size, mp_.expert_dp_rank);
   size_t at = 0;  // the experts' elements before range [b, e)
   for (const auto& [b, e] : mp_.expert) {
-    const size_t lo = std::max(at, size_t(mine.begin)), hi = std::min(at + (e - b), size_t(mine.end));
+    const size_t lo = std::max(at, size_t(mine.begin)),
+                 hi = std::min(at + (e - b), size_t(mine.end));
     if (lo < hi) out.emplace_back(b + (lo - at), b + (hi - at));
     at += e - b;
   }
@@ -410,9 +411,8 @@ std::vector<float> Ddp::SaveParams() const {
   for (const auto& [begin, end] : SaveRanges()) {
     const size_t at = out.size();
     out.resize(at + (end - begin));
-    engine_->math().CopyToHost(out.data() + at,
-                               static_cast<const float*>(engine_->params().data) + begin,
-                               end - begin);
+    engine_->math().CopyToHost(
+        out.data() + at, static_cast<const float*>(engine_->params().data) + begin, end - begin);
   }
   return out;
 }

@@ -132,7 +132,8 @@ absl::StatusOr<std::unique_ptr<Mesh>> Mesh::Create(const ParallelDims& dims, int
     if (!s.ok()) return s;
   }
   if (dims.ep() > 1) {
-    absl::Status s = split(GroupIndex(dims, GroupKind::kEp, rank), dims.EpRank(c), "ep", &mesh->ep_);
+    absl::Status s =
+        split(GroupIndex(dims, GroupKind::kEp, rank), dims.EpRank(c), "ep", &mesh->ep_);
     if (s.ok() && dims.replicas() > dims.ep()) {
       s = split(GroupIndex(dims, GroupKind::kExpertDp, rank), dims.ExpertDpRank(c), "expert_dp",
                 &mesh->expert_dp_);

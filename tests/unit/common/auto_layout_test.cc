@@ -108,8 +108,7 @@ TEST(AutoLayoutTest, TheMoeExamplesPlanWithTheirPublishedCounts) {
     ASSERT_TRUE(plan.ok()) << plan.status();
     const bool mixtral = std::string(name) == "mixtral-8x7b";
     EXPECT_EQ(plan->num_params(), mixtral ? 46702792704 : 30532122624) << name;
-    EXPECT_EQ(model::ActiveModelParams(*spec.model.Config()),
-              mixtral ? 12879925248 : 3353032704)
+    EXPECT_EQ(model::ActiveModelParams(*spec.model.Config()), mixtral ? 12879925248 : 3353032704)
         << name;
     const std::string text = PlanText(spec, *plan);
     EXPECT_NE(text.find("active per token"), std::string::npos) << text;

@@ -145,8 +145,8 @@ class Corpus {
         "}\n", "data: {train: ", (dir_ / "train.txt").string(),
         ", val: ", (dir_ / "val.txt").string(), "}\n", "batch: {global: 16, micro: ", l.micro,
         ", seq_len: 32}\n", "parallel: {dp: ", l.dp, ", cp: ", l.cp, ", tp: ", l.tp, ", pp: ", l.pp,
-        ", zero: ", l.zero, ", ep: ", l.ep, ", schedule: ", l.schedule, ", pp_virtual: ", l.pp_virtual,
-        l.sp ? ", sequence_parallel: true" : "", "}\n",
+        ", zero: ", l.zero, ", ep: ", l.ep, ", schedule: ", l.schedule,
+        ", pp_virtual: ", l.pp_virtual, l.sp ? ", sequence_parallel: true" : "", "}\n",
         "optimizer: {lr: 0.003, warmup_steps: 2, weight_decay: 0.1, grad_clip: 1.0}\n",
         "eval: {every: 10, batches: 1}\n", "steps: ", kSteps, "\n",
         l.moe == 1 || l.moe == 2 ? "router: {aux_loss_coef: 0.01, z_loss_coef: 0.001}\n" : "",
@@ -226,8 +226,7 @@ inline const Corpus& TheCorpus() {
 // An MoE model's (Layout::moe) with micro-batches of `micro` sequences: the
 // balancing losses are per micro-batch (not linear in its sequences), so a
 // layout equals one rank that groups the global batch alike.
-inline const Losses& Reference(bool llama = false, bool qwen3 = false, int moe = 0,
-                               int micro = 4) {
+inline const Losses& Reference(bool llama = false, bool qwen3 = false, int moe = 0, int micro = 4) {
   if (moe > 0) {
     static std::map<std::pair<int, int>, Losses>* runs = new std::map<std::pair<int, int>, Losses>;
     auto [it, fresh] = runs->try_emplace({moe, micro});

@@ -90,9 +90,10 @@ void ExpectEpEqualsWhole(int ep, int top_k, bool tie) {
         largest = std::max(largest, std::abs(ref));
       }
     }
-    std::printf("ep %d rank %d (top %d%s): loss %.6f, experts' gradients max abs diff %.3g of "
-                "%.3g\n",
-                ep, comm.rank(), top_k, tie ? ", every score tied" : "", loss, worst, largest);
+    std::printf(
+        "ep %d rank %d (top %d%s): loss %.6f, experts' gradients max abs diff %.3g of "
+        "%.3g\n",
+        ep, comm.rank(), top_k, tie ? ", every score tied" : "", loss, worst, largest);
     EXPECT_LE(worst, 1e-6 * std::max(largest, 1e-3));
   });
   if (tie) {

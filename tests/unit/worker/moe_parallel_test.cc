@@ -64,11 +64,12 @@ INSTANTIATE_TEST_SUITE_P(
 // The aux-loss-free bias updates change the training (a run without them,
 // the same otherwise, differs): the equality above is not vacuous.
 TEST(MoeAuxFreeTest, TheBiasUpdatesChangeTheRun) {
-  const Losses& with = Reference(true, false, 3, 2), &without = Reference(true, false, 4, 2);
+  const Losses &with = Reference(true, false, 3, 2), &without = Reference(true, false, 4, 2);
   const double differs = Worst(with.loss, without.loss);
-  std::printf("aux-loss-free bias updates: loss step 20 %.6f, without them %.6f (max rel diff "
-              "%.3g)\n",
-              with.loss[kSteps], without.loss[kSteps], differs);
+  std::printf(
+      "aux-loss-free bias updates: loss step 20 %.6f, without them %.6f (max rel diff "
+      "%.3g)\n",
+      with.loss[kSteps], without.loss[kSteps], differs);
   EXPECT_GT(differs, 1e-4);
 }
 

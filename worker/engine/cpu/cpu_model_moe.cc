@@ -19,8 +19,7 @@ CpuModel::MoeRouted CpuModel::MoeRoute(LayerActs& a, const void* x, int router, 
   const model::MoeConfig& m = config().moe;
   const int C = config().dim, E = m.experts, K = m.top_k;
   RouterForward(F(a.router_logits), F(a.router_scores), a.router_experts, F(a.router_gates), F(x),
-                param(router), param(bias), N, C, E, K, m.scoring,
-                m.norm_topk_prob, &pool_);
+                param(router), param(bias), N, C, E, K, m.scoring, m.norm_topk_prob, &pool_);
   MoeRouted r;
   r.load.resize(E);
   ExpertLoad(r.load.data(), a.router_experts, N, K, E);

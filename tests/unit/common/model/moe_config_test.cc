@@ -31,14 +31,13 @@ TEST(MoeConfigTest, MixtralHasItsPublishedTotalAndActiveParameters) {
   const ModelConfig qwen = *ModelPreset("qwen3-30b-a3b");
   EXPECT_EQ(ModelParams(qwen), 30532122624);
   EXPECT_EQ(ActiveModelParams(qwen), 3353032704);
-  std::printf("qwen3-30b-a3b: %lld total, %lld active\n",
-              static_cast<long long>(ModelParams(qwen)),
+  std::printf("qwen3-30b-a3b: %lld total, %lld active\n", static_cast<long long>(ModelParams(qwen)),
               static_cast<long long>(ActiveModelParams(qwen)));
   // Without MoE the active count is the total.
   const ModelConfig dense = *ModelPreset("llama3-1b");
   EXPECT_EQ(ActiveModelParams(dense), ModelParams(dense));
-  EXPECT_EQ(ModelParams(dense), EmbeddingParams(dense) + dense.layers * BlockParams(dense) +
-                                    FinalParams(dense));
+  EXPECT_EQ(ModelParams(dense),
+            EmbeddingParams(dense) + dense.layers * BlockParams(dense) + FinalParams(dense));
 }
 
 // An MoE block: no dense MLP without shared experts, the router, then every
@@ -70,8 +69,7 @@ TEST(MoeConfigTest, TheLayoutHoldsTheRouterAndEachExpertsTensors) {
   // One shared expert: the dense MLP of He again, beside the router.
   c.moe.shared_experts = 2;
   const ParamLayout shared(c);
-  EXPECT_EQ(shared.tensors()[shared.block_tensor(1, kFcW)].shape,
-            (std::vector<int64_t>{512, 128}));
+  EXPECT_EQ(shared.tensors()[shared.block_tensor(1, kFcW)].shape, (std::vector<int64_t>{512, 128}));
   EXPECT_EQ(static_cast<int64_t>(shared.num_params()), ModelParams(c));
   EXPECT_EQ(ActiveBlockParams(c, 1), BlockParams(c, 1) - 2 * (3 * 128 * 128));
 }
@@ -148,8 +146,9 @@ TEST(MoeConfigTest, ValidationNamesTheFieldAndBothValues) {
 }
 
 std::string Spec(const std::string& model, const std::string& extra = "", int global = 16) {
-  return "name: m\nmodel: " + model + "\ndata: {train: data/fortunes.txt}\nbatch: {global: " +
-         std::to_string(global) + ", micro: 4, seq_len: 16}\nsteps: 1\n" + extra;
+  return "name: m\nmodel: " + model +
+         "\ndata: {train: data/fortunes.txt}\nbatch: {global: " + std::to_string(global) +
+         ", micro: 4, seq_len: 16}\nsteps: 1\n" + extra;
 }
 
 TEST(MoeSpecTest, TheSpecReadsWritesAndRefusesIt) {
@@ -167,7 +166,8 @@ TEST(MoeSpecTest, TheSpecReadsWritesAndRefusesIt) {
   ASSERT_TRUE(again.ok()) << again.status() << "\n" << JobSpecToYaml(*s);
   EXPECT_EQ(*again, *s);
   // GPT-2 with GELU experts; a preset's MoE, and none.
-  s = ParseJobSpec(Spec("{layers: 2, heads: 4, dim: 32, context: 16, vocab: 256, "
+  s =
+      ParseJobSpec(Spec("{layers: 2, heads: 4, dim: 32, context: 16, vocab: 256, "
                         "moe: {experts: 4, top_k: 1, expert_ffn_dim: 64}}"));
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->router.aux_loss_coef, 0.01);
@@ -201,8 +201,9 @@ TEST(MoeSpecTest, TheSpecReadsWritesAndRefusesIt) {
        "parallel.ep: 3 does not divide model.moe.experts: 4", 12},
       {"{preset: moe-tiny}", "parallel: {dp: 2, ep: 4}\n",
        "parallel.ep: 4 does not divide parallel.dp × parallel.cp = 2 × 1 = 2"},
-      {"{preset: llama-tiny}", "parallel: {dp: 2, ep: 2}\n", "parallel.ep: 2 splits experts: it "
-                                                            "needs model.moe"},
+      {"{preset: llama-tiny}", "parallel: {dp: 2, ep: 2}\n",
+       "parallel.ep: 2 splits experts: it "
+       "needs model.moe"},
       {"{preset: moe-tiny}", "parallel: {dp: 2, ep: 2, zero: 1}\n",
        "parallel.ep: 2 needs parallel.zero 0 for now"},
       {"{preset: moe-tiny, moe: {experts: 4, top_k: 2, expert_ffn_dim: 63}}",

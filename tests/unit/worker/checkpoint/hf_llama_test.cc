@@ -250,9 +250,9 @@ TorchLogits RunTorchCheckpoint(const model::ModelConfig& c, const std::string& d
     if (c.head_size > 0) s << "head_dim " << c.head_size << "\n";
     if (c.qk_norm) s << "qk_norm 1\n";
     if (const model::MoeConfig& m = c.moe; m.on()) {
-      s << "experts " << m.experts << "\ntop_k " << m.top_k << "\nexpert_ffn "
-        << m.expert_ffn_dim << "\nnorm_topk " << (m.norm_topk_prob ? 1 : 0) << "\nfirst_dense "
-        << m.first_dense_layers << "\n";
+      s << "experts " << m.experts << "\ntop_k " << m.top_k << "\nexpert_ffn " << m.expert_ffn_dim
+        << "\nnorm_topk " << (m.norm_topk_prob ? 1 : 0) << "\nfirst_dense " << m.first_dense_layers
+        << "\n";
     }
     if (const model::RopeScaling& r = c.rope_scaling; r.on()) {
       s << "rope_factor " << r.factor << "\nrope_low " << r.low_freq_factor << "\nrope_high "
@@ -410,7 +410,12 @@ TEST_F(HfLlamaTest, MixtralAndQwen3MoeCheckpointsGiveTheirLogitsAndExportBack) {
   model::LlamaShape mixtral{2, 4, 2, 32, 48, 16, 100, 1e6, 1e-5, false};
   mixtral.moe = {/*experts=*/4, /*top_k=*/2, /*expert_ffn_dim=*/24};
   model::LlamaShape qwen{3, 4, 2, 32, 48, 16, 100, 1e6, 1e-6, true, {}, 16, true};
-  qwen.moe = {6, 3, 16, 0, model::RouterScoring::kSoftmax, /*norm_topk_prob=*/false,
+  qwen.moe = {6,
+              3,
+              16,
+              0,
+              model::RouterScoring::kSoftmax,
+              /*norm_topk_prob=*/false,
               /*first_dense_layers=*/1};
   for (const model::LlamaShape& shape : {mixtral, qwen}) {
     const model::ModelConfig c = *model::MakeLlamaConfig(shape);
@@ -437,7 +442,8 @@ TEST_F(HfLlamaTest, MixtralAndQwen3MoeCheckpointsGiveTheirLogitsAndExportBack) {
                                "first_dense_layers: 0}");
     model::LlamaShape dense = shape;
     dense.moe = {};
-    absl::StatusOr<std::vector<float>> refused = LoadModelWeights(out, *model::MakeLlamaConfig(dense));
+    absl::StatusOr<std::vector<float>> refused =
+        LoadModelWeights(out, *model::MakeLlamaConfig(dense));
     ASSERT_FALSE(refused.ok());
     EXPECT_NE(refused.status().message().find("MoE layers), the spec's model.moe none"),
               std::string::npos)

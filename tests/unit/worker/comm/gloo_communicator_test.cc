@@ -216,8 +216,7 @@ TEST_P(CollectiveTest, AllToAllV) {
       for (int p = 0; p < world; ++p) {
         for (size_t i = 0; i < send_counts[p]; ++i) send.Set(at++, value(r, p, i));
       }
-      ASSERT_TRUE(
-          comm.AllToAllV(send.data(), send_counts, recv.data(), recv_counts, dtype).ok());
+      ASSERT_TRUE(comm.AllToAllV(send.data(), send_counts, recv.data(), recv_counts, dtype).ok());
       std::vector<float> want;
       for (int p = 0; p < world; ++p) {
         for (size_t i = 0; i < recv_counts[p]; ++i) want.push_back(value(p, r, i));
@@ -228,9 +227,8 @@ TEST_P(CollectiveTest, AllToAllV) {
     }
     // Counts that do not match the group are refused before anything moves.
     std::vector<float> x(4);
-    EXPECT_TRUE(absl::IsInvalidArgument(
-        comm.AllToAllV(x.data(), {1}, x.data() + 2, std::vector<size_t>(world + 1, 0),
-                       DataType::kFloat32)));
+    EXPECT_TRUE(absl::IsInvalidArgument(comm.AllToAllV(
+        x.data(), {1}, x.data() + 2, std::vector<size_t>(world + 1, 0), DataType::kFloat32)));
   });
 }
 

@@ -163,9 +163,8 @@ void CrossCheckTest::ExpectLossLogitsAndGradientsMatchTorch() {
   // (torch_crosscheck.py's too).
   const MoeStats moe = model_->TakeMoeStats();
   if (config_.moe.on()) {
-    std::printf("[torch] MoE: aux loss %.6f, z-loss %.6f, %lld pairs, %lld dropped\n",
-                moe.aux_loss, moe.z_loss, static_cast<long long>(moe.pairs),
-                static_cast<long long>(moe.dropped));
+    std::printf("[torch] MoE: aux loss %.6f, z-loss %.6f, %lld pairs, %lld dropped\n", moe.aux_loss,
+                moe.z_loss, static_cast<long long>(moe.pairs), static_cast<long long>(moe.dropped));
     EXPECT_EQ(moe.forwards, 1);
     EXPECT_GT(moe.aux_loss, 0.0);
   }
@@ -280,8 +279,12 @@ class GptMoeCrossCheckTest : public CrossCheckTest {
   absl::StatusOr<ModelConfig> Config() const override {
     absl::StatusOr<ModelConfig> c = MakeGptConfig(3, 4, 64, 32, 100);
     if (!c.ok()) return c;
-    c->moe = {/*experts=*/6, /*top_k=*/3, /*expert_ffn_dim=*/32, /*shared_experts=*/1,
-              model::RouterScoring::kSigmoid, /*norm_topk_prob=*/false,
+    c->moe = {/*experts=*/6,
+              /*top_k=*/3,
+              /*expert_ffn_dim=*/32,
+              /*shared_experts=*/1,
+              model::RouterScoring::kSigmoid,
+              /*norm_topk_prob=*/false,
               /*first_dense_layers=*/1};
     if (absl::Status s = model::ValidateModelConfig(*c); !s.ok()) return s;
     return c;
