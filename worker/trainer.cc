@@ -212,6 +212,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Compose(const JobSpec& spec, i
   const MeshCoord coord = dims->Coord(rank);
   t->dp_rank_ = coord.dp;
   t->cp_rank_ = coord.cp;
+  t->expert_dp_rank_ = dims->ExpertDpRank(coord);
   if (dims->cp() > 1) {
     if (absl::Status s = dims->CheckSequence(spec.batch.seq_len); !s.ok()) return s;
     t->cp_columns_ = model::ContextChunkPositions(spec.batch.seq_len, dims->cp(), coord.cp);
@@ -526,6 +527,9 @@ absl::Status Trainer::LoadInitialWeights(const std::string& path) {
                        read = (*source)->Read(global, n, params.data() + params.size() - n);
                      });
   if (!read.ok()) return failed(read);
+  if (const checkpoint::ReadStats r = (*source)->Stats(); r.files > 0) {
+    init_read_summary_ = "model.init: " + checkpoint::ReadStatsText(r);
+  }
   const std::vector<float> zeros(params.size(), 0.0f);
   return strategy_->Restore(params, zeros, zeros, 0);
 }
@@ -543,15 +547,24 @@ absl::StatusOr<absl::Span<const float>> Trainer::WholeModel() {
   const model::ParamLayout& layout = engine_->layout();
   if (layout.slice().whole()) return ParamsOnHost(&whole_);
   // Every slice adds its elements (one replica of each: dp coordinate 0,
-  // no tp or tied replicas) into zeros, summed into rank 0: exact.
+  // no tp or tied replicas) into zeros, summed into rank 0: exact. Under
+  // expert parallelism the replicas with dp coordinate 0 hold one group of
+  // experts only: the first replica of each other group adds its experts.
   whole_.assign(layout.global_num_params(), 0.0f);
-  if (dp_rank_ == 0 && cp_rank_ == 0) {
+  const bool first_replica = dp_rank_ == 0 && cp_rank_ == 0;
+  if (first_replica || expert_dp_rank_ == 0) {
     std::vector<float> copy;
     const absl::Span<const float> p = ParamsOnHost(&copy);
-    ForEachGlobalPiece(layout, {{0, layout.num_params()}}, layout.ReplicaRanges(),
-                       [&](size_t at, size_t global, size_t n) {
-                         std::copy(p.begin() + at, p.begin() + at + n, whole_.begin() + global);
-                       });
+    const parallel::FlatRanges mine = first_replica
+                                          ? parallel::FlatRanges{{0, layout.num_params()}}
+                                          : parallel::FlatRanges(layout.ExpertRanges());
+    for (const auto& [begin, end] : mine) {
+      ForEachGlobalPiece(layout, {{begin, end}}, layout.ReplicaRanges(),
+                         [&](size_t at, size_t global, size_t n) {
+                           std::copy(p.begin() + begin + at, p.begin() + begin + at + n,
+                                     whole_.begin() + global);
+                         });
+    }
   }
   if (!world_->device_memory()) {
     if (absl::Status s = world_->Reduce(whole_.data(), whole_.size(), comm::DataType::kFloat32,

@@ -198,6 +198,11 @@ class Trainer {
 
   engine::Engine& engine() { return *engine_; }
   const JobSpec& spec() const { return spec_; }
+  // What reading model.init took from a checkpoint read range by range (a
+  // Hugging Face Llama-family one): this rank's share only, e.g. "model.init:
+  // read 1.20 MiB of the checkpoint's 4.80 MiB of tensors (25.0%) from 2 of
+  // 3 files"; "" otherwise.
+  const std::string& init_read_summary() const { return init_read_summary_; }
 
  private:
   Trainer(JobSpec spec, int rank) : spec_(std::move(spec)), rank_(rank) {}
@@ -236,6 +241,7 @@ class Trainer {
   BatchSplit split_;  // of spec_.batch over dp
   int dp_rank_ = 0;   // this rank's dp coordinate
   int cp_rank_ = 0;   // and its cp coordinate
+  int expert_dp_rank_ = 0;  // its index among the ranks holding the same experts
   // Context parallelism: the columns of each sequence this rank holds
   // (ContextChunkPositions; empty without cp), and one micro-batch of whole
   // sequences they are taken from.
@@ -261,6 +267,7 @@ class Trainer {
   // sends).
   std::unique_ptr<parallel::PipelineExecutor> pipeline_;
   comm::Communicator* world_ = nullptr;
+  std::string init_read_summary_;
   std::vector<float> whole_;  // WholeModel's buffer: the model is split or on a GPU
   std::vector<int> inputs_, targets_;
   bool measure_ = false;

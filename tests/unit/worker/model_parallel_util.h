@@ -167,6 +167,7 @@ class Corpus {
 struct Losses {
   std::vector<double> loss, val;
   std::vector<double> grad_norm;  // each step's global norm before clipping (rank 0's)
+  std::vector<float> whole;       // the whole model after the last step (Trainer::WholeModel)
 };
 
 // Trains `spec` on its world of thread ranks over steps [first, kSteps];
@@ -204,6 +205,10 @@ inline Losses Train(const JobSpec& spec, int first = 1, const std::string& resum
         shards[step].push_back(*info);
       }
     }
+    // Every rank takes part; rank 0 holds the whole model.
+    absl::StatusOr<absl::Span<const float>> whole = (*trainer)->WholeModel();
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    if (comm.rank() == 0) run.whole.assign(whole->begin(), whole->end());
   });
   for (auto& [step, infos] : shards) {
     std::sort(infos.begin(), infos.end(),
@@ -278,6 +283,17 @@ inline void ExpectSameLossesAndNorms(const Layout& l, const Losses& got, const L
   const double norm = Worst(got.grad_norm, want.grad_norm);
   std::printf("%-36s grad norm max rel diff %.3g\n", Name(l).c_str(), norm);
   EXPECT_LE(norm, tolerance);
+  // The whole model gathered from the layout's slices (every expert group,
+  // tp part and stage in its place) is the one rank's.
+  ASSERT_EQ(got.whole.size(), want.whole.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < got.whole.size(); ++i) {
+    diff = std::max(diff, std::abs(double(got.whole[i]) - want.whole[i]));
+    scale = std::max(scale, std::abs(double(want.whole[i])));
+  }
+  std::printf("%-36s whole model after step %d: max abs diff %.3g (largest weight %.3g)\n",
+              Name(l).c_str(), kSteps, diff, scale);
+  EXPECT_LE(diff, 10 * tolerance * scale);
 }
 
 }  // namespace mp_test
