@@ -483,6 +483,9 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   }
   checkpoint::FileCheckpointStorage storage;
   int64_t first = 1;
+  if (!(*trainer)->init_read_summary().empty()) {
+    report.Event("rank " + std::to_string(a.rank()) + ": " + (*trainer)->init_read_summary());
+  }
   if (!resume_from->empty()) {
     absl::StatusOr<std::string> step_dir = ResolveCheckpoint(storage, *resume_from, report);
     if (!step_dir.ok()) return report.Failure(step_dir.status(), 0, comm.get());

@@ -194,6 +194,8 @@ class HfLlamaSource : public WeightsSource {
     return absl::OkStatus();
   }
 
+  ReadStats Stats() const override { return set_->Stats(); }
+
  private:
   const model::ParamLayout whole_;
   const std::vector<Source> sources_;
@@ -220,13 +222,12 @@ std::string RopeScalingText(const model::RopeScaling& r) {
 
 }  // namespace
 
-namespace {
-
-// The Hugging Face architecture of a Llama-family config: its recipe's.
 const char* HfArchitecture(const model::ModelConfig& c) {
   if (c.moe.on()) return c.qk_norm ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM";
   return c.qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
 }
+
+namespace {
 
 // What the Hugging Face MoE families here hold: no ungated shared experts,
 // softmax scoring; Mixtral also renormalised gates and no dense layers.

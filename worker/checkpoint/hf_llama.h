@@ -68,6 +68,11 @@ absl::Status CheckHfLlamaConfig(const std::string& json_text, const model::Model
 absl::StatusOr<std::unique_ptr<WeightsSource>> OpenHfLlama(const std::string& path,
                                                            const model::ModelConfig& config);
 
+// The Hugging Face architecture a Llama-family config exports as:
+// LlamaForCausalLM, Qwen3ForCausalLM (q/k norms), MixtralForCausalLM or
+// Qwen3MoeForCausalLM (MoE layers, without and with q/k norms).
+const char* HfArchitecture(const model::ModelConfig& config);
+
 struct HfExportOptions {
   DataType dtype = DataType::kFloat32;               // kFloat32 or kBFloat16
   int64_t max_shard_bytes = int64_t{5'000'000'000};  // a file holds at most this (one tensor more)

@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/model/param_layout.h"
 #include "worker/checkpoint/hf_gpt2.h"
 #include "worker/checkpoint/hf_llama.h"
@@ -35,6 +36,17 @@ class VectorSource : public WeightsSource {
 };
 
 }  // namespace
+
+std::string ReadStatsText(const ReadStats& r) {
+  auto bytes = [](int64_t b) {
+    return b >= (1 << 20) ? absl::StrFormat("%.2f MiB", b / double(1 << 20))
+                          : absl::StrFormat("%.1f KiB", b / 1024.0);
+  };
+  return absl::StrFormat("read %s of the checkpoint's %s of tensors (%.1f%%) from %d of %d files",
+                         bytes(r.bytes_read), bytes(r.data_bytes),
+                         r.data_bytes > 0 ? 100.0 * double(r.bytes_read) / double(r.data_bytes) : 0.0,
+                         r.files_read, r.files);
+}
 
 absl::StatusOr<std::unique_ptr<WeightsSource>> OpenModelWeights(const std::string& path,
                                                                 const model::ModelConfig& config) {

@@ -156,6 +156,7 @@ absl::Status SafetensorsFile::Read(const std::string& name, int64_t first, int64
   }
   const size_t eb = DataTypeSize(t.dtype);
   const uint64_t offset = data_start_ + t.begin + uint64_t(first) * eb;
+  bytes_read_ += n * int64_t(eb);
   if (t.dtype == DataType::kFloat32) return ReadAt(fd_, path_, offset, size_t(n) * eb, out);
   // 16-bit: read in pieces and widen (never the whole tensor at once).
   constexpr int64_t kPiece = 1 << 20;
@@ -240,6 +241,23 @@ std::vector<std::string> SafetensorsSet::Names() const {
   std::vector<std::string> names;
   for (const auto& [name, f] : where_) names.push_back(name);
   return names;
+}
+
+int64_t SafetensorsFile::data_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : tensors_) bytes += t.numel() * int64_t(DataTypeSize(t.dtype));
+  return bytes;
+}
+
+ReadStats SafetensorsSet::Stats() const {
+  ReadStats r;
+  for (const auto& f : files_) {
+    r.bytes_read += f->bytes_read();
+    r.data_bytes += f->data_bytes();
+    r.files_read += f->bytes_read() > 0 ? 1 : 0;
+    ++r.files;
+  }
+  return r;
 }
 
 absl::Status SafetensorsSet::Read(const std::string& name, int64_t first, int64_t n,

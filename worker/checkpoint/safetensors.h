@@ -40,6 +40,15 @@ struct SafetensorsEntry {
   int64_t numel() const;
 };
 
+// What reading a checkpoint took: tensor bytes read, of how many in all, and
+// from how many of its files.
+struct ReadStats {
+  int64_t bytes_read = 0;
+  int64_t data_bytes = 0;
+  int files_read = 0;
+  int files = 0;
+};
+
 // One safetensors file, open for reading.
 class SafetensorsFile {
  public:
@@ -58,11 +67,15 @@ class SafetensorsFile {
   // NOT_FOUND for an unknown tensor; OUT_OF_RANGE past its end; DATA_LOSS
   // for a short read.
   absl::Status Read(const std::string& name, int64_t first, int64_t n, float* out) const;
+  // Bytes of tensor data Read so far, and in the whole file.
+  int64_t bytes_read() const { return bytes_read_; }
+  int64_t data_bytes() const;
 
  private:
   SafetensorsFile() = default;
   std::string path_;
   int fd_ = -1;
+  mutable int64_t bytes_read_ = 0;
   uint64_t data_start_ = 0;
   std::map<std::string, SafetensorsEntry> tensors_;
   std::map<std::string, std::string> metadata_;
@@ -83,6 +96,8 @@ class SafetensorsSet {
   absl::Status Read(const std::string& name, int64_t first, int64_t n, float* out) const;
   // The folder the files are in (config.json lies beside them).
   const std::string& dir() const { return dir_; }
+  // What the reads so far took.
+  ReadStats Stats() const;
 
  private:
   std::string dir_;

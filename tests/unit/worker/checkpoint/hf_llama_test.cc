@@ -458,5 +458,47 @@ TEST_F(HfLlamaTest, MixtralAndQwen3MoeCheckpointsGiveTheirLogitsAndExportBack) {
   }
 }
 
+// An expert-parallel rank reads only its share of a sharded checkpoint:
+// ep rank r of 2 reads the dense tensors and its half of the experts, the
+// values equal the whole model's at those places, and Stats says how
+// many bytes that took (each rank's line is what its worker logs).
+TEST_F(HfLlamaTest, AnExpertParallelRankReadsOnlyItsExperts) {
+  model::LlamaShape shape{2, 4, 2, 32, 48, 16, 100, 1e6, 1e-5, false};
+  shape.moe = {/*experts=*/4, /*top_k=*/2, /*expert_ffn_dim=*/64};
+  const model::ModelConfig c = *model::MakeLlamaConfig(shape);
+  const std::vector<float> p = RandomParams(c);
+  const std::string out = Dir("mixtral_ep_reads");
+  HfExportOptions o;
+  o.max_shard_bytes = 40'000;  // fp32: several files
+  ASSERT_TRUE(ExportHfLlama(c, p, out, o).ok());
+  const model::ParamLayout whole(c);
+  int64_t expert_bytes = 0;  // fp32 bytes of every expert tensor
+  for (const model::TensorInfo& t : whole.tensors()) {
+    if (t.name.find(".experts.") != std::string::npos) expert_bytes += int64_t(t.numel) * 4;
+  }
+  // The file has no padded vocabulary rows (zeros, never read) of wte and the head.
+  const int64_t all_bytes =
+      (int64_t(whole.num_params()) - int64_t(c.padded_vocab - c.vocab) * c.dim * 2) * 4;
+  for (int rank = 0; rank < 2; ++rank) {
+    model::ModelSlice slice;
+    slice.ep = 2;
+    slice.ep_rank = rank;
+    const model::ParamLayout layout(c, slice);
+    absl::StatusOr<std::unique_ptr<WeightsSource>> source = OpenModelWeights(out, c);
+    ASSERT_TRUE(source.ok()) << source.status();
+    std::vector<float> got(layout.num_params());
+    for (const model::FlatRun& run : layout.GlobalRuns(0, layout.num_params())) {
+      ASSERT_TRUE((*source)->Read(run.global, run.count, got.data() + run.local).ok());
+      for (size_t i = 0; i < run.count; ++i) ASSERT_EQ(got[run.local + i], p[run.global + i]);
+    }
+    const ReadStats r = (*source)->Stats();
+    std::printf("[hf-llama] ep rank %d of 2: %s\n", rank, ReadStatsText(r).c_str());
+    EXPECT_EQ(r.data_bytes, all_bytes);
+    EXPECT_EQ(r.bytes_read, all_bytes - expert_bytes / 2);
+    EXPECT_GT(r.files, 2);
+    EXPECT_LE(r.files_read, r.files);
+  }
+}
+
 }  // namespace
 }  // namespace shardtrain::checkpoint
