@@ -195,23 +195,35 @@ absl::Status AddModelFromInit(const GlobalFlags& g, const std::string& spec_text
   const std::string path = checkpoint::HfConfigPathOf(from->init);
   std::string json;
   if (absl::Status s = ReadFile(path, &json); !s.ok()) {
+    // A spec that describes its model may init from our own checkpoint.
+    if (!from->shape_from_init) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
         "model.init: the spec names no model shape, and its config.json cannot be read here (",
         s.message(), "): set model.preset or the model's fields, or run from where ", from->init,
         " is"));
   }
-  auto fields = checkpoint::ModelFieldsFromHfConfig(json);
-  if (!fields.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.init: ", path, ": ", fields.status().message()));
-  }
   std::vector<std::string> added;
-  for (const auto& [key, value] : *fields) {
-    if (absl::c_linear_search(from->keys_set, key)) continue;
-    sets->push_back(absl::StrCat("model.", key, "=", value));
-    added.push_back(absl::StrCat(key, " ", value));
+  if (from->shape_from_init) {
+    auto fields = checkpoint::ModelFieldsFromHfConfig(json);
+    if (!fields.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.init: ", path, ": ", fields.status().message()));
+    }
+    for (const auto& [key, value] : *fields) {
+      if (absl::c_linear_search(from->keys_set, key)) continue;
+      sets->push_back(absl::StrCat("model.", key, "=", value));
+      added.push_back(absl::StrCat(key, " ", value));
+    }
   }
-  if (g.output != "json") {
+  // A checkpoint that is not one of ours or fails to parse: its reader says why.
+  absl::StatusOr<std::optional<std::string>> aux = checkpoint::HfRouterAuxLossCoef(json);
+  if (!from->aux_loss_coef_set && aux.ok() && aux->has_value()) {
+    const std::string& coef = **aux;
+    sets->push_back(absl::StrCat("router.aux_loss_coef=", coef));
+    added.push_back(absl::StrCat("router.aux_loss_coef ", coef,
+                                 " (router_aux_loss_coef × top_k / MoE layers)"));
+  }
+  if (g.output != "json" && !added.empty()) {
     std::cerr << "shardtrain: model from " << path << ": " << absl::StrJoin(added, ", ")
               << std::endl;
   }

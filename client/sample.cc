@@ -199,16 +199,21 @@ int ExportLlama(const GlobalFlags& g, const ExportOptions& o,
   const model::ModelConfig& c = weights.config;
   if (g.output == "json") {
     std::cout << "{\"from\": " << JsonString(from) << ", \"out\": " << JsonString(o.out)
-              << ", \"format\": \"safetensors\", \"layout\": \"llama\", \"dtype\": "
+              << ", \"format\": \"safetensors\", \"layout\": \"llama\", \"architecture\": "
+              << JsonString(checkpoint::HfArchitecture(c)) << ", \"dtype\": "
               << JsonString(o.dtype)
               << ", \"tokenizer_files\": " << (tokenizer.empty() ? "false" : "true") << "}"
               << std::endl;
   } else {
+    const std::string moe =
+        c.moe.on() ? absl::StrCat(", ", c.moe.experts, " experts of ", c.moe.expert_ffn_dim,
+                                  ", top ", c.moe.top_k)
+                   : "";
     std::cout << "exported " << from << " (llama: layers " << c.layers << ", heads " << c.heads
               << ", kv_heads " << c.kv_heads << ", dim " << c.dim << ", ffn_dim " << c.ffn_dim
-              << ", vocab " << c.vocab << ", " << (c.tie_embeddings ? "tied" : "untied")
+              << moe << ", vocab " << c.vocab << ", " << (c.tie_embeddings ? "tied" : "untied")
               << " head) to " << o.out << " in " << o.dtype << ": " << absl::StrJoin(files, ", ")
-              << " (Hugging Face LlamaForCausalLM layout)" << std::endl;
+              << " (Hugging Face " << checkpoint::HfArchitecture(c) << " layout)" << std::endl;
   }
   return kExitOk;
 }

@@ -452,13 +452,15 @@ absl::StatusOr<ModelFromInit> ModelShapeFromInit(std::string_view yaml_text,
   ModelFromInit out;
   try {
     const Node model = root["model"];
-    if (!model.IsDefined() || !model.IsMap() || Present(model, "preset") ||
-        Present(model, "layers") || !Present(model, "init")) {
-      return out;  // the spec describes its model itself (or ParseJobSpec refuses it)
+    if (!model.IsDefined() || !model.IsMap() || !Present(model, "init")) {
+      return out;  // nothing to read (or ParseJobSpec refuses it)
     }
     SHARDTRAIN_RETURN_IF_ERROR(ReadString(model, "model", "init", &out.init));
     if (out.init.empty()) return out;
+    out.shape_from_init = !Present(model, "preset") && !Present(model, "layers");
     for (const auto& kv : model) out.keys_set.push_back(kv.first.as<std::string>());
+    const Node router = root["router"];
+    out.aux_loss_coef_set = router.IsDefined() && router.IsMap() && Present(router, "aux_loss_coef");
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("spec: ", e.what()));
   }

@@ -311,17 +311,21 @@ std::vector<std::string> JobSpecFieldPaths();
 absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text,
                                      const std::vector<std::string>& overrides = {});
 
-// A spec whose model section (after `overrides`) sets model.init and
-// neither model.preset nor model.layers takes its model from init's
-// Hugging Face config.json (the CLI reads it: checkpoint::
-// ModelFieldsFromHfConfig, and adds what it gives as overrides). `init` is
-// that path ("" when the spec describes its model itself); `keys_set` the
-// model.* keys the spec sets (they are not overridden: the checkpoint's
-// reader checks that they agree with config.json). INVALID_ARGUMENT for
-// YAML or overrides ParseJobSpec would refuse the same way.
+// What the CLI completes from model.init's Hugging Face config.json before
+// it submits a spec (checkpoint::ModelFieldsFromHfConfig and
+// HfRouterAuxLossCoef; the checkpoint's reader checks that what the spec
+// sets agrees). `init` is model.init after `overrides` ("" when unset);
+// `shape_from_init` says the model section sets neither model.preset nor
+// model.layers, so every model field the spec leaves out comes from
+// config.json; `keys_set` the model.* keys the spec sets (not overridden);
+// `aux_loss_coef_set` whether it sets router.aux_loss_coef (else an MoE
+// checkpoint's router_aux_loss_coef gives it). INVALID_ARGUMENT for YAML or
+// overrides ParseJobSpec would refuse the same way.
 struct ModelFromInit {
   std::string init;
+  bool shape_from_init = false;
   std::vector<std::string> keys_set;
+  bool aux_loss_coef_set = false;
 };
 absl::StatusOr<ModelFromInit> ModelShapeFromInit(std::string_view yaml_text,
                                                  const std::vector<std::string>& overrides = {});

@@ -5,8 +5,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 
 namespace shardtrain::checkpoint {
 namespace {
@@ -193,6 +195,27 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ModelFieldsFrom
                               ", high_freq_factor: ", Number(r->high_freq_factor),
                               ", original_max_position_embeddings: ", r->original_context, "}"));
   return out;
+}
+
+absl::StatusOr<std::optional<std::string>> HfRouterAuxLossCoef(const std::string& text) {
+  // ModelFieldsFromHfConfig validates the fields read here.
+  SHARDTRAIN_ASSIGN_OR_RETURN(auto fields, ModelFieldsFromHfConfig(text));
+  const Json j = Json::parse(text, nullptr, false);
+  const bool moe = absl::c_any_of(fields, [](const auto& f) {
+    return f.first == "moe" && f.second != "none";
+  });
+  if (!moe || !j.contains("router_aux_loss_coef")) return std::nullopt;
+  const Json& c = j["router_aux_loss_coef"];
+  if (!c.is_number() || c.get<double>() < 0) {
+    return Bad(absl::StrCat("router_aux_loss_coef ", c.dump(), " is not a number >= 0"));
+  }
+  const int64_t dense = j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array()
+                            ? static_cast<int64_t>(j["mlp_only_layers"].size())
+                            : 0;
+  const int64_t moe_layers = j["num_hidden_layers"].get<int64_t>() - dense;
+  if (moe_layers < 1) return std::nullopt;
+  return Number(c.get<double>() * static_cast<double>(j["num_experts_per_tok"].get<int64_t>()) /
+                static_cast<double>(moe_layers));
 }
 
 std::string HfConfigPathOf(const std::string& init_path) {

@@ -5,6 +5,7 @@
 #ifndef SHARDTRAIN_WORKER_CHECKPOINT_HF_CONFIG_H_
 #define SHARDTRAIN_WORKER_CHECKPOINT_HF_CONFIG_H_
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +37,16 @@ absl::StatusOr<model::RopeScaling> HfRopeScaling(const std::string& config_json_
 // architecture, or a missing or non-integer field.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ModelFieldsFromHfConfig(
     const std::string& config_json_text);
+
+// The router.aux_loss_coef (as YAML number text) that trains as the
+// config.json's router_aux_loss_coef does in Hugging Face's MixtralForCausalLM and
+// Qwen3MoeForCausalLM: nullopt for a dense model or without the field.
+// Hugging Face adds one Switch loss over the tokens of every MoE layer
+// taken together, K times ours per layer (concepts.md § Balancing), so
+// ours is router_aux_loss_coef · num_experts_per_tok / (MoE layers): equal
+// per-layer gradients and the same total loss when the layers' loads are
+// alike. INVALID_ARGUMENT for a negative or non-numeric coefficient.
+absl::StatusOr<std::optional<std::string>> HfRouterAuxLossCoef(const std::string& config_json_text);
 
 // Where the config.json of model.init's `path` lies: path/config.json for a
 // folder, else beside the file (a .safetensors file or its index).

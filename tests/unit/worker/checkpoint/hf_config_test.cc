@@ -121,10 +121,38 @@ TEST(HfConfigTest, WhatIsNotComputedHereIsRefusedNamingTheField) {
       std::string::npos);
 }
 
+// router_aux_loss_coef gives router.aux_loss_coef scaled to our per-layer
+// loss: × top_k (Hugging Face's loss counts each token's K choices) and
+// / MoE layers (it adds one loss over all of them); dense models give none.
+TEST(HfConfigTest, AnMoeCheckpointsAuxLossCoefficientIsOursPerLayer) {
+  nlohmann::json j = nlohmann::json::parse(kLlama32);
+  EXPECT_EQ(*HfRouterAuxLossCoef(j.dump()), std::nullopt);  // dense
+  j["architectures"] = {"Qwen3MoeForCausalLM"};
+  j["num_hidden_layers"] = 6;
+  j["num_experts"] = 8;
+  j["num_experts_per_tok"] = 2;
+  j["moe_intermediate_size"] = 64;
+  j["mlp_only_layers"] = {0, 1};
+  EXPECT_EQ(*HfRouterAuxLossCoef(j.dump()), std::nullopt);  // no coefficient
+  j["router_aux_loss_coef"] = 0.001;
+  EXPECT_EQ(*HfRouterAuxLossCoef(j.dump()), "0.0005");  // 0.001 · 2 / 4
+  j["architectures"] = {"MixtralForCausalLM"};
+  j["num_local_experts"] = 8;
+  j["router_aux_loss_coef"] = 0.02;
+  j.erase("mlp_only_layers");
+  EXPECT_EQ(*HfRouterAuxLossCoef(j.dump()), "0.006666666666666667");
+  j["router_aux_loss_coef"] = -1;
+  EXPECT_NE(std::string(HfRouterAuxLossCoef(j.dump()).status().message())
+                .find("config.json: router_aux_loss_coef -1 is not a number >= 0"),
+            std::string::npos);
+}
+
 TEST(HfConfigTest, OnlyASpecNamingJustInitTakesItsModelFromIt) {
   absl::StatusOr<ModelFromInit> from = ModelShapeFromInit(kSpec);
   ASSERT_TRUE(from.ok()) << from.status();
   EXPECT_EQ(from->init, "some/dir");
+  EXPECT_TRUE(from->shape_from_init);
+  EXPECT_FALSE(from->aux_loss_coef_set);
   EXPECT_EQ(from->keys_set, std::vector<std::string>{"init"});
   // Fields it also sets are kept (and listed); a preset or layers means the
   // spec describes its model itself.
@@ -133,13 +161,16 @@ TEST(HfConfigTest, OnlyASpecNamingJustInitTakesItsModelFromIt) {
   EXPECT_EQ(from->init, "some/dir");
   EXPECT_EQ(from->keys_set, (std::vector<std::string>{"init", "recompute", "context"}));
   for (const char* set : {"model.preset=llama3-1b", "model.layers=2"}) {
-    from = ModelShapeFromInit(kSpec, {set});
+    from = ModelShapeFromInit(kSpec, {set, "router.aux_loss_coef=0"});
     ASSERT_TRUE(from.ok()) << from.status();
-    EXPECT_EQ(from->init, "") << set;
+    EXPECT_EQ(from->init, "some/dir") << set;
+    EXPECT_FALSE(from->shape_from_init) << set;
+    EXPECT_TRUE(from->aux_loss_coef_set) << set;
   }
   from = ModelShapeFromInit("name: x\nmodel: {layers: 2}\n");
   ASSERT_TRUE(from.ok());
   EXPECT_EQ(from->init, "");
+  EXPECT_FALSE(from->shape_from_init);
   // Without the CLI's fields the spec names what is missing and the way out.
   absl::StatusOr<JobSpec> bare = ParseJobSpec(kSpec);
   ASSERT_FALSE(bare.ok());

@@ -179,12 +179,13 @@ def main():
         if mixtral:
             cfg.update({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
                         "intermediate_size": He, "num_local_experts": E, "num_experts_per_tok": K,
-                        "output_router_logits": False})
+                        "output_router_logits": False, "router_aux_loss_coef": 0.02})
         else:
             cfg.update({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
                         "num_experts": E, "num_experts_per_tok": K, "moe_intermediate_size": He,
                         "norm_topk_prob": s["norm_topk"] == "1", "decoder_sparse_step": 1,
-                        "mlp_only_layers": list(range(dense)), "output_router_logits": False})
+                        "mlp_only_layers": list(range(dense)), "output_router_logits": False,
+                        "router_aux_loss_coef": 0.001})
     if "rope_factor" in s:
         cfg["rope_scaling"] = {"rope_type": "llama3", "factor": float(s["rope_factor"]),
                                "low_freq_factor": float(s["rope_low"]),
