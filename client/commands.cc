@@ -515,6 +515,7 @@ int PlanAuto(const GlobalFlags& g, const std::string& spec_path, std::vector<std
   }
   options.cost.tp_bandwidth = flags.tp_gbps * 1e9;
   options.cost.link_bandwidth = flags.link_gbps * 1e9;
+  options.cost.ranks_per_node = flags.ranks_per_node;
   absl::StatusOr<AutoLayoutResult> result = AutoLayout(*spec, options);
   if (!result.ok()) return ReportError(g, result.status());
   if (g.output == "json") {

@@ -59,6 +59,7 @@ struct PlanAutoFlags {
   double mfu = 0.4;          // --mfu: the share of that peak a rank sustains
   double tp_gbps = 300;      // --tp-bandwidth, GB/s inside a tp group
   double link_gbps = 25;     // --link-bandwidth, GB/s between nodes
+  int ranks_per_node = 8;    // --ranks-per-node: an ep group inside one uses tp_gbps
 };
 // Searches the layouts of the spec's model on --ranks ranks
 // (common/auto_layout.h) and prints the ranked table and the chosen layout

@@ -128,10 +128,11 @@ int main(int argc, char** argv) {
   plan->add_flag("--auto", plan_auto,
                  "search every dp×tp×pp layout (ZeRO 0-3, 3 only with pp 1; 1F1B; global "
                  "batch kept; the spec's parallel.cp kept, or for seq_len >= 2048 on CPU ranks "
-                 "also cp = 2, 4, ... splitting each sequence) on --ranks ranks that fits "
-                 "--memory-per-rank, ranked by predicted "
+                 "also cp = 2, 4, ... splitting each sequence; MoE models: every ep) on --ranks "
+                 "ranks that fits --memory-per-rank, ranked by predicted "
                  "step time = 6·params·tokens/(ranks·flops)/(1-bubble) + tp bytes/tp bandwidth + "
-                 "pp, dp and cp bytes/link bandwidth (no overlap); a layout over "
+                 "pp, dp and cp bytes/link bandwidth + ep all-to-all bytes/(tp bandwidth inside "
+                 "a node, else link bandwidth) (no overlap); a layout over "
                  "the budget is tried again with activation recomputation, cheapest first "
                  "(model.recompute selective, then full on the first K blocks of each stage); "
                  "prints the top 10 and the chosen layout as --set overrides; exit 2 when "
@@ -160,6 +161,11 @@ int main(int argc, char** argv) {
                    "--auto: GB/s a rank sends between nodes (pp, dp)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  plan->add_option("--ranks-per-node", auto_flags.ranks_per_node,
+                   "--auto: ranks of one node; an MoE model's ep group within one (tp · ep "
+                   "consecutive ranks) sends its all-to-all at --tp-bandwidth")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   add_common(plan, false, "table|json");
 
   auto* lc = app.add_subcommand(

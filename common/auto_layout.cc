@@ -114,7 +114,10 @@ absl::StatusOr<LayoutCandidate> PlanLayout(const JobSpec& spec, JobSpec alt,
   c.pp_s = double(plan->pp_comm_bytes_per_step()) / cost.link_bandwidth;
   c.dp_s = double(plan->dp_comm_bytes_per_step()) / cost.link_bandwidth;
   c.cp_s = double(plan->cp_comm_bytes_per_step()) / cost.link_bandwidth;
-  c.ep_s = double(plan->ep_comm_bytes_per_step()) / cost.link_bandwidth;
+  const bool ep_in_node = c.tp * c.ep <= cost.ranks_per_node;
+  c.ep_s = double(plan->ep_comm_bytes_per_step()) /
+           (ep_in_node ? cost.tp_bandwidth : cost.link_bandwidth);
+  c.model_flops_per_rank = 6.0 * double(*num_params) * tokens / ranks / c.step_s();
   return c;
 }
 
@@ -165,7 +168,7 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
         if ((rest / tp) % pp != 0) continue;
         const int dp = rest / (tp * pp);
         const int micro = MicroFor(spec.batch.global, spec.batch.micro, dp);
-        // MoE models: every ep dividing dp · cp and the experts (ZeRO 0).
+        // MoE models: every ep dividing dp · cp and the experts.
         for (int ep = 1; ep <= dp * cp; ++ep) {
           if ((dp * cp) % ep != 0 || (ep > 1 && !config->moe.on())) continue;
           const ParallelDims dims =
@@ -178,8 +181,10 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
             }
             continue;
           }
-          for (int zero = 0; zero <= (ep > 1 ? 0 : 3); ++zero) {
+          for (int zero = 0; zero <= 3; ++zero) {
             if (!dims.CheckZero(zero).ok()) continue;
+            // Aux-loss-free bias updates change whole parameters (ZeRO <= 2).
+            if (zero == 3 && spec.router.bias_update_rate > 0) continue;
             JobSpec alt = spec;
             alt.parallel.dp = dp;
             alt.parallel.cp = cp;
@@ -294,6 +299,14 @@ std::string AutoLayoutText(const JobSpec& spec, const AutoLayoutOptions& options
       result.num_params, int64_t{spec.batch.global} * spec.batch.seq_len,
       cost.flops_per_rank / 1e12, cost.tp_bandwidth / 1e9, cost.link_bandwidth / 1e9,
       cost.link_bandwidth / 1e9);
+  if (absl::StatusOr<model::ModelConfig> config = spec.model.Config();
+      config.ok() && config->moe.on()) {
+    absl::StrAppendFormat(&out,
+                          "  + ep = the MoE layers' all-to-all bytes / %.0f GB/s when tp · ep <= "
+                          "%d ranks of a node, else / %.0f GB/s\n",
+                          cost.tp_bandwidth / 1e9, cost.ranks_per_node,
+                          cost.link_bandwidth / 1e9);
+  }
   const std::vector<int> cps = CpDegrees(spec, options.ranks);
   if (spec.parallel.cp > 1) {
     absl::StrAppendFormat(&out,
@@ -340,6 +353,13 @@ std::string AutoLayoutText(const JobSpec& spec, const AutoLayoutOptions& options
       best.dp, best.cp > 1 ? absl::StrCat(" · cp ", best.cp) : "", best.tp, best.pp,
       best.ep > 1 ? absl::StrCat(", ep ", best.ep) : "", best.zero, Ms(best.step_s()),
       FormatPlanBytes(best.peak_memory));
+  absl::StrAppendFormat(&out,
+                        "  predicted %.0f model TFLOP/s per rank (6 · %d params · %d tokens / "
+                        "%d ranks / step), %.1f%% of the %.0f TFLOP/s assumed\n",
+                        best.model_flops_per_rank / 1e12, result.num_params,
+                        int64_t{spec.batch.global} * spec.batch.seq_len, options.ranks,
+                        100 * best.model_flops_per_rank / cost.flops_per_rank,
+                        cost.flops_per_rank / 1e12);
   if (best.memory_without > 0) {
     absl::StrAppendFormat(&out,
                           "  with model.recompute=%s: %s per rank without it (over the budget); "

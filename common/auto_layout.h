@@ -58,6 +58,10 @@ struct CostModel {
   double flops_per_rank = 100e12;  // FLOP/s each rank sustains
   double tp_bandwidth = 300e9;     // bytes/s each rank sends inside a tp group (NVLink-class)
   double link_bandwidth = 25e9;    // bytes/s each rank sends between nodes (pp, dp)
+  // Ranks of one node: an ep group spanning tp · ep <= this consecutive
+  // ranks sends its all-to-all at tp_bandwidth (inside the node), a wider
+  // one at link_bandwidth.
+  int ranks_per_node = 8;
 };
 
 struct AutoLayoutOptions {
@@ -82,9 +86,14 @@ struct LayoutCandidate {
   double recompute_share = 0;
   int64_t memory_without = 0;  // 0: the spec's own mode was kept
   // cp_s: the context-parallel ring's bytes over the link; ep_s: the MoE
-  // layers' all-to-all bytes over it.
+  // layers' all-to-all bytes, inside a node or over the link
+  // (CostModel::ranks_per_node).
   double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0, cp_s = 0, ep_s = 0;
   double step_s() const { return compute_s + tp_s + pp_s + dp_s + cp_s + ep_s; }
+  // The model FLOP/s each rank does at the predicted step: 6 · the
+  // parameters a token uses · tokens per step / ranks / step_s (what MFU
+  // and Megatron's "TFLOP/s per GPU" count, attention left out).
+  double model_flops_per_rank = 0;
   // The layout as `--set` overrides of the spec: parallel.dp, tp, pp, zero,
   // schedule=1f1b, parallel.cp and parallel.ep when they differ from the spec's,
   // parallel.stages=[] when the spec

@@ -126,12 +126,6 @@ absl::Status ParseParallel(const Node& root, const ModelSpec& model, ParallelSpe
   SHARDTRAIN_ASSIGN_OR_RETURN(model::ModelConfig config, model.Config());
   SHARDTRAIN_RETURN_IF_ERROR(dims.CheckModelFits(config));
   SHARDTRAIN_RETURN_IF_ERROR(dims.CheckZero(p->zero));
-  if (p->ep > 1 && p->zero > 0) {
-    return FieldError("parallel.ep", p->ep,
-                      " needs parallel.zero 0 for now: the ZeRO stages do not shard the experts' "
-                      "state over their expert-data-parallel group yet (zero is ",
-                      p->zero, ")");
-  }
   if (p->pp_virtual > 1) {
     if (p->schedule != PipelineSchedule::k1F1B) {
       return FieldError("parallel.pp_virtual", "interleaves 1F1B: it needs parallel.schedule 1f1b");

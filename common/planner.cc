@@ -96,6 +96,7 @@ struct StageShape {
   std::vector<int64_t> local_numel;  // one per unit
   std::vector<std::string> names;    // their names
   int64_t experts = 0;               // elements of its experts' tensors (ExpertRanges)
+  std::vector<int64_t> unit_experts;  // of each unit (an MoE block's tail)
 };
 
 StageShape ShapeOfStage(const model::ModelConfig& cfg, const model::ModelSlice& slice) {
@@ -103,12 +104,18 @@ StageShape ShapeOfStage(const model::ModelConfig& cfg, const model::ModelSlice& 
   shape.slice = slice;
   const model::ParamLayout layout(cfg, slice);
   shape.num_params = static_cast<int64_t>(layout.num_params());
+  const std::vector<std::pair<size_t, size_t>> experts = layout.ExpertRanges();
   for (const model::UnitInfo& u : layout.units()) {
     shape.local_numel.push_back(static_cast<int64_t>(u.numel));
     shape.names.push_back(u.name);
+    int64_t x = 0;
+    for (const auto& [b, e] : experts) {
+      if (b >= u.offset && b < u.offset + u.numel) x += static_cast<int64_t>(e - b);
+    }
+    shape.unit_experts.push_back(x);
+    shape.experts += x;
   }
   if (slice.has_embeddings(cfg)) shape.wte = static_cast<int64_t>(layout.tensors()[0].numel);
-  for (const auto& [b, e] : layout.ExpertRanges()) shape.experts += static_cast<int64_t>(e - b);
   return shape;
 }
 
@@ -192,11 +199,27 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
   Estimate e;
   v1::MemoryEstimate& mem = e.memory;
   const bool through_host = StateThroughHost(spec);
+  // Under expert parallelism ZeRO shards each MoE block's experts (its
+  // tail) over the edp = dp · cp / ep ranks holding the same experts, the
+  // rest over dp · cp (parallel::Zero's parts).
+  const int edp = dp / spec.parallel.ep;
+  auto over_parts = [&](size_t unit, auto f) {
+    const int64_t x = shape.unit_experts[unit];
+    return f(shape.local_numel[unit] - x, dp) + (x > 0 ? f(x, edp) : decltype(f(x, edp)){});
+  };
   int64_t emb = 0, largest_block = 0, host = 0;
   for (size_t i = 0; i < shape.local_numel.size(); ++i) {
     const int64_t n = shape.local_numel[i];
-    const ModelStateBytes b = through_host ? GpuThroughHostBytes(n, dp, zero, per, &host)
-                                           : ZeroMemoryBytes(n, dp, zero, per);
+    const int64_t x = shape.unit_experts[i];
+    ModelStateBytes b;
+    for (const auto& [count, group] : {std::pair<int64_t, int>{n - x, dp}, {x, edp}}) {
+      const ModelStateBytes part = through_host
+                                       ? GpuThroughHostBytes(count, group, zero, per, &host)
+                                       : ZeroMemoryBytes(count, group, zero, per);
+      b.params += part.params;
+      b.grads += part.grads;
+      b.optimizer += part.optimizer;
+    }
     mem.set_params_bytes(mem.params_bytes() + b.params);
     mem.set_grads_bytes(mem.grads_bytes() + b.grads);
     mem.set_optimizer_bytes(mem.optimizer_bytes() + b.optimizer);
@@ -261,7 +284,9 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
     }
     if (zero >= 2 && m > 1) {
       int64_t shard = 0;
-      for (int64_t n : shape.local_numel) shard += BusiestShard(n, dp);
+      for (size_t i = 0; i < shape.local_numel.size(); ++i) {
+        shard += over_parts(i, [](int64_t n, int g) { return BusiestShard(n, g); });
+      }
       (through_host ? host : bytes) += shard * gb;
     }
     // parallel.reduce_dtype bf16: DDP's bf16 copy of the gradient.
@@ -296,34 +321,30 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
   if (dp > 1) {
     int64_t local = 0;
     for (size_t i = 0; i < shape.local_numel.size(); ++i) {
-      const int64_t n = shape.local_numel[i];
-      local += n;
-      switch (zero) {
-        case 0:
-          break;
-        case 1:
-          comm += AllReduceBytes(n, dp, gb) + GatherBytes(n, dp, pb);
-          break;
-        case 2:
-          comm += m * ReduceScatterBytes(n, dp, gb) + GatherBytes(n, dp, pb);
-          break;
-        default: {
-          // Gathers per micro-batch: each unit once for its forward and once
-          // for its backward (the embeddings: for the encoder, then for a
-          // tied LM head's forward and backward back to back; once only
-          // with an untied head), or once in all without resharding.
-          const bool untied_embeddings = !cfg.tie_embeddings && shape.names[i] == "embeddings";
-          const int gathers = reshard && !untied_embeddings ? 2 : 1;
-          comm += m * (ReduceScatterBytes(n, dp, gb) + gathers * GatherBytes(n, dp, pb));
-          break;
+      local += shape.local_numel[i];
+      // Gathers per micro-batch under ZeRO-3: each unit once for its
+      // forward and once for its backward (the embeddings: for the encoder,
+      // then for a tied LM head's forward and backward back to back; once
+      // only with an untied head), or once in all without resharding.
+      const bool untied_embeddings = !cfg.tie_embeddings && shape.names[i] == "embeddings";
+      const int gathers = reshard && !untied_embeddings ? 2 : 1;
+      comm += over_parts(i, [&](int64_t n, int g) -> int64_t {
+        switch (zero) {
+          case 0:
+            return 0;
+          case 1:
+            return AllReduceBytes(n, g, gb) + GatherBytes(n, g, pb);
+          case 2:
+            return m * ReduceScatterBytes(n, g, gb) + GatherBytes(n, g, pb);
+          default:
+            return m * (ReduceScatterBytes(n, g, gb) + gathers * GatherBytes(n, g, pb));
         }
-      }
+      });
     }
     if (zero == 0) {
       // Under expert parallelism the experts' gradients are summed over the
       // dp · cp / ep ranks that hold the same experts, the rest over dp · cp.
       const int64_t rb = spec.parallel.reduce_dtype == ReduceDtype::kBf16 ? 2 : gb;
-      const int edp = dp / spec.parallel.ep;
       comm += AllReduceBytes(local - shape.experts, dp, rb) +
               (edp > 1 ? AllReduceBytes(shape.experts, edp, rb) : 0);
     }

@@ -170,10 +170,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   if (tp != nullptr) tp->set_device(&(*engine)->device());  // orders a device group's ops
   if (cp != nullptr) cp->set_device(&(*engine)->device());
   const optim::AdamWOptions adamw = AdamWOptionsOf(spec.optimizer);
+  comm::Communicator* expert_comm = mesh != nullptr ? mesh->expert_dp() : nullptr;
   auto t = Compose(
       spec, rank, *std::move(engine),
       [&](engine::Engine* e) {
-        return parallel::MakeDataParallel(spec.parallel, e, adamw, dp_comm);
+        return parallel::MakeDataParallel(spec.parallel, e, adamw, dp_comm, expert_comm);
       },
       *std::move(tokens), std::move(val_tokens));
   if (!t.ok()) return t.status();

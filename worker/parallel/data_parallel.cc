@@ -167,10 +167,9 @@ absl::StatusOr<double> SumOverGroup(comm::Communicator* comm, double local,
   return total;
 }
 
-absl::StatusOr<std::unique_ptr<DataParallel>> MakeDataParallel(const ParallelSpec& parallel,
-                                                               engine::Engine* engine,
-                                                               const optim::AdamWOptions& adamw,
-                                                               comm::Communicator* comm) {
+absl::StatusOr<std::unique_ptr<DataParallel>> MakeDataParallel(
+    const ParallelSpec& parallel, engine::Engine* engine, const optim::AdamWOptions& adamw,
+    comm::Communicator* comm, comm::Communicator* expert_comm) {
   if (parallel.zero == 0) {
     auto ddp =
         Ddp::Create(engine, adamw, comm, size_t(parallel.bucket_mb) << 20,
@@ -183,6 +182,8 @@ absl::StatusOr<std::unique_ptr<DataParallel>> MakeDataParallel(const ParallelSpe
   o.stage = parallel.zero;
   o.reshard_after_forward = parallel.reshard_after_forward;
   o.offload_optimizer = parallel.offload == OffloadMode::kOptimizer;
+  o.split_experts = parallel.ep > 1;
+  o.expert_comm = expert_comm;
   auto zero = Zero::Create(o, engine, adamw, comm);
   if (!zero.ok()) return zero.status();
   return std::unique_ptr<DataParallel>(*std::move(zero));

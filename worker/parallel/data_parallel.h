@@ -244,11 +244,13 @@ absl::StatusOr<double> SumOverGroup(comm::Communicator* comm, double local,
 
 // The strategy a job's parallel section asks for (zero 0: DDP, 1-3: ZeRO)
 // over `comm` (the data-parallel group; null or of size 1 when dp == 1).
-// engine and comm must outlive the result.
-absl::StatusOr<std::unique_ptr<DataParallel>> MakeDataParallel(const ParallelSpec& parallel,
-                                                               engine::Engine* engine,
-                                                               const optim::AdamWOptions& adamw,
-                                                               comm::Communicator* comm);
+// Under expert parallelism (parallel.ep > 1) ZeRO shards the experts over
+// `expert_comm`, the ranks holding the same experts (null when this rank
+// alone does; DDP takes its group through set_model_parallel). engine and
+// the communicators must outlive the result.
+absl::StatusOr<std::unique_ptr<DataParallel>> MakeDataParallel(
+    const ParallelSpec& parallel, engine::Engine* engine, const optim::AdamWOptions& adamw,
+    comm::Communicator* comm, comm::Communicator* expert_comm = nullptr);
 
 }  // namespace shardtrain::parallel
 

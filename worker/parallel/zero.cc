@@ -60,18 +60,48 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
     z->params_ = engine->param_buffer().as<float>();
     z->grads_ = engine->grad_buffer().as<float>();
   }
+  const FlatRanges experts = options.split_experts ? layout.ExpertRanges() : FlatRanges{};
+  comm::Communicator* const expert_comm =
+      options.expert_comm != nullptr && options.expert_comm->size() > 1 ? options.expert_comm
+                                                                        : nullptr;
   for (const model::UnitInfo& info : layout.units()) {
     Unit u;
     u.offset = info.offset;
     u.numel = info.numel;
-    u.body = info.numel / static_cast<size_t>(z->dp_);
-    u.own = UnitShardRange(info.numel, z->dp_, z->rank_);
-    u.shard_offset = z->shard_size_;
-    z->shard_size_ += u.own.size();
-    auto a = optim::AdamW::Create(layout, u.offset + u.own.begin, u.own.size(), adamw,
-                                  on_device ? &engine->math() : nullptr);
-    if (!a.ok()) return a.status();
-    z->adamw_.push_back(*std::move(a));
+    const size_t end = info.offset + info.numel;
+    // The experts close their block: [split, end) of the unit, if any.
+    size_t split = end, expert_elems = 0;
+    for (const auto& [b, e] : experts) {
+      if (b < info.offset || b >= end) continue;
+      split = std::min(split, b);
+      expert_elems += e - b;
+    }
+    if (split < end && expert_elems != end - split) {
+      return absl::InternalError(absl::StrCat("Zero: the experts of the unit at ", info.offset,
+                                              " do not close it"));
+    }
+    auto add = [&](size_t offset, size_t numel, comm::Communicator* c) -> absl::Status {
+      if (numel == 0) return absl::OkStatus();
+      Part p;
+      p.offset = offset;
+      p.numel = numel;
+      p.comm = c;
+      p.dp = c == nullptr ? 1 : c->size();
+      p.rank = c == nullptr ? 0 : c->rank();
+      p.body = numel / static_cast<size_t>(p.dp);
+      p.own = UnitShardRange(numel, p.dp, p.rank);
+      p.shard_offset = z->shard_size_;
+      z->shard_size_ += p.own.size();
+      p.adamw = z->adamw_.size();
+      auto a = optim::AdamW::Create(layout, p.begin(), p.own.size(), adamw,
+                                    on_device ? &engine->math() : nullptr);
+      if (!a.ok()) return a.status();
+      z->adamw_.push_back(*std::move(a));
+      u.parts.push_back(p);
+      return absl::OkStatus();
+    };
+    if (absl::Status s = add(info.offset, split - info.offset, z->comm_); !s.ok()) return s;
+    if (absl::Status s = add(split, end - split, expert_comm); !s.ok()) return s;
     z->units_.push_back(std::move(u));
   }
   // Uses of one micro-batch, in the order the engine calls the param hook.
@@ -173,21 +203,25 @@ void Zero::InitParams(uint64_t seed) {
     }
     return;
   }
-  for (Unit& u : units_) {
-    const size_t begin = u.offset + u.own.begin, n = u.own.size();
-    float* shard = ShardParamPtr(u);
-    if (!staged_) {  // into the shard, wherever it lives
-      engine_->InitParamsInto(seed, begin, begin + n, shard);
-      continue;
-    }
-    // InitParamsInto writes the engine's memory: through the (released)
-    // range the shard comes from, which is released again after.
-    float* through = engine_->param_buffer().as<float>() + begin;
-    engine_->param_buffer().Acquire(begin, n);
-    engine_->InitParamsInto(seed, begin, begin + n, through);
-    engine_->math().CopyToHost(shard, through, n);
-    engine_->param_buffer().Release(begin, n);
+  for (const Unit& u : units_) {
+    for (const Part& p : u.parts) InitShardParams(seed, p);
   }
+}
+
+void Zero::InitShardParams(uint64_t seed, const Part& p) {
+  const size_t begin = p.begin(), n = p.own.size();
+  float* shard = ShardParamPtr(p);
+  if (!staged_) {  // into the shard, wherever it lives
+    engine_->InitParamsInto(seed, begin, begin + n, shard);
+    return;
+  }
+  // InitParamsInto writes the engine's memory: through the (released)
+  // range the shard comes from, which is released again after.
+  float* through = engine_->param_buffer().as<float>() + begin;
+  engine_->param_buffer().Acquire(begin, n);
+  engine_->InitParamsInto(seed, begin, begin + n, through);
+  engine_->math().CopyToHost(shard, through, n);
+  engine_->param_buffer().Release(begin, n);
 }
 
 absl::Status Zero::GatherWholeModel() {
@@ -307,30 +341,42 @@ void Zero::Gather(Unit& u) {
   u.state = Unit::State::kGathering;
   live_param_elems_ += u.numel;
   peak_live_param_elems_ = std::max(peak_live_param_elems_, live_param_elems_);
-  float* out = params_ + u.offset;
-  const float* mine = ShardParamPtr(u);
   if (comm_ == nullptr) {
-    std::memcpy(out, mine, u.numel * sizeof(float));
+    std::memcpy(params_ + u.offset, ShardParamPtr(u.parts[0]), u.numel * sizeof(float));
     WaitGathered(u);  // nothing in flight: staged, the copy to the engine
     return;
   }
-  const size_t body = u.body * dp_, tail = u.numel - body;
   // On the device the unit's memory is taken again first (zero-filled on
-  // the compute stream) and the last rank's tail copied in place there; the
-  // ops wait for both.
+  // the compute stream), a part this rank alone holds and the last rank's
+  // tail of the others copied in place there; the ops wait for both.
   if (on_device_) engine_->param_buffer().Acquire(u.offset, u.numel);
-  if (tail > 0 && rank_ == dp_ - 1) ShardMath().Accumulate(out + body, mine + u.body, tail, false);
+  for (const Part& p : u.parts) {
+    float* out = params_ + p.offset;
+    const float* mine = ShardParamPtr(p);
+    const size_t body = p.body * p.dp, tail = p.numel - body;
+    if (p.comm == nullptr) {
+      ShardMath().Accumulate(out, mine, p.numel, false);
+    } else if (tail > 0 && p.rank == p.dp - 1) {
+      ShardMath().Accumulate(out + body, mine + p.body, tail, false);
+    }
+  }
   const engine::Event* after = AfterDeviceWork();
-  if (u.body > 0) {
-    u.gather.push_back(
-        Count(comm_->AllGatherAsync(mine, out, u.body, comm::DataType::kFloat32, after),
-              (dp_ - 1) * int64_t(u.body) * kF32));
+  for (const Part& p : u.parts) {
+    if (p.comm == nullptr) continue;
+    float* out = params_ + p.offset;
+    const size_t body = p.body * p.dp, tail = p.numel - body;
+    if (p.body > 0) {
+      u.gather.push_back(Count(
+          p.comm->AllGatherAsync(ShardParamPtr(p), out, p.body, comm::DataType::kFloat32, after),
+          (p.dp - 1) * int64_t(p.body) * kF32));
+    }
+    if (tail > 0) {
+      u.gather.push_back(Count(
+          p.comm->BroadcastAsync(out + body, tail, comm::DataType::kFloat32, p.dp - 1, after),
+          (p.dp - 1) * int64_t(tail) * kF32 / p.dp));
+    }
   }
-  if (tail > 0) {
-    u.gather.push_back(
-        Count(comm_->BroadcastAsync(out + body, tail, comm::DataType::kFloat32, dp_ - 1, after),
-              (dp_ - 1) * int64_t(tail) * kF32 / dp_));
-  }
+  if (u.gather.empty()) WaitGathered(u);
 }
 
 void Zero::WaitGathered(Unit& u) {
@@ -389,26 +435,27 @@ void Zero::UnitGradsReady(int unit) {
 void Zero::LaunchReduction(int unit) {
   Unit& u = units_[unit];
   Reduction r{unit, {}};
-  float* g = grads_ + u.offset;
-  if (comm_ != nullptr) {
-    const size_t body = u.body * dp_, tail = u.numel - body;
+  const engine::Event* after = comm_ != nullptr ? AfterDeviceWork() : nullptr;  // the backward wrote g
+  for (const Part& p : u.parts) {
+    if (p.comm == nullptr) continue;
+    float* g = grads_ + p.offset;
+    const size_t body = p.body * p.dp, tail = p.numel - body;
     if (options_.stage == 1) {
-      r.works.push_back(Count(comm_->AllReduceAsync(g, u.numel, comm::DataType::kFloat32,
-                                                    comm::ReduceOp::kSum, AfterDeviceWork()),
-                              2 * (dp_ - 1) * int64_t(u.numel) * kF32 / dp_));
-    } else {
-      const engine::Event* after = AfterDeviceWork();  // the backward wrote g
-      if (u.body > 0) {
-        float* out = (micro_ == 0 ? ShardGrads() : ReduceScratch()) + u.shard_offset;
-        r.works.push_back(Count(comm_->ReduceScatterAsync(g, out, u.body, comm::DataType::kFloat32,
-                                                          comm::ReduceOp::kSum, after),
-                                (dp_ - 1) * int64_t(u.body) * kF32));
-      }
-      if (tail > 0) {
-        r.works.push_back(Count(comm_->AllReduceAsync(g + body, tail, comm::DataType::kFloat32,
-                                                      comm::ReduceOp::kSum, after),
-                                2 * (dp_ - 1) * int64_t(tail) * kF32 / dp_));
-      }
+      r.works.push_back(Count(p.comm->AllReduceAsync(g, p.numel, comm::DataType::kFloat32,
+                                                     comm::ReduceOp::kSum, after),
+                              2 * (p.dp - 1) * int64_t(p.numel) * kF32 / p.dp));
+      continue;
+    }
+    if (p.body > 0) {
+      float* out = (micro_ == 0 ? ShardGrads() : ReduceScratch()) + p.shard_offset;
+      r.works.push_back(Count(p.comm->ReduceScatterAsync(g, out, p.body, comm::DataType::kFloat32,
+                                                         comm::ReduceOp::kSum, after),
+                              (p.dp - 1) * int64_t(p.body) * kF32));
+    }
+    if (tail > 0) {
+      r.works.push_back(Count(p.comm->AllReduceAsync(g + body, tail, comm::DataType::kFloat32,
+                                                     comm::ReduceOp::kSum, after),
+                              2 * (p.dp - 1) * int64_t(tail) * kF32 / p.dp));
     }
   }
   reductions_.push_back(std::move(r));
@@ -418,16 +465,18 @@ void Zero::CompleteReduction(Reduction& r) {
   Wait(r.works);
   if (options_.stage == 1) return;  // the all-reduced gradient stays in place
   Unit& u = units_[r.unit];
-  const float* g = grads_ + u.offset;
-  float* dst = ShardGrads() + u.shard_offset;
   const bool add = micro_ > 0;
   engine::FlatMath& math = ShardMath();
-  if (comm_ == nullptr) {
-    math.Accumulate(dst, g, u.numel, add);
-  } else {
-    if (add) math.Accumulate(dst, ReduceScratch() + u.shard_offset, u.body, true);
-    const size_t body = u.body * dp_, tail = u.numel - body;
-    if (tail > 0 && rank_ == dp_ - 1) math.Accumulate(dst + u.body, g + body, tail, add);
+  for (const Part& p : u.parts) {
+    const float* g = grads_ + p.offset;
+    float* dst = ShardGrads() + p.shard_offset;
+    if (p.comm == nullptr) {
+      math.Accumulate(dst, g, p.numel, add);
+      continue;
+    }
+    if (add) math.Accumulate(dst, ReduceScratch() + p.shard_offset, p.body, true);
+    const size_t body = p.body * p.dp, tail = p.numel - body;
+    if (tail > 0 && p.rank == p.dp - 1) math.Accumulate(dst + p.body, g + body, tail, add);
   }
   // The unit's full gradient is no longer needed: zero it for the next
   // backward and give its pages back (staged: done when it was copied out).

@@ -96,6 +96,14 @@ struct ZeroOptions {
   bool offload_optimizer = false;
   // Staged even on a host engine (the GPU path's logic, testable on a CPU).
   bool stage_through_host = false;
+  // Expert parallelism: the experts' tensors (ParamLayout::ExpertRanges,
+  // the tail of each MoE block's unit) are other experts on the other ep
+  // ranks of the replica group, so they are sharded, reduced and gathered
+  // over expert_comm instead — the ranks holding the same experts (null
+  // when this rank alone does). The rest is sharded over the replica group
+  // as ever; gradients of both are averaged over the replica group's size.
+  bool split_experts = false;
+  comm::Communicator* expert_comm = nullptr;
 };
 
 // Bytes one rank holds, by kind: the sizes of the shard buffers (resident
@@ -195,11 +203,22 @@ class Zero final : public DataParallel {
   size_t shard_size() const { return shard_size_; }
 
  private:
+  // A run of a unit sharded over one group: the whole unit over the
+  // replica group, or under expert parallelism an MoE block's dense head
+  // over it and its experts (the block's tail) over the expert group.
+  struct Part {
+    size_t offset = 0, numel = 0;        // in the flat buffer
+    size_t body = 0;                     // S: per-rank count of the body collectives
+    ShardRange own;                      // this rank's range within the part
+    size_t shard_offset = 0;             // where it sits in the concatenated shard
+    comm::Communicator* comm = nullptr;  // null: this rank alone holds it
+    int dp = 1, rank = 0;                // comm's size and this rank's index
+    size_t adamw = 0;                    // its optimizer in adamw_
+    size_t begin() const { return offset + own.begin; }  // the shard, flat
+  };
   struct Unit {
     size_t offset = 0, numel = 0;  // in the flat buffer
-    size_t body = 0;               // S: per-rank count of the body collectives
-    ShardRange own;                // this rank's range within the unit
-    size_t shard_offset = 0;       // where it sits in the concatenated shard
+    std::vector<Part> parts;       // in offset order, covering the unit
     enum class State { kReleased, kGathering, kGathered } state = State::kReleased;
     std::vector<std::shared_ptr<comm::Work>> gather;  // in flight while kGathering
   };
@@ -222,6 +241,8 @@ class Zero final : public DataParallel {
   int64_t TakeCommBytes();
   absl::StatusOr<double> StepShard(float lr, float max_norm, float loss_scale);
 
+  // Stage 3's InitParams of one part: its shard from the seed.
+  void InitShardParams(uint64_t seed, const Part& p);
   void OnParamUse(int unit, bool begin);
   // The engine's hook: every unit from the lowest not yet handled this
   // micro-batch down to the one at `offset` is final (one unit per call in
@@ -239,8 +260,8 @@ class Zero final : public DataParallel {
   void Wait(std::vector<std::shared_ptr<comm::Work>>& works);
   void Keep(absl::Status s);
   void Sample();
-  absl::Span<float> ShardGrad(const Unit& u);
-  float* ShardParamPtr(Unit& u);
+  absl::Span<float> ShardGrad(const Part& p);
+  float* ShardParamPtr(const Part& p);
   absl::Status GatherAllParams();  // stages 1-2: every unit, in place; staged, then to the engine
   absl::StatusOr<double> SumOverRanks(double local);
   // On the device: an event after the compute stream's work so far, for an
@@ -251,7 +272,7 @@ class Zero final : public DataParallel {
   // else the host's threads.
   engine::FlatMath& ShardMath();
   std::shared_ptr<comm::Work> Count(std::shared_ptr<comm::Work> w, int64_t bytes);
-  // One AdamW state (m or v) of every unit, concatenated in unit order.
+  // One AdamW state (m or v) of every part, concatenated in shard order.
   template <typename Get>
   std::vector<float> ConcatState(Get get) const {
     std::vector<float> out;
@@ -280,7 +301,7 @@ class Zero final : public DataParallel {
   float* grads_ = nullptr;
   std::vector<Unit> units_;
   size_t shard_size_ = 0;
-  std::vector<optim::AdamW> adamw_;    // one per unit, over its own range
+  std::vector<optim::AdamW> adamw_;    // one per part, over its own range
   std::vector<float> shard_params_;    // stage 3
   std::vector<float> shard_grads_;     // stages 2-3
   std::vector<float> reduce_scratch_;  // stages 2-3 with accumulation > 1

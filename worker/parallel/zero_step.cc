@@ -17,16 +17,14 @@ constexpr int64_t kF32 = sizeof(float);
 
 }  // namespace
 
-absl::Span<float> Zero::ShardGrad(const Unit& u) {
-  if (options_.stage == 1) {
-    return absl::MakeSpan(grads_ + u.offset + u.own.begin, u.own.size());
-  }
-  return absl::MakeSpan(ShardGrads() + u.shard_offset, u.own.size());
+absl::Span<float> Zero::ShardGrad(const Part& p) {
+  if (options_.stage == 1) return absl::MakeSpan(grads_ + p.begin(), p.own.size());
+  return absl::MakeSpan(ShardGrads() + p.shard_offset, p.own.size());
 }
 
-float* Zero::ShardParamPtr(Unit& u) {
-  if (options_.stage == 3) return ShardParams() + u.shard_offset;
-  return params_ + u.offset + u.own.begin;
+float* Zero::ShardParamPtr(const Part& p) {
+  if (options_.stage == 3) return ShardParams() + p.shard_offset;
+  return params_ + p.begin();
 }
 
 engine::FlatMath& Zero::ShardMath() { return on_device_ ? engine_->math() : host_math_; }
@@ -57,27 +55,33 @@ absl::StatusOr<double> Zero::StepShard(float lr, float max_norm, float loss_scal
   events_.clear();  // every reduction that waited on them is done
   engine::ThreadPool* pool = engine_->host_pool();
   engine::FlatMath& math = ShardMath();
-  // Summed over dp; the mean gradient of the global batch is sum / dp.
+  // Summed over dp (the experts' over the ranks holding them, which hold
+  // every replica's tokens for them); the mean gradient of the global batch
+  // is sum / dp.
   double squared = 0;
   for (size_t k = 0; k < units_.size(); ++k) {
-    Unit& u = units_[k];
-    absl::Span<float> g = ShardGrad(u);
-    if (dp_ > 1) math.Scale(g.data(), g.size(), 1.0f / static_cast<float>(dp_));
-    // The tied embeddings: this shard of the unit and the tied stage's
-    // (the same range of the same unit shape) are summed.
-    if (k == 0 && mp_.sum_tied && mp_.tied_end == u.numel && !g.empty()) {
-      if (absl::Status s = SumInPlace(mp_, *engine_, on_device_, g.data(), g.size(), mp_.sum_tied);
+    const Unit& u = units_[k];
+    for (const Part& p : u.parts) {
+      absl::Span<float> g = ShardGrad(p);
+      if (dp_ > 1) math.Scale(g.data(), g.size(), 1.0f / static_cast<float>(dp_));
+      // The tied embeddings: this shard of the unit and the tied stage's
+      // (the same range of the same unit shape) are summed.
+      if (k == 0 && mp_.sum_tied && mp_.tied_end == u.numel && !g.empty()) {
+        if (absl::Status s =
+                SumInPlace(mp_, *engine_, on_device_, g.data(), g.size(), mp_.sum_tied);
+            !s.ok()) {
+          return s;
+        }
+      }
+      if (absl::Status s = SumTpPartials(mp_, *engine_, on_device_, g.data(), g.size(), p.begin());
           !s.ok()) {
         return s;
       }
+      squared += SquaredNormOutside(math, g.data(), g.size(), p.begin(), mp_.norm_skip);
     }
-    if (absl::Status s =
-            SumTpPartials(mp_, *engine_, on_device_, g.data(), g.size(), u.offset + u.own.begin);
-        !s.ok()) {
-      return s;
-    }
-    squared += SquaredNormOutside(math, g.data(), g.size(), u.offset + u.own.begin, mp_.norm_skip);
   }
+  // Over the replica group every element's square counts once: the
+  // experts' shards of each ep rank's experts lie on its expert group.
   auto total = SumOverRanks(squared);
   if (!total.ok()) return total.status();
   if (mp_.sum_squares) total = mp_.sum_squares(*total);
@@ -87,14 +91,15 @@ absl::StatusOr<double> Zero::StepShard(float lr, float max_norm, float loss_scal
   const float norm = static_cast<float>(std::sqrt(*total) / loss_scale);
   if (!std::isfinite(norm)) return static_cast<double>(norm);
   const float clip = optim::ClipScale(norm, max_norm) / loss_scale;
-  for (size_t k = 0; k < units_.size(); ++k) {
-    Unit& u = units_[k];
-    absl::Span<float> g = ShardGrad(u);
-    if (on_device_) {  // the shard's m and v live on the device; clipped in AdamW's pass
-      adamw_[k].Step(ShardParamPtr(u), g.data(), lr, /*zero_grads=*/false, clip);
-    } else {
-      if (clip != 1.0f) math.Scale(g.data(), g.size(), clip);
-      adamw_[k].Step(absl::MakeSpan(ShardParamPtr(u), u.own.size()), g, lr, pool);
+  for (const Unit& u : units_) {
+    for (const Part& p : u.parts) {
+      absl::Span<float> g = ShardGrad(p);
+      if (on_device_) {  // the shard's m and v live on the device; clipped in AdamW's pass
+        adamw_[p.adamw].Step(ShardParamPtr(p), g.data(), lr, /*zero_grads=*/false, clip);
+      } else {
+        if (clip != 1.0f) math.Scale(g.data(), g.size(), clip);
+        adamw_[p.adamw].Step(absl::MakeSpan(ShardParamPtr(p), p.own.size()), g, lr, pool);
+      }
     }
   }
   if (options_.stage < 3) {
@@ -111,18 +116,21 @@ absl::Status Zero::GatherAllParams() {
   }
   std::vector<std::shared_ptr<comm::Work>> works;
   const engine::Event* after = AfterDeviceWork();  // the step wrote the shards
-  for (Unit& u : units_) {
-    float* out = params_ + u.offset;
-    const size_t body = u.body * dp_, tail = u.numel - body;
-    if (u.body > 0) {  // in place: this rank's block is already where it belongs
-      works.push_back(Count(
-          comm_->AllGatherAsync(out + u.own.begin, out, u.body, comm::DataType::kFloat32, after),
-          (dp_ - 1) * int64_t(u.body) * kF32));
-    }
-    if (tail > 0) {
-      works.push_back(
-          Count(comm_->BroadcastAsync(out + body, tail, comm::DataType::kFloat32, dp_ - 1, after),
-                (dp_ - 1) * int64_t(tail) * kF32 / dp_));
+  for (const Unit& u : units_) {
+    for (const Part& p : u.parts) {
+      if (p.comm == nullptr) continue;  // this rank alone holds it: updated in place
+      float* out = params_ + p.offset;
+      const size_t body = p.body * p.dp, tail = p.numel - body;
+      if (p.body > 0) {  // in place: this rank's block is already where it belongs
+        works.push_back(Count(p.comm->AllGatherAsync(out + p.own.begin, out, p.body,
+                                                     comm::DataType::kFloat32, after),
+                              (p.dp - 1) * int64_t(p.body) * kF32));
+      }
+      if (tail > 0) {
+        works.push_back(Count(
+            p.comm->BroadcastAsync(out + body, tail, comm::DataType::kFloat32, p.dp - 1, after),
+            (p.dp - 1) * int64_t(tail) * kF32 / p.dp));
+      }
     }
   }
   Wait(works);
@@ -134,7 +142,9 @@ absl::Status Zero::GatherAllParams() {
 FlatRanges Zero::SaveRanges() const {
   std::vector<std::pair<size_t, size_t>> out;
   for (const Unit& u : units_) {
-    if (u.own.size() > 0) out.emplace_back(u.offset + u.own.begin, u.offset + u.own.end);
+    for (const Part& p : u.parts) {
+      if (p.own.size() > 0) out.emplace_back(p.begin(), p.offset + p.own.end);
+    }
   }
   return out;
 }
@@ -147,11 +157,13 @@ std::vector<float> Zero::SaveParams() const {
     return out;
   }
   for (const Unit& u : units_) {
-    const float* p = params_ + u.offset + u.own.begin;
-    if (on_device_) {
-      engine_->math().CopyToHost(out.data() + u.shard_offset, p, u.own.size());
-    } else {
-      std::copy(p, p + u.own.size(), out.begin() + u.shard_offset);
+    for (const Part& p : u.parts) {
+      const float* from = params_ + p.begin();
+      if (on_device_) {
+        engine_->math().CopyToHost(out.data() + p.shard_offset, from, p.own.size());
+      } else {
+        std::copy(from, from + p.own.size(), out.begin() + p.shard_offset);
+      }
     }
   }
   return out;
@@ -174,16 +186,17 @@ absl::Status Zero::Restore(absl::Span<const float> params, absl::Span<const floa
                                                    "/", v.size(), " elements for a shard of ",
                                                    shard_size_));
   }
-  for (size_t k = 0; k < units_.size(); ++k) {
-    Unit& u = units_[k];
-    const size_t at = u.shard_offset, n = u.own.size();
-    if (on_device_) {
-      engine_->math().CopyFromHost(ShardParamPtr(u), params.data() + at, n);
-    } else {
-      std::copy(params.begin() + at, params.begin() + at + n, ShardParamPtr(u));
+  for (const Unit& u : units_) {
+    for (const Part& p : u.parts) {
+      const size_t at = p.shard_offset, n = p.own.size();
+      if (on_device_) {
+        engine_->math().CopyFromHost(ShardParamPtr(p), params.data() + at, n);
+      } else {
+        std::copy(params.begin() + at, params.begin() + at + n, ShardParamPtr(p));
+      }
+      adamw_[p.adamw].SetState(m.subspan(at, n), v.subspan(at, n));
+      adamw_[p.adamw].set_step(step);
     }
-    adamw_[k].SetState(m.subspan(at, n), v.subspan(at, n));
-    adamw_[k].set_step(step);
   }
   return options_.stage < 3 ? GatherAllParams() : absl::OkStatus();
 }

@@ -53,6 +53,13 @@ INSTANTIATE_TEST_SUITE_P(
         Ep(Moe(Layout{2, 1, 1, 0, "1f1b", 2, "full"}), 2),           // ep 2, full recompute
         Ep(Moe(Layout{2, 1, 1, 0, "1f1b", 2, "selective"}), 2),      // ep 2, selective
         Ep(Moe(Layout{2, 2, 1, 0, "1f1b", 2}, 2), 2),                // DeepSeek's: 6 experts, 3 each
+        // ZeRO under expert parallelism: the experts' state sharded over
+        // the ranks holding the same experts, the rest over the replicas.
+        Ep(Moe(Layout{4, 1, 1, 1, "1f1b", 2}), 2),                   // ep 2, ZeRO-1 (2 per group)
+        Ep(Moe(Layout{4, 1, 1, 2, "1f1b", 1}), 2),                   // ep 2, ZeRO-2, accumulation 2
+        Ep(Moe(Layout{4, 1, 1, 3, "1f1b", 2}), 2),                   // ep 2, ZeRO-3
+        Ep(Moe(Layout{2, 1, 1, 3, "1f1b", 2}), 2),                   // ep 2 = dp: experts unsharded
+        Ep(Moe(Layout{2, 2, 1, 1, "1f1b", 2}, 2), 2),                // ep 2 × tp 2, ZeRO-1
         // Aux-loss-free balancing: the biases move alike on every rank (the
         // step's loads summed over the replicas).
         Moe(Layout{2, 1, 1, 1, "1f1b", 2}, 3),                       // dp 2, ZeRO-1
@@ -77,7 +84,9 @@ TEST(MoeAuxFreeTest, TheBiasUpdatesChangeTheRun) {
 // uninterrupted run (micro-batches of 2 sequences in all: the balancing
 // losses are per micro-batch): saved on dp 2 × tp 2 with ZeRO-1 (every
 // expert's hidden units split over tp), on ep 2 × tp 2 (each rank half the
-// experts) and on one rank; resumed on one rank, pp 2, ep 4 and ep 2.
+// experts), on one rank and on ep 2 with ZeRO-3 (each half of the experts
+// sharded over 2 ranks); resumed on one rank, pp 2, ep 4 (with ZeRO-1) and
+// ep 2.
 TEST(MoeParallelResumeTest, CheckpointsResumeAcrossLayoutsAndExpertSplits) {
   const Corpus& corpus = TheCorpus();
   struct Case {
@@ -91,6 +100,9 @@ TEST(MoeParallelResumeTest, CheckpointsResumeAcrossLayoutsAndExpertSplits) {
        {Moe(Layout{1, 1, 1, 0, "1f1b", 2}), Ep(Moe(Layout{4, 1, 1, 0, "1f1b", 2}), 4)}},
       {Moe(Layout{1, 1, 1, 0, "1f1b", 2}),
        {Ep(Moe(Layout{4, 1, 1, 0, "1f1b", 2}), 4), Ep(Moe(Layout{2, 1, 2, 0, "1f1b", 2}), 2)}},
+      // ZeRO-3 shards of each ep group's experts over its 2 ranks.
+      {Ep(Moe(Layout{4, 1, 1, 3, "1f1b", 2}), 2),
+       {Moe(Layout{1, 1, 1, 0, "1f1b", 2}), Ep(Moe(Layout{4, 1, 1, 1, "1f1b", 2}), 4)}},
   };
   int k = 0;
   for (const Case& c : cases) {

@@ -232,5 +232,52 @@ TEST_F(PlanMemoryTest, PipelineStagesMatchEachRankOfATp2Pp2Mesh) {
   }
 }
 
+// ZeRO under expert parallelism (ep 2 of dp 4): each MoE block's experts
+// are sharded over the 2 ranks holding them, the rest over all 4; the
+// plan's params, gradients and AdamW state per rank within 5% of what the
+// last rank holds for ZeRO 1-3. The AdamW state per rank is then ep 1's
+// (E/ep experts over dp/ep ranks: the same share), the whole parameters of
+// ZeRO 1-2 smaller (half the experts).
+TEST_F(PlanMemoryTest, ZeroUnderExpertParallelismMatchesThePlanWithin5Percent) {
+  for (int zero = 1; zero <= 3; ++zero) {
+    SCOPED_TRACE(testing::Message() << "zero " << zero);
+    const std::string yaml =
+        "name: plan-memory-moe\n"
+        "model: {arch: llama, layers: 2, heads: 4, kv_heads: 2, dim: 64, ffn_dim: 128, "
+        "context: 32, vocab: 256, rope_theta: 10000, "
+        "moe: {experts: 4, top_k: 2, expert_ffn_dim: 128}}\n"
+        "data: {train: " +
+        (dir_ / "text.txt").string() +
+        "}\n"
+        "batch: {global: 8, micro: 2, seq_len: 32}\n"
+        "parallel: {dp: 4, ep: 2, zero: " +
+        std::to_string(zero) + "}\nsteps: 2\n";
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    absl::StatusOr<v1::Plan> plan = MakePlan(*spec, 4);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    JobSpec naive = *spec;  // the same model without ep: every expert on every rank
+    naive.parallel.ep = 1;
+    absl::StatusOr<v1::Plan> naive_plan = MakePlan(naive, 4);
+    ASSERT_TRUE(naive_plan.ok()) << naive_plan.status();
+    const v1::MemoryEstimate& want = plan->memory_per_rank();
+    const MemoryUse got = MeasuredMemory(*spec, 4)[3];
+    std::printf(
+        "moe ep2 dp4 zero %d: plan params %lld grads %lld optimizer %lld; measured %lld %lld "
+        "%lld; ep 1 plans params %lld optimizer %lld\n",
+        zero, static_cast<long long>(want.params_bytes()),
+        static_cast<long long>(want.grads_bytes()), static_cast<long long>(want.optimizer_bytes()),
+        static_cast<long long>(got.params), static_cast<long long>(got.grads),
+        static_cast<long long>(got.optimizer),
+        static_cast<long long>(naive_plan->memory_per_rank().params_bytes()),
+        static_cast<long long>(naive_plan->memory_per_rank().optimizer_bytes()));
+    EXPECT_LE(RelDiff(got.params, want.params_bytes()), 0.05);
+    EXPECT_LE(RelDiff(got.grads, want.grads_bytes()), 0.05);
+    EXPECT_LE(RelDiff(got.optimizer, want.optimizer_bytes()), 0.05);
+    EXPECT_EQ(want.optimizer_bytes(), naive_plan->memory_per_rank().optimizer_bytes());
+    if (zero < 3) EXPECT_LT(want.params_bytes(), naive_plan->memory_per_rank().params_bytes());
+  }
+}
+
 }  // namespace
 }  // namespace shardtrain::worker

@@ -204,8 +204,6 @@ TEST(MoeSpecTest, TheSpecReadsWritesAndRefusesIt) {
       {"{preset: llama-tiny}", "parallel: {dp: 2, ep: 2}\n",
        "parallel.ep: 2 splits experts: it "
        "needs model.moe"},
-      {"{preset: moe-tiny}", "parallel: {dp: 2, ep: 2, zero: 1}\n",
-       "parallel.ep: 2 needs parallel.zero 0 for now"},
       {"{preset: moe-tiny, moe: {experts: 4, top_k: 2, expert_ffn_dim: 63}}",
        "parallel: {tp: 2}\nresources: {min_workers: 1}\n",
        "parallel.tp: 2 does not divide model.moe.expert_ffn_dim: 63"},
