@@ -3,6 +3,7 @@ add_library(shardtrain_worker_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint_commit.cc
   ${CMAKE_CURRENT_LIST_DIR}/coordinator_client.cc
   ${CMAKE_CURRENT_LIST_DIR}/daemon.cc
+  ${CMAKE_CURRENT_LIST_DIR}/job_reporter.cc
   ${CMAKE_CURRENT_LIST_DIR}/job_runner.cc
   ${CMAKE_CURRENT_LIST_DIR}/kv_rendezvous_store.cc
   ${CMAKE_CURRENT_LIST_DIR}/mfu.cc
