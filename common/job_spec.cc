@@ -215,6 +215,7 @@ absl::Status ParseOptimizer(const Node& root, OptimizerSpec* o) {
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "optimizer", "warmup_steps", 0, &o->warmup_steps));
   SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "optimizer", "schedule", si::kLrSchedules, &o->schedule));
   SHARDTRAIN_RETURN_IF_ERROR(ReadDouble(n, "optimizer", "grad_clip", 0.0, false, &o->grad_clip));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "optimizer", "state", si::kOptimizerStates, &o->state));
   return absl::OkStatus();
 }
 

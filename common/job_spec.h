@@ -38,6 +38,7 @@ enum class PipelineSchedule { kGpipe, k1F1B };              // "gpipe" | "1f1b"
 enum class Precision { kFp32, kBf16, kFp16 };               // "fp32" | "bf16" | "fp16"
 enum class OptimizerKind { kAdamW };                        // "adamw"
 enum class LrSchedule { kCosine, kConstant, kLinear };      // "cosine" | "constant" | "linear"
+enum class OptimizerState { kFp32, kInt8 };                 // "fp32" | "int8"
 enum class DeviceKind { kCpu, kCuda };                      // "cpu" | "cuda"
 enum class AttentionKind { kMaterialized, kFlash };         // "materialized" | "flash"
 enum class CheckpointFailurePolicy { kWarn, kFail };        // "warn" | "fail"
@@ -53,6 +54,7 @@ std::string_view EnumName(PipelineSchedule v);
 std::string_view EnumName(Precision v);
 std::string_view EnumName(OptimizerKind v);
 std::string_view EnumName(LrSchedule v);
+std::string_view EnumName(OptimizerState v);
 std::string_view EnumName(DeviceKind v);
 std::string_view EnumName(CheckpointFailurePolicy v);
 std::string_view EnumName(Recompute v);
@@ -192,6 +194,9 @@ struct OptimizerSpec {
   int warmup_steps = 0;                     // >= 0, linear warmup from 0
   LrSchedule schedule = LrSchedule::kCosine;
   double grad_clip = 1.0;  // global-norm clip, >= 0 (0 = off)
+  // AdamW's m and v: fp32, or block-wise 8-bit (worker/optim/adamw8bit.h;
+  // CPU workers only so far).
+  OptimizerState state = OptimizerState::kFp32;
 };
 
 struct CheckpointSpec {

@@ -37,6 +37,7 @@ std::string_view EnumName(PipelineSchedule v) {
 std::string_view EnumName(Precision v) { return NameIn(spec_internal::kPrecisions, v); }
 std::string_view EnumName(OptimizerKind v) { return NameIn(spec_internal::kOptimizers, v); }
 std::string_view EnumName(LrSchedule v) { return NameIn(spec_internal::kLrSchedules, v); }
+std::string_view EnumName(OptimizerState v) { return NameIn(spec_internal::kOptimizerStates, v); }
 std::string_view EnumName(DeviceKind v) { return NameIn(spec_internal::kDevices, v); }
 std::string_view EnumName(Recompute v) { return NameIn(spec_internal::kRecomputes, v); }
 std::string_view EnumName(model::Arch v) { return NameIn(spec_internal::kArchs, v); }
@@ -70,9 +71,9 @@ bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
 }
 bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
   return std::tie(a.name, a.lr, a.min_lr, a.betas, a.eps, a.weight_decay, a.warmup_steps,
-                  a.schedule, a.grad_clip) == std::tie(b.name, b.lr, b.min_lr, b.betas, b.eps,
-                                                       b.weight_decay, b.warmup_steps, b.schedule,
-                                                       b.grad_clip);
+                  a.schedule, a.grad_clip,
+                  a.state) == std::tie(b.name, b.lr, b.min_lr, b.betas, b.eps, b.weight_decay,
+                                       b.warmup_steps, b.schedule, b.grad_clip, b.state);
 }
 bool operator==(const CheckpointSpec& a, const CheckpointSpec& b) {
   return std::tie(a.every, a.dir, a.keep, a.on_failure, a.max_consecutive_failures,
@@ -215,6 +216,7 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "warmup_steps" << YAML::Value << s.optimizer.warmup_steps;
   out << YAML::Key << "schedule" << YAML::Value << std::string(EnumName(s.optimizer.schedule));
   out << YAML::Key << "grad_clip" << YAML::Value << num(s.optimizer.grad_clip);
+  out << YAML::Key << "state" << YAML::Value << std::string(EnumName(s.optimizer.state));
   out << YAML::EndMap;
 
   out << YAML::Key << "steps" << YAML::Value << s.steps;

@@ -92,10 +92,10 @@ std::vector<std::string> LayoutProblems(const JobSpec& spec, int world) {
 struct StageShape {
   model::ModelSlice slice;
   int64_t num_params = 0;
-  int64_t wte = 0;                   // tp-local wte elements (0 without embeddings)
-  std::vector<int64_t> local_numel;  // one per unit
-  std::vector<std::string> names;    // their names
-  int64_t experts = 0;               // elements of its experts' tensors (ExpertRanges)
+  int64_t wte = 0;                    // tp-local wte elements (0 without embeddings)
+  std::vector<int64_t> local_numel;   // one per unit
+  std::vector<std::string> names;     // their names
+  int64_t experts = 0;                // elements of its experts' tensors (ExpertRanges)
   std::vector<int64_t> unit_experts;  // of each unit (an MoE block's tail)
 };
 
@@ -130,10 +130,16 @@ struct Estimate {
   int64_t comm() const { return tp_comm + pp_comm + dp_comm + cp_comm + ep_comm; }
 };
 
-// Elements the busiest dp rank (the last) owns of a unit of n elements.
-int64_t BusiestShard(int64_t n, int dp) {
-  const parallel::ShardRange r = parallel::UnitShardRange(static_cast<size_t>(n), dp, dp - 1);
+// Elements the busiest dp rank (the last) owns of a unit of n elements
+// (shards of whole blocks of `align`).
+int64_t BusiestShard(int64_t n, int dp, int64_t align = 1) {
+  const parallel::ShardRange r =
+      parallel::UnitShardRange(static_cast<size_t>(n), dp, dp - 1, static_cast<size_t>(align));
   return static_cast<int64_t>(r.size());
+}
+
+int64_t ShardAlign(const StateBytesPerElement& per) {
+  return per.int8_moments ? kInt8StateBlock : 1;
 }
 
 // Bytes the ring algorithms send per rank, as parallel::Zero counts the ops it
@@ -186,7 +192,8 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
   const int dp = spec.parallel.dp * spec.parallel.cp, tp = spec.parallel.tp, pp = spec.parallel.pp;
   const int cp = spec.parallel.cp;
   const bool mixed = IsMixed(spec.precision);
-  const StateBytesPerElement per = EngineStateBytes(spec.precision);
+  StateBytesPerElement per = EngineStateBytes(spec.precision);
+  per.int8_moments = spec.optimizer.state == OptimizerState::kInt8;
   const int64_t pb = per.params;                    // param bytes/element (the compute dtype)
   const int64_t gb = per.grads;                     // gradients: fp32 on every engine
   const int64_t ab = ComputeBytes(spec.precision);  // activations sent between ranks
@@ -285,7 +292,8 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
     if (zero >= 2 && m > 1) {
       int64_t shard = 0;
       for (size_t i = 0; i < shape.local_numel.size(); ++i) {
-        shard += over_parts(i, [](int64_t n, int g) { return BusiestShard(n, g); });
+        shard +=
+            over_parts(i, [&](int64_t n, int g) { return BusiestShard(n, g, ShardAlign(per)); });
       }
       (through_host ? host : bytes) += shard * gb;
     }
@@ -451,7 +459,7 @@ bool StateThroughHost(const JobSpec& spec) {
 
 ModelStateBytes GpuThroughHostBytes(int64_t num_params, int dp, int stage,
                                     const StateBytesPerElement& per, int64_t* host) {
-  const int64_t n = num_params, shard = stage >= 1 ? BusiestShard(n, dp) : n;
+  const int64_t n = num_params, shard = stage >= 1 ? BusiestShard(n, dp, ShardAlign(per)) : n;
   const int64_t master = per.optimizer - 8;  // fp32 master beside a 16-bit compute copy
   ModelStateBytes b;
   // The device: up to ZeRO-2 the compute copy (the fp32 master itself in
@@ -462,18 +470,23 @@ ModelStateBytes GpuThroughHostBytes(int64_t num_params, int dp, int stage,
   b.grads = stage < 2 ? per.grads * n : 0;
   // The host: AdamW's m and v of the shard, fp32 copies of the whole
   // parameters and gradients, the gradient shard (2-3), the parameter shard (3).
-  b.optimizer = 8 * shard;
+  b.optimizer = OptimizerStateBytes(shard, per) - master * shard;
   *host += b.optimizer + 8 * n + (stage >= 2 ? 4 * shard : 0) + (stage == 3 ? 4 * shard : 0);
   return b;
 }
 
+int64_t OptimizerStateBytes(int64_t n, const StateBytesPerElement& per) {
+  if (!per.int8_moments) return per.optimizer * n;
+  return (per.optimizer - 6) * n + 8 * ((n + kInt8StateBlock - 1) / kInt8StateBlock);
+}
+
 ModelStateBytes ZeroMemoryBytes(int64_t num_params, int dp, int stage,
                                 const StateBytesPerElement& per) {
-  const int64_t shard = BusiestShard(num_params, dp);
+  const int64_t shard = BusiestShard(num_params, dp, ShardAlign(per));
   ModelStateBytes b;
   b.params = per.params * (stage >= 3 ? shard : num_params);
   b.grads = per.grads * (stage >= 2 ? shard : num_params);
-  b.optimizer = per.optimizer * (stage >= 1 ? shard : num_params);
+  b.optimizer = OptimizerStateBytes(stage >= 1 ? shard : num_params, per);
   return b;
 }
 
@@ -551,7 +564,9 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
     su->set_offset(static_cast<int64_t>(u.offset));
     su->set_numel(static_cast<int64_t>(u.numel));
     for (int i = 0; i < replicas; ++i) {
-      const parallel::ShardRange r = parallel::UnitShardRange(u.numel, replicas, i);
+      const parallel::ShardRange r = parallel::UnitShardRange(
+          u.numel, replicas, i,
+          spec.optimizer.state == OptimizerState::kInt8 ? size_t{kInt8StateBlock} : 1);
       su->add_shard_offsets(static_cast<int64_t>(r.begin));
       su->add_shard_sizes(static_cast<int64_t>(r.size()));
     }

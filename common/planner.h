@@ -42,7 +42,17 @@ struct StateBytesPerElement {
   int64_t params = 4;
   int64_t grads = 4;
   int64_t optimizer = 8;  // what AdamW keeps beside the parameters
+  // optimizer.state int8: of `optimizer`, m and v (8) take 2 bytes per
+  // element and 8 per block of kInt8StateBlock instead, and ZeRO shards
+  // hold whole blocks (parallel::UnitShardRange's align).
+  bool int8_moments = false;
 };
+// The 8-bit AdamW state's block (worker/optim/quant8.h kQuant8BlockSize).
+inline constexpr int64_t kInt8StateBlock = 2048;
+// Bytes of AdamW's state beside the parameters for n elements (one block
+// grid from the first): per.optimizer · n in fp32, with 8-bit moments
+// (per.optimizer − 6) · n + 8 · ceil(n / kInt8StateBlock).
+int64_t OptimizerStateBytes(int64_t n, const StateBytesPerElement& per);
 // The ZeRO paper's mixed-precision Adam (Rajbhandari et al. 2020, §3, K = 12):
 // fp16 parameters and gradients, 2 + 2; fp32 master, m and v, 12.
 inline constexpr StateBytesPerElement kZeroPaperMixed{2, 2, 12};

@@ -225,8 +225,12 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
     }
   }
   out += ComputeLine(spec, plan);
-  absl::StrAppendFormat(&out, "ZeRO-%d: %s; precision %s%s%s\n", plan.zero_stage(),
+  absl::StrAppendFormat(&out, "ZeRO-%d: %s; precision %s%s%s%s\n", plan.zero_stage(),
                         ZeroWhat(plan.zero_stage()), std::string(EnumName(spec.precision)),
+                        spec.optimizer.state == OptimizerState::kInt8
+                            ? "; optimizer.state int8 (AdamW's m and v in 1 byte each per "
+                              "parameter and an fp32 absmax per 2048 of each)"
+                            : "",
                         spec.parallel.offload == OffloadMode::kOptimizer
                             ? "; optimizer state offloaded to host memory"
                             : "",
@@ -350,8 +354,9 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
   // 4 + 4 + 8.
   const bool mixed = spec.precision != Precision::kFp32;
   const StateBytesPerElement per = EngineStateBytes(spec.precision);
-  const double P = double(per.params), G = double(per.grads), K = double(per.optimizer),
-               N = dp * cp;
+  const bool int8 = spec.optimizer.state == OptimizerState::kInt8;
+  const double P = double(per.params), G = double(per.grads),
+               K = double(per.optimizer) - (int8 ? 6.0 - 8.0 / kInt8StateBlock : 0.0), N = dp * cp;
   const double formula[4] = {P + G + K, P + G + K / N, P + (G + K) / N, (P + G + K) / N};
   const auto b = [](double x) { return absl::StrFormat("%g", x); };
   absl::StrAppendFormat(&out,

@@ -27,9 +27,11 @@ struct ShardRange {
   size_t size() const { return end - begin; }
 };
 
-// Precondition: dp >= 1, 0 <= rank < dp.
-inline ShardRange UnitShardRange(size_t numel, int dp, int rank) {
-  const size_t s = numel / static_cast<size_t>(dp);
+// With align > 1, S is rounded down to a multiple of align (8-bit AdamW
+// state: every shard but the last holds whole blocks), the last rank taking
+// the rest. Precondition: dp >= 1, 0 <= rank < dp, align >= 1.
+inline ShardRange UnitShardRange(size_t numel, int dp, int rank, size_t align = 1) {
+  const size_t s = numel / static_cast<size_t>(dp) / align * align;
   ShardRange r;
   r.begin = s * static_cast<size_t>(rank);
   r.end = rank == dp - 1 ? numel : r.begin + s;

@@ -52,6 +52,7 @@ optim::AdamWOptions AdamWOptionsOf(const OptimizerSpec& o) {
   a.beta2 = static_cast<float>(o.betas[1]);
   a.eps = static_cast<float>(o.eps);
   a.weight_decay = static_cast<float>(o.weight_decay);
+  a.int8_state = o.state == OptimizerState::kInt8;
   return a;
 }
 

@@ -103,6 +103,7 @@ class FlatMath {
 class HostFlatMath final : public FlatMath {
  public:
   explicit HostFlatMath(ThreadPool* pool) : pool_(pool) {}
+  ThreadPool* pool() const { return pool_; }
   double SquaredNorm(const float* x, size_t n) override;
   void Scale(float* x, size_t n, float s) override;
   void Accumulate(float* dst, const float* src, size_t n, bool add) override;

@@ -2,10 +2,91 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "worker/optim/adamw8bit.h"
+#include "worker/optim/quant8.h"
 
 namespace shardtrain::optim {
+
+namespace {
+
+// Whether codes with absmax a dequantize to exactly x.
+bool Reproduces(const Quant8Map& map, absl::Span<const float> x, absl::Span<const uint8_t> codes,
+                float a) {
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (map[codes[i]] * a != x[i]) return false;
+  }
+  return true;
+}
+
+// Quantizes one block x that may hold what 8-bit state dequantized to (a
+// checkpoint's), so that the codes and absmax come back bit for bit. Plain
+// QuantizeBlock takes max|x| as the absmax, which is the original one when
+// the largest element came from the map's entry 1; the signed map has no -1,
+// so a block whose largest element is negative came from its lowest entry
+// (-0.99296875): the absmax is then |x| / 0.99296875 to within an ulp, and
+// the one of the three nearest floats that reproduces x is it. x that no
+// absmax reproduces (fp32 state) is quantized plainly.
+float RequantizeBlock(const Quant8Map& map, absl::Span<const float> x, absl::Span<uint8_t> codes) {
+  const float plain = QuantizeBlock(map, x, codes);
+  if (plain == 0.0f || Reproduces(map, x, codes, plain)) return plain;
+  std::vector<uint8_t> trial(codes.size());
+  const float base = plain / std::abs(map[0]);
+  for (const float a : {base, std::nextafter(base, 0.0f), std::nextafter(base, 2 * base)}) {
+    for (size_t i = 0; i < x.size(); ++i) trial[i] = QuantizeValue(map, x[i] / a);
+    if (Reproduces(map, x, trial, a)) {
+      std::copy(trial.begin(), trial.end(), codes.begin());
+      return a;
+    }
+  }
+  return plain;  // codes still hold the plain quantization
+}
+
+}  // namespace
+
+// The 8-bit m and v of the range, cut into segments that each start a grid
+// of blocks (AdamWOptions::int8_state).
+struct AdamW::Int8State {
+  struct Segment {
+    size_t begin = 0, end = 0;      // relative to the range's offset
+    size_t first_block = 0;         // its first block in the absmax arrays
+    std::vector<DecayRange> decay;  // relative to begin
+  };
+  std::vector<Segment> segments;
+  std::vector<uint8_t> m, v;              // one code per element
+  std::vector<float> m_absmax, v_absmax;  // one per block
+  size_t blocks = 0;
+
+  Quant8Span M(const Segment& s) {
+    return {absl::MakeSpan(m).subspan(s.begin, s.end - s.begin),
+            absl::MakeSpan(m_absmax).subspan(s.first_block, Quant8Blocks(s.end - s.begin))};
+  }
+  Quant8Span V(const Segment& s) {
+    return {absl::MakeSpan(v).subspan(s.begin, s.end - s.begin),
+            absl::MakeSpan(v_absmax).subspan(s.first_block, Quant8Blocks(s.end - s.begin))};
+  }
+  // m (or v) of the whole range, dequantized.
+  std::vector<float> Dequantized(bool second) const {
+    std::vector<float> out(m.size());
+    const Quant8Map& map = second ? UnsignedDynamicMap() : SignedDynamicMap();
+    const std::vector<uint8_t>& codes = second ? v : m;
+    const std::vector<float>& absmax = second ? v_absmax : m_absmax;
+    for (const Segment& s : segments) {
+      const size_t n = s.end - s.begin;
+      (void)Dequantize8(map, absl::MakeConstSpan(codes).subspan(s.begin, n),
+                        absl::MakeConstSpan(absmax).subspan(s.first_block, Quant8Blocks(n)),
+                        absl::MakeSpan(out).subspan(s.begin, n), nullptr);
+    }
+    return out;
+  }
+};
+
+AdamW::AdamW(AdamW&&) noexcept = default;
+AdamW& AdamW::operator=(AdamW&&) noexcept = default;
+AdamW::~AdamW() = default;
 
 absl::StatusOr<AdamW> AdamW::Create(const model::ParamLayout& layout, size_t offset, size_t count,
                                     const AdamWOptions& options, engine::FlatMath* math) {
@@ -27,7 +108,38 @@ absl::StatusOr<AdamW> AdamW::Create(const model::ParamLayout& layout, size_t off
       segments.push_back({b - offset, e - offset, t.decay});
     }
   }
-  return AdamW(offset, count, options, std::move(segments), math);
+  if (options.int8_state && math != nullptr &&
+      dynamic_cast<engine::HostFlatMath*>(math) == nullptr) {
+    return absl::InvalidArgumentError(
+        "optimizer.state int8: the 8-bit state is kept and updated on the host only");
+  }
+  AdamW a(offset, count, options, std::move(segments), math);
+  if (options.int8_state) {
+    // Block grids start at the range and at every unit and expert tail in it.
+    std::vector<size_t> starts = {offset};
+    for (const model::UnitInfo& u : layout.units()) starts.push_back(u.offset);
+    for (const auto& [b, e] : layout.ExpertRanges()) starts.push_back(b);
+    std::sort(starts.begin(), starts.end());
+    starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+    auto s8 = std::make_unique<Int8State>();
+    for (size_t i = 0; i < starts.size(); ++i) {
+      const size_t b = starts[i], e = i + 1 < starts.size() ? std::min(starts[i + 1], end) : end;
+      if (b < offset || b >= e) continue;
+      Int8State::Segment seg;
+      seg.begin = b - offset;
+      seg.end = e - offset;
+      seg.first_block = s8->blocks;
+      seg.decay = DecayRanges(layout, b, e - b);
+      s8->blocks += Quant8Blocks(e - b);
+      s8->segments.push_back(std::move(seg));
+    }
+    s8->m.assign(count, 0);
+    s8->v.assign(count, 0);
+    s8->m_absmax.assign(s8->blocks, 0.0f);
+    s8->v_absmax.assign(s8->blocks, 0.0f);
+    a.int8_ = std::move(s8);
+  }
+  return a;
 }
 
 AdamW::AdamW(size_t offset, size_t count, const AdamWOptions& options,
@@ -37,9 +149,15 @@ AdamW::AdamW(size_t offset, size_t count, const AdamWOptions& options,
       options_(options),
       segments_(std::move(segments)),
       math_(math) {
+  if (options.int8_state) return;  // Create makes the 8-bit state
   engine::HostFlatMath host(nullptr);
   m_ = math_ != nullptr ? math_->Allocate(count) : host.Allocate(count);
   v_ = math_ != nullptr ? math_->Allocate(count) : host.Allocate(count);
+}
+
+int64_t AdamW::state_bytes() const {
+  if (int8_ == nullptr) return 8 * static_cast<int64_t>(count_);
+  return 2 * static_cast<int64_t>(count_) + 8 * static_cast<int64_t>(int8_->blocks);
 }
 
 engine::FlatMath& AdamW::math() const {
@@ -78,6 +196,27 @@ void AdamW::StepImpl(float* p, float* g, float lr, engine::FlatMath& math, bool 
 
 void AdamW::Update(float* p, float* g, float lr, engine::FlatMath& math, bool zero_grads,
                    size_t begin, size_t end, float grad_scale) {
+  if (int8_ != nullptr) {
+    if (begin != 0 || end != count_) {
+      std::fprintf(stderr, "AdamW: 8-bit state is stepped whole, not [%zu, %zu) of %zu\n", begin,
+                   end, count_);
+      std::abort();
+    }
+    auto* host = dynamic_cast<engine::HostFlatMath*>(&math);
+    const AdamW8bitStep step{lr, step_, grad_scale};
+    for (const Int8State::Segment& s : int8_->segments) {
+      const size_t n = s.end - s.begin;
+      const absl::Status st = AdamW8bitUpdate(
+          absl::MakeSpan(p + s.begin, n), absl::MakeConstSpan(g + s.begin, n), int8_->M(s),
+          int8_->V(s), s.decay, options_, step, host != nullptr ? host->pool() : nullptr);
+      if (!st.ok()) {  // sizes and ranges are the optimizer's own: a bug
+        std::fprintf(stderr, "AdamW: %s\n", st.ToString().c_str());
+        std::abort();
+      }
+    }
+    if (zero_grads) std::fill(g, g + count_, 0.0f);
+    return;
+  }
   const float b1 = options_.beta1, b2 = options_.beta2;
   const float bc1 = 1.0f - static_cast<float>(std::pow(double{b1}, step_));
   const float bc2 = 1.0f - static_cast<float>(std::pow(double{b2}, step_));
@@ -99,18 +238,42 @@ void AdamW::Update(float* p, float* g, float lr, engine::FlatMath& math, bool ze
 }
 
 std::vector<float> AdamW::CopyM(size_t begin, size_t end) const {
+  if (int8_ != nullptr) {
+    const std::vector<float> all = int8_->Dequantized(false);
+    return std::vector<float>(all.begin() + begin, all.begin() + end);
+  }
   std::vector<float> out(end - begin);
   math().CopyToHost(out.data(), m_->as<float>() + begin, out.size());
   return out;
 }
 
 std::vector<float> AdamW::CopyV(size_t begin, size_t end) const {
+  if (int8_ != nullptr) {
+    const std::vector<float> all = int8_->Dequantized(true);
+    return std::vector<float>(all.begin() + begin, all.begin() + end);
+  }
   std::vector<float> out(end - begin);
   math().CopyToHost(out.data(), v_->as<float>() + begin, out.size());
   return out;
 }
 
 void AdamW::SetState(absl::Span<const float> m, absl::Span<const float> v) {
+  if (int8_ != nullptr) {  // block by block, each back to its codes and absmax
+    for (const Int8State::Segment& s : int8_->segments) {
+      const size_t n = s.end - s.begin;
+      if (s.end > m.size() || s.end > v.size()) break;
+      for (const bool second : {false, true}) {
+        const Quant8Map& map = second ? UnsignedDynamicMap() : SignedDynamicMap();
+        const absl::Span<const float> x = (second ? v : m).subspan(s.begin, n);
+        const Quant8Span q = second ? int8_->V(s) : int8_->M(s);
+        for (size_t b = 0; b < q.absmax.size(); ++b) {
+          const size_t at = b * kQuant8BlockSize, len = std::min(kQuant8BlockSize, n - at);
+          q.absmax[b] = RequantizeBlock(map, x.subspan(at, len), q.codes.subspan(at, len));
+        }
+      }
+    }
+    return;
+  }
   math().CopyFromHost(m_->as<float>(), m.data(), std::min(m.size(), count_));
   math().CopyFromHost(v_->as<float>(), v.data(), std::min(v.size(), count_));
 }

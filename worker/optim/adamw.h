@@ -26,6 +26,12 @@ struct AdamWOptions {
   float beta2 = 0.95f;
   float eps = 1e-8f;
   float weight_decay = 0.1f;  // applied only where TensorInfo::decay
+  // m and v kept block-wise in 8 bits (adamw8bit.h: bitsandbytes'
+  // AdamW8bit), on the host only. The blocks of kQuant8BlockSize start
+  // afresh at every shard unit of the layout and at every MoE block's
+  // experts (ParamLayout::ExpertRanges), so a ZeRO shard of whole blocks of
+  // a unit quantizes exactly as one rank holding the whole unit does.
+  bool int8_state = false;
 };
 
 // AdamW over the sub-range [offset, offset + count) of a model's flat
@@ -43,9 +49,15 @@ class AdamW {
  public:
   // InvalidArgument if the range is outside the layout. `math`: where m, v
   // and the update live (null: the host); it must outlive the optimizer.
+  // With options.int8_state, `math` must keep its arrays on the host (null
+  // or a HostFlatMath: InvalidArgument otherwise), and the range is stepped
+  // whole (UpdateRange aborts).
   static absl::StatusOr<AdamW> Create(const model::ParamLayout& layout, size_t offset, size_t count,
                                       const AdamWOptions& options,
                                       engine::FlatMath* math = nullptr);
+  AdamW(AdamW&&) noexcept;
+  AdamW& operator=(AdamW&&) noexcept;
+  ~AdamW();
 
   // One step with learning rate lr. params and grads hold exactly this
   // range (count elements; element i is flat index offset + i).
@@ -72,21 +84,27 @@ class AdamW {
   size_t count() const { return count_; }
   int64_t step() const { return step_; }
   // Optimizer state for checkpoints (same indexing as params), as host
-  // spans: only when the state is on the host (aborts otherwise, as
-  // FlatView::f32).
+  // spans: only when the fp32 state is on the host (aborts otherwise, as
+  // FlatView::f32, and for 8-bit state).
   absl::Span<float> m() { return m_->view().f32(); }
   absl::Span<float> v() { return v_->view().f32(); }
   absl::Span<const float> m() const { return m_->view().f32(); }
   absl::Span<const float> v() const { return v_->view().f32(); }
   // Elements [begin, end) of m or v copied to the host, and written back
-  // from it: wherever the state lives.
+  // from it: wherever the state lives. 8-bit state is dequantized on the
+  // way out and quantized on the way in (the codes come back bit for bit
+  // from what they dequantized to).
   std::vector<float> CopyM(size_t begin, size_t end) const;
   std::vector<float> CopyV(size_t begin, size_t end) const;
   void SetState(absl::Span<const float> m, absl::Span<const float> v);
   void set_step(int64_t step) { step_ = step; }
   const AdamWOptions& options() const { return options_; }
+  // Bytes m and v take: 8 per element in fp32; 2 per element and 8 per
+  // block (its two absmaxes) in 8 bits.
+  int64_t state_bytes() const;
 
  private:
+  struct Int8State;     // adamw.cc
   struct Segment {      // a piece of the range lying inside one tensor
     size_t begin, end;  // relative to offset_
     bool decay;
@@ -103,8 +121,9 @@ class AdamW {
   size_t offset_, count_;
   AdamWOptions options_;
   std::vector<Segment> segments_;
-  engine::FlatMath* math_;  // null: the host
-  std::unique_ptr<engine::Buffer> m_, v_;
+  engine::FlatMath* math_;                 // null: the host
+  std::unique_ptr<engine::Buffer> m_, v_;  // fp32 state
+  std::unique_ptr<Int8State> int8_;        // 8-bit state
   int64_t step_ = 0;
 };
 

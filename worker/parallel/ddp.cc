@@ -456,7 +456,7 @@ ModelStateMemory Ddp::memory() const {
   engine::Buffer& grads = engine_->grad_buffer();
   mem.params = measure_ ? params.ResidentBytes() : int64_t(params.bytes());
   mem.grads = measure_ ? grads.ResidentBytes() : int64_t(grads.bytes());
-  mem.optimizer = int64_t(2 * adamw_.count() * sizeof(float));  // m and v, wherever they live
+  mem.optimizer = adamw_.state_bytes();  // m and v, wherever they live
   mem.optimizer_on_host = offload_;
   // Staged, the host copies exist for the all-reduce and the offloaded step;
   // otherwise the all-reduces run in place on the gradient buffer.

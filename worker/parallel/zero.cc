@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/optim/quant8.h"
 
 namespace shardtrain::parallel {
 namespace {
@@ -77,8 +78,8 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
       expert_elems += e - b;
     }
     if (split < end && expert_elems != end - split) {
-      return absl::InternalError(absl::StrCat("Zero: the experts of the unit at ", info.offset,
-                                              " do not close it"));
+      return absl::InternalError(
+          absl::StrCat("Zero: the experts of the unit at ", info.offset, " do not close it"));
     }
     auto add = [&](size_t offset, size_t numel, comm::Communicator* c) -> absl::Status {
       if (numel == 0) return absl::OkStatus();
@@ -88,8 +89,11 @@ absl::StatusOr<std::unique_ptr<Zero>> Zero::Create(const ZeroOptions& options,
       p.comm = c;
       p.dp = c == nullptr ? 1 : c->size();
       p.rank = c == nullptr ? 0 : c->rank();
-      p.body = numel / static_cast<size_t>(p.dp);
-      p.own = UnitShardRange(numel, p.dp, p.rank);
+      // 8-bit AdamW state: every shard but the last holds whole blocks of
+      // the part's block grid (AdamWOptions::int8_state).
+      const size_t align = adamw.int8_state ? optim::kQuant8BlockSize : 1;
+      p.own = UnitShardRange(numel, p.dp, p.rank, align);
+      p.body = UnitShardRange(numel, p.dp, 0, align).size();
       p.shard_offset = z->shard_size_;
       z->shard_size_ += p.own.size();
       p.adamw = z->adamw_.size();
@@ -371,9 +375,9 @@ void Zero::Gather(Unit& u) {
           (p.dp - 1) * int64_t(p.body) * kF32));
     }
     if (tail > 0) {
-      u.gather.push_back(Count(
-          p.comm->BroadcastAsync(out + body, tail, comm::DataType::kFloat32, p.dp - 1, after),
-          (p.dp - 1) * int64_t(tail) * kF32 / p.dp));
+      u.gather.push_back(
+          Count(p.comm->BroadcastAsync(out + body, tail, comm::DataType::kFloat32, p.dp - 1, after),
+                (p.dp - 1) * int64_t(tail) * kF32 / p.dp));
     }
   }
   if (u.gather.empty()) WaitGathered(u);
@@ -435,15 +439,16 @@ void Zero::UnitGradsReady(int unit) {
 void Zero::LaunchReduction(int unit) {
   Unit& u = units_[unit];
   Reduction r{unit, {}};
-  const engine::Event* after = comm_ != nullptr ? AfterDeviceWork() : nullptr;  // the backward wrote g
+  const engine::Event* after =
+      comm_ != nullptr ? AfterDeviceWork() : nullptr;  // the backward wrote g
   for (const Part& p : u.parts) {
     if (p.comm == nullptr) continue;
     float* g = grads_ + p.offset;
     const size_t body = p.body * p.dp, tail = p.numel - body;
     if (options_.stage == 1) {
-      r.works.push_back(Count(p.comm->AllReduceAsync(g, p.numel, comm::DataType::kFloat32,
-                                                     comm::ReduceOp::kSum, after),
-                              2 * (p.dp - 1) * int64_t(p.numel) * kF32 / p.dp));
+      r.works.push_back(Count(
+          p.comm->AllReduceAsync(g, p.numel, comm::DataType::kFloat32, comm::ReduceOp::kSum, after),
+          2 * (p.dp - 1) * int64_t(p.numel) * kF32 / p.dp));
       continue;
     }
     if (p.body > 0) {

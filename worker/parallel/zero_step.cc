@@ -210,7 +210,7 @@ ZeroMemory Zero::zero_memory() const {
       options_.stage == 3 ? int64_t(shard_size_) * kF32 : int64_t(engine_->param_buffer().bytes());
   z.grads =
       options_.stage >= 2 ? int64_t(shard_size_) * kF32 : int64_t(engine_->grad_buffer().bytes());
-  for (const optim::AdamW& a : adamw_) z.optimizer += 2 * int64_t(a.count()) * kF32;
+  for (const optim::AdamW& a : adamw_) z.optimizer += a.state_bytes();
   // Staged, the host mirrors exist for the collectives only.
   z.comm_buffers = static_cast<int64_t>((has_reduce_scratch() ? shard_size_ : 0) +
                                         host_params_.size() + host_grads_.size()) *

@@ -95,6 +95,12 @@ TEST_F(AdmissionTest, EachLimitNamesItsFieldAndFlag) {
   ASSERT_TRUE(absl::IsInvalidArgument(moe.status())) << moe.status();
   EXPECT_NE(moe.status().message().find("model.moe: the CUDA engine"), std::string::npos);
 
+  auto int8 = Submit(Spec(1), {"optimizer.state=int8", "resources.device=cuda"});
+  ASSERT_TRUE(absl::IsInvalidArgument(int8.status())) << int8.status();
+  EXPECT_NE(int8.status().message().find("optimizer.state: int8 runs on the host"),
+            std::string::npos)
+      << int8.status();
+
   auto bytes = Submit(Spec(1) + "# " + std::string(70 * 1024, 'x') + "\n");
   ASSERT_TRUE(absl::IsInvalidArgument(bytes.status())) << bytes.status();
   EXPECT_NE(bytes.status().message().find("--max-spec-bytes"), std::string::npos);

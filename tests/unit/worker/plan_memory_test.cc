@@ -279,5 +279,30 @@ TEST_F(PlanMemoryTest, ZeroUnderExpertParallelismMatchesThePlanWithin5Percent) {
   }
 }
 
+// optimizer.state int8: AdamW's m and v in 2 bytes per element and 8 per
+// block of 2048 (each unit's own grid; ZeRO shards of whole blocks): the
+// plan's optimizer bytes per rank equal what the last rank holds for ZeRO
+// 0-3 on dp 2, a quarter of fp32's and a little more.
+TEST_F(PlanMemoryTest, Int8OptimizerStateMatchesThePlan) {
+  for (int zero = 0; zero <= 3; ++zero) {
+    SCOPED_TRACE(testing::Message() << "zero " << zero);
+    JobSpec spec = Spec(kShapes[1], zero);
+    const int64_t fp32 = MakePlan(spec, 2)->memory_per_rank().optimizer_bytes();
+    spec.optimizer.state = OptimizerState::kInt8;
+    absl::StatusOr<v1::Plan> plan = MakePlan(spec, 2);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const MemoryUse got = MeasuredMemory(spec, 2)[1];
+    const v1::MemoryEstimate& want = plan->memory_per_rank();
+    std::printf("int8 state, zero %d: optimizer planned %lld, measured %lld (fp32 moments: %lld)\n",
+                zero, static_cast<long long>(want.optimizer_bytes()),
+                static_cast<long long>(got.optimizer), static_cast<long long>(fp32));
+    EXPECT_EQ(got.optimizer, want.optimizer_bytes());
+    EXPECT_GT(want.optimizer_bytes(), fp32 / 4);
+    EXPECT_LT(want.optimizer_bytes(), fp32 / 4 + fp32 / 100);
+    EXPECT_LE(RelDiff(got.params, want.params_bytes()), 0.05);
+    EXPECT_LE(RelDiff(got.grads, want.grads_bytes()), 0.05);
+  }
+}
+
 }  // namespace
 }  // namespace shardtrain::worker
