@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_ranks.h"
 #include "bench/bench_util.h"
 #include "common/job_spec.h"
 #include "common/planner.h"
@@ -77,18 +78,9 @@ int RunRank(const JobSpec& spec, int rank, const std::string& store_dir, const s
     return 1;
   };
   const int world = spec.World();
-  std::unique_ptr<comm::Communicator> comm;
-  if (world > 1) {
-    comm::GlooOptions g;
-    g.hostname = "127.0.0.1";
-    g.timeout = absl::Seconds(600);
-    g.prefix = prefix;
-    g.group_name = "world";
-    auto c =
-        comm::CreateGlooCommunicator(std::make_shared<comm::FileStore>(store_dir), rank, world, g);
-    if (!c.ok()) return fail(c.status());
-    comm = *std::move(c);
-  }
+  auto c = bench::LoopbackWorld(store_dir, rank, world, prefix);
+  if (!c.ok()) return fail(c.status());
+  std::unique_ptr<comm::Communicator> comm = *std::move(c);
   // The ranks share the machine's cores.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = std::max(1, cores / world);

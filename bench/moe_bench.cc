@@ -22,6 +22,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "bench/bench_ranks.h"
 #include "bench/bench_util.h"
 #include "common/job_spec.h"
 #include "common/model/config.h"
@@ -53,13 +54,7 @@ int RunEpRank(const JobSpec& spec, int rank, const std::string& store_dir, int s
     std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
     return 1;
   };
-  comm::GlooOptions g;
-  g.hostname = "127.0.0.1";
-  g.timeout = absl::Seconds(300);
-  g.prefix = "moe_bench";
-  g.group_name = "world";
-  auto c = comm::CreateGlooCommunicator(std::make_shared<comm::FileStore>(store_dir), rank,
-                                        spec.World(), g);
+  auto c = LoopbackWorld(store_dir, rank, spec.World(), "moe_bench", absl::Seconds(300));
   if (!c.ok()) return fail(c.status());
   auto trainer = worker::Trainer::Create(spec, rank, 1, c->get());
   if (!trainer.ok()) return fail(trainer.status());
@@ -69,7 +64,9 @@ int RunEpRank(const JobSpec& spec, int rank, const std::string& store_dir, int s
     if (!r.ok()) return fail(r.status());
     f << r->ep_bytes << ' ' << r->moe_max_load << '\n';
   }
-  if (absl::Status s = (*c)->Shutdown(); !s.ok()) return fail(s);
+  if (*c != nullptr) {
+    if (absl::Status s = (*c)->Shutdown(); !s.ok()) return fail(s);
+  }
   return f.good() ? 0 : 1;
 }
 
@@ -83,8 +80,8 @@ int EpBytes(const model::ModelConfig& moe, int ranks, int B, int T, int steps) {
       ", context: ", moe.context, ", vocab: 256, rope_theta: 10000, moe: {experts: ", m.experts,
       ", top_k: ", m.top_k, ", expert_ffn_dim: ", m.expert_ffn_dim, "}}\n",
       "data: {train: data/fortunes.txt}\n", "batch: {global: ", B * ranks, ", micro: ", B,
-      ", seq_len: ", T, "}\n", "parallel: {dp: ", ranks, ", ep: ", ranks, "}\n",
-      "steps: ", steps, "\n");
+      ", seq_len: ", T, "}\n", "parallel: {dp: ", ranks, ", ep: ", ranks, "}\n", "steps: ", steps,
+      "\n");
   absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml);
   if (!spec.ok()) {
     std::fprintf(stderr, "ep run: %s\n", spec.status().ToString().c_str());
@@ -128,9 +125,10 @@ int EpBytes(const model::ModelConfig& moe, int ranks, int B, int T, int steps) {
     std::printf("%5d %14lld %14.0f %9.3f %14.2f\n", step, static_cast<long long>(busiest.ep_bytes),
                 planned, double(busiest.ep_bytes) / planned, busiest.max_load);
   }
-  std::printf("mean measured / planned: %.3f (the plan counts each rank's pairs spread evenly over "
-              "the experts)\n",
-              sum_ratio / steps);
+  std::printf(
+      "mean measured / planned: %.3f (the plan counts each rank's pairs spread evenly over "
+      "the experts)\n",
+      sum_ratio / steps);
   return 0;
 }
 

@@ -30,6 +30,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_ranks.h"
 #include "bench/bench_util.h"
 #include "common/job_spec.h"
 #include "common/planner.h"
@@ -87,18 +88,9 @@ int RunRank(const JobSpec& spec, int rank, const std::string& store_dir, const s
     return 1;
   };
   const int world = spec.parallel.tp;
-  std::unique_ptr<comm::Communicator> comm;
-  if (world > 1) {
-    comm::GlooOptions g;
-    g.hostname = "127.0.0.1";
-    g.timeout = absl::Seconds(300);
-    g.prefix = prefix;
-    g.group_name = "world";
-    auto c =
-        comm::CreateGlooCommunicator(std::make_shared<comm::FileStore>(store_dir), rank, world, g);
-    if (!c.ok()) return fail(c.status());
-    comm = *std::move(c);
-  }
+  auto c = bench::LoopbackWorld(store_dir, rank, world, prefix, absl::Seconds(300));
+  if (!c.ok()) return fail(c.status());
+  std::unique_ptr<comm::Communicator> comm = *std::move(c);
   // Two ranks share the machine's cores; one rank takes them all.
   const int threads = world > 1 ? 1 : o.threads;
   auto trainer = worker::Trainer::Create(spec, rank, threads, comm.get());

@@ -39,6 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_ranks.h"
 #include "bench/bench_util.h"
 #include "common/job_spec.h"
 #include "common/planner.h"
@@ -97,13 +98,8 @@ int RunRank(const JobSpec& spec, int rank, const std::string& store_dir, const s
     std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
     return 1;
   };
-  comm::GlooOptions o;
-  o.hostname = "127.0.0.1";
-  o.timeout = absl::Seconds(300);
-  o.prefix = prefix;
-  o.group_name = "dp";
-  auto comm = comm::CreateGlooCommunicator(std::make_shared<comm::FileStore>(store_dir), rank,
-                                           spec.parallel.dp, o);
+  auto comm =
+      bench::LoopbackWorld(store_dir, rank, spec.parallel.dp, prefix, absl::Seconds(300), "dp");
   if (!comm.ok()) return fail(comm.status());
   RankResult res;
   res.baseline_rss = RssBytes();
@@ -122,7 +118,9 @@ int RunRank(const JobSpec& spec, int rank, const std::string& store_dir, const s
   }
   res.peak_rss = PeakRssBytes();
   res.mem = (*trainer)->memory();
-  if (absl::Status s = (*comm)->Shutdown(); !s.ok()) return fail(s);
+  if (*comm != nullptr) {
+    if (absl::Status s = (*comm)->Shutdown(); !s.ok()) return fail(s);
+  }
   std::ofstream f(out);
   const worker::MemoryUse& m = res.mem;
   f << res.tokens << ' ' << res.comm_bytes << ' ' << res.baseline_rss << ' ' << res.peak_rss << ' '

@@ -49,15 +49,11 @@ TEST(Int8StateTest, ShardsOfWholeBlocksTrainLikeOneRank) {
     const Losses got = Train(Int8(l));
     ExpectSameLosses(l, got, one, "1 rank", 1e-5);
     const double norm = Worst(got.grad_norm, one.grad_norm);
-    double diff = 0, scale = 0;
-    for (size_t i = 0; i < got.whole.size(); ++i) {
-      diff = std::max(diff, std::abs(double(got.whole[i]) - one.whole[i]));
-      scale = std::max(scale, std::abs(double(one.whole[i])));
-    }
+    const WholeDiff d = WholeModelDiff(got, one);
     std::printf("%-36s grad norm max rel diff %.3g; whole model max abs diff %.3g (largest %.3g)\n",
-                Name(l).c_str(), norm, diff, scale);
+                Name(l).c_str(), norm, d.max_abs, d.scale);
     EXPECT_LE(norm, 1e-4);
-    EXPECT_LE(diff, 0.01 * scale);
+    EXPECT_LE(d.max_abs, 0.01 * d.scale);
   }
 }
 
