@@ -15,7 +15,8 @@ MoE layers (a MixtralForCausalLM's block_sparse_moe without q/k norms, a
 Qwen3MoeForCausalLM's mlp with them: the router's softmax, the top_k
 experts, their gates renormalised when norm_topk). Writes into
 DIR, as a Hugging Face LlamaForCausalLM checkpoint would hold them:
-  config.json, model.safetensors (BF16 weights: the reader's widening is
+  config.json, model.safetensors (or, with "shards N" in shape.txt, N
+  files and model.safetensors.index.json) (BF16 weights: the reader's widening is
   exercised), tokens.bin (int32, batch*seq_len), logits.bin (float32,
   batch*seq_len*vocab) and reference.txt naming what computed the logits:
   transformers' LlamaForCausalLM itself when it is importable (the GPU
@@ -218,7 +219,21 @@ def main():
     for name, shape in sorted(shapes.items()):
         t = torch.randn(shape) * (0.3 if len(shape) == 2 else 0.1) + (1.0 if len(shape) == 1 else 0.0)
         W[name] = t.to(torch.bfloat16).float()  # what the BF16 file holds
-    write_safetensors(f"{d}/model.safetensors", W)
+    shards = int(s.get("shards", 1))
+    if shards == 1:
+        write_safetensors(f"{d}/model.safetensors", W)
+    else:  # transformers' sharded layout: files of consecutive tensors and their index
+        names = sorted(W)
+        per = -(-len(names) // shards)
+        weight_map = {}
+        for k in range(shards):
+            file = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+            part = {n: W[n] for n in names[k * per:(k + 1) * per]}
+            write_safetensors(f"{d}/{file}", part)
+            weight_map.update({n: file for n in part})
+        total = sum(2 * t.numel() for t in W.values())
+        with open(f"{d}/model.safetensors.index.json", "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
     with open(f"{d}/config.json", "w") as f:
         json.dump(cfg, f, indent=2)
     idx = torch.randint(0, V, (B, T))

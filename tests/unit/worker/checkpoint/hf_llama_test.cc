@@ -249,6 +249,9 @@ TorchLogits RunTorchCheckpoint(const model::ModelConfig& c, const std::string& d
       << "\nbatch " << B << "\nseq_len " << T << "\n";
     if (c.head_size > 0) s << "head_dim " << c.head_size << "\n";
     if (c.qk_norm) s << "qk_norm 1\n";
+    // Qwen3, Mixtral and Qwen3-MoE as transformers saves a large model:
+    // several files and their index.
+    if (c.qk_norm || c.moe.on()) s << "shards 3\n";
     if (const model::MoeConfig& m = c.moe; m.on()) {
       s << "experts " << m.experts << "\ntop_k " << m.top_k << "\nexpert_ffn " << m.expert_ffn_dim
         << "\nnorm_topk " << (m.norm_topk_prob ? 1 : 0) << "\nfirst_dense " << m.first_dense_layers
