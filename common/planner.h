@@ -49,6 +49,14 @@ struct StateBytesPerElement {
 };
 // The 8-bit AdamW state's block (worker/optim/quant8.h kQuant8BlockSize).
 inline constexpr int64_t kInt8StateBlock = 2048;
+// Shards of whole blocks of this many elements under `per` (1 without 8-bit
+// moments).
+inline int64_t ShardAlign(const StateBytesPerElement& per) {
+  return per.int8_moments ? kInt8StateBlock : 1;
+}
+// Elements the busiest dp rank (the last) owns of a unit of n elements split
+// by parallel::UnitShardRange (shards of whole blocks of `align`).
+int64_t BusiestShard(int64_t n, int dp, int64_t align = 1);
 // Bytes of AdamW's state beside the parameters for n elements (one block
 // grid from the first): per.optimizer · n in fp32, with 8-bit moments
 // (per.optimizer − 6) · n + 8 · ceil(n / kInt8StateBlock).

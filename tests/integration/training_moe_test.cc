@@ -42,7 +42,7 @@ TEST_F(TrainingTest, Qwen3MoeFineTunesFromHuggingFaceOnFourWorkersAndExports) {
   std::ofstream(hf + "/shape.txt")
       << "layers 3\nheads 4\nkv_heads 2\ndim 32\nffn_dim 48\nvocab 256\nrope_theta 1000000\n"
          "norm_eps 1e-06\ntie 0\nbatch 1\nseq_len 8\nhead_dim 16\nqk_norm 1\nexperts 4\ntop_k 2\n"
-         "expert_ffn 16\nnorm_topk 1\nfirst_dense 1\n";
+         "expert_ffn 16\nnorm_topk 1\nfirst_dense 1\nshards 2\n";
   ASSERT_EQ(std::system((Python() + " " + script + " " + hf + " >/dev/null").c_str()), 0);
 
   const std::string spec = dir.path() + "/finetune.yaml";
