@@ -124,10 +124,10 @@ absl::Status CheckSpecLimits(const JobSpec& spec, const ParallelDims& dims,
         dims.pp(), ") is above the coordinator's limit of ", limits.max_world, " (--max-world)"));
   }
   // A plan of it is useful (`shardtrain plan`); a run is not, yet.
-  if (spec.model.moe.on() && spec.resources.device == DeviceKind::kCuda) {
+  if (spec.parallel.ep > 1 && spec.resources.device == DeviceKind::kCuda) {
     return absl::InvalidArgumentError(
-        "model.moe: the CUDA engine has no Mixture-of-Experts kernels yet (resources.device: cpu "
-        "trains MoE models; `shardtrain plan` plans GPU ones)");
+        "parallel.ep: the experts' exchange runs in host memory only so far (resources.device: "
+        "cpu trains with it; `shardtrain plan` plans GPU runs with it)");
   }
   if (spec.optimizer.state == OptimizerState::kInt8 && spec.resources.device == DeviceKind::kCuda) {
     return absl::InvalidArgumentError(

@@ -179,7 +179,8 @@ MoeStats ModelEngine::TakeMoeStats() {
   return out;
 }
 
-// The defaults: a device without MoE layers (its Create refuses them).
+// The defaults of the rest: a device without MoE layers (its Create
+// refuses them).
 ModelEngine::MoeRouted ModelEngine::MoeRoute(LayerActs&, const void*, int, int, int, int) {
   Fail("ModelEngine: this device has no MoE layers");
 }
@@ -189,8 +190,34 @@ std::vector<int> ModelEngine::MoeKeptCounts(const LayerActs&) {
 void ModelEngine::MoePermute(void*, const LayerActs&, const void*, int, int) {
   Fail("ModelEngine: this device has no MoE layers");
 }
-void ModelEngine::MoeExperts(int, LayerActs&, void*, const int*, int, bool) {
-  Fail("ModelEngine: this device has no MoE layers");
+// The experts through the device's own layers, every device alike: expert
+// by expert on its block of rows, one GEMM per block and matrix, an empty
+// block skipped (engine/cpu/moe_layers.h's ExpertsForward/Backward are the
+// same computation as one layer, the finite-difference tests' reference).
+void ModelEngine::MoeExperts(int l, LayerActs& a, void* y, const int* offsets, int rows,
+                             bool with_bias2) {
+  (void)rows;  // offsets[local experts] rows in all
+  const model::ModelConfig& cfg = config();
+  const int C = cfg.dim, He = cfg.moe.expert_ffn_dim / layout_.slice().tp, FCe = cfg.fc_rows(He);
+  const size_t esz = DataTypeSize(table_.compute());
+  auto at = [&](void* p, int64_t row, int width) {
+    return static_cast<char*>(p) + row * width * static_cast<int64_t>(esz);
+  };
+  for (int e = 0; e < layout_.local_experts(); ++e) {
+    const int r0 = offsets[e], n = offsets[e + 1] - offsets[e];
+    if (n == 0) continue;
+    void* h_pre = at(a.moe_h_pre, r0, FCe);
+    void* h = at(a.moe_h, r0, He);
+    MatmulForward(h_pre, at(a.moe_xp, r0, C), layout_.expert_tensor(l, model::kExpFcW, e),
+                  layout_.expert_tensor(l, model::kExpFcB, e), n, C, FCe, FCe);
+    if (cfg.mlp == model::MlpKind::kSwiGlu) {
+      SwiGluForward(h, h_pre, n, He);
+    } else {
+      GeluForward(h, h_pre, int64_t{n} * He);
+    }
+    MatmulForward(at(y, r0, C), h, layout_.expert_tensor(l, model::kExpProjW, e),
+                  with_bias2 ? layout_.expert_tensor(l, model::kExpProjB, e) : -1, n, He, C, C);
+  }
 }
 void ModelEngine::MoeGatherRows(void*, const void*, const int*, int) {
   Fail("ModelEngine: this device has no MoE layers");
@@ -204,9 +231,35 @@ void ModelEngine::MoeCombine(void*, const LayerActs&, int) {
 void ModelEngine::MoeCombineBackward(void*, void*, const void*, const LayerActs&, int, int) {
   Fail("ModelEngine: this device has no MoE layers");
 }
-void ModelEngine::MoeExpertsBackward(int, void*, void*, void*, const void*, const LayerActs&,
-                                     const int*, int) {
-  Fail("ModelEngine: this device has no MoE layers");
+void ModelEngine::MoeExpertsBackward(int l, void* dxp, void* dh, void* dh_pre, const void* dy,
+                                     const LayerActs& a, const int* offsets, int rows) {
+  const model::ModelConfig& cfg = config();
+  const int C = cfg.dim, He = cfg.moe.expert_ffn_dim / layout_.slice().tp, FCe = cfg.fc_rows(He);
+  const size_t esz = DataTypeSize(table_.compute());
+  auto at = [&](const void* p, int64_t row, int width) {
+    return const_cast<char*>(static_cast<const char*>(p)) + row * width * static_cast<int64_t>(esz);
+  };
+  Zero(dxp, int64_t{rows} * C);
+  for (int e = 0; e < layout_.local_experts(); ++e) {
+    const int r0 = offsets[e], n = offsets[e + 1] - offsets[e];
+    if (n == 0) continue;
+    // dh = dy · W2 (its weight's and bias's gradients +=), through the
+    // activation into dh_pre, then dxp = dh_pre · W1 (W1's, b1's +=).
+    void* dh_e = at(dh, r0, He);
+    void* dh_pre_e = at(dh_pre, r0, FCe);
+    MatmulBackwardOverwrite(dh_e, at(dy, r0, C), C, at(a.moe_h, r0, He),
+                            layout_.expert_tensor(l, model::kExpProjW, e),
+                            layout_.expert_tensor(l, model::kExpProjB, e), n, He, C);
+    Zero(dh_pre_e, int64_t{n} * FCe);
+    if (cfg.mlp == model::MlpKind::kSwiGlu) {
+      SwiGluBackward(dh_pre_e, at(a.moe_h_pre, r0, FCe), dh_e, n, He);
+    } else {
+      GeluBackward(dh_pre_e, at(a.moe_h_pre, r0, FCe), dh_e, int64_t{n} * He);
+    }
+    MatmulBackwardOverwrite(at(dxp, r0, C), dh_pre_e, FCe, at(a.moe_xp, r0, C),
+                            layout_.expert_tensor(l, model::kExpFcW, e),
+                            layout_.expert_tensor(l, model::kExpFcB, e), n, C, FCe);
+  }
 }
 void ModelEngine::MoePermuteBackward(void*, const void*, const LayerActs&, int) {
   Fail("ModelEngine: this device has no MoE layers");

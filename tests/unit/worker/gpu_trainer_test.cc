@@ -470,8 +470,25 @@ TEST_F(GpuTrainerTest, LlamaGradientsMatchTheCpuEngineTensorByTensor) {
   model::LlamaShape qwen3 = LlamaTestShape();
   qwen3.head_dim = 32;
   qwen3.qk_norm = true;
+  // Mixtral's MoE layers (softmax, renormalised top 2 of 4), and
+  // DeepSeek's (a dense first layer, a shared expert, sigmoid scores, top 2
+  // of 6 not renormalised): the router, the permutation, the experts' GEMMs
+  // and the combine (moe.cu, ModelEngine's experts), with the Switch loss.
+  model::LlamaShape mixtral = LlamaTestShape();
+  mixtral.moe = {/*experts=*/4, /*top_k=*/2, /*expert_ffn_dim=*/96};
+  model::LlamaShape deepseek = LlamaTestShape();
+  deepseek.moe = {6,
+                  2,
+                  64,
+                  /*shared_experts=*/1,
+                  model::RouterScoring::kSigmoid,
+                  /*norm_topk_prob=*/false,
+                  /*first_dense_layers=*/1};
   for (const auto& [name, shape] :
-       {std::pair<const char*, model::LlamaShape>{"llama", LlamaTestShape()}, {"qwen3", qwen3}}) {
+       {std::pair<const char*, model::LlamaShape>{"llama", LlamaTestShape()},
+        {"qwen3", qwen3},
+        {"mixtral", mixtral},
+        {"deepseek-moe", deepseek}}) {
     SCOPED_TRACE(name);
     absl::StatusOr<model::ModelConfig> config = model::MakeLlamaConfig(shape);
     ASSERT_TRUE(config.ok()) << config.status();

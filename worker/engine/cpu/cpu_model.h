@@ -147,15 +147,11 @@ class CpuModel final : public ModelEngine {
   MoeBalance MoeBalanceLosses(const LayerActs& a, const int* load, int N) override;
   std::vector<int> MoeKeptCounts(const LayerActs& a) override;
   void MoePermute(void* xp, const LayerActs& a, const void* x, int N, int M) override;
-  void MoeExperts(int layer, LayerActs& a, void* y, const int* offsets, int rows,
-                  bool with_bias2) override;
   void MoeGatherRows(void* dst, const void* src, const int* index, int n) override;
   void MoeScatterRows(void* dst, const void* src, const int* index, int n) override;
   void MoeCombine(void* out, const LayerActs& a, int N) override;
   void MoeCombineBackward(void* dy, void* dgates, const void* dout, const LayerActs& a, int N,
                           int M) override;
-  void MoeExpertsBackward(int layer, void* dxp, void* dh, void* dh_pre, const void* dy,
-                          const LayerActs& a, const int* offsets, int rows) override;
   void MoePermuteBackward(void* dx, const void* dxp, const LayerActs& a, int N) override;
   void MoeRouterBackward(void* dx, void* dscores, void* dlogits, const void* dgates,
                          const LayerActs& a, const int* load, const void* x, int router, int N,

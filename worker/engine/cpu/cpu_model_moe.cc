@@ -64,19 +64,6 @@ void CpuModel::MoeScatterRows(void* dst, const void* src, const int* index, int 
   for (int i = 0; i < n; ++i) std::memcpy(F(dst) + index[i] * C, F(src) + i * C, C * 4);
 }
 
-void CpuModel::MoeExperts(int l, LayerActs& a, void* y, const int* offsets, int rows,
-                          bool with_bias2) {
-  (void)rows;  // offsets[local experts] rows in all
-  const model::ParamLayout& lay = layout();
-  const int Het = config().moe.expert_ffn_dim / lay.slice().tp;
-  ExpertsForward(F(y), F(a.moe_h_pre), F(a.moe_h), F(a.moe_xp),
-                 param(lay.expert_tensor(l, model::kExpFcW, 0)),
-                 param(lay.expert_tensor(l, model::kExpFcB, 0)),
-                 param(lay.expert_tensor(l, model::kExpProjW, 0)),
-                 with_bias2 ? param(lay.expert_tensor(l, model::kExpProjB, 0)) : nullptr, offsets,
-                 lay.local_experts(), config().dim, Het, config().mlp, &pool_);
-}
-
 void CpuModel::MoeCombine(void* out, const LayerActs& a, int N) {
   CombineForward(F(out), F(a.moe_y), F(a.router_gates), moe_index(a).row_of_pair, N,
                  config().moe.top_k, config().dim, &pool_);
@@ -89,20 +76,6 @@ void CpuModel::MoeCombineBackward(void* dy, void* dgates, const void* dout, cons
   Zero(dgates, int64_t{N} * K);
   CombineBackward(F(dy), F(dgates), F(dout), F(a.moe_y), F(a.router_gates),
                   moe_index(a).row_of_pair, N, K, C, &pool_);
-}
-
-void CpuModel::MoeExpertsBackward(int l, void* dxp, void* dh, void* dh_pre, const void* dy,
-                                  const LayerActs& a, const int* offsets, int rows) {
-  const model::ParamLayout& lay = layout();
-  const int C = config().dim, Het = config().moe.expert_ffn_dim / lay.slice().tp;
-  Zero(dxp, int64_t{rows} * C);
-  ExpertsBackward(F(dxp), grad(lay.expert_tensor(l, model::kExpFcW, 0)),
-                  grad(lay.expert_tensor(l, model::kExpFcB, 0)),
-                  grad(lay.expert_tensor(l, model::kExpProjW, 0)),
-                  grad(lay.expert_tensor(l, model::kExpProjB, 0)), F(dh), F(dh_pre), F(dy),
-                  F(a.moe_xp), param(lay.expert_tensor(l, model::kExpFcW, 0)),
-                  param(lay.expert_tensor(l, model::kExpProjW, 0)), F(a.moe_h_pre), F(a.moe_h),
-                  offsets, lay.local_experts(), C, Het, config().mlp, &pool_);
 }
 
 void CpuModel::MoePermuteBackward(void* dx, const void* dxp, const LayerActs& a, int N) {

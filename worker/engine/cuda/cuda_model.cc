@@ -24,10 +24,15 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const model::ModelC
                                                              DataType compute, int host_threads,
                                                              const ModelEngineOptions& options) {
   if (auto s = ValidateModelEngine(config, B, T, options); !s.ok()) return s;
-  if (config.moe.on()) {
+  if (options.ep != nullptr) {
     return absl::InvalidArgumentError(
-        "model.moe: the CUDA engine has no Mixture-of-Experts kernels yet (resources.device: cpu "
-        "trains MoE models)");
+        "parallel.ep: the experts' exchange runs in host memory only so far (resources.device: "
+        "cpu)");
+  }
+  if (config.moe.on() && config.moe.experts > cuda::kMaxMoeExperts) {
+    return absl::InvalidArgumentError(absl::StrCat("model.moe.experts: ", config.moe.experts,
+                                                   " above the CUDA router's ",
+                                                   cuda::kMaxMoeExperts));
   }
   const int tp = options.slice.tp;
   if (options.activations.flash_attention &&
@@ -101,6 +106,10 @@ absl::Status CudaModel::Init() {
   // Token ids and targets of every slot (int32, 4 bytes like fp32).
   if (s.ok()) s = alloc(static_cast<size_t>(2 * slots() * BT), DataType::kFloat32, &ids_);
   if (s.ok()) s = alloc(static_cast<size_t>(config().padded_vocab), DataType::kFloat32, &row_);
+  if (s.ok() && config().moe.on()) {  // int32, 4 bytes like fp32
+    s = alloc(static_cast<size_t>(BT * config().moe.top_k * layout().slice().ep),
+              DataType::kFloat32, &moe_rows_);
+  }
   const size_t io = StageIoElements();
   // The tp collectives convert a 16-bit compute type to fp32 here; in
   // device memory a reduce-scatter needs its whole input (BT·C at most) and

@@ -135,6 +135,21 @@ class CudaModel final : public ModelEngine {
   void TpReduceScatter(void* local, const void* full, int64_t n) override;
   void OnUnitUse(int unit, bool backward) override;
   void OnUnitDone(int unit) override;
+  // Mixture of Experts (cuda_model_moe.cc); the experts are ModelEngine's.
+  MoeRouted MoeRoute(LayerActs& a, const void* x, int router, int bias, int N,
+                     int capacity) override;
+  std::vector<int> MoeKeptCounts(const LayerActs& a) override;
+  MoeBalance MoeBalanceLosses(const LayerActs& a, const int* load, int N) override;
+  void MoePermute(void* xp, const LayerActs& a, const void* x, int N, int M) override;
+  void MoeGatherRows(void* dst, const void* src, const int* index, int n) override;
+  void MoeScatterRows(void* dst, const void* src, const int* index, int n) override;
+  void MoeCombine(void* out, const LayerActs& a, int N) override;
+  void MoeCombineBackward(void* dy, void* dgates, const void* dout, const LayerActs& a, int N,
+                          int M) override;
+  void MoePermuteBackward(void* dx, const void* dxp, const LayerActs& a, int N) override;
+  void MoeRouterBackward(void* dx, void* dscores, void* dlogits, const void* dgates,
+                         const LayerActs& a, const int* load, const void* x, int router, int N,
+                         float dloss) override;
 
  private:
   CudaModel(const model::ModelConfig& config, int B, int T, DataType compute, int host_threads,
@@ -175,6 +190,12 @@ class CudaModel final : public ModelEngine {
   int* DeviceTargets(int slot) const;
   // This rank's columns' positions on the device under cp; null without.
   const int* DevicePositions() const;
+  // n elements of the compute type at x (device) as host floats, and host
+  // floats into x; both synchronise the stream.
+  std::vector<float> HostFloats(const void* x, int64_t n) const;
+  void DeviceFromFloats(void* x, const std::vector<float>& host);
+  // A host row index (expert parallelism's regrouping) in moe_rows_.
+  const int* DeviceRowIndex(const int* index, int n);
 
   ThreadPool pool_;
   std::unique_ptr<CudaDevice> device_;
@@ -210,6 +231,8 @@ class CudaModel final : public ModelEngine {
   const bool release_state_;    // params_ and grads_ give memory back (VMM)
   const bool release_compute_;  // compute_ held per unit in use (VMM)
   std::vector<float> host_losses_;
+  // MoE layers: room for a regrouping's row index (B·T·K·ep int32).
+  std::unique_ptr<Buffer> moe_rows_;
 };
 
 // The GPU's FlatMath on `stream` (kernels.h's optimizer launchers); copies

@@ -294,6 +294,44 @@ absl::Status SwiGluForward(const KernelCtx& ctx, void* out, const void* inp, int
 absl::Status SwiGluBackward(const KernelCtx& ctx, void* dinp, const void* inp, const void* dout,
                             int N, int H);
 
+// ---- Mixture of Experts (engine/cpu/moe_layers.h's twins; E <= kMaxMoeExperts) ----
+// N tokens, E experts, K slots; a pair (t, k) has index t·K + k. Scores,
+// gates and their gradients are in the compute type, their arithmetic fp32.
+inline constexpr int kMaxMoeExperts = 256;
+// From the router's logits (N,E): scores (N,E) = softmax or sigmoid of each
+// row; experts (N,K) = the K largest score + bias (E; null: none), the larger
+// first, a tie to the lower expert; gates (N,K) = their scores (divided by
+// their sum when norm_topk_prob). Overwrites scores, experts, gates.
+absl::Status MoeRouterForward(const KernelCtx& ctx, void* scores, int* experts, void* gates,
+                              const void* logits, const void* bias, int N, int E, int K,
+                              bool sigmoid, bool norm_topk_prob);
+// dscores (N,E) += the gates' gradient from dgates (N,K) (on entry: the
+// balancing loss's gradient, or zeros); dlogits (N,E) += all of dscores
+// through the softmax or sigmoid (on entry: the z-loss's, or zeros). The
+// router's matmul backward (dx, its weight's gradient) is the engine's.
+absl::Status MoeRouterBackward(const KernelCtx& ctx, void* dlogits, void* dscores,
+                               const void* dgates, const void* scores, const int* experts, int N,
+                               int E, int K, bool sigmoid, bool norm_topk_prob);
+// Rows of C: dst[i] = src[index[i] / div] (div K: the permutation's
+// forward from pair_of_row; 1: a regrouping), and dst[index[i]] = src[i].
+// index in device memory. Overwrite.
+absl::Status MoeGatherRows(const KernelCtx& ctx, void* dst, const void* src, const int* index,
+                           int rows, int C, int div);
+absl::Status MoeScatterRows(const KernelCtx& ctx, void* dst, const void* src, const int* index,
+                            int rows, int C);
+// out (N,C) = Σ_k gates[t,k] · y[row_of_pair[t·K+k]] over the kept pairs
+// (row >= 0), in slot order. Overwrites out.
+absl::Status MoeCombineForward(const KernelCtx& ctx, void* out, const void* y, const void* gates,
+                               const int* row_of_pair, int N, int K, int C);
+// dy (M,C) += gates[t,k] · dout[t] on each kept pair's row; dgates (N,K) +=
+// dout[t] · y[row].
+absl::Status MoeCombineBackward(const KernelCtx& ctx, void* dy, void* dgates, const void* dout,
+                                const void* y, const void* gates, const int* row_of_pair, int N,
+                                int K, int C);
+// dx (N,C) += the dxp (M,C) rows of each token's kept pairs.
+absl::Status MoePermuteBackward(const KernelCtx& ctx, void* dx, const void* dxp,
+                                const int* row_of_pair, int N, int K, int C);
+
 // ---- residual add ----
 // out = inp1 + inp2, all (n). (Backward is the identity: the engine keeps
 // one gradient of the residual stream.)
