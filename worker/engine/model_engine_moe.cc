@@ -113,8 +113,8 @@ void ModelEngine::MoeMlpBackward(int l, LayerActs& a, const void* dout, const vo
 }
 
 void ModelEngine::SumOverCp(std::vector<int>& load) {
-  // Exact in fp32 (counts below 2^24). A group of device memory would need
-  // device buffers: MoE runs on the CPU engine only so far.
+  // Exact in fp32 (counts below 2^24), in host memory: a group of device
+  // memory would need device buffers (CudaModel::Create refuses it).
   const int n = static_cast<int>(load.size());
   std::vector<float> mine(load.begin(), load.end()), send = mine, recv(n);
   std::vector<double> sum(mine.begin(), mine.end());

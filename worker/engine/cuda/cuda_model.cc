@@ -29,6 +29,11 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const model::ModelC
         "parallel.ep: the experts' exchange runs in host memory only so far (resources.device: "
         "cpu)");
   }
+  if (config.moe.on() && options.cp != nullptr && options.cp->device_memory()) {
+    return absl::InvalidArgumentError(
+        "model.moe with parallel.cp: the expert load is summed over the ring in host memory (a "
+        "group of device memory, parallel.comm: nccl, cannot take it yet)");
+  }
   if (config.moe.on() && config.moe.experts > cuda::kMaxMoeExperts) {
     return absl::InvalidArgumentError(absl::StrCat("model.moe.experts: ", config.moe.experts,
                                                    " above the CUDA router's ",
