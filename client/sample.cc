@@ -200,15 +200,13 @@ int ExportLlama(const GlobalFlags& g, const ExportOptions& o,
   if (g.output == "json") {
     std::cout << "{\"from\": " << JsonString(from) << ", \"out\": " << JsonString(o.out)
               << ", \"format\": \"safetensors\", \"layout\": \"llama\", \"architecture\": "
-              << JsonString(checkpoint::HfArchitecture(c)) << ", \"dtype\": "
-              << JsonString(o.dtype)
+              << JsonString(checkpoint::HfArchitecture(c)) << ", \"dtype\": " << JsonString(o.dtype)
               << ", \"tokenizer_files\": " << (tokenizer.empty() ? "false" : "true") << "}"
               << std::endl;
   } else {
-    const std::string moe =
-        c.moe.on() ? absl::StrCat(", ", c.moe.experts, " experts of ", c.moe.expert_ffn_dim,
-                                  ", top ", c.moe.top_k)
-                   : "";
+    const std::string moe = c.moe.on() ? absl::StrCat(", ", c.moe.experts, " experts of ",
+                                                      c.moe.expert_ffn_dim, ", top ", c.moe.top_k)
+                                       : "";
     std::cout << "exported " << from << " (llama: layers " << c.layers << ", heads " << c.heads
               << ", kv_heads " << c.kv_heads << ", dim " << c.dim << ", ffn_dim " << c.ffn_dim
               << moe << ", vocab " << c.vocab << ", " << (c.tie_embeddings ? "tied" : "untied")

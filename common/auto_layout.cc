@@ -304,8 +304,7 @@ std::string AutoLayoutText(const JobSpec& spec, const AutoLayoutOptions& options
     absl::StrAppendFormat(&out,
                           "  + ep = the MoE layers' all-to-all bytes / %.0f GB/s when tp · ep <= "
                           "%d ranks of a node, else / %.0f GB/s\n",
-                          cost.tp_bandwidth / 1e9, cost.ranks_per_node,
-                          cost.link_bandwidth / 1e9);
+                          cost.tp_bandwidth / 1e9, cost.ranks_per_node, cost.link_bandwidth / 1e9);
   }
   const std::vector<int> cps = CpDegrees(spec, options.ranks);
   if (spec.parallel.cp > 1) {

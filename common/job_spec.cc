@@ -455,7 +455,8 @@ absl::StatusOr<ModelFromInit> ModelShapeFromInit(std::string_view yaml_text,
     out.shape_from_init = !Present(model, "preset") && !Present(model, "layers");
     for (const auto& kv : model) out.keys_set.push_back(kv.first.as<std::string>());
     const Node router = root["router"];
-    out.aux_loss_coef_set = router.IsDefined() && router.IsMap() && Present(router, "aux_loss_coef");
+    out.aux_loss_coef_set =
+        router.IsDefined() && router.IsMap() && Present(router, "aux_loss_coef");
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("spec: ", e.what()));
   }

@@ -48,9 +48,9 @@ const std::vector<absl::string_view> kParallelKeys = {"dp",
                                                       "sequence_parallel",
                                                       "comm",
                                                       "reduce_dtype"};
-const std::vector<absl::string_view> kOptimizerKeys = {"name",         "lr",       "min_lr",
-                                                       "betas",        "eps",      "weight_decay",
-                                                       "warmup_steps", "schedule", "grad_clip", "state"};
+const std::vector<absl::string_view> kOptimizerKeys = {
+    "name",         "lr",           "min_lr",   "betas",     "eps",
+    "weight_decay", "warmup_steps", "schedule", "grad_clip", "state"};
 const std::vector<absl::string_view> kCheckpointKeys = {
     "every", "dir", "keep", "on_failure", "max_consecutive_failures", "final_retry_s"};
 const std::vector<absl::string_view> kEvalKeys = {"every", "batches"};

@@ -557,15 +557,13 @@ absl::StatusOr<absl::Span<const float>> Trainer::WholeModel() {
   if (first_replica || expert_dp_rank_ == 0) {
     std::vector<float> copy;
     const absl::Span<const float> p = ParamsOnHost(&copy);
-    const parallel::FlatRanges mine = first_replica
-                                          ? parallel::FlatRanges{{0, layout.num_params()}}
-                                          : parallel::FlatRanges(layout.ExpertRanges());
+    const parallel::FlatRanges mine = first_replica ? parallel::FlatRanges{{0, layout.num_params()}}
+                                                    : parallel::FlatRanges(layout.ExpertRanges());
     for (const auto& [begin, end] : mine) {
-      ForEachGlobalPiece(layout, {{begin, end}}, layout.ReplicaRanges(),
-                         [&](size_t at, size_t global, size_t n) {
-                           std::copy(p.begin() + begin + at, p.begin() + begin + at + n,
-                                     whole_.begin() + global);
-                         });
+      ForEachGlobalPiece(
+          layout, {{begin, end}}, layout.ReplicaRanges(), [&](size_t at, size_t global, size_t n) {
+            std::copy(p.begin() + begin + at, p.begin() + begin + at + n, whole_.begin() + global);
+          });
     }
   }
   if (!world_->device_memory()) {

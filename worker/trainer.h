@@ -238,9 +238,9 @@ class Trainer {
 
   const JobSpec spec_;
   const int rank_;
-  BatchSplit split_;  // of spec_.batch over dp
-  int dp_rank_ = 0;   // this rank's dp coordinate
-  int cp_rank_ = 0;   // and its cp coordinate
+  BatchSplit split_;        // of spec_.batch over dp
+  int dp_rank_ = 0;         // this rank's dp coordinate
+  int cp_rank_ = 0;         // and its cp coordinate
   int expert_dp_rank_ = 0;  // its index among the ranks holding the same experts
   // Context parallelism: the columns of each sequence this rank holds
   // (ContextChunkPositions; empty without cp), and one micro-batch of whole

@@ -28,8 +28,7 @@ std::string Python() {
 }
 
 TEST_F(TrainingTest, Qwen3MoeFineTunesFromHuggingFaceOnFourWorkersAndExports) {
-  const std::string script =
-      SourceDir() + "/tests/unit/worker/checkpoint/hf_llama_logits.py";
+  const std::string script = SourceDir() + "/tests/unit/worker/checkpoint/hf_llama_logits.py";
   if (std::system((Python() + " -c 'import torch' >/dev/null 2>&1").c_str()) != 0) {
     GTEST_SKIP() << Python() << " cannot import torch (scripts/setup installs python3-torch)";
   }
@@ -60,16 +59,16 @@ TEST_F(TrainingTest, Qwen3MoeFineTunesFromHuggingFaceOnFourWorkersAndExports) {
   CommandResult plan =
       RunCommand({SHARDTRAIN_CLI_BIN, "plan", spec, "--set", "checkpoint.dir=" + ckpt});
   ASSERT_EQ(plan.exit_code, 0) << plan.out << plan.err;
-  EXPECT_NE(plan.err.find("model from " + hf + "/config.json: arch llama, layers 3, heads 4, dim 32"),
-            std::string::npos)
+  EXPECT_NE(
+      plan.err.find("model from " + hf + "/config.json: arch llama, layers 3, heads 4, dim 32"),
+      std::string::npos)
       << plan.err;
   EXPECT_NE(plan.err.find("moe {experts: 4, top_k: 2, expert_ffn_dim: 16, norm_topk_prob: true, "
                           "first_dense_layers: 1}"),
             std::string::npos)
       << plan.err;
-  EXPECT_NE(
-      plan.err.find("router.aux_loss_coef 0.001 (router_aux_loss_coef × top_k / MoE layers)"),
-      std::string::npos)
+  EXPECT_NE(plan.err.find("router.aux_loss_coef 0.001 (router_aux_loss_coef × top_k / MoE layers)"),
+            std::string::npos)
       << plan.err;
   CommandResult r = RunCommand({SHARDTRAIN_CLI_BIN, "local", spec, "--workers", "4", "--threads",
                                 "1", "--output", "json", "--set", "checkpoint.dir=" + ckpt},

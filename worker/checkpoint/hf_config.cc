@@ -201,9 +201,8 @@ absl::StatusOr<std::optional<std::string>> HfRouterAuxLossCoef(const std::string
   // ModelFieldsFromHfConfig validates the fields read here.
   SHARDTRAIN_ASSIGN_OR_RETURN(auto fields, ModelFieldsFromHfConfig(text));
   const Json j = Json::parse(text, nullptr, false);
-  const bool moe = absl::c_any_of(fields, [](const auto& f) {
-    return f.first == "moe" && f.second != "none";
-  });
+  const bool moe =
+      absl::c_any_of(fields, [](const auto& f) { return f.first == "moe" && f.second != "none"; });
   if (!moe || !j.contains("router_aux_loss_coef")) return std::nullopt;
   const Json& c = j["router_aux_loss_coef"];
   if (!c.is_number() || c.get<double>() < 0) {

@@ -42,10 +42,11 @@ std::string ReadStatsText(const ReadStats& r) {
     return b >= (1 << 20) ? absl::StrFormat("%.2f MiB", b / double(1 << 20))
                           : absl::StrFormat("%.1f KiB", b / 1024.0);
   };
-  return absl::StrFormat("read %s of the checkpoint's %s of tensors (%.1f%%) from %d of %d files",
-                         bytes(r.bytes_read), bytes(r.data_bytes),
-                         r.data_bytes > 0 ? 100.0 * double(r.bytes_read) / double(r.data_bytes) : 0.0,
-                         r.files_read, r.files);
+  return absl::StrFormat(
+      "read %s of the checkpoint's %s of tensors (%.1f%%) from %d of %d files", bytes(r.bytes_read),
+      bytes(r.data_bytes),
+      r.data_bytes > 0 ? 100.0 * double(r.bytes_read) / double(r.data_bytes) : 0.0, r.files_read,
+      r.files);
 }
 
 absl::StatusOr<std::unique_ptr<WeightsSource>> OpenModelWeights(const std::string& path,

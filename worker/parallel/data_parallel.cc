@@ -167,9 +167,11 @@ absl::StatusOr<double> SumOverGroup(comm::Communicator* comm, double local,
   return total;
 }
 
-absl::StatusOr<std::unique_ptr<DataParallel>> MakeDataParallel(
-    const ParallelSpec& parallel, engine::Engine* engine, const optim::AdamWOptions& adamw,
-    comm::Communicator* comm, comm::Communicator* expert_comm) {
+absl::StatusOr<std::unique_ptr<DataParallel>> MakeDataParallel(const ParallelSpec& parallel,
+                                                               engine::Engine* engine,
+                                                               const optim::AdamWOptions& adamw,
+                                                               comm::Communicator* comm,
+                                                               comm::Communicator* expert_comm) {
   if (parallel.zero == 0) {
     auto ddp =
         Ddp::Create(engine, adamw, comm, size_t(parallel.bucket_mb) << 20,

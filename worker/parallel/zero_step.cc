@@ -122,9 +122,9 @@ absl::Status Zero::GatherAllParams() {
       float* out = params_ + p.offset;
       const size_t body = p.body * p.dp, tail = p.numel - body;
       if (p.body > 0) {  // in place: this rank's block is already where it belongs
-        works.push_back(Count(p.comm->AllGatherAsync(out + p.own.begin, out, p.body,
-                                                     comm::DataType::kFloat32, after),
-                              (p.dp - 1) * int64_t(p.body) * kF32));
+        works.push_back(Count(
+            p.comm->AllGatherAsync(out + p.own.begin, out, p.body, comm::DataType::kFloat32, after),
+            (p.dp - 1) * int64_t(p.body) * kF32));
       }
       if (tail > 0) {
         works.push_back(Count(

@@ -20,8 +20,8 @@ constexpr int kThreads = 256;
 absl::Status CheckExperts(const char* kernel, int N, int E, int K) {
   SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kernel, "N", N));
   if (E < 1 || E > kMaxMoeExperts || K < 1 || K > E) {
-    return absl::InvalidArgumentError(absl::StrCat(kernel, ": E ", E, " (1..", kMaxMoeExperts,
-                                                   ") and K ", K, " (1..E)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(kernel, ": E ", E, " (1..", kMaxMoeExperts, ") and K ", K, " (1..E)"));
   }
   return internal::CheckGrid(kernel, internal::BlocksFor(N, kThreads));
 }
@@ -136,8 +136,8 @@ __global__ void ScatterRowsKernel(F* dst, const F* src, const int* index, int64_
 // over the kept pairs, in slot order (add = false); or dx += Σ_k y[row]
 // (add = true, gates null: the permutation's backward).
 template <typename F>
-__global__ void CombineKernel(F* out, const F* y, const F* gates, const int* row_of_pair,
-                              int64_t n, int K, int C, bool add) {
+__global__ void CombineKernel(F* out, const F* y, const F* gates, const int* row_of_pair, int64_t n,
+                              int K, int C, bool add) {
   const int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (e >= n) return;
   const int64_t t = e / C;
