@@ -123,11 +123,10 @@ absl::Status CheckSpecLimits(const JobSpec& spec, const ParallelDims& dims,
         dims.cp() > 1 ? absl::StrCat(" x cp ", dims.cp()) : "", " x tp ", dims.tp(), " x pp ",
         dims.pp(), ") is above the coordinator's limit of ", limits.max_world, " (--max-world)"));
   }
-  // A plan of it is useful (`shardtrain plan`); a run is not, yet.
-  if (spec.parallel.ep > 1 && spec.resources.device == DeviceKind::kCuda) {
+  if (spec.parallel.ep > 1 && spec.parallel.comm == CommBackend::kNccl) {
     return absl::InvalidArgumentError(
-        "parallel.ep: the experts' exchange runs in host memory only so far (resources.device: "
-        "cpu trains with it; `shardtrain plan` plans GPU runs with it)");
+        "parallel.ep with parallel.comm: nccl: the experts' exchange stages through host memory "
+        "only so far (parallel.comm: gloo)");
   }
   if (spec.optimizer.state == OptimizerState::kInt8 && spec.resources.device == DeviceKind::kCuda) {
     return absl::InvalidArgumentError(

@@ -1,8 +1,8 @@
 // ExpertParallel: what the engine needs of its expert-parallel group
 // (ModelEngineOptions::ep; parallel.ep): the ep ranks that split each MoE
 // layer's experts, E / ep each (rank r holding experts [r·E/ep,
-// (r+1)·E/ep)), exchanging the (token, slot) pairs routed to them. Host
-// memory only so far (the CPU engine; a GPU engine would stage through it).
+// (r+1)·E/ep)), exchanging the (token, slot) pairs routed to them, in host
+// memory (a GPU engine stages its rows through it: CudaModel::EpAllToAll).
 // The first failure is kept for status() and later calls do nothing (the
 // group is poisoned then), so a pass finishes on stale numbers and the
 // trainer reports the error after the step.
@@ -28,6 +28,8 @@ class ExpertParallel {
   virtual void AllToAllV(const float* send, const std::vector<size_t>& send_counts, float* recv,
                          const std::vector<size_t>& recv_counts) = 0;
   virtual absl::Status status() const = 0;
+  // Whether the group takes device memory (NCCL); host memory by default.
+  virtual bool device_memory() const { return false; }
 };
 
 }  // namespace shardtrain::engine

@@ -418,6 +418,15 @@ class ModelEngine : public Engine {
   virtual void StartRingPass(const void* send, void* recv, int64_t count);
   virtual void FinishRingPass();
   ContextParallel* cp() const { return cp_; }
+  // Expert parallelism's exchange (EpDispatch, EpReturn): send_counts[p]
+  // elements of `send` (the compute type, in the engine's memory) to each
+  // ep rank p in rank order, recv_counts[p] from each into `recv`. Default:
+  // the ep group's AllToAllV on the buffers themselves (host fp32: the CPU
+  // engine's); a device whose buffers the group cannot take stages them
+  // through host fp32.
+  virtual void EpAllToAll(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                          const std::vector<size_t>& recv_counts);
+  ExpertParallel* ep() const { return ep_; }
   // In place sum over the tp group (called only when tp > 1).
   virtual void TpAllReduceSum(void* x, int64_t n) = 0;
   // Sequence parallelism (called only then): full (tp·n) = every rank's

@@ -159,18 +159,22 @@ void ModelEngine::EpPlan(LayerActs& a, const std::vector<int>& kept) {
   }
 }
 
+void ModelEngine::EpAllToAll(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                             const std::vector<size_t>& recv_counts) {
+  // Host fp32 rows (the CPU engine's compute type).
+  ep_->AllToAllV(static_cast<const float*>(send), send_counts, static_cast<float*>(recv),
+                 recv_counts);
+}
+
 void ModelEngine::EpDispatch(const LayerActs& a, const void* send, void* staging,
                              void* recv_grouped) {
-  // Host fp32 rows (the CPU engine's compute type).
-  ep_->AllToAllV(static_cast<const float*>(send), a.ep_send, static_cast<float*>(staging),
-                 a.ep_recv);
+  EpAllToAll(send, a.ep_send, staging, a.ep_recv);
   MoeGatherRows(recv_grouped, staging, a.ep_gather.data(), a.ep_rows);
 }
 
 void ModelEngine::EpReturn(const LayerActs& a, const void* grouped, void* staging, void* out) {
   MoeScatterRows(staging, grouped, a.ep_gather.data(), a.ep_rows);
-  ep_->AllToAllV(static_cast<const float*>(staging), a.ep_recv, static_cast<float*>(out),
-                 a.ep_send);
+  EpAllToAll(staging, a.ep_recv, out, a.ep_send);
 }
 
 MoeStats ModelEngine::TakeMoeStats() {

@@ -25,6 +25,7 @@ class ExpertParallelGroup final : public engine::ExpertParallel {
   void AllToAllV(const float* send, const std::vector<size_t>& send_counts, float* recv,
                  const std::vector<size_t>& recv_counts) override;
   absl::Status status() const override { return status_; }
+  bool device_memory() const override { return comm_->device_memory(); }
 
   // Bytes sent since the last call.
   int64_t TakeBytes() {

@@ -180,6 +180,41 @@ TEST(GpuParallelTrainerTest, DeviceMemoryPathsWithRanksOnOneGpuEqualOneRank) {
   ExpectLayoutsOnOneGpuEqualOneRank(8, NcclPathLayouts(), /*device_memory_comm=*/true);
 }
 
+// A Mixtral-style model (4 experts, top 2) with its experts split over
+// ep 2, the ranks sharing one GPU: the rows go to their experts' rank and
+// back through host fp32 (CudaModel::EpAllToAll over Gloo), dp 2 × ep 2
+// and ZeRO-1 with ep 2, each equal to one rank over 20 steps. No balancing
+// loss: it is per micro-batch, and the one rank's micro-batch is the
+// layouts' two.
+TEST(GpuParallelTrainerTest, ExpertParallelRanksOnOneGpuEqualOneRank) {
+  SKIP_WITHOUT_GPU();
+  RunSpec base;
+  base.model =
+      "{arch: llama, layers: 2, heads: 4, kv_heads: 2, dim: 64, ffn_dim: 128, context: 64, "
+      "vocab: 256, rope_theta: 10000, moe: {experts: 4, top_k: 2, expert_ffn_dim: 64}}";
+  for (const auto& [precision, tolerance] :
+       {std::pair<const char*, double>{"fp32", 1e-5}, {"bf16", 1e-2}}) {
+    absl::StatusOr<JobSpec> one =
+        ParseJobSpec(JobSpecToYaml(OneGpuSpec(precision, 8, base)), {"router.aux_loss_coef=0"});
+    ASSERT_TRUE(one.ok()) << one.status();
+    const std::vector<double> want = TrainRanks(*one, 1, kSteps);
+    for (const auto& [name, overrides] : Layouts{
+             {"dp2 ep2", Ranks(2, {"parallel.dp=2", "parallel.ep=2", "batch.micro=4"})},
+             {"dp2 ep2 zero1",
+              Ranks(2, {"parallel.dp=2", "parallel.ep=2", "parallel.zero=1", "batch.micro=4"})}}) {
+      absl::StatusOr<JobSpec> split = ParseJobSpec(JobSpecToYaml(*one), overrides);
+      ASSERT_TRUE(split.ok()) << split.status();
+      const std::vector<double> got = TrainRanks(*split, 1, kSteps);
+      const double diff = MaxRelDiff(got, want);
+      std::printf(
+          "[gpu-trainer] %s moe %s on one GPU vs 1 rank: step %d %.7f / %.7f, max rel "
+          "diff %.3g\n",
+          precision, name.c_str(), kSteps, got[kSteps], want[kSteps], diff);
+      EXPECT_LE(diff, tolerance) << precision << " " << name;
+    }
+  }
+}
+
 // DDP reducing its buckets in bf16 (parallel.reduce_dtype: bf16, NCCL's
 // device path; here Gloo behind HostBackedDeviceComm on one GPU): the CUDA
 // conversion kernels around the reduction, within bf16's precision of one

@@ -24,10 +24,10 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const model::ModelC
                                                              DataType compute, int host_threads,
                                                              const ModelEngineOptions& options) {
   if (auto s = ValidateModelEngine(config, B, T, options); !s.ok()) return s;
-  if (options.ep != nullptr) {
+  if (options.ep != nullptr && options.ep->device_memory()) {
     return absl::InvalidArgumentError(
-        "parallel.ep: the experts' exchange runs in host memory only so far (resources.device: "
-        "cpu)");
+        "parallel.ep with parallel.comm: nccl: the experts' exchange stages through host memory "
+        "only so far (parallel.comm: gloo)");
   }
   if (config.moe.on() && options.cp != nullptr && options.cp->device_memory()) {
     return absl::InvalidArgumentError(

@@ -150,6 +150,10 @@ class CudaModel final : public ModelEngine {
   void MoeRouterBackward(void* dx, void* dscores, void* dlogits, const void* dgates,
                          const LayerActs& a, const int* load, const void* x, int router, int N,
                          float dloss) override;
+  // Expert parallelism's exchange through host fp32 (the ep group takes
+  // host memory), as the tp collectives stage theirs.
+  void EpAllToAll(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                  const std::vector<size_t>& recv_counts) override;
 
  private:
   CudaModel(const model::ModelConfig& config, int B, int T, DataType compute, int host_threads,

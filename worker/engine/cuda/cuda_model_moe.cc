@@ -168,4 +168,15 @@ void CudaModel::MoeRouterBackward(void* dx, void* dscores, void* dlogits, const 
   MatmulBackward(dx, dlogits, E, x, router, -1, N, C, E);
 }
 
+void CudaModel::EpAllToAll(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                           const std::vector<size_t>& recv_counts) {
+  size_t out = 0, in = 0;
+  for (size_t c : send_counts) out += c;
+  for (size_t c : recv_counts) in += c;
+  const std::vector<float> host_send = HostFloats(send, static_cast<int64_t>(out));
+  std::vector<float> host_recv(in);
+  ep()->AllToAllV(host_send.data(), send_counts, host_recv.data(), recv_counts);
+  DeviceFromFloats(recv, host_recv);
+}
+
 }  // namespace shardtrain::engine::cuda
