@@ -68,17 +68,23 @@ struct AdamW::Int8State {
     return {absl::MakeSpan(v).subspan(s.begin, s.end - s.begin),
             absl::MakeSpan(v_absmax).subspan(s.first_block, Quant8Blocks(s.end - s.begin))};
   }
-  // m (or v) of the whole range, dequantized.
-  std::vector<float> Dequantized(bool second) const {
-    std::vector<float> out(m.size());
+  // Elements [begin, end) of m (or v), dequantized: only the segments
+  // that overlap them.
+  std::vector<float> Dequantized(bool second, size_t begin, size_t end) const {
+    std::vector<float> out(end - begin), seg;
     const Quant8Map& map = second ? UnsignedDynamicMap() : SignedDynamicMap();
     const std::vector<uint8_t>& codes = second ? v : m;
     const std::vector<float>& absmax = second ? v_absmax : m_absmax;
     for (const Segment& s : segments) {
+      if (s.end <= begin || s.begin >= end) continue;
       const size_t n = s.end - s.begin;
+      seg.resize(n);
       (void)Dequantize8(map, absl::MakeConstSpan(codes).subspan(s.begin, n),
                         absl::MakeConstSpan(absmax).subspan(s.first_block, Quant8Blocks(n)),
-                        absl::MakeSpan(out).subspan(s.begin, n), nullptr);
+                        absl::MakeSpan(seg), nullptr);
+      const size_t lo = std::max(s.begin, begin), hi = std::min(s.end, end);
+      std::copy(seg.begin() + (lo - s.begin), seg.begin() + (hi - s.begin),
+                out.begin() + (lo - begin));
     }
     return out;
   }
@@ -238,20 +244,14 @@ void AdamW::Update(float* p, float* g, float lr, engine::FlatMath& math, bool ze
 }
 
 std::vector<float> AdamW::CopyM(size_t begin, size_t end) const {
-  if (int8_ != nullptr) {
-    const std::vector<float> all = int8_->Dequantized(false);
-    return std::vector<float>(all.begin() + begin, all.begin() + end);
-  }
+  if (int8_ != nullptr) return int8_->Dequantized(false, begin, end);
   std::vector<float> out(end - begin);
   math().CopyToHost(out.data(), m_->as<float>() + begin, out.size());
   return out;
 }
 
 std::vector<float> AdamW::CopyV(size_t begin, size_t end) const {
-  if (int8_ != nullptr) {
-    const std::vector<float> all = int8_->Dequantized(true);
-    return std::vector<float>(all.begin() + begin, all.begin() + end);
-  }
+  if (int8_ != nullptr) return int8_->Dequantized(true, begin, end);
   std::vector<float> out(end - begin);
   math().CopyToHost(out.data(), v_->as<float>() + begin, out.size());
   return out;

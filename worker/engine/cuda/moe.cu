@@ -240,36 +240,38 @@ absl::Status MoeScatterRows(const KernelCtx& ctx, void* dst, const void* src, co
   });
 }
 
-absl::Status MoeCombineForward(const KernelCtx& ctx, void* out, const void* y, const void* gates,
-                               const int* row_of_pair, int N, int K, int C) {
-  constexpr const char* kName = "MoeCombineForward";
+namespace {
+
+// CombineKernel over N·C elements: the combine (gates) or the permutation's
+// backward (add, no gates).
+absl::Status LaunchCombine(const char* name, const KernelCtx& ctx, void* out, const void* y,
+                           const void* gates, const int* row_of_pair, int N, int K, int C,
+                           bool add) {
   int64_t n = 0;
-  SHARDTRAIN_RETURN_IF_ERROR(CheckRows(kName, N, C, &n));
+  SHARDTRAIN_RETURN_IF_ERROR(CheckRows(name, N, C, &n));
   if (n == 0) return absl::OkStatus();
   return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
     using F = typename decltype(tag)::type;
     const int blocks = static_cast<int>(internal::BlocksFor(n, kThreads));
     CombineKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(
         static_cast<F*>(out), static_cast<const F*>(y), static_cast<const F*>(gates), row_of_pair,
-        n, K, C, /*add=*/false);
-    return internal::CheckLaunch(kName);
+        n, K, C, add);
+    return internal::CheckLaunch(name);
   });
+}
+
+}  // namespace
+
+absl::Status MoeCombineForward(const KernelCtx& ctx, void* out, const void* y, const void* gates,
+                               const int* row_of_pair, int N, int K, int C) {
+  return LaunchCombine("MoeCombineForward", ctx, out, y, gates, row_of_pair, N, K, C,
+                       /*add=*/false);
 }
 
 absl::Status MoePermuteBackward(const KernelCtx& ctx, void* dx, const void* dxp,
                                 const int* row_of_pair, int N, int K, int C) {
-  constexpr const char* kName = "MoePermuteBackward";
-  int64_t n = 0;
-  SHARDTRAIN_RETURN_IF_ERROR(CheckRows(kName, N, C, &n));
-  if (n == 0) return absl::OkStatus();
-  return internal::DispatchDtype(ctx.dtype, [&](auto tag) {
-    using F = typename decltype(tag)::type;
-    const int blocks = static_cast<int>(internal::BlocksFor(n, kThreads));
-    CombineKernel<F><<<blocks, kThreads, 0, ctx.stream>>>(static_cast<F*>(dx),
-                                                          static_cast<const F*>(dxp), nullptr,
-                                                          row_of_pair, n, K, C, /*add=*/true);
-    return internal::CheckLaunch(kName);
-  });
+  return LaunchCombine("MoePermuteBackward", ctx, dx, dxp, nullptr, row_of_pair, N, K, C,
+                       /*add=*/true);
 }
 
 absl::Status MoeCombineBackward(const KernelCtx& ctx, void* dy, void* dgates, const void* dout,
