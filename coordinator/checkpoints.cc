@@ -86,6 +86,9 @@ absl::StatusOr<bool> Coordinator::ReportCheckpoint(const v1::ReportCheckpointReq
       !s.ok()) {
     return s;
   }
+  // A shard of a step already committed is a rank's re-send after a restart
+  // (worker/report_outbox.h): nothing left to hold.
+  if (FindCommit(e->job.checkpoints(), shard.step(), shard.generation())) return true;
   auto& ranks = e->shards[shard.step()];
   ranks[shard.rank()] = shard;
   shards_cv_.notify_all();

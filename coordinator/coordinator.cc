@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -66,12 +67,25 @@ bool WaitsForWorkers(v1::JobState s) {
   return s == v1::JOB_STATE_PENDING || s == v1::JOB_STATE_RECOVERING;
 }
 
+namespace {
+
+// 16 hex digits from the system's entropy (not secret: it only has to differ
+// between two processes).
+std::string NewInstanceId() {
+  std::random_device rd;
+  const uint64_t id = (uint64_t{rd()} << 32) ^ rd();
+  return absl::StrFormat("%016x", id);
+}
+
+}  // namespace
+
 Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<StateStore> store,
                          SpecValidator validator, const Clock* clock)
     : options_(options),
       store_(std::move(store)),
       validator_(std::move(validator)),
-      clock_(clock) {}
+      clock_(clock),
+      instance_(NewInstanceId()) {}
 
 Coordinator::~Coordinator() { Shutdown(); }
 
@@ -110,6 +124,18 @@ absl::Status Coordinator::Load() {
   }
   for (v1::StepReport& s : state->steps) {
     if (JobEntry* e = FindJob(s.job_id())) e->history[s.step()] = std::move(s);
+  }
+  // The job record is written on transitions, the history on every step:
+  // progress is the newest step the history holds.
+  for (auto& [id, e] : jobs_) {
+    if (e.history.empty()) continue;
+    const v1::StepReport& last = e.history.rbegin()->second;
+    v1::JobProgress* p = e.job.mutable_progress();
+    if (last.step() <= p->step()) continue;
+    p->set_step(last.step());
+    p->set_loss(last.loss());
+    p->set_tokens_per_s(last.tokens_per_s());
+    p->set_step_ms(last.step_ms());
   }
   for (v1::Plan& p : state->plans) {
     if (JobEntry* e = FindJob(p.job_id())) {

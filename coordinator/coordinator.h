@@ -119,6 +119,11 @@ class Coordinator {
   // is not the caller's; PERMISSION_DENIED without the generation's lease
   // token; FAILED_PRECONDITION when the job is not active. A refused report
   // changes nothing.
+  // A step's reports are held in memory until every rank's is in, then
+  // aggregated into the history (durably). The answer carries instance(),
+  // the oldest step still incomplete and the newest committed checkpoint:
+  // what a rank keeps to re-send after a restart. A report of a step this
+  // generation already recorded (a re-send) changes nothing.
   absl::StatusOr<v1::ReportStepResponse> ReportStep(const v1::ReportStepRequest& req);
   absl::Status ReportDone(const v1::ReportDoneRequest& req);
   // Checkpoints (checkpoints.cc). The coordinator keeps the record of
@@ -127,8 +132,10 @@ class Coordinator {
   // RECOVERING: a failed generation commits nothing.
   //
   // Records a rank's shard of checkpoint `step` (in memory only: a restart
-  // loses it, and the step is then never committed). Returns whether every
-  // rank of the generation has now reported the step.
+  // loses it until the rank re-sends it, seeing the new instance()). A shard
+  // of a step this generation committed already is a re-send: nothing is
+  // held. Returns whether every rank of the generation has now reported
+  // the step.
   absl::StatusOr<bool> ReportCheckpoint(const v1::ReportCheckpointRequest& req);
   // Waits up to wait_ms for every rank's report of the step, its shard or
   // its failure, then returns them in rank order. DEADLINE_EXCEEDED naming
@@ -172,6 +179,11 @@ class Coordinator {
   // Ends every blocking call (WaitEvents, WaitCheckpointShards, KvGet) with
   // UNAVAILABLE.
   void Shutdown();
+  // An id chosen when this coordinator started (16 hex digits), different
+  // for every process: the ranks' reports answer with it, and a rank that
+  // sees it change re-sends what the previous process held only in memory
+  // (worker/report_outbox.h).
+  const std::string& instance() const { return instance_; }
 
   // Counts for /metrics.
   std::map<std::string, int> WorkerCountsByState() const;
@@ -313,6 +325,7 @@ class Coordinator {
   const std::unique_ptr<StateStore> store_;
   const SpecValidator validator_;
   const Clock* const clock_;
+  const std::string instance_;
   RendezvousKv kv_;
 
   mutable std::mutex mu_;

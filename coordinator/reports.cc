@@ -56,10 +56,18 @@ absl::StatusOr<v1::ReportStepResponse> Coordinator::ReportStep(const v1::ReportS
   if (e->job.state() == v1::JOB_STATE_SCHEDULED) {
     if (auto s = Transition(*e, v1::JOB_STATE_RUNNING, "first step reported"); !s.ok()) return s;
   }
-  e->partial[r.step()].by_rank[r.rank()] = r;
-  if (static_cast<int>(e->partial[r.step()].by_rank.size()) == e->job.world()) {
-    FinishStep(*e, r.step());
+  // A report of a step this generation already recorded is a rank's re-send
+  // after a restart (worker/report_outbox.h): the history keeps it once.
+  auto recorded = e->history.find(r.step());
+  if (recorded == e->history.end() || recorded->second.generation() != r.generation()) {
+    e->partial[r.step()].by_rank[r.rank()] = r;
+    if (static_cast<int>(e->partial[r.step()].by_rank.size()) == e->job.world()) {
+      FinishStep(*e, r.step());
+    }
   }
+  resp.set_coordinator_instance(instance_);
+  resp.set_incomplete_from_step(e->partial.empty() ? 0 : e->partial.begin()->first);
+  resp.set_committed_step(e->job.progress().last_committed_checkpoint_step());
   return resp;
 }
 

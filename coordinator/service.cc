@@ -229,6 +229,7 @@ grpc::Status CoordinatorService::ReportCheckpoint(grpc::ServerContext* ctx,
     absl::StatusOr<bool> complete = core_->ReportCheckpoint(*req);
     if (!complete.ok()) return complete.status();
     resp->set_complete(*complete);
+    resp->set_coordinator_instance(core_->instance());
     return absl::OkStatus();
   });
 }

@@ -21,6 +21,17 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const ConnectOption
   return grpc::SslCredentials(opts);
 }
 
+// A coordinator that restarts (or fails over) is reached again within about
+// 2 s: gRPC's default reconnect backoff grows to 120 s, which kept workers
+// away from a restarted coordinator for many seconds after it answered.
+grpc::ChannelArguments ChannelArgs() {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 250);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 250);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  return args;
+}
+
 absl::Status ReadIfSet(const std::string& path, std::string* out) {
   if (path.empty()) return absl::OkStatus();
   return ReadFile(path, out);
@@ -60,7 +71,7 @@ CoordinatorClient::CoordinatorClient(const std::string& address, int64_t rpc_tim
       rpc_timeout_ms_(rpc_timeout_ms),
       heartbeat_timeout_ms_(heartbeat_timeout_ms),
       authorization_(connect.token.empty() ? "" : "Bearer " + connect.token),
-      channel_(grpc::CreateChannel(address, ChannelCredentials(connect))),
+      channel_(grpc::CreateCustomChannel(address, ChannelCredentials(connect), ChannelArgs())),
       stub_(v1::Coordinator::NewStub(channel_)) {}
 
 void CoordinatorClient::Authorize(grpc::ClientContext* ctx) const {

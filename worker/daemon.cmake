@@ -8,6 +8,7 @@ add_library(shardtrain_worker_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/kv_rendezvous_store.cc
   ${CMAKE_CURRENT_LIST_DIR}/mfu.cc
   ${CMAKE_CURRENT_LIST_DIR}/recent_collectives.cc
+  ${CMAKE_CURRENT_LIST_DIR}/report_outbox.cc
   ${CMAKE_CURRENT_LIST_DIR}/trainer.cc
   ${CMAKE_CURRENT_LIST_DIR}/trainer_mesh.cc
   ${CMAKE_CURRENT_LIST_DIR}/trainer_moe.cc

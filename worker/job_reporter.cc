@@ -1,6 +1,7 @@
 #include "worker/job_reporter.h"
 
 #include <chrono>
+#include <cstdint>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -16,6 +17,40 @@ namespace shardtrain::worker {
 // fault and cause, which the message already says).
 std::string Text(const absl::Status& s) {
   return s.ToString(absl::StatusToStringMode::kWithNoExtraData);
+}
+
+Reporter::Reporter(const RunContext& ctx)
+    : ctx_(ctx),
+      a_(*ctx.assignment),
+      outbox_(std::make_unique<ReportOutbox>([this](const std::string& m) { Log(m); }, ctx.stop)) {}
+
+void Reporter::Answered(const absl::Status& s) {
+  // A stale generation or a job that ended: stop. Transient errors: go on.
+  if (absl::IsAborted(s) || absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) ended_ = true;
+}
+
+ReportOutbox::Item Reporter::StepItem(const v1::ReportStepRequest& req) {
+  const int64_t step = req.report().step();
+  return {ReportOutbox::Kind::kStep, step, "step " + std::to_string(step), [this, req, step] {
+            auto resp = ctx_.client->ReportStep(req);
+            if (!resp.ok()) {
+              if (!absl::IsUnavailable(resp.status())) {
+                Log("step report failed: " + std::string(resp.status().message()));
+              }
+              Answered(resp.status());
+              return resp.status();
+            }
+            if (resp->abort()) ended_ = true;
+            // Held in the coordinator's memory until every rank reported the
+            // step, or the step's checkpoint is committed: kept until then.
+            outbox_->SawInstance(resp->coordinator_instance());
+            const int64_t incomplete = resp->incomplete_from_step();
+            outbox_->ForgetKept(ReportOutbox::Kind::kStep,
+                                incomplete == 0 ? INT64_MAX : incomplete);
+            outbox_->ForgetKept(ReportOutbox::Kind::kShard, resp->committed_step() + 1);
+            if (incomplete != 0 && step >= incomplete) outbox_->Keep(StepItem(req));
+            return absl::OkStatus();
+          }};
 }
 
 bool Reporter::Step(const StepResult& r, double mfu) {
@@ -46,18 +81,37 @@ bool Reporter::Step(const StepResult& r, double mfu) {
   s->set_time_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                      std::chrono::system_clock::now().time_since_epoch())
                      .count());
-  auto resp = ctx_.client->ReportStep(req);
-  if (!resp.ok()) {
-    Log("step report failed: " + std::string(resp.status().message()));
-    // A stale generation or a job that ended: stop. Transient errors: go on.
-    return !(absl::IsAborted(resp.status()) || absl::IsFailedPrecondition(resp.status()) ||
-             absl::IsNotFound(resp.status()));
-  }
-  return !resp->abort();
+  outbox_->Send(StepItem(req)).IgnoreError();  // the item itself handles the answer
+  return !ended_;
+}
+
+ReportOutbox::Item Reporter::ShardItem(const v1::ReportCheckpointRequest& req, CommitFn commit) {
+  const int64_t step = req.shard().step();
+  return {ReportOutbox::Kind::kShard, step, "checkpoint step " + std::to_string(step),
+          [this, req, step, commit] {
+            auto resp = ctx_.client->ReportCheckpoint(req);
+            if (!resp.ok()) {
+              Answered(resp.status());
+              return resp.status();
+            }
+            outbox_->SawInstance(resp->coordinator_instance());
+            // Held in the coordinator's memory until committed.
+            outbox_->Keep(ShardItem(req, commit));
+            if (!commit) return absl::OkStatus();
+            if (outbox_->sending_now() && outbox_->backlogged()) {
+              // The coordinator restarted since the other ranks' reports of
+              // this step: they re-send them after their next step, which
+              // waits for this rank. The commit waits its turn instead.
+              outbox_->Queue({ReportOutbox::Kind::kOther, step,
+                              "commit of checkpoint step " + std::to_string(step), commit});
+              return absl::OkStatus();
+            }
+            return commit();
+          }};
 }
 
 absl::Status Reporter::Checkpoint(const checkpoint::ShardFileInfo& info, const std::string& path,
-                                  int64_t step) {
+                                  int64_t step, CommitFn commit) {
   v1::ReportCheckpointRequest req;
   req.set_worker_id(ctx_.worker_id);
   req.set_lease_token(a_.lease_token());
@@ -74,13 +128,11 @@ absl::Status Reporter::Checkpoint(const checkpoint::ShardFileInfo& info, const s
     fr->set_begin(int64_t(r.begin));
     fr->set_end(int64_t(r.end));
   }
-  absl::StatusOr<v1::ReportCheckpointResponse> resp;
-  for (int attempt = 0; attempt < 20; ++attempt) {
-    resp = ctx_.client->ReportCheckpoint(req);
-    if (resp.ok() || !absl::IsUnavailable(resp.status())) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(250));
-  }
-  return resp.status();
+  bool queued = false;
+  absl::Status sent = outbox_->Send(ShardItem(req, std::move(commit)), &queued);
+  if (queued)
+    Log("checkpoint step " + std::to_string(step) + " held until the coordinator answers");
+  return sent;
 }
 
 void Reporter::Commit(const absl::StatusOr<CommitResult>& r, int64_t step) const {
@@ -93,7 +145,8 @@ void Reporter::Commit(const absl::StatusOr<CommitResult>& r, int64_t step) const
   }
 }
 
-bool Reporter::CheckpointFailure(int64_t step, const std::string& path, const absl::Status& error) {
+v1::ReportCheckpointFailureRequest Reporter::FailureRequest(int64_t step, const std::string& path,
+                                                            const absl::Status& error) const {
   v1::ReportCheckpointFailureRequest req;
   req.set_job_id(a_.job_id());
   req.set_generation(a_.generation());
@@ -113,17 +166,43 @@ bool Reporter::CheckpointFailure(int64_t step, const std::string& path, const ab
                   : absl::IsUnavailable(error)    ? "io_error"
                                                   : "other");
   }
-  absl::StatusOr<v1::ReportCheckpointFailureResponse> resp;
-  for (int attempt = 0; attempt < 20; ++attempt) {
-    resp = ctx_.client->ReportCheckpointFailure(req);
-    if (resp.ok() || !absl::IsUnavailable(resp.status())) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(250));
-  }
+  return req;
+}
+
+absl::Status Reporter::CommitFailure(int64_t step, const std::string& path,
+                                     const absl::Status& error) {
+  auto resp = ctx_.client->ReportCheckpointFailure(FailureRequest(step, path, error));
   if (!resp.ok()) {
-    Log("checkpoint failure not reported: " + resp.status().ToString());
-    return !(absl::IsFailedPrecondition(resp.status()) || absl::IsNotFound(resp.status()));
+    if (!absl::IsUnavailable(resp.status())) {
+      Log("checkpoint failure not reported: " + resp.status().ToString());
+    }
+    Answered(resp.status());
+    return resp.status();
   }
-  return !resp->abort();
+  if (resp->abort()) ended_ = true;
+  return absl::OkStatus();
+}
+
+bool Reporter::CheckpointFailure(int64_t step, const std::string& path, const absl::Status& error,
+                                 CommitFn commit) {
+  const v1::ReportCheckpointFailureRequest req = FailureRequest(step, path, error);
+  outbox_
+      ->Send({ReportOutbox::Kind::kOther, step,
+              "checkpoint step " + std::to_string(step) + "'s failure",
+              [this, req, commit] {
+                auto resp = ctx_.client->ReportCheckpointFailure(req);
+                if (!resp.ok()) {
+                  if (!absl::IsUnavailable(resp.status())) {
+                    Log("checkpoint failure not reported: " + resp.status().ToString());
+                  }
+                  Answered(resp.status());
+                  return resp.status();
+                }
+                if (resp->abort()) ended_ = true;
+                return commit ? commit() : absl::OkStatus();
+              }})
+      .IgnoreError();
+  return !ended_;
 }
 
 void Reporter::Done(int64_t steps, const std::string& output) {
@@ -135,7 +214,7 @@ void Reporter::Done(int64_t steps, const std::string& output) {
   req.set_lease_token(a_.lease_token());
   req.set_steps(steps);
   req.set_output(output);
-  Retry("ReportDone", [&] { return ctx_.client->ReportDone(req); });
+  Final("ReportDone", [this, req] { return ctx_.client->ReportDone(req); });
 }
 
 void Reporter::Failure(const absl::Status& error, int64_t step, comm::Communicator* comm,
@@ -156,7 +235,12 @@ void Reporter::Failure(const absl::Status& error, int64_t step, comm::Communicat
       *req.add_recent_collectives() = ToCollectiveRecord(f);
     }
   }
-  Retry("ReportFailure", [&] { return ctx_.client->ReportFailure(req); });
+  Final("ReportFailure", [this, req] { return ctx_.client->ReportFailure(req); });
+}
+
+void Reporter::Final(const char* what, std::function<absl::Status()> send) {
+  outbox_->Send({ReportOutbox::Kind::kOther, 0, what, std::move(send)}).IgnoreError();
+  if (!outbox_->Drain()) Log(std::string(what) + ": stopped before the coordinator answered");
 }
 
 void Reporter::Event(const std::string& msg, bool warning) const {
@@ -170,28 +254,15 @@ void Reporter::Event(const std::string& msg, bool warning) const {
   req.set_worker_id(ctx_.worker_id);
   req.set_lease_token(a_.lease_token());
   req.set_message(msg);
-  if (absl::Status s = ctx_.client->ReportEvent(req); !s.ok())
-    Log("event not reported: " + s.ToString());
+  outbox_
+      ->Send({ReportOutbox::Kind::kOther, 0, "event",
+              [this, req] { return ctx_.client->ReportEvent(req); }})
+      .IgnoreError();
 }
 
 void Reporter::Log(const std::string& msg) const {
   std::cerr << "shardtrain-worker[" << ctx_.worker_id << "] " << a_.job_id() << "/" << a_.rank()
             << ": " << msg << std::endl;
-}
-
-template <typename Fn>
-void Reporter::Retry(const char* what, Fn fn) {
-  bool logged = false;
-  while (!*ctx_.stop) {
-    absl::Status s = fn();
-    if (s.ok() || !absl::IsUnavailable(s)) {
-      if (!s.ok()) Log(std::string(what) + ": " + std::string(s.message()));
-      return;
-    }
-    if (!logged) Log(std::string(what) + ": coordinator unreachable; retrying");
-    logged = true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(250));
-  }
 }
 
 }  // namespace shardtrain::worker

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -212,6 +213,8 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
       metrics->collective_seconds.WithLabels({a.job_id(), labels[1], "allreduce"});
   Counter& sent = metrics->sent_bytes.WithLabels(labels);
   Gauge& loss = metrics->loss.WithLabels(labels);
+  // Before the reporter: a commit it holds through an outage writes here.
+  checkpoint::FileCheckpointStorage storage;
   Reporter report(ctx);
   absl::StatusOr<JobSpec> spec = ParseJobSpec(a.spec_yaml());
   if (!spec.ok()) return report.Failure(spec.status(), 0, nullptr, /*permanent=*/true);
@@ -272,7 +275,6 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   if (!trainer.ok()) {
     return report.Failure(trainer.status(), 0, comm.get(), PermanentTrainerError(trainer.status()));
   }
-  checkpoint::FileCheckpointStorage storage;
   int64_t first = 1;
   if (!(*trainer)->init_read_summary().empty()) {
     report.Event("rank " + std::to_string(a.rank()) + ": " + (*trainer)->init_read_summary());
@@ -290,6 +292,8 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
   const MfuMeter mfu(*spec, (*trainer)->engine().layout(), opts.device.model());
   report.Log(mfu.description());
   const int every = spec->checkpoint.dir.empty() ? 0 : spec->checkpoint.every;
+  // The manifest is of the whole model, whatever slice rank 0 runs.
+  const auto whole = std::make_shared<const model::ParamLayout>((*trainer)->engine().config());
   for (int64_t step = first; step <= spec->steps; ++step) {
     if (*ctx.stop) {
       report.Log("stopped at step " + std::to_string(step));
@@ -336,32 +340,15 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
       const std::string step_dir = checkpoint::StepDir(spec->checkpoint.dir, step);
       std::string path;
       absl::StatusOr<checkpoint::ShardFileInfo> info = (*trainer)->SaveShard(storage, step, &path);
-      // Whether the coordinator heard this rank's outcome, shard or failure,
-      // and whether that was a failure (then it knows why the step fails).
-      bool reported = true, failed = false;
-      if (info.ok()) {
-        absl::Status s = report.Checkpoint(*info, path, step);
-        if (absl::IsUnavailable(s)) {
-          // The coordinator could not be told: this step stays uncommitted
-          // (never loaded), and training goes on to the next checkpoint.
-          report.Log("checkpoint step " + std::to_string(step) + " not reported: " + Text(s));
-          reported = false;
-        } else if (!s.ok()) {
-          return report.Failure(s, step, comm.get());
-        }
-      } else if (!IsStorageError(info.status())) {
+      const bool failed = !info.ok();
+      if (failed && !IsStorageError(info.status())) {
         return report.Failure(info.status(), step, comm.get());
-      } else {
-        failed = true;
-        report.Log("checkpoint step " + std::to_string(step) +
-                   " not written: " + Text(info.status()));
-        if (!report.CheckpointFailure(step, step_dir, info.status())) {
-          report.Log("the coordinator ended the job (checkpoint.on_failure); stopping at step " +
-                     std::to_string(step));
-          return;
-        }
       }
-      if (a.rank() == 0 && reported) {
+      // Rank 0 commits once every rank reported: now, or when the
+      // coordinator answers again after an outage (the reporter runs it in
+      // turn, on its own thread then, while training goes on).
+      Reporter::CommitFn commit;
+      if (a.rank() == 0) {
         CommitTarget target;
         target.job_id = a.job_id();
         target.generation = a.generation();
@@ -373,21 +360,38 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
         target.local_dir = spec->checkpoint.dir;
         // The other ranks wait in the next step's collectives meanwhile.
         target.wait = absl::Seconds(spec->timeouts.collective_s) / 2;
-        // The manifest is of the whole model, whatever slice rank 0 runs.
-        const model::ParamLayout whole((*trainer)->engine().config());
-        absl::StatusOr<CommitResult> commit =
-            CommitCheckpoint(*ctx.client, storage, whole, target, step, *ctx.stop);
-        report.Commit(commit, step);
-        // Why the commit failed, unless this rank said so already (its own
-        // shard) or there is nobody to tell (a generation that is over, a
-        // stopped rank). Another rank's failure, said again, counts once.
-        const absl::Status& cs = commit.status();
-        if (!cs.ok() && !failed && !absl::IsAborted(cs) && !absl::IsCancelled(cs) &&
-            !absl::IsNotFound(cs) && !report.CheckpointFailure(step, step_dir, cs)) {
-          report.Log("the coordinator ended the job (checkpoint.on_failure); stopping at step " +
-                     std::to_string(step));
-          return;
+        commit = [&report, &storage, &ctx, whole, target, step, step_dir, failed] {
+          // An outage's held commit runs while training goes on: the other
+          // ranks' reports may take longer to arrive then.
+          CommitTarget t = target;
+          if (!report.sending_now()) t.wait = std::max(t.wait, absl::Minutes(5));
+          absl::StatusOr<CommitResult> r =
+              CommitCheckpoint(*ctx.client, storage, *whole, t, step, report.closing());
+          if (absl::IsUnavailable(r.status())) return r.status();  // again, in turn
+          report.Commit(r, step);
+          // Why the commit failed, unless this rank said so already (its own
+          // shard) or there is nobody to tell (a generation that is over, a
+          // stopped rank). Another rank's failure, said again, counts once.
+          const absl::Status& cs = r.status();
+          if (cs.ok() || failed || absl::IsAborted(cs) || absl::IsCancelled(cs) ||
+              absl::IsNotFound(cs)) {
+            return absl::OkStatus();
+          }
+          return report.CommitFailure(step, step_dir, cs);
+        };
+      }
+      if (!failed) {
+        if (absl::Status s = report.Checkpoint(*info, path, step, std::move(commit)); !s.ok()) {
+          return report.Failure(s, step, comm.get());
         }
+      } else {
+        report.Log("checkpoint step " + std::to_string(step) +
+                   " not written: " + Text(info.status()));
+        report.CheckpointFailure(step, step_dir, info.status(), std::move(commit));
+      }
+      if (report.ended()) {
+        report.Log("the coordinator ended the job; stopping at step " + std::to_string(step));
+        return;
       }
     }
   }

@@ -296,6 +296,90 @@ TEST_F(ClusterTest, CoordinatorKill9FiveTimesLosesNoJobAndAllFinish) {
   }
 }
 
+// Issue 50, acceptance 0: the coordinator SIGKILLed mid-job and kept down
+// for longer than two checkpoint intervals, then restarted on its state.
+// The workers train on and hold what they report; once it answers, the
+// history has every step with an uninterrupted run's losses, the
+// checkpoints written meanwhile are committed, and a worker killed after
+// the outage recovers from the newest commit.
+TEST_F(ClusterTest, CoordinatorOutageLosesNoReportAndItsCheckpointsAreCommitted) {
+  namespace fs = std::filesystem;
+  const int steps = 100;
+  const std::vector<std::string> sets = {
+      "steps=100",       "checkpoint.every=10", "optimizer.lr=1e-3", "parallel.dp=2",
+      "batch.global=32", "batch.micro=16",      "batch.seq_len=128", "max_restarts=2"};
+  CommandResult straight = RunLocal(sets, dir_.path() + "/straight");
+  ASSERT_EQ(straight.exit_code, 0) << straight.out << straight.err;
+  const std::vector<double> expected = Losses(straight.out);
+  ASSERT_EQ(expected.size(), size_t(steps));
+
+  Start(3, /*lease_ms=*/10'000);  // 3 workers for a job of 2: one spare
+  const std::string job = Submit(sets);
+  ASSERT_TRUE(WaitFor([&] { return Step(job) >= 12; }, seconds(120))) << Status(job);
+  const int port = c_.port;
+  c_.process.Signal(SIGKILL);
+  ASSERT_TRUE(c_.process.Wait(seconds(5)));
+  const auto down = std::chrono::steady_clock::now();
+  // Down until both ranks wrote their shards of step 30 (20 and 30 meanwhile).
+  const std::string ckpt = dir_.path() + "/ckpt";
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return fs::exists(ckpt + "/step-30/rank-0.shard") &&
+               fs::exists(ckpt + "/step-30/rank-1.shard");
+      },
+      seconds(120)));
+  EXPECT_FALSE(fs::exists(ckpt + "/step-20/manifest.txt"));  // not committed while it was down
+  c_ = StartCoordinator(dir_.path(), 10'000, "127.0.0.1:" + std::to_string(port));
+  ASSERT_EQ(c_.port, port) << c_.process.Log();
+  const double outage_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - down).count();
+  // The held reports land: steps 20 and 30 get committed.
+  auto committed = [&](int step) {
+    return Cli({"checkpoints", job, "-o", "json"}, c_.address())
+               .out.find("\"step\": " + std::to_string(step) + ",") != std::string::npos;
+  };
+  ASSERT_TRUE(WaitFor([&] { return committed(30); }, seconds(60))) << Status(job);
+  const int at_kill = Step(job);
+  ASSERT_LT(at_kill, steps) << "the job ended before a rank could be killed";
+  ASSERT_FALSE(KillRank(job, 1).empty()) << Status(job);
+  ASSERT_TRUE(WaitFor([&] { return State(job) == "SUCCEEDED"; }, seconds(180))) << Status(job);
+
+  const std::string done = Status(job);
+  EXPECT_NE(done.find("\"restarts\": 1"), std::string::npos) << done;
+  EXPECT_EQ(Step(job), steps) << done;
+  const std::string watch = Cli({"watch", job}, c_.address()).out;
+  for (int step : {20, 30}) {
+    EXPECT_NE(watch.find("checkpoint step " + std::to_string(step) + " committed"),
+              std::string::npos)
+        << watch;
+  }
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(watch, m, std::regex("resuming from committed step (\\d+)")))
+      << watch;
+  const int resumed = std::stoi(m[1]);
+  EXPECT_GE(resumed, 30);
+  const std::vector<double> got = Losses(Cli({"history", job, "-o", "json"}, c_.address()).out);
+  ASSERT_EQ(got.size(), size_t(steps));
+  double worst = 0;
+  for (int s = 0; s < steps; ++s) {
+    const double rel = std::abs(got[s] - expected[s]) / std::abs(expected[s]);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, 1e-6) << "step " << s + 1;
+  }
+  std::string delivered;
+  for (Process& w : workers_) {
+    std::smatch d;
+    const std::string log = w.Log();
+    if (std::regex_search(log, d, std::regex("coordinator answers again: [^\n]*"))) {
+      delivered += "\n  " + d.str();
+    }
+  }
+  std::printf(
+      "coordinator down %.1f s from step 12; rank 1 killed at step %d after the outage, resumed "
+      "from committed step %d; history %zu of %d steps, max relative loss difference %.3g%s\n",
+      outage_s, at_kill, resumed, got.size(), steps, worst, delivered.c_str());
+}
+
 // min 2, max 4 workers; rank 2's worker dies with no spare: the job goes on
 // on 2 workers (not 3: the global batch of 4 micro-batches must split evenly),
 // from the last commit, and its losses continue the uninterrupted 4-rank run.

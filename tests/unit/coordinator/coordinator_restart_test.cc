@@ -5,7 +5,9 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "coordinator/coordinator.h"
 #include "coordinator/spec_validator.h"
@@ -157,6 +159,134 @@ TEST(CoordinatorRestartTest, StoredSpecTheValidatorNowRefusesFailsItsJob) {
   EXPECT_EQ((*core)->GetJob(stored.pending)->state(), v1::JOB_STATE_FAILED);
   core->reset();
   std::filesystem::remove_all(stored.dir);
+}
+
+}  // namespace
+}  // namespace shardtrain::coordinator
+
+namespace shardtrain::coordinator {
+namespace {
+
+// What a rank needs to lose nothing to a restart (worker/report_outbox.h):
+// the coordinator's instance id, the oldest step not every rank reported
+// (the reports of it and later are held in memory only), and re-sent
+// reports it already recorded taken once.
+class RestartReportsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/st-coord-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    o_ = TestOptions();
+    Start();
+    for (int i = 0; i < 2; ++i) {
+      v1::RegisterWorkerRequest r;
+      r.set_collective_address("127.0.0.1");
+      r.add_devices()->set_kind("cpu");
+      core_->RegisterWorker(Fenced(r)).IgnoreError();
+    }
+    v1::SubmitJobRequest s;
+    s.set_spec_yaml(CoreTestSpec(2, /*steps=*/5));
+    job_ = core_->SubmitJob(s)->job_id();
+    const v1::Job job = *core_->GetJob(job_);
+    ASSERT_EQ(job.ranks_size(), 2);
+    for (const auto& r : job.ranks()) workers_.push_back(r.worker_id());
+  }
+  void TearDown() override {
+    core_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  void Start() {
+    core_.reset();  // the "crash": only what is stored remains
+    core_ = *Coordinator::Create(o_, *OpenSqliteStateStore(dir_), ValidateSpec, &clock_);
+  }
+  absl::StatusOr<v1::ReportStepResponse> Report(int rank, int64_t step) {
+    v1::ReportStepRequest r;
+    r.set_worker_id(workers_[rank]);
+    v1::StepReport* s = r.mutable_report();
+    s->set_job_id(job_);
+    s->set_generation(1);
+    s->set_rank(rank);
+    s->set_step(step);
+    s->set_loss(step + 0.25 * rank);
+    return core_->ReportStep(Fenced(r));
+  }
+  absl::StatusOr<bool> Shard(int rank, int64_t step) {
+    v1::ReportCheckpointRequest r;
+    r.set_worker_id(workers_[rank]);
+    v1::CheckpointShard* s = r.mutable_shard();
+    s->set_job_id(job_);
+    s->set_generation(1);
+    s->set_rank(rank);
+    s->set_step(step);
+    s->set_path("/tmp/ckpt-t/step-" + std::to_string(step) + "/shard-" + std::to_string(rank));
+    return core_->ReportCheckpoint(Fenced(r));
+  }
+  int StepEvents() {
+    bool ended = false;
+    auto events = core_->WaitEvents(job_, 0, 0, &ended);
+    int n = 0;
+    for (const v1::JobEvent& e : *events) n += e.kind() == v1::EVENT_KIND_STEP;
+    return n;
+  }
+
+  FakeClock clock_;
+  CoordinatorOptions o_;
+  std::string dir_, job_;
+  std::vector<std::string> workers_;
+  std::unique_ptr<Coordinator> core_;
+};
+
+TEST_F(RestartReportsTest, AnswersSayWhatARankMustKeepAndReSentReportsCountOnce) {
+  auto r = Report(0, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string first = r->coordinator_instance();
+  EXPECT_EQ(first.size(), 16u);
+  EXPECT_EQ(r->incomplete_from_step(), 1);  // rank 1 has not reported step 1
+  ASSERT_TRUE(Report(1, 1).ok());
+  r = Report(0, 2);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->incomplete_from_step(), 2);  // step 1 is whole (and stored)
+  EXPECT_EQ(r->committed_step(), 0);
+  // Both ranks' shards of step 1, committed.
+  ASSERT_TRUE(Shard(0, 1).ok());
+  ASSERT_TRUE(*Shard(1, 1));
+  v1::CommitCheckpointRequest c;
+  c.set_job_id(job_);
+  c.set_generation(1);
+  c.set_worker_id(workers_[0]);
+  c.set_rank(0);
+  c.set_step(1);
+  c.set_dir("/tmp/ckpt-t/step-1");
+  ASSERT_TRUE(core_->CommitCheckpoint(Fenced(c)).ok());
+
+  Start();  // rank 0's report of step 2 was acknowledged, held in memory, and is gone
+  EXPECT_EQ(core_->GetJob(job_)->progress().step(), 1);  // from the stored history
+  r = Report(1, 2);
+  ASSERT_TRUE(r.ok());
+  EXPECT_NE(r->coordinator_instance(), first);  // rank 1 sees the restart...
+  EXPECT_EQ(r->incomplete_from_step(), 2);
+  EXPECT_EQ(r->committed_step(), 1);
+  // ...and so does rank 0, which re-sends what it kept: step 2, and the
+  // shard of step 1 (its answer arrived before the commit's news).
+  ASSERT_TRUE(Report(0, 2).ok());
+  auto resent = Shard(0, 1);
+  ASSERT_TRUE(resent.ok()) << resent.status();
+  EXPECT_TRUE(*resent);  // committed already: nothing to hold
+  // A re-sent step 1 (whole before the restart) is not a second step 1.
+  ASSERT_TRUE(Report(0, 1).ok());
+  ASSERT_TRUE(Report(1, 1).ok());
+  auto history = core_->GetHistory(job_);
+  ASSERT_TRUE(history.ok());
+  ASSERT_EQ(history->steps_size(), 2);
+  EXPECT_EQ(history->steps(0).step(), 1);
+  EXPECT_EQ(history->steps(1).step(), 2);
+  EXPECT_DOUBLE_EQ(history->steps(1).loss(), 2.125);  // the mean over both ranks
+  EXPECT_EQ(StepEvents(), 2);
+  r = Report(0, 3);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->incomplete_from_step(), 3);
+  EXPECT_EQ(core_->GetJob(job_)->progress().step(), 2);
 }
 
 }  // namespace

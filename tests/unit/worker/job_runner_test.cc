@@ -565,14 +565,53 @@ TEST_F(JobRunnerTest, StaleGenerationOnStepReportEndsTheRun) {
   EXPECT_TRUE(c.dones.empty());
 }
 
+// The refused report is held and sent again, before the later ones.
 TEST_F(JobRunnerTest, UnreachableCoordinatorOnStepReportDoesNotStopTraining) {
   const std::string yaml = Yaml();
   Schedule(yaml);
   coordinator_.FailNext(Rpc::kReportStep, absl::UnavailableError("connection refused"));
   RunJob(yaml);
   const FakeCoordinator::Calls c = coordinator_.calls();
-  EXPECT_EQ(StepNumbers(c), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(StepNumbers(c), (std::vector<int64_t>{1, 1, 2, 3}));
   EXPECT_EQ(c.dones.size(), 1u);
+}
+
+// A coordinator outage from step 2's report to after the run's end (issue
+// 50): training goes on, every report is held, and once the coordinator
+// answers they arrive in order: the steps, the checkpoints of steps 2 and 4
+// (shard, then rank 0's commit), then done.
+TEST_F(JobRunnerTest, AnOutageLosesNoReportAndCommitsTheCheckpointsWrittenMeanwhile) {
+  const std::string yaml = absl::StrReplaceAll(Yaml(CheckpointYaml(2)), {{"steps: 3", "steps: 6"}});
+  Schedule(yaml);
+  coordinator_.set_on_step([this](const v1::ReportStepRequest& r) {
+    if (r.report().step() == 1) coordinator_.SetOutage(true);
+  });
+  std::thread ends_outage([this] {
+    // Until the run has written step 4's shard and ended (final weights).
+    const fs::path last = dir_ / "ckpt" / "final.weights";
+    for (int i = 0; i < 300 && !fs::exists(last); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_TRUE(coordinator_.Committed(kJob).empty());  // nothing got through meanwhile
+    coordinator_.SetOutage(false);
+  });
+  RunJob(yaml);
+  ends_outage.join();
+  const FakeCoordinator::Calls c = coordinator_.calls();
+  std::vector<int64_t> delivered;  // the refused attempts of step 2 folded into one
+  for (int64_t s : StepNumbers(c)) {
+    if (delivered.empty() || delivered.back() != s) delivered.push_back(s);
+  }
+  EXPECT_EQ(delivered, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  std::vector<int64_t> committed;
+  for (const v1::CheckpointInfo& i : coordinator_.Committed(kJob)) committed.push_back(i.step());
+  EXPECT_EQ(committed, (std::vector<int64_t>{2, 4}));
+  EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "step-4" / "manifest.txt"));
+  EXPECT_TRUE(c.checkpoint_failures.empty());
+  ASSERT_EQ(c.dones.size(), 1u);  // sent once, after everything else
+  EXPECT_EQ(c.dones[0].steps(), 6);
+  EXPECT_TRUE(c.failures.empty());
 }
 
 TEST_F(JobRunnerTest, DoneIsRetriedWhileTheCoordinatorIsUnreachable) {
