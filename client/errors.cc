@@ -1,7 +1,9 @@
 #include "client/errors.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/output.h"
+#include "common/grpc_status.h"
 
 namespace shardtrain::client {
 
@@ -39,7 +41,13 @@ CliError Describe(const absl::Status& s, const std::string& coordinator, int64_t
   const std::string what_to_do = absl::StrCat(
       ". Start one (shardtrain-coordinator --state-dir DIR), or point at it with --coordinator ",
       "HOST:PORT or SHARDTRAIN_COORDINATOR");
-  if (absl::IsUnavailable(s)) {
+  if (absl::IsUnavailable(s) && absl::StrContains(s.message(), kStateStoreUnavailable)) {
+    const size_t at = s.message().find(kStateStoreUnavailable);
+    e.message = absl::StrCat("the coordinator at ", coordinator,
+                             " answered, but cannot store its state, so nothing was changed "
+                             "(retry once its store is back): ",
+                             s.message().substr(at + sizeof(kStateStoreUnavailable) - 1));
+  } else if (absl::IsUnavailable(s)) {
     e.message = absl::StrCat("cannot reach the coordinator at ", coordinator, what_to_do);
     e.detail = std::string(s.message());
   } else if (absl::IsDeadlineExceeded(s)) {

@@ -16,6 +16,11 @@ grpc::Status ToGrpcStatus(const absl::Status& s);
 // `what` prefixes the message ("SubmitJob: ..."); may be empty.
 absl::Status FromGrpcStatus(const grpc::Status& s, const std::string& what = "");
 
+// Begins the message of the coordinator's UNAVAILABLE when it answered but
+// its state store could not take a write (etcd without a majority): the
+// client then says so instead of "cannot reach the coordinator".
+inline constexpr char kStateStoreUnavailable[] = "the coordinator cannot store its state: ";
+
 }  // namespace shardtrain
 
 #endif  // SHARDTRAIN_COMMON_GRPC_STATUS_H_

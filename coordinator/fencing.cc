@@ -26,6 +26,14 @@ FencingKey FencingKey::Random() {
   return FencingKey(std::move(key));
 }
 
+absl::StatusOr<FencingKey> FencingKey::FromBytes(std::string key) {
+  if (key.size() != kKeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a fencing key is ", kKeyBytes, " bytes, not ", key.size()));
+  }
+  return FencingKey(std::move(key));
+}
+
 absl::StatusOr<FencingKey> FencingKey::LoadOrCreate(const std::string& path) {
   std::string key;
   absl::Status read = ReadFile(path, &key);

@@ -26,6 +26,11 @@ class FencingKey {
   // written atomically) when absent. INVALID_ARGUMENT for a file of another
   // size, the OS error otherwise.
   static absl::StatusOr<FencingKey> LoadOrCreate(const std::string& path);
+  // A key kept elsewhere (etcd: EtcdFencingKey): INVALID_ARGUMENT unless it
+  // is kKeyBytes bytes.
+  static absl::StatusOr<FencingKey> FromBytes(std::string key);
+  // Its raw bytes, to store it (a secret: never log it).
+  const std::string& bytes() const { return key_; }
 
   // The lease token of generation `generation` of `job_id`.
   std::string LeaseToken(absl::string_view job_id, int64_t generation) const;

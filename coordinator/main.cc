@@ -21,16 +21,23 @@
 #include "common/version.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/etcd_client.h"
 #include "coordinator/fencing.h"
 #include "coordinator/service.h"
 #include "coordinator/spec_validator.h"
 #include "coordinator/state_store.h"
+#if SHARDTRAIN_HAVE_ETCD
+#include "coordinator/etcd_state_store.h"
+#endif
 
 namespace {
 
 struct Flags {
   std::string listen = "127.0.0.1:7070";
   std::string state_dir;
+  std::string state = "sqlite";  // or etcd://H:P,...
+  std::string etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password;
+  int64_t etcd_timeout_ms = 5000;
   std::string metrics_listen;
   std::string port_file;
   int64_t lease_ms = 10'000;
@@ -69,6 +76,41 @@ int UsageError(const absl::Status& s) {
   return 2;
 }
 
+// --state etcd://... and the --etcd-* flags as the store's options.
+absl::StatusOr<shardtrain::coordinator::EtcdOptions> EtcdFlags(const Flags& f) {
+  absl::StatusOr<shardtrain::coordinator::EtcdOptions> o =
+      shardtrain::coordinator::ParseEtcdUrl(f.state);
+  if (!o.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--state: ", o.status().message(), " (or sqlite)"));
+  }
+  if (f.etcd_cert.empty() != f.etcd_key.empty()) {
+    return absl::InvalidArgumentError("--etcd-cert and --etcd-key go together");
+  }
+  if (!f.etcd_cert.empty() && f.etcd_cacert.empty()) {
+    return absl::InvalidArgumentError("--etcd-cert needs --etcd-cacert");
+  }
+  if (!f.etcd_cacert.empty()) {
+    if (auto s = shardtrain::ReadFile(f.etcd_cacert, &o->ca); !s.ok()) return s;
+  }
+  if (!f.etcd_cert.empty()) {
+    if (auto s = shardtrain::ReadFile(f.etcd_cert, &o->cert); !s.ok()) return s;
+    if (auto s = shardtrain::ReadFile(f.etcd_key, &o->key); !s.ok()) return s;
+  }
+  if (!f.etcd_user.empty()) {
+    const size_t colon = f.etcd_user.find(':');
+    o->user = f.etcd_user.substr(0, colon);
+    o->password = colon == std::string::npos ? f.etcd_password : f.etcd_user.substr(colon + 1);
+    if (o->password.empty()) {
+      return absl::InvalidArgumentError(
+          "--etcd-user needs a password (USER:PASSWORD or "
+          "--etcd-password)");
+    }
+  }
+  o->timeout_ms = f.etcd_timeout_ms;
+  return o;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -81,7 +123,8 @@ int main(int argc, char** argv) {
       "shardtrain-coordinator: the control plane of a shardtrain cluster.\n"
       "Holds worker membership (leases), the job queue with gang scheduling, every job's\n"
       "plan, the rendezvous key-value store workers bootstrap collectives with, and the\n"
-      "durable state (SQLite in --state-dir). Stop it with SIGTERM or Ctrl-C.\n"
+      "durable state (SQLite in --state-dir, or etcd with --state etcd://...). Stop it with\n"
+      "SIGTERM or Ctrl-C.\n"
       "Without --tokens there is no authentication (every caller is an admin), and without\n"
       "--tls-cert it serves only loopback addresses unless --insecure is given."};
   app.set_version_flag("--version", VersionLine("shardtrain-coordinator"));
@@ -91,8 +134,28 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--state-dir", flags.state_dir,
                  "directory of the durable state (created if absent); a restart on the same "
-                 "directory keeps every acknowledged job")
-      ->required();
+                 "directory keeps every acknowledged job. Required with --state sqlite");
+  app.add_option("--state", flags.state,
+                 "where the durable state lives: sqlite (in --state-dir, one machine) or "
+                 "etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (an etcd 3.4+ cluster: a coordinator "
+                 "on another machine finds every job there; keys under PREFIX, default "
+                 "/shardtrain/)")
+      ->capture_default_str();
+  app.add_option("--etcd-cacert", flags.etcd_cacert,
+                 "etcd over TLS: verify the members' certificates with this CA bundle (PEM)");
+  app.add_option("--etcd-cert", flags.etcd_cert,
+                 "etcd client certificate (PEM), with --etcd-key; needs --etcd-cacert");
+  app.add_option("--etcd-key", flags.etcd_key, "private key (PEM) of --etcd-cert");
+  app.add_option("--etcd-user", flags.etcd_user,
+                 "etcd authentication: USER[:PASSWORD] (as etcdctl's --user)");
+  app.add_option("--etcd-password", flags.etcd_password,
+                 "the password of --etcd-user, when it does not carry one");
+  app.add_option(
+         "--etcd-timeout-ms", flags.etcd_timeout_ms,
+         "how long one etcd call may take, trying the members in turn; past it the RPC that "
+         "wrote is refused UNAVAILABLE")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{100}, int64_t{600'000}));
   app.add_option("--metrics-listen", flags.metrics_listen,
                  "HTTP address for /metrics and /healthz, HOST:PORT (e.g. 127.0.0.1:9090; port 0 "
                  "allowed); off when empty");
@@ -174,17 +237,47 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = ServerCredentials(flags);
   if (!creds.ok()) return UsageError(creds.status());
 
-  auto store = OpenSqliteStateStore(flags.state_dir);
+  // The state, and the fencing key next to it: the key outlives restarts,
+  // so ranks that keep running across one keep valid lease tokens.
+  absl::StatusOr<std::unique_ptr<StateStore>> store;
+  absl::StatusOr<FencingKey> key = absl::UnknownError("no state");
+  std::string state_name = flags.state_dir;
+  if (flags.state == "sqlite") {
+    if (flags.state_dir.empty()) {
+      return UsageError(absl::InvalidArgumentError("--state sqlite needs --state-dir DIR"));
+    }
+    store = OpenSqliteStateStore(flags.state_dir);
+    // OpenSqliteStateStore created the directory.
+    if (store.ok()) key = FencingKey::LoadOrCreate(flags.state_dir + "/fencing.key");
+  } else {
+    absl::StatusOr<EtcdOptions> etcd = EtcdFlags(flags);
+    if (!etcd.ok()) return UsageError(etcd.status());
+#if SHARDTRAIN_HAVE_ETCD
+    // etcd may still be starting, or electing a leader: wait for it a
+    // while (saying so) rather than exit at once.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (true) {
+      store = OpenEtcdStateStore(*etcd);
+      if (store.ok()) key = EtcdFencingKey(*etcd);
+      const absl::Status s = store.ok() ? key.status() : store.status();
+      if (!absl::IsUnavailable(s) || std::chrono::steady_clock::now() >= give_up) break;
+      std::cerr << "shardtrain-coordinator: waiting for etcd: " << s.message() << std::endl;
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    state_name = flags.state;
+#else
+    return Fail(
+        "this coordinator was built without etcd (golang-etcd-server-dev's protos were "
+        "missing): use --state sqlite, or rebuild after scripts/setup");
+#endif
+  }
   if (!store.ok()) return Fail(std::string(store.status().message()));
+  if (!key.ok()) return Fail(std::string(key.status().message()));
   RealClock clock;
   CoordinatorOptions options;
   options.lease_ms = flags.lease_ms;
   options.limits = flags.limits;
   options.reserve_after = flags.reserve_after;
-  // OpenSqliteStateStore created the directory. The key outlives restarts, so
-  // ranks that keep running across one keep valid lease tokens.
-  absl::StatusOr<FencingKey> key = FencingKey::LoadOrCreate(flags.state_dir + "/fencing.key");
-  if (!key.ok()) return Fail(std::string(key.status().message()));
   options.fencing_key = *std::move(key);
   auto core = Coordinator::Create(options, *std::move(store), ValidateSpec, &clock);
   if (!core.ok()) return Fail(std::string((core.status().message())));
@@ -211,7 +304,7 @@ int main(int argc, char** argv) {
     http = *std::move(started);
   }
   std::cout << "shardtrain-coordinator listening on " << host << ":" << port << " (state "
-            << flags.state_dir << ", lease " << flags.lease_ms << " ms, "
+            << state_name << ", lease " << flags.lease_ms << " ms, "
             << (flags.tls_cert.empty() ? "plaintext"
                 : flags.tls_ca.empty() ? "TLS"
                                        : "mutual TLS")

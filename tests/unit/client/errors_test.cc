@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
 
 namespace shardtrain::client {
 namespace {
@@ -69,6 +70,21 @@ TEST(CliErrorsTest, UnreachableCoordinatorBecomesAHintWithTheRawCauseAsDetail) {
             std::string::npos)
       << e.message;
   EXPECT_EQ(e.detail, "Deadline Exceeded");
+}
+
+// The coordinator answered UNAVAILABLE because its state store (etcd
+// without a majority) refused the write: that is not "cannot reach".
+TEST(CliErrorsTest, AStoreThatCannotWriteIsNotAnUnreachableCoordinator) {
+  const absl::Status raw =
+      absl::UnavailableError(std::string("SubmitJob: ") + kStateStoreUnavailable +
+                             "etcd: no member answered Txn within 1000 ms (127.0.0.1:2379)");
+  CliError e = Describe(raw, "10.0.0.1:7070", 10'000);
+  EXPECT_EQ(e.code, absl::StatusCode::kUnavailable);
+  EXPECT_EQ(e.message,
+            "the coordinator at 10.0.0.1:7070 answered, but cannot store its state, so nothing was "
+            "changed (retry once its store is back): etcd: no member answered Txn within 1000 ms "
+            "(127.0.0.1:2379)");
+  EXPECT_EQ(ExitCodeFor(e.code), kExitUnreachable);
 }
 
 TEST(CliErrorsTest, OtherErrorsKeepTheirMessage) {

@@ -1,0 +1,105 @@
+#include "tests/integration/etcd_harness.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+
+namespace shardtrain::testing {
+namespace {
+
+constexpr char kEtcd[] = "/usr/bin/etcd";
+
+// A port nothing listens on now (the kernel's pick for port 0; free again
+// when the socket closes, and taken by etcd a moment later).
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+std::string Http(int port) { return "http://127.0.0.1:" + std::to_string(port); }
+
+}  // namespace
+
+bool HaveEtcd() { return ::access(kEtcd, X_OK) == 0; }
+
+EtcdCluster::EtcdCluster(const std::string& dir, int members) : dir_(dir) {
+  for (int i = 0; i < members; ++i) {
+    Member m;
+    m.name = "etcd" + std::to_string(i);
+    m.client_port = FreePort();
+    m.peer_port = FreePort();
+    members_.push_back(std::move(m));
+  }
+  for (int i = 0; i < members; ++i) Launch(i, /*fresh=*/true);
+  ok_ = true;
+  for (int i = 0; i < members; ++i) ok_ = WaitReady(i) && ok_;
+}
+
+void EtcdCluster::Launch(int i, bool fresh) {
+  Member& m = members_[i];
+  std::string cluster;
+  for (const Member& o : members_) {
+    if (!cluster.empty()) cluster += ",";
+    cluster += o.name + "=" + Http(o.peer_port);
+  }
+  std::vector<std::string> argv = {
+      kEtcd, "--name", m.name, "--data-dir", dir_ + "/" + m.name + ".etcd", "--listen-client-urls",
+      Http(m.client_port), "--advertise-client-urls", Http(m.client_port), "--listen-peer-urls",
+      Http(m.peer_port), "--initial-advertise-peer-urls", Http(m.peer_port), "--initial-cluster",
+      cluster, "--initial-cluster-token", "shardtrain-test", "--initial-cluster-state",
+      fresh ? "new" : "existing",
+      // Loopback: elections in a fraction of a second.
+      "--heartbeat-interval", "50", "--election-timeout", "500"};
+  m.process = Process(argv, dir_ + "/" + m.name + ".log");
+}
+
+bool EtcdCluster::WaitReady(int i) {
+  return WaitFor(
+      [&] {
+        return members_[i].process.Log().find("ready to serve client requests") !=
+               std::string::npos;
+      },
+      std::chrono::seconds(30));
+}
+
+std::string EtcdCluster::url(const std::string& prefix) const {
+  std::string u = "etcd://";
+  for (size_t i = 0; i < members_.size(); ++i) {
+    if (i > 0) u += ",";
+    u += endpoint(int(i));
+  }
+  return u + prefix;
+}
+
+std::string EtcdCluster::endpoint(int i) const {
+  return "127.0.0.1:" + std::to_string(members_[i].client_port);
+}
+
+void EtcdCluster::Kill(int i) {
+  members_[i].process.Signal(SIGKILL);
+  members_[i].process.Wait(std::chrono::seconds(5));
+}
+
+bool EtcdCluster::Start(int i) {
+  // A new log: "ready" must be this run's.
+  std::filesystem::remove(dir_ + "/" + members_[i].name + ".log");
+  Launch(i, /*fresh=*/false);
+  return WaitReady(i);
+}
+
+}  // namespace shardtrain::testing
