@@ -47,6 +47,12 @@ CliError Describe(const absl::Status& s, const std::string& coordinator, int64_t
                              " answered, but cannot store its state, so nothing was changed "
                              "(retry once its store is back): ",
                              s.message().substr(at + sizeof(kStateStoreUnavailable) - 1));
+  } else if (absl::IsUnavailable(s) && absl::StrContains(s.message(), kCoordinatorStandby)) {
+    const size_t at = s.message().find(kCoordinatorStandby);
+    e.message =
+        absl::StrCat("the coordinator at ", coordinator,
+                     " is a standby: ", s.message().substr(at + sizeof(kCoordinatorStandby) - 1),
+                     " (--coordinator there)");
   } else if (absl::IsUnavailable(s)) {
     e.message = absl::StrCat("cannot reach the coordinator at ", coordinator, what_to_do);
     e.detail = std::string(s.message());

@@ -20,6 +20,9 @@ absl::Status FromGrpcStatus(const grpc::Status& s, const std::string& what = "")
 // its state store could not take a write (etcd without a majority): the
 // client then says so instead of "cannot reach the coordinator".
 inline constexpr char kStateStoreUnavailable[] = "the coordinator cannot store its state: ";
+// Begins the message of a standby coordinator's UNAVAILABLE (several
+// coordinators on one etcd: one leads), which names the leader's address.
+inline constexpr char kCoordinatorStandby[] = "this coordinator is a standby: ";
 
 }  // namespace shardtrain
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -11,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/grpc_status.h"
+#include "etcd/etcdserver/api/v3election/v3electionpb/v3election.grpc.pb.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
 namespace shardtrain::coordinator {
@@ -49,6 +51,8 @@ struct EtcdClient::Impl {
     std::string endpoint;
     std::unique_ptr<pb::KV::Stub> kv;
     std::unique_ptr<pb::Auth::Stub> auth;
+    std::unique_ptr<pb::Lease::Stub> lease;
+    std::unique_ptr<v3electionpb::Election::Stub> election;
   };
   std::vector<Member> members;
   std::mutex mu;
@@ -85,7 +89,9 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdOptions
   args.SetMaxReceiveMessageSize(64 << 20);
   for (const std::string& ep : options.endpoints) {
     auto channel = grpc::CreateCustomChannel(ep, creds, args);
-    c->impl_->members.push_back({ep, pb::KV::NewStub(channel), pb::Auth::NewStub(channel)});
+    c->impl_->members.push_back({ep, pb::KV::NewStub(channel), pb::Auth::NewStub(channel),
+                                 pb::Lease::NewStub(channel),
+                                 v3electionpb::Election::NewStub(channel)});
   }
   return c;
 }
@@ -216,21 +222,132 @@ absl::StatusOr<EtcdKv> EtcdClient::Get(const std::string& key) {
   return EtcdKv{kv.key(), kv.value(), kv.mod_revision()};
 }
 
-absl::Status EtcdClient::PutAll(const std::vector<EtcdPut>& puts) {
+absl::Status EtcdClient::PutAll(const std::vector<EtcdPut>& puts, const EtcdLeaderKey* guard) {
   if (puts.size() > size_t(kEtcdMaxTxnOps)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "etcd: ", puts.size(), " writes in one transaction; etcd takes ", kEtcdMaxTxnOps));
   }
   pb::TxnRequest req;
+  if (guard) {
+    pb::Compare* held = req.add_compare();
+    held->set_key(guard->key);
+    held->set_target(pb::Compare::CREATE);
+    held->set_result(pb::Compare::EQUAL);
+    held->set_create_revision(guard->rev);
+  }
   for (const EtcdPut& p : puts) {
     pb::PutRequest* put = req.add_success()->mutable_request_put();
     put->set_key(p.key);
     put->set_value(p.value);
   }
   pb::TxnResponse resp;
-  return OnAnyMember(*impl_, options_, "Txn", [&](Impl::Member& m, grpc::ClientContext& ctx) {
-    return m.kv->Txn(&ctx, req, &resp);
-  });
+  absl::Status s = OnAnyMember(
+      *impl_, options_, "Txn",
+      [&](Impl::Member& m, grpc::ClientContext& ctx) { return m.kv->Txn(&ctx, req, &resp); });
+  if (s.ok() && !resp.succeeded()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "etcd refused the write: the leader key ", guard->key, " (created at revision ", guard->rev,
+        ") is gone, so this coordinator no longer leads"));
+  }
+  return s;
+}
+
+absl::StatusOr<int64_t> EtcdClient::GrantLease(int64_t ttl_s) {
+  pb::LeaseGrantRequest req;
+  req.set_ttl(ttl_s);
+  pb::LeaseGrantResponse resp;
+  absl::Status s =
+      OnAnyMember(*impl_, options_, "LeaseGrant", [&](Impl::Member& m, grpc::ClientContext& ctx) {
+        return m.lease->LeaseGrant(&ctx, req, &resp);
+      });
+  if (!s.ok()) return s;
+  if (!resp.error().empty()) return absl::UnavailableError("etcd LeaseGrant: " + resp.error());
+  return resp.id();
+}
+
+absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t id) {
+  pb::LeaseKeepAliveResponse resp;
+  absl::Status s = OnAnyMember(*impl_, options_, "LeaseKeepAlive",
+                               [&](Impl::Member& m, grpc::ClientContext& ctx) {
+                                 auto stream = m.lease->LeaseKeepAlive(&ctx);
+                                 pb::LeaseKeepAliveRequest req;
+                                 req.set_id(id);
+                                 if (stream->Write(req)) {
+                                   stream->WritesDone();
+                                   if (stream->Read(&resp)) {
+                                     ctx.TryCancel();  // one renewal is all this call wants
+                                     stream->Finish().ok();
+                                     return grpc::Status::OK;
+                                   }
+                                 }
+                                 return stream->Finish();
+                               });
+  if (!s.ok()) return s;
+  return resp.ttl();
+}
+
+absl::Status EtcdClient::RevokeLease(int64_t id) {
+  pb::LeaseRevokeRequest req;
+  req.set_id(id);
+  pb::LeaseRevokeResponse resp;
+  return OnAnyMember(*impl_, options_, "LeaseRevoke",
+                     [&](Impl::Member& m, grpc::ClientContext& ctx) {
+                       return m.lease->LeaseRevoke(&ctx, req, &resp);
+                     });
+}
+
+absl::StatusOr<EtcdLeaderKey> EtcdClient::Campaign(const std::string& name, int64_t lease,
+                                                   const std::string& value,
+                                                   const std::atomic<bool>& stop) {
+  v3electionpb::CampaignRequest req;
+  req.set_name(name);
+  req.set_lease(lease);
+  req.set_value(value);
+  for (size_t i = 0; !stop; ++i) {
+    Impl::Member& m = impl_->members[i % impl_->members.size()];
+    grpc::ClientContext ctx;  // no deadline: etcd answers once this one leads
+    std::string token;
+    {
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      token = impl_->token;
+    }
+    if (!token.empty()) ctx.AddMetadata("token", token);
+    std::atomic<bool> done{false};
+    std::thread canceller([&] {
+      while (!done && !stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (!done) ctx.TryCancel();
+    });
+    v3electionpb::CampaignResponse resp;
+    grpc::Status s = m.election->Campaign(&ctx, req, &resp);
+    done = true;
+    canceller.join();
+    if (s.ok()) {
+      const v3electionpb::LeaderKey& k = resp.leader();
+      return EtcdLeaderKey{k.name(), k.key(), k.rev(), k.lease()};
+    }
+    if (stop) break;
+    if (!MemberUnreachable(s) && !TokenRejected(s)) {
+      return FromGrpcStatus(s, absl::StrCat("etcd ", m.endpoint, ": Campaign"));
+    }
+    if (TokenRejected(s)) {
+      // Renewed by the next call through OnAnyMember.
+      Leader(name).IgnoreError();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return absl::CancelledError("campaign stopped");
+}
+
+absl::StatusOr<std::string> EtcdClient::Leader(const std::string& name) {
+  v3electionpb::LeaderRequest req;
+  req.set_name(name);
+  v3electionpb::LeaderResponse resp;
+  absl::Status s =
+      OnAnyMember(*impl_, options_, "Leader", [&](Impl::Member& m, grpc::ClientContext& ctx) {
+        return m.election->Leader(&ctx, req, &resp);
+      });
+  if (!s.ok()) return s;
+  return resp.kv().value();
 }
 
 absl::Status EtcdClient::Delete(const std::string& key) {

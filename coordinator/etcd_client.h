@@ -16,6 +16,7 @@
 #ifndef SHARDTRAIN_COORDINATOR_ETCD_CLIENT_H_
 #define SHARDTRAIN_COORDINATOR_ETCD_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -58,6 +59,15 @@ struct EtcdPut {
   std::string key, value;
 };
 
+// An election's leader key (etcd's v3election LeaderKey): the key the
+// leader holds on its lease, and the revision it was created at. A write
+// guarded by it commits only while that key still exists as created, so a
+// leader whose lease ran out (paused, partitioned) can no longer write.
+struct EtcdLeaderKey {
+  std::string name, key;
+  int64_t rev = 0, lease = 0;
+};
+
 class EtcdClient {
  public:
   // Connects lazily: fails only for options that cannot work (no endpoint).
@@ -71,12 +81,28 @@ class EtcdClient {
   // The value at `key`; NOT_FOUND when absent.
   absl::StatusOr<EtcdKv> Get(const std::string& key);
   // All puts in one Txn (at most kEtcdMaxTxnOps): durable in etcd on OK.
-  absl::Status PutAll(const std::vector<EtcdPut>& puts);
+  // With a guard, only while the guard's leader key exists as created;
+  // FAILED_PRECONDITION (nothing written) otherwise.
+  absl::Status PutAll(const std::vector<EtcdPut>& puts, const EtcdLeaderKey* guard = nullptr);
   // Deletes `key` (absent: OK).
   absl::Status Delete(const std::string& key);
   // Puts value at key only when the key does not exist; returns the value
   // the key holds afterwards (value, or the one some other writer put first).
   absl::StatusOr<std::string> PutIfAbsent(const std::string& key, const std::string& value);
+
+  // ---- leases and elections (etcd_election.h uses them)
+  // A lease of ttl_s seconds: its id.
+  absl::StatusOr<int64_t> GrantLease(int64_t ttl_s);
+  // Renews lease `id` once: the TTL it has now (0: it had expired).
+  absl::StatusOr<int64_t> KeepAlive(int64_t id);
+  absl::Status RevokeLease(int64_t id);
+  // Campaigns in election `name` with `value` on lease `lease`: returns once
+  // this campaigner leads (etcd's Campaign blocks until then), trying the
+  // members in turn while they fail; CANCELLED once `stop` is set.
+  absl::StatusOr<EtcdLeaderKey> Campaign(const std::string& name, int64_t lease,
+                                         const std::string& value, const std::atomic<bool>& stop);
+  // The current leader's value of election `name`; NOT_FOUND without one.
+  absl::StatusOr<std::string> Leader(const std::string& name);
 
   const EtcdOptions& options() const { return options_; }
 

@@ -24,8 +24,8 @@ std::string Padded(int64_t n) { return absl::StrFormat("%020d", n); }
 
 class EtcdStateStore final : public StateStore {
  public:
-  explicit EtcdStateStore(std::unique_ptr<EtcdClient> client)
-      : client_(std::move(client)), prefix_(client_->options().prefix) {}
+  EtcdStateStore(std::unique_ptr<EtcdClient> client, std::optional<EtcdWriteGuard> guard)
+      : client_(std::move(client)), prefix_(client_->options().prefix), guard_(std::move(guard)) {}
 
   absl::Status PutWorker(const v1::WorkerInfo& w) override {
     return Write({Record("workers/" + w.worker_id(), w)});
@@ -163,7 +163,12 @@ class EtcdStateStore final : public StateStore {
         if (keep.empty() || !absl::StartsWith(kv.key, keep)) stale.push_back(kv.key);
       }
     }
-    if (absl::Status s = client_->PutAll(mains); !s.ok()) return s;
+    if (absl::Status s = client_->PutAll(mains, guard_ ? &guard_->leader : nullptr); !s.ok()) {
+      if (guard_ && absl::IsFailedPrecondition(s) && guard_->fenced) {
+        guard_->fenced(std::string(s.message()));
+      }
+      return s;
+    }
     for (const std::string& k : stale) client_->Delete(k).IgnoreError();  // garbage at worst
     return absl::OkStatus();
   }
@@ -200,15 +205,17 @@ class EtcdStateStore final : public StateStore {
 
   std::unique_ptr<EtcdClient> client_;
   const std::string prefix_;
+  const std::optional<EtcdWriteGuard> guard_;
   mutable std::mt19937_64 rng_{std::random_device{}()};
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<StateStore>> OpenEtcdStateStore(const EtcdOptions& options) {
+absl::StatusOr<std::unique_ptr<StateStore>> OpenEtcdStateStore(
+    const EtcdOptions& options, std::optional<EtcdWriteGuard> guard) {
   absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Create(options);
   if (!client.ok()) return client.status();
-  auto store = std::make_unique<EtcdStateStore>(*std::move(client));
+  auto store = std::make_unique<EtcdStateStore>(*std::move(client), std::move(guard));
   if (absl::Status s = store->CheckSchema(); !s.ok()) return s;
   return store;
 }

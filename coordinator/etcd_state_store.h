@@ -20,7 +20,10 @@
 #ifndef SHARDTRAIN_COORDINATOR_ETCD_STATE_STORE_H_
 #define SHARDTRAIN_COORDINATOR_ETCD_STATE_STORE_H_
 
+#include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "coordinator/etcd_client.h"
@@ -29,10 +32,21 @@
 
 namespace shardtrain::coordinator {
 
+// A leader's writes: each guarded by its leader key (etcd_election.h);
+// `fenced` is called (once per refused write) when etcd refused one because
+// the key is gone.
+struct EtcdWriteGuard {
+  EtcdLeaderKey leader;
+  std::function<void(const std::string& why)> fenced;
+};
+
 // Connects and checks the schema (writing it into an empty prefix).
 // UNAVAILABLE naming the endpoints when no member answers; FAILED_PRECONDITION
-// when the prefix holds another schema.
-absl::StatusOr<std::unique_ptr<StateStore>> OpenEtcdStateStore(const EtcdOptions& options);
+// when the prefix holds another schema. With `guard`, every record write
+// commits only while the guard's leader key exists (FAILED_PRECONDITION and
+// nothing written otherwise).
+absl::StatusOr<std::unique_ptr<StateStore>> OpenEtcdStateStore(
+    const EtcdOptions& options, std::optional<EtcdWriteGuard> guard = std::nullopt);
 
 // The fencing key every coordinator on this etcd shares: the one stored
 // there, or a fresh one stored by the first coordinator to ask.

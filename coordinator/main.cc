@@ -1,11 +1,15 @@
 // shardtrain-coordinator: membership, job queue, plans, rendezvous KV and
 // durable state for a shardtrain cluster.
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iostream>
 #include <memory>
@@ -27,6 +31,7 @@
 #include "coordinator/spec_validator.h"
 #include "coordinator/state_store.h"
 #if SHARDTRAIN_HAVE_ETCD
+#include "coordinator/etcd_election.h"
 #include "coordinator/etcd_state_store.h"
 #endif
 
@@ -38,6 +43,8 @@ struct Flags {
   std::string state = "sqlite";  // or etcd://H:P,...
   std::string etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password;
   int64_t etcd_timeout_ms = 5000;
+  int64_t leader_ttl_s = 5;
+  std::string advertise;  // this coordinator's address for clients (etcd: the leader's value)
   std::string metrics_listen;
   std::string port_file;
   int64_t lease_ms = 10'000;
@@ -74,6 +81,17 @@ int Fail(const std::string& msg) {
 int UsageError(const absl::Status& s) {
   std::cerr << "shardtrain-coordinator: " << s.message() << "\n";
   return 2;
+}
+
+// Replaces this process with a fresh run of the same command line (a
+// deposed leader comes back as a standby, with nothing of its memory).
+[[noreturn]] void ExecSelf(char** argv) {
+  std::cout.flush();
+  std::cerr.flush();
+  ::execv("/proc/self/exe", argv);
+  std::cerr << "shardtrain-coordinator: cannot restart itself: " << std::strerror(errno)
+            << "; exiting" << std::endl;
+  std::_Exit(1);
 }
 
 // --state etcd://... and the --etcd-* flags as the store's options.
@@ -150,6 +168,15 @@ int main(int argc, char** argv) {
                  "etcd authentication: USER[:PASSWORD] (as etcdctl's --user)");
   app.add_option("--etcd-password", flags.etcd_password,
                  "the password of --etcd-user, when it does not carry one");
+  app.add_option("--leader-ttl-s", flags.leader_ttl_s,
+                 "etcd: several coordinators on one etcd elect a leader; the others stand by "
+                 "and take over within about this long after the leader dies or hangs (its "
+                 "lease's TTL)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{600}));
+  app.add_option("--advertise", flags.advertise,
+                 "etcd: the HOST:PORT clients and workers reach this coordinator at, which "
+                 "standbys name as the leader's (default: the --listen address as bound)");
   app.add_option(
          "--etcd-timeout-ms", flags.etcd_timeout_ms,
          "how long one etcd call may take, trying the members in turn; past it the RPC that "
@@ -242,7 +269,9 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<StateStore>> store;
   absl::StatusOr<FencingKey> key = absl::UnknownError("no state");
   std::string state_name = flags.state_dir;
-  if (flags.state == "sqlite") {
+  const bool on_etcd = flags.state != "sqlite";
+  absl::StatusOr<EtcdOptions> etcd = absl::UnknownError("no etcd");
+  if (!on_etcd) {
     if (flags.state_dir.empty()) {
       return UsageError(absl::InvalidArgumentError("--state sqlite needs --state-dir DIR"));
     }
@@ -250,11 +279,12 @@ int main(int argc, char** argv) {
     // OpenSqliteStateStore created the directory.
     if (store.ok()) key = FencingKey::LoadOrCreate(flags.state_dir + "/fencing.key");
   } else {
-    absl::StatusOr<EtcdOptions> etcd = EtcdFlags(flags);
+    etcd = EtcdFlags(flags);
     if (!etcd.ok()) return UsageError(etcd.status());
 #if SHARDTRAIN_HAVE_ETCD
     // etcd may still be starting, or electing a leader: wait for it a
-    // while (saying so) rather than exit at once.
+    // while (saying so) rather than exit at once. The store opened here
+    // only checks the schema: the leader's is opened once elected.
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (true) {
       store = OpenEtcdStateStore(*etcd);
@@ -279,12 +309,23 @@ int main(int argc, char** argv) {
   options.limits = flags.limits;
   options.reserve_after = flags.reserve_after;
   options.fencing_key = *std::move(key);
-  auto core = Coordinator::Create(options, *std::move(store), ValidateSpec, &clock);
-  if (!core.ok()) return Fail(std::string((core.status().message())));
 
+  // SQLite: this coordinator serves at once. etcd: it stands by (answering
+  // UNAVAILABLE with the leader's address) until elected.
   MetricsRegistry registry;
-  RegisterCoordinatorMetrics(core->get(), &registry);
-  CoordinatorService service(core->get(), &registry, &auth);
+  std::unique_ptr<Coordinator> core;
+  if (!on_etcd) {
+    auto created = Coordinator::Create(options, *std::move(store), ValidateSpec, &clock);
+    if (!created.ok()) return Fail(std::string((created.status().message())));
+    core = *std::move(created);
+    RegisterCoordinatorMetrics(core.get(), &registry);
+  }
+  std::mutex leader_mu;
+  std::string leader_address;  // GUARDED_BY(leader_mu): the known leader's, for standby answers
+  CoordinatorService service(core.get(), &registry, &auth, [&] {
+    std::lock_guard<std::mutex> lock(leader_mu);
+    return leader_address;
+  });
 
   int port = 0;
   grpc::ServerBuilder builder;
@@ -318,7 +359,8 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Lease checks and scheduling passes, ~10 per lease.
+  // Lease checks and scheduling passes, ~10 per lease, once serving.
+  std::atomic<Coordinator*> serving{core.get()};
   std::mutex tick_mu;
   std::condition_variable tick_cv;
   bool stopping = false;
@@ -327,9 +369,11 @@ int main(int argc, char** argv) {
         std::chrono::milliseconds(std::clamp<int64_t>(flags.lease_ms / 10, 20, 500));
     std::unique_lock<std::mutex> lock(tick_mu);
     while (!tick_cv.wait_for(lock, period, [&] { return stopping; })) {
+      Coordinator* c = serving.load();
+      if (c == nullptr) continue;
       lock.unlock();
       try {
-        (*core)->Tick();
+        c->Tick();
       } catch (const std::exception& e) {
         // The core turns what it can foresee into FAILED jobs; anything else
         // is logged and the next tick tries again, the coordinator stays up.
@@ -341,16 +385,91 @@ int main(int argc, char** argv) {
     }
   });
 
+#if SHARDTRAIN_HAVE_ETCD
+  // Several coordinators on one etcd: campaign; once elected, load the
+  // state through a store whose every write is fenced by the leader key,
+  // and serve. A lost lease or a fenced write ends the leadership: the
+  // process starts again as a standby (exec), with nothing of the old
+  // leader's memory.
+  std::atomic<bool> stop_leading{false};
+  std::unique_ptr<EtcdLeadership> leadership;
+  std::thread leader_thread;
+  if (on_etcd) {
+    const std::string advertise =
+        flags.advertise.empty() ? absl::StrCat(host, ":", port) : flags.advertise;
+    auto created = EtcdLeadership::Create(*etcd, advertise, flags.leader_ttl_s);
+    if (!created.ok()) return Fail(std::string(created.status().message()));
+    leadership = *std::move(created);
+    leader_thread = std::thread([&, advertise] {
+      auto restart = [&](const std::string& why) {
+        std::cerr << "shardtrain-coordinator: " << why << "; starting again as a standby"
+                  << std::endl;
+        ExecSelf(argv);
+      };
+      std::thread observer([&] {  // the leader's address, for standby answers
+        while (!stop_leading && serving.load() == nullptr) {
+          std::string a = leadership->LeaderAddress();
+          {
+            std::lock_guard<std::mutex> lock(leader_mu);
+            leader_address = a;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        }
+      });
+      std::cout << "shardtrain-coordinator: standing by; campaigning to lead (" << advertise
+                << ", leader lease " << flags.leader_ttl_s << " s)" << std::endl;
+      absl::StatusOr<EtcdLeaderKey> led = leadership->Campaign(stop_leading);
+      if (!led.ok()) {
+        stop_leading = true;
+        observer.join();
+        if (!absl::IsCancelled(led.status())) restart(std::string(led.status().message()));
+        return;
+      }
+      EtcdWriteGuard guard{*led, [&](const std::string& why) { leadership->Lose(why); }};
+      auto store = OpenEtcdStateStore(*etcd, guard);
+      absl::StatusOr<std::unique_ptr<Coordinator>> loaded =
+          store.ok() ? Coordinator::Create(options, *std::move(store), ValidateSpec, &clock)
+                     : absl::StatusOr<std::unique_ptr<Coordinator>>(store.status());
+      if (!loaded.ok()) {
+        stop_leading = true;
+        observer.join();
+        restart("elected, but the state did not load: " + std::string(loaded.status().message()));
+      }
+      core = *std::move(loaded);
+      RegisterCoordinatorMetrics(core.get(), &registry);
+      serving = core.get();
+      service.Serve(core.get());
+      observer.join();
+      std::cout << "shardtrain-coordinator: leading (elected at etcd revision " << led->rev
+                << "); serving" << std::endl;
+      while (!stop_leading) {
+        if (leadership->lost()) {
+          serving = nullptr;  // no more ticks
+          restart("no longer the leader: " + leadership->lost_reason());
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    });
+  }
+#endif
+
   int sig = WaitForTerminationSignal();
   std::cout << "shardtrain-coordinator: signal " << sig << ", shutting down" << std::endl;
+#if SHARDTRAIN_HAVE_ETCD
+  stop_leading = true;
+  if (leader_thread.joinable()) leader_thread.join();
+#endif
   {
     std::lock_guard<std::mutex> lock(tick_mu);
     stopping = true;
   }
   tick_cv.notify_all();
   ticker.join();
-  (*core)->Shutdown();  // ends watches and KV waits
+  if (core) core->Shutdown();  // ends watches and KV waits
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   http.reset();
+#if SHARDTRAIN_HAVE_ETCD
+  leadership.reset();  // revokes the lease: a standby leads at once
+#endif
   return 0;
 }

@@ -43,8 +43,10 @@ absl::Status Fill(absl::StatusOr<T> result, T* out) {
 }  // namespace
 
 CoordinatorService::CoordinatorService(Coordinator* core, MetricsRegistry* registry,
-                                       const Authenticator* auth)
+                                       const Authenticator* auth,
+                                       std::function<std::string()> leader)
     : core_(core),
+      leader_(std::move(leader)),
       auth_(auth ? auth : &no_auth_),
       rpcs_(registry->AddCounter("shardtrain_coordinator_rpc_total",
                                  "RPCs handled, by method and status code.", {"method", "code"})),
@@ -68,6 +70,12 @@ grpc::Status CoordinatorService::Handle(grpc::ServerContext* ctx, const char* me
       absl::StatusOr<Principal> who = auth_->Authenticate(authorization);
       if (!who.ok()) return who.status();
       if (auto a = Authorize(*who, method); !a.ok()) return a;
+      if (core() == nullptr) {
+        const std::string leader = leader_ ? leader_() : "";
+        return absl::UnavailableError(absl::StrCat(
+            kCoordinatorStandby, leader.empty() ? "no leader is known yet (one is being elected)"
+                                                : absl::StrCat("the leader is at ", leader)));
+      }
       return fn(*who);
     }();
   } catch (const std::exception& e) {
@@ -93,7 +101,7 @@ grpc::Status CoordinatorService::Handle(grpc::ServerContext* ctx, const char* me
 absl::Status CoordinatorService::CheckJobAccess(const Principal& who,
                                                 const std::string& job_id) const {
   if (who.role != Role::kUser) return absl::OkStatus();
-  absl::StatusOr<v1::Job> job = core_->GetJob(job_id);
+  absl::StatusOr<v1::Job> job = core()->GetJob(job_id);
   if (!job.ok()) return job.status();
   return MayAccessJob(who, job_id, job->owner());
 }
@@ -102,7 +110,7 @@ grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext* ctx,
                                                 const v1::RegisterWorkerRequest* req,
                                                 v1::RegisterWorkerResponse* resp) {
   return Handle(ctx, "RegisterWorker", [&](const Principal& who) -> absl::Status {
-    return Fill(core_->RegisterWorker(*req), resp);
+    return Fill(core()->RegisterWorker(*req), resp);
   });
 }
 
@@ -111,7 +119,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx,
                                            v1::HeartbeatResponse* resp) {
   return Handle(ctx, "Heartbeat", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->worker_id(), "worker_id"); !s.ok()) return s;
-    return Fill(core_->Heartbeat(*req), resp);
+    return Fill(core()->Heartbeat(*req), resp);
   });
 }
 
@@ -119,7 +127,7 @@ grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext* ctx,
                                              const v1::ListWorkersRequest*,
                                              v1::ListWorkersResponse* resp) {
   return Handle(ctx, "ListWorkers", [&](const Principal& who) -> absl::Status {
-    *resp = core_->ListWorkers();
+    *resp = core()->ListWorkers();
     return absl::OkStatus();
   });
 }
@@ -129,7 +137,7 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx,
                                            v1::SubmitJobResponse* resp) {
   return Handle(ctx, "SubmitJob", [&](const Principal& who) -> absl::Status {
     if (req->spec_yaml().empty()) return absl::InvalidArgumentError("spec: the spec is empty");
-    absl::StatusOr<v1::Job> job = core_->SubmitJob(*req, who.name);
+    absl::StatusOr<v1::Job> job = core()->SubmitJob(*req, who.name);
     if (!job.ok()) return job.status();
     *resp->mutable_job() = *std::move(job);
     return absl::OkStatus();
@@ -141,7 +149,7 @@ grpc::Status CoordinatorService::GetJob(grpc::ServerContext* ctx, const v1::GetJ
   return Handle(ctx, "GetJob", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
     if (auto s = CheckJobAccess(who, req->job_id()); !s.ok()) return s;
-    return Fill(core_->GetJob(req->job_id()), resp);
+    return Fill(core()->GetJob(req->job_id()), resp);
   });
 }
 
@@ -150,7 +158,7 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx, const v1::Li
   return Handle(ctx, "ListJobs", [&](const Principal& who) -> absl::Status {
     v1::ListJobsRequest mine = *req;
     if (who.role == Role::kUser) mine.set_owner(who.name);  // a user lists its own jobs only
-    return Fill(core_->ListJobs(mine), resp);
+    return Fill(core()->ListJobs(mine), resp);
   });
 }
 
@@ -159,7 +167,7 @@ grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* ctx,
   return Handle(ctx, "CancelJob", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
     if (auto s = CheckJobAccess(who, req->job_id()); !s.ok()) return s;
-    return Fill(core_->CancelJob(req->job_id(), req->reason()), resp);
+    return Fill(core()->CancelJob(req->job_id(), req->reason()), resp);
   });
 }
 
@@ -171,7 +179,7 @@ grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx, const v1::Wa
     int64_t after = req->after_seq();
     while (!ctx->IsCancelled()) {
       bool ended = false;
-      auto events = core_->WaitEvents(req->job_id(), after, /*wait_ms=*/500, &ended);
+      auto events = core()->WaitEvents(req->job_id(), after, /*wait_ms=*/500, &ended);
       if (!events.ok()) return events.status();
       for (const v1::JobEvent& ev : *events) {
         if (!writer->Write(ev)) return absl::CancelledError("watcher went away");
@@ -189,7 +197,7 @@ grpc::Status CoordinatorService::GetHistory(grpc::ServerContext* ctx,
   return Handle(ctx, "GetHistory", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
     if (auto s = CheckJobAccess(who, req->job_id()); !s.ok()) return s;
-    return Fill(core_->GetHistory(req->job_id()), resp);
+    return Fill(core()->GetHistory(req->job_id()), resp);
   });
 }
 
@@ -198,7 +206,7 @@ grpc::Status CoordinatorService::GetPlan(grpc::ServerContext* ctx, const v1::Get
   return Handle(ctx, "GetPlan", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
     if (auto s = CheckJobAccess(who, req->job_id()); !s.ok()) return s;
-    return Fill(core_->GetPlan(req->job_id()), resp);
+    return Fill(core()->GetPlan(req->job_id()), resp);
   });
 }
 
@@ -208,7 +216,7 @@ grpc::Status CoordinatorService::ListCheckpoints(grpc::ServerContext* ctx,
   return Handle(ctx, "ListCheckpoints", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
     if (auto s = CheckJobAccess(who, req->job_id()); !s.ok()) return s;
-    return Fill(core_->ListCheckpoints(req->job_id()), resp);
+    return Fill(core()->ListCheckpoints(req->job_id()), resp);
   });
 }
 
@@ -217,7 +225,7 @@ grpc::Status CoordinatorService::ReportStep(grpc::ServerContext* ctx,
                                             v1::ReportStepResponse* resp) {
   return Handle(ctx, "ReportStep", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->report().job_id(), "report.job_id"); !s.ok()) return s;
-    return Fill(core_->ReportStep(*req), resp);
+    return Fill(core()->ReportStep(*req), resp);
   });
 }
 
@@ -226,10 +234,10 @@ grpc::Status CoordinatorService::ReportCheckpoint(grpc::ServerContext* ctx,
                                                   v1::ReportCheckpointResponse* resp) {
   return Handle(ctx, "ReportCheckpoint", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->shard().job_id(), "shard.job_id"); !s.ok()) return s;
-    absl::StatusOr<bool> complete = core_->ReportCheckpoint(*req);
+    absl::StatusOr<bool> complete = core()->ReportCheckpoint(*req);
     if (!complete.ok()) return complete.status();
     resp->set_complete(*complete);
-    resp->set_coordinator_instance(core_->instance());
+    resp->set_coordinator_instance(core()->instance());
     return absl::OkStatus();
   });
 }
@@ -243,7 +251,7 @@ grpc::Status CoordinatorService::WaitCheckpointShards(grpc::ServerContext* ctx,
       return absl::InvalidArgumentError(
           absl::StrCat("wait_ms: ", req->wait_ms(), " is outside 0..", kMaxWaitMs));
     }
-    return Fill(core_->WaitCheckpointShards(*req), resp);
+    return Fill(core()->WaitCheckpointShards(*req), resp);
   });
 }
 
@@ -252,7 +260,7 @@ grpc::Status CoordinatorService::CommitCheckpoint(grpc::ServerContext* ctx,
                                                   v1::CommitCheckpointResponse* resp) {
   return Handle(ctx, "CommitCheckpoint", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
-    return Fill(core_->CommitCheckpoint(*req), resp);
+    return Fill(core()->CommitCheckpoint(*req), resp);
   });
 }
 
@@ -261,7 +269,7 @@ grpc::Status CoordinatorService::ReportCheckpointFailure(
     v1::ReportCheckpointFailureResponse* resp) {
   return Handle(ctx, "ReportCheckpointFailure", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
-    return Fill(core_->ReportCheckpointFailure(*req), resp);
+    return Fill(core()->ReportCheckpointFailure(*req), resp);
   });
 }
 
@@ -270,7 +278,7 @@ grpc::Status CoordinatorService::ReportDone(grpc::ServerContext* ctx,
                                             v1::ReportDoneResponse*) {
   return Handle(ctx, "ReportDone", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
-    return core_->ReportDone(*req);
+    return core()->ReportDone(*req);
   });
 }
 
@@ -279,7 +287,7 @@ grpc::Status CoordinatorService::ReportFailure(grpc::ServerContext* ctx,
                                                v1::ReportFailureResponse*) {
   return Handle(ctx, "ReportFailure", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
-    return core_->ReportFailure(*req);
+    return core()->ReportFailure(*req);
   });
 }
 
@@ -288,7 +296,7 @@ grpc::Status CoordinatorService::ReportEvent(grpc::ServerContext* ctx,
                                              v1::ReportEventResponse*) {
   return Handle(ctx, "ReportEvent", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
-    return core_->ReportEvent(*req);
+    return core()->ReportEvent(*req);
   });
 }
 
@@ -296,10 +304,11 @@ grpc::Status CoordinatorService::KvSet(grpc::ServerContext* ctx, const v1::KvSet
                                        v1::KvSetResponse*) {
   return Handle(ctx, "KvSet", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireKvKey(req->job_id(), req->key()); !s.ok()) return s;
-    if (auto s = core_->CheckLease(req->job_id(), req->generation(), req->lease_token()); !s.ok()) {
+    if (auto s = core()->CheckLease(req->job_id(), req->generation(), req->lease_token());
+        !s.ok()) {
       return s;
     }
-    return core_->kv().Set(req->job_id(), req->generation(), req->key(), req->value());
+    return core()->kv().Set(req->job_id(), req->generation(), req->key(), req->value());
   });
 }
 
@@ -307,8 +316,8 @@ grpc::Status CoordinatorService::KvGet(grpc::ServerContext* ctx, const v1::KvGet
                                        v1::KvGetResponse* resp) {
   return Handle(ctx, "KvGet", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireKvKey(req->job_id(), req->key()); !s.ok()) return s;
-    if (auto s = core_->CheckKvAccess(req->job_id(), req->generation()); !s.ok()) return s;
-    auto v = core_->kv().Get(req->job_id(), req->generation(), req->key(), req->wait_ms());
+    if (auto s = core()->CheckKvAccess(req->job_id(), req->generation()); !s.ok()) return s;
+    auto v = core()->kv().Get(req->job_id(), req->generation(), req->key(), req->wait_ms());
     if (!v.ok()) return v.status();
     resp->set_value(*std::move(v));
     return absl::OkStatus();
@@ -319,10 +328,11 @@ grpc::Status CoordinatorService::KvAdd(grpc::ServerContext* ctx, const v1::KvAdd
                                        v1::KvAddResponse* resp) {
   return Handle(ctx, "KvAdd", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireKvKey(req->job_id(), req->key()); !s.ok()) return s;
-    if (auto s = core_->CheckLease(req->job_id(), req->generation(), req->lease_token()); !s.ok()) {
+    if (auto s = core()->CheckLease(req->job_id(), req->generation(), req->lease_token());
+        !s.ok()) {
       return s;
     }
-    auto v = core_->kv().Add(req->job_id(), req->generation(), req->key(), req->delta());
+    auto v = core()->kv().Add(req->job_id(), req->generation(), req->key(), req->delta());
     if (!v.ok()) return v.status();
     resp->set_value(*v);
     return absl::OkStatus();
@@ -335,7 +345,7 @@ grpc::Status CoordinatorService::GetJobDiagnostics(grpc::ServerContext* ctx,
   return Handle(ctx, "GetJobDiagnostics", [&](const Principal& who) -> absl::Status {
     if (auto s = RequireId(req->job_id(), "job_id"); !s.ok()) return s;
     if (auto s = CheckJobAccess(who, req->job_id()); !s.ok()) return s;
-    return Fill(core_->GetJobDiagnostics(req->job_id()), resp);
+    return Fill(core()->GetJobDiagnostics(req->job_id()), resp);
   });
 }
 

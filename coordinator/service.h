@@ -8,6 +8,8 @@
 #ifndef SHARDTRAIN_COORDINATOR_SERVICE_H_
 #define SHARDTRAIN_COORDINATOR_SERVICE_H_
 
+#include <atomic>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -21,9 +23,16 @@ namespace shardtrain::coordinator {
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
   // `core`, `registry` and `auth` must outlive the service. Without `auth`
-  // (nullptr) every caller is an admin: authentication off.
+  // (nullptr) every caller is an admin: authentication off. A null `core`:
+  // a standby (etcd_election.h), which answers every RPC (after
+  // authenticating it) UNAVAILABLE with kCoordinatorStandby and the
+  // leader's address from `leader`, until Serve.
   CoordinatorService(Coordinator* core, MetricsRegistry* registry,
-                     const Authenticator* auth = nullptr);
+                     const Authenticator* auth = nullptr,
+                     std::function<std::string()> leader = nullptr);
+  // Elected: from now on every RPC goes to `core` (which must outlive the
+  // service).
+  void Serve(Coordinator* core) { core_ = core; }
 
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse*) override;
@@ -77,7 +86,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // NOT_FOUND for an unknown job.
   absl::Status CheckJobAccess(const Principal& who, const std::string& job_id) const;
 
-  Coordinator* const core_;
+  Coordinator* core() const { return core_.load(); }
+
+  std::atomic<Coordinator*> core_;
+  const std::function<std::string()> leader_;
   const Authenticator no_auth_;
   const Authenticator* const auth_;
   Family<Counter>& rpcs_;

@@ -13,9 +13,11 @@ namespace {
 
 constexpr char kEtcd[] = "/usr/bin/etcd";
 
-// A port nothing listens on now (the kernel's pick for port 0; free again
-// when the socket closes, and taken by etcd a moment later).
-int FreePort() {
+}  // namespace
+
+// The kernel's pick for port 0: free again when the socket closes, and taken
+// by the caller's server a moment later.
+int FreeLoopbackPort() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -31,6 +33,8 @@ int FreePort() {
   return port;
 }
 
+namespace {
+
 std::string Http(int port) { return "http://127.0.0.1:" + std::to_string(port); }
 
 }  // namespace
@@ -41,8 +45,8 @@ EtcdCluster::EtcdCluster(const std::string& dir, int members) : dir_(dir) {
   for (int i = 0; i < members; ++i) {
     Member m;
     m.name = "etcd" + std::to_string(i);
-    m.client_port = FreePort();
-    m.peer_port = FreePort();
+    m.client_port = FreeLoopbackPort();
+    m.peer_port = FreeLoopbackPort();
     members_.push_back(std::move(m));
   }
   for (int i = 0; i < members; ++i) Launch(i, /*fresh=*/true);

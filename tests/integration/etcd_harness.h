@@ -14,6 +14,8 @@ namespace shardtrain::testing {
 
 // Whether an etcd binary is installed (tests skip without it).
 bool HaveEtcd();
+// A loopback port nothing listens on now.
+int FreeLoopbackPort();
 
 class EtcdCluster {
  public:

@@ -121,13 +121,17 @@ TEST_F(EtcdStateTest, UnreachableEtcdIsUnavailableNamingTheMembers) {
 
 // A coordinator on a 3-member etcd acknowledges jobs and trains one; killed,
 // it is replaced by one started with another (empty) state directory, which
-// has every job, the history and the checkpoints; with one member down the
+// leads once the first one's lease ran out and has every job, the history
+// and the checkpoints; with one member down the
 // cluster goes on, with two down a submit is refused UNAVAILABLE, and once
 // they are back it is accepted again.
 TEST_F(EtcdStateTest, ASecondCoordinatorOnTheSameEtcdHasEverythingTheFirstAcknowledged) {
   EtcdCluster etcd(dir_.path(), 3);
   ASSERT_TRUE(etcd.ok()) << etcd.Log(0) << etcd.Log(1) << etcd.Log(2);
-  const std::vector<std::string> state = {"--state", etcd.url()};
+  // A leader lease (10 s) longer than a write's wait for etcd (5 s): the
+  // refused submit below is answered by the leader, not by a leader that
+  // meanwhile stepped down because it could not renew its lease.
+  const std::vector<std::string> state = {"--state", etcd.url(), "--leader-ttl-s", "10"};
   const std::string a_dir = dir_.path() + "/a", b_dir = dir_.path() + "/b";
   for (const std::string& d : {a_dir, b_dir}) std::filesystem::create_directories(d);
   Coordinator a = StartCoordinator(a_dir, 10'000, "127.0.0.1:0", "", state);
@@ -159,6 +163,10 @@ TEST_F(EtcdStateTest, ASecondCoordinatorOnTheSameEtcdHasEverythingTheFirstAcknow
   etcd.Kill(2);  // one of three: nothing changes
   Coordinator b = StartCoordinator(b_dir, 10'000, "127.0.0.1:0", "", state);
   ASSERT_GT(b.port, 0) << b.process.Log();
+  // b leads once a's lease has run out.
+  ASSERT_TRUE(
+      WaitFor([&] { return b.process.Log().find("leading") != std::string::npos; }, seconds(30)))
+      << b.process.Log();
   EXPECT_EQ(Field(Cli({"status", job, "-o", "json"}, b.address()).out, "state"), "SUCCEEDED");
   EXPECT_EQ(Losses(Cli({"history", job, "-o", "json"}, b.address()).out), Losses(history_a));
   const std::string ckpts = Cli({"checkpoints", job}, b.address()).out;

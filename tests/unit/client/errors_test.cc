@@ -87,6 +87,16 @@ TEST(CliErrorsTest, AStoreThatCannotWriteIsNotAnUnreachableCoordinator) {
   EXPECT_EQ(ExitCodeFor(e.code), kExitUnreachable);
 }
 
+TEST(CliErrorsTest, AStandbyCoordinatorNamesTheLeader) {
+  CliError e = Describe(
+      absl::UnavailableError(std::string(kCoordinatorStandby) + "the leader is at 10.0.0.2:7070"),
+      "10.0.0.1:7070", 10'000);
+  EXPECT_EQ(e.message,
+            "the coordinator at 10.0.0.1:7070 is a standby: the leader is at 10.0.0.2:7070 "
+            "(--coordinator there)");
+  EXPECT_EQ(ExitCodeFor(e.code), kExitUnreachable);
+}
+
 TEST(CliErrorsTest, OtherErrorsKeepTheirMessage) {
   CliError e = Describe(absl::NotFoundError("job j-9 not found"), "127.0.0.1:7070", 10'000);
   EXPECT_EQ(e.code, absl::StatusCode::kNotFound);
