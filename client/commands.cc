@@ -58,9 +58,10 @@ template <typename Req, typename Resp, typename Method>
 absl::Status Call(const GlobalFlags& g, Method method, const Req& req, Resp* resp,
                   const std::string& what = "") {
   CoordinatorClient client(g.coordinator, g.timeout_ms, g.connect);
-  auto ctx = Ctx(g);
-  client.Authorize(ctx.get());
-  return FromGrpcStatus((client.stub().*method)(ctx.get(), req, resp), what);
+  return FromGrpcStatus(client.Invoke([&](v1::Coordinator::Stub& stub, grpc::ClientContext* ctx) {
+    return (stub.*method)(ctx, req, resp);
+  }),
+                        what);
 }
 
 // Warns (Warn: stderr, JSON with -o json) when `job`'s checkpoint.dir is relative while the alive
@@ -322,6 +323,7 @@ int Watch(const GlobalFlags& g, const std::string& job_id) {
   CoordinatorClient client(g.coordinator, g.timeout_ms, g.connect);
   EtaEstimator eta;
   int64_t after = 0;
+  bool said = false;  // the move to another coordinator, since the last event
   // The stream ends when the job does; a broken stream is resumed from the
   // last event seen, so a coordinator restart costs a pause, not the watch.
   for (int attempt = 0; attempt < 30; ++attempt) {
@@ -335,6 +337,7 @@ int Watch(const GlobalFlags& g, const std::string& job_id) {
     while (reader->Read(&ev)) {
       after = ev.seq();
       attempt = 0;
+      said = false;
       if (g.output == "json") {
         std::cout << "{\"seq\": " << ev.seq()
                   << ", \"state\": " << JsonString(StateName(ev.state()))
@@ -348,6 +351,15 @@ int Watch(const GlobalFlags& g, const std::string& job_id) {
     grpc::Status s = reader->Finish();
     if (s.ok()) break;
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return ReportError(g, FromGrpcStatus(s));
+    // Several coordinators (--coordinator A,B): follow the leader, saying so
+    // once per outage (while a standby is being elected the addresses are
+    // tried in turn).
+    const std::string was = client.current_address();
+    if (client.FollowLeader(s) && g.output != "json" && !said) {
+      std::cerr << "(the coordinator at " << was << " stopped answering; following the leader)"
+                << std::endl;
+      said = true;
+    }
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   job = GetJob(g, job_id);

@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
       cmd->add_option(
              "--coordinator", g.coordinator,
              "coordinator address: " + shardtrain::AddressForms(shardtrain::AddressUse::kDial) +
-                 " (env SHARDTRAIN_COORDINATOR)")
+                 ", or several comma-separated (coordinators on one etcd: the leader is "
+                 "followed) (env SHARDTRAIN_COORDINATOR)")
           ->capture_default_str();
       cmd->add_option("--timeout-ms", g.timeout_ms, "deadline of each call to the coordinator")
           ->capture_default_str();
@@ -318,7 +319,7 @@ int main(int argc, char** argv) {
   if (cmd->get_option_no_throw("--coordinator") != nullptr) {
     const char* source =
         cmd->count("--coordinator") > 0 ? "--coordinator" : "SHARDTRAIN_COORDINATOR";
-    auto s = shardtrain::CheckAddressFlag(source, g.coordinator, shardtrain::AddressUse::kDial);
+    auto s = shardtrain::CheckAddressListFlag(source, g.coordinator, shardtrain::AddressUse::kDial);
     if (!s.ok()) return ReportError(g, s);
     const char* env_token = std::getenv("SHARDTRAIN_TOKEN");
     auto connect = shardtrain::worker::ReadConnectOptions(

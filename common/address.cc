@@ -111,4 +111,19 @@ absl::Status CheckAddressFlag(absl::string_view flag, absl::string_view value, A
                           AddressForms(use)));
 }
 
+absl::Status CheckAddressListFlag(absl::string_view flag, absl::string_view value, AddressUse use) {
+  bool any = false;
+  for (absl::string_view a : absl::StrSplit(value, ',')) {
+    a = absl::StripAsciiWhitespace(a);
+    if (a.empty()) {
+      return Bad(absl::StrCat(flag, " \"", value, "\": an empty address in the list; expected ",
+                              AddressForms(use), ", comma-separated"));
+    }
+    if (auto s = CheckAddressFlag(flag, a, use); !s.ok()) return s;
+    any = true;
+  }
+  if (!any) return CheckAddressFlag(flag, value, use);
+  return absl::OkStatus();
+}
+
 }  // namespace shardtrain

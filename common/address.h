@@ -41,6 +41,9 @@ absl::StatusOr<HostPort> ParseAddress(absl::string_view text, AddressUse use);
 // accepted forms: `--coordinator "127.0.0.1:notaport": port "notaport" is
 // not a number; expected HOST:PORT, [IPV6]:PORT or dns:///HOST:PORT`.
 absl::Status CheckAddressFlag(absl::string_view flag, absl::string_view value, AddressUse use);
+// CheckAddressFlag of each address of a comma-separated list (at least one):
+// several coordinators, of which one leads.
+absl::Status CheckAddressListFlag(absl::string_view flag, absl::string_view value, AddressUse use);
 
 }  // namespace shardtrain
 

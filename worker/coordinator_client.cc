@@ -5,6 +5,8 @@
 #include <chrono>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "common/grpc_status.h"
 #include "common/process.h"
 
@@ -70,9 +72,48 @@ CoordinatorClient::CoordinatorClient(const std::string& address, int64_t rpc_tim
     : address_(address),
       rpc_timeout_ms_(rpc_timeout_ms),
       heartbeat_timeout_ms_(heartbeat_timeout_ms),
-      authorization_(connect.token.empty() ? "" : "Bearer " + connect.token),
-      channel_(grpc::CreateCustomChannel(address, ChannelCredentials(connect), ChannelArgs())),
-      stub_(v1::Coordinator::NewStub(channel_)) {}
+      authorization_(connect.token.empty() ? "" : "Bearer " + connect.token) {
+  for (absl::string_view a : absl::StrSplit(address, ',', absl::SkipWhitespace())) {
+    Endpoint e;
+    e.address = std::string(absl::StripAsciiWhitespace(a));
+    e.channel = grpc::CreateCustomChannel(e.address, ChannelCredentials(connect), ChannelArgs());
+    e.stub = v1::Coordinator::NewStub(e.channel);
+    endpoints_.push_back(std::move(e));
+  }
+  if (endpoints_.empty()) {  // the caller checked the flag; a call then fails cleanly
+    Endpoint e;
+    e.address = address;
+    e.channel = grpc::CreateCustomChannel(address, ChannelCredentials(connect), ChannelArgs());
+    e.stub = v1::Coordinator::NewStub(e.channel);
+    endpoints_.push_back(std::move(e));
+  }
+}
+
+std::string CoordinatorClient::current_address() const {
+  return endpoints_[current_.load() % endpoints_.size()].address;
+}
+
+v1::Coordinator::Stub& CoordinatorClient::stub() {
+  return *endpoints_[current_.load() % endpoints_.size()].stub;
+}
+
+bool CoordinatorClient::FollowLeader(const grpc::Status& s) {
+  if (endpoints_.size() < 2) return false;
+  const size_t from = current_.load() % endpoints_.size();
+  size_t to = (from + 1) % endpoints_.size();
+  // A standby names the leader: "... the leader is at HOST:PORT".
+  const std::string& msg = s.error_message();
+  const std::string kLeaderIs = "the leader is at ";
+  if (const size_t at = msg.find(kLeaderIs); at != std::string::npos) {
+    const std::string leader = msg.substr(at + kLeaderIs.size());
+    for (size_t i = 0; i < endpoints_.size(); ++i) {
+      if (leader.rfind(endpoints_[i].address, 0) == 0 && i != from) to = i;
+    }
+  }
+  size_t expected = from;
+  current_.compare_exchange_strong(expected, to);
+  return true;
+}
 
 void CoordinatorClient::Authorize(grpc::ClientContext* ctx) const {
   if (!authorization_.empty()) ctx->AddMetadata("authorization", authorization_);
@@ -86,12 +127,14 @@ std::unique_ptr<grpc::ClientContext> CoordinatorClient::Context(int64_t extra_ms
   return ctx;
 }
 
-// Calls stub_->Method with a fresh deadline and converts the status.
-#define SHARDTRAIN_UNARY(Method, req, resp)                           \
-  do {                                                                \
-    auto ctx = Context();                                             \
-    grpc::Status s = stub_->Method(ctx.get(), req, resp);             \
-    if (!s.ok()) return FromGrpcStatus(s, #Method " to " + address_); \
+// Calls Method with a fresh deadline, following the leader, and converts
+// the status.
+#define SHARDTRAIN_UNARY(Method, req, resp)                                              \
+  do {                                                                                   \
+    grpc::Status s = Invoke([&](v1::Coordinator::Stub& stub, grpc::ClientContext* ctx) { \
+      return stub.Method(ctx, req, resp);                                                \
+    });                                                                                  \
+    if (!s.ok()) return FromGrpcStatus(s, #Method " to " + current_address());           \
   } while (0)
 
 absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorClient::RegisterWorker(
@@ -103,9 +146,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> CoordinatorClient::RegisterWorker(
 
 absl::StatusOr<v1::HeartbeatResponse> CoordinatorClient::Heartbeat(const v1::HeartbeatRequest& r) {
   v1::HeartbeatResponse resp;
-  auto ctx = Context(heartbeat_timeout_ms_ - rpc_timeout_ms_);  // its own, shorter deadline
-  grpc::Status s = stub_->Heartbeat(ctx.get(), r, &resp);
-  if (!s.ok()) return FromGrpcStatus(s, "Heartbeat to " + address_);
+  grpc::Status s = Invoke([&](v1::Coordinator::Stub& stub,
+                              grpc::ClientContext* ctx) { return stub.Heartbeat(ctx, r, &resp); },
+                          heartbeat_timeout_ms_ - rpc_timeout_ms_);  // its own, shorter deadline
+  if (!s.ok()) return FromGrpcStatus(s, "Heartbeat to " + current_address());
   return resp;
 }
 
@@ -140,9 +184,11 @@ absl::StatusOr<v1::ReportCheckpointResponse> CoordinatorClient::ReportCheckpoint
 absl::StatusOr<v1::WaitCheckpointShardsResponse> CoordinatorClient::WaitCheckpointShards(
     const v1::WaitCheckpointShardsRequest& r) {
   v1::WaitCheckpointShardsResponse resp;
-  auto ctx = Context(r.wait_ms());  // the server waits up to wait_ms before answering
-  grpc::Status s = stub_->WaitCheckpointShards(ctx.get(), r, &resp);
-  if (!s.ok()) return FromGrpcStatus(s, "WaitCheckpointShards to " + address_);
+  grpc::Status s =
+      Invoke([&](v1::Coordinator::Stub& stub,
+                 grpc::ClientContext* ctx) { return stub.WaitCheckpointShards(ctx, r, &resp); },
+             r.wait_ms());  // the server waits up to wait_ms before answering
+  if (!s.ok()) return FromGrpcStatus(s, "WaitCheckpointShards to " + current_address());
   return resp;
 }
 
@@ -180,9 +226,10 @@ absl::Status CoordinatorClient::KvSet(const v1::KvSetRequest& r) {
 
 absl::StatusOr<std::string> CoordinatorClient::KvGet(const v1::KvGetRequest& r) {
   v1::KvGetResponse resp;
-  auto ctx = Context(r.wait_ms());  // the server waits up to wait_ms before answering
-  grpc::Status s = stub_->KvGet(ctx.get(), r, &resp);
-  if (!s.ok()) return FromGrpcStatus(s, "KvGet to " + address_);
+  grpc::Status s = Invoke([&](v1::Coordinator::Stub& stub,
+                              grpc::ClientContext* ctx) { return stub.KvGet(ctx, r, &resp); },
+                          r.wait_ms());  // the server waits up to wait_ms before answering
+  if (!s.ok()) return FromGrpcStatus(s, "KvGet to " + current_address());
   return resp.value();
 }
 

@@ -7,9 +7,11 @@
 #ifndef SHARDTRAIN_WORKER_COORDINATOR_CLIENT_H_
 #define SHARDTRAIN_WORKER_COORDINATOR_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -37,7 +39,12 @@ absl::StatusOr<ConnectOptions> ReadConnectOptions(
 
 class CoordinatorClient final : public CoordinatorApi {
  public:
-  // `address` is HOST:PORT. Connecting is lazy: errors show up on calls.
+  // `address` is HOST:PORT, or several separated by commas: coordinators
+  // that share one etcd, of which one leads (coordinator/etcd_election.h).
+  // A call that finds its coordinator unreachable, or a standby (which names
+  // the leader), goes to the leader named when it is in the list, else to
+  // the next address, each address tried once; the one that answered is
+  // used first from then on. Connecting is lazy: errors show up on calls.
   // `rpc_timeout_ms` bounds every unary call (KvGet and
   // WaitCheckpointShards add their own wait) except Heartbeat, which has
   // its own, shorter `heartbeat_timeout_ms`: a heartbeat that cannot
@@ -50,8 +57,28 @@ class CoordinatorClient final : public CoordinatorApi {
   // Adds the token (if any) to a context the caller made for stub() calls.
   void Authorize(grpc::ClientContext* ctx) const;
 
+  // The addresses as given (comma-separated), and the one in use now.
   const std::string& address() const { return address_; }
-  v1::Coordinator::Stub& stub() { return *stub_; }
+  std::string current_address() const;
+  // The stub of the coordinator in use now (streams: WatchJob).
+  v1::Coordinator::Stub& stub();
+  // After a call on stub() failed with `s`: moves to the leader a standby
+  // named, or the next address. Returns whether there was another to move
+  // to (false with a single address).
+  bool FollowLeader(const grpc::Status& s);
+  // Runs call(stub, context) with a fresh context (the unary deadline plus
+  // extra_ms, the token) on the coordinator in use, following the leader
+  // on UNAVAILABLE as above; the last answer.
+  template <typename Call>
+  grpc::Status Invoke(Call call, int64_t extra_ms = 0) {
+    grpc::Status s;
+    for (size_t tried = 0; tried < endpoints_.size(); ++tried) {
+      auto ctx = Context(extra_ms);
+      s = call(stub(), ctx.get());
+      if (s.error_code() != grpc::StatusCode::UNAVAILABLE || !FollowLeader(s)) return s;
+    }
+    return s;
+  }
 
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
       const v1::RegisterWorkerRequest& r) override;
@@ -81,8 +108,13 @@ class CoordinatorClient final : public CoordinatorApi {
   const int64_t rpc_timeout_ms_;
   const int64_t heartbeat_timeout_ms_;
   const std::string authorization_;  // "Bearer TOKEN", empty without a token
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  struct Endpoint {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Coordinator::Stub> stub;
+  };
+  std::vector<Endpoint> endpoints_;  // one per address; fixed after construction
+  std::atomic<size_t> current_{0};   // the one in use
 };
 
 }  // namespace shardtrain::worker

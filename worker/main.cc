@@ -44,7 +44,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", VersionLine("shardtrain-worker"));
   app.add_option("--coordinator", coordinator,
                  "coordinator address: " + AddressForms(AddressUse::kDial) +
-                     " (default: $SHARDTRAIN_COORDINATOR)");
+                     ", or several comma-separated (coordinators on one etcd: reports and "
+                     "heartbeats follow the leader) (default: $SHARDTRAIN_COORDINATOR)");
   app.add_option("--device", device,
                  "device this worker drives: cpu or cuda:N (one GPU, by CUDA ordinal; needs a "
                  "CUDA build and a GPU of compute capability 8.0 or newer, which trains in fp32, "
@@ -115,8 +116,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   absl::Status usage =
-      CheckAddressFlag(app.count("--coordinator") ? "--coordinator" : "SHARDTRAIN_COORDINATOR",
-                       coordinator, AddressUse::kDial);
+      CheckAddressListFlag(app.count("--coordinator") ? "--coordinator" : "SHARDTRAIN_COORDINATOR",
+                           coordinator, AddressUse::kDial);
   if (usage.ok() && !metrics_listen.empty()) {
     usage = CheckAddressFlag("--metrics-listen", metrics_listen, AddressUse::kListen);
   }

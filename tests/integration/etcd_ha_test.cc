@@ -7,8 +7,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -124,6 +127,72 @@ TEST_F(EtcdHaTest, ALeaderPausedPastItsLeaseWritesNothingAndStandsBy) {
   const std::string log = a.process.Log();
   const size_t at = log.find("no longer the leader");
   std::cout << "a's log: " << log.substr(at, log.find('\n', at) - at) << std::endl;
+}
+
+// Workers and the CLI given both coordinators (--coordinator A,B) train
+// through a kill -9 of the leader: the job succeeds with every step of an
+// uninterrupted run's losses, and `watch` across the failover says one line
+// about it.
+TEST_F(EtcdHaTest, WorkersAndWatchFollowTheLeaderThroughAKill9) {
+  const std::vector<std::string> sets = {
+      "steps=60",        "checkpoint.every=10", "optimizer.lr=1e-3", "parallel.dp=2",
+      "batch.global=32", "batch.micro=16",      "batch.seq_len=128"};
+  CommandResult straight = RunLocal(sets, dir_.path() + "/straight");
+  ASSERT_EQ(straight.exit_code, 0) << straight.out << straight.err;
+  const std::vector<double> expected = Losses(straight.out);
+  ASSERT_EQ(expected.size(), 60u);
+
+  Coordinator a = StartOne("a");
+  ASSERT_TRUE(WaitFor([&] { return Says(a, "leading"); }, seconds(20))) << a.process.Log();
+  Coordinator b = StartOne("b");
+  ASSERT_TRUE(WaitFor([&] { return Says(b, "standing by"); }, seconds(20))) << b.process.Log();
+  const std::string both = a.address() + "," + b.address();
+  std::vector<Process> workers;
+  for (int i = 0; i < 2; ++i) workers.push_back(StartWorker(dir_.path(), both, i));
+  std::vector<std::string> args = {"submit", kDdpSpec,
+                                   "--set",  "data.train=" + kData,
+                                   "--set",  "checkpoint.dir=" + dir_.path() + "/ckpt",
+                                   "--set",  "eval.every=0"};
+  for (const std::string& set : sets) args.insert(args.end(), {"--set", set});
+  CommandResult sub = Cli(args, both);
+  ASSERT_EQ(sub.exit_code, 0) << sub.err;
+  const std::string job = sub.out.substr(0, sub.out.find('\n'));
+  auto step = [&] {
+    std::smatch m;
+    const std::string st = Cli({"status", job, "-o", "json"}, both).out;
+    return std::regex_search(st, m, std::regex("\"step\": (\\d+)")) ? std::stoi(m[1]) : -1;
+  };
+  ASSERT_TRUE(WaitFor([&] { return step() >= 15; }, seconds(120)));
+  // watch (through both addresses) from before the kill to the end.
+  CommandResult watched;
+  std::thread watcher([&] { watched = Cli({"watch", job}, both); });
+  std::this_thread::sleep_for(milliseconds(500));
+  const int at_kill = step();
+  a.process.Signal(SIGKILL);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Field(Cli({"status", job, "-o", "json"}, both).out, "state") == "SUCCEEDED";
+      },
+      seconds(180)))
+      << Cli({"status", job}, both).out << b.process.Log();
+  watcher.join();
+  EXPECT_EQ(watched.exit_code, 0) << watched.err;
+  const std::string history = Cli({"history", job, "-o", "json"}, both).out;
+  const std::vector<double> got = Losses(history);
+  ASSERT_EQ(got.size(), 60u) << history;
+  double worst = 0;
+  for (int s = 0; s < 60; ++s) {
+    worst = std::max(worst, std::abs(got[s] - expected[s]) / std::abs(expected[s]));
+  }
+  EXPECT_LE(worst, 1e-6);
+  const std::string status = Cli({"status", job, "-o", "json"}, both).out;
+  std::printf(
+      "leader killed at step %d; the job SUCCEEDED on the new leader with %zu of 60 steps, "
+      "restarts %s, max relative loss difference %.3g; watch said across the failover: %s\n",
+      at_kill, got.size(),
+      Field(status, "restarts").empty() ? "0" : Field(status, "restarts").c_str(), worst,
+      watched.err.empty() ? "(nothing)" : watched.err.c_str());
+  EXPECT_LE(std::count(watched.err.begin(), watched.err.end(), '\n'), 1) << watched.err;
 }
 
 }  // namespace

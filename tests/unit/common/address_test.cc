@@ -92,3 +92,21 @@ TEST(AddressTest, FlagErrorNamesTheFlagTheValueAndTheForms) {
 
 }  // namespace
 }  // namespace shardtrain
+
+namespace shardtrain {
+namespace {
+
+// Several coordinators on one etcd: a comma-separated list, each checked.
+TEST(AddressTest, ListFlagChecksEveryAddressOfTheList) {
+  EXPECT_TRUE(CheckAddressListFlag("--coordinator", "10.0.0.5:7070", AddressUse::kDial).ok());
+  EXPECT_TRUE(
+      CheckAddressListFlag("--coordinator", "10.0.0.5:7070, [::1]:7071", AddressUse::kDial).ok());
+  absl::Status s = CheckAddressListFlag("--coordinator", "10.0.0.5:7070,b:x", AddressUse::kDial);
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_NE(s.message().find("\"b:x\""), std::string::npos) << s;
+  s = CheckAddressListFlag("--coordinator", "10.0.0.5:7070,", AddressUse::kDial);
+  EXPECT_NE(s.message().find("an empty address in the list"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace shardtrain
