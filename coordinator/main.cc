@@ -185,7 +185,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{100}, int64_t{600'000}));
   app.add_option("--metrics-listen", flags.metrics_listen,
                  "HTTP address for /metrics and /healthz, HOST:PORT (e.g. 127.0.0.1:9090; port 0 "
-                 "allowed); off when empty");
+                 "allowed); off when empty. /healthz is 503 on a standby (etcd): a readiness "
+                 "check, not a liveness one");
   app.add_option("--port-file", flags.port_file,
                  "write the chosen gRPC port (line 1) and metrics port (line 2, if any) here");
   app.add_option("--lease-ms", flags.lease_ms, "a worker silent for this long is declared DEAD")
@@ -338,9 +339,14 @@ int main(int argc, char** argv) {
   }
   const std::string host = flags.listen.substr(0, flags.listen.rfind(':'));
 
+  // The coordinator that serves (null while a standby): /healthz answers 503
+  // on a standby, so a load balancer's readiness check (a Kubernetes
+  // Service) sends clients to the leader alone.
+  std::atomic<Coordinator*> serving{core.get()};
   std::unique_ptr<MetricsHttpServer> http;
   if (!flags.metrics_listen.empty()) {
-    auto started = MetricsHttpServer::Start(flags.metrics_listen, &registry);
+    auto started = MetricsHttpServer::Start(flags.metrics_listen, &registry,
+                                            [&] { return serving.load() != nullptr; });
     if (!started.ok()) return Fail(std::string(started.status().message()));
     http = *std::move(started);
   }
@@ -360,7 +366,6 @@ int main(int argc, char** argv) {
   }
 
   // Lease checks and scheduling passes, ~10 per lease, once serving.
-  std::atomic<Coordinator*> serving{core.get()};
   std::mutex tick_mu;
   std::condition_variable tick_cv;
   bool stopping = false;
