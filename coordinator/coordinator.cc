@@ -118,6 +118,7 @@ absl::Status Coordinator::Load() {
     e.job = std::move(j);
     job_order_.push_back(e.job.job_id());
     next_job_ = std::max(next_job_, IdNumber(e.job.job_id()) + 1);
+    if (!e.job.idempotency_key().empty()) submit_keys_[e.job.idempotency_key()] = e.job.job_id();
   }
   for (v1::JobEvent& ev : state->events) {
     if (JobEntry* e = FindJob(ev.job_id())) e->events.push_back(std::move(ev));
@@ -260,6 +261,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& req,
   job.set_resume_from(req.resume_from());
   job.set_device(device);
   job.set_owner(owner);
+  job.set_idempotency_key(key);
   job.mutable_progress()->set_total_steps(spec.steps);
   v1::JobEvent ev;
   ev.set_job_id(job.job_id());

@@ -355,8 +355,9 @@ class Coordinator {
   // checks its job against them without walking every worker.
   std::set<std::pair<std::string, std::string>> capabilities_;  // GUARDED_BY(mu_)
   void AddCapabilities(const FreeWorker& w);
-  // SubmitJobRequest.idempotency_key -> job id, for this process's life
-  // (from before the job's commit: a retry meanwhile waits on submits_cv_).
+  // SubmitJobRequest.idempotency_key -> job id (from before the job's
+  // commit: a retry meanwhile waits on submits_cv_); rebuilt on load from
+  // the stored jobs' keys.
   std::map<std::string, std::string> submit_keys_;  // GUARDED_BY(mu_)
 };
 

@@ -187,7 +187,7 @@ absl::StatusOr<v1::WaitCheckpointShardsResponse> CoordinatorClient::WaitCheckpoi
   grpc::Status s =
       Invoke([&](v1::Coordinator::Stub& stub,
                  grpc::ClientContext* ctx) { return stub.WaitCheckpointShards(ctx, r, &resp); },
-             r.wait_ms());  // the server waits up to wait_ms before answering
+             r.wait_ms(), /*deadline_is_an_answer=*/true);  // the server waits up to wait_ms
   if (!s.ok()) return FromGrpcStatus(s, "WaitCheckpointShards to " + current_address());
   return resp;
 }
@@ -228,7 +228,7 @@ absl::StatusOr<std::string> CoordinatorClient::KvGet(const v1::KvGetRequest& r) 
   v1::KvGetResponse resp;
   grpc::Status s = Invoke([&](v1::Coordinator::Stub& stub,
                               grpc::ClientContext* ctx) { return stub.KvGet(ctx, r, &resp); },
-                          r.wait_ms());  // the server waits up to wait_ms before answering
+                          r.wait_ms(), /*deadline_is_an_answer=*/true);  // the server waits up to wait_ms
   if (!s.ok()) return FromGrpcStatus(s, "KvGet to " + current_address());
   return resp.value();
 }

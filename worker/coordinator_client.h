@@ -68,13 +68,20 @@ class CoordinatorClient final : public CoordinatorApi {
   bool FollowLeader(const grpc::Status& s);
   // Runs call(stub, context) with a fresh context (the unary deadline plus
   // extra_ms, the token) on the coordinator in use, following the leader
-  // on UNAVAILABLE as above; the last answer.
+  // on UNAVAILABLE as above; the last answer. A call that ran out of time
+  // (a hung or paused coordinator) is not repeated, but the next call goes
+  // to the next address — unless `deadline_is_an_answer` (KvGet's and
+  // WaitCheckpointShards' waits end that way).
   template <typename Call>
-  grpc::Status Invoke(Call call, int64_t extra_ms = 0) {
+  grpc::Status Invoke(Call call, int64_t extra_ms = 0, bool deadline_is_an_answer = false) {
     grpc::Status s;
     for (size_t tried = 0; tried < endpoints_.size(); ++tried) {
       auto ctx = Context(extra_ms);
       s = call(stub(), ctx.get());
+      if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !deadline_is_an_answer) {
+        FollowLeader(s);
+        return s;
+      }
       if (s.error_code() != grpc::StatusCode::UNAVAILABLE || !FollowLeader(s)) return s;
     }
     return s;

@@ -10,6 +10,12 @@ namespace shardtrain::worker {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Not delivered: the coordinator is unreachable, or did not answer in time
+// (hung, paused, failing over). Every report is safe to send again.
+bool Undelivered(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+}
 constexpr auto kFirstBackoff = std::chrono::milliseconds(250);
 constexpr auto kMaxBackoff = std::chrono::seconds(1);
 constexpr size_t kMaxKept = 4096;  // kept reports beyond this: the oldest goes
@@ -72,7 +78,7 @@ absl::Status ReportOutbox::Send(Item item, bool* queued) {
   std::lock_guard<std::mutex> lock(mu_);
   busy_ = false;
   inline_sender_ = std::thread::id();
-  if (absl::IsUnavailable(s)) {
+  if (Undelivered(s)) {
     if (!outage_) {
       outage_ = true;
       outage_since_ = Clock::now();
@@ -180,7 +186,7 @@ void ReportOutbox::Run() {
     absl::Status s = item.send();
     lock.lock();
     busy_ = false;
-    if (absl::IsUnavailable(s)) {
+    if (Undelivered(s)) {
       if (!outage_) {
         outage_ = true;
         outage_since_ = Clock::now();

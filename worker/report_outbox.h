@@ -3,7 +3,8 @@
 //
 // A report goes out at once when nothing waits before it (the usual case:
 // the caller gets the coordinator's answer, as with a direct call). When the
-// coordinator cannot be reached (UNAVAILABLE), the report is held, and every
+// coordinator cannot be reached (UNAVAILABLE) or does not answer in time
+// (DEADLINE_EXCEEDED: hung, paused), the report is held, and every
 // later one queues behind it; a sender thread re-sends the oldest with
 // backoff until the coordinator answers, then the rest in order. Training
 // never waits on it. The queue is bounded: past max_queued_steps step
@@ -47,8 +48,8 @@ class ReportOutbox {
     Kind kind = Kind::kOther;
     int64_t step = 0;  // the training step it is about (kStep, kShard)
     std::string what;  // for the log: "step 23", "checkpoint step 40"
-    // Sends the report once and handles the answer. UNAVAILABLE: the
-    // coordinator was not reached; the item is sent again later. Any other
+    // Sends the report once and handles the answer. UNAVAILABLE or
+    // DEADLINE_EXCEEDED: not delivered; the item is sent again later. Any other
     // error is final for this item (the caller's send handles what it means).
     std::function<absl::Status()> send;
   };
@@ -65,7 +66,7 @@ class ReportOutbox {
 
   // Sends `item` now when nothing is queued or in flight, else queues it
   // behind the rest. Returns the send's status when it was sent now (not
-  // UNAVAILABLE), and OK with *queued = true when it waits in the queue.
+  // undelivered), and OK with *queued = true when it waits in the queue.
   absl::Status Send(Item item, bool* queued = nullptr);
   // Queues `item` behind the rest without trying it now.
   void Queue(Item item);

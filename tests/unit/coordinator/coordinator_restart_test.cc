@@ -291,3 +291,26 @@ TEST_F(RestartReportsTest, AnswersSayWhatARankMustKeepAndReSentReportsCountOnce)
 
 }  // namespace
 }  // namespace shardtrain::coordinator
+
+namespace shardtrain::coordinator {
+namespace {
+
+// A submit whose answer was lost in a restart (or a failover) is retried
+// with its idempotency key on the new process: it gets the job the first
+// attempt made, not a second one.
+TEST_F(RestartReportsTest, ASubmitRetriedAfterARestartReturnsTheJobItsKeyMade) {
+  v1::SubmitJobRequest s;
+  s.set_spec_yaml(CoreTestSpec(1));
+  s.set_idempotency_key("3f9c0a1be2d54c6f8a7b9c0d1e2f3a4b");
+  const std::string first = core_->SubmitJob(s)->job_id();
+  Start();
+  auto again = core_->SubmitJob(s);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->job_id(), first);
+  EXPECT_EQ(core_->ListJobs({})->jobs_size(), 2);  // the fixture's job and this one
+  s.set_idempotency_key("another-key-another-job-000000000");
+  EXPECT_NE(core_->SubmitJob(s)->job_id(), first);
+}
+
+}  // namespace
+}  // namespace shardtrain::coordinator
