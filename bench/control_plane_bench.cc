@@ -53,11 +53,18 @@
 //                     worker ALIVE in ListWorkers, and the jobs it lists
 //                     before and after (none lost).
 //
+// --state etcd (with --process): the coordinator keeps its state in a
+// one-member etcd started for the run (each worker count under its own key
+// prefix), so every acknowledged write is an etcd commit; --failovers N then
+// starts a standby coordinator beside it and kills (-9) the serving one N
+// times, timing each kill until the other serves (--leader-ttl-s, default
+// 2). bench/control_plane_ha.sh runs SQLite and etcd one after the other.
+//
 //   control_plane_bench [--workers 100,1000] [--seconds 5] [--jobs 200]
 //                       [--client-threads 8] [--modes paced,flood]
 //                       [--serial-calls 2000] [--lease-ms 30000] [--json]
 //                       [--process [--tls] [--tokens] [--list-jobs 10000]
-//                        [--coordinator-bin PATH]]
+//                        [--coordinator-bin PATH] [--state sqlite|etcd [--failovers N]]]
 #include <grpcpp/grpcpp.h>
 #include <stdlib.h>
 #include <sys/types.h>
@@ -117,9 +124,16 @@ absl::Status RunSize(int workers, const Config& cfg, const std::string& run_dir,
       args.push_back("--tokens");
       args.push_back(run_dir + "/tokens.txt");
     }
+    if (!cfg.etcd_url.empty()) {  // a prefix of its own per worker count
+      args.insert(args.end(), {"--state", absl::StrCat(cfg.etcd_url, "/cpbench-", workers),
+                               "--leader-ttl-s", absl::StrCat(cfg.leader_ttl_s)});
+    }
     auto p = CoordinatorProcess::Start(cfg.coordinator_bin, dir, args);
     if (!p.ok()) return p.status();
     proc = *std::move(p);
+    if (!cfg.etcd_url.empty() && !WaitServing(proc->address(), std::chrono::seconds(60))) {
+      return absl::DeadlineExceededError("the coordinator on etcd did not lead within 60 s");
+    }
   } else {
     auto coord = CoordinatorUnderTest::Start(cfg.lease_ms);
     if (!coord.ok()) return coord.status();
@@ -232,7 +246,10 @@ absl::Status RunSize(int workers, const Config& cfg, const std::string& run_dir,
       notes->push_back(absl::StrFormat("list phase         workers=%-5d ALIVE before %d, after %d",
                                        workers, before, CountAlive(*admin)));
     }
-    return RestartPhase(*proc, ids, secrets, cfg, notes);
+    if (absl::Status st = RestartPhase(*proc, ids, secrets, cfg, notes); !st.ok()) return st;
+    if (!cfg.etcd_url.empty() && cfg.failovers > 0) {
+      return FailoverPhase(*proc, run_dir, workers, cfg, notes);
+    }
   }
   return absl::OkStatus();
 }
@@ -313,7 +330,7 @@ absl::Status SetUpAuth(const Config& cfg, const std::string& dir) {
   return absl::OkStatus();
 }
 
-int Run(const Config& cfg) {
+int Run(Config cfg) {
   auto spec = ValidateSpec(kSpec, {});
   if (!spec.ok() || spec->World() != 2) {
     std::cerr << "control_plane_bench: bench spec invalid: "
@@ -343,8 +360,19 @@ int Run(const Config& cfg) {
     std::cerr << "control_plane_bench: " << st << "\n";
     return 1;
   }
+  std::unique_ptr<EtcdProcess> etcd;
+  if (cfg.state == "etcd") {
+    auto started = EtcdProcess::Start(run_dir);
+    if (!started.ok()) {
+      std::cerr << "control_plane_bench: " << started.status() << "\n";
+      return 1;
+    }
+    etcd = *std::move(started);
+    cfg.etcd_url = etcd->url();
+  }
   info << "control_plane_bench: coordinator "
        << (cfg.process ? "process " + cfg.coordinator_bin : std::string("in this process"))
+       << ", state " << (cfg.state == "etcd" ? "etcd (one member, " + cfg.etcd_url + ")" : "SQLite")
        << (cfg.tls ? ", TLS" : ", plaintext")
        << (cfg.tokens ? ", bearer tokens" : ", no authentication") << "\n";
 
@@ -400,8 +428,9 @@ int Run(const Config& cfg) {
     std::cout << absl::StrFormat(
         "\nbaseline: empty unary GetJob, one call in flight: p50 %.1f us, p99 %.1f us; "
         "ratios below are row / baseline\nclients: %d threads, one TCP connection each "
-        "(+1 for submits); SQLite store, lease %d ms\n\n",
-        base.p50, base.p99, cfg.client_threads, cfg.lease_ms);
+        "(+1 for submits); %s store, lease %d ms\n\n",
+        base.p50, base.p99, cfg.client_threads, cfg.state == "etcd" ? "etcd" : "SQLite",
+        cfg.lease_ms);
     PrintTable(rows, base);
     std::cout << "\n";
     for (const std::string& n : notes) std::cout << n << "\n";
@@ -456,12 +485,25 @@ int main(int argc, char** argv) {
                  "--process: submit jobs until the coordinator holds this many, then time "
                  "listing them all (0: skip)")
       ->check(CLI::Range(0, 1'000'000));
+  app.add_option("--state", cfg.state,
+                 "--process: the coordinator's state: sqlite (--state-dir) or etcd (a one-member "
+                 "etcd started for the run, /usr/bin/etcd)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"sqlite", "etcd"}));
+  app.add_option("--failovers", cfg.failovers,
+                 "--state etcd: then start a standby coordinator and kill -9 the leader this "
+                 "many times, timing each kill until the other one serves")
+      ->check(CLI::Range(0, 1000));
+  app.add_option("--leader-ttl-s", cfg.leader_ttl_s, "--state etcd: the leader lease's TTL")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 60));
   app.add_option("--coordinator-bin", cfg.coordinator_bin,
                  "--process: the coordinator program (default: ../bin/shardtrain-coordinator "
                  "beside this bench)");
   CLI11_PARSE(app, argc, argv);
-  if ((cfg.tls || cfg.tokens || cfg.list_jobs > 0) && !cfg.process) {
-    std::cerr << "control_plane_bench: --tls, --tokens and --list-jobs need --process\n";
+  if ((cfg.tls || cfg.tokens || cfg.list_jobs > 0 || cfg.state != "sqlite") && !cfg.process) {
+    std::cerr << "control_plane_bench: --tls, --tokens, --list-jobs and --state etcd need "
+                 "--process\n";
     return 2;
   }
   if (cfg.process && cfg.coordinator_bin.empty()) {

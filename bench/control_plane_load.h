@@ -42,6 +42,12 @@ struct Config {
   bool process = false, tls = false, tokens = false;
   int list_jobs = 0;
   std::string coordinator_bin;
+  // --process: sqlite (the coordinator's --state-dir), or etcd (a private
+  // etcd for the run; each worker count under its own key prefix).
+  std::string state = "sqlite";
+  std::string etcd_url;  // filled in when state is etcd
+  int failovers = 0;     // etcd: leader kills timed with a standby beside it
+  int leader_ttl_s = 2;
 };
 
 inline Samples SerialGetJob(v1::Coordinator::Stub& stub, int calls) {

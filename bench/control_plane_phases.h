@@ -148,6 +148,61 @@ inline absl::Status RestartPhase(CoordinatorProcess& proc, std::vector<std::stri
   return absl::OkStatus();
 }
 
+// Whether the coordinator at `address` serves (a standby on etcd answers
+// UNAVAILABLE), polled until `within` passes.
+inline bool WaitServing(const std::string& address, std::chrono::milliseconds within) {
+  auto stub = v1::Coordinator::NewStub(NewChannel(address));
+  const auto until = SteadyClock::now() + within;
+  while (SteadyClock::now() < until) {
+    if (CountJobs(*stub) >= 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// --state etcd --failovers N: a standby coordinator beside `leader`, then N
+// times: kill -9 the one serving, time until the other serves, and start
+// the killed one again (a standby now). Notes the failover times.
+inline absl::Status FailoverPhase(CoordinatorProcess& first, const std::string& run_dir,
+                                  int workers, const Config& cfg, std::vector<std::string>* notes) {
+  const std::string dir = absl::StrCat(run_dir, "/standby-", workers);
+  std::filesystem::create_directories(dir);
+  auto standby = CoordinatorProcess::Start(cfg.coordinator_bin, dir,
+                                           {"--lease-ms", absl::StrCat(cfg.lease_ms), "--state",
+                                            absl::StrCat(cfg.etcd_url, "/cpbench-", workers),
+                                            "--leader-ttl-s", absl::StrCat(cfg.leader_ttl_s)});
+  if (!standby.ok()) return standby.status();
+  CoordinatorProcess* procs[2] = {&first, standby->get()};
+  std::vector<double> seconds;
+  for (int k = 0; k < cfg.failovers; ++k) {
+    int leader = -1;
+    const auto until = SteadyClock::now() + std::chrono::seconds(60);
+    while (leader < 0 && SteadyClock::now() < until) {
+      for (int i = 0; i < 2 && leader < 0; ++i) {
+        if (WaitServing(procs[i]->address(), std::chrono::milliseconds(1))) leader = i;
+      }
+    }
+    if (leader < 0) return absl::DeadlineExceededError("no coordinator led within 60 s");
+    const auto killed = SteadyClock::now();
+    procs[leader]->Kill9();
+    if (!WaitServing(procs[1 - leader]->address(), std::chrono::seconds(60))) {
+      return absl::DeadlineExceededError("the standby did not take over within 60 s");
+    }
+    seconds.push_back(std::chrono::duration<double>(SteadyClock::now() - killed).count());
+    if (absl::Status s = procs[leader]->Restart(); !s.ok()) return s;
+  }
+  std::sort(seconds.begin(), seconds.end());
+  auto at = [&](double q) {
+    return seconds[std::min(seconds.size() - 1, size_t(q * seconds.size()))];
+  };
+  notes->push_back(absl::StrFormat(
+      "failover           workers=%-5d kill -9 of the leader -> the standby serving, over %d "
+      "kills: p50 %.2f s, p99 %.2f s, min %.2f s, max %.2f s (leader lease TTL %d s)",
+      workers, cfg.failovers, at(0.5), at(0.99), seconds.front(), seconds.back(),
+      cfg.leader_ttl_s));
+  return absl::OkStatus();
+}
+
 }  // namespace shardtrain::coordinator
 
 #endif  // SHARDTRAIN_BENCH_CONTROL_PLANE_PHASES_H_

@@ -8,8 +8,10 @@
 #define SHARDTRAIN_BENCH_COORDINATOR_PROCESS_H_
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -107,6 +109,80 @@ class CoordinatorUnderTest {
   std::condition_variable tick_cv_;
   bool stopping_ = false;  // GUARDED_BY(tick_mu_)
   std::thread ticker_;
+};
+
+// Spawns argv with stdout and stderr to `log`; its pid (-1 and the error
+// otherwise).
+inline absl::StatusOr<pid_t> SpawnLogged(std::vector<std::string> args, const std::string& log) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0)
+    return absl::InternalError(absl::StrCat("cannot start ", args[0], ": ", strerror(rc)));
+  return pid;
+}
+
+// A one-member etcd for the run (Debian's etcd-server), in `dir`, on
+// loopback ports picked free; stopped on destruction.
+class EtcdProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start(const std::string& dir) {
+    auto e = std::unique_ptr<EtcdProcess>(new EtcdProcess());
+    const int client = FreePort(), peer = FreePort();
+    const std::string c = absl::StrCat("http://127.0.0.1:", client);
+    const std::string p = absl::StrCat("http://127.0.0.1:", peer);
+    absl::StatusOr<pid_t> pid =
+        SpawnLogged({"/usr/bin/etcd", "--name", "bench", "--data-dir", dir + "/etcd",
+                     "--listen-client-urls", c, "--advertise-client-urls", c, "--listen-peer-urls",
+                     p, "--initial-advertise-peer-urls", p, "--initial-cluster", "bench=" + p},
+                    dir + "/etcd.log");
+    if (!pid.ok()) return pid.status();
+    e->pid_ = *pid;
+    e->url_ = absl::StrCat("etcd://127.0.0.1:", client);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::ifstream log(dir + "/etcd.log");
+      const std::string text((std::istreambuf_iterator<char>(log)),
+                             std::istreambuf_iterator<char>());
+      if (text.find("ready to serve client requests") != std::string::npos) return e;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return absl::DeadlineExceededError("etcd did not serve within 30 s (see " + dir + "/etcd.log)");
+  }
+  ~EtcdProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  const std::string& url() const { return url_; }
+
+ private:
+  EtcdProcess() = default;
+  static int FreePort() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    int port = 0;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+      port = ntohs(a.sin_port);
+    }
+    close(fd);
+    return port;
+  }
+  pid_t pid_ = -1;
+  std::string url_;
 };
 
 // The real shardtrain-coordinator program in its own process (--process):
