@@ -331,5 +331,92 @@ TEST_F(EtcdHaTest, ConcurrentSubmitsThroughKillsAndPausesAreEachListedOnce) {
       kills, pauses, acked.size(), refused, ids.size(), missing);
 }
 
+// Issue 50, acceptance 3: etcd's own faults mid-job. One member of three
+// down changes nothing; two down and no write can be made durable: a submit
+// is refused with a clear message, the leader stands down when it cannot
+// renew its lease, no process crashes, and the workers train on, holding
+// their reports; once the members are back a leader is elected and the job
+// SUCCEEDS with every step of an uninterrupted run's losses.
+TEST_F(EtcdHaTest, EtcdLosingAMemberChangesNothingAndLosingAMajorityPausesOnlyTheControlPlane) {
+  namespace fs = std::filesystem;
+  const int steps = 140;
+  const std::vector<std::string> sets = {
+      "steps=140",       "checkpoint.every=10", "optimizer.lr=1e-3", "parallel.dp=2",
+      "batch.global=32", "batch.micro=16",      "batch.seq_len=128"};
+  CommandResult straight = RunLocal(sets, dir_.path() + "/straight");
+  ASSERT_EQ(straight.exit_code, 0) << straight.out << straight.err;
+  const std::vector<double> expected = Losses(straight.out);
+  ASSERT_EQ(expected.size(), size_t(steps));
+
+  Coordinator a = StartOne("a");
+  ASSERT_TRUE(WaitFor([&] { return Says(a, "leading"); }, seconds(20))) << a.process.Log();
+  Coordinator b = StartOne("b");
+  ASSERT_TRUE(WaitFor([&] { return Says(b, "standing by"); }, seconds(20))) << b.process.Log();
+  const std::string both = a.address() + "," + b.address();
+  std::vector<Process> workers;
+  for (int i = 0; i < 2; ++i) workers.push_back(StartWorker(dir_.path(), both, i));
+  const std::string ckpt = dir_.path() + "/ckpt";
+  std::vector<std::string> args = {
+      "submit", kDdpSpec,      "--set", "data.train=" + kData, "--set", "checkpoint.dir=" + ckpt,
+      "--set",  "eval.every=0"};
+  for (const std::string& set : sets) args.insert(args.end(), {"--set", set});
+  CommandResult sub = Cli(args, both);
+  ASSERT_EQ(sub.exit_code, 0) << sub.err;
+  const std::string job = sub.out.substr(0, sub.out.find('\n'));
+  auto step = [&] {
+    std::smatch m;
+    const std::string st = Cli({"status", job, "-o", "json"}, both).out;
+    return std::regex_search(st, m, std::regex("\"step\": (\\d+)")) ? std::stoi(m[1]) : -1;
+  };
+  ASSERT_TRUE(WaitFor([&] { return step() >= 15; }, seconds(120)));
+
+  etcd_->Kill(2);  // one of three
+  const int at_one = step();
+  ASSERT_TRUE(WaitFor([&] { return step() >= at_one + 20; }, seconds(60)))
+      << "the job stalled with one etcd member down";
+  EXPECT_EQ(Cli({"submit", kDdpSpec, "--set", "data.train=" + kData}, both).exit_code, 0);
+
+  etcd_->Kill(1);  // two of three: no majority
+  const int at_two = step();
+  CommandResult refused = Cli({"submit", kDdpSpec, "--set", "data.train=" + kData}, both);
+  EXPECT_NE(refused.exit_code, 0) << refused.out;
+  std::cout << "etcd without a majority at step " << at_two << "; a submit says: " << refused.err;
+  // The workers train on: their checkpoints keep coming, 30 steps past.
+  const int past = (at_two / 10 + 3) * 10;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return fs::exists(ckpt + "/step-" + std::to_string(past) + "/rank-1.shard") ||
+               fs::exists(ckpt + "/final.weights");
+      },
+      seconds(60)))
+      << "the workers stopped training without etcd";
+  for (Coordinator* c : {&a, &b}) {
+    EXPECT_EQ(::kill(c->process.pid(), 0), 0) << "a coordinator crashed:\n" << c->process.Log();
+  }
+
+  ASSERT_TRUE(etcd_->Start(1)) << etcd_->Log(1);
+  ASSERT_TRUE(etcd_->Start(2)) << etcd_->Log(2);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Field(Cli({"status", job, "-o", "json"}, both).out, "state") == "SUCCEEDED";
+      },
+      seconds(180)))
+      << Cli({"status", job}, both).out << a.process.Log() << b.process.Log();
+  const std::vector<double> got = Losses(Cli({"history", job, "-o", "json"}, both).out);
+  ASSERT_EQ(got.size(), size_t(steps));
+  double worst = 0;
+  for (int s = 0; s < steps; ++s) {
+    worst = std::max(worst, std::abs(got[s] - expected[s]) / std::abs(expected[s]));
+  }
+  EXPECT_LE(worst, 1e-6);
+  const std::string status = Cli({"status", job, "-o", "json"}, both).out;
+  const std::string restarts = Field(status, "restarts").empty() ? "0" : Field(status, "restarts");
+  std::printf(
+      "etcd: one member down at step %d, two at step %d (the workers trained on past step %d); "
+      "back: the job SUCCEEDED with %zu of %d steps, restarts %s, max relative loss difference "
+      "%.3g\n",
+      at_one, at_two, past, got.size(), steps, restarts.c_str(), worst);
+}
+
 }  // namespace
 }  // namespace shardtrain::testing
