@@ -303,8 +303,10 @@ class Coordinator {
                                    const std::string& worker_id,
                                    const std::string& lease_token) const;
   // Every rank reported `step`: aggregates the reports by the plan's mesh
-  // (rules in reports.cc) into the job's history, progress and events.
-  void FinishStep(JobEntry& e, int64_t step);
+  // (rules in reports.cc) into the job's history, progress and events. The
+  // store's error when the history could not be written: the reports stay
+  // held (the step incomplete), so the ranks keep theirs and send them again.
+  absl::Status FinishStep(JobEntry& e, int64_t step);
   // A rank of `e` failed: RECOVERING (re-gang from the last committed
   // checkpoint) while restarts remain, FAILED otherwise, and FAILED at once
   // when the failure is `permanent` (a retry cannot fix it). Either way the

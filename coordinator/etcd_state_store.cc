@@ -134,7 +134,7 @@ class EtcdStateStore final : public StateStore {
   // (kStateStoreUnavailable), so a client does not take it for an
   // unreachable coordinator.
   static absl::Status Refused(absl::Status s) {
-    if (!absl::IsUnavailable(s)) return s;
+    if (!absl::IsUnavailable(s) || absl::StrContains(s.message(), kCoordinatorStandby)) return s;
     return absl::UnavailableError(absl::StrCat(kStateStoreUnavailable, s.message()));
   }
 
@@ -164,8 +164,11 @@ class EtcdStateStore final : public StateStore {
       }
     }
     if (absl::Status s = client_->PutAll(mains, guard_ ? &guard_->leader : nullptr); !s.ok()) {
-      if (guard_ && absl::IsFailedPrecondition(s) && guard_->fenced) {
-        guard_->fenced(std::string(s.message()));
+      if (guard_ && absl::IsFailedPrecondition(s)) {
+        if (guard_->fenced) guard_->fenced(std::string(s.message()));
+        // To a client this coordinator is a standby now: UNAVAILABLE, so it
+        // goes to the new leader (and a worker holds its report meanwhile).
+        return absl::UnavailableError(absl::StrCat(kCoordinatorStandby, s.message()));
       }
       return s;
     }

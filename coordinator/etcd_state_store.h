@@ -43,8 +43,9 @@ struct EtcdWriteGuard {
 // Connects and checks the schema (writing it into an empty prefix).
 // UNAVAILABLE naming the endpoints when no member answers; FAILED_PRECONDITION
 // when the prefix holds another schema. With `guard`, every record write
-// commits only while the guard's leader key exists (FAILED_PRECONDITION and
-// nothing written otherwise).
+// commits only while the guard's leader key exists: otherwise nothing is
+// written, `fenced` is called and the write answers UNAVAILABLE with
+// kCoordinatorStandby, so clients go to the new leader.
 absl::StatusOr<std::unique_ptr<StateStore>> OpenEtcdStateStore(
     const EtcdOptions& options, std::optional<EtcdWriteGuard> guard = std::nullopt);
 

@@ -283,18 +283,8 @@ int main(int argc, char** argv) {
     etcd = EtcdFlags(flags);
     if (!etcd.ok()) return UsageError(etcd.status());
 #if SHARDTRAIN_HAVE_ETCD
-    // etcd may still be starting, or electing a leader: wait for it a
-    // while (saying so) rather than exit at once. The store opened here
-    // only checks the schema: the leader's is opened once elected.
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (true) {
-      store = OpenEtcdStateStore(*etcd);
-      if (store.ok()) key = EtcdFencingKey(*etcd);
-      const absl::Status s = store.ok() ? key.status() : store.status();
-      if (!absl::IsUnavailable(s) || std::chrono::steady_clock::now() >= give_up) break;
-      std::cerr << "shardtrain-coordinator: waiting for etcd: " << s.message() << std::endl;
-      std::this_thread::sleep_for(std::chrono::seconds(1));
-    }
+    // Connecting to etcd is the leader thread's (below): this coordinator
+    // answers as a standby from the start, also while etcd is unreachable.
     state_name = flags.state;
 #else
     return Fail(
@@ -302,14 +292,14 @@ int main(int argc, char** argv) {
         "missing): use --state sqlite, or rebuild after scripts/setup");
 #endif
   }
-  if (!store.ok()) return Fail(std::string(store.status().message()));
-  if (!key.ok()) return Fail(std::string(key.status().message()));
+  if (!on_etcd && !store.ok()) return Fail(std::string(store.status().message()));
+  if (!on_etcd && !key.ok()) return Fail(std::string(key.status().message()));
   RealClock clock;
   CoordinatorOptions options;
   options.lease_ms = flags.lease_ms;
   options.limits = flags.limits;
   options.reserve_after = flags.reserve_after;
-  options.fencing_key = *std::move(key);
+  if (!on_etcd) options.fencing_key = *std::move(key);  // etcd's: once connected
 
   // SQLite: this coordinator serves at once. etcd: it stands by (answering
   // UNAVAILABLE with the leader's address) until elected.
@@ -402,15 +392,38 @@ int main(int argc, char** argv) {
   if (on_etcd) {
     const std::string advertise =
         flags.advertise.empty() ? absl::StrCat(host, ":", port) : flags.advertise;
-    auto created = EtcdLeadership::Create(*etcd, advertise, flags.leader_ttl_s);
-    if (!created.ok()) return Fail(std::string(created.status().message()));
-    leadership = *std::move(created);
     leader_thread = std::thread([&, advertise] {
       auto restart = [&](const std::string& why) {
         std::cerr << "shardtrain-coordinator: " << why << "; starting again as a standby"
                   << std::endl;
         ExecSelf(argv);
       };
+      // etcd may still be starting, or without a majority: wait for it
+      // (saying so every 10 s) while answering as a standby.
+      for (int attempt = 0; !stop_leading; ++attempt) {
+        absl::Status s = OpenEtcdStateStore(*etcd).status();  // the schema check
+        absl::StatusOr<FencingKey> fencing = s.ok() ? EtcdFencingKey(*etcd) : s;
+        if (fencing.ok()) {
+          auto created = EtcdLeadership::Create(*etcd, advertise, flags.leader_ttl_s);
+          if (created.ok()) {
+            options.fencing_key = *std::move(fencing);
+            leadership = *std::move(created);
+            break;
+          }
+          s = created.status();
+        } else {
+          s = fencing.status();
+        }
+        if (!absl::IsUnavailable(s)) {
+          std::cerr << "shardtrain-coordinator: " << s.message() << std::endl;
+          std::_Exit(1);
+        }
+        if (attempt % 10 == 0) {
+          std::cerr << "shardtrain-coordinator: waiting for etcd: " << s.message() << std::endl;
+        }
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+      if (stop_leading) return;
       std::thread observer([&] {  // the leader's address, for standby answers
         while (!stop_leading && serving.load() == nullptr) {
           std::string a = leadership->LeaderAddress();

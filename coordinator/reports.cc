@@ -62,7 +62,12 @@ absl::StatusOr<v1::ReportStepResponse> Coordinator::ReportStep(const v1::ReportS
   if (recorded == e->history.end() || recorded->second.generation() != r.generation()) {
     e->partial[r.step()].by_rank[r.rank()] = r;
     if (static_cast<int>(e->partial[r.step()].by_rank.size()) == e->job.world()) {
-      FinishStep(*e, r.step());
+      if (absl::Status s = FinishStep(*e, r.step()); !s.ok()) {
+        // Not durable: this report is refused (the rank sends it again), the
+        // others stay held.
+        e->partial[r.step()].by_rank.erase(r.rank());
+        return s;
+      }
     }
   }
   resp.set_coordinator_instance(instance_);
@@ -151,7 +156,7 @@ v1::StepReport AggregateStep(const ParallelDims& dims,
   return agg;
 }
 
-void Coordinator::FinishStep(JobEntry& e, int64_t step) {
+absl::Status Coordinator::FinishStep(JobEntry& e, int64_t step) {
   // The reports are of the current generation, laid out by its plan. A plan
   // whose mesh does not match the job (not made by MakePlan for it) counts
   // every rank as its own replica.
@@ -160,8 +165,8 @@ void Coordinator::FinishStep(JobEntry& e, int64_t step) {
       e.job.world());
   if (!dims.ok()) dims = ParallelDims::Create(e.job.world(), 1, 1);
   const v1::StepReport agg = AggregateStep(*dims, e.partial[step].by_rank);
+  if (absl::Status s = store_->PutStep(agg); !s.ok()) return s;
   e.partial.erase(step);
-  if (!store_->PutStep(agg).ok()) return;  // history is best effort; the job goes on
   e.history[step] = agg;
   v1::JobProgress* p = e.job.mutable_progress();
   if (step >= p->step()) {
@@ -176,6 +181,7 @@ void Coordinator::FinishStep(JobEntry& e, int64_t step) {
     absl::StrAppendFormat(&message, "; skipped (fp16 overflow at loss scale %g)", agg.loss_scale());
   }
   AppendEvent(e, v1::EVENT_KIND_STEP, message, &agg).IgnoreError();
+  return absl::OkStatus();
 }
 
 absl::Status Coordinator::ReportDone(const v1::ReportDoneRequest& req) {

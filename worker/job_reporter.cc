@@ -169,11 +169,10 @@ v1::ReportCheckpointFailureRequest Reporter::FailureRequest(int64_t step, const 
   return req;
 }
 
-absl::Status Reporter::CommitFailure(int64_t step, const std::string& path,
-                                     const absl::Status& error) {
-  auto resp = ctx_.client->ReportCheckpointFailure(FailureRequest(step, path, error));
+absl::Status Reporter::SendFailure(const v1::ReportCheckpointFailureRequest& req) {
+  auto resp = ctx_.client->ReportCheckpointFailure(req);
   if (!resp.ok()) {
-    if (!absl::IsUnavailable(resp.status())) {
+    if (!absl::IsUnavailable(resp.status()) && !absl::IsDeadlineExceeded(resp.status())) {
       Log("checkpoint failure not reported: " + resp.status().ToString());
     }
     Answered(resp.status());
@@ -183,6 +182,11 @@ absl::Status Reporter::CommitFailure(int64_t step, const std::string& path,
   return absl::OkStatus();
 }
 
+absl::Status Reporter::CommitFailure(int64_t step, const std::string& path,
+                                     const absl::Status& error) {
+  return SendFailure(FailureRequest(step, path, error));
+}
+
 bool Reporter::CheckpointFailure(int64_t step, const std::string& path, const absl::Status& error,
                                  CommitFn commit) {
   const v1::ReportCheckpointFailureRequest req = FailureRequest(step, path, error);
@@ -190,15 +194,8 @@ bool Reporter::CheckpointFailure(int64_t step, const std::string& path, const ab
       ->Send({ReportOutbox::Kind::kOther, step,
               "checkpoint step " + std::to_string(step) + "'s failure",
               [this, req, commit] {
-                auto resp = ctx_.client->ReportCheckpointFailure(req);
-                if (!resp.ok()) {
-                  if (!absl::IsUnavailable(resp.status())) {
-                    Log("checkpoint failure not reported: " + resp.status().ToString());
-                  }
-                  Answered(resp.status());
-                  return resp.status();
-                }
-                if (resp->abort()) ended_ = true;
+                absl::Status s = SendFailure(req);
+                if (!s.ok()) return s;
                 return commit ? commit() : absl::OkStatus();
               }})
       .IgnoreError();

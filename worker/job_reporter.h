@@ -102,6 +102,8 @@ class Reporter {
   void Final(const char* what, std::function<absl::Status()> send);
   v1::ReportCheckpointFailureRequest FailureRequest(int64_t step, const std::string& path,
                                                     const absl::Status& error) const;
+  // Sends a checkpoint failure now and takes in its answer (abort: ended_).
+  absl::Status SendFailure(const v1::ReportCheckpointFailureRequest& req);
 
   const RunContext& ctx_;
   const v1::RunAssignment& a_;

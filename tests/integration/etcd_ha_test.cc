@@ -57,6 +57,57 @@ class EtcdHaTest : public ::testing::Test {
   }
   std::string List(const Coordinator& c) { return Cli({"list"}, c.address()).out; }
 
+  // A training job through `coordinators` (retried while none leads): its id.
+  std::string SubmitTraining(const std::vector<std::string>& sets,
+                             const std::string& coordinators) {
+    std::vector<std::string> args = {"submit", kDdpSpec,
+                                     "--set",  "data.train=" + kData,
+                                     "--set",  "checkpoint.dir=" + dir_.path() + "/ckpt",
+                                     "--set",  "eval.every=0"};
+    for (const std::string& set : sets) args.insert(args.end(), {"--set", set});
+    CommandResult sub;
+    WaitFor(
+        [&] {
+          sub = Cli(args, coordinators);
+          return sub.exit_code == 0;
+        },
+        seconds(20));
+    EXPECT_EQ(sub.exit_code, 0) << sub.err;
+    return sub.out.substr(0, sub.out.find('\n'));
+  }
+  // The job's reported step (-1 while no coordinator answers).
+  static int StepOf(const std::string& job, const std::string& coordinators) {
+    std::smatch m;
+    const std::string st = Cli({"status", job, "-o", "json"}, coordinators).out;
+    return std::regex_search(st, m, std::regex("\"step\": (\\d+)")) ? std::stoi(m[1]) : -1;
+  }
+  // Waits for the job to succeed; then how its history compares with the
+  // uninterrupted run's losses `expected`.
+  struct Outcome {
+    bool succeeded = false;
+    size_t steps = 0;
+    double worst = 0;  // max relative loss difference
+    std::string restarts;
+  };
+  static Outcome Finish(const std::string& job, const std::string& coordinators,
+                        const std::vector<double>& expected) {
+    Outcome o;
+    o.succeeded = WaitFor(
+        [&] {
+          return Field(Cli({"status", job, "-o", "json"}, coordinators).out, "state") ==
+                 "SUCCEEDED";
+        },
+        seconds(300));
+    const std::vector<double> got = Losses(Cli({"history", job, "-o", "json"}, coordinators).out);
+    o.steps = got.size();
+    for (size_t s = 0; s < got.size() && s < expected.size(); ++s) {
+      o.worst = std::max(o.worst, std::abs(got[s] - expected[s]) / std::abs(expected[s]));
+    }
+    const std::string r = Field(Cli({"status", job, "-o", "json"}, coordinators).out, "restarts");
+    o.restarts = r.empty() ? "0" : r;
+    return o;
+  }
+
   TempDir dir_;
   std::unique_ptr<EtcdCluster> etcd_;
 };
@@ -163,25 +214,8 @@ TEST_F(EtcdHaTest, ThreeCoordinatorsAndFourWorkersTrainThroughFiveLeaderKills) {
   ASSERT_TRUE(WaitFor([&] { return leader() >= 0; }, seconds(20)));
   std::vector<Process> workers;
   for (int i = 0; i < 4; ++i) workers.push_back(StartWorker(dir_.path(), all, i));
-  std::vector<std::string> args = {"submit", kDdpSpec,
-                                   "--set",  "data.train=" + kData,
-                                   "--set",  "checkpoint.dir=" + dir_.path() + "/ckpt",
-                                   "--set",  "eval.every=0"};
-  for (const std::string& set : sets) args.insert(args.end(), {"--set", set});
-  CommandResult sub;
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        sub = Cli(args, all);
-        return sub.exit_code == 0;
-      },
-      seconds(20)))
-      << sub.err;
-  const std::string job = sub.out.substr(0, sub.out.find('\n'));
-  auto step = [&] {
-    std::smatch m;
-    const std::string st = Cli({"status", job, "-o", "json"}, all).out;
-    return std::regex_search(st, m, std::regex("\"step\": (\\d+)")) ? std::stoi(m[1]) : -1;
-  };
+  const std::string job = SubmitTraining(sets, all);
+  auto step = [&] { return StepOf(job, all); };
   ASSERT_TRUE(WaitFor([&] { return step() >= 5; }, seconds(120)));
   CommandResult watched;
   std::thread watcher([&] { watched = Cli({"watch", job}, all); });
@@ -208,31 +242,20 @@ TEST_F(EtcdHaTest, ThreeCoordinatorsAndFourWorkersTrainThroughFiveLeaderKills) {
                              {"--state", etcd_->url(), "--leader-ttl-s", std::to_string(kTtlS)});
     ASSERT_GT(cs[l].port, 0) << cs[l].process.Log();
   }
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        return Field(Cli({"status", job, "-o", "json"}, all).out, "state") == "SUCCEEDED";
-      },
-      seconds(300)))
-      << Cli({"status", job}, all).out;
+  const Outcome o = Finish(job, all, expected);
+  ASSERT_TRUE(o.succeeded) << Cli({"status", job}, all).out;
   watcher.join();
   EXPECT_EQ(watched.exit_code, 0) << watched.err;
-  const std::vector<double> got = Losses(Cli({"history", job, "-o", "json"}, all).out);
-  ASSERT_EQ(got.size(), size_t(steps));
-  double worst = 0;
-  for (int s = 0; s < steps; ++s) {
-    worst = std::max(worst, std::abs(got[s] - expected[s]) / std::abs(expected[s]));
-  }
-  EXPECT_LE(worst, 1e-6);
-  const std::string status = Cli({"status", job, "-o", "json"}, all).out;
-  const std::string restarts = Field(status, "restarts").empty() ? "0" : Field(status, "restarts");
+  ASSERT_EQ(o.steps, size_t(steps));
+  EXPECT_LE(o.worst, 1e-6);
   std::sort(failovers.begin(), failovers.end());
   std::printf(
       "5 leader kills: the job SUCCEEDED with %zu of %d steps, restarts %s, max relative loss "
       "difference %.3g; failover (kill -> serving) min %.2f s, median %.2f s, max %.2f s "
       "(leader lease TTL %d s); watch printed %ld lines about it\n",
-      got.size(), steps, restarts.c_str(), worst, failovers.front(), failovers[2], failovers.back(),
-      kTtlS, long(std::count(watched.err.begin(), watched.err.end(), '\n')));
-  EXPECT_EQ(restarts, "0");                  // no step re-run: the workers never noticed
+      o.steps, steps, o.restarts.c_str(), o.worst, failovers.front(), failovers[2],
+      failovers.back(), kTtlS, long(std::count(watched.err.begin(), watched.err.end(), '\n')));
+  EXPECT_EQ(o.restarts, "0");                // no step re-run: the workers never noticed
   EXPECT_LE(failovers.back(), kTtlS + 4.0);  // the goal is TTL + 2 s; room for a loaded machine
   EXPECT_LE(std::count(watched.err.begin(), watched.err.end(), '\n'), 5) << watched.err;
 }
@@ -356,18 +379,8 @@ TEST_F(EtcdHaTest, EtcdLosingAMemberChangesNothingAndLosingAMajorityPausesOnlyTh
   std::vector<Process> workers;
   for (int i = 0; i < 2; ++i) workers.push_back(StartWorker(dir_.path(), both, i));
   const std::string ckpt = dir_.path() + "/ckpt";
-  std::vector<std::string> args = {
-      "submit", kDdpSpec,      "--set", "data.train=" + kData, "--set", "checkpoint.dir=" + ckpt,
-      "--set",  "eval.every=0"};
-  for (const std::string& set : sets) args.insert(args.end(), {"--set", set});
-  CommandResult sub = Cli(args, both);
-  ASSERT_EQ(sub.exit_code, 0) << sub.err;
-  const std::string job = sub.out.substr(0, sub.out.find('\n'));
-  auto step = [&] {
-    std::smatch m;
-    const std::string st = Cli({"status", job, "-o", "json"}, both).out;
-    return std::regex_search(st, m, std::regex("\"step\": (\\d+)")) ? std::stoi(m[1]) : -1;
-  };
+  const std::string job = SubmitTraining(sets, both);
+  auto step = [&] { return StepOf(job, both); };
   ASSERT_TRUE(WaitFor([&] { return step() >= 15; }, seconds(120)));
 
   etcd_->Kill(2);  // one of three
@@ -396,26 +409,15 @@ TEST_F(EtcdHaTest, EtcdLosingAMemberChangesNothingAndLosingAMajorityPausesOnlyTh
 
   ASSERT_TRUE(etcd_->Start(1)) << etcd_->Log(1);
   ASSERT_TRUE(etcd_->Start(2)) << etcd_->Log(2);
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        return Field(Cli({"status", job, "-o", "json"}, both).out, "state") == "SUCCEEDED";
-      },
-      seconds(180)))
-      << Cli({"status", job}, both).out << a.process.Log() << b.process.Log();
-  const std::vector<double> got = Losses(Cli({"history", job, "-o", "json"}, both).out);
-  ASSERT_EQ(got.size(), size_t(steps));
-  double worst = 0;
-  for (int s = 0; s < steps; ++s) {
-    worst = std::max(worst, std::abs(got[s] - expected[s]) / std::abs(expected[s]));
-  }
-  EXPECT_LE(worst, 1e-6);
-  const std::string status = Cli({"status", job, "-o", "json"}, both).out;
-  const std::string restarts = Field(status, "restarts").empty() ? "0" : Field(status, "restarts");
+  const Outcome o = Finish(job, both, expected);
+  ASSERT_TRUE(o.succeeded) << Cli({"status", job}, both).out << a.process.Log() << b.process.Log();
+  ASSERT_EQ(o.steps, size_t(steps));
+  EXPECT_LE(o.worst, 1e-6);
   std::printf(
       "etcd: one member down at step %d, two at step %d (the workers trained on past step %d); "
       "back: the job SUCCEEDED with %zu of %d steps, restarts %s, max relative loss difference "
       "%.3g\n",
-      at_one, at_two, past, got.size(), steps, restarts.c_str(), worst);
+      at_one, at_two, past, o.steps, steps, o.restarts.c_str(), o.worst);
 }
 
 }  // namespace
