@@ -364,7 +364,7 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
           // An outage's held commit runs while training goes on: the other
           // ranks' reports may take longer to arrive then.
           CommitTarget t = target;
-          if (!report.sending_now()) t.wait = std::max(t.wait, absl::Minutes(5));
+          if (!report.sending_now()) t.wait = std::max(t.wait, absl::Seconds(60));
           absl::StatusOr<CommitResult> r =
               CommitCheckpoint(*ctx.client, storage, *whole, t, step, report.closing());
           if (absl::IsUnavailable(r.status())) return r.status();  // again, in turn

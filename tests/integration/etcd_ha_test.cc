@@ -47,6 +47,9 @@ class EtcdHaTest : public ::testing::Test {
     return StartCoordinator(d, 10'000, "127.0.0.1:" + std::to_string(FreeLoopbackPort()), "",
                             {"--state", etcd_->url(), "--leader-ttl-s", std::to_string(kTtlS)});
   }
+  static std::string Tail(const std::string& log) {
+    return log.size() > 4000 ? log.substr(log.size() - 4000) : log;
+  }
   static bool Says(const Coordinator& c, const std::string& what) {
     return c.process.Log().find(what) != std::string::npos;
   }
@@ -97,7 +100,7 @@ class EtcdHaTest : public ::testing::Test {
           return Field(Cli({"status", job, "-o", "json"}, coordinators).out, "state") ==
                  "SUCCEEDED";
         },
-        seconds(300));
+        seconds(200));
     const std::vector<double> got = Losses(Cli({"history", job, "-o", "json"}, coordinators).out);
     o.steps = got.size();
     for (size_t s = 0; s < got.size() && s < expected.size(); ++s) {
@@ -236,6 +239,7 @@ TEST_F(EtcdHaTest, ThreeCoordinatorsAndFourWorkersTrainThroughFiveLeaderKills) {
     failovers.push_back(std::chrono::duration<double>(Clock::now() - killed).count());
     std::printf("kill -9 #%d of the leader %s at step %d: %s serving after %.2f s\n", k + 1,
                 cs[l].address().c_str(), at, cs[next].address().c_str(), failovers.back());
+    std::fflush(stdout);  // seen in ctest's log even if a later wait times out
     const std::string port = cs[l].address().substr(cs[l].address().rfind(':') + 1);
     cs[l] = StartCoordinator(dir_.path() + "/" + std::string(1, char('a' + l)), 10'000,
                              "127.0.0.1:" + port, "",
@@ -243,7 +247,12 @@ TEST_F(EtcdHaTest, ThreeCoordinatorsAndFourWorkersTrainThroughFiveLeaderKills) {
     ASSERT_GT(cs[l].port, 0) << cs[l].process.Log();
   }
   const Outcome o = Finish(job, all, expected);
-  ASSERT_TRUE(o.succeeded) << Cli({"status", job}, all).out;
+  if (!o.succeeded) {
+    std::string logs;
+    for (Coordinator& c : cs) logs += "\n--- coordinator:\n" + Tail(c.process.Log());
+    for (Process& w : workers) logs += "\n--- worker:\n" + Tail(w.Log());
+    FAIL() << Cli({"status", job}, all).out << logs;
+  }
   watcher.join();
   EXPECT_EQ(watched.exit_code, 0) << watched.err;
   ASSERT_EQ(o.steps, size_t(steps));
