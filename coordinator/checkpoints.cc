@@ -111,6 +111,13 @@ absl::StatusOr<v1::WaitCheckpointShardsResponse> Coordinator::WaitCheckpointShar
     }
     const auto* shards = Find(e->shards, req.step());
     const auto* failures = Find(e->shard_failures, req.step());
+    // A step committed already, whose reports were let go with the commit:
+    // rank 0 re-sending a commit it kept through a restart. Nothing to wait
+    // for, nothing to commit again.
+    if (!shards && !failures && req.step() <= e->job.progress().last_committed_checkpoint_step()) {
+      return absl::AlreadyExistsError(absl::StrCat("checkpoint step ", req.step(), " of job ",
+                                                   req.job_id(), " is committed already"));
+    }
     const int reported = RanksReported(shards, failures);
     if (reported == e->job.world()) {
       v1::WaitCheckpointShardsResponse resp;

@@ -139,7 +139,8 @@ class Coordinator {
   absl::StatusOr<bool> ReportCheckpoint(const v1::ReportCheckpointRequest& req);
   // Waits up to wait_ms for every rank's report of the step, its shard or
   // its failure, then returns them in rank order. DEADLINE_EXCEEDED naming
-  // how many reported.
+  // how many reported; ALREADY_EXISTS at once for a step committed already
+  // whose reports are gone (a commit re-sent after a restart).
   absl::StatusOr<v1::WaitCheckpointShardsResponse> WaitCheckpointShards(
       const v1::WaitCheckpointShardsRequest& req);
   // Rank 0's commit of a step whose manifest it wrote: recorded durably

@@ -54,7 +54,9 @@ struct CommitResult {
 // Commits checkpoint `step` (steps 1-4 above). Waits in slices of at most a
 // second, and gives up when `stop` is set. Any error means the step is not
 // committed; training may go on. Errors: DEADLINE_EXCEEDED when some rank's
-// report did not arrive within target.wait; FAILED_PRECONDITION when a rank
+// report did not arrive within target.wait; ALREADY_EXISTS when the step was
+// committed already (a commit re-sent after a coordinator restart: nothing
+// is written or removed); FAILED_PRECONDITION when a rank
 // reported it could not write its shard (naming the rank, the cause and the
 // path), a reported shard file is not in rank 0's step directory (the ranks
 // do not share checkpoint.dir) or the coordinator no longer holds every

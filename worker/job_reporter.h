@@ -51,6 +51,10 @@ class Reporter {
   absl::Status Checkpoint(const checkpoint::ShardFileInfo& info, const std::string& path,
                           int64_t step, CommitFn commit);
 
+  // Rank 0: the commit of `step` came to an end (committed, or given up):
+  // the shard reports kept for a coordinator restart go.
+  void Settled(int64_t step) { outbox_->ForgetKept(ReportOutbox::Kind::kShard, step + 1); }
+
   // Logs rank 0's commit of `step` (CommitCheckpoint); a cleanup cut short
   // is a job event. A step it could not commit is the caller's to report
   // (CommitFailure). Training goes on either way: an uncommitted step is

@@ -368,6 +368,11 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
           absl::StatusOr<CommitResult> r =
               CommitCheckpoint(*ctx.client, storage, *whole, t, step, report.closing());
           if (absl::IsUnavailable(r.status())) return r.status();  // again, in turn
+          report.Settled(step);  // committed or not, never to be re-sent
+          if (absl::IsAlreadyExists(r.status())) {
+            report.Log("checkpoint step " + std::to_string(step) + " was committed already");
+            return absl::OkStatus();
+          }
           report.Commit(r, step);
           // Why the commit failed, unless this rank said so already (its own
           // shard) or there is nobody to tell (a generation that is over, a

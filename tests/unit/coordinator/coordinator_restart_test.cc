@@ -273,6 +273,16 @@ TEST_F(RestartReportsTest, AnswersSayWhatARankMustKeepAndReSentReportsCountOnce)
   auto resent = Shard(0, 1);
   ASSERT_TRUE(resent.ok()) << resent.status();
   EXPECT_TRUE(*resent);  // committed already: nothing to hold
+  // ...and its commit, re-sent with it, is answered at once, not waited on.
+  v1::WaitCheckpointShardsRequest w;
+  w.set_job_id(job_);
+  w.set_generation(1);
+  w.set_worker_id(workers_[0]);
+  w.set_rank(0);
+  w.set_step(1);
+  w.set_wait_ms(60'000);
+  auto waited = core_->WaitCheckpointShards(Fenced(w));
+  EXPECT_TRUE(absl::IsAlreadyExists(waited.status())) << waited.status();
   // A re-sent step 1 (whole before the restart) is not a second step 1.
   ASSERT_TRUE(Report(0, 1).ok());
   ASSERT_TRUE(Report(1, 1).ok());
