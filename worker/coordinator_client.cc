@@ -226,9 +226,10 @@ absl::Status CoordinatorClient::KvSet(const v1::KvSetRequest& r) {
 
 absl::StatusOr<std::string> CoordinatorClient::KvGet(const v1::KvGetRequest& r) {
   v1::KvGetResponse resp;
-  grpc::Status s = Invoke([&](v1::Coordinator::Stub& stub,
-                              grpc::ClientContext* ctx) { return stub.KvGet(ctx, r, &resp); },
-                          r.wait_ms(), /*deadline_is_an_answer=*/true);  // the server waits up to wait_ms
+  grpc::Status s =
+      Invoke([&](v1::Coordinator::Stub& stub,
+                 grpc::ClientContext* ctx) { return stub.KvGet(ctx, r, &resp); },
+             r.wait_ms(), /*deadline_is_an_answer=*/true);  // the server waits up to wait_ms
   if (!s.ok()) return FromGrpcStatus(s, "KvGet to " + current_address());
   return resp.value();
 }
