@@ -43,6 +43,8 @@ class Handler : public CivetHandler {
     std::string uri = info != nullptr && info->local_uri != nullptr ? info->local_uri : "";
     if (uri == "/metrics") {
       Reply(conn, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", registry_->Serialize());
+    } else if (uri == "/livez") {
+      Reply(conn, 200, "OK", "text/plain; charset=utf-8", "ok\n");
     } else if (uri == "/healthz") {
       if (!healthy_ || healthy_()) {
         Reply(conn, 200, "OK", "text/plain; charset=utf-8", "ok\n");

@@ -5,7 +5,9 @@
 //   GET /metrics  200, Content-Type "text/plain; version=0.0.4; charset=utf-8",
 //                 body = registry->Serialize()
 //   GET /healthz  200 "ok\n" when healthy() is true (or no callback given),
-//                 503 "unhealthy\n" otherwise
+//                 503 "unhealthy\n" otherwise (readiness: a coordinator that
+//                 stands by is alive but not ready)
+//   GET /livez    200 "ok\n" while the process serves (liveness)
 //   anything else 404
 //
 // Thread-safe; requests are served on civetweb's own threads, so `registry`

@@ -184,9 +184,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{100}, int64_t{600'000}));
   app.add_option("--metrics-listen", flags.metrics_listen,
-                 "HTTP address for /metrics and /healthz, HOST:PORT (e.g. 127.0.0.1:9090; port 0 "
-                 "allowed); off when empty. /healthz is 503 on a standby (etcd): a readiness "
-                 "check, not a liveness one");
+                 "HTTP address for /metrics, /healthz and /livez, HOST:PORT (e.g. 127.0.0.1:9090; "
+                 "port 0 allowed); off when empty. /healthz is 503 on a standby (etcd): a "
+                 "readiness check; /livez is 200 on leader and standby alike: a liveness check");
   app.add_option("--port-file", flags.port_file,
                  "write the chosen gRPC port (line 1) and metrics port (line 2, if any) here");
   app.add_option("--lease-ms", flags.lease_ms, "a worker silent for this long is declared DEAD")

@@ -12,7 +12,10 @@ programs serve, the Grafana dashboard's metrics are exported by the programs,
 and the storage rule holds (every worker mounts the one shared volume at its
 working directory; the coordinator mounts only its state). deploy/Dockerfile
 builds only the three programs, runs as the uid the manifests use and creates
-the paths they mount.
+the paths they mount. deploy/k8s/shardtrain.yaml and shardtrain-ha.yaml are
+alternatives (one is applied): the Kubernetes checks run once with each and
+the other files; with the HA one, etcd's StatefulSet, the coordinators' etcd
+URL, --advertise, probes and update strategy are checked too.
 
   check_references.py --source-dir DIR --bin-dir DIR [--self-test]
 
@@ -30,8 +33,8 @@ import re
 import sys
 
 from refs_common import IMAGE_UID, Programs, check_image
-from refs_compose import check_compose, load_compose
-from refs_k8s import check_k8s, load_k8s
+from refs_compose import check_compose, load_compose, merge_compose
+from refs_k8s import HA_SET, SINGLE_SET, alternative_sets, check_k8s_sets, load_k8s
 
 
 # Dockerfile
@@ -103,29 +106,46 @@ def check_dockerfile(text, dockerignore, where):
 
 # ---------------------------------------------------------------------------
 
-def run_all(compose_raw, k8s_objs, dockerfile, dockerignore, progs, a):
+# deploy/docker-compose.ha.yml, read by main(): checked layered over the base
+# file, as compose runs it.
+HA_OVERRIDE = {}
+
+
+def run_all(compose_raw, k8s_sets, dockerfile, dockerignore, progs, a, ha=None):
     compose_path = os.path.join(a.source_dir, "deploy", "docker-compose.yml")
+    ha_merged = merge_compose(compose_raw, HA_OVERRIDE if ha is None else ha)
     return (check_compose(compose_raw, progs, a.source_dir, compose_path)
-            + check_k8s(k8s_objs, progs, a.source_dir)
+            + check_compose(ha_merged, progs, a.source_dir, compose_path,
+                            where="deploy/docker-compose.yml + docker-compose.ha.yml")
+            + check_k8s_sets(k8s_sets, progs, a.source_dir)
             + check_dockerfile(dockerfile, dockerignore, "deploy/Dockerfile"))
 
 
-def self_test(compose_raw, k8s_objs, dockerfile, dockerignore, progs, a):
+def self_test(compose_raw, k8s_sets, dockerfile, dockerignore, progs, a):
     failures = []
-    if run_all(compose_raw, k8s_objs, dockerfile, dockerignore, progs, a):
+    if run_all(compose_raw, k8s_sets, dockerfile, dockerignore, progs, a):
         return ["self-test: the files are not clean to begin with"]
 
-    def expect(what, needle, compose=None, k8s=None, docker=None):
-        got = run_all(compose if compose is not None else compose_raw, k8s if k8s is not None else k8s_objs,
-                      docker if docker is not None else dockerfile, dockerignore, progs, a)
+    # k8s: the objects of set k8s_set, broken; the other sets as they are. A
+    # break of k8s alone runs the k8s checks alone (the rest is clean, above).
+    def expect(what, needle, compose=None, k8s=None, docker=None, ha=None, k8s_set=SINGLE_SET):
+        sets = k8s_sets if k8s is None else {**k8s_sets, k8s_set: k8s}
+        if k8s is not None and compose is None and docker is None and ha is None:
+            got = check_k8s_sets(sets, progs, a.source_dir)
+        else:
+            got = run_all(compose if compose is not None else compose_raw, sets,
+                          docker if docker is not None else dockerfile, dockerignore, progs, a, ha=ha)
         if not any(needle in g for g in got):
             failures.append(f"self-test: {what} was not reported (wanted {needle!r}, got {got or 'nothing'})")
 
     def c():
         return copy.deepcopy(compose_raw)
 
-    def k():
-        return copy.deepcopy(k8s_objs)
+    def h():
+        return copy.deepcopy(HA_OVERRIDE)
+
+    def k(k8s_set=SINGLE_SET):
+        return copy.deepcopy(k8s_sets[k8s_set])
 
     def k8s_container(objs, kind, name):
         o = next(o for _, o in objs if o["kind"] == kind and o["metadata"]["name"] == name)
@@ -153,6 +173,18 @@ def self_test(compose_raw, k8s_objs, dockerfile, dockerignore, progs, a):
     expect("a value out of range", "--threads 0 outside [1, 1024]", compose=d)
     d = c(); d["services"]["prometheus"]["volumes"][0] = "./prometheus.yaml:/etc/prometheus/prometheus.yml:ro"
     expect("a missing bind mount source", "bind mount source ./prometheus.yaml does not exist", compose=d)
+    d = h(); d["services"]["coordinator-2"]["command"][4:6] = ["--state-dir", "/var/lib/shardtrain"]
+    expect("a standby on SQLite beside an etcd leader", "do not share one etcd --state", ha=d)
+    d = h(); d["services"]["submit"]["command"][4] = "coordinator:7070"
+    expect("a client that cannot follow the leader", "leaves out ['coordinator-2']", ha=d)
+    d = h(); d["services"]["coordinator-2"]["command"][7] = "coordinator:7070"
+    expect("a coordinator advertising another's address", "--advertise coordinator:7070 is not coordinator-2:7070", ha=d)
+    d = h(); d["services"]["coordinator-2"]["command"][5] = "etcd://etcd-1:2379,etcd-4:2379"
+    expect("an etcd URL naming no member", "--state names etcd-4:2379", ha=d)
+    d = h(); d["services"]["etcd-3"]["command"][14] = "etcd-1=http://etcd-1:2380,etcd-2=http://etcd-2:2380"
+    expect("an initial cluster without a member", "does not list exactly the etcd services", ha=d)
+    d = h(); d["services"]["coordinator-2"]["healthcheck"]["test"][-1] = "http://127.0.0.1:9090/healthz"
+    expect("a standby's healthcheck on /healthz", "healthcheck path /healthz is not /livez", ha=d)
 
     o = k(); _, ct = k8s_container(o, "StatefulSet", "shardtrain-worker")
     ct["readinessProbe"]["httpGet"]["port"] = "metric"
@@ -184,6 +216,88 @@ def self_test(compose_raw, k8s_objs, dockerfile, dockerignore, progs, a):
     o = k(); _, ct = k8s_container(o, "Job", "shardtrain-submit-example")
     ct["command"][2] = "examples/fortunes-dp.yaml"
     expect("a missing example spec", "is not one of examples/", k8s=o)
+    o = k(); sts, _ = k8s_container(o, "StatefulSet", "shardtrain-coordinator")
+    sts["spec"]["replicas"] = 2
+    expect("two coordinators on one SQLite state", "2 replicas on SQLite", k8s=o)
+
+    # The HA set: etcd, and coordinators that elect a leader on it.
+    def ha(kind, name):
+        o = k(HA_SET)
+        return (o,) + k8s_container(o, kind, name)
+
+    def ha_coordinator():
+        return ha("Deployment", "shardtrain-coordinator")
+
+    def ha_etcd():
+        return ha("StatefulSet", "shardtrain-etcd")
+
+    def ha_object(o, kind, name):
+        return next(x for _, x in o if x["kind"] == kind and x["metadata"]["name"] == name)
+
+    def etcd_flag(ct, flag, value):  # etcd's --flag=value
+        i = next(i for i, x in enumerate(ct["command"]) if x.startswith(flag + "="))
+        ct["command"][i] = f"{flag}={value}"
+
+    o, _, ct = ha_coordinator(); i = ct["command"].index("--state")
+    ct["command"][i:i + 2] = ["--state-dir", "/tmp"]
+    expect("two coordinators on SQLite", "2 replicas on SQLite", k8s=o, k8s_set=HA_SET)
+    o, _, ct = ha_coordinator(); i = ct["command"].index("--state") + 1
+    ct["command"][i] = ct["command"][i].replace("etcd-2.shardtrain-etcd", "etcd-3.shardtrain-etcd")
+    expect("an etcd URL naming no member", "StatefulSet/shardtrain-etcd has no pod shardtrain-etcd-3",
+           k8s=o, k8s_set=HA_SET)
+    o, _, ct = ha_coordinator(); ct["command"][ct["command"].index("--state") + 1] = "etcd://etcd-0:2379"
+    expect("an etcd URL naming no Service", "which is no <pod>.<service>:PORT", k8s=o, k8s_set=HA_SET)
+    o, _, ct = ha_coordinator(); i = ct["command"].index("--state") + 1
+    ct["command"][i] = ct["command"][i].replace(":2379", ":2380")
+    expect("an etcd URL on the peer port", "has no port 2380 leading to the members' client port 2379",
+           k8s=o, k8s_set=HA_SET)
+    o, _, ct = ha_coordinator(); i = ct["command"].index("--state") + 1
+    ct["command"][i] = ct["command"][i].split(",")[0]
+    expect("an etcd URL naming one member of 3", "--state leaves out", k8s=o, k8s_set=HA_SET)
+    o, _, ct = ha_coordinator(); ct["livenessProbe"]["httpGet"]["path"] = "/healthz"
+    expect("a standby's liveness on /healthz", "livenessProbe path /healthz is not /livez", k8s=o, k8s_set=HA_SET)
+    o, dep, _ = ha_coordinator(); dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] = 1
+    expect("a rolling update that stalls", "maxUnavailable 1 of 2 replicas", k8s=o, k8s_set=HA_SET)
+    o, dep, _ = ha_coordinator(); del dep["spec"]["strategy"]
+    expect("the default rolling update", "maxUnavailable 25% of 2 replicas", k8s=o, k8s_set=HA_SET)
+    o, _, ct = ha_coordinator(); i = ct["command"].index("--advertise")
+    del ct["command"][i:i + 2]
+    expect("a coordinator on etcd without --advertise", "on etcd without --advertise", k8s=o, k8s_set=HA_SET)
+    o, _, ct = ha_coordinator(); ct["command"][ct["command"].index("--advertise") + 1] = "shardtrain-coordinator:7070"
+    expect("coordinators advertising one address", "is not the pod's own address", k8s=o, k8s_set=HA_SET)
+    o, _, ct = ha_coordinator(); ct["readinessProbe"].update(periodSeconds=10, failureThreshold=3)
+    expect("a slow readiness probe", "would follow a change of leader up to 30 s late", k8s=o, k8s_set=HA_SET)
+    o, dep, _ = ha_coordinator(); del dep["spec"]["template"]["spec"]["affinity"]
+    expect("coordinators free to share a node", "no podAntiAffinity on kubernetes.io/hostname", k8s=o, k8s_set=HA_SET)
+    o, _, _ = ha_coordinator()
+    ha_object(o, "Service", "shardtrain-coordinator")["spec"]["publishNotReadyAddresses"] = True
+    expect("a Service leading to standbys", "publishNotReadyAddresses: it would lead to standby", k8s=o,
+           k8s_set=HA_SET)
+    o, _, et = ha_etcd()
+    etcd_flag(et, "--initial-cluster", ",".join(f"shardtrain-etcd-{i}=http://shardtrain-etcd-{i}.shardtrain-etcd:2380"
+                                                for i in range(2)))
+    expect("an initial cluster without a member", "--initial-cluster does not name exactly its 3 replicas",
+           k8s=o, k8s_set=HA_SET)
+    o, sts, _ = ha_etcd(); sts["spec"]["replicas"] = 5
+    expect("more members than the initial cluster", "--initial-cluster does not name exactly its 5", k8s=o,
+           k8s_set=HA_SET)
+    o, sts, _ = ha_etcd(); del sts["spec"]["podManagementPolicy"]
+    expect("members started one by one", "podManagementPolicy OrderedReady", k8s=o, k8s_set=HA_SET)
+    o, _, _ = ha_etcd(); del ha_object(o, "Service", "shardtrain-etcd")["spec"]["publishNotReadyAddresses"]
+    expect("member names that do not resolve before Ready", "lacks publishNotReadyAddresses", k8s=o,
+           k8s_set=HA_SET)
+    o, _, et = ha_etcd(); etcd_flag(et, "--advertise-client-urls", "http://shardtrain-etcd:2379")
+    expect("a member advertising another name", "is not one URL of the member's own name", k8s=o, k8s_set=HA_SET)
+    o, _, et = ha_etcd(); etcd_flag(et, "--data-dir", "/var/lib/etcd/data")
+    expect("a member's data off its claim", "--data-dir /var/lib/etcd/data is not the mount point", k8s=o,
+           k8s_set=HA_SET)
+    o, _, et = ha_etcd(); etcd_flag(et, "--name", "$(POD_NAMES)")
+    expect("an etcd $(VAR) that is no env var", "$(POD_NAMES) is not an env var", k8s=o, k8s_set=HA_SET)
+    o, _, _ = ha_etcd(); del ha_object(o, "NetworkPolicy", "shardtrain-etcd")["spec"]["ingress"][0]["from"][0]
+    expect("a NetworkPolicy that shuts the coordinators out", "a NetworkPolicy keeps the coordinator from",
+           k8s=o, k8s_set=HA_SET)
+    expect("both alternatives applied together", "is also defined in",
+           k8s=k(HA_SET) + [x for x in k() if x[0] == SINGLE_SET], k8s_set=HA_SET)
 
     expect("scripts/setup run whole", "runs scripts/setup without --only",
            docker=dockerfile.replace("scripts/setup --only build", "scripts/setup"))
@@ -203,22 +317,24 @@ def main():
     src = a.source_dir
     progs = Programs(a.bin_dir)
     compose_raw = load_compose(os.path.join(src, "deploy", "docker-compose.yml"))
-    k8s_objs = load_k8s(sorted(glob.glob(os.path.join(src, "deploy", "k8s", "*.yaml"))))
+    HA_OVERRIDE.update(load_compose(os.path.join(src, "deploy", "docker-compose.ha.yml")))
+    k8s_sets = alternative_sets(load_k8s(sorted(glob.glob(os.path.join(src, "deploy", "k8s", "*.yaml")))))
     with open(os.path.join(src, "deploy", "Dockerfile")) as f:
         dockerfile = f.read()
     ignore_path = os.path.join(src, ".dockerignore")
     dockerignore = open(ignore_path).read() if os.path.exists(ignore_path) else ""
-    problems = run_all(compose_raw, k8s_objs, dockerfile, dockerignore, progs, a)
+    problems = run_all(compose_raw, k8s_sets, dockerfile, dockerignore, progs, a)
     if a.self_test:
-        problems += self_test(compose_raw, k8s_objs, dockerfile, dockerignore, progs, a)
+        problems += self_test(compose_raw, k8s_sets, dockerfile, dockerignore, progs, a)
     for p in problems:
         print(p)
     if problems:
         print(f"check_references: {len(problems)} problem(s)")
         return 1
-    n_k8s = len(k8s_objs)
+    n_k8s = ", ".join(f"{len(objs)} with {name}" for name, objs in k8s_sets.items())
     print(f"check_references: docker-compose.yml ({len(compose_raw['services'])} services), "
-          f"{n_k8s} Kubernetes objects, the Dockerfile{', the self-test' if a.self_test else ''}: OK")
+          f"with docker-compose.ha.yml ({len(HA_OVERRIDE['services'])} services layered), "
+          f"Kubernetes objects ({n_k8s}), the Dockerfile{', the self-test' if a.self_test else ''}: OK")
     return 0
 
 

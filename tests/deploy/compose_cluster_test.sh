@@ -17,6 +17,15 @@
 #     prometheus binary (the test machine's) stands in, run inside the
 #     cluster's network from the shardtrain image, with the compose file's
 #     own prometheus.yml.
+# Then, on the same image, the high-availability layer
+# (deploy/docker-compose.ha.yml over the base file: 3 etcd members, 2
+# coordinators) trains the same job while the leading coordinator's container
+# is killed (SIGKILL) mid-run, and requires the other to lead (the failover's
+# time is printed), the job to SUCCEED with the same losses as `shardtrain
+# local`, and the killed one, started again, to stand by (/healthz 503). The
+# pinned etcd image is replaced the same way: Debian's etcd and etcdctl
+# (etcd-server, etcd-client) run in the shardtrain image with the file's
+# command lines.
 # Ports are not published: the test's compose file is deploy/docker-compose.yml
 # without `ports` (written to a temporary directory), and every request runs
 # inside the cluster's own network.
@@ -51,7 +60,7 @@ say() { echo "[compose-test +$(($(date +%s) - T0))s] $*"; }
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=$(command -v python3 || true)
 [ -n "$PY" ] && "$PY" -c "import yaml" 2>/dev/null || skip "python3 with PyYAML not found"
-for tool in docker-compose promtool prometheus; do
+for tool in docker-compose promtool prometheus etcd etcdctl; do
   command -v "$tool" >/dev/null || skip "$tool not found (scripts/setup installs it)"
 done
 # Debian's docker CLI speaks to Debian's engine (another docker on PATH may
@@ -140,9 +149,10 @@ for service in doc["services"].values():
     service.pop("ports", None)
 yaml.safe_dump(doc, open(sys.argv[2], "w"), sort_keys=False)
 EOF
+COMPOSE_FILES=(-f "$COMPOSE_FILE")
 compose() {
   SHARDTRAIN_VERSION="$TAG" docker-compose --compatibility -p "$PROJECT" \
-    --project-directory "$ROOT/deploy" -f "$COMPOSE_FILE" "$@"
+    --project-directory "$ROOT/deploy" "${COMPOSE_FILES[@]}" "$@"
 }
 say "compose up: coordinator, init-shared, worker x4 (project $PROJECT)"
 compose up -d --no-build coordinator init-shared worker >"$WORK/up.log" 2>&1 ||
@@ -152,11 +162,15 @@ COORD=$(containers coordinator)
 mapfile -t WORKERS < <(containers worker)
 [ "${#WORKERS[@]}" = 4 ] || { echo "FAIL: ${#WORKERS[@]} worker containers, want 4"; exit 1; }
 health() { "$DOCKER" inspect -f '{{.State.Health.Status}}' "$1" 2>/dev/null || echo gone; }
+name_of() { "$DOCKER" inspect -f '{{.Name}}' "$1" | sed 's|^/||'; }
+# wait_healthy [CONTAINER...]: every one healthy within 90 s (default: the
+# coordinator and the workers).
 wait_healthy() {
   local deadline=$(($(date +%s) + 90)) c
+  [ $# -gt 0 ] || set -- "$COORD" "${WORKERS[@]}"
   while :; do
     local bad=""
-    for c in "$COORD" "${WORKERS[@]}"; do [ "$(health "$c")" = healthy ] || bad="$bad $c"; done
+    for c in "$@"; do [ "$(health "$c")" = healthy ] || bad="$bad $(name_of "$c")"; done
     [ -z "$bad" ] && return 0
     [ "$(date +%s)" -lt "$deadline" ] || { echo "FAIL: not healthy:$bad"; return 1; }
     sleep 1
@@ -265,4 +279,91 @@ EOF
   sleep 2
 done
 say "Prometheus: every target up (1 coordinator + 4 workers)"
+"$DOCKER" rm -f "$PROM" >/dev/null && PROM=""
+
+# ---- high availability: deploy/docker-compose.ha.yml over the base file
+# (3 etcd members, 2 coordinators on them). The leader's container is killed
+# mid-run: the standby takes over, the workers train through it, and the job
+# ends as the uninterrupted `shardtrain local` run above. etcd's pinned image
+# comes from no registry here: Debian's etcd and etcdctl (this machine's, as
+# Prometheus above) run in the shardtrain image with the file's commands.
+say "phase 2, high availability: compose down, then the HA layer"
+compose down -v --remove-orphans --timeout 5 >/dev/null 2>&1
+HA_FILE="$WORK/docker-compose.ha.yml"
+"$PY" - "$ROOT/deploy/docker-compose.ha.yml" "$HA_FILE" "$(command -v etcd)" \
+  "$(command -v etcdctl)" <<'EOF2'
+import sys, yaml
+doc = yaml.safe_load(open(sys.argv[1]))
+for name, service in doc["services"].items():
+    service.pop("ports", None)
+    if service.get("image", "").startswith("gcr.io/etcd-development/etcd:"):
+        service["image"] = "shardtrain:${SHARDTRAIN_VERSION}"
+        service["user"] = "0:0"  # the member's data volume, as etcd's own image runs
+        service["volumes"] = service.get("volumes", []) + [
+            f"{sys.argv[3]}:/usr/local/bin/etcd:ro", f"{sys.argv[4]}:/usr/local/bin/etcdctl:ro"]
+yaml.safe_dump(doc, open(sys.argv[2], "w"), sort_keys=False)
+EOF2
+COMPOSE_FILES=(-f "$COMPOSE_FILE" -f "$HA_FILE")
+compose up -d --no-build etcd-1 etcd-2 etcd-3 coordinator coordinator-2 init-shared worker \
+  >"$WORK/up-ha.log" 2>&1 || { cat "$WORK/up-ha.log"; exit 1; }
+mapfile -t ETCD < <(containers etcd-1 etcd-2 etcd-3)
+COORDS=("$(containers coordinator)" "$(containers coordinator-2)")
+mapfile -t WORKERS < <(containers worker)
+wait_healthy "${ETCD[@]}" "${COORDS[@]}" "${WORKERS[@]}"
+healthz() {  # the HTTP status of a coordinator's /healthz: 200 leads, 503 stands by
+  "$DOCKER" exec "$1" curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:9090/healthz \
+    2>/dev/null || echo down
+}
+leader() {  # the coordinators whose /healthz is 200, one a line
+  local c
+  for c in "${COORDS[@]}"; do if [ "$(healthz "$c")" = 200 ]; then echo "$c"; fi; done
+}
+deadline=$(($(date +%s) + 60))
+until [ "$(leader | wc -l)" = 1 ]; do
+  [ "$(date +%s)" -lt "$deadline" ] || { echo "FAIL: no single leader in 60 s"; exit 1; }
+  sleep 0.5
+done
+LEADER=$(leader)
+say "healthy: 3 etcd members, 2 coordinators (leader $(name_of "$LEADER"), the other \
+/healthz $(healthz "$(for c in "${COORDS[@]}"; do [ "$c" != "$LEADER" ] && echo "$c"; done)")), 4 workers"
+BOTH=coordinator:7070,coordinator-2:7070
+cli() { "$DOCKER" exec -e SHARDTRAIN_COORDINATOR="$BOTH" "${WORKERS[0]}" shardtrain "$@"; }
+JOB=$("$DOCKER" exec "${WORKERS[0]}" sh -c "cd /opt/shardtrain && shardtrain submit \
+  examples/fortunes-ddp.yaml --coordinator $BOTH ${SETS[*]}" | tail -1)
+say "submitted $JOB through $BOTH"
+deadline=$(($(date +%s) + 120))
+until [ "$(job_step)" -ge "$KILL_AFTER_STEP" ]; do
+  [ "$(date +%s)" -lt "$deadline" ] || { echo "FAIL: no step $KILL_AFTER_STEP in 120 s"; exit 1; }
+  sleep 0.3
+done
+say "step $(job_step): docker kill $(name_of "$LEADER") (the leader)"
+k0=$(date +%s%N)
+"$DOCKER" kill "$LEADER" >/dev/null
+deadline=$(($(date +%s) + 60))
+until [ -n "$(leader)" ]; do
+  [ "$(date +%s)" -lt "$deadline" ] || { echo "FAIL: no new leader 60 s after the kill"; exit 1; }
+  sleep 0.2
+done
+NEW=$(leader)
+say "failover: $(name_of "$NEW") leads $(( ($(date +%s%N) - k0) / 1000000 )) ms after the kill \
+(--leader-ttl-s 5)"
+"$DOCKER" start "$LEADER" >/dev/null
+deadline=$(($(date +%s) + 240))
+while :; do
+  state=$(job_state)
+  case "$state" in SUCCEEDED|FAILED|CANCELLED) break ;; esac
+  [ "$(date +%s)" -lt "$deadline" ] || { echo "FAIL: still $state after 240 s"; exit 1; }
+  sleep 1
+done
+restarts=$(cli status "$JOB" -o json | field ".get('restarts', 0)")
+say "job $JOB: $state, restarts $restarts"
+[ "$state" = SUCCEEDED ] || { cli status "$JOB"; exit 1; }
+wait_healthy "${COORDS[@]}"
+[ "$(healthz "$LEADER")" = 503 ] || { echo "FAIL: the old leader, back, is not a standby \
+(/healthz $(healthz "$LEADER"))"; exit 1; }
+say "$(name_of "$LEADER") is back as the standby (/livez healthy, /healthz 503)"
+cli history "$JOB" -o json >"$WORK/cluster-ha.json"
+"$PY" tests/deploy/compare_losses.py "$WORK/cluster-ha.json" "$WORK/local.json" "$STEPS" \
+  "the HA compose cluster" || exit 1
+cli checkpoints "$JOB"
 say "PASS in $(($(date +%s) - T0)) s (teardown follows: containers, network, volumes, image tag)"

@@ -41,6 +41,67 @@ def load_compose(path):
     return json.loads(json.dumps(raw))
 
 
+def merge_compose(base, override):
+    """`docker compose -f base -f override`, for what the override files
+    here use: mappings merge key by key, anything else (command,
+    healthcheck.test, ports of a new service) is replaced. deploy_compose runs
+    compose's own merge (`docker-compose config`) on the same files."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for k, v in override.items():
+            out[k] = merge_compose(base[k], v) if k in base else v
+        return out
+    return override
+
+
+def etcd_flags(argv):
+    """etcd's --flag value / --flag=value pairs."""
+    flags, i = {}, 1
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--") and "=" in a:
+            k, _, v = a.partition("=")
+            flags[k] = v
+        elif a.startswith("--") and i + 1 < len(argv):
+            flags[a] = argv[i + 1]
+            i += 1
+        i += 1
+    return flags
+
+
+def check_etcd_members(services, info, where):
+    """The etcd services: each names itself in one --initial-cluster that
+    lists exactly them at their peer URLs, advertises its own client URL and
+    keeps its data on a named volume."""
+    problems, members = [], {}
+    for name, f in info.items():
+        if not image_repo_tag(f["svc"].get("image", ""))[0].endswith("/etcd"):
+            continue
+        w = f"{where}: services.{name}"
+        flags = etcd_flags(compose_argv(f["svc"]) or [])
+        members[name] = flags
+        if flags.get("--name") != name:
+            problems.append(f"{w}: etcd --name {flags.get('--name')} is not the service's name")
+        if flags.get("--advertise-client-urls") != f"http://{name}:2379":
+            problems.append(f"{w}: --advertise-client-urls {flags.get('--advertise-client-urls')} "
+                            f"is not http://{name}:2379")
+        data = flags.get("--data-dir")
+        if data not in f["mounts"] or f["mounts"][data].startswith((".", "/")):
+            problems.append(f"{w}: --data-dir {data} is not a named volume's mount point")
+    for name, flags in members.items():
+        cluster = dict(m.split("=", 1) for m in (flags.get("--initial-cluster") or "").split(",") if "=" in m)
+        want = {n: f"http://{n}:2380" for n in members}
+        if cluster != want:
+            problems.append(f"{where}: services.{name}: --initial-cluster {flags.get('--initial-cluster')} "
+                            f"does not list exactly the etcd services {sorted(members)} at their peer URLs")
+        if flags.get("--initial-advertise-peer-urls") != want[name]:
+            problems.append(f"{where}: services.{name}: --initial-advertise-peer-urls is not {want[name]}")
+    if members and len(members) % 2 == 0:
+        problems.append(f"{where}: {len(members)} etcd members: an even count tolerates no more "
+                        f"failures than one fewer")
+    return problems, members
+
+
 def compose_argv(svc):
     """entrypoint + command (the images have no ENTRYPOINT of their own)."""
     parts = [svc.get(k) for k in ("entrypoint", "command")]
@@ -49,9 +110,10 @@ def compose_argv(svc):
     return [a for p in parts if p is not None for a in (p if isinstance(p, list) else shlex.split(p))]
 
 
-def check_compose(raw, progs, source_dir, compose_path):
+def check_compose(raw, progs, source_dir, compose_path, where=None):
+    """`where` names the file(s) in problems (default: compose_path)."""
     problems = []
-    where = os.path.relpath(compose_path, source_dir)
+    where = where or os.path.relpath(compose_path, source_dir)
     d = interpolate(raw, problems, where)
     services = d.get("services") or {}
     declared = set((d.get("volumes") or {}).keys())
@@ -127,37 +189,67 @@ def check_compose(raw, progs, source_dir, compose_path):
                 problems.append(f"{w}: no --metrics-listen port: nothing for the healthcheck")
             test = " ".join(map(str, (svc.get("healthcheck") or {}).get("test") or []))
             m = re.search(r"https?://(?:127\.0\.0\.1|localhost):(\d+)(/\S*)", test)
+            # A coordinator on etcd may stand by: alive (/livez) but not
+            # ready (/healthz is the leader's alone).
+            on_etcd = str(facts["values"].get("--state", "")).startswith("etcd://")
+            path = "/livez" if on_etcd else "/healthz"
             if not m:
-                problems.append(f"{w}: healthcheck does not GET http://127.0.0.1:PORT/healthz ({test!r})")
+                problems.append(f"{w}: healthcheck does not GET http://127.0.0.1:PORT{path} ({test!r})")
             else:
                 if int(m.group(1)) != metrics:
                     problems.append(f"{w}: healthcheck port {m.group(1)} is not --metrics-listen's {metrics}")
-                if m.group(2) != "/healthz":
-                    problems.append(f"{w}: healthcheck path {m.group(2)} is not /healthz")
+                if m.group(2) != path:
+                    problems.append(f"{w}: healthcheck path {m.group(2)} is not {path}"
+                                    + (" (a standby is alive but not ready)" if on_etcd else ""))
 
     coordinators = {n: f for n, f in info.items() if f["role"] == "coordinator"}
     workers = {n: f for n, f in info.items() if f["role"] == "worker"}
     clis = {n: f for n, f in info.items() if f["role"] == "cli"}
-    if len(coordinators) != 1:
-        problems.append(f"{where}: expected one coordinator service, found {sorted(coordinators)}")
+    etcd_problems, etcd_members = check_etcd_members(services, info, where)
+    problems += etcd_problems
+    states = {f["values"].get("--state", "sqlite") for f in coordinators.values()}
+    if not coordinators:
+        problems.append(f"{where}: no coordinator service")
+    elif len(coordinators) > 1 and (len(states) != 1 or not next(iter(states)).startswith("etcd://")):
+        problems.append(f"{where}: coordinators {sorted(coordinators)} do not share one etcd --state "
+                        f"({sorted(states)}): several states would mean several leaders")
     if not workers:
         problems.append(f"{where}: no worker service")
 
     def check_coordinator_address(w, facts):
-        addr = facts["values"].get("--coordinator")
-        if not addr:
+        addrs = facts["values"].get("--coordinator")
+        if not addrs:
             problems.append(f"{w}: no --coordinator")
             return
-        host, _, port = addr.rpartition(":")
-        target = coordinators.get(host)
-        if target is None:
-            problems.append(f"{w}: --coordinator {addr}: {host} is not the coordinator service ({sorted(coordinators)})")
-        elif port_of(target["values"].get("--listen")) != int(port):
-            problems.append(f"{w}: --coordinator {addr}: the coordinator listens on "
-                            f"{target['values'].get('--listen')}")
+        named = set()
+        for addr in addrs.split(","):
+            host, _, port = addr.rpartition(":")
+            target = coordinators.get(host)
+            named.add(host)
+            if target is None:
+                problems.append(f"{w}: --coordinator {addr}: {host} is not a coordinator service "
+                                f"({sorted(coordinators)})")
+            elif port_of(target["values"].get("--listen")) != int(port):
+                problems.append(f"{w}: --coordinator {addr}: the coordinator listens on "
+                                f"{target['values'].get('--listen')}")
+        if set(coordinators) - named:
+            problems.append(f"{w}: --coordinator {addrs} leaves out {sorted(set(coordinators) - named)}, "
+                            f"which may be the leader")
 
     for name, f in coordinators.items():
         w = f"{where}: services.{name}"
+        state = f["values"].get("--state", "sqlite")
+        if state.startswith("etcd://"):
+            for member in state[len("etcd://"):].split("/")[0].split(","):
+                host, _, port = member.rpartition(":")
+                if host not in etcd_members or port != "2379":
+                    problems.append(f"{w}: --state names {member}, not an etcd service's client URL "
+                                    f"({sorted(etcd_members)}, port 2379)")
+            listen = port_of(f["values"].get("--listen"))
+            if f["values"].get("--advertise") != f"{name}:{listen}":
+                problems.append(f"{w}: --advertise {f['values'].get('--advertise')} is not {name}:{listen}, "
+                                f"the address standbys name and workers follow")
+            continue
         state = f["values"].get("--state-dir")
         if state not in f["mounts"] or f["mounts"][state].startswith((".", "/")):
             problems.append(f"{w}: --state-dir {state} is not a named volume's mount point")

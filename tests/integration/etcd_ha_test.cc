@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "tests/integration/etcd_harness.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/training_util.h"
@@ -59,6 +60,44 @@ class EtcdHaTest : public ::testing::Test {
     return r.exit_code == 0 ? r.out.substr(0, r.out.find('\n')) : r.err;
   }
   std::string List(const Coordinator& c) { return Cli({"list"}, c.address()).out; }
+  // The etcd revision of c's leader key ("leading (elected at etcd revision N)").
+  static int64_t ElectedAt(const Coordinator& c) {
+    std::smatch m;
+    const std::string log = c.process.Log();
+    return std::regex_search(log, m, std::regex("elected at etcd revision (\\d+)"))
+               ? std::stoll(m[1])
+               : -1;
+  }
+
+  // etcd's history under /shardtrain/ from revision `from` on, as etcdctl's
+  // watch reports it (Debian's etcd-client), one event per change.
+  struct EtcdEvent {
+    bool deleted = false;
+    std::string key, value;
+    int64_t create_revision = 0, mod_revision = 0;
+  };
+  std::vector<EtcdEvent> History(int64_t from) {
+    // The watch replays the history and then waits for more: 3 s, then killed.
+    CommandResult r =
+        RunCommand({kEtcdctl, "--endpoints=" + etcd_->endpoint(0), "watch", "--prefix",
+                    "/shardtrain/", "--rev=" + std::to_string(from), "-w", "json"},
+                   seconds(3));
+    std::vector<EtcdEvent> events;
+    std::regex event(
+        "\\{(\"type\":1,)?\"kv\":\\{\"key\":\"([^\"]*)\"(,\"create_revision\":(\\d+))?,"
+        "\"mod_revision\":(\\d+)(,\"version\":\\d+)?(,\"value\":\"([^\"]*)\")?");
+    for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), event);
+         it != std::sregex_iterator(); ++it) {
+      EtcdEvent e;
+      e.deleted = (*it)[1].matched;
+      absl::Base64Unescape((*it)[2].str(), &e.key);
+      if ((*it)[4].matched) e.create_revision = std::stoll((*it)[4]);
+      e.mod_revision = std::stoll((*it)[5]);
+      absl::Base64Unescape((*it)[8].str(), &e.value);
+      events.push_back(std::move(e));
+    }
+    return events;
+  }
 
   // A training job through `coordinators` (retried while none leads): its id.
   std::string SubmitTraining(const std::vector<std::string>& sets,
@@ -164,7 +203,13 @@ TEST_F(EtcdHaTest, ALeaderPausedPastItsLeaseWritesNothingAndStandsBy) {
 
   a.process.Signal(SIGCONT);
   int code = 0;
-  const std::string refused = Submit(a, &code);  // the old leader, before or after it noticed
+  // The old leader, before or after it noticed; named so that etcd's
+  // history shows whether anything of it landed.
+  const CommandResult sent = Cli({"submit", kDdpSpec, "--set", "data.train=" + kData, "--set",
+                                  "name=sent-to-the-deposed-leader"},
+                                 a.address());
+  code = sent.exit_code;
+  const std::string refused = sent.exit_code == 0 ? sent.out : sent.err;
   EXPECT_NE(code, 0) << refused;
   std::cout << "the paused leader, resumed, answers a submit: " << refused;
   ASSERT_TRUE(WaitFor([&] { return Says(a, "no longer the leader"); }, seconds(20)))
@@ -185,6 +230,42 @@ TEST_F(EtcdHaTest, ALeaderPausedPastItsLeaseWritesNothingAndStandsBy) {
   const std::string log = a.process.Log();
   const size_t at = log.find("no longer the leader");
   std::cout << "a's log: " << log.substr(at, log.find('\n', at) - at) << std::endl;
+
+  // etcd's revisions: a's leader key, created at a's election, was deleted
+  // when its lease expired; b was elected after that; and no change since
+  // the expiry carries anything a was asked to write after it woke.
+  if (!HaveEtcdctl()) GTEST_SKIP() << "no etcdctl for etcd's history (scripts/setup: etcd-client)";
+  const int64_t a_rev = ElectedAt(a), b_rev = ElectedAt(b);
+  ASSERT_GT(a_rev, 0) << a.process.Log();
+  const std::vector<EtcdEvent> history = History(a_rev);
+  std::string a_key;
+  int64_t expired = -1;
+  for (const EtcdEvent& e : history) {
+    if (!e.deleted && e.create_revision == a_rev && e.key.find("/leader/") != std::string::npos) {
+      a_key = e.key;
+    }
+    if (e.deleted && !a_key.empty() && e.key == a_key && expired < 0) expired = e.mod_revision;
+  }
+  ASSERT_FALSE(a_key.empty()) << history.size() << " events";
+  ASSERT_GT(expired, 0) << "a's leader key " << a_key << " was never deleted";
+  EXPECT_GT(b_rev, a_rev);  // b's campaign key, next in line: b leads from the expiry on
+  int after = 0, of_a = 0, of_b = 0;
+  for (const EtcdEvent& e : history) {
+    if (e.mod_revision <= expired) continue;
+    ++after;
+    if (e.value.find(during) != std::string::npos) ++of_b;  // the values are read
+    if (e.value.find("sent-to-the-deposed-leader") != std::string::npos) ++of_a;
+    if (!e.deleted && e.key == a_key) ++of_a;  // a's leader key written again
+  }
+  EXPECT_EQ(of_a, 0);
+  EXPECT_GT(of_b, 0);  // b's submit is there, so a's would have been found
+  std::printf(
+      "etcd's history from revision %lld: a's leader key %s created at %lld; its lease expired "
+      "at %lld (the key deleted), and b, whose campaign key was created at %lld, leads from "
+      "there; %d changes since the expiry, %d of them a's (the submit sent to a after SIGCONT "
+      "is in none)\n",
+      static_cast<long long>(a_rev), a_key.c_str(), static_cast<long long>(a_rev),
+      static_cast<long long>(expired), static_cast<long long>(b_rev), after, of_a);
 }
 
 // Issue 50, acceptance 1: 3 etcd members, 3 coordinators, 4 workers given

@@ -40,6 +40,7 @@ std::string Http(int port) { return "http://127.0.0.1:" + std::to_string(port); 
 }  // namespace
 
 bool HaveEtcd() { return ::access(kEtcd, X_OK) == 0; }
+bool HaveEtcdctl() { return ::access(kEtcdctl, X_OK) == 0; }
 
 EtcdCluster::EtcdCluster(const std::string& dir, int members) : dir_(dir) {
   for (int i = 0; i < members; ++i) {

@@ -12,8 +12,11 @@
 
 namespace shardtrain::testing {
 
-// Whether an etcd binary is installed (tests skip without it).
+// Whether an etcd binary is installed (tests skip without it), and etcdctl
+// (etcd-client), which reads etcd's history for the fencing test.
 bool HaveEtcd();
+bool HaveEtcdctl();
+inline constexpr const char* kEtcdctl = "/usr/bin/etcdctl";
 // A loopback port nothing listens on now.
 int FreeLoopbackPort();
 

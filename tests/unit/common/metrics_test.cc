@@ -255,6 +255,7 @@ TEST(MetricsHttpTest, ServesMetricsHealthAndNotFound) {
   EXPECT_EQ(health.body, "ok\n");
   healthy = false;
   EXPECT_EQ(HttpGet(port, "/healthz").status, 503);
+  EXPECT_EQ(HttpGet(port, "/livez").status, 200);  // alive, though not ready
   EXPECT_EQ(HttpGet(port, "/nope").status, 404);
   EXPECT_EQ(HttpGet(port, "/metrics/extra").status, 404);
 }
