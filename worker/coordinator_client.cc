@@ -26,13 +26,21 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const ConnectOption
 // A coordinator that restarts (or fails over) is reached again within about
 // 2 s: gRPC's default reconnect backoff grows to 120 s, which kept workers
 // away from a restarted coordinator for many seconds after it answered.
+// Each channel has subchannels of its own, so a new channel to the same
+// address is a new connection (Dial); an unused one lets its connection go
+// after a minute.
 grpc::ChannelArguments ChannelArgs() {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 250);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 250);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS, 60'000);
   return args;
 }
+
+// At most one new connection a second per address.
+constexpr auto kRedialInterval = std::chrono::seconds(1);
 
 absl::Status ReadIfSet(const std::string& path, std::string* out) {
   if (path.empty()) return absl::OkStatus();
@@ -72,33 +80,52 @@ CoordinatorClient::CoordinatorClient(const std::string& address, int64_t rpc_tim
     : address_(address),
       rpc_timeout_ms_(rpc_timeout_ms),
       heartbeat_timeout_ms_(heartbeat_timeout_ms),
-      authorization_(connect.token.empty() ? "" : "Bearer " + connect.token) {
+      authorization_(connect.token.empty() ? "" : "Bearer " + connect.token),
+      credentials_(ChannelCredentials(connect)) {
+  std::vector<std::string> addresses;
   for (absl::string_view a : absl::StrSplit(address, ',', absl::SkipWhitespace())) {
-    Endpoint e;
-    e.address = std::string(absl::StripAsciiWhitespace(a));
-    e.channel = grpc::CreateCustomChannel(e.address, ChannelCredentials(connect), ChannelArgs());
-    e.stub = v1::Coordinator::NewStub(e.channel);
-    endpoints_.push_back(std::move(e));
+    addresses.emplace_back(absl::StripAsciiWhitespace(a));
   }
-  if (endpoints_.empty()) {  // the caller checked the flag; a call then fails cleanly
-    Endpoint e;
-    e.address = address;
-    e.channel = grpc::CreateCustomChannel(address, ChannelCredentials(connect), ChannelArgs());
-    e.stub = v1::Coordinator::NewStub(e.channel);
-    endpoints_.push_back(std::move(e));
+  // None: the caller checked the flag; a call then fails cleanly.
+  if (addresses.empty()) addresses.push_back(address);
+  for (const std::string& a : addresses) {
+    endpoints_.push_back(std::make_unique<Endpoint>());
+    endpoints_.back()->address = a;
+    Dial(*endpoints_.back());
   }
+}
+
+void CoordinatorClient::Dial(Endpoint& e) {
+  std::lock_guard<std::mutex> lock(e.mu);
+  e.channels.push_back(grpc::CreateCustomChannel(e.address, credentials_, ChannelArgs()));
+  e.stubs.push_back(v1::Coordinator::NewStub(e.channels.back()));
+  e.stub = e.stubs.back().get();
 }
 
 std::string CoordinatorClient::current_address() const {
-  return endpoints_[current_.load() % endpoints_.size()].address;
+  return endpoints_[current_.load() % endpoints_.size()]->address;
 }
 
 v1::Coordinator::Stub& CoordinatorClient::stub() {
-  return *endpoints_[current_.load() % endpoints_.size()].stub;
+  return *endpoints_[current_.load() % endpoints_.size()]->stub.load();
 }
 
 bool CoordinatorClient::FollowLeader(const grpc::Status& s) {
-  if (endpoints_.size() < 2) return false;
+  if (endpoints_.size() < 2) {
+    Endpoint& e = *endpoints_.front();
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+        s.error_message().find(kCoordinatorStandby) != std::string::npos) {
+      bool due;
+      {
+        std::lock_guard<std::mutex> lock(e.mu);
+        const auto now = std::chrono::steady_clock::now();
+        due = now - e.redialed >= kRedialInterval;
+        if (due) e.redialed = now;
+      }
+      if (due) Dial(e);
+    }
+    return false;
+  }
   const size_t from = current_.load() % endpoints_.size();
   size_t to = (from + 1) % endpoints_.size();
   // A standby names the leader: "... the leader is at HOST:PORT".
@@ -107,7 +134,7 @@ bool CoordinatorClient::FollowLeader(const grpc::Status& s) {
   if (const size_t at = msg.find(kLeaderIs); at != std::string::npos) {
     const std::string leader = msg.substr(at + kLeaderIs.size());
     for (size_t i = 0; i < endpoints_.size(); ++i) {
-      if (leader.rfind(endpoints_[i].address, 0) == 0 && i != from) to = i;
+      if (leader.rfind(endpoints_[i]->address, 0) == 0 && i != from) to = i;
     }
   }
   size_t expected = from;

@@ -7,9 +7,13 @@
 #ifndef SHARDTRAIN_WORKER_COORDINATOR_CLIENT_H_
 #define SHARDTRAIN_WORKER_COORDINATOR_CLIENT_H_
 
+#include <grpcpp/security/credentials.h>
+
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -64,7 +68,11 @@ class CoordinatorClient final : public CoordinatorApi {
   v1::Coordinator::Stub& stub();
   // After a call on stub() failed with `s`: moves to the leader a standby
   // named, or the next address. Returns whether there was another to move
-  // to (false with a single address).
+  // to (false with a single address). With a single address (a load
+  // balancer, a Kubernetes Service) a standby's answer makes the next call
+  // go over a new connection (at most one a second), which the balancer
+  // sends to the leader: gRPC keeps a connection, so the calls would stay on
+  // the standby it reached.
   bool FollowLeader(const grpc::Status& s);
   // Runs call(stub, context) with a fresh context (the unary deadline plus
   // extra_ms, the token) on the coordinator in use, following the leader
@@ -115,13 +123,24 @@ class CoordinatorClient final : public CoordinatorApi {
   const int64_t rpc_timeout_ms_;
   const int64_t heartbeat_timeout_ms_;
   const std::string authorization_;  // "Bearer TOKEN", empty without a token
+  // One address and its connection. A new connection (Redial) replaces the
+  // stub in use; the earlier ones are kept, unused, until the client goes
+  // (a caller may still hold a reference from stub()), and their channels
+  // drop their connections once idle.
   struct Endpoint {
     std::string address;
-    std::shared_ptr<grpc::Channel> channel;
-    std::unique_ptr<v1::Coordinator::Stub> stub;
+    std::atomic<v1::Coordinator::Stub*> stub{nullptr};  // the connection in use
+    std::mutex mu;                                      // guards what follows
+    std::vector<std::shared_ptr<grpc::Channel>> channels;
+    std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs;
+    std::chrono::steady_clock::time_point redialed;  // the last Dial after a standby's answer
   };
-  std::vector<Endpoint> endpoints_;  // one per address; fixed after construction
-  std::atomic<size_t> current_{0};   // the one in use
+  // Opens a new connection to e's address and uses it from now on.
+  void Dial(Endpoint& e);
+
+  const std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  std::vector<std::unique_ptr<Endpoint>> endpoints_;  // one per address; fixed after construction
+  std::atomic<size_t> current_{0};                    // the one in use
 };
 
 }  // namespace shardtrain::worker
