@@ -188,6 +188,20 @@ say "submitted $JOB (${SETS[*]})"
 field() { "$PY" -c "import json,sys; print(json.load(sys.stdin)$1)"; }
 job_state() { cli status "$JOB" -o json | field "['state']"; }
 job_step() { cli status "$JOB" -o json | field ".get('step', 0)"; }
+# finish_job: waits (240 s at most) for $JOB to end, which must be SUCCEEDED;
+# sets `restarts`.
+finish_job() {
+  local deadline=$(($(date +%s) + 240)) state
+  while :; do
+    state=$(job_state)
+    case "$state" in SUCCEEDED|FAILED|CANCELLED) break ;; esac
+    [ "$(date +%s)" -lt "$deadline" ] || { echo "FAIL: still $state after 240 s"; exit 1; }
+    sleep 1
+  done
+  restarts=$(cli status "$JOB" -o json | field ".get('restarts', 0)")
+  say "job $JOB: $state, restarts $restarts"
+  [ "$state" = SUCCEEDED ] || { cli status "$JOB"; exit 1; }
+}
 
 # ---- kill one worker container mid-run, start it again
 deadline=$(($(date +%s) + 120))
@@ -214,16 +228,7 @@ say "after the kill: $state"
 [ -n "$saw_recovering" ] || { echo "FAIL: the job never showed RECOVERING (last $state)"; exit 1; }
 "$DOCKER" start "$VICTIM" >/dev/null
 say "worker started again"
-deadline=$(($(date +%s) + 240))
-while :; do
-  state=$(job_state)
-  case "$state" in SUCCEEDED|FAILED|CANCELLED) break ;; esac
-  [ "$(date +%s)" -lt "$deadline" ] || { echo "FAIL: still $state after 240 s"; exit 1; }
-  sleep 1
-done
-restarts=$(cli status "$JOB" -o json | field ".get('restarts', 0)")
-say "job $JOB: $state, restarts $restarts"
-[ "$state" = SUCCEEDED ] || { cli status "$JOB"; exit 1; }
+finish_job
 [ "$restarts" -ge 1 ] || { echo "FAIL: no restart recorded"; exit 1; }
 wait_healthy
 
@@ -348,16 +353,7 @@ NEW=$(leader)
 say "failover: $(name_of "$NEW") leads $(( ($(date +%s%N) - k0) / 1000000 )) ms after the kill \
 (--leader-ttl-s 5)"
 "$DOCKER" start "$LEADER" >/dev/null
-deadline=$(($(date +%s) + 240))
-while :; do
-  state=$(job_state)
-  case "$state" in SUCCEEDED|FAILED|CANCELLED) break ;; esac
-  [ "$(date +%s)" -lt "$deadline" ] || { echo "FAIL: still $state after 240 s"; exit 1; }
-  sleep 1
-done
-restarts=$(cli status "$JOB" -o json | field ".get('restarts', 0)")
-say "job $JOB: $state, restarts $restarts"
-[ "$state" = SUCCEEDED ] || { cli status "$JOB"; exit 1; }
+finish_job
 wait_healthy "${COORDS[@]}"
 [ "$(healthz "$LEADER")" = 503 ] || { echo "FAIL: the old leader, back, is not a standby \
 (/healthz $(healthz "$LEADER"))"; exit 1; }

@@ -61,6 +61,41 @@ class EtcdHaTest : public ::testing::Test {
     return r.exit_code == 0 ? r.out.substr(0, r.out.find('\n')) : r.err;
   }
   std::string List(const Coordinator& c) { return Cli({"list"}, c.address()).out; }
+  // Whether `standby` answers a call, within `timeout`, naming `leader`'s
+  // address as the leader's; its last answer in *answer.
+  static bool NamesTheLeader(const Coordinator& standby, const Coordinator& leader,
+                             std::chrono::milliseconds timeout, CommandResult* answer) {
+    return WaitFor(
+        [&] {
+          *answer = Cli({"list"}, standby.address());
+          return answer->err.find("the leader is at " + leader.address()) != std::string::npos;
+        },
+        timeout);
+  }
+  // Coordinators a, b and c on the etcd (cs_), and their addresses as the
+  // list clients and workers take (all_).
+  void StartThree() {
+    for (const char* name : {"a", "b", "c"}) {
+      cs_.push_back(StartOne(name));
+      ASSERT_GT(cs_.back().port, 0) << cs_.back().process.Log();
+    }
+    for (const Coordinator& c : cs_) all_ += (all_.empty() ? "" : ",") + c.address();
+  }
+  // The index in cs_ of the one that serves, -1 while none does.
+  int Leader() {
+    for (size_t i = 0; i < cs_.size(); ++i) {
+      if (Cli({"list"}, cs_[i].address()).exit_code == 0) return int(i);
+    }
+    return -1;
+  }
+  // cs_[i], killed, started again on its directory and port (as a standby).
+  void Restart(int i) {
+    const std::string port = cs_[i].address().substr(cs_[i].address().rfind(':') + 1);
+    cs_[i] = StartCoordinator(dir_.path() + "/" + std::string(1, char('a' + i)), 10'000,
+                              "127.0.0.1:" + port, "",
+                              {"--state", etcd_->url(), "--leader-ttl-s", std::to_string(kTtlS)});
+    ASSERT_GT(cs_[i].port, 0) << cs_[i].process.Log();
+  }
   // The etcd revision of c's leader key ("leading (elected at etcd revision N)").
   static int64_t ElectedAt(const Coordinator& c) {
     std::smatch m;
@@ -153,6 +188,8 @@ class EtcdHaTest : public ::testing::Test {
 
   TempDir dir_;
   std::unique_ptr<EtcdCluster> etcd_;
+  std::vector<Coordinator> cs_;  // StartThree
+  std::string all_;
 };
 
 TEST_F(EtcdHaTest, AStandbyNamesTheLeaderAndTakesOverWhenTheLeaderIsKilled) {
@@ -166,13 +203,7 @@ TEST_F(EtcdHaTest, AStandbyNamesTheLeaderAndTakesOverWhenTheLeaderIsKilled) {
   ASSERT_EQ(job.rfind("j-", 0), 0u) << job;
 
   CommandResult standby;
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        standby = Cli({"list"}, b.address());
-        return standby.err.find("the leader is at " + a.address()) != std::string::npos;
-      },
-      seconds(10)))
-      << standby.err;
+  ASSERT_TRUE(NamesTheLeader(b, a, seconds(10), &standby)) << standby.err;
   EXPECT_EQ(standby.exit_code, 4);
   std::cout << "a standby answers: " << standby.err;
 
@@ -217,13 +248,7 @@ TEST_F(EtcdHaTest, ALeaderPausedPastItsLeaseWritesNothingAndStandsBy) {
       << a.process.Log();
   // It starts again as a standby (the same process, exec'd) and names b.
   CommandResult standby;
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        standby = Cli({"list"}, a.address());
-        return standby.err.find("the leader is at " + b.address()) != std::string::npos;
-      },
-      seconds(20)))
-      << standby.err << a.process.Log();
+  ASSERT_TRUE(NamesTheLeader(a, b, seconds(20), &standby)) << standby.err << a.process.Log();
   const std::string jobs = List(b);
   EXPECT_NE(jobs.find(before), std::string::npos) << jobs;
   EXPECT_NE(jobs.find(during), std::string::npos) << jobs;
@@ -283,20 +308,10 @@ TEST_F(EtcdHaTest, ThreeCoordinatorsAndFourWorkersTrainThroughFiveLeaderKills) {
   const std::vector<double> expected = Losses(straight.out);
   ASSERT_EQ(expected.size(), size_t(steps));
 
-  std::vector<Coordinator> cs;
-  for (const char* name : {"a", "b", "c"}) {
-    cs.push_back(StartOne(name));
-    ASSERT_GT(cs.back().port, 0) << cs.back().process.Log();
-  }
-  std::string all;
-  for (const Coordinator& c : cs) all += (all.empty() ? "" : ",") + c.address();
-  auto leader = [&]() -> int {  // the one that serves, -1 while none does
-    for (size_t i = 0; i < cs.size(); ++i) {
-      if (Cli({"list"}, cs[i].address()).exit_code == 0) return int(i);
-    }
-    return -1;
-  };
-  ASSERT_TRUE(WaitFor([&] { return leader() >= 0; }, seconds(20)));
+  ASSERT_NO_FATAL_FAILURE(StartThree());
+  std::vector<Coordinator>& cs = cs_;
+  const std::string& all = all_;
+  ASSERT_TRUE(WaitFor([&] { return Leader() >= 0; }, seconds(20)));
   std::vector<Process> workers;
   for (int i = 0; i < 4; ++i) workers.push_back(StartWorker(dir_.path(), all, i));
   const std::string job = SubmitTraining(sets, all);
@@ -309,7 +324,7 @@ TEST_F(EtcdHaTest, ThreeCoordinatorsAndFourWorkersTrainThroughFiveLeaderKills) {
   std::vector<double> failovers;
   for (int k = 0; k < 5; ++k) {
     std::this_thread::sleep_for(milliseconds(1000 + int(rng() % 2000)));
-    const int l = leader();
+    const int l = Leader();
     ASSERT_GE(l, 0);
     const int at = step();
     ASSERT_LT(at, steps) << "the job ended before kill " << k + 1;
@@ -317,16 +332,12 @@ TEST_F(EtcdHaTest, ThreeCoordinatorsAndFourWorkersTrainThroughFiveLeaderKills) {
     cs[l].process.Signal(SIGKILL);
     ASSERT_TRUE(cs[l].process.Wait(seconds(5)));
     int next = -1;
-    ASSERT_TRUE(WaitFor([&] { return (next = leader()) >= 0; }, seconds(30)));
+    ASSERT_TRUE(WaitFor([&] { return (next = Leader()) >= 0; }, seconds(30)));
     failovers.push_back(std::chrono::duration<double>(Clock::now() - killed).count());
     std::printf("kill -9 #%d of the leader %s at step %d: %s serving after %.2f s\n", k + 1,
                 cs[l].address().c_str(), at, cs[next].address().c_str(), failovers.back());
     std::fflush(stdout);  // seen in ctest's log even if a later wait times out
-    const std::string port = cs[l].address().substr(cs[l].address().rfind(':') + 1);
-    cs[l] = StartCoordinator(dir_.path() + "/" + std::string(1, char('a' + l)), 10'000,
-                             "127.0.0.1:" + port, "",
-                             {"--state", etcd_->url(), "--leader-ttl-s", std::to_string(kTtlS)});
-    ASSERT_GT(cs[l].port, 0) << cs[l].process.Log();
+    ASSERT_NO_FATAL_FAILURE(Restart(l));
   }
   const Outcome o = Finish(job, all, expected);
   if (!o.succeeded) {
@@ -362,20 +373,10 @@ TEST_F(EtcdHaTest, ThreeCoordinatorsAndFourWorkersTrainThroughFiveLeaderKills) {
 // worker (a leader that declared a running gang lost and started the job
 // again elsewhere would show a second generation).
 TEST_F(EtcdHaTest, ConcurrentSubmitsThroughKillsAndPausesAreEachListedOnce) {
-  std::vector<Coordinator> cs;
-  for (const char* name : {"a", "b", "c"}) {
-    cs.push_back(StartOne(name));
-    ASSERT_GT(cs.back().port, 0) << cs.back().process.Log();
-  }
-  std::string all;
-  for (const Coordinator& c : cs) all += (all.empty() ? "" : ",") + c.address();
-  auto leader = [&]() -> int {
-    for (size_t i = 0; i < cs.size(); ++i) {
-      if (Cli({"list"}, cs[i].address()).exit_code == 0) return int(i);
-    }
-    return -1;
-  };
-  ASSERT_TRUE(WaitFor([&] { return leader() >= 0; }, seconds(20)));
+  ASSERT_NO_FATAL_FAILURE(StartThree());
+  std::vector<Coordinator>& cs = cs_;
+  const std::string& all = all_;
+  ASSERT_TRUE(WaitFor([&] { return Leader() >= 0; }, seconds(20)));
   std::vector<Process> workers;
   for (int i = 0; i < 4; ++i) workers.push_back(StartWorker(dir_.path(), all, i));
 
@@ -408,16 +409,13 @@ TEST_F(EtcdHaTest, ConcurrentSubmitsThroughKillsAndPausesAreEachListedOnce) {
   const auto until = Clock::now() + seconds(60);
   while (Clock::now() < until) {
     std::this_thread::sleep_for(milliseconds(3000 + int(rng() % 5000)));
-    const int l = leader();
+    const int l = Leader();
     if (l < 0) continue;
     if (rng() % 2 == 0) {
       ++kills;
       cs[l].process.Signal(SIGKILL);
       cs[l].process.Wait(seconds(5));
-      const std::string port = cs[l].address().substr(cs[l].address().rfind(':') + 1);
-      cs[l] = StartCoordinator(dir_.path() + "/" + std::string(1, char('a' + l)), 10'000,
-                               "127.0.0.1:" + port, "",
-                               {"--state", etcd_->url(), "--leader-ttl-s", std::to_string(kTtlS)});
+      ASSERT_NO_FATAL_FAILURE(Restart(l));
     } else {
       ++pauses;
       cs[l].process.Signal(SIGSTOP);
@@ -427,7 +425,7 @@ TEST_F(EtcdHaTest, ConcurrentSubmitsThroughKillsAndPausesAreEachListedOnce) {
   }
   stop = true;
   for (std::thread& t : submitters) t.join();
-  ASSERT_TRUE(WaitFor([&] { return leader() >= 0; }, seconds(30)));
+  ASSERT_TRUE(WaitFor([&] { return Leader() >= 0; }, seconds(30)));
   const std::string listed = Cli({"list", "-o", "json"}, all).out;
   std::map<std::string, int> ids, names;
   std::regex entry("\"job_id\": \"(j-\\d+)\", \"name\": \"([^\"]+)\"");
