@@ -43,11 +43,11 @@
 # the test's image tag (the builder's cached layers and the base image stay,
 # so the next run builds incrementally) and the engine it started.
 #
-#   tests/deploy/compose_cluster_test.sh [STEPS]   (default 90)
+#   tests/deploy/compose_cluster_test.sh [STEPS]   (default 60)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
-STEPS=${1:-90}
+STEPS=${1:-60}
 CKPT_EVERY=15
 KILL_AFTER_STEP=25  # past the first committed checkpoint
 T0=$(date +%s)
