@@ -190,3 +190,18 @@ def check_image(where, image):
     if tag == "latest":
         return [f"{where}: image {image} is not pinned"]
     return []
+
+
+def etcd_flags(argv):
+    """etcd's command line as {--flag: value}, from --flag=value or --flag value."""
+    flags, i = {}, 1
+    while i < len(argv):
+        a = argv[i]
+        i += 1
+        if a.startswith("--"):
+            k, eq, v = a.partition("=")
+            if not eq and i < len(argv) and not argv[i].startswith("--"):
+                v = argv[i]
+                i += 1
+            flags[k] = v
+    return flags

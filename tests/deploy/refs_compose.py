@@ -8,7 +8,8 @@ import shlex
 
 import yaml
 
-from refs_common import (OUR_IMAGES, check_image, command_lines, image_repo_tag, port_of, spec_world)
+from refs_common import (OUR_IMAGES, check_image, command_lines, etcd_flags, image_repo_tag, port_of,
+                         spec_world)
 
 
 # docker-compose.yml
@@ -52,21 +53,6 @@ def merge_compose(base, override):
             out[k] = merge_compose(base[k], v) if k in base else v
         return out
     return override
-
-
-def etcd_flags(argv):
-    """etcd's --flag value / --flag=value pairs."""
-    flags, i = {}, 1
-    while i < len(argv):
-        a = argv[i]
-        if a.startswith("--") and "=" in a:
-            k, _, v = a.partition("=")
-            flags[k] = v
-        elif a.startswith("--") and i + 1 < len(argv):
-            flags[a] = argv[i + 1]
-            i += 1
-        i += 1
-    return flags
 
 
 def check_etcd_members(services, info, where):

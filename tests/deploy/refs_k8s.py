@@ -11,7 +11,8 @@ import re
 
 import yaml
 
-from refs_common import (IMAGE_UID, OUR_IMAGES, check_image, command_lines, image_repo_tag, port_of, spec_world)
+from refs_common import (IMAGE_UID, OUR_IMAGES, check_image, command_lines, etcd_flags, image_repo_tag,
+                         port_of, spec_world)
 
 
 # Kubernetes
@@ -49,21 +50,6 @@ def check_k8s_sets(sets, progs, source_dir):
     for name, objs in sets.items():
         problems += [f"[{name}] {p}" for p in check_k8s(objs, progs, source_dir)]
     return problems
-
-
-def etcd_flags(argv):
-    """etcd's command line as {--flag: value}, from --flag=value or --flag value."""
-    flags, i = {}, 1
-    while i < len(argv):
-        a = argv[i]
-        i += 1
-        if a.startswith("--"):
-            k, eq, v = a.partition("=")
-            if not eq and i < len(argv) and not argv[i].startswith("--"):
-                v = argv[i]
-                i += 1
-            flags[k] = v
-    return flags
 
 
 def selects(selector, labels):
