@@ -61,9 +61,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "compute threads (BLAS and kernels)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
-  app.add_option("--metrics-listen", metrics_listen,
-                 "HTTP address for /metrics and /healthz, HOST:PORT (port 0 allowed); off when "
-                 "empty");
+  app.add_option(
+      "--metrics-listen", metrics_listen,
+      "HTTP address for /metrics, /healthz and /livez, HOST:PORT (port 0 allowed); off when "
+      "empty");
   app.add_option("--heartbeat-ms", heartbeat_ms, "heartbeat period (at most lease/3)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{10}, int64_t{60'000}));

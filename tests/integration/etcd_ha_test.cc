@@ -72,14 +72,17 @@ class EtcdHaTest : public ::testing::Test {
         },
         timeout);
   }
-  // Coordinators a, b and c on the etcd (cs_), and their addresses as the
-  // list clients and workers take (all_).
-  void StartThree() {
+  // Coordinators a, b and c on the etcd (cs_), one of them leading, their
+  // addresses as the list clients and workers take (all_), and 4 workers
+  // given that list (workers_).
+  void StartThreeAndFourWorkers() {
     for (const char* name : {"a", "b", "c"}) {
       cs_.push_back(StartOne(name));
       ASSERT_GT(cs_.back().port, 0) << cs_.back().process.Log();
     }
     for (const Coordinator& c : cs_) all_ += (all_.empty() ? "" : ",") + c.address();
+    ASSERT_TRUE(WaitFor([&] { return Leader() >= 0; }, seconds(20)));
+    for (int i = 0; i < 4; ++i) workers_.push_back(StartWorker(dir_.path(), all_, i));
   }
   // The index in cs_ of the one that serves, -1 while none does.
   int Leader() {
@@ -188,8 +191,9 @@ class EtcdHaTest : public ::testing::Test {
 
   TempDir dir_;
   std::unique_ptr<EtcdCluster> etcd_;
-  std::vector<Coordinator> cs_;  // StartThree
+  std::vector<Coordinator> cs_;  // StartThreeAndFourWorkers
   std::string all_;
+  std::vector<Process> workers_;
 };
 
 TEST_F(EtcdHaTest, AStandbyNamesTheLeaderAndTakesOverWhenTheLeaderIsKilled) {
@@ -308,12 +312,10 @@ TEST_F(EtcdHaTest, ThreeCoordinatorsAndFourWorkersTrainThroughFiveLeaderKills) {
   const std::vector<double> expected = Losses(straight.out);
   ASSERT_EQ(expected.size(), size_t(steps));
 
-  ASSERT_NO_FATAL_FAILURE(StartThree());
+  ASSERT_NO_FATAL_FAILURE(StartThreeAndFourWorkers());
   std::vector<Coordinator>& cs = cs_;
   const std::string& all = all_;
-  ASSERT_TRUE(WaitFor([&] { return Leader() >= 0; }, seconds(20)));
-  std::vector<Process> workers;
-  for (int i = 0; i < 4; ++i) workers.push_back(StartWorker(dir_.path(), all, i));
+  std::vector<Process>& workers = workers_;
   const std::string job = SubmitTraining(sets, all);
   auto step = [&] { return StepOf(job, all); };
   ASSERT_TRUE(WaitFor([&] { return step() >= 5; }, seconds(120)));
@@ -373,12 +375,10 @@ TEST_F(EtcdHaTest, ThreeCoordinatorsAndFourWorkersTrainThroughFiveLeaderKills) {
 // worker (a leader that declared a running gang lost and started the job
 // again elsewhere would show a second generation).
 TEST_F(EtcdHaTest, ConcurrentSubmitsThroughKillsAndPausesAreEachListedOnce) {
-  ASSERT_NO_FATAL_FAILURE(StartThree());
+  ASSERT_NO_FATAL_FAILURE(StartThreeAndFourWorkers());
   std::vector<Coordinator>& cs = cs_;
   const std::string& all = all_;
-  ASSERT_TRUE(WaitFor([&] { return Leader() >= 0; }, seconds(20)));
-  std::vector<Process> workers;
-  for (int i = 0; i < 4; ++i) workers.push_back(StartWorker(dir_.path(), all, i));
+  std::vector<Process>& workers = workers_;
 
   std::atomic<bool> stop{false};
   std::mutex mu;
