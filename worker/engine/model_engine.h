@@ -140,10 +140,13 @@ class ModelEngine : public Engine {
     void *moe_xp = nullptr, *moe_h_pre = nullptr, *moe_h = nullptr, *moe_y = nullptr;
     int moe_rows = 0;           // M: the (token, slot) pairs the experts received (host)
     std::vector<int> moe_load;  // (E, host) the balancing loss's load (summed over cp)
+    // (E + 1, host) each expert's first row in moe_xp (MoeRouted's offsets:
+    // moe_index lives in the device's memory, which the host may not read).
+    std::vector<int> moe_offsets;
     // Expert parallelism (host): rows sent to and received from each ep
     // rank, the received rows' order by local expert (MoeGatherRows'
     // index) and the local experts' offsets in it (E / ep + 1); without
-    // it, offsets are moe_index's.
+    // it, offsets are moe_offsets.
     std::vector<size_t> ep_send, ep_recv;
     std::vector<int> ep_gather, ep_offsets;
     int ep_rows = 0;  // the rows the local experts ran
@@ -338,19 +341,19 @@ class ModelEngine : public Engine {
     int* counts;       // (E)
   };
   MoeIndex moe_index(const LayerActs& a) const;
-  // What the router did for one micro-batch: every expert's (token, slot)
-  // pairs before drops, and the pairs kept (M).
+  // What the router did for one micro-batch, in host memory: every
+  // expert's (token, slot) pairs before drops, the pairs kept (M), and each
+  // expert's first kept row (E + 1: moe_index's offsets, a host copy).
   struct MoeRouted {
     std::vector<int> load;
     int kept = 0;
+    std::vector<int> offsets;
   };
   // The router (tensor `router`; its choice bias `bias`, -1: none) on x
   // (N, C) into a.router_*, the load and the permutation (capacity per
   // expert; <= 0: none) into a.moe_index.
   virtual MoeRouted MoeRoute(LayerActs& a, const void* x, int router, int bias, int N,
                              int capacity);
-  // The kept pairs per expert (E, host) of a routed layer (its counts).
-  virtual std::vector<int> MoeKeptCounts(const LayerActs& a);
   // The balancing losses' values (with their coefficients; 0 for a zero
   // coefficient) of a routed layer: aux from `load` (E, host: the pairs
   // per expert over the whole sequences, summed over cp), z from the logits.

@@ -35,15 +35,18 @@ void ModelEngine::MoeMlpForward(int l, LayerActs& a, const void* x, int N, bool 
                               layout_.block_tensor(l, kRouterB), N, capacity);
   a.moe_rows = routed.kept;
   a.moe_load = routed.load;
+  a.moe_offsets = routed.offsets;
   if (cp_ != nullptr) SumOverCp(a.moe_load);
   const bool with_bias2 = layout_.slice().tp_rank == 0;
   if (ep_ == nullptr) {
     MoePermute(a.moe_xp, a, x, N, routed.kept);
-    MoeExperts(l, a, a.moe_y, moe_index(a).offsets, routed.kept, with_bias2);
+    MoeExperts(l, a, a.moe_y, a.moe_offsets.data(), routed.kept, with_bias2);
   } else {
     // The pairs to their experts' ranks and the outputs back (moe_dxp_ and
     // moe_dy_ are free in forward).
-    EpPlan(a, MoeKeptCounts(a));
+    std::vector<int> kept(E);
+    for (int e = 0; e < E; ++e) kept[e] = routed.offsets[e + 1] - routed.offsets[e];
+    EpPlan(a, kept);
     MoePermute(moe_dxp_, a, x, N, routed.kept);
     EpDispatch(a, moe_dxp_, moe_xfer_, a.moe_xp);
     MoeExperts(l, a, moe_dy_, a.ep_offsets.data(), a.ep_rows, with_bias2);
@@ -88,7 +91,7 @@ void ModelEngine::MoeMlpBackward(int l, LayerActs& a, const void* dout, const vo
   // summed, every rank's router sees the whole model's.
   if (tp_ != nullptr) TpAllReduceSum(moe_dgates_, int64_t{N} * K);
   if (ep_ == nullptr) {
-    MoeExpertsBackward(l, moe_dxp_, moe_dh_, moe_dh_pre_, moe_dy_, a, moe_index(a).offsets, M);
+    MoeExpertsBackward(l, moe_dxp_, moe_dh_, moe_dh_pre_, moe_dy_, a, a.moe_offsets.data(), M);
   } else {
     // The outputs' gradients to the experts' ranks, the inputs' back.
     EpDispatch(a, moe_dy_, moe_xfer_, moe_dxp_);
@@ -186,9 +189,6 @@ MoeStats ModelEngine::TakeMoeStats() {
 // The defaults of the rest: a device without MoE layers (its Create
 // refuses them).
 ModelEngine::MoeRouted ModelEngine::MoeRoute(LayerActs&, const void*, int, int, int, int) {
-  Fail("ModelEngine: this device has no MoE layers");
-}
-std::vector<int> ModelEngine::MoeKeptCounts(const LayerActs&) {
   Fail("ModelEngine: this device has no MoE layers");
 }
 void ModelEngine::MoePermute(void*, const LayerActs&, const void*, int, int) {

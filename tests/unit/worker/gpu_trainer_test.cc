@@ -354,11 +354,15 @@ TEST_F(GpuTrainerTest, RecomputationTrainsLikeKeepingEveryActivation) {
 // kernels on the same job, for GPT-2 and for a Llama with grouped-query
 // heads: flash's losses stay as near fp32's as the materialized kernels'
 // do (every step within 2% of fp32, or within 1.5 times the materialized
-// bf16's largest step difference where bf16 itself drifts further: 20
-// steps at lr 3e-3 amplify rounding differences), and the activation table
-// is smaller (att is the rows' logsumexp). Full recomputation gives the same losses (1e-6);
-// selective has nothing left to refill, so keeps what no recomputation
-// keeps.
+// bf16's largest step difference), and the activation table is smaller
+// (att is the rows' logsumexp). 12 steps: at lr 3e-3 the runs part after
+// ~13 (on an H200 every bf16 run agreed with fp32 within 2e-4 up to step 13;
+// at step 15 the Llama's fp32, materialized and flash losses were 3.19,
+// 3.18 and 3.05, and GPT-2's all spiked to 9.8 at step 17), rounding then
+// deciding where each goes; the test below holds flash's gradients to the
+// materialized kernels' instead. Full recomputation gives the same losses
+// (1e-6); selective has nothing left to refill, so keeps what no
+// recomputation keeps.
 TEST_F(GpuTrainerTest, FlashAttentionTrainsLikeTheMaterializedKernels) {
   SKIP_WITHOUT_GPU();
   for (const auto& [arch, model] :
@@ -375,7 +379,7 @@ TEST_F(GpuTrainerTest, FlashAttentionTrainsLikeTheMaterializedKernels) {
     r.precision = "bf16";
     r.model = model + ", attention: materialized}";
     r.seq_len = 100;
-    r.steps = 20;
+    r.steps = 12;
     std::unique_ptr<Trainer> plain = MakeTrainer(SpecOf(r));
     ASSERT_FALSE(SpecOf(r).Activations().flash_attention);
     r.precision = "fp32";
@@ -393,7 +397,7 @@ TEST_F(GpuTrainerTest, FlashAttentionTrainsLikeTheMaterializedKernels) {
     EXPECT_LT(flash->engine().activation_bytes(), plain->engine().activation_bytes());
     const std::vector<double> want = Train(*plain, 1, r.steps), got = Train(*flash, 1, r.steps);
     const std::vector<double> exact = Train(*fp32, 1, r.steps);
-    for (int step = 1; step <= r.steps; step += 3) {
+    for (int step = 1; step <= r.steps; ++step) {
       std::printf("[gpu-trainer] %s step %2d loss fp32 %.5f bf16 materialized %.5f flash %.5f\n",
                   arch, step, exact[step], want[step], got[step]);
     }
@@ -423,6 +427,68 @@ TEST_F(GpuTrainerTest, FlashAttentionTrainsLikeTheMaterializedKernels) {
         EXPECT_LT(t->engine().activation_bytes(), flash->engine().activation_bytes());
       }
     }
+  }
+}
+
+// One step, no training: the gradient of every tensor under bf16 flash
+// attention is as near the fp32 engine's as the bf16 materialized kernels'
+// (relative L2 error over the whole gradient, within 1.25 times theirs plus
+// 1e-3), for GPT-2's heads and the Llama recipe's grouped-query heads — what
+// the 20-step losses above cannot separate from bf16's drift at lr 3e-3.
+TEST_F(GpuTrainerTest, FlashGradientsAreAsNearFp32AsTheMaterializedKernels) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [arch, model] :
+       {std::pair<const char*, std::string>{"gpt2",
+                                            "{layers: 2, heads: 2, dim: 128, context: 128, "
+                                            "vocab: 256}"},
+        {"llama",
+         "{arch: llama, layers: 2, heads: 4, kv_heads: 2, dim: 256, ffn_dim: 512, context: 128, "
+         "vocab: 256, tie_embeddings: false}"}}) {
+    SCOPED_TRACE(arch);
+    RunSpec r;
+    r.device = "cuda";
+    r.model = model;
+    absl::StatusOr<model::ModelConfig> config = SpecOf(r).model.Config();
+    ASSERT_TRUE(config.ok()) << config.status();
+    const int B = 4, T = 100;
+    std::vector<int> tokens(B * T), targets(B * T);
+    for (int i = 0; i < B * T; ++i) {
+      tokens[i] = (i * 37 + 11) % config->vocab;
+      targets[i] = (i * 53 + 5) % config->vocab;
+    }
+    auto gradients = [&](DataType compute, bool flash) {
+      engine::ModelEngineOptions o;
+      o.activations.flash_attention = flash;
+      auto e = engine::cuda::CudaModel::Create(*config, B, T, /*ordinal=*/0, compute, 1, o);
+      EXPECT_TRUE(e.ok()) << e.status();
+      if (!e.ok()) return std::vector<float>{};
+      (*e)->InitParams(1337);
+      (*e)->ZeroGrad();
+      (*e)->Forward(tokens.data(), targets.data());
+      (*e)->Backward();
+      std::vector<float> g((*e)->layout().num_params());
+      (*e)->math().CopyToHost(g.data(), (*e)->grad_buffer().as<float>(), g.size());
+      return g;
+    };
+    const std::vector<float> exact = gradients(DataType::kFloat32, false);
+    const std::vector<float> plain = gradients(DataType::kBFloat16, false);
+    const std::vector<float> flash = gradients(DataType::kBFloat16, true);
+    ASSERT_FALSE(exact.empty() || plain.empty() || flash.empty());
+    auto rel_l2 = [&](const std::vector<float>& g) {
+      double num = 0, den = 0;
+      for (size_t i = 0; i < g.size(); ++i) {
+        const double d = double{g[i]} - double{exact[i]};
+        num += d * d;
+        den += double{exact[i]} * exact[i];
+      }
+      return std::sqrt(num / den);
+    };
+    const double e_plain = rel_l2(plain), e_flash = rel_l2(flash);
+    std::printf(
+        "[gpu-trainer] %s gradients vs fp32, relative L2: bf16 materialized %.3g, bf16 flash "
+        "%.3g\n",
+        arch, e_plain, e_flash);
+    EXPECT_LE(e_flash, 1.25 * e_plain + 1e-3);
   }
 }
 

@@ -145,7 +145,6 @@ class CpuModel final : public ModelEngine {
   MoeRouted MoeRoute(LayerActs& a, const void* x, int router, int bias, int N,
                      int capacity) override;
   MoeBalance MoeBalanceLosses(const LayerActs& a, const int* load, int N) override;
-  std::vector<int> MoeKeptCounts(const LayerActs& a) override;
   void MoePermute(void* xp, const LayerActs& a, const void* x, int N, int M) override;
   void MoeGatherRows(void* dst, const void* src, const int* index, int n) override;
   void MoeScatterRows(void* dst, const void* src, const int* index, int n) override;

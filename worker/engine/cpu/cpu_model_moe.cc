@@ -27,6 +27,7 @@ CpuModel::MoeRouted CpuModel::MoeRoute(LayerActs& a, const void* x, int router, 
   const int dropped = BuildPermutation(ix.counts, ix.offsets, ix.pair_of_row, ix.row_of_pair,
                                        a.router_experts, N, K, E, capacity);
   r.kept = N * K - dropped;
+  r.offsets.assign(ix.offsets, ix.offsets + E + 1);
   return r;
 }
 
@@ -42,11 +43,6 @@ CpuModel::MoeBalance CpuModel::MoeBalanceLosses(const LayerActs& a, const int* l
     b.z = ZLossForward(F(a.router_logits), N, m.experts, static_cast<float>(o.z_loss_coef));
   }
   return b;
-}
-
-std::vector<int> CpuModel::MoeKeptCounts(const LayerActs& a) {
-  const int* counts = moe_index(a).counts;
-  return std::vector<int>(counts, counts + config().moe.experts);
 }
 
 void CpuModel::MoePermute(void* xp, const LayerActs& a, const void* x, int N, int M) {

@@ -138,7 +138,6 @@ class CudaModel final : public ModelEngine {
   // Mixture of Experts (cuda_model_moe.cc); the experts are ModelEngine's.
   MoeRouted MoeRoute(LayerActs& a, const void* x, int router, int bias, int N,
                      int capacity) override;
-  std::vector<int> MoeKeptCounts(const LayerActs& a) override;
   MoeBalance MoeBalanceLosses(const LayerActs& a, const int* load, int N) override;
   void MoePermute(void* xp, const LayerActs& a, const void* x, int N, int M) override;
   void MoeGatherRows(void* dst, const void* src, const int* index, int n) override;

@@ -72,16 +72,8 @@ CudaModel::MoeRouted CudaModel::MoeRoute(LayerActs& a, const void* x, int router
             "cudaMemcpyAsync (moe_index)");
   CheckCuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (moe_index)");
   r.kept = N * K - dropped;
+  r.offsets.assign(offsets, offsets + E + 1);
   return r;
-}
-
-std::vector<int> CudaModel::MoeKeptCounts(const LayerActs& a) {
-  std::vector<int> counts(config().moe.experts);
-  CheckCuda(cudaMemcpyAsync(counts.data(), moe_index(a).counts, sizeof(int) * counts.size(),
-                            cudaMemcpyDeviceToHost, stream()),
-            "cudaMemcpyAsync (expert counts)");
-  CheckCuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (expert counts)");
-  return counts;
 }
 
 CudaModel::MoeBalance CudaModel::MoeBalanceLosses(const LayerActs& a, const int* load, int N) {

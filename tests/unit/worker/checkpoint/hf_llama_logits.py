@@ -242,19 +242,24 @@ def main():
     try:
         import transformers  # noqa: F401 (the GPU machines have it)
         if mixtral:
-            from transformers import MixtralConfig as Config, MixtralForCausalLM as Model
+            from transformers import MixtralForCausalLM as Model
         elif qwen3_moe:
-            from transformers import Qwen3MoeConfig as Config, Qwen3MoeForCausalLM as Model
+            from transformers import Qwen3MoeForCausalLM as Model
         elif qwen3:
-            from transformers import Qwen3Config as Config, Qwen3ForCausalLM as Model
+            from transformers import Qwen3ForCausalLM as Model
         else:
-            from transformers import LlamaConfig as Config, LlamaForCausalLM as Model
-        model = Model(Config(**{k: v for k, v in cfg.items()
-                                if k not in ("architectures", "torch_dtype")}))
-        model.load_state_dict(W, strict=False)
-        if tie:
-            model.tie_weights()
-        model.eval()
+            from transformers import LlamaForCausalLM as Model
+        # from_pretrained, the way a user loads the checkpoint, not
+        # load_state_dict: transformers 5 turns per-expert tensors into its
+        # fused experts while loading, and load_state_dict(strict=False) of
+        # the file's names would leave the experts at their random init.
+        model, info = Model.from_pretrained(d, output_loading_info=True)
+        missing = [k for k in info.get("missing_keys", ()) if not (tie and k == "lm_head.weight")]
+        unread = list(info.get("unexpected_keys", ())) + list(info.get("mismatched_keys", ()))
+        if missing or unread:
+            sys.exit(f"hf_llama_logits.py: transformers left tensors unread: missing {missing}, "
+                     f"unexpected or mismatched {unread}")
+        model = model.float().eval()  # the file's bf16 values, exactly
         with torch.no_grad():
             logits = model(idx).logits
         reference = f"transformers {transformers.__version__} {Model.__name__}"
