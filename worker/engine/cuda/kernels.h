@@ -55,7 +55,8 @@ struct KernelCtx {
   // call). Owned by the KernelContext; one stream, one thread.
   internal::LtAlgoCache* algos = nullptr;
   // Fused paths (GEMM epilogues for bias gradients and GELU, the engine's
-  // wte gradient by token): on unless the environment sets
+  // wte gradient by token, LayerNorm's one-pass backward; RMSNorm's input
+  // gradient and SwiGLU in 16-byte packs): on unless the environment sets
   // SHARDTRAIN_CUDA_FUSED=0 when the context is made — the same step
   // computed the separate way, the baseline gpu_train_bench --unfused
   // measures against.

@@ -37,12 +37,18 @@ double Tol(DataType dtype) { return dtype == kF32 ? kFp32Tol : kLowPrecisionTol;
 TEST_F(CudaKernelsTest, RmsNormMatchesCpu) {
   const int N = 1100;
   const float eps = 1e-5f;
-  for (const auto& [dtype, C] : {std::pair<DataType, int>{kF32, 100},
-                                 {DataType::kBFloat16, 100},
-                                 {DataType::kFloat16, 100},
-                                 {kF32, 128},
-                                 {DataType::kBFloat16, 128}}) {
-    const std::string label = absl::StrCat(DataTypeName(dtype), " C=", C, " rmsnorm ");
+  // C = 100 (16-bit) is not whole packs: the one-channel input kernel; the
+  // others' input gradient runs in 16-byte packs (Llama 3.2 1B's 2048
+  // among them), and unfused in the one-channel kernel again.
+  for (const auto& [dtype, C, fused] : {std::tuple<DataType, int, bool>{kF32, 100, true},
+                                        {DataType::kBFloat16, 100, true},
+                                        {DataType::kFloat16, 100, true},
+                                        {kF32, 128, true},
+                                        {DataType::kBFloat16, 128, true},
+                                        {DataType::kBFloat16, 2048, true},
+                                        {DataType::kBFloat16, 128, false}}) {
+    const std::string label =
+        absl::StrCat(DataTypeName(dtype), " C=", C, fused ? "" : " unfused", " rmsnorm ");
     SCOPED_TRACE(label);
     const double tol = Tol(dtype);
     const size_t NC = size_t{N} * C;
@@ -58,7 +64,8 @@ TEST_F(CudaKernelsTest, RmsNormMatchesCpu) {
     cpu::RmsNormBackward<float>(dinp_ref.data(), dweight_ref.data(), dout.data(), inp.data(),
                                 weight.data(), rstd_ref.data(), N, C, nullptr);
 
-    const KernelCtx& k = Ctx(dtype);
+    KernelCtx k = Ctx(dtype);
+    k.fused = fused;
     DevicePtr d_inp = Upload(dtype, inp), d_w = Upload(dtype, weight);
     DevicePtr d_out = Alloc(NC * DataTypeSize(dtype)), d_rstd = Alloc(N * sizeof(float));
     ASSERT_OK(RmsNormForward(k, d_out.get(), static_cast<float*>(d_rstd.get()), d_inp.get(),
@@ -210,10 +217,18 @@ TEST_F(CudaKernelsTest, RotaryMatchesCpuAndInverseRestoresTheInput) {
 
 // ---------------------------------------------------------------- swiglu
 
+// H = 96 runs the 16-byte packs in every dtype (and, unfused, the
+// one-element kernel); H = 100 packs only fp32's 4.
 TEST_F(CudaKernelsTest, SwiGluMatchesCpu) {
-  const int N = 67, H = 100;
-  for (DataType dtype : {kF32, DataType::kBFloat16, DataType::kFloat16}) {
-    const std::string label = absl::StrCat(DataTypeName(dtype), " swiglu ");
+  const int N = 67;
+  for (const auto& [dtype, H, fused] : {std::tuple<DataType, int, bool>{kF32, 100, true},
+                                        {DataType::kBFloat16, 100, true},
+                                        {DataType::kFloat16, 100, true},
+                                        {DataType::kBFloat16, 96, true},
+                                        {DataType::kFloat16, 96, true},
+                                        {DataType::kBFloat16, 96, false}}) {
+    const std::string label =
+        absl::StrCat(DataTypeName(dtype), " H=", H, fused ? "" : " unfused", " swiglu ");
     SCOPED_TRACE(label);
     const double tol = Tol(dtype);
     const size_t n_in = size_t{N} * 2 * H, n_out = size_t{N} * H;
@@ -224,7 +239,8 @@ TEST_F(CudaKernelsTest, SwiGluMatchesCpu) {
     cpu::SwiGluForward<float>(out_ref.data(), inp.data(), N, H, nullptr);
     cpu::SwiGluBackward<float>(dinp_ref.data(), inp.data(), dout.data(), N, H, nullptr);
 
-    const KernelCtx& k = Ctx(dtype);
+    KernelCtx k = Ctx(dtype);
+    k.fused = fused;
     DevicePtr d_inp = Upload(dtype, inp), d_out = Alloc(n_out * DataTypeSize(dtype));
     ASSERT_OK(SwiGluForward(k, d_out.get(), d_inp.get(), N, H));
     Compare(Download(dtype, d_out.get(), n_out), out_ref, tol, label + "out");
