@@ -128,11 +128,6 @@ absl::Status CheckSpecLimits(const JobSpec& spec, const ParallelDims& dims,
         "parallel.ep with parallel.comm: nccl: the experts' exchange stages through host memory "
         "only so far (parallel.comm: gloo)");
   }
-  if (spec.optimizer.state == OptimizerState::kInt8 && spec.resources.device == DeviceKind::kCuda) {
-    return absl::InvalidArgumentError(
-        "optimizer.state: int8 runs on the host's optimizer only so far (resources.device: cpu "
-        "trains with it; `shardtrain plan` plans GPU runs with it)");
-  }
   const double params = ModelParams(spec.model);
   if (params > static_cast<double>(limits.max_params)) {
     return absl::InvalidArgumentError(absl::StrFormat(

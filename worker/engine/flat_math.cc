@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -52,6 +54,13 @@ double HostFlatMath::SquaredNorm(const float* g, size_t size) {
   double total = 0;
   for (double s : partial) total += s;
   return total;
+}
+
+void FlatMath::AdamW8bitUpdate(float*, float*, uint8_t*, float*, uint8_t*, float*, size_t,
+                               const uint32_t*, int, const AdamWCoefficients&, const float*,
+                               const float*, bool) {
+  std::fprintf(stderr, "FlatMath: this math has no 8-bit AdamW (the host's optimizer steps it)\n");
+  std::abort();
 }
 
 void HostFlatMath::Scale(float* g, size_t n, float scale) {

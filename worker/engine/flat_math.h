@@ -70,6 +70,19 @@ class FlatMath {
                   zero_grads);
     }
   }
+  // 8-bit AdamW (optim/adamw8bit.h's update, the same bits as the host's)
+  // of n elements whose moments m and v are block-wise codes (n bytes each)
+  // and absmax (one per 2048 elements, each), every array in this math's
+  // memory. ranges: num_ranges triples of uint32 words (begin, end,
+  // decayed), sorted, in this math's memory; elements outside them take no
+  // decay, decayed ones c.decay. m_map, v_map: the signed and unsigned code
+  // maps (256 floats each, host memory). zero_grads: g is set to 0 once
+  // read. Default: aborts (the host's optimizer updates its 8-bit state
+  // itself, optim/adamw8bit.h).
+  virtual void AdamW8bitUpdate(float* p, float* g, uint8_t* m, float* m_absmax, uint8_t* v,
+                               float* v_absmax, size_t n, const uint32_t* ranges, int num_ranges,
+                               const AdamWCoefficients& c, const float* m_map, const float* v_map,
+                               bool zero_grads);
   // host[0, n) = x[0, n) and back (host memory is the caller's).
   virtual void CopyToHost(float* host, const float* x, size_t n) = 0;
   virtual void CopyFromHost(float* x, const float* host, size_t n) = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -54,11 +55,48 @@ struct AdamW::Int8State {
     size_t begin = 0, end = 0;      // relative to the range's offset
     size_t first_block = 0;         // its first block in the absmax arrays
     std::vector<DecayRange> decay;  // relative to begin
+    size_t first_range = 0;         // its decay ranges' first triple in `ranges` (a device's)
   };
   std::vector<Segment> segments;
   std::vector<uint8_t> m, v;              // one code per element
   std::vector<float> m_absmax, v_absmax;  // one per block
   size_t blocks = 0;
+  // On a device's math (a GPU engine's) the codes, the absmax and every
+  // segment's decay ranges ((begin, end, decayed) uint32 triples) live in
+  // its memory and are updated there; m, v, m_absmax and v_absmax above are
+  // then a host copy, made when a checkpoint reads the state (Pull, while
+  // `fresh` is false) and written back when it sets it (Push).
+  engine::FlatMath* device = nullptr;
+  std::unique_ptr<engine::Buffer> d_m, d_v, d_m_absmax, d_v_absmax, d_ranges;
+  bool fresh = false;
+
+  static size_t Words(size_t bytes) { return (bytes + 3) / 4; }
+  uint8_t* DeviceCodes(bool second) const {
+    return static_cast<uint8_t*>((second ? d_v : d_m)->data());
+  }
+  void Pull() {
+    if (device == nullptr || fresh) return;
+    const size_t words = Words(m_codes_size);
+    m.resize(4 * words);
+    v.resize(4 * words);
+    m_absmax.resize(blocks);
+    v_absmax.resize(blocks);
+    device->CopyToHost(reinterpret_cast<float*>(m.data()), d_m->as<float>(), words);
+    device->CopyToHost(reinterpret_cast<float*>(v.data()), d_v->as<float>(), words);
+    device->CopyToHost(m_absmax.data(), d_m_absmax->as<float>(), blocks);
+    device->CopyToHost(v_absmax.data(), d_v_absmax->as<float>(), blocks);
+    fresh = true;
+  }
+  void Push() {
+    if (device == nullptr) return;
+    const size_t words = Words(m_codes_size);
+    device->CopyFromHost(d_m->as<float>(), reinterpret_cast<const float*>(m.data()), words);
+    device->CopyFromHost(d_v->as<float>(), reinterpret_cast<const float*>(v.data()), words);
+    device->CopyFromHost(d_m_absmax->as<float>(), m_absmax.data(), blocks);
+    device->CopyFromHost(d_v_absmax->as<float>(), v_absmax.data(), blocks);
+    fresh = true;
+  }
+  size_t m_codes_size = 0;  // the range's elements (count)
 
   Quant8Span M(const Segment& s) {
     return {absl::MakeSpan(m).subspan(s.begin, s.end - s.begin),
@@ -114,11 +152,6 @@ absl::StatusOr<AdamW> AdamW::Create(const model::ParamLayout& layout, size_t off
       segments.push_back({b - offset, e - offset, t.decay});
     }
   }
-  if (options.int8_state && math != nullptr &&
-      dynamic_cast<engine::HostFlatMath*>(math) == nullptr) {
-    return absl::InvalidArgumentError(
-        "optimizer.state int8: the 8-bit state is kept and updated on the host only");
-  }
   AdamW a(offset, count, options, std::move(segments), math);
   if (options.int8_state) {
     // Block grids start at the range and at every unit and expert tail in it.
@@ -139,10 +172,39 @@ absl::StatusOr<AdamW> AdamW::Create(const model::ParamLayout& layout, size_t off
       s8->blocks += Quant8Blocks(e - b);
       s8->segments.push_back(std::move(seg));
     }
-    s8->m.assign(count, 0);
-    s8->v.assign(count, 0);
-    s8->m_absmax.assign(s8->blocks, 0.0f);
-    s8->v_absmax.assign(s8->blocks, 0.0f);
+    s8->m_codes_size = count;
+    if (math != nullptr && dynamic_cast<engine::HostFlatMath*>(math) == nullptr) {
+      // In the device's memory (zero-filled: the state before step 1), with
+      // every segment's decay ranges beside it.
+      std::vector<uint32_t> words;
+      for (Int8State::Segment& seg : s8->segments) {
+        if (seg.end - seg.begin > 0xffffffffu) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("optimizer.state int8 on a GPU: a unit of ", seg.end - seg.begin,
+                           " elements, the device's update indexes at most 2^32 - 1"));
+        }
+        seg.first_range = words.size() / 3;
+        for (const DecayRange& r : seg.decay) {
+          words.insert(words.end(), {static_cast<uint32_t>(r.begin), static_cast<uint32_t>(r.end),
+                                     r.decay ? 1u : 0u});
+        }
+      }
+      s8->device = math;
+      s8->d_m = math->Allocate(Int8State::Words(count));
+      s8->d_v = math->Allocate(Int8State::Words(count));
+      s8->d_m_absmax = math->Allocate(s8->blocks);
+      s8->d_v_absmax = math->Allocate(s8->blocks);
+      s8->d_ranges = math->Allocate(std::max<size_t>(words.size(), 1));
+      if (!words.empty()) {
+        math->CopyFromHost(s8->d_ranges->as<float>(), reinterpret_cast<const float*>(words.data()),
+                           words.size());
+      }
+    } else {
+      s8->m.assign(count, 0);
+      s8->v.assign(count, 0);
+      s8->m_absmax.assign(s8->blocks, 0.0f);
+      s8->v_absmax.assign(s8->blocks, 0.0f);
+    }
     a.int8_ = std::move(s8);
   }
   return a;
@@ -208,8 +270,26 @@ void AdamW::Update(float* p, float* g, float lr, engine::FlatMath& math, bool ze
                    end, count_);
       std::abort();
     }
-    auto* host = dynamic_cast<engine::HostFlatMath*>(&math);
     const AdamW8bitStep step{lr, step_, grad_scale};
+    if (int8_->device != nullptr) {  // on the device, the arrays its memory's
+      if (&math != int8_->device) {
+        std::fprintf(stderr, "AdamW: 8-bit state on a device stepped with another math's arrays\n");
+        std::abort();
+      }
+      const engine::AdamWCoefficients c = AdamW8bitCoefficients(options_, step);
+      const uint32_t* ranges = static_cast<const uint32_t*>(int8_->d_ranges->data());
+      for (const Int8State::Segment& s : int8_->segments) {
+        math.AdamW8bitUpdate(p + s.begin, g + s.begin, int8_->DeviceCodes(false) + s.begin,
+                             int8_->d_m_absmax->as<float>() + s.first_block,
+                             int8_->DeviceCodes(true) + s.begin,
+                             int8_->d_v_absmax->as<float>() + s.first_block, s.end - s.begin,
+                             ranges + 3 * s.first_range, static_cast<int>(s.decay.size()), c,
+                             SignedDynamicMap().data(), UnsignedDynamicMap().data(), zero_grads);
+      }
+      int8_->fresh = false;
+      return;
+    }
+    auto* host = dynamic_cast<engine::HostFlatMath*>(&math);
     for (const Int8State::Segment& s : int8_->segments) {
       const size_t n = s.end - s.begin;
       const absl::Status st = AdamW8bitUpdate(
@@ -244,14 +324,20 @@ void AdamW::Update(float* p, float* g, float lr, engine::FlatMath& math, bool ze
 }
 
 std::vector<float> AdamW::CopyM(size_t begin, size_t end) const {
-  if (int8_ != nullptr) return int8_->Dequantized(false, begin, end);
+  if (int8_ != nullptr) {
+    int8_->Pull();
+    return int8_->Dequantized(false, begin, end);
+  }
   std::vector<float> out(end - begin);
   math().CopyToHost(out.data(), m_->as<float>() + begin, out.size());
   return out;
 }
 
 std::vector<float> AdamW::CopyV(size_t begin, size_t end) const {
-  if (int8_ != nullptr) return int8_->Dequantized(true, begin, end);
+  if (int8_ != nullptr) {
+    int8_->Pull();
+    return int8_->Dequantized(true, begin, end);
+  }
   std::vector<float> out(end - begin);
   math().CopyToHost(out.data(), v_->as<float>() + begin, out.size());
   return out;
@@ -259,6 +345,7 @@ std::vector<float> AdamW::CopyV(size_t begin, size_t end) const {
 
 void AdamW::SetState(absl::Span<const float> m, absl::Span<const float> v) {
   if (int8_ != nullptr) {  // block by block, each back to its codes and absmax
+    int8_->Pull();         // a device's: the segments SetState does not reach keep theirs
     for (const Int8State::Segment& s : int8_->segments) {
       const size_t n = s.end - s.begin;
       if (s.end > m.size() || s.end > v.size()) break;
@@ -272,6 +359,7 @@ void AdamW::SetState(absl::Span<const float> m, absl::Span<const float> v) {
         }
       }
     }
+    int8_->Push();
     return;
   }
   math().CopyFromHost(m_->as<float>(), m.data(), std::min(m.size(), count_));

@@ -27,7 +27,8 @@ struct AdamWOptions {
   float eps = 1e-8f;
   float weight_decay = 0.1f;  // applied only where TensorInfo::decay
   // m and v kept block-wise in 8 bits (adamw8bit.h: bitsandbytes'
-  // AdamW8bit), on the host only. The blocks of kQuant8BlockSize start
+  // AdamW8bit), where `math` keeps its arrays (a GPU's: updated there by
+  // FlatMath::AdamW8bitUpdate, the same bits as the host's). The blocks of kQuant8BlockSize start
   // afresh at every shard unit of the layout and at every MoE block's
   // experts (ParamLayout::ExpertRanges), so a ZeRO shard of whole blocks of
   // a unit quantizes exactly as one rank holding the whole unit does.
@@ -49,9 +50,9 @@ class AdamW {
  public:
   // InvalidArgument if the range is outside the layout. `math`: where m, v
   // and the update live (null: the host); it must outlive the optimizer.
-  // With options.int8_state, `math` must keep its arrays on the host (null
-  // or a HostFlatMath: InvalidArgument otherwise), and the range is stepped
-  // whole (UpdateRange aborts).
+  // With options.int8_state the range is stepped whole (UpdateRange
+  // aborts); on a device's math its units must each hold under 2^32
+  // elements (InvalidArgument otherwise).
   static absl::StatusOr<AdamW> Create(const model::ParamLayout& layout, size_t offset, size_t count,
                                       const AdamWOptions& options,
                                       engine::FlatMath* math = nullptr);

@@ -8,28 +8,7 @@
 namespace shardtrain::optim {
 namespace {
 
-// One step's per-element constants (as AdamW::Update computes them).
-struct Coefficients {
-  float beta1, beta2, eps;
-  float step_size;     // lr / (1 - b1^t)
-  float inv_sqrt_bc2;  // 1 / sqrt(1 - b2^t)
-  float decay;         // 1 - lr · weight_decay, for decayed elements
-  float grad_scale;
-};
-
-Coefficients MakeCoefficients(const AdamWOptions& o, const AdamW8bitStep& s) {
-  const float bc1 = 1.0f - static_cast<float>(std::pow(double{o.beta1}, s.t));
-  const float bc2 = 1.0f - static_cast<float>(std::pow(double{o.beta2}, s.t));
-  Coefficients c;
-  c.beta1 = o.beta1;
-  c.beta2 = o.beta2;
-  c.eps = o.eps;
-  c.step_size = s.lr / bc1;
-  c.inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
-  c.decay = std::fma(-s.lr, o.weight_decay, 1.0f);
-  c.grad_scale = s.grad_scale;
-  return c;
-}
+using Coefficients = engine::AdamWCoefficients;
 
 // Calls f(i0, i1, decayed) on consecutive pieces that cover [begin, end),
 // each inside one DecayRange or between two (decayed = false there).
@@ -124,6 +103,20 @@ absl::Status Validate(size_t n, size_t grads, const Quant8Span& m, const Quant8S
 
 }  // namespace
 
+engine::AdamWCoefficients AdamW8bitCoefficients(const AdamWOptions& o, const AdamW8bitStep& s) {
+  const float bc1 = 1.0f - static_cast<float>(std::pow(double{o.beta1}, s.t));
+  const float bc2 = 1.0f - static_cast<float>(std::pow(double{o.beta2}, s.t));
+  engine::AdamWCoefficients c;
+  c.beta1 = o.beta1;
+  c.beta2 = o.beta2;
+  c.eps = o.eps;
+  c.step_size = s.lr / bc1;
+  c.inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
+  c.decay = std::fma(-s.lr, o.weight_decay, 1.0f);
+  c.grad_scale = s.grad_scale;
+  return c;
+}
+
 std::vector<DecayRange> DecayRanges(const model::ParamLayout& layout, size_t offset, size_t count) {
   std::vector<DecayRange> ranges;
   const size_t end = offset + count;
@@ -149,7 +142,7 @@ absl::Status AdamW8bitUpdateBlocks(absl::Span<float> params, absl::Span<const fl
       !s.ok()) {
     return s;
   }
-  const Coefficients c = MakeCoefficients(options, step);
+  const Coefficients c = AdamW8bitCoefficients(options, step);
   const Quant8Map& m_map = SignedDynamicMap();
   const Quant8Map& v_map = UnsignedDynamicMap();
   engine::ParallelFor(

@@ -34,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/model/param_layout.h"
+#include "worker/engine/flat_math.h"
 #include "worker/engine/thread_pool.h"
 #include "worker/optim/adamw.h"
 #include "worker/optim/quant8.h"
@@ -60,6 +61,12 @@ struct AdamW8bitStep {
   int64_t t = 1;            // the step number, from 1 (bias correction)
   float grad_scale = 1.0f;  // the update reads grads · grad_scale (clip factor)
 };
+
+// The step's coefficients as the update uses them (engine/flat_math.h's,
+// shared with a device's 8-bit update: FlatMath::AdamW8bitUpdate), decay
+// being a decayed element's factor 1 - lr·weight_decay (fused).
+engine::AdamWCoefficients AdamW8bitCoefficients(const AdamWOptions& options,
+                                                const AdamW8bitStep& step);
 
 // One AdamW step of blocks [block_begin, block_end) of a range of n elements
 // (n = params.size(); block b is elements [b·2048, min((b+1)·2048, n))):

@@ -2,6 +2,7 @@
 // arithmetic as kernels.h's launchers on the device's compute stream.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -96,6 +97,22 @@ class CudaFlatMath final : public FlatMath {
   }
   void FromBFloat16(float* dst, const uint16_t* src, size_t n) override {
     Check(ConvertToFloat32(Bf16Ctx(), dst, src, static_cast<int64_t>(n)));
+  }
+  void AdamW8bitUpdate(float* p, float* g, uint8_t* m, float* m_absmax, uint8_t* v, float* v_absmax,
+                       size_t n, const uint32_t* ranges, int num_ranges, const AdamWCoefficients& c,
+                       const float* m_map, const float* v_map, bool zero_grads) override {
+    AdamW8bitArgs a;
+    a.beta1 = c.beta1;
+    a.beta2 = c.beta2;
+    a.eps = c.eps;
+    a.decay = c.decay;
+    a.step_size = c.step_size;
+    a.inv_sqrt_bc2 = c.inv_sqrt_bc2;
+    a.grad_scale = c.grad_scale;
+    std::copy(m_map, m_map + 256, a.m_map);
+    std::copy(v_map, v_map + 256, a.v_map);
+    Check(cuda::AdamW8bitUpdate(stream(), p, g, m, m_absmax, v, v_absmax, static_cast<int64_t>(n),
+                                ranges, num_ranges, a, zero_grads));
   }
   void CopyToHostAsyncOn(Stream& on, float* host, const float* x, size_t n) override {
     CheckCuda(cudaMemcpyAsync(host, x, n * sizeof(float), cudaMemcpyDeviceToHost,

@@ -407,6 +407,26 @@ absl::Status AdamWUpdateRanges(cudaStream_t stream, float* params, float* grads,
                                const AdamWRangeArgs* ranges, int count, const AdamWArgs& args,
                                bool zero_grads);
 
+// 8-bit AdamW (optim/adamw8bit.h, bitsandbytes' AdamW8bit): m and v are
+// uint8 codes into the two maps times one fp32 absmax per block of
+// kAdamW8bitBlock elements. A block of threads per block of elements:
+// dequantize, the host's update per element with the same float operations
+// in the same order (fmaf where it fuses, IEEE division and sqrt: the same
+// bits), the block's new absmax, requantize to the nearest map entry (a tie
+// keeps the lower). ranges: num_ranges (begin, end, decayed) uint32 triples
+// in device memory, sorted; a decayed element takes p · args.decay.
+// zero_grads: each gradient is set to 0 once read.
+constexpr int kAdamW8bitBlock = 2048;
+struct AdamW8bitArgs {
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, decay = 1.0f;
+  float step_size = 0.0f, inv_sqrt_bc2 = 1.0f, grad_scale = 1.0f;
+  float m_map[256] = {}, v_map[256] = {};
+};
+absl::Status AdamW8bitUpdate(cudaStream_t stream, float* params, float* grads, uint8_t* m,
+                             float* m_absmax, uint8_t* v, float* v_absmax, int64_t n,
+                             const uint32_t* ranges, int num_ranges, const AdamW8bitArgs& args,
+                             bool zero_grads);
+
 }  // namespace shardtrain::engine::cuda
 
 #endif  // SHARDTRAIN_WORKER_ENGINE_CUDA_KERNELS_H_

@@ -179,3 +179,135 @@ absl::Status AdamWUpdateRanges(cudaStream_t stream, float* params, float* grads,
 }
 
 }  // namespace shardtrain::engine::cuda
+
+// ---- 8-bit AdamW ----
+namespace shardtrain::engine::cuda {
+namespace {
+
+constexpr int k8bitThreads = 256;
+constexpr int k8bitPerThread = kAdamW8bitBlock / k8bitThreads;
+static_assert(kAdamW8bitBlock % k8bitThreads == 0, "a block's elements split evenly");
+
+// optim/quant8.cc QuantizeValue: the entry of the sorted map nearest to y,
+// a tie keeping the lower one (std::upper_bound, then the comparison).
+__device__ __forceinline__ uint8_t NearestCode(const float* map, float y) {
+  int lo = 0, hi = 256;  // the first entry above y, as std::upper_bound
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (y < map[mid]) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  if (lo == 0) return 0;
+  if (lo == 256) return 255;
+  return static_cast<uint8_t>(map[lo] - y < y - map[lo - 1] ? lo : lo - 1);
+}
+
+// Whether element i lies in a decayed range (sorted (begin, end, decayed)
+// triples; elements between ranges take no decay).
+__device__ __forceinline__ bool Decayed(const uint32_t* ranges, int count, uint32_t i) {
+  int lo = 0, hi = count;  // the first range whose begin is above i
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (i < ranges[3 * mid]) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  if (lo == 0) return false;
+  const uint32_t* r = ranges + 3 * (lo - 1);
+  return i < r[1] && r[2] != 0;
+}
+
+__device__ __forceinline__ float BlockMax(float x, float* scratch) {
+  for (int o = internal::kWarpSize / 2; o > 0; o /= 2) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  }
+  const int warp = threadIdx.x / internal::kWarpSize, lane = threadIdx.x % internal::kWarpSize;
+  if (lane == 0) scratch[warp] = x;
+  __syncthreads();
+  float m = 0.0f;
+  for (int w = 0; w < k8bitThreads / internal::kWarpSize; ++w) m = fmaxf(m, scratch[w]);
+  return m;  // exact: max does not round, in any order
+}
+
+// optim/adamw8bit.cc UpdateBlock, element by element with the same float
+// operations in the same order.
+__global__ void AdamW8bitKernel(float* p, float* g, uint8_t* mc, float* m_absmax, uint8_t* vc,
+                                float* v_absmax, int64_t n, const uint32_t* ranges, int num_ranges,
+                                AdamW8bitArgs a, bool zero_grads) {
+  __shared__ float m_map[256], v_map[256];
+  __shared__ float scratch_m[k8bitThreads / internal::kWarpSize];
+  __shared__ float scratch_v[k8bitThreads / internal::kWarpSize];
+  for (int k = threadIdx.x; k < 256; k += k8bitThreads) {
+    m_map[k] = a.m_map[k];
+    v_map[k] = a.v_map[k];
+  }
+  __syncthreads();
+  const int64_t block = blockIdx.x, begin = block * kAdamW8bitBlock;
+  const int len = static_cast<int>(n - begin < kAdamW8bitBlock ? n - begin : kAdamW8bitBlock);
+  const float ma = m_absmax[block], va = v_absmax[block];
+  const float one_minus_b1 = 1.0f - a.beta1, one_minus_b2 = 1.0f - a.beta2;
+  float m_new[k8bitPerThread], v_new[k8bitPerThread];
+  float top_m = 0.0f, top_v = 0.0f;
+#pragma unroll
+  for (int k = 0; k < k8bitPerThread; ++k) {
+    const int j = k * k8bitThreads + threadIdx.x;
+    m_new[k] = v_new[k] = 0.0f;
+    if (j >= len) continue;
+    const int64_t i = begin + j;
+    const float m0 = ma == 0.0f ? 0.0f : m_map[mc[i]] * ma;
+    const float v0 = va == 0.0f ? 0.0f : v_map[vc[i]] * va;
+    const float gi = g[i] * a.grad_scale;
+    if (zero_grads) g[i] = 0.0f;
+    const float mj = fmaf(a.beta1, m0, one_minus_b1 * gi);
+    const float vj = fmaf(a.beta2, v0, one_minus_b2 * gi * gi);
+    const float denom = fmaf(sqrtf(vj), a.inv_sqrt_bc2, a.eps);
+    const float d = Decayed(ranges, num_ranges, static_cast<uint32_t>(j)) ? a.decay : 1.0f;
+    p[i] = fmaf(p[i], d, -(a.step_size * mj / denom));
+    m_new[k] = mj;
+    v_new[k] = vj;
+    top_m = fmaxf(top_m, fabsf(mj));
+    top_v = fmaxf(top_v, fabsf(vj));
+  }
+  const float am = BlockMax(top_m, scratch_m);
+  const float av = BlockMax(top_v, scratch_v);
+#pragma unroll
+  for (int k = 0; k < k8bitPerThread; ++k) {
+    const int j = k * k8bitThreads + threadIdx.x;
+    if (j >= len) continue;
+    const int64_t i = begin + j;
+    mc[i] = NearestCode(m_map, am == 0.0f ? 0.0f : m_new[k] / am);
+    vc[i] = NearestCode(v_map, av == 0.0f ? 0.0f : v_new[k] / av);
+  }
+  if (threadIdx.x == 0) {
+    m_absmax[block] = am;
+    v_absmax[block] = av;
+  }
+}
+
+}  // namespace
+
+absl::Status AdamW8bitUpdate(cudaStream_t stream, float* params, float* grads, uint8_t* m,
+                             float* m_absmax, uint8_t* v, float* v_absmax, int64_t n,
+                             const uint32_t* ranges, int num_ranges, const AdamW8bitArgs& args,
+                             bool zero_grads) {
+  constexpr const char* kName = "AdamW8bitUpdate";
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kName, "n", n));
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckNonNegative(kName, "num_ranges", num_ranges));
+  if (n > int64_t{0xffffffff}) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kName, ": ", n, " elements, the ranges index at most 2^32 - 1"));
+  }
+  if (n == 0) return absl::OkStatus();
+  const int64_t blocks = internal::BlocksFor(n, kAdamW8bitBlock);
+  SHARDTRAIN_RETURN_IF_ERROR(internal::CheckGrid(kName, blocks));
+  AdamW8bitKernel<<<static_cast<int>(blocks), k8bitThreads, 0, stream>>>(
+      params, grads, m, m_absmax, v, v_absmax, n, ranges, num_ranges, args, zero_grads);
+  return internal::CheckLaunch(kName);
+}
+
+}  // namespace shardtrain::engine::cuda
