@@ -189,12 +189,14 @@ absl::StatusOr<AdamW> AdamW::Create(const model::ParamLayout& layout, size_t off
                                      r.decay ? 1u : 0u});
         }
       }
+      // (At least one element each: an empty ZeRO shard allocates too.)
+      auto allocate = [&](size_t n) { return math->Allocate(std::max<size_t>(n, 1)); };
       s8->device = math;
-      s8->d_m = math->Allocate(Int8State::Words(count));
-      s8->d_v = math->Allocate(Int8State::Words(count));
-      s8->d_m_absmax = math->Allocate(s8->blocks);
-      s8->d_v_absmax = math->Allocate(s8->blocks);
-      s8->d_ranges = math->Allocate(std::max<size_t>(words.size(), 1));
+      s8->d_m = allocate(Int8State::Words(count));
+      s8->d_v = allocate(Int8State::Words(count));
+      s8->d_m_absmax = allocate(s8->blocks);
+      s8->d_v_absmax = allocate(s8->blocks);
+      s8->d_ranges = allocate(words.size());
       if (!words.empty()) {
         math->CopyFromHost(s8->d_ranges->as<float>(), reinterpret_cast<const float*>(words.data()),
                            words.size());
