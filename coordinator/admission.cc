@@ -123,11 +123,6 @@ absl::Status CheckSpecLimits(const JobSpec& spec, const ParallelDims& dims,
         dims.cp() > 1 ? absl::StrCat(" x cp ", dims.cp()) : "", " x tp ", dims.tp(), " x pp ",
         dims.pp(), ") is above the coordinator's limit of ", limits.max_world, " (--max-world)"));
   }
-  if (spec.parallel.ep > 1 && spec.parallel.comm == CommBackend::kNccl) {
-    return absl::InvalidArgumentError(
-        "parallel.ep with parallel.comm: nccl: the experts' exchange stages through host memory "
-        "only so far (parallel.comm: gloo)");
-  }
   const double params = ModelParams(spec.model);
   if (params > static_cast<double>(limits.max_params)) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -170,6 +170,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   if (wrap_engine) *engine = wrap_engine(*std::move(engine));
   if (tp != nullptr) tp->set_device(&(*engine)->device());  // orders a device group's ops
   if (cp != nullptr) cp->set_device(&(*engine)->device());
+  if (ep != nullptr) ep->set_device(&(*engine)->device());
   const optim::AdamWOptions adamw = AdamWOptionsOf(spec.optimizer);
   comm::Communicator* expert_comm = mesh != nullptr ? mesh->expert_dp() : nullptr;
   auto t = Compose(
@@ -344,7 +345,7 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
     r.loss = *sum / mesh_->dims().cp();
   }
   if (ep_group_ != nullptr) {  // the all-to-alls of the step's MoE layers
-    if (absl::Status s = ep_group_->status(); !s.ok()) return s;
+    if (absl::Status s = ep_group_->Finish(); !s.ok()) return s;
     r.ep_bytes = ep_group_->TakeBytes();
   }
   r.lr = optim::LearningRate(spec_.optimizer, step - 1, spec_.steps);
@@ -420,7 +421,7 @@ absl::StatusOr<double> Trainer::Evaluate() {
   }
   if (tp_group_ != nullptr) tp_group_->TakeBytes();  // nor tp's
   if (ep_group_ != nullptr) {                        // nor ep's
-    if (absl::Status s = ep_group_->status(); !s.ok()) return s;
+    if (absl::Status s = ep_group_->Finish(); !s.ok()) return s;
     ep_group_->TakeBytes();
   }
   // The strategy summed over dp × cp: each cp rank's mean covers 1/cp of

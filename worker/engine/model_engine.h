@@ -429,6 +429,11 @@ class ModelEngine : public Engine {
   // through host fp32.
   virtual void EpAllToAll(const void* send, const std::vector<size_t>& send_counts, void* recv,
                           const std::vector<size_t>& recv_counts);
+  // The same of host fp32 arrays (EpPlan's pair counts). Default: the ep
+  // group's AllToAllV; a device whose group takes device memory stages them
+  // through its own.
+  virtual void EpAllToAllHost(const float* send, const std::vector<size_t>& send_counts,
+                              float* recv, const std::vector<size_t>& recv_counts);
   ExpertParallel* ep() const { return ep_; }
   // In place sum over the tp group (called only when tp > 1).
   virtual void TpAllReduceSum(void* x, int64_t n) = 0;

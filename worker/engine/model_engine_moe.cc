@@ -135,7 +135,7 @@ void ModelEngine::EpPlan(LayerActs& a, const std::vector<int>& kept) {
   // Pairs per (destination rank, its local expert) out; per (source rank,
   // local expert) in, exchanged first.
   std::vector<float> out_counts(kept.begin(), kept.end()), in_counts(size_t(ep) * El);
-  ep_->AllToAllV(out_counts.data(), std::vector<size_t>(ep, El), in_counts.data(),
+  EpAllToAllHost(out_counts.data(), std::vector<size_t>(ep, El), in_counts.data(),
                  std::vector<size_t>(ep, El));
   const int C = config().dim;
   a.ep_send.assign(ep, 0);
@@ -167,6 +167,11 @@ void ModelEngine::EpAllToAll(const void* send, const std::vector<size_t>& send_c
   // Host fp32 rows (the CPU engine's compute type).
   ep_->AllToAllV(static_cast<const float*>(send), send_counts, static_cast<float*>(recv),
                  recv_counts);
+}
+
+void ModelEngine::EpAllToAllHost(const float* send, const std::vector<size_t>& send_counts,
+                                 float* recv, const std::vector<size_t>& recv_counts) {
+  ep_->AllToAllV(send, send_counts, recv, recv_counts);
 }
 
 void ModelEngine::EpDispatch(const LayerActs& a, const void* send, void* staging,

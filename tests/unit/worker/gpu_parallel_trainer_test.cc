@@ -182,10 +182,11 @@ TEST(GpuParallelTrainerTest, DeviceMemoryPathsWithRanksOnOneGpuEqualOneRank) {
 
 // A Mixtral-style model (4 experts, top 2) with its experts split over
 // ep 2, the ranks sharing one GPU: the rows go to their experts' rank and
-// back through host fp32 (CudaModel::EpAllToAll over Gloo), dp 2 × ep 2
-// and ZeRO-1 with ep 2, each equal to one rank over 20 steps. No balancing
-// loss: it is per micro-batch, and the one rank's micro-batch is the
-// layouts' two.
+// back through host fp32 (CudaModel::EpAllToAll over Gloo), and in the
+// engine's buffers in the compute type over a device-memory group (NCCL's
+// path; Gloo behind HostBackedDeviceComm here), dp 2 × ep 2 and ZeRO-1
+// with ep 2, each equal to one rank over 20 steps. No balancing loss: it is
+// per micro-batch, and the one rank's micro-batch is the layouts' two.
 TEST(GpuParallelTrainerTest, ExpertParallelRanksOnOneGpuEqualOneRank) {
   SKIP_WITHOUT_GPU();
   RunSpec base;
@@ -204,13 +205,17 @@ TEST(GpuParallelTrainerTest, ExpertParallelRanksOnOneGpuEqualOneRank) {
               Ranks(2, {"parallel.dp=2", "parallel.ep=2", "parallel.zero=1", "batch.micro=4"})}}) {
       absl::StatusOr<JobSpec> split = ParseJobSpec(JobSpecToYaml(*one), overrides);
       ASSERT_TRUE(split.ok()) << split.status();
-      const std::vector<double> got = TrainRanks(*split, 1, kSteps);
-      const double diff = MaxRelDiff(got, want);
-      std::printf(
-          "[gpu-trainer] %s moe %s on one GPU vs 1 rank: step %d %.7f / %.7f, max rel "
-          "diff %.3g\n",
-          precision, name.c_str(), kSteps, got[kSteps], want[kSteps], diff);
-      EXPECT_LE(diff, tolerance) << precision << " " << name;
+      for (const bool device_memory : {false, true}) {
+        const std::vector<double> got =
+            TrainRanks(*split, 1, kSteps, nullptr, nullptr, device_memory);
+        const double diff = MaxRelDiff(got, want);
+        std::printf(
+            "[gpu-trainer] %s moe %s on one GPU%s vs 1 rank: step %d %.7f / %.7f, max rel "
+            "diff %.3g\n",
+            precision, name.c_str(), device_memory ? " (device-memory comm)" : "", kSteps,
+            got[kSteps], want[kSteps], diff);
+        EXPECT_LE(diff, tolerance) << precision << " " << name << " " << device_memory;
+      }
     }
   }
 }

@@ -114,6 +114,12 @@ class HostBackedDeviceComm final : public comm::Communicator {
         return {a.count, a.recv_count};
       case comm::OpType::kBarrier:
         return {0, 0};
+      case comm::OpType::kAllToAllV: {
+        size_t in = 0, out = 0;
+        for (size_t c : a.send_counts) in += c;
+        for (size_t c : a.recv_counts) out += c;
+        return {in, out};
+      }
       default:  // in place: all-reduce, broadcast, reduce
         return {0, a.count};
     }

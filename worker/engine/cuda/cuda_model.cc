@@ -24,11 +24,6 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const model::ModelC
                                                              DataType compute, int host_threads,
                                                              const ModelEngineOptions& options) {
   if (auto s = ValidateModelEngine(config, B, T, options); !s.ok()) return s;
-  if (options.ep != nullptr && options.ep->device_memory()) {
-    return absl::InvalidArgumentError(
-        "parallel.ep with parallel.comm: nccl: the experts' exchange stages through host memory "
-        "only so far (parallel.comm: gloo)");
-  }
   if (config.moe.on() && options.cp != nullptr && options.cp->device_memory()) {
     return absl::InvalidArgumentError(
         "model.moe with parallel.cp: the expert load is summed over the ring in host memory (a "
@@ -114,6 +109,9 @@ absl::Status CudaModel::Init() {
   if (s.ok() && config().moe.on()) {  // int32, 4 bytes like fp32
     s = alloc(static_cast<size_t>(BT * config().moe.top_k * layout().slice().ep),
               DataType::kFloat32, &moe_rows_);
+  }
+  if (s.ok() && ep() != nullptr && ep()->device_memory()) {
+    s = alloc(size_t(2 * config().moe.experts), DataType::kFloat32, &ep_counts_);
   }
   const size_t io = StageIoElements();
   // The tp collectives convert a 16-bit compute type to fp32 here; in

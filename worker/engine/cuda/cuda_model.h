@@ -149,10 +149,14 @@ class CudaModel final : public ModelEngine {
   void MoeRouterBackward(void* dx, void* dscores, void* dlogits, const void* dgates,
                          const LayerActs& a, const int* load, const void* x, int router, int N,
                          float dloss) override;
-  // Expert parallelism's exchange through host fp32 (the ep group takes
-  // host memory), as the tp collectives stage theirs.
+  // Expert parallelism's exchange: in the engine's buffers, in the compute
+  // type, where the ep group takes device memory (NCCL); else through host
+  // fp32, as the tp collectives stage theirs. The plan's counts go through
+  // ep_counts_ on a device-memory group.
   void EpAllToAll(const void* send, const std::vector<size_t>& send_counts, void* recv,
                   const std::vector<size_t>& recv_counts) override;
+  void EpAllToAllHost(const float* send, const std::vector<size_t>& send_counts, float* recv,
+                      const std::vector<size_t>& recv_counts) override;
 
  private:
   CudaModel(const model::ModelConfig& config, int B, int T, DataType compute, int host_threads,
@@ -236,6 +240,8 @@ class CudaModel final : public ModelEngine {
   std::vector<float> host_losses_;
   // MoE layers: room for a regrouping's row index (B·T·K·ep int32).
   std::unique_ptr<Buffer> moe_rows_;
+  // A device-memory ep group's plan counts, out and in (2·E floats).
+  std::unique_ptr<Buffer> ep_counts_;
 };
 
 // The GPU's FlatMath on `stream` (kernels.h's optimizer launchers); copies

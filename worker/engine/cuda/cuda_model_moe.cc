@@ -162,6 +162,10 @@ void CudaModel::MoeRouterBackward(void* dx, void* dscores, void* dlogits, const 
 
 void CudaModel::EpAllToAll(const void* send, const std::vector<size_t>& send_counts, void* recv,
                            const std::vector<size_t>& recv_counts) {
+  if (ep()->device_memory()) {  // the buffers themselves, ordered on the compute stream
+    ep()->AllToAllVDevice(send, send_counts, recv, recv_counts, compute());
+    return;
+  }
   size_t out = 0, in = 0;
   for (size_t c : send_counts) out += c;
   for (size_t c : recv_counts) in += c;
@@ -169,6 +173,24 @@ void CudaModel::EpAllToAll(const void* send, const std::vector<size_t>& send_cou
   std::vector<float> host_recv(in);
   ep()->AllToAllV(host_send.data(), send_counts, host_recv.data(), recv_counts);
   DeviceFromFloats(recv, host_recv);
+}
+
+void CudaModel::EpAllToAllHost(const float* send, const std::vector<size_t>& send_counts,
+                               float* recv, const std::vector<size_t>& recv_counts) {
+  if (!ep()->device_memory()) {
+    ModelEngine::EpAllToAllHost(send, send_counts, recv, recv_counts);
+    return;
+  }
+  size_t out = 0, in = 0;
+  for (size_t c : send_counts) out += c;
+  for (size_t c : recv_counts) in += c;
+  const size_t room = ep_counts_->count() / 2;
+  if (out > room || in > room) Fail("CudaModel::EpAllToAllHost: more counts than ep_counts_ holds");
+  float* d_send = ep_counts_->as<float>();
+  float* d_recv = d_send + room;
+  math_->CopyFromHost(d_send, send, out);
+  ep()->AllToAllVDevice(d_send, send_counts, d_recv, recv_counts, DataType::kFloat32);
+  math_->CopyToHost(recv, d_recv, in);  // the stream waits for the exchange
 }
 
 }  // namespace shardtrain::engine::cuda
