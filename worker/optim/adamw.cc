@@ -74,9 +74,9 @@ struct AdamW::Int8State {
   uint8_t* DeviceCodes(bool second) const {
     return static_cast<uint8_t*>((second ? d_v : d_m)->data());
   }
-  void Pull() {
+  void Pull(size_t count) {  // count: the range's elements
     if (device == nullptr || fresh) return;
-    const size_t words = Words(m_codes_size);
+    const size_t words = Words(count);
     m.resize(4 * words);
     v.resize(4 * words);
     m_absmax.resize(blocks);
@@ -87,16 +87,15 @@ struct AdamW::Int8State {
     device->CopyToHost(v_absmax.data(), d_v_absmax->as<float>(), blocks);
     fresh = true;
   }
-  void Push() {
+  void Push(size_t count) {
     if (device == nullptr) return;
-    const size_t words = Words(m_codes_size);
+    const size_t words = Words(count);
     device->CopyFromHost(d_m->as<float>(), reinterpret_cast<const float*>(m.data()), words);
     device->CopyFromHost(d_v->as<float>(), reinterpret_cast<const float*>(v.data()), words);
     device->CopyFromHost(d_m_absmax->as<float>(), m_absmax.data(), blocks);
     device->CopyFromHost(d_v_absmax->as<float>(), v_absmax.data(), blocks);
     fresh = true;
   }
-  size_t m_codes_size = 0;  // the range's elements (count)
 
   Quant8Span M(const Segment& s) {
     return {absl::MakeSpan(m).subspan(s.begin, s.end - s.begin),
@@ -172,7 +171,6 @@ absl::StatusOr<AdamW> AdamW::Create(const model::ParamLayout& layout, size_t off
       s8->blocks += Quant8Blocks(e - b);
       s8->segments.push_back(std::move(seg));
     }
-    s8->m_codes_size = count;
     if (math != nullptr && dynamic_cast<engine::HostFlatMath*>(math) == nullptr) {
       // In the device's memory (zero-filled: the state before step 1), with
       // every segment's decay ranges beside it.
@@ -327,7 +325,7 @@ void AdamW::Update(float* p, float* g, float lr, engine::FlatMath& math, bool ze
 
 std::vector<float> AdamW::CopyM(size_t begin, size_t end) const {
   if (int8_ != nullptr) {
-    int8_->Pull();
+    int8_->Pull(count_);
     return int8_->Dequantized(false, begin, end);
   }
   std::vector<float> out(end - begin);
@@ -337,7 +335,7 @@ std::vector<float> AdamW::CopyM(size_t begin, size_t end) const {
 
 std::vector<float> AdamW::CopyV(size_t begin, size_t end) const {
   if (int8_ != nullptr) {
-    int8_->Pull();
+    int8_->Pull(count_);
     return int8_->Dequantized(true, begin, end);
   }
   std::vector<float> out(end - begin);
@@ -347,7 +345,7 @@ std::vector<float> AdamW::CopyV(size_t begin, size_t end) const {
 
 void AdamW::SetState(absl::Span<const float> m, absl::Span<const float> v) {
   if (int8_ != nullptr) {  // block by block, each back to its codes and absmax
-    int8_->Pull();         // a device's: the segments SetState does not reach keep theirs
+    int8_->Pull(count_);   // a device's: the segments SetState does not reach keep theirs
     for (const Int8State::Segment& s : int8_->segments) {
       const size_t n = s.end - s.begin;
       if (s.end > m.size() || s.end > v.size()) break;
@@ -361,7 +359,7 @@ void AdamW::SetState(absl::Span<const float> m, absl::Span<const float> v) {
         }
       }
     }
-    int8_->Push();
+    int8_->Push(count_);
     return;
   }
   math().CopyFromHost(m_->as<float>(), m.data(), std::min(m.size(), count_));

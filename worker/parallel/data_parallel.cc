@@ -121,6 +121,27 @@ void ForgetFinished(std::vector<std::shared_ptr<comm::Work>>* in_flight,
   if (in_flight->empty()) events->clear();
 }
 
+absl::Status StreamOrderedOps::Run(
+    engine::Device& device,
+    const std::function<std::shared_ptr<comm::Work>(const engine::Event*)>& submit) {
+  ForgetFinished(&in_flight_, &events_);
+  const engine::Event* after = AfterComputeWork(device, &events_);
+  std::shared_ptr<comm::Work> work = submit(after);
+  absl::Status s = work->BlockStream(device.compute_stream());
+  in_flight_.push_back(std::move(work));
+  return s;
+}
+
+absl::Status StreamOrderedOps::Finish(absl::Status status) {
+  for (const std::shared_ptr<comm::Work>& w : in_flight_) {
+    absl::Status s = w->Wait();
+    if (status.ok()) status = s;
+  }
+  in_flight_.clear();
+  events_.clear();
+  return status;
+}
+
 absl::Status AllReduceSumNow(comm::Communicator& comm, engine::Engine& engine, float* data,
                              size_t n) {
   std::vector<std::unique_ptr<engine::Event>> keep;

@@ -226,6 +226,24 @@ const engine::Event* AfterComputeWork(engine::Device& device,
 void ForgetFinished(std::vector<std::shared_ptr<comm::Work>>* in_flight,
                     std::vector<std::unique_ptr<engine::Event>>* events);
 
+// The collectives a device-memory group (tp's, ep's) orders on the engine's
+// compute stream: each waits on the device for the work queued so far, and
+// the stream's later work waits for it; none waits on the host until
+// Finish.
+class StreamOrderedOps {
+ public:
+  // Submits submit(after) ordered so on `device`'s compute stream; the
+  // error of blocking the stream on it (its own errors come at Finish).
+  absl::Status Run(engine::Device& device,
+                   const std::function<std::shared_ptr<comm::Work>(const engine::Event*)>& submit);
+  // Waits for every op in flight; `status`, or else the first op's error.
+  absl::Status Finish(absl::Status status);
+
+ private:
+  std::vector<std::shared_ptr<comm::Work>> in_flight_;
+  std::vector<std::unique_ptr<engine::Event>> events_;  // kept until their ops are done
+};
+
 // All-reduces (sum) data[0, n) in place over `comm` and waits for it: host
 // memory, or, for a communicator of device memory, `engine`'s memory, the
 // op ordered after the engine's queued work. (The tied embeddings' sum.)

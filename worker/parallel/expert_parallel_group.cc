@@ -35,21 +35,13 @@ void ExpertParallelGroup::AllToAllVDevice(const void* send, const std::vector<si
     return;
   }
   CountBytes(send_counts, DataTypeSize(dtype));
-  ForgetFinished(&in_flight_, &events_);
-  const engine::Event* after = AfterComputeWork(*device_, &events_);
-  std::shared_ptr<comm::Work> work =
-      comm_->AllToAllVAsync(send, send_counts, recv, recv_counts, dtype, after);
-  status_ = work->BlockStream(device_->compute_stream());
-  in_flight_.push_back(std::move(work));
+  status_ = ordered_.Run(*device_, [&](const engine::Event* after) {
+    return comm_->AllToAllVAsync(send, send_counts, recv, recv_counts, dtype, after);
+  });
 }
 
 absl::Status ExpertParallelGroup::Finish() {
-  for (const std::shared_ptr<comm::Work>& w : in_flight_) {
-    absl::Status s = w->Wait();
-    if (status_.ok()) status_ = s;
-  }
-  in_flight_.clear();
-  events_.clear();
+  status_ = ordered_.Finish(status_);
   return status_;
 }
 

@@ -24,6 +24,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/engine/device.h"
 #include "worker/engine/expert_parallel.h"
+#include "worker/parallel/data_parallel.h"
 
 namespace shardtrain::parallel {
 
@@ -67,8 +68,7 @@ class ExpertParallelGroup final : public engine::ExpertParallel {
   engine::Device* device_ = nullptr;
   absl::Status status_;
   int64_t bytes_ = 0;
-  std::vector<std::shared_ptr<comm::Work>> in_flight_;
-  std::vector<std::unique_ptr<engine::Event>> events_;
+  StreamOrderedOps ordered_;  // a device-memory group's exchanges in flight
 };
 
 }  // namespace shardtrain::parallel

@@ -41,20 +41,11 @@ void TensorParallelGroup::Run(
         "TensorParallelGroup: a device-memory group without the engine's device (set_device)");
     return;
   }
-  ForgetFinished(&in_flight_, &events_);
-  const engine::Event* after = AfterComputeWork(*device_, &events_);
-  std::shared_ptr<comm::Work> work = submit(after);
-  status_ = work->BlockStream(device_->compute_stream());
-  in_flight_.push_back(std::move(work));
+  status_ = ordered_.Run(*device_, submit);
 }
 
 absl::Status TensorParallelGroup::Finish() {
-  for (const std::shared_ptr<comm::Work>& w : in_flight_) {
-    absl::Status s = w->Wait();
-    if (status_.ok()) status_ = s;
-  }
-  in_flight_.clear();
-  events_.clear();
+  status_ = ordered_.Finish(status_);
   return status_;
 }
 

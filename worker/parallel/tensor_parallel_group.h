@@ -28,6 +28,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/engine/device.h"
 #include "worker/engine/tensor_parallel.h"
+#include "worker/parallel/data_parallel.h"
 
 namespace shardtrain::parallel {
 
@@ -78,10 +79,7 @@ class TensorParallelGroup final : public engine::TensorParallel {
   engine::Device* device_ = nullptr;
   absl::Status status_;
   int64_t bytes_ = 0, calls_ = 0;
-  // A device-memory group's collectives not known to be done, and the
-  // events they wait for (kept until then).
-  std::vector<std::shared_ptr<comm::Work>> in_flight_;
-  std::vector<std::unique_ptr<engine::Event>> events_;
+  StreamOrderedOps ordered_;  // a device-memory group's collectives in flight
 };
 
 }  // namespace shardtrain::parallel
