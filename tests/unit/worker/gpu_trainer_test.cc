@@ -13,13 +13,8 @@
 //     the trainer (cudaMemGetInfo before and after), printed;
 //   - a ZeRO-3 checkpoint of 2 GPU ranks (sharing one GPU) resumes on 1 CPU
 //     rank and on 4 GPU ranks;
-//   - the Llama recipe (RMSNorm, rotary positions, SwiGLU, grouped-query
-//     attention, an untied LM head): fp32 trains like the CPU engine (every
-//     step's loss and the parameters after 10 steps within 1e-5, as GPT-2),
-//     bf16's loss within 2% of fp32's at every step, and one step's
-//     gradients equal the CPU engine's tensor by tensor (1e-4 of each
-//     tensor's largest gradient); recomputation trains like keeping every
-//     activation for it as for GPT-2.
+// The model families (Llama, Qwen3, MoE), recomputation and flash attention:
+// gpu_trainer_models_test.cc.
 // Parallel layouts' equality to one rank: gpu_parallel_trainer_test.cc.
 #include <cuda_runtime.h>
 #include <unistd.h>
