@@ -354,6 +354,8 @@ absl::Status ParseAll(const Node& root, JobSpec* spec) {
                       spec->model.moe.router_bias ? "true" : "false",
                       ") and parallel.zero <= 2 (it is ", spec->parallel.zero, ")");
   }
+  SHARDTRAIN_RETURN_IF_ERROR(ParseFinetune(root, &spec->finetune));
+  SHARDTRAIN_RETURN_IF_ERROR(CheckFinetune(*spec));
   SHARDTRAIN_ASSIGN_OR_RETURN(Node model, Section(root, "model"));
   if (AttentionIsAuto(model)) spec->model.attention = AutoAttention(*spec);
   return CheckAttention(*spec);

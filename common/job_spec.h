@@ -42,6 +42,7 @@ enum class OptimizerState { kFp32, kInt8 };                 // "fp32" | "int8"
 enum class DeviceKind { kCpu, kCuda };                      // "cpu" | "cuda"
 enum class AttentionKind { kMaterialized, kFlash };         // "materialized" | "flash"
 enum class CheckpointFailurePolicy { kWarn, kFail };        // "warn" | "fail"
+enum class BaseDtype { kBf16, kInt8, kNf4 };                // "bf16" | "int8" | "nf4"
 using model::Recompute;                                     // "none" | "selective" | "full"
 
 // The spelling used in YAML for each enum value (static storage).
@@ -57,6 +58,7 @@ std::string_view EnumName(LrSchedule v);
 std::string_view EnumName(OptimizerState v);
 std::string_view EnumName(DeviceKind v);
 std::string_view EnumName(CheckpointFailurePolicy v);
+std::string_view EnumName(BaseDtype v);
 std::string_view EnumName(Recompute v);
 std::string_view EnumName(model::Arch v);
 std::string_view EnumName(AttentionKind v);
@@ -251,6 +253,28 @@ struct RouterSpec {
   double capacity_factor = 0;   // >= 0
 };
 
+// Fine-tuning with LoRA adapters on a frozen model (the YAML's finetune
+// section; model::LoraConfig says what an adapter computes). lora.rank 0
+// (`lora: none`, the default): a full training run. Defaults follow Hugging
+// Face PEFT's LoraConfig: rank 8, alpha 8, targets q and v. The model's own
+// weights come from model.init (without it the adapters sit on a random
+// model, which the CLI warns about).
+struct LoraSpec {
+  int rank = 0;        // >= 1 when on; at most every target's in and out widths
+  double alpha = 8;    // > 0; adapters scale by alpha / rank
+  double dropout = 0;  // on the adapters' input; only 0 so far
+  std::vector<std::string> targets = {"q", "v"};  // of q, k, v, o, gate, up, down
+  bool on() const { return rank > 0; }
+};
+struct FinetuneSpec {
+  LoraSpec lora;
+  // How the frozen model is held: bf16 (the engine's compute type: bf16 on
+  // a GPU, fp32 on CPU workers, whose engine computes in fp32), int8 (per
+  // output channel) or nf4 (QLoRA's 4-bit NormalFloat, common/model/
+  // weight_quant.h). int8 and nf4 need lora.
+  BaseDtype base_dtype = BaseDtype::kBf16;
+};
+
 struct JobSpec {
   std::string name;  // required, [a-z0-9._-]{1,64}
   ModelSpec model;
@@ -267,7 +291,11 @@ struct JobSpec {
   int max_restarts = 3;  // recoveries before the job fails, >= 0
   TimeoutsSpec timeouts;
   RouterSpec router;
+  FinetuneSpec finetune;
 
+  // The model the engines run: model.Config() with finetune.lora's
+  // adapters (model::LoraConfig), validated.
+  absl::StatusOr<model::ModelConfig> TrainedConfig() const;
   // Ranks the job needs: dp · cp · tp · pp.
   int World() const { return parallel.dp * parallel.cp * parallel.tp * parallel.pp; }
   // Its mesh and its batch split (common/parallel_dims.h), which
@@ -297,6 +325,7 @@ bool operator==(const EvalSpec& a, const EvalSpec& b);
 bool operator==(const ResourcesSpec& a, const ResourcesSpec& b);
 bool operator==(const TimeoutsSpec& a, const TimeoutsSpec& b);
 bool operator==(const RouterSpec& a, const RouterSpec& b);
+bool operator==(const FinetuneSpec& a, const FinetuneSpec& b);
 bool operator==(const JobSpec& a, const JobSpec& b);
 inline bool operator!=(const JobSpec& a, const JobSpec& b) { return !(a == b); }
 

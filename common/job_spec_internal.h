@@ -34,6 +34,8 @@ inline const EnumTable<PipelineSchedule> kPipelineSchedules = {{"gpipe", Pipelin
 inline const EnumTable<Precision> kPrecisions = {
     {"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}};
 inline const EnumTable<OptimizerKind> kOptimizers = {{"adamw", OptimizerKind::kAdamW}};
+inline const EnumTable<BaseDtype> kBaseDtypes = {
+    {"bf16", BaseDtype::kBf16}, {"int8", BaseDtype::kInt8}, {"nf4", BaseDtype::kNf4}};
 inline const EnumTable<OptimizerState> kOptimizerStates = {{"fp32", OptimizerState::kFp32},
                                                            {"int8", OptimizerState::kInt8}};
 inline const EnumTable<LrSchedule> kLrSchedules = {{"cosine", LrSchedule::kCosine},

@@ -23,8 +23,9 @@ namespace {
 // Schema: the keys each level of the document may hold.
 
 const std::vector<absl::string_view> kTopKeys_def = {
-    "name",       "model", "data", "batch",     "parallel",     "precision", "optimizer", "steps",
-    "checkpoint", "eval",  "seed", "resources", "max_restarts", "timeouts",  "router"};
+    "name",         "model",    "data",       "batch",   "parallel", "precision",
+    "optimizer",    "steps",    "checkpoint", "eval",    "seed",     "resources",
+    "max_restarts", "timeouts", "router",     "finetune"};
 const std::vector<absl::string_view> kModelKeys = {
     "preset",       "arch",      "layers",           "heads",     "dim",
     "context",      "vocab",     "kv_heads",         "ffn_dim",   "rope_theta",
@@ -58,6 +59,7 @@ const std::vector<absl::string_view> kResourcesKeys = {"device", "min_workers", 
 const std::vector<absl::string_view> kTimeoutsKeys = {"collective_s"};
 const std::vector<absl::string_view> kRouterKeys = {"aux_loss_coef", "z_loss_coef",
                                                     "bias_update_rate", "capacity_factor"};
+const std::vector<absl::string_view> kFinetuneKeys = {"lora", "base_dtype"};
 
 // The keys of a top-level section, or nullptr when `key` holds a plain value.
 const std::vector<absl::string_view>* SectionKeys(absl::string_view key) {
@@ -71,6 +73,7 @@ const std::vector<absl::string_view>* SectionKeys(absl::string_view key) {
   if (key == "resources") return &kResourcesKeys;
   if (key == "timeouts") return &kTimeoutsKeys;
   if (key == "router") return &kRouterKeys;
+  if (key == "finetune") return &kFinetuneKeys;
   return nullptr;
 }
 

@@ -88,6 +88,11 @@ absl::Status ApplyOverride(Node& root, const std::string& override_text);
 // The router section (RouterSpec): its ranges (JobSpec-wide checks of
 // bias_update_rate against model.moe.router_bias in ParseJobSpec).
 absl::Status ParseRouter(const Node& root, RouterSpec* r);
+// The finetune section (FinetuneSpec), then what it asks of the rest of the
+// spec: a model the adapters fit (model::ValidateLora), and what runs so
+// far (CPU workers, no tensor parallelism, dropout 0, the base in bf16).
+absl::Status ParseFinetune(const Node& root, FinetuneSpec* f);
+absl::Status CheckFinetune(const JobSpec& spec);
 absl::Status ParseModel(const Node& root, ModelSpec* m);
 // model.attention absent or "auto": the job gets flash where its kernels
 // serve it, materialized elsewhere (resolved once the whole spec is read).

@@ -37,6 +37,7 @@ std::string_view EnumName(PipelineSchedule v) {
 std::string_view EnumName(Precision v) { return NameIn(spec_internal::kPrecisions, v); }
 std::string_view EnumName(OptimizerKind v) { return NameIn(spec_internal::kOptimizers, v); }
 std::string_view EnumName(LrSchedule v) { return NameIn(spec_internal::kLrSchedules, v); }
+std::string_view EnumName(BaseDtype v) { return NameIn(spec_internal::kBaseDtypes, v); }
 std::string_view EnumName(OptimizerState v) { return NameIn(spec_internal::kOptimizerStates, v); }
 std::string_view EnumName(DeviceKind v) { return NameIn(spec_internal::kDevices, v); }
 std::string_view EnumName(Recompute v) { return NameIn(spec_internal::kRecomputes, v); }
@@ -94,12 +95,17 @@ bool operator==(const RouterSpec& a, const RouterSpec& b) {
   return std::tie(a.aux_loss_coef, a.z_loss_coef, a.bias_update_rate, a.capacity_factor) ==
          std::tie(b.aux_loss_coef, b.z_loss_coef, b.bias_update_rate, b.capacity_factor);
 }
+bool operator==(const FinetuneSpec& a, const FinetuneSpec& b) {
+  return std::tie(a.lora.rank, a.lora.alpha, a.lora.dropout, a.lora.targets, a.base_dtype) ==
+         std::tie(b.lora.rank, b.lora.alpha, b.lora.dropout, b.lora.targets, b.base_dtype);
+}
 bool operator==(const JobSpec& a, const JobSpec& b) {
   return std::tie(a.name, a.model, a.data, a.batch, a.parallel, a.precision, a.optimizer, a.steps,
-                  a.checkpoint, a.eval, a.seed, a.resources, a.max_restarts, a.timeouts,
-                  a.router) == std::tie(b.name, b.model, b.data, b.batch, b.parallel, b.precision,
-                                        b.optimizer, b.steps, b.checkpoint, b.eval, b.seed,
-                                        b.resources, b.max_restarts, b.timeouts, b.router);
+                  a.checkpoint, a.eval, a.seed, a.resources, a.max_restarts, a.timeouts, a.router,
+                  a.finetune) == std::tie(b.name, b.model, b.data, b.batch, b.parallel, b.precision,
+                                          b.optimizer, b.steps, b.checkpoint, b.eval, b.seed,
+                                          b.resources, b.max_restarts, b.timeouts, b.router,
+                                          b.finetune);
 }
 
 std::string JobSpecToYaml(const JobSpec& s) {
@@ -255,6 +261,21 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "z_loss_coef" << YAML::Value << num(s.router.z_loss_coef);
   out << YAML::Key << "bias_update_rate" << YAML::Value << num(s.router.bias_update_rate);
   out << YAML::Key << "capacity_factor" << YAML::Value << num(s.router.capacity_factor);
+  out << YAML::EndMap;
+
+  out << YAML::Key << "finetune" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "lora" << YAML::Value;
+  if (s.finetune.lora.on()) {
+    out << YAML::BeginMap;
+    out << YAML::Key << "rank" << YAML::Value << s.finetune.lora.rank;
+    out << YAML::Key << "alpha" << YAML::Value << num(s.finetune.lora.alpha);
+    out << YAML::Key << "dropout" << YAML::Value << num(s.finetune.lora.dropout);
+    out << YAML::Key << "targets" << YAML::Value << YAML::Flow << s.finetune.lora.targets;
+    out << YAML::EndMap;
+  } else {
+    out << "none";
+  }
+  out << YAML::Key << "base_dtype" << YAML::Value << std::string(EnumName(s.finetune.base_dtype));
   out << YAML::EndMap;
 
   out << YAML::EndMap;

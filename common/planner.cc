@@ -493,7 +493,7 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
     }
   }
 
-  for (const model::TensorInfo& t : layout.tensors()) {
+  for (const model::TensorInfo& t : model::TrainedTensors(layout)) {
     v1::ParamTensor* pt = plan.add_layout();
     pt->set_name(t.name);
     for (int64_t d : t.shape) pt->add_shape(d);

@@ -11,6 +11,7 @@
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/model_weights.h"
 #include "worker/data/tokens.h"
+#include "worker/engine/cpu/lora_layers.h"
 #include "worker/optim/lr_schedule.h"
 
 namespace shardtrain::worker {
@@ -107,7 +108,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   if (dims->world() > 1 && (!comm || comm->size() != dims->world() || comm->rank() != rank)) {
     return absl::InvalidArgumentError("a job of several ranks without its world communicator");
   }
-  auto config = spec.model.Config();
+  auto config = spec.TrainedConfig();
   if (!config.ok()) return config.status();
   absl::StatusOr<std::vector<int>> stages =
       model::StageLayers(*config, dims->pp(), spec.parallel.stages, spec.parallel.pp_virtual);
@@ -244,6 +245,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Compose(const JobSpec& spec, i
   // Initial params are a pure function of the seed: identical on every rank
   // (ZeRO-3 computes only its shards).
   t->strategy_->InitParams(spec.seed);
+  // LoRA: the frozen model is the plain model's init of the same seed,
+  // unless model.init gives it (below).
+  if (engine::Buffer* frozen = t->engine_->frozen_buffer();
+      frozen != nullptr && spec.model.init.empty()) {
+    t->engine_->InitFrozenInto(spec.seed, 0, frozen->count(), frozen->as<float>());
+  }
   if (!spec.model.init.empty()) {
     if (absl::Status s = t->LoadInitialWeights(spec.model.init); !s.ok()) return s;
   }
@@ -518,6 +525,21 @@ absl::Status Trainer::LoadInitialWeights(const std::string& path) {
   absl::StatusOr<std::unique_ptr<checkpoint::WeightsSource>> source =
       checkpoint::OpenModelWeights(path, *config);
   if (!source.ok()) return failed(source.status());
+  if (engine::Buffer* frozen = engine_->frozen_buffer(); frozen != nullptr) {
+    // LoRA: the weights are the frozen model's, this rank's slice of them
+    // whole; the adapters keep their init.
+    std::vector<float> host(frozen->count());
+    absl::Status read;
+    for (const model::FlatRun& r : engine_->frozen_layout().GlobalRuns()) {
+      if (read.ok()) read = (*source)->Read(r.global, r.count, host.data() + r.local);
+    }
+    if (!read.ok()) return failed(read);
+    if (const checkpoint::ReadStats r = (*source)->Stats(); r.files > 0) {
+      init_read_summary_ = "model.init: " + checkpoint::ReadStatsText(r);
+    }
+    engine_->math().CopyFromHost(frozen->as<float>(), host.data(), host.size());
+    return absl::OkStatus();
+  }
   // This rank's share, as Restore reads a checkpoint's: the strategy's load
   // ranges of its slice, in the whole model's coordinates, in local order,
   // read piece by piece; AdamW starts from zero moments at step 0.
@@ -547,6 +569,7 @@ absl::Span<const float> Trainer::ParamsOnHost(std::vector<float>* copy) {
 
 absl::StatusOr<absl::Span<const float>> Trainer::WholeModel() {
   if (absl::Status s = strategy_->GatherWholeModel(); !s.ok()) return s;
+  if (engine_->frozen_buffer() != nullptr) return MergedModel();
   const model::ParamLayout& layout = engine_->layout();
   if (layout.slice().whole()) return ParamsOnHost(&whole_);
   // Every slice adds its elements (one replica of each: dp coordinate 0,
@@ -567,6 +590,10 @@ absl::StatusOr<absl::Span<const float>> Trainer::WholeModel() {
           });
     }
   }
+  return ReduceWholeToRankZero();
+}
+
+absl::StatusOr<absl::Span<const float>> Trainer::ReduceWholeToRankZero() {
   if (!world_->device_memory()) {
     if (absl::Status s = world_->Reduce(whole_.data(), whole_.size(), comm::DataType::kFloat32,
                                         comm::ReduceOp::kSum, 0);
@@ -591,6 +618,31 @@ absl::StatusOr<absl::Span<const float>> Trainer::WholeModel() {
     math.CopyToHost(whole_.data() + at, d, n);
   }
   return absl::Span<const float>(whole_);
+}
+
+absl::StatusOr<absl::Span<const float>> Trainer::MergedModel() {
+  // Each slice's frozen weights with its adapters merged, in the frozen
+  // model's coordinates; one replica of each slice adds them into zeros,
+  // summed into rank 0 (exact), as WholeModel does for parameters.
+  const model::ParamLayout& base = engine_->frozen_layout();
+  engine::Buffer* frozen = engine_->frozen_buffer();
+  std::vector<float> merged(frozen->count()), adapters_copy;
+  engine_->math().CopyToHost(merged.data(), frozen->as<float>(), merged.size());
+  const absl::Span<const float> adapters = ParamsOnHost(&adapters_copy);
+  engine::cpu::MergeLora(engine_->layout(), adapters.data(), merged.data(), engine_->host_pool());
+  if (base.slice().whole()) {
+    whole_ = std::move(merged);
+    return absl::Span<const float>(whole_);
+  }
+  whole_.assign(base.global_num_params(), 0.0f);
+  if (dp_rank_ == 0 && cp_rank_ == 0) {
+    ForEachGlobalPiece(base, {{0, base.num_params()}}, base.ReplicaRanges(),
+                       [&](size_t at, size_t global, size_t n) {
+                         std::copy(merged.begin() + at, merged.begin() + at + n,
+                                   whole_.begin() + global);
+                       });
+  }
+  return ReduceWholeToRankZero();
 }
 
 }  // namespace shardtrain::worker

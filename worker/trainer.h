@@ -181,7 +181,8 @@ class Trainer {
                                   const std::string& step_dir);
 
   // The whole model's current parameters (the layout of
-  // ParamLayout(config)), valid on rank 0 until the next call or step:
+  // ParamLayout(config); under LoRA the model without adapters, the adapters
+  // merged into its weights), valid on rank 0 until the next call or step:
   // collective where parameters are sharded (ZeRO-3) or the model is split
   // (tp, pp: every slice is summed into rank 0 over the world). Every rank
   // calls it, e.g. before rank 0 saves the weights.
@@ -209,6 +210,12 @@ class Trainer {
   // spec.model.init: the whole model's weights from `path`
   // (checkpoint::OpenModelWeights), this rank's share into the strategy.
   absl::Status LoadInitialWeights(const std::string& path);
+  // WholeModel's sum of every rank's whole_ into rank 0 (each rank filled
+  // its share of whole_ in the whole model's coordinates, zeros elsewhere).
+  absl::StatusOr<absl::Span<const float>> ReduceWholeToRankZero();
+  // WholeModel under LoRA: the frozen model with the adapters merged
+  // (engine::cpu::MergeLora), in the layout of the model without adapters.
+  absl::StatusOr<absl::Span<const float>> MergedModel();
   // The engine's parameters as host memory: themselves, or (on a GPU)
   // copied into *copy.
   absl::Span<const float> ParamsOnHost(std::vector<float>* copy);

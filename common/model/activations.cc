@@ -163,6 +163,10 @@ ActivationTable::ActivationTable(const ModelConfig& config, int B, int T, const 
     Add("moe_dgates", BT * K, kScratch);
     if (slice.ep > 1) Add("moe_xfer", R * C, kScratch);  // the exchange's staging
   }
+  if (config.lora.on()) {  // LoRA's (N, rank) product and its gradient
+    Add("lora_xa", BT * config.lora.rank, kScratch);
+    Add("lora_g", BT * config.lora.rank, kScratch);
+  }
   if (any_recomputed) {
     for (size_t k = 0; k < std::size(kBlockActivations); ++k) {
       if (refill_numel[k] >= 0) {

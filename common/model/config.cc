@@ -372,7 +372,17 @@ bool operator==(const ModelConfig& a, const ModelConfig& b) {
          a.positions == b.positions && a.mlp == b.mlp && a.bias == b.bias &&
          a.tie_embeddings == b.tie_embeddings && a.norm_eps == b.norm_eps &&
          a.rope_theta == b.rope_theta && a.rope_scaling == b.rope_scaling &&
-         a.head_size == b.head_size && a.qk_norm == b.qk_norm && a.moe == b.moe;
+         a.head_size == b.head_size && a.qk_norm == b.qk_norm && a.moe == b.moe && a.lora == b.lora;
+}
+
+bool operator==(const LoraConfig& a, const LoraConfig& b) {
+  return a.rank == b.rank && a.alpha == b.alpha && a.targets == b.targets;
+}
+
+ModelConfig BaseConfig(const ModelConfig& config) {
+  ModelConfig base = config;
+  base.lora = LoraConfig{};
+  return base;
 }
 
 std::string ToString(const ModelConfig& c) {

@@ -86,6 +86,27 @@ struct MoeConfig {
 bool operator==(const MoeConfig& a, const MoeConfig& b);
 inline bool operator!=(const MoeConfig& a, const MoeConfig& b) { return !(a == b); }
 
+// LoRA adapters (Hu et al. 2021; the job's finetune.lora): on each target
+// linear layer W (out, in) of every block, a trained pair A (rank, in) and
+// B (out, rank) whose product times alpha / rank adds to W's output, while
+// every tensor of the model itself is frozen (common/model/lora.h: the
+// targets' shapes; param_layout.h: where the adapters live). The targets
+// are Llama's projections: q, k, v (the rows of attn.qkv), o (attn.proj),
+// gate and up (the halves of SwiGLU's mlp.fc; GPT-2's fc is `up`), down
+// (mlp.proj). rank 0: off.
+enum LoraTarget : int { kLoraQ = 0, kLoraK, kLoraV, kLoraO, kLoraGate, kLoraUp, kLoraDown };
+inline constexpr int kNumLoraTargets = 7;
+struct LoraConfig {
+  int rank = 0;          // r >= 1 when on
+  double alpha = 0;      // > 0; the adapters' scale is alpha / rank
+  uint32_t targets = 0;  // bit t: LoraTarget t adapted
+  bool on() const { return rank > 0; }
+  bool has(LoraTarget t) const { return (targets >> t) & 1u; }
+  double scale() const { return alpha / rank; }
+};
+bool operator==(const LoraConfig& a, const LoraConfig& b);
+inline bool operator!=(const LoraConfig& a, const LoraConfig& b) { return !(a == b); }
+
 struct ModelConfig {
   int layers = 0;        // L
   int heads = 0;         // NH
@@ -112,6 +133,9 @@ struct ModelConfig {
   // heads), after the projection and before rotary (Qwen3's q_norm/k_norm).
   bool qk_norm = false;
   MoeConfig moe;  // off by default
+  // Adapters on a frozen model (fine-tuning); off by default. Not part of
+  // the model's weights: BaseConfig() drops it.
+  LoraConfig lora;
 
   int head_dim() const { return head_size > 0 ? head_size : dim / heads; }  // hs
   int q_dim() const { return heads * head_dim(); }                          // Q
@@ -213,6 +237,8 @@ std::vector<double> RotaryFrequencies(const ModelConfig& config);
 
 bool operator==(const ModelConfig& a, const ModelConfig& b);
 inline bool operator!=(const ModelConfig& a, const ModelConfig& b) { return !(a == b); }
+// The model the adapters sit on: config without lora.
+ModelConfig BaseConfig(const ModelConfig& config);
 std::string ToString(const ModelConfig& config);
 
 }  // namespace shardtrain::model

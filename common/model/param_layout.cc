@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/lora.h"
 
 namespace shardtrain::model {
 
@@ -36,8 +37,9 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
   num_layers_ = slice.total_layers(config);
   // The tensor being visited, in the whole layout: offset, index; and the
   // whole layout's fingerprint, as Fingerprint() computes it.
-  size_t global_offset = 0;
+  size_t global_offset = 0, global_frozen = 0;
   int global_index = 0;
+  const bool lora = config.lora.on();
   global_fingerprint_ = kFnvBasis;
   auto unit = [&](std::string name) {
     UnitInfo u;
@@ -48,14 +50,18 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
   };
   // Visits a tensor of the whole model; keeps its tp-local part when `keep`
   // and returns its index (-1 when not kept).
+  // Under LoRA every tensor but the adapters is frozen: counted in the
+  // frozen buffer's offsets, left out of the fingerprints.
   auto add = [&](bool keep, std::string name, std::vector<int64_t> shape, TpSplit split,
-                 std::vector<int64_t> parts = {}) -> int {
+                 std::vector<int64_t> parts = {}, bool adapter = false) -> int {
+    const bool frozen = lora && !adapter;
     size_t global_numel = 1;
     for (int64_t d : shape) global_numel *= static_cast<size_t>(d);
-    MixTensor(global_fingerprint_, name, shape, global_offset);
+    size_t& counter = frozen ? global_frozen : global_offset;
+    if (!frozen) MixTensor(global_fingerprint_, name, shape, global_offset);
     const int index = global_index++;
-    const size_t offset = global_offset;
-    global_offset += global_numel;
+    const size_t offset = counter;
+    counter += global_numel;
     if (!keep) return -1;
     global_offsets_.push_back(offset);
     TensorInfo t;
@@ -73,10 +79,11 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
     t.numel = 1;
     for (int64_t d : shape) t.numel *= static_cast<size_t>(d);
     t.shape = std::move(shape);
-    t.offset = num_params_;
+    t.frozen = frozen;
+    t.offset = frozen ? num_frozen_ : num_params_;
     t.unit = static_cast<int>(units_.size()) - 1;
-    num_params_ += t.numel;
-    units_.back().numel += t.numel;
+    (frozen ? num_frozen_ : num_params_) += t.numel;
+    if (!frozen) units_.back().numel += t.numel;
     units_.back().num_tensors++;
     tensors_.push_back(std::move(t));
     return static_cast<int>(tensors_.size()) - 1;
@@ -165,14 +172,23 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
     for (const BlockRow& r : rows[moe]) {
       if (r.present) add(keep, p + r.name, r.shape, r.split, r.parts);
     }
-    if (!moe) continue;
     for (const BlockRow& r : expert_rows) {
-      if (!r.present) continue;
+      if (!moe || !r.present) continue;
       for (int e = 0; e < E; ++e) {
         const bool mine = e >= e0 && e < e0 + local_experts_;
         add(keep && mine, absl::StrCat(p, "mlp.experts.", e, ".", r.name), r.shape, r.split,
             r.parts);
       }
+    }
+    if (!lora) continue;
+    if (keep) lora_first_.push_back(static_cast<int>(tensors_.size()));
+    for (int t = 0, slot = 0; t < kNumLoraTargets; ++t) {
+      if (!config.lora.has(LoraTarget(t))) continue;
+      lora_slot_[t] = slot++;
+      const LoraSite site = LoraTargetSite(config, LoraTarget(t));
+      const std::string name = absl::StrCat(p, "lora.", LoraTargetName(LoraTarget(t)), ".");
+      add(keep, name + "A", {config.lora.rank, site.in}, TpSplit::kNone, {}, true);
+      add(keep, name + "B", {site.out, config.lora.rank}, TpSplit::kNone, {}, true);
     }
   }
   const bool last = slice.last_stage;
@@ -204,7 +220,7 @@ std::vector<FlatRun> ParamLayout::GlobalRuns(size_t begin, size_t end) const {
   const int tp = slice_.tp, r = slice_.tp_rank;
   for (size_t k = 0; k < tensors_.size(); ++k) {
     const TensorInfo& t = tensors_[k];
-    if (t.offset + t.numel <= begin) continue;
+    if (t.frozen || t.offset + t.numel <= begin) continue;
     if (t.offset >= end) break;
     const size_t g = global_offsets_[k];
     switch (t.split) {
@@ -246,7 +262,9 @@ absl::StatusOr<int> ParamLayout::FindTensor(const std::string& name) const {
 
 uint64_t ParamLayout::Fingerprint() const {
   uint64_t h = kFnvBasis;
-  for (const TensorInfo& t : tensors_) MixTensor(h, t.name, t.shape, t.offset);
+  for (const TensorInfo& t : tensors_) {
+    if (!t.frozen) MixTensor(h, t.name, t.shape, t.offset);
+  }
   return h;
 }
 
@@ -261,6 +279,7 @@ std::vector<std::pair<size_t, size_t>> ParamLayout::ReplicaRanges() const {
   };
   const bool tied_copy = slice_.has_embeddings(config_) && !slice_.first_stage;
   for (const TensorInfo& t : tensors_) {
+    if (t.frozen) continue;
     if ((tied_copy && t.unit == 0) || (t.replicated && slice_.tp_rank > 0)) {
       add(t.offset, t.offset + t.numel);
     }
@@ -272,6 +291,7 @@ std::vector<std::pair<size_t, size_t>> ParamLayout::TpPartialRanges(bool sequenc
   std::vector<std::pair<size_t, size_t>> out;
   auto add = [&](int tensor) {
     const TensorInfo& t = tensors_[tensor];
+    if (t.frozen) return;
     if (!out.empty() && out.back().second == t.offset) {
       out.back().second = t.offset + t.numel;
     } else {
@@ -298,7 +318,7 @@ std::vector<std::pair<size_t, size_t>> ParamLayout::ExpertRanges() const {
   std::vector<std::pair<size_t, size_t>> out;
   for (int i = 0; i < num_layers_; ++i) {
     const int l = slice_.Layer(config_, i);
-    if (!config_.moe_layer(l) || local_experts_ == 0) continue;
+    if (!config_.moe_layer(l) || local_experts_ == 0 || config_.lora.on()) continue;
     // The experts' tensors close the block: from the first kind's first
     // expert to the block's end.
     int first = -1;
@@ -312,5 +332,13 @@ std::vector<std::pair<size_t, size_t>> ParamLayout::ExpertRanges() const {
 }
 
 uint64_t ParamLayout::GlobalFingerprint() const { return global_fingerprint_; }
+
+std::vector<TensorInfo> TrainedTensors(const ParamLayout& layout) {
+  std::vector<TensorInfo> out;
+  for (const TensorInfo& t : layout.tensors()) {
+    if (!t.frozen) out.push_back(t);
+  }
+  return out;
+}
 
 }  // namespace shardtrain::model

@@ -19,6 +19,9 @@
 //     moe.router_bias only: no gradient, set between steps),
 //     block.l.mlp.experts.e.fc.weight (FCe, C) for each expert e, then
 //     every expert's fc.bias (FCe), proj.weight (C, He), proj.bias (C)
+//     and with LoRA adapters (config.lora.on()), for each target t in
+//     LoraTarget order: block.l.lora.t.A (rank, in), block.l.lora.t.B
+//     (out, rank) (common/model/lora.h: LoraTargetSite)
 //   unit "final": lnf.weight (C), lnf.bias (C), lm_head (Vp, C) (untied only)
 // where ln* are the norms (LayerNorm, or RMSNorm without the bias), Q =
 // heads·hs (C unless head_dim is set), KV = kv_heads·hs (C for GPT-2: 3C
@@ -30,6 +33,14 @@
 // fc weights are one (E_local, FCe, C) array. Linear weights are (out, in)
 // row-major like torch.nn.Linear. A tied LM head reads wte. Gradients use a
 // buffer with the identical layout.
+//
+// Under LoRA the model's own tensors are frozen (TensorInfo::frozen): they
+// keep their names, order and indices, but live in a second flat buffer
+// laid out exactly as the model without adapters lays out its parameters
+// (so weights load into it unchanged), while the flat buffer this layout
+// describes — num_params(), units, GlobalRuns, the ranges and fingerprints
+// below — holds the adapters alone: what trains, shards, reduces and is
+// checkpointed. A unit without adapters (embeddings, final) is empty.
 //
 // A layout of a ModelSlice (slice.h) holds only that slice's tensors, in the
 // same order and with the same names, each with its tp-local shape: the
@@ -70,6 +81,10 @@ struct TensorInfo {
   // True when every tp rank of the slice holds the same values (tp > 1 and
   // not split): gradient norms count it on tp rank 0 only.
   bool replicated = false;
+  // A tensor of the model under LoRA adapters (config.lora.on()): no
+  // gradient, no optimizer state; `offset` is into the frozen buffer, which
+  // is laid out as ParamLayout(BaseConfig(config), slice)'s flat buffer.
+  bool frozen = false;
 };
 
 // `count` consecutive elements at `local` in a slice's flat buffer that are
@@ -145,6 +160,16 @@ class ParamLayout {
                        k * local_experts_ + e;
   }
   int local_experts() const { return local_experts_; }
+  // LoRA target t's adapter A (b false) or B (b true) of layer `layer`
+  // (within the slice); -1 when t is not a target (or LoRA is off).
+  int lora_tensor(int layer, LoraTarget t, bool b) const {
+    return lora_slot_[t] < 0
+               ? -1
+               : lora_first_[slice_.LocalLayer(config_, layer)] + 2 * lora_slot_[t] + (b ? 1 : 0);
+  }
+  // Elements of the frozen buffer (0 without LoRA): the slice's share of
+  // the model without adapters.
+  size_t num_frozen() const { return num_frozen_; }
   int lnf_w() const { return lnf_w_; }
   int lnf_b() const { return lnf_b_; }
   // The weight the LM head reads: wte when tied, lm_head otherwise (-1 off
@@ -195,6 +220,9 @@ class ParamLayout {
   ModelSlice slice_;
   int num_layers_ = 0, local_experts_ = 0;
   std::vector<int> block_first_;  // per local layer: the index of its first tensor
+  std::vector<int> lora_first_;   // per local layer: the index of its first adapter
+  int lora_slot_[kNumLoraTargets] = {-1, -1, -1, -1, -1, -1, -1};
+  size_t num_frozen_ = 0;
   // Per kind of block (0 dense, 1 MoE): its tensors before the experts', and
   // a BlockTensor's index within it, or -1.
   int per_block_[2] = {0, 0};
@@ -208,6 +236,30 @@ class ParamLayout {
   std::vector<UnitInfo> units_;
   size_t num_params_ = 0;
 };
+
+// The block's weight a LoRA target adapts (its rows model::LoraTargetSite's
+// [first_col, first_col + out) of that fused weight): q, k, v attn.qkv; o
+// attn.proj; gate, up mlp.fc; down mlp.proj.
+inline BlockTensor LoraTargetTensor(LoraTarget t) {
+  switch (t) {
+    case kLoraQ:
+    case kLoraK:
+    case kLoraV:
+      return kQkvW;
+    case kLoraO:
+      return kAttnProjW;
+    case kLoraGate:
+    case kLoraUp:
+      return kFcW;
+    case kLoraDown:
+      return kFcProjW;
+  }
+  return kQkvW;
+}
+
+// The tensors of the layout's flat buffer, in order: every tensor, or under
+// LoRA the adapters (those not frozen).
+std::vector<TensorInfo> TrainedTensors(const ParamLayout& layout);
 
 }  // namespace shardtrain::model
 

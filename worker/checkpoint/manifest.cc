@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/model/lora.h"
 #include "common/status_macros.h"
 #include "worker/checkpoint/crc64.h"
 
@@ -301,6 +302,13 @@ absl::StatusOr<Manifest> ParseBody(const std::string& body) {
       }
       if (absl::Status s = model::ValidateModelConfig(*config); !s.ok()) config = s;
     }
+    if (config.ok() && cfg->kv.count("lora_rank") != 0) {  // adapters (absent: none)
+      model::LoraConfig& lora = config->lora;
+      SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "lora_rank", &lora.rank));
+      SHARDTRAIN_RETURN_IF_ERROR(p.Double(*cfg, "lora_alpha", &lora.alpha));
+      SHARDTRAIN_RETURN_IF_ERROR(p.Int(*cfg, "lora_targets", &lora.targets));
+      if (absl::Status s = model::ValidateLora(*config); !s.ok()) config = s;
+    }
     if (!config.ok()) return Parser::Error(absl::StrCat("config: ", config.status().message()));
     m.config = *config;
     m.config.padded_vocab = padded_vocab;  // ValidateManifest checks it
@@ -361,13 +369,14 @@ absl::Status ValidateManifest(const Manifest& m) {
                      " are not those of the layout of ", model::ToString(m.config), " (",
                      layout.num_params(), "/", Hex16(layout.Fingerprint()), ")"));
   }
-  if (m.tensors.size() != layout.tensors().size()) {
+  const std::vector<model::TensorInfo> trained = TrainedTensors(layout);
+  if (m.tensors.size() != trained.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(m.tensors.size(), " tensors, the layout has ", layout.tensors().size()));
+        absl::StrCat(m.tensors.size(), " tensors, the layout has ", trained.size()));
   }
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const ManifestTensor& t = m.tensors[i];
-    const model::TensorInfo& want = layout.tensors()[i];
+    const model::TensorInfo& want = trained[i];
     if (t.name != want.name || t.shape != want.shape || t.offset != want.offset ||
         t.numel != want.numel) {
       return absl::InvalidArgumentError(
@@ -386,7 +395,7 @@ absl::StatusOr<Manifest> MakeManifest(const model::ParamLayout& layout, int64_t 
   m.config = layout.config();
   m.num_params = layout.num_params();
   m.layout_fingerprint = layout.Fingerprint();
-  for (const model::TensorInfo& t : layout.tensors()) {
+  for (const model::TensorInfo& t : TrainedTensors(layout)) {
     m.tensors.push_back(ManifestTensor{t.name, t.shape, t.offset, t.numel});
   }
   m.world = world;
@@ -429,6 +438,10 @@ std::string SerializeManifest(const Manifest& m) {
                     " norm_topk_prob=", moe.norm_topk_prob ? 1 : 0,
                     " first_dense_layers=", moe.first_dense_layers);
     if (moe.router_bias) absl::StrAppend(&out, " router_bias=1");
+  }
+  if (const model::LoraConfig& lora = m.config.lora; lora.on()) {
+    absl::StrAppend(&out, " lora_rank=", lora.rank, " lora_alpha=", ExactDouble(lora.alpha),
+                    " lora_targets=", lora.targets);
   }
   out += "\n";
   absl::StrAppend(&out, "layout num_params=", m.num_params,

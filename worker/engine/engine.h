@@ -125,6 +125,18 @@ class Engine {
   // final's use. The same as parallel::UnitUseOrder (common/shard_range.h).
   // Null: off.
   virtual void set_param_hook(std::function<void(int unit, bool begin)> hook) = 0;
+  // ---- LoRA (config().lora.on()): the model itself is frozen, in a second
+  // flat buffer laid out by frozen_layout() (the model without adapters, this
+  // slice), read by the layers and never updated; param_buffer(),
+  // grad_buffer() and layout()'s flat buffer are then the adapters alone.
+  // Null / layout() without LoRA.
+  virtual Buffer* frozen_buffer() { return nullptr; }
+  virtual const model::ParamLayout& frozen_layout() const { return layout(); }
+  // The frozen model's init (InitParamsInto's, of the model without
+  // adapters: what a plain engine's InitParams gives) of frozen elements
+  // [begin, end) into out (memory of device()).
+  virtual void InitFrozenInto(uint64_t seed, size_t begin, size_t end, float* out) {}
+
   // The MoE layers' figures since the last call (MoeStats), which starts
   // the next count. Empty without MoE layers.
   virtual MoeStats TakeMoeStats() { return {}; }

@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/model/lora.h"
 #include "common/rng.h"
 #include "worker/engine/model_engine_internal.h"
 
@@ -33,6 +34,14 @@ inline float NormalFromKey(uint64_t key) {
 absl::Status ValidateModelEngine(const ModelConfig& config, int B, int T,
                                  const ModelEngineOptions& options) {
   if (auto s = model::ValidateModelConfig(config); !s.ok()) return s;
+  if (config.lora.on()) {
+    if (auto s = model::ValidateLora(config); !s.ok()) return s;
+    if (options.slice.tp > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "finetune.lora: adapters under tensor parallelism are not supported yet (parallel.tp ",
+          options.slice.tp, ")"));
+    }
+  }
   if (B < 1) return absl::InvalidArgumentError(absl::StrCat("batch size must be >= 1, got ", B));
   if (T < 1 || T > config.context) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -116,6 +125,8 @@ ModelEngine::ModelEngine(const ModelConfig& config, int B, int T, const ModelEng
                          DataType compute)
     : layout_(config, options.slice),
       whole_(config),
+      base_(model::BaseConfig(config), options.slice),
+      base_whole_(model::BaseConfig(config)),
       tp_(options.slice.tp > 1 ? options.tp : nullptr),
       cp_(options.activations.cp > 1 ? options.cp : nullptr),
       ep_(options.slice.ep > 1 ? options.ep : nullptr),
@@ -230,6 +241,8 @@ void ModelEngine::BindActivations(char* base) {
   moe_dlogits_ = take("moe_dlogits");
   moe_dgates_ = take("moe_dgates");
   moe_xfer_ = take("moe_xfer");
+  lora_xa_ = take("lora_xa");
+  lora_g_ = take("lora_g");
 }
 
 void ModelEngine::InitSliceHost(uint64_t seed, size_t begin, size_t end, float* out,
@@ -241,13 +254,21 @@ void ModelEngine::InitSliceHost(uint64_t seed, size_t begin, size_t end, float* 
   }
 }
 
-void ModelEngine::InitGlobal(uint64_t seed, size_t begin, size_t end, float* out,
-                             ThreadPool* pool) const {
+void ModelEngine::InitFrozenHost(uint64_t seed, size_t begin, size_t end, float* out,
+                                 ThreadPool* pool) const {
+  for (const model::FlatRun& r : base_.GlobalRuns(begin, end)) {
+    InitGlobalOf(base_whole_, seed, r.global, r.global + r.count, out + (r.local - begin), pool);
+  }
+}
+
+void ModelEngine::InitGlobalOf(const model::ParamLayout& whole, uint64_t seed, size_t begin,
+                               size_t end, float* out, ThreadPool* pool) const {
   const ModelConfig& cfg = layout_.config();
   const float residual_std = 0.02f / std::sqrt(2.0f * cfg.layers);
-  const auto& tensors = whole_.tensors();
+  const auto& tensors = whole.tensors();
   for (size_t k = 0; k < tensors.size(); ++k) {
     const TensorInfo& t = tensors[k];
+    if (t.frozen) continue;  // InitFrozen's
     // The part [i0, i1) of this tensor inside [begin, end).
     const size_t i0 = std::max(begin, t.offset) - t.offset;
     const size_t i1 = std::min(end, t.offset + t.numel);
@@ -258,6 +279,20 @@ void ModelEngine::InitGlobal(uint64_t seed, size_t begin, size_t end, float* out
       std::fill(w, w + (stop - i0), absl::EndsWith(t.name, "weight") ? 1.0f : 0.0f);
       continue;
     }
+    if (absl::EndsWith(t.name, ".B")) {  // a LoRA adapter's B: 0, the model unchanged at first
+      std::fill(w, w + (stop - i0), 0.0f);
+      continue;
+    }
+    if (absl::EndsWith(t.name, ".A")) {  // its A: uniform in ±1/sqrt(in) (PEFT's kaiming_uniform)
+      const float bound = 1.0f / std::sqrt(static_cast<float>(t.shape[1]));
+      const uint64_t key = SplitMix64(seed ^ SplitMix64(k + 1));
+      for (size_t i = i0; i < stop; ++i) {
+        const uint64_t bits = SplitMix64(key + i * 0x9E3779B97F4A7C15ull);
+        const double u = (static_cast<double>(bits >> 11) + 0.5) / 9007199254740992.0;
+        w[i - i0] = static_cast<float>((2.0 * u - 1.0) * bound);
+      }
+      continue;
+    }
     // The projections back into the residual stream: attention's, the
     // MLP's and every expert's.
     const bool residual_proj = absl::EndsWith(t.name, ".proj.weight");
@@ -265,7 +300,7 @@ void ModelEngine::InitGlobal(uint64_t seed, size_t begin, size_t end, float* out
     // wte and an untied lm_head: only the first vocab rows are real; padded
     // rows stay 0.
     const bool vocab_rows =
-        static_cast<int>(k) == whole_.wte() || static_cast<int>(k) == whole_.lm_head();
+        static_cast<int>(k) == whole.wte() || static_cast<int>(k) == whole.lm_head();
     const size_t n = vocab_rows ? static_cast<size_t>(cfg.vocab) * cfg.dim : t.numel;
     const uint64_t key = SplitMix64(seed ^ SplitMix64(k + 1));
     const size_t real_end = std::min(n, stop);

@@ -181,7 +181,9 @@ class ModelEngine : public Engine {
   // biases 0, padded vocabulary rows 0) of global elements [begin, end) into
   // host memory out[0, end - begin) (InitParamsInto in the slice's coordinates
   // maps through layout().GlobalRuns).
-  void InitGlobal(uint64_t seed, size_t begin, size_t end, float* out, ThreadPool* pool) const;
+  void InitGlobal(uint64_t seed, size_t begin, size_t end, float* out, ThreadPool* pool) const {
+    InitGlobalOf(whole_, seed, begin, end, out, pool);
+  }
   // InitParamsInto's host part: the slice's elements [begin, end) into host
   // memory.
   void InitSliceHost(uint64_t seed, size_t begin, size_t end, float* out, ThreadPool* pool) const;
@@ -393,6 +395,30 @@ class ModelEngine : public Engine {
                                  int N, float dloss);
   const MoeOptions& moe_options() const { return moe_; }
 
+  // ---- LoRA adapters (config().lora; engine/cpu/lora_layers.h says what
+  // each computes). A and B are the adapter's tensors (ParamLayout::
+  // lora_tensor), in (N, in) the target's input, out (N, out_dim) with row
+  // stride ld its output's columns; lora_xa() and lora_g() (N, rank) are the
+  // table's scratch. Forward: out += scale · (in · A^T) · B^T. Backward from
+  // dout (row stride ld): dinp (N, in) += its share, A's and B's gradients
+  // += (the product in · A^T recomputed, not saved). The defaults fail: a
+  // device without them is refused LoRA before an engine is made.
+  virtual void LoraForward(void* out, int ld, const void* in, int A, int B, int N, int in_dim,
+                           int out_dim);
+  virtual void LoraBackward(void* dinp, const void* dout, int ld, const void* in, int A, int B,
+                            int N, int in_dim, int out_dim);
+  void* lora_xa() const { return lora_xa_; }
+  void* lora_g() const { return lora_g_; }
+  // Under LoRA the frozen model's layout (ParamLayout(BaseConfig(config),
+  // slice)): the frozen buffer a device allocates (num_params() floats, the
+  // model's own init or weights), which layout()'s frozen tensors' offsets
+  // index. Without LoRA, layout() itself.
+  const model::ParamLayout& frozen_layout() const override { return base_; }
+  // The frozen model's init (InitGlobal of the model without adapters, so
+  // it equals a plain engine's) of frozen elements [begin, end) into host
+  // memory out[0, end - begin).
+  void InitFrozenHost(uint64_t seed, size_t begin, size_t end, float* out, ThreadPool* pool) const;
+
   // ---- Attention by blocks of keys, for context parallelism's ring (called
   // only under cp; engine/cpu/layers.h's functions of the same names say
   // what each computes). lse, blk_lse and D are fp32 rows (b, NHt, t);
@@ -459,6 +485,18 @@ class ModelEngine : public Engine {
 
  private:
   class UnitScope;
+  // InitGlobal over the whole layout `whole` (the model's, or under LoRA
+  // the trained one's adapters: A uniform in ±1/sqrt(in), PEFT's kaiming
+  // init, and B 0).
+  void InitGlobalOf(const model::ParamLayout& whole, uint64_t seed, size_t begin, size_t end,
+                    float* out, ThreadPool* pool) const;
+  // Layer l's adapters of the targets in [first, last] (LoraTarget order)
+  // on one fused GEMM's input `in` (N, in) and output `out` (N, row), or
+  // their backward from dout (N, row) into dinp: the targets the layout has,
+  // each at its columns (model::LoraTargetSite). Nothing without LoRA.
+  void LoraForwardSites(int l, int first, int last, void* out, const void* in, int N);
+  void LoraBackwardSites(int l, int first, int last, void* dinp, const void* dout, const void* in,
+                         int N);
   void BlockForward(int layer, LayerActs& a, const void* residual, int b, int t);
   // The block's forward arithmetic (the caller holds the unit's scope);
   // `refill`: a recomputing block in backward, which stops once what its
@@ -522,6 +560,10 @@ class ModelEngine : public Engine {
   // LocalRows(N) rows of it), plus bias: returns proj_out_ (N, OC) or
   // sp_local_ (Nl, OC).
   const void* RowParallelForward(const void* inp, int weight, int bias, int N, int IC, int OC);
+  // RowParallelForward plus layer l's adapter of `target` (o or down) on
+  // its output, when the layout has one.
+  const void* AdaptedRowParallelForward(int l, model::LoraTarget target, const void* inp,
+                                        int weight, int bias, int N, int IC, int OC);
   // The row-parallel reduction of partial (N, OC) (in place, or into
   // sp_local_ under sequence parallelism) plus bias (-1: none).
   const void* ReduceRowParallel(void* partial, int bias, int N, int OC);
@@ -542,6 +584,9 @@ class ModelEngine : public Engine {
 
   model::ParamLayout layout_;
   const model::ParamLayout whole_;  // the whole model's layout (init, global indices)
+  // The frozen model's slice and whole layouts under LoRA (without: copies
+  // of layout_ and whole_).
+  const model::ParamLayout base_, base_whole_;
   TensorParallel* const tp_;
   ContextParallel* const cp_;  // null without context parallelism
   ExpertParallel* const ep_;   // null without expert parallelism
@@ -569,7 +614,8 @@ class ModelEngine : public Engine {
        *sp_full_ = nullptr, *sp_local_ = nullptr, *cp_kv_ = nullptr, *cp_dkv_ = nullptr,
        *cp_out_ = nullptr, *cp_scores_ = nullptr, *moe_out_ = nullptr, *moe_dxp_ = nullptr,
        *moe_dy_ = nullptr, *moe_dh_ = nullptr, *moe_dh_pre_ = nullptr, *moe_dscores_ = nullptr,
-       *moe_dlogits_ = nullptr, *moe_dgates_ = nullptr, *moe_xfer_ = nullptr;
+       *moe_dlogits_ = nullptr, *moe_dgates_ = nullptr, *moe_xfer_ = nullptr, *lora_xa_ = nullptr,
+       *lora_g_ = nullptr;
   float* cp_rows_ = nullptr;
   std::function<void(size_t)> grads_ready_;
   std::function<void(int, bool)> param_hook_;

@@ -3,6 +3,7 @@
 // with Megatron-LM's tensor-parallel regions around the projections.
 #include <cstdint>
 
+#include "common/model/lora.h"
 #include "worker/engine/model_engine.h"
 #include "worker/engine/model_engine_internal.h"
 
@@ -32,6 +33,14 @@ const void* ModelEngine::RowParallelForward(const void* inp, int weight, int bia
   return ReduceRowParallel(proj_out_, bias, N, OC);
 }
 
+const void* ModelEngine::AdaptedRowParallelForward(int l, model::LoraTarget target, const void* inp,
+                                                   int weight, int bias, int N, int IC, int OC) {
+  const void* out = RowParallelForward(inp, weight, bias, N, IC, OC);
+  // Whole rows only (tp 1: LoRA is refused with tensor parallelism).
+  LoraForwardSites(l, target, target, const_cast<void*>(out), inp, N);
+  return out;
+}
+
 const void* ModelEngine::ReduceRowParallel(void* partial, int bias, int N, int OC) {
   if (!sp_) {
     ReduceFromTpRegionForward(partial, int64_t{N} * OC);
@@ -43,6 +52,40 @@ const void* ModelEngine::ReduceRowParallel(void* partial, int bias, int N, int O
   TpReduceScatter(sp_local_, partial, int64_t{Nl} * OC);
   if (bias >= 0) AddBias(sp_local_, bias, Nl, OC);
   return sp_local_;
+}
+
+void ModelEngine::LoraForward(void*, int, const void*, int, int, int, int, int) {
+  Fail("LoRA adapters are not implemented on this device");
+}
+
+void ModelEngine::LoraBackward(void*, const void*, int, const void*, int, int, int, int, int) {
+  Fail("LoRA adapters are not implemented on this device");
+}
+
+void ModelEngine::LoraForwardSites(int l, int first, int last, void* out, const void* in, int N) {
+  if (!config().lora.on()) return;
+  const size_t elem = DataTypeSize(table_.compute());
+  for (int t = first; t <= last; ++t) {
+    const int A = layout_.lora_tensor(l, model::LoraTarget(t), false);
+    if (A < 0) continue;
+    const model::LoraSite site = model::LoraTargetSite(config(), model::LoraTarget(t));
+    LoraForward(static_cast<char*>(out) + site.first_col * elem, static_cast<int>(site.row), in, A,
+                A + 1, N, static_cast<int>(site.in), static_cast<int>(site.out));
+  }
+}
+
+void ModelEngine::LoraBackwardSites(int l, int first, int last, void* dinp, const void* dout,
+                                    const void* in, int N) {
+  if (!config().lora.on()) return;
+  const size_t elem = DataTypeSize(table_.compute());
+  for (int t = first; t <= last; ++t) {
+    const int A = layout_.lora_tensor(l, model::LoraTarget(t), false);
+    if (A < 0) continue;
+    const model::LoraSite site = model::LoraTargetSite(config(), model::LoraTarget(t));
+    LoraBackward(dinp, static_cast<const char*>(dout) + site.first_col * elem,
+                 static_cast<int>(site.row), in, A, A + 1, N, static_cast<int>(site.in),
+                 static_cast<int>(site.out));
+  }
 }
 
 void ModelEngine::NormForward(void* out, float* mean, float* rstd, const void* inp, int weight,
@@ -86,11 +129,15 @@ void ModelEngine::MlpActBackward(int l, void* dfch, const void* fch, const void*
 void ModelEngine::MlpInForward(int l, LayerActs& a, const void* inp, int N) {
   const int C = config().dim, FCt = config().fc_rows(config().mlp_dim(l) / layout_.slice().tp);
   const int weight = layout_.block_tensor(l, kFcW), bias = layout_.block_tensor(l, kFcB);
-  if (config().mlp == model::MlpKind::kGelu &&
+  // Adapters add to the fc's output before the activation: not fused then.
+  const bool adapted = layout_.lora_tensor(l, model::kLoraGate, false) >= 0 ||
+                       layout_.lora_tensor(l, model::kLoraUp, false) >= 0;
+  if (config().mlp == model::MlpKind::kGelu && !adapted &&
       MatmulGeluForward(a.fch_act, a.fch, inp, weight, bias, N, C, FCt)) {
     return;
   }
   MatmulForward(a.fch, inp, weight, bias, N, C, FCt, FCt);
+  LoraForwardSites(l, model::kLoraGate, model::kLoraUp, a.fch, inp, N);
   MlpActForward(l, a.fch_act, a.fch, N);
 }
 
@@ -98,11 +145,13 @@ void ModelEngine::MlpOutBackward(int l, const LayerActs& a, const void* dout, in
   const int C = config().dim, Ft = config().mlp_dim(l) / layout_.slice().tp;
   const int FCt = config().fc_rows(Ft);
   const int weight = layout_.block_tensor(l, kFcProjW), bias = layout_.block_tensor(l, kFcProjB);
-  if (config().mlp == model::MlpKind::kGelu &&
+  const bool adapted = layout_.lora_tensor(l, model::kLoraDown, false) >= 0;
+  if (config().mlp == model::MlpKind::kGelu && !adapted &&
       MatmulDGeluBackward(dfch_, dout, C, a.fch_act, a.fch, weight, bias, N, Ft, C)) {
     return;
   }
   MatmulBackwardOverwrite(dfch_act_, dout, C, a.fch_act, weight, bias, N, Ft, C);
+  LoraBackwardSites(l, model::kLoraDown, model::kLoraDown, dfch_act_, dout, a.fch_act, N);
   Zero(dfch_, int64_t{N} * FCt);  // the activation's backward adds into it
   MlpActBackward(l, dfch_, a.fch, dfch_act_, N);
 }
@@ -125,8 +174,9 @@ void ModelEngine::BlockForwardMath(int l, LayerActs& a, const void* residual, in
   // The residual stream and the norms: Nl rows (all of them without
   // sequence parallelism); the tp region between them: all N rows.
   NormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w(kLn1W), w(kLn1B), Nl);
-  MatmulForward(a.qkv, GatherFromSequenceRegionForward(a.ln1, NlC), w(kQkvW), w(kQkvB), N, C, QKVt,
-                QKVt);
+  const void* qkv_in = GatherFromSequenceRegionForward(a.ln1, NlC);
+  MatmulForward(a.qkv, qkv_in, w(kQkvW), w(kQkvB), N, C, QKVt, QKVt);
+  LoraForwardSites(l, model::kLoraQ, model::kLoraV, a.qkv, qkv_in, N);
   if (cfg.qk_norm) QkNormForward(a.qkv, a.qk_pre, a.qk_rstd, w(kQNormW), w(kKNormW), N, NHt, KVHt);
   if (cfg.positions == model::PositionKind::kRotary) {
     RotaryForward(a.qkv, b, t, NHt, KVHt, /*inverse=*/false);
@@ -136,8 +186,10 @@ void ModelEngine::BlockForwardMath(int l, LayerActs& a, const void* residual, in
   } else {
     AttentionForward(a.atty, a.att, att_scratch_, a.qkv, b, t, Qt, NHt, KVHt);
   }
-  ResidualForward(a.residual2, residual,
-                  RowParallelForward(a.atty, w(kAttnProjW), w(kAttnProjB), N, Qt, C), NlC);
+  ResidualForward(
+      a.residual2, residual,
+      AdaptedRowParallelForward(l, model::kLoraO, a.atty, w(kAttnProjW), w(kAttnProjB), N, Qt, C),
+      NlC);
   NormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w(kLn2W), w(kLn2B), Nl);
   const void* mlp_in = GatherFromSequenceRegionForward(a.ln2, NlC);
   if (cfg.moe_layer(l)) {
@@ -149,8 +201,10 @@ void ModelEngine::BlockForwardMath(int l, LayerActs& a, const void* residual, in
   }
   MlpInForward(l, a, mlp_in, N);
   if (refill) return;
-  ResidualForward(a.residual3, a.residual2,
-                  RowParallelForward(a.fch_act, w(kFcProjW), w(kFcProjB), N, Ft, C), NlC);
+  ResidualForward(
+      a.residual3, a.residual2,
+      AdaptedRowParallelForward(l, model::kLoraDown, a.fch_act, w(kFcProjW), w(kFcProjB), N, Ft, C),
+      NlC);
 }
 
 void ModelEngine::Refill(int l, LayerActs& a, const void* residual, int b, int t) {
@@ -191,15 +245,17 @@ void ModelEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b
     MlpOutBackward(l, a, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), N);
     // Sequence parallelism keeps ln2's rows only: gathered again for fc's
     // weight gradient (as Megatron-LM does).
-    MatmulBackwardOverwrite(dln_, dfch_, FCt, GatherFromSequenceRegionForward(a.ln2, NlC), w(kFcW),
-                            w(kFcB), N, C, FCt);
+    const void* fc_in = GatherFromSequenceRegionForward(a.ln2, NlC);
+    MatmulBackwardOverwrite(dln_, dfch_, FCt, fc_in, w(kFcW), w(kFcB), N, C, FCt);
+    LoraBackwardSites(l, model::kLoraGate, model::kLoraUp, dln_, dfch_, fc_in, N);
   }
   GatherFromSequenceRegionBackward(dln_rows, dln_, NlC);
   NormBackward(dresidual_, dln_rows, a.residual2, a.ln2_mean, a.ln2_rstd, w(kLn2W), w(kLn2B), Nl);
   // residual2 = residual + attproj: both receive dresidual (in place).
   Zero(dqkv_, int64_t{N} * QKVt);
-  MatmulBackwardOverwrite(datty_, ReduceScatterToSequenceRegionBackward(dresidual_, NlC), C, a.atty,
-                          w(kAttnProjW), w(kAttnProjB), N, Qt, C);
+  const void* dproj = ReduceScatterToSequenceRegionBackward(dresidual_, NlC);
+  MatmulBackwardOverwrite(datty_, dproj, C, a.atty, w(kAttnProjW), w(kAttnProjB), N, Qt, C);
+  LoraBackwardSites(l, model::kLoraO, model::kLoraO, datty_, dproj, a.atty, N);
   if (cp_ != nullptr) {
     RingAttentionBackward(a, b, t);
   } else {
@@ -209,8 +265,9 @@ void ModelEngine::BlockBackward(int l, LayerActs& a, const void* residual, int b
     RotaryForward(dqkv_, b, t, NHt, KVHt, /*inverse=*/true);  // dL/d(q, k before rotation)
   }
   if (cfg.qk_norm) QkNormBackward(dqkv_, a.qk_pre, a.qk_rstd, w(kQNormW), w(kKNormW), N, NHt, KVHt);
-  MatmulBackwardOverwrite(dln_, dqkv_, QKVt, GatherFromSequenceRegionForward(a.ln1, NlC), w(kQkvW),
-                          w(kQkvB), N, C, QKVt);
+  const void* qkv_in = GatherFromSequenceRegionForward(a.ln1, NlC);
+  MatmulBackwardOverwrite(dln_, dqkv_, QKVt, qkv_in, w(kQkvW), w(kQkvB), N, C, QKVt);
+  LoraBackwardSites(l, model::kLoraQ, model::kLoraV, dln_, dqkv_, qkv_in, N);
   GatherFromSequenceRegionBackward(dln_rows, dln_, NlC);
   NormBackward(dresidual_, dln_rows, residual, a.ln1_mean, a.ln1_rstd, w(kLn1W), w(kLn1B), Nl);
 }

@@ -140,7 +140,7 @@ absl::StatusOr<AdamW> AdamW::Create(const model::ParamLayout& layout, size_t off
   }
   std::vector<Segment> segments;
   const size_t end = offset + count;
-  for (const model::TensorInfo& t : layout.tensors()) {
+  for (const model::TensorInfo& t : model::TrainedTensors(layout)) {
     const size_t b = std::max(offset, t.offset);
     const size_t e = std::min(end, t.offset + t.numel);
     if (b >= e) continue;

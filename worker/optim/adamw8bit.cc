@@ -120,7 +120,7 @@ engine::AdamWCoefficients AdamW8bitCoefficients(const AdamWOptions& o, const Ada
 std::vector<DecayRange> DecayRanges(const model::ParamLayout& layout, size_t offset, size_t count) {
   std::vector<DecayRange> ranges;
   const size_t end = offset + count;
-  for (const model::TensorInfo& t : layout.tensors()) {
+  for (const model::TensorInfo& t : model::TrainedTensors(layout)) {
     const size_t b = std::max(offset, t.offset);
     const size_t e = std::min(end, t.offset + t.numel);
     if (b >= e) continue;

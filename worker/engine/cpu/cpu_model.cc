@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/cpu/layers.h"
+#include "worker/engine/cpu/lora_layers.h"
 
 namespace shardtrain::engine::cpu {
 namespace {
@@ -67,6 +68,10 @@ CpuModel::CpuModel(const ModelConfig& config, int B, int T, int threads,
   grads_ = *device_.Allocate(n, DataType::kFloat32);
   param_data_ = params_->as<float>();
   grad_data_ = grads_->as<float>();
+  if (config.lora.on()) {
+    frozen_ = *device_.Allocate(frozen_layout().num_params(), DataType::kFloat32);
+    frozen_data_ = frozen_->as<float>();
+  }
   // Every activation and scratch tensor where the model's table puts it: one
   // set of the saved tensors per slot, then the scratch ones, in one buffer.
   acts_ = *device_.Allocate(static_cast<size_t>(activation_alloc_bytes() / sizeof(float)),
@@ -113,6 +118,7 @@ void CpuModel::EncoderForward(SlotActs& s) {
 void CpuModel::EncoderBackward(const SlotActs& s, const void* dout) {
   PhaseTimer tm(profiling_, &timing_.encoder);
   const int C = config().dim;
+  if (grad(layout().wte()) == nullptr) return;  // frozen embeddings (LoRA)
   if (tp() == nullptr) {
     cpu::EncoderBackward(grad(layout().wte()), grad(layout().wpe()), F(dout), s.tokens.data(), s.b,
                          s.t, C, positions());
@@ -329,6 +335,27 @@ void CpuModel::LmHeadBackward(SlotActs& s, void* dln) {
                         vocab_.Vpt, F(s.lnf), param(layout().lm_head()), s.b * s.t, config().dim,
                         vocab_.real, &pool_);
   }
+}
+
+void CpuModel::LoraForward(void* out, int ld, const void* in, int A, int B, int N, int in_dim,
+                           int out_dim) {
+  PhaseTimer tm(profiling_, &timing_.matmul);
+  cpu::LoraForward<float>(F(out), ld, F(lora_xa()), F(in), param(A), param(B),
+                          static_cast<float>(config().lora.scale()), N, in_dim, out_dim,
+                          config().lora.rank, &pool_);
+}
+
+void CpuModel::LoraBackward(void* dinp, const void* dout, int ld, const void* in, int A, int B,
+                            int N, int in_dim, int out_dim) {
+  PhaseTimer tm(profiling_, &timing_.matmul);
+  const int r = config().lora.rank;
+  // The product in · A^T again (not saved: N·r per target is cheap next to
+  // the frozen GEMM).
+  cpu::Gemm<float>(false, true, N, r, in_dim, 1.0f, F(in), in_dim, param(A), in_dim, 0.0f,
+                   F(lora_xa()), r, &pool_);
+  cpu::LoraBackward<float>(F(dinp), grad(A), grad(B), F(lora_g()), F(dout), ld, F(in), F(lora_xa()),
+                           param(A), param(B), static_cast<float>(config().lora.scale()), N, in_dim,
+                           out_dim, r, &pool_);
 }
 
 void CpuModel::TpAllReduceSum(void* x, int64_t n) {

@@ -65,6 +65,10 @@ class CpuModel final : public ModelEngine {
   void InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) override {
     InitSliceHost(seed, begin, end, out, &pool_);
   }
+  Buffer* frozen_buffer() override { return frozen_.get(); }
+  void InitFrozenInto(uint64_t seed, size_t begin, size_t end, float* out) override {
+    InitFrozenHost(seed, begin, end, out, &pool_);
+  }
   float StageForward(int slot, const int* tokens, const int* targets, const float* input, int b,
                      int t) override;
   using ModelEngine::Forward;
@@ -138,6 +142,10 @@ class CpuModel final : public ModelEngine {
   double CrossEntropyForward(SlotActs& s) override;
   void CrossEntropyBackward(SlotActs& s, float dloss) override;
   void LmHeadBackward(SlotActs& s, void* dln) override;
+  void LoraForward(void* out, int ld, const void* in, int A, int B, int N, int in_dim,
+                   int out_dim) override;
+  void LoraBackward(void* dinp, const void* dout, int ld, const void* in, int A, int B, int N,
+                    int in_dim, int out_dim) override;
   void TpAllReduceSum(void* x, int64_t n) override;
   void TpAllGather(void* full, const void* local, int64_t n) override;
   void TpReduceScatter(void* local, const void* full, int64_t n) override;
@@ -160,17 +168,25 @@ class CpuModel final : public ModelEngine {
   CpuModel(const model::ModelConfig& config, int B, int T, int threads,
            const ModelEngineOptions& options);
 
-  // A tensor's parameters and gradient; null for -1 (no such tensor).
+  // A tensor's parameters and gradient; null for -1 (no such tensor). A
+  // frozen tensor (LoRA) reads the frozen buffer and has no gradient.
   const float* param(int tensor) const {
-    return tensor < 0 ? nullptr : param_data_ + layout().offset(tensor);
+    if (tensor < 0) return nullptr;
+    const model::TensorInfo& t = layout().tensors()[tensor];
+    return (t.frozen ? frozen_data_ : param_data_) + t.offset;
   }
-  float* grad(int tensor) { return tensor < 0 ? nullptr : grad_data_ + layout().offset(tensor); }
+  float* grad(int tensor) {
+    if (tensor < 0 || layout().tensors()[tensor].frozen) return nullptr;
+    return grad_data_ + layout().offset(tensor);
+  }
 
   VocabShard vocab_;  // this rank's rows of wte
   ThreadPool pool_;
   HostFlatMath math_{&pool_};
   CpuDevice device_;
   std::unique_ptr<Buffer> params_, grads_, acts_;
+  std::unique_ptr<Buffer> frozen_;  // LoRA only
+  float* frozen_data_ = nullptr;
   float* param_data_ = nullptr;
   float* grad_data_ = nullptr;
   bool profiling_ = false;

@@ -33,8 +33,8 @@ template <typename F>
 void HeadRmsNormBackward(F* dx, int ld, F* dweight, const F* pre, const F* rstd, int ld_stat,
                          const F* weight, int N, int heads, int hs, ThreadPool* pool) {
   // dweight first (it reads dy before dx overwrites it): serial over rows in
-  // order, so the sum is the same on every run.
-  for (int64_t r = 0; r < N; ++r) {
+  // order, so the sum is the same on every run. Null: frozen weights.
+  for (int64_t r = 0; dweight != nullptr && r < N; ++r) {
     for (int h = 0; h < heads; ++h) {
       const F* d = dx + r * ld + int64_t{h} * hs;
       const F* p = pre + (r * ld_stat + h) * hs;

@@ -163,22 +163,23 @@ template <typename F>
 void LayerNormBackward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight,
                        const F* mean, const F* rstd, int N, int C, ThreadPool* pool) {
   // dweight, dbias: reductions over rows, split over channels (no races,
-  // result independent of the thread count).
-  ParallelFor(
-      pool, C,
-      [&](int64_t c0, int64_t c1) {
-        for (int r = 0; r < N; ++r) {
-          const F* x = inp + int64_t{r} * C;
-          const F* d = dout + int64_t{r} * C;
-          const F m = mean[r], s = rstd[r];
+  // result independent of the thread count). Null: a frozen norm.
+  if (dweight != nullptr)
+    ParallelFor(
+        pool, C,
+        [&](int64_t c0, int64_t c1) {
+          for (int r = 0; r < N; ++r) {
+            const F* x = inp + int64_t{r} * C;
+            const F* d = dout + int64_t{r} * C;
+            const F m = mean[r], s = rstd[r];
 #pragma omp simd
-          for (int64_t c = c0; c < c1; ++c) {
-            dweight[c] += (x[c] - m) * s * d[c];
-            dbias[c] += d[c];
+            for (int64_t c = c0; c < c1; ++c) {
+              dweight[c] += (x[c] - m) * s * d[c];
+              dbias[c] += d[c];
+            }
           }
-        }
-      },
-      64);
+        },
+        64);
   // dinp: rows are independent.
   ParallelFor(
       pool, N,
@@ -235,18 +236,20 @@ template <typename F>
 void RmsNormBackward(F* dinp, F* dweight, const F* dout, const F* inp, const F* weight,
                      const F* rstd, int N, int C, ThreadPool* pool) {
   // dweight: a reduction over rows, split over channels (as LayerNorm's).
-  ParallelFor(
-      pool, C,
-      [&](int64_t c0, int64_t c1) {
-        for (int r = 0; r < N; ++r) {
-          const F* x = inp + int64_t{r} * C;
-          const F* d = dout + int64_t{r} * C;
-          const F s = rstd[r];
+  // Null: a frozen norm.
+  if (dweight != nullptr)
+    ParallelFor(
+        pool, C,
+        [&](int64_t c0, int64_t c1) {
+          for (int r = 0; r < N; ++r) {
+            const F* x = inp + int64_t{r} * C;
+            const F* d = dout + int64_t{r} * C;
+            const F s = rstd[r];
 #pragma omp simd
-          for (int64_t c = c0; c < c1; ++c) dweight[c] += x[c] * s * d[c];
-        }
-      },
-      64);
+            for (int64_t c = c0; c < c1; ++c) dweight[c] += x[c] * s * d[c];
+          }
+        },
+        64);
   // dinp = s·(w⊙d) - x·s³·mean(x ⊙ w ⊙ d): rows are independent.
   ParallelFor(
       pool, N,
@@ -318,8 +321,10 @@ void MatmulBackward(F* dinp, F* dweight, F* dbias, const F* dout, int ld_dout, c
                     const F* weight, int N, int C, int OC, ThreadPool* pool) {
   // dinp (N,C) += dout (N,OC) · weight (OC,C)
   Gemm<F>(false, false, N, C, OC, F(1), dout, ld_dout, weight, C, F(1), dinp, C, pool);
-  // dweight (OC,C) += dout^T (OC,N) · inp (N,C)
-  Gemm<F>(true, false, OC, C, N, F(1), dout, ld_dout, inp, C, F(1), dweight, C, pool);
+  // dweight (OC,C) += dout^T (OC,N) · inp (N,C); null: a frozen weight.
+  if (dweight != nullptr) {
+    Gemm<F>(true, false, OC, C, N, F(1), dout, ld_dout, inp, C, F(1), dweight, C, pool);
+  }
   if (dbias != nullptr) {
     ParallelFor(
         pool, OC,
@@ -451,8 +456,8 @@ void AddKvGrad(F* dqkv, const F* dkv, int B, int T, int C, int KV, ThreadPool* p
 
 template <typename F>
 void AttentionBlockForward(F* out, F* lse, F* blk_out, F* blk_lse, const F* qkv, const F* kv,
-                           const int* pos_q, const int* pos_k, int B, int Tq, int Tk, int C,
-                           int NH, int KVH, bool first, F* scores, ThreadPool* pool) {
+                           const int* pos_q, const int* pos_k, int B, int Tq, int Tk, int C, int NH,
+                           int KVH, bool first, F* scores, ThreadPool* pool) {
   const int hs = C / NH, group = NH / KVH, KV = KVH * hs;
   const int W = C + 2 * KV;
   const F scale = F(1) / std::sqrt(F(hs));
@@ -530,10 +535,9 @@ void AttentionRowDot(F* D, const F* dout, const F* out, int B, int T, int C, int
 }
 
 template <typename F>
-void AttentionBlockBackward(F* dqkv, F* dkv, const F* dout, const F* qkv, const F* kv,
-                            const F* lse, const F* D, const int* pos_q, const int* pos_k, int B,
-                            int Tq, int Tk, int C, int NH, int KVH, F* scores, F* dscores,
-                            ThreadPool* pool) {
+void AttentionBlockBackward(F* dqkv, F* dkv, const F* dout, const F* qkv, const F* kv, const F* lse,
+                            const F* D, const int* pos_q, const int* pos_k, int B, int Tq, int Tk,
+                            int C, int NH, int KVH, F* scores, F* dscores, ThreadPool* pool) {
   const int hs = C / NH, group = NH / KVH, KV = KVH * hs;
   const int W = C + 2 * KV;
   const F scale = F(1) / std::sqrt(F(hs));
@@ -726,7 +730,7 @@ void CrossEntropyBackwardInPlace(F* logits, const F* lse, const int* targets, F 
 #define SHARDTRAIN_INSTANTIATE_LAYERS(F)                                                           \
   template void Gemm<F>(bool, bool, int, int, int, F, const F*, int, const F*, int, F, F*, int,    \
                         ThreadPool*);                                                              \
-  template void EncoderForward<F>(F*, const int*, const F*, const F*, int, int, int, ThreadPool*,   \
+  template void EncoderForward<F>(F*, const int*, const F*, const F*, int, int, int, ThreadPool*,  \
                                   const int*);                                                     \
   template void EncoderBackward<F>(F*, F*, const F*, const int*, int, int, int, const int*);       \
   template void CopyKv<F>(F*, const F*, int, int, int, int, ThreadPool*);                          \
@@ -735,9 +739,9 @@ void CrossEntropyBackwardInPlace(F* logits, const F* lse, const int* targets, F 
                                          const int*, int, int, int, int, int, int, bool, F*,       \
                                          ThreadPool*);                                             \
   template void AttentionRowDot<F>(F*, const F*, const F*, int, int, int, int, ThreadPool*);       \
-  template void AttentionBlockBackward<F>(F*, F*, const F*, const F*, const F*, const F*, const F*, \
-                                          const int*, const int*, int, int, int, int, int, int, F*, \
-                                          F*, ThreadPool*);                                        \
+  template void AttentionBlockBackward<F>(F*, F*, const F*, const F*, const F*, const F*,          \
+                                          const F*, const int*, const int*, int, int, int, int,    \
+                                          int, int, F*, F*, ThreadPool*);                          \
   template void LayerNormForward<F>(F*, F*, F*, const F*, const F*, const F*, int, int,            \
                                     ThreadPool*);                                                  \
   template void LayerNormBackward<F>(F*, F*, F*, const F*, const F*, const F*, const F*, const F*, \

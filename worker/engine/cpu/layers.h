@@ -2,7 +2,9 @@
 // and backward side by side (llm.c style). Shape letters: see common/model/config.h; N is
 // the number of rows (N = B*T). Unless stated, buffers are row-major and
 // contiguous, backward functions ACCUMULATE (+=) into every gradient output,
-// and `pool` may be null (serial).
+// and `pool` may be null (serial). A weight's gradient output (dweight,
+// dbias, and the norms' and matmul's) may be null: a frozen weight (LoRA),
+// whose gradient is not computed.
 //
 // Every kernel is a template on the float type F; float is the engine, double
 // is instantiated for the finite-difference tests.

@@ -1,5 +1,6 @@
 #include "worker/engine/cpu/lora_layers.h"
 
+#include "common/model/lora.h"
 #include "worker/engine/cpu/layers.h"
 
 namespace shardtrain::engine::cpu {
@@ -29,6 +30,26 @@ template <typename F>
 void LoraMerge(F* W, const F* A, const F* B, F scale, int IC, int OC, int r, ThreadPool* pool) {
   // W (OC, IC) += scale · B (OC, r) · A (r, IC)
   Gemm<F>(false, false, OC, IC, r, scale, B, r, A, IC, F(1), W, IC, pool);
+}
+
+void MergeLora(const model::ParamLayout& layout, const float* adapters, float* frozen,
+               ThreadPool* pool) {
+  const model::ModelConfig& c = layout.config();
+  if (!c.lora.on()) return;
+  const auto scale = static_cast<float>(c.lora.scale());
+  for (int i = 0; i < layout.num_layers(); ++i) {
+    const int l = layout.layer(i);
+    for (int t = 0; t < model::kNumLoraTargets; ++t) {
+      const auto target = model::LoraTarget(t);
+      const int A = layout.lora_tensor(l, target, false);
+      if (A < 0) continue;
+      const model::LoraSite site = model::LoraTargetSite(c, target);
+      float* W = frozen + layout.offset(layout.block_tensor(l, model::LoraTargetTensor(target))) +
+                 site.first_col * site.in;
+      LoraMerge<float>(W, adapters + layout.offset(A), adapters + layout.offset(A + 1), scale,
+                       static_cast<int>(site.in), static_cast<int>(site.out), c.lora.rank, pool);
+    }
+  }
 }
 
 #define SHARDTRAIN_LORA_INSTANTIATE(F)                                                           \

@@ -13,6 +13,7 @@
 #ifndef SHARDTRAIN_WORKER_ENGINE_CPU_LORA_LAYERS_H_
 #define SHARDTRAIN_WORKER_ENGINE_CPU_LORA_LAYERS_H_
 
+#include "common/model/param_layout.h"
 #include "worker/engine/thread_pool.h"
 
 namespace shardtrain::engine::cpu {
@@ -36,6 +37,14 @@ void LoraBackward(F* dinp, F* dA, F* dB, F* g, const F* dout, int ld_dout, const
 // exported model holds, whose plain matmul equals the adapted layer's output.
 template <typename F>
 void LoraMerge(F* W, const F* A, const F* B, F scale, int IC, int OC, int r, ThreadPool* pool);
+
+// Every adapter of a LoRA layout merged into its frozen weight: frozen (the
+// layout's frozen buffer, host fp32, laid out as ParamLayout(BaseConfig(
+// config), slice)) += scale · B · A at each target's rows, from adapters
+// (the layout's flat buffer, host fp32). The result is the model whose
+// plain forward equals the adapted one (what `export` and `sample` read).
+void MergeLora(const model::ParamLayout& layout, const float* adapters, float* frozen,
+               ThreadPool* pool);
 
 }  // namespace shardtrain::engine::cpu
 

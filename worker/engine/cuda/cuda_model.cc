@@ -24,6 +24,10 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const model::ModelC
                                                              DataType compute, int host_threads,
                                                              const ModelEngineOptions& options) {
   if (auto s = ValidateModelEngine(config, B, T, options); !s.ok()) return s;
+  if (config.lora.on()) {
+    return absl::InvalidArgumentError(
+        "finetune.lora: the CUDA engine has no adapter kernels yet (resources.device: cpu)");
+  }
   if (config.moe.on() && options.cp != nullptr && options.cp->device_memory()) {
     return absl::InvalidArgumentError(
         "model.moe with parallel.cp: the expert load is summed over the ring in host memory (a "
