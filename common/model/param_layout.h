@@ -208,6 +208,9 @@ class ParamLayout {
   size_t global_num_params() const { return global_num_params_; }
   // Offset in floats of a tensor.
   size_t offset(int tensor) const { return tensors_[tensor].offset; }
+  // The flat buffer's offset of the unit holding a tensor (its first
+  // element's under LoRA too, where a frozen tensor's offset is elsewhere).
+  size_t unit_offset(int tensor) const { return units_[tensors_[tensor].unit].offset; }
 
   // 64-bit fingerprint of names, shapes and offsets; stored in weights files
   // and checkpoints to detect layout changes. Checkpoints store the whole

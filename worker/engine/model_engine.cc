@@ -493,7 +493,7 @@ void ModelEngine::StageBackward(int slot, float loss_scale, const float* doutput
       head_backward();
       norm_backward();
     }
-    if (grads_ready_) grads_ready_(layout_.offset(layout_.lnf_w()));
+    if (grads_ready_) grads_ready_(layout_.unit_offset(layout_.lnf_w()));
   } else {
     CopyFromFloat32(dresidual_, doutput, NlC);
   }
@@ -501,7 +501,7 @@ void ModelEngine::StageBackward(int slot, float loss_scale, const float* doutput
   for (int i = static_cast<int>(s.layers.size()) - 1; i >= 0; --i) {
     const int l = layout_.layer(first_layer + i);
     BlockBackward(l, s.layers[i], i == 0 ? s.encoded : s.layers[i - 1].residual3, b, t);
-    if (grads_ready_) grads_ready_(layout_.offset(layout_.block_tensor(l, BlockTensor(0))));
+    if (grads_ready_) grads_ready_(layout_.unit_offset(layout_.block_tensor(l, BlockTensor(0))));
   }
   has_input_grad_ = !PipelineFirst(s);
   if (!has_input_grad_) {

@@ -213,7 +213,7 @@ inline Losses Train(const JobSpec& spec, int first = 1, const std::string& resum
   for (auto& [step, infos] : shards) {
     std::sort(infos.begin(), infos.end(),
               [](const auto& a, const auto& b) { return a.rank < b.rank; });
-    auto config = spec.model.Config();
+    auto config = spec.TrainedConfig();
     auto manifest = checkpoint::MakeManifest(model::ParamLayout(*config), step, dims.world(),
                                              spec.parallel.zero, infos);
     EXPECT_TRUE(manifest.ok()) << manifest.status();
