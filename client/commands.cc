@@ -164,7 +164,7 @@ std::string CheckpointSpaceWarning(const JobSpec& spec, const std::string& dir) 
   if (!plan.ok() || !free.ok()) return "";
   const bool checkpoints = spec.checkpoint.every > 0;
   const int64_t needed = checkpoints ? 2 * plan->checkpoint_bytes()
-                                     : WeightsFileBytes(plan->num_params(), *spec.model.Config());
+                                     : FinalWeightsBytes(spec);
   if (*free >= needed) return "";
   return absl::StrCat(
       "checkpoint.dir ", dir, " has ", FormatStorageBytes(*free), " free, less than ",
@@ -181,6 +181,12 @@ std::string ValidationWarning(const JobSpec& spec) {
   if (spec.data.val.empty() || spec.eval.every != spec.steps || spec.steps == 1) return "";
   return "data.val: validation runs after the last step only (eval.every = steps); set "
          "eval.every (or --set eval.every=N) to evaluate every N steps";
+}
+
+std::string FinetuneWarning(const JobSpec& spec) {
+  if (!spec.finetune.lora.on() || !spec.model.init.empty()) return "";
+  return "finetune.lora without model.init: the adapters train on a randomly initialised model; "
+         "set model.init to the checkpoint to fine-tune";
 }
 
 absl::Status ReadSpec(const std::string& path, std::string* text) {
@@ -258,6 +264,7 @@ int Submit(const GlobalFlags& g, const std::string& spec_path, std::vector<std::
   if (auto spec = ParseJobSpec(req.spec_yaml(), sets); spec.ok()) {
     if (std::string w = CheckpointDirWarning(*spec); !w.empty()) Warn(g, w);
     if (std::string w = ValidationWarning(*spec); !w.empty()) Warn(g, w);
+    if (std::string w = FinetuneWarning(*spec); !w.empty()) Warn(g, w);
   }
   WarnOnSplitCheckpointRoots(g, resp.job());
   WarnOnCheckpointSpace(g, resp.job());

@@ -90,6 +90,9 @@ std::string CheckpointSpaceWarning(const JobSpec& spec, const std::string& dir);
 // The warning for a spec whose data.val is evaluated after the last step
 // only (eval.every = steps, its default with data.val); empty otherwise.
 std::string ValidationWarning(const JobSpec& spec);
+// The warning for finetune.lora without model.init: adapters on a random
+// model ("" otherwise).
+std::string FinetuneWarning(const JobSpec& spec);
 // Reads a spec file; the error names the path.
 absl::Status ReadSpec(const std::string& path, std::string* text);
 // For a spec whose model section names only model.init

@@ -181,6 +181,7 @@ class LocalRun {
     if (!spec.ok()) return ReportError(g_, spec.status());
     if (std::string w = CheckpointDirWarning(*spec); !w.empty()) Warn(g_, w);
     if (std::string w = ValidationWarning(*spec); !w.empty()) Warn(g_, w);
+    if (std::string w = FinetuneWarning(*spec); !w.empty()) Warn(g_, w);
     // The local workers run here, in this directory: their checkpoint.dir
     // is the spec's as this process sees it.
     if (std::string w = CheckpointSpaceWarning(*spec, spec->checkpoint.dir); !w.empty()) {

@@ -298,7 +298,14 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
   }
   const bool offload = spec.parallel.offload == OffloadMode::kOptimizer || through_host;
   if (offload) mem.set_host_bytes(through_host ? host : mem.optimizer_bytes());
-  mem.set_total_bytes(mem.params_bytes() + mem.grads_bytes() +
+  // LoRA: the frozen model of the slice, whole on every rank, in the
+  // engine's compute type (fp32 on CPU workers).
+  if (cfg.lora.on()) {
+    mem.set_frozen_bytes(
+        ComputeBytes(spec.precision) *
+        static_cast<int64_t>(model::ParamLayout(model::BaseConfig(cfg), shape.slice).num_params()));
+  }
+  mem.set_total_bytes(mem.frozen_bytes() + mem.params_bytes() + mem.grads_bytes() +
                       (offload ? 0 : mem.optimizer_bytes()) + mem.activations_bytes() +
                       mem.comm_buffer_bytes() + mem.working_bytes());
 
@@ -440,7 +447,8 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
 
   const ParallelSpec& par = spec.parallel;
   const int dp = par.dp, tp = par.tp, pp = par.pp;
-  const model::ModelConfig cfg = *spec.model.Config();
+  // The trained model: under LoRA its layout's flat buffer is the adapters.
+  const model::ModelConfig cfg = *spec.TrainedConfig();
   const model::ParamLayout layout(cfg);
   const ParallelDims dims =
       *ParallelDims::Create(ParallelDims::Factors{dp, par.cp, tp, pp, par.ep}, world);

@@ -151,6 +151,12 @@ int64_t ShardFileBytes(int64_t elements, int64_t ranges);
 // Bytes of the final weights file of a model of `num_params` parameters and
 // `config`'s recipe (worker/checkpoint/weights_file.h's format).
 int64_t WeightsFileBytes(int64_t num_params, const model::ModelConfig& config);
+// The parameters of spec's model, padded vocabulary rows included: the
+// plan's num_params, except under LoRA (whose plan counts the adapters, the
+// parameters that train) the model's own, which its final weights hold.
+int64_t ModelNumParams(const JobSpec& spec);
+// Bytes of spec's final weights file (under LoRA the merged model).
+int64_t FinalWeightsBytes(const JobSpec& spec);
 
 // The plan of `spec` on `world` ranks.
 //

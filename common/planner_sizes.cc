@@ -5,6 +5,7 @@
 
 #include "common/model/activations.h"
 #include "common/model/config.h"
+#include "common/model/param_layout.h"
 #include "common/model/slice.h"
 #include "common/planner.h"
 
@@ -84,6 +85,16 @@ int64_t ShardFileBytes(int64_t elements, int64_t ranges) {
   // params, m and v (4 bytes each per element) and 32 bytes of scalars, and
   // the 8-byte checksum.
   return 56 + 16 * ranges + 4 * 16 + 3 * 4 * elements + 32 + 8;
+}
+
+int64_t ModelNumParams(const JobSpec& spec) {
+  const absl::StatusOr<model::ModelConfig> config = spec.model.Config();
+  return config.ok() ? static_cast<int64_t>(model::ParamLayout(*config).num_params()) : 0;
+}
+
+int64_t FinalWeightsBytes(const JobSpec& spec) {
+  const absl::StatusOr<model::ModelConfig> config = spec.model.Config();
+  return config.ok() ? WeightsFileBytes(ModelNumParams(spec), *config) : 0;
 }
 
 int64_t WeightsFileBytes(int64_t num_params, const model::ModelConfig& config) {

@@ -173,7 +173,7 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
                           "(incl. padded vocab rows)\n",
                           spec.model.layers, spec.model.heads, spec.model.dim, spec.model.context,
                           spec.model.vocab, model::PaddedVocab(spec.model.vocab),
-                          Thousands(plan.num_params()));
+                          Thousands(ModelNumParams(spec)));
   } else {
     // Qwen3's fields only where set: head size hs when not C / NH, q/k norms.
     const std::string hs =
@@ -186,7 +186,19 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
         spec.model.kv_heads, spec.model.dim, spec.model.ffn_dim, spec.model.context,
         spec.model.vocab, model::PaddedVocab(spec.model.vocab),
         spec.model.tie_embeddings ? "tied" : "untied", spec.model.qk_norm ? ", q/k norms" : "",
-        Thousands(plan.num_params()), plan.num_params() / 1e9);
+        Thousands(ModelNumParams(spec)), ModelNumParams(spec) / 1e9);
+  }
+  if (spec.finetune.lora.on()) {
+    const LoraSpec& l = spec.finetune.lora;
+    absl::StrAppendFormat(
+        &out,
+        "finetune: LoRA adapters of rank %d (alpha %g, scale %g) on %s: %s trained params (%.2f%% "
+        "of the model's), the model frozen in %s (%s per rank); the plan's params, grads and "
+        "optimizer state are the adapters'\n",
+        l.rank, l.alpha, l.alpha / l.rank, absl::StrJoin(l.targets, ", "),
+        Thousands(plan.num_params()), 100.0 * plan.num_params() / ModelNumParams(spec),
+        spec.precision == Precision::kFp32 ? "fp32" : "bf16",
+        FormatPlanBytes(plan.memory_per_rank().frozen_bytes()));
   }
   if (spec.model.moe.on()) {
     const model::MoeConfig& m = spec.model.moe;
@@ -336,13 +348,15 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
   absl::StrAppendFormat(&out, "\nmemory per rank (busiest stage), ZeRO-%d:\n", plan.zero_stage());
   const bool offload = spec.parallel.offload == OffloadMode::kOptimizer || StateThroughHost(spec);
   for (auto [what, b] :
-       {std::pair<const char*, int64_t>{"params", mem.params_bytes()},
+       {std::pair<const char*, int64_t>{"frozen model (LoRA)", mem.frozen_bytes()},
+        {"params", mem.params_bytes()},
         {"grads", mem.grads_bytes()},
         {offload ? "optimizer (on host, not in total)" : "optimizer", mem.optimizer_bytes()},
         {"activations", mem.activations_bytes()},
         {"comm buffers", mem.comm_buffer_bytes()},
         {"working set (whole units alive: gathered params, unit grads)", mem.working_bytes()},
         {"total", mem.total_bytes()}}) {
+    if (b == 0 && what == std::string_view("frozen model (LoRA)")) continue;
     absl::StrAppendFormat(&out, "  %12s  %s\n", FormatPlanBytes(b), what);
   }
   if (offload)
@@ -463,13 +477,13 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
       "rank (the largest shard); final weights %s\n  %s\n",
       FormatPlanBytes(plan.checkpoint_bytes()), Thousands(plan.checkpoint_bytes()),
       FormatPlanBytes(plan.checkpoint_bytes_per_rank()),
-      FormatPlanBytes(WeightsFileBytes(plan.num_params(), *spec.model.Config())),
+      FormatPlanBytes(FinalWeightsBytes(spec)),
       spec.checkpoint.every > 0
           ? absl::StrFormat(
                 "every %d steps, %d kept: checkpoint.dir needs %s or more", spec.checkpoint.every,
                 spec.checkpoint.keep,
                 FormatPlanBytes((spec.checkpoint.keep + 1) * plan.checkpoint_bytes() +
-                                WeightsFileBytes(plan.num_params(), *spec.model.Config())))
+                                FinalWeightsBytes(spec)))
           : "checkpoint.every 0: only the final weights are saved");
   absl::StrAppendFormat(&out,
                         "\nshard units (%d; element ranges within the unit per dp rank, the last "

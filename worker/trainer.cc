@@ -447,6 +447,9 @@ MemoryUse Trainer::memory() const {
   m.working = state.working;
   m.optimizer_on_host = state.optimizer_on_host;
   m.activations = measure_ ? engine_->ResidentActivationBytes() : engine_->activation_bytes();
+  if (engine::Buffer* f = engine_->frozen_buffer(); f != nullptr) {
+    m.frozen = static_cast<int64_t>(f->bytes());
+  }
   return m;
 }
 

@@ -113,9 +113,10 @@ struct MemoryUse {
   int64_t comm_buffers = 0;  // buffers only communication needs
   int64_t working = 0;       // ZeRO-2/3 peak of whole units alive at once: gathered
                              // params (3) and full-unit gradients in backward
+  int64_t frozen = 0;        // LoRA: the frozen model (params .. optimizer: the adapters')
   bool optimizer_on_host = false;
   int64_t Total() const {
-    return params + grads + optimizer + activations + comm_buffers + working;
+    return frozen + params + grads + optimizer + activations + comm_buffers + working;
   }
 };
 

@@ -308,3 +308,43 @@ TEST_F(PlanMemoryTest, Int8OptimizerStateMatchesThePlan) {
 
 }  // namespace
 }  // namespace shardtrain::worker
+
+namespace shardtrain::worker {
+namespace {
+
+// LoRA: the plan's frozen model and the adapters' state (params, grads,
+// AdamW) against what the trainer holds, under ZeRO 0-3; the adapters' state
+// a small fraction of the full run's.
+TEST_F(PlanMemoryTest, LoraFrozenModelAndAdapterStateMatchThePlan) {
+  for (int zero = 0; zero <= 3; ++zero) {
+    SCOPED_TRACE(testing::Message() << "zero " << zero);
+    const JobSpec full = Spec(kShapes[1], zero);
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(
+        JobSpecToYaml(full), {"finetune.lora={rank: 8, alpha: 16, targets: [q, k, v, o, up, down]}"});
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    absl::StatusOr<v1::Plan> plan = MakePlan(*spec, 2);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const v1::MemoryEstimate& want = plan->memory_per_rank();
+    const v1::MemoryEstimate& whole = MakePlan(full, 2)->memory_per_rank();
+    const MemoryUse got = MeasuredMemory(*spec, 2)[1];
+    const int64_t plan_state = want.params_bytes() + want.grads_bytes() + want.optimizer_bytes();
+    const int64_t got_state = got.params + got.grads + got.optimizer;
+    const int64_t full_state = whole.params_bytes() + whole.grads_bytes() + whole.optimizer_bytes();
+    std::printf("lora rank 8, zero %d: frozen planned %lld measured %lld; adapter state planned "
+                "%lld measured %lld (full fine-tune %lld, %.1f%%); activations planned %lld "
+                "measured %lld\n",
+                zero, static_cast<long long>(want.frozen_bytes()),
+                static_cast<long long>(got.frozen), static_cast<long long>(plan_state),
+                static_cast<long long>(got_state), static_cast<long long>(full_state),
+                100.0 * plan_state / full_state, static_cast<long long>(want.activations_bytes()),
+                static_cast<long long>(got.activations));
+    EXPECT_EQ(got.frozen, want.frozen_bytes());
+    EXPECT_LE(RelDiff(got_state, plan_state), 0.05);
+    EXPECT_LE(RelDiff(got.optimizer, want.optimizer_bytes()), 0.05);
+    EXPECT_LE(RelDiff(got.activations, want.activations_bytes()), 0.05);
+    EXPECT_LT(plan_state, full_state / 5);
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain::worker
