@@ -407,7 +407,9 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
     if (!whole.ok()) return report.Failure(whole.status(), spec->steps, comm.get());
     if (a.rank() == 0) {
       output = FinalWeightsPath(*spec);
-      if (absl::Status s = SaveFinalWeights(report, *spec, output, (*trainer)->engine().config(),
+      // The model's config: under LoRA the whole model is the merged one.
+      if (absl::Status s = SaveFinalWeights(report, *spec, output,
+                                            model::BaseConfig((*trainer)->engine().config()),
                                             *whole, *ctx.stop);
           !s.ok()) {
         // Retraining cannot fix the volume: fail once, not max_restarts times.
