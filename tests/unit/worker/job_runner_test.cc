@@ -106,6 +106,27 @@ TEST_F(JobRunnerTest, SavesTheFinalWeightsAndReportsWhere) {
   EXPECT_EQ(differ, 0u) << "of " << want.size() << " parameters";
 }
 
+// A LoRA job's final weights are the model with the adapters merged, in the
+// model's own layout (what sample and export read).
+TEST_F(JobRunnerTest, SavesALoraJobsMergedModel) {
+  const std::string yaml =
+      Yaml(CheckpointYaml(0)) + "finetune: {lora: {rank: 2, targets: [q, v, o]}}\n";
+  const FakeCoordinator::Calls c = RunToTheEnd(yaml);
+  ASSERT_EQ(c.dones.size(), 1u);
+  absl::StatusOr<checkpoint::LoadedWeights> saved = checkpoint::LoadWeights(c.dones[0].output());
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_FALSE(saved->config.lora.on());
+  auto trainer = Trainer::Create(Spec(yaml), 0, 1, nullptr);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  for (int step = 1; step <= 3; ++step) ASSERT_TRUE((*trainer)->Step(step).ok());
+  absl::StatusOr<absl::Span<const float>> merged = (*trainer)->WholeModel();
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  ASSERT_EQ(saved->params.size(), merged->size());
+  size_t differ = 0;
+  for (size_t i = 0; i < merged->size(); ++i) differ += saved->params[i] != (*merged)[i];
+  EXPECT_EQ(differ, 0u) << "of " << merged->size() << " parameters";
+}
+
 TEST_F(JobRunnerTest, CheckpointsEveryStepBeforeTheLast) {
   const std::string yaml = Yaml(CheckpointYaml(1));
   const FakeCoordinator::Calls c = RunToTheEnd(yaml);
