@@ -217,6 +217,10 @@ int main(int argc, char** argv) {
   exp->add_option("--max-shard-size", export_opts.max_shard_size,
                   "Llama: the largest safetensors file, e.g. 5GB, 500MB, 2GiB")
       ->capture_default_str();
+  exp->add_flag(
+      "--adapter", export_opts.adapter,
+      "a LoRA job's checkpoint: its adapters as Hugging Face PEFT's "
+      "adapter_config.json and adapter_model.safetensors (Llama family; --dtype applies)");
   exp->add_option("--tokenizer-json", export_opts.tokenizer_json,
                   "Llama: the job's tokenizer.json, written beside the weights (default for a "
                   "vocabulary of 128256: Llama 3's, as scripts/setup installs it)");

@@ -9,11 +9,13 @@
 #include "absl/strings/str_join.h"
 #include "client/errors.h"
 #include "client/output.h"
+#include "common/model/lora.h"
 #include "common/process.h"
 #include "common/tokenizers.h"
 #include "worker/checkpoint/directory.h"
 #include "worker/checkpoint/hf_gpt2.h"
 #include "worker/checkpoint/hf_llama.h"
+#include "worker/checkpoint/hf_peft.h"
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/storage.h"
@@ -71,6 +73,12 @@ int Sample(const GlobalFlags& g, const SampleOptions& o) {
   std::string path;
   auto weights = LoadWeightsFrom(o.checkpoint, &path);
   if (!weights.ok()) return ReportError(g, weights.status());
+  if (weights->config.lora.on()) {
+    return ReportError(g, absl::InvalidArgumentError(
+                              absl::StrCat(path,
+                                           " holds LoRA adapters, not a model: sample the job's "
+                                           "final.weights (the model with the adapters merged)")));
+  }
   // The tokenizer the model was trained with: named, or by its vocabulary
   // (bytes for 256, GPT-2's BPE from 50257, Llama 3's from 128256, padded
   // vocabularies included). Bytes on a larger vocabulary (a GPT-2-sized
@@ -216,6 +224,47 @@ int ExportLlama(const GlobalFlags& g, const ExportOptions& o,
   return kExitOk;
 }
 
+int ExportAdapter(const GlobalFlags& g, const ExportOptions& o,
+                  const checkpoint::LoadedWeights& weights, const std::string& from) {
+  const model::ModelConfig& c = weights.config;
+  if (!c.lora.on()) {
+    return ReportError(g, absl::InvalidArgumentError(absl::StrCat(
+                              "--adapter: ", from,
+                              " holds a whole model, not LoRA adapters (export --adapter reads "
+                              "a step-N dir of a LoRA job's checkpoint.dir)")));
+  }
+  if (!o.adapter) {
+    return ReportError(g, absl::InvalidArgumentError(absl::StrCat(
+                              from,
+                              " holds LoRA adapters: --adapter writes them in PEFT's format; "
+                              "the job's final.weights is the merged model, which exports as any "
+                              "model")));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(o.out, ec);
+  if (ec) {
+    return ReportError(
+        g, absl::UnavailableError(absl::StrCat("cannot create ", o.out, ": ", ec.message())));
+  }
+  const DataType dtype = o.dtype == "bf16" ? DataType::kBFloat16 : DataType::kFloat32;
+  if (absl::Status s = checkpoint::ExportPeftAdapter(c, weights.params, o.out, dtype); !s.ok()) {
+    return ReportError(g, s);
+  }
+  if (g.output == "json") {
+    std::cout << "{\"from\": " << JsonString(from) << ", \"out\": " << JsonString(o.out)
+              << ", \"format\": \"peft\", \"rank\": " << c.lora.rank
+              << ", \"alpha\": " << c.lora.alpha << ", \"dtype\": " << JsonString(o.dtype) << "}"
+              << std::endl;
+  } else {
+    std::cout << "exported the LoRA adapters of " << from << " (rank " << c.lora.rank << ", alpha "
+              << c.lora.alpha << ", targets " << model::LoraTargetList(c.lora.targets) << ", "
+              << weights.params.size() << " parameters) to " << o.out << " in " << o.dtype
+              << ": adapter_config.json, adapter_model.safetensors (Hugging Face PEFT)"
+              << std::endl;
+  }
+  return kExitOk;
+}
+
 int Export(const GlobalFlags& g, const ExportOptions& o) {
   namespace fs = std::filesystem;
   if (o.format != "safetensors") {
@@ -231,6 +280,7 @@ int Export(const GlobalFlags& g, const ExportOptions& o) {
   std::string from;
   auto weights = LoadWeightsFrom(o.source, &from);
   if (!weights.ok()) return ReportError(g, weights.status());
+  if (o.adapter || weights->config.lora.on()) return ExportAdapter(g, o, *weights, from);
   if (weights->config.arch == model::Arch::kLlama) return ExportLlama(g, o, *weights, from);
   if (o.dtype != "fp32" || !o.tokenizer_json.empty()) {
     return ReportError(g, absl::InvalidArgumentError(

@@ -43,7 +43,10 @@ struct ExportOptions {
   // Llama models only:
   std::string dtype = "fp32";          // fp32 | bf16
   std::string max_shard_size = "5GB";  // the largest safetensors file (ParseShardSize)
-  std::string tokenizer_json;  // DIR/tokenizer.json (default: Llama 3's for vocab 128256)
+  std::string tokenizer_json;          // DIR/tokenizer.json (default: Llama 3's for vocab 128256)
+  // A LoRA job's checkpoint (its adapters): PEFT's adapter_config.json and
+  // adapter_model.safetensors (worker/checkpoint/hf_peft.h) instead.
+  bool adapter = false;
 };
 
 // `shardtrain export`: for GPT-2, DIR/model.safetensors and DIR/config.json
@@ -51,7 +54,8 @@ struct ExportOptions {
 // GPT-2 vocabularies, the tokenizer's vocab.json and merges.txt beside them;
 // for Llama, Hugging Face's LlamaForCausalLM layout
 // (worker/checkpoint/hf_llama.h) in fp32 or bf16, sharded above
-// max_shard_size, with generation_config.json and the tokenizer.json given.
+// max_shard_size, with generation_config.json and the tokenizer.json given;
+// with o.adapter, a LoRA checkpoint's adapters in PEFT's format.
 int Export(const GlobalFlags& g, const ExportOptions& o);
 
 }  // namespace shardtrain::client

@@ -42,12 +42,7 @@ struct Source {
   int64_t rows = 0, cols = 1;  // our tensor's (cols 1 for a vector)
 };
 
-// Our row r of a rotary part (within its head of hs) is Hugging Face's row:
-// 2i -> i, 2i+1 -> i + hs/2 (hf_llama.h).
-int64_t HfRow(int64_t r, int hs) {
-  const int64_t head = r / hs, j = r % hs;
-  return head * hs + (j % 2 == 0 ? j / 2 : hs / 2 + j / 2);
-}
+int64_t HfRow(int64_t r, int hs) { return HfRotaryRow(r, hs); }
 
 // The sources of every tensor of the whole layout, in its order. MoE layers
 // (HfFamilyOf: Mixtral's block_sparse_moe or Qwen3-MoE's mlp): the router
@@ -475,6 +470,11 @@ absl::StatusOr<std::unique_ptr<WeightsSource>> OpenHfLlama(const std::string& pa
   auto source = std::make_unique<HfLlamaSource>(config, *std::move(set));
   if (absl::Status s = source->Check(); !s.ok()) return s;
   return source;
+}
+
+int64_t HfRotaryRow(int64_t r, int hs) {
+  const int64_t head = r / hs, j = r % hs;
+  return head * hs + (j % 2 == 0 ? j / 2 : hs / 2 + j / 2);
 }
 
 absl::Status ExportHfLlama(const model::ModelConfig& config, absl::Span<const float> params,

@@ -87,6 +87,10 @@ struct HfExportOptions {
 absl::Status ExportHfLlama(const model::ModelConfig& config, absl::Span<const float> params,
                            const std::string& dir, const HfExportOptions& options);
 
+// Hugging Face's row of our row r of a q or k projection (rows permuted
+// within each head of hs, as the header says): 2i -> i, 2i+1 -> i + hs/2.
+int64_t HfRotaryRow(int64_t r, int hs);
+
 // "5GB" (10^9), "500MB", "2GiB" (2^30), "1000000" (bytes) -> bytes;
 // INVALID_ARGUMENT otherwise (> 0 required).
 absl::StatusOr<int64_t> ParseShardSize(const std::string& text);

@@ -52,7 +52,12 @@ def llama3_inv_freq(inv_freq, rs):
     return torch.where(is_medium, smoothed, inv_freq_llama)
 
 
-def forward(W, cfg, idx):
+def forward(W, cfg, idx, linear=None):
+    """The logits of idx. linear(x, module): a projection's output (e.g.
+    with an adapter), module its name without ".weight"; default x·W^T."""
+    if linear is None:
+        def linear(x, module):
+            return F.linear(x, W[module + ".weight"])
     L, NH, KVH = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     C, eps, theta = cfg["hidden_size"], cfg["rms_norm_eps"], cfg["rope_theta"]
     B, T = idx.shape
@@ -73,13 +78,13 @@ def forward(W, cfg, idx):
     for l in range(L):
         p = f"model.layers.{l}."
         h = norm(x, W[p + "input_layernorm.weight"])
-        q = F.linear(h, W[p + "self_attn.q_proj.weight"]).view(B, T, NH, hs)
-        k = F.linear(h, W[p + "self_attn.k_proj.weight"]).view(B, T, KVH, hs)
+        q = linear(h, p + "self_attn.q_proj").view(B, T, NH, hs)
+        k = linear(h, p + "self_attn.k_proj").view(B, T, KVH, hs)
         if qk_norm:  # Qwen3Attention: q_norm(q_proj(x).view(...)) before rotary
             q = norm(q, W[p + "self_attn.q_norm.weight"])
             k = norm(k, W[p + "self_attn.k_norm.weight"])
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = F.linear(h, W[p + "self_attn.v_proj.weight"]).view(B, T, KVH, hs).transpose(1, 2)
+        v = linear(h, p + "self_attn.v_proj").view(B, T, KVH, hs).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k = k.repeat_interleave(NH // KVH, dim=1)
@@ -87,14 +92,14 @@ def forward(W, cfg, idx):
         att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, NH * hs)
-        x = x + F.linear(y, W[p + "self_attn.o_proj.weight"])
+        x = x + linear(y, p + "self_attn.o_proj")
         h = norm(x, W[p + "post_attention_layernorm.weight"])
         if moe_layer(cfg, l):
             x = x + moe_mlp(W, cfg, p, h)
             continue
-        g = F.linear(h, W[p + "mlp.gate_proj.weight"])
-        u = F.linear(h, W[p + "mlp.up_proj.weight"])
-        x = x + F.linear(F.silu(g) * u, W[p + "mlp.down_proj.weight"])
+        g = linear(h, p + "mlp.gate_proj")
+        u = linear(h, p + "mlp.up_proj")
+        x = x + linear(F.silu(g) * u, p + "mlp.down_proj")
     x = norm(x, W["model.norm.weight"])
     head = W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
     return x @ head.t()
