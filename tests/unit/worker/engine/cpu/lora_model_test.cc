@@ -122,7 +122,22 @@ void CheckFamily(bool llama) {
   std::copy(merged.begin(), merged.end(), (*plain)->params().f32().data());
   const float lm = (*plain)->Forward(batch.tokens.data(), batch.targets.data());
   const float la = (*adapted)->Forward(batch.tokens.data(), batch.targets.data());
-  std::printf("[lora] %s: loss adapted %.7f, merged %.7f (base %.7f)\n", name, la, lm, l0);
+  // Every logit of the merged model (what export writes and model.init
+  // reads back) is the adapted model's.
+  double logit_diff = 0, logit_scale = 0;
+  std::vector<float> a(c.vocab), b(c.vocab);
+  for (int r = 0; r < B * T; ++r) {
+    (*adapted)->ReadLogits(r, a.data());
+    (*plain)->ReadLogits(r, b.data());
+    for (int v = 0; v < c.vocab; ++v) {
+      logit_diff = std::max(logit_diff, double(std::abs(a[v] - b[v])));
+      logit_scale = std::max(logit_scale, double(std::abs(b[v])));
+    }
+  }
+  std::printf("[lora] %s: loss adapted %.7f, merged %.7f (base %.7f); logits max abs diff %.2e "
+              "(largest %.3g)\n",
+              name, la, lm, l0, logit_diff, logit_scale);
+  EXPECT_LE(logit_diff, 1e-6 * std::max(1.0, logit_scale)) << name;
   EXPECT_LT(std::abs(la - lm) / std::abs(lm), 1e-5) << name;
   EXPECT_GT(std::abs(la - l0), 1e-4) << name << ": the adapters changed nothing";
   (*plain)->ZeroGrad();
