@@ -79,6 +79,11 @@ struct ModelSpec {
   // model.safetensors, as `shardtrain export` writes) or a shardtrain
   // weights file, of this model's shape. Resolved like data.train.
   std::string init;
+  // "" or LoRA adapters to start from (finetune.lora): a folder holding
+  // Hugging Face PEFT's adapter_config.json and adapter_model.safetensors,
+  // whose r, lora_alpha and target_modules must be finetune.lora's.
+  // Resolved like model.init.
+  std::string adapter;
   // Activation recomputation (common/model/activations.h): none keeps every
   // block's activations for backward; selective recomputes the attention's
   // T² probabilities; full keeps only each block's input and recomputes the

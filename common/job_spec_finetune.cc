@@ -67,6 +67,9 @@ absl::Status ParseFinetune(const Node& root, FinetuneSpec* f) {
 
 absl::Status CheckFinetune(const JobSpec& spec) {
   const FinetuneSpec& f = spec.finetune;
+  if (!spec.model.adapter.empty() && !f.lora.on()) {
+    return FieldError("model.adapter", "LoRA adapters to start from: they need finetune.lora");
+  }
   if (!f.lora.on()) {
     if (f.base_dtype != BaseDtype::kBf16) {
       return FieldError("finetune.base_dtype", std::string(EnumName(f.base_dtype)),

@@ -221,6 +221,7 @@ absl::Status ParseModel(const Node& root, ModelSpec* m) {
   SHARDTRAIN_RETURN_IF_ERROR(
       ReadMoe(n, m->arch == model::Arch::kGpt2 ? 4 * m->dim : m->ffn_dim, &m->moe));
   SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, "model", "init", &m->init));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadString(n, "model", "adapter", &m->adapter));
   SHARDTRAIN_RETURN_IF_ERROR(ReadEnum(n, "model", "recompute", si::kRecomputes, &m->recompute));
   SHARDTRAIN_RETURN_IF_ERROR(ReadInt(n, "model", "recompute_layers", 1, &m->recompute_layers));
   if (m->recompute_layers > 0 && m->recompute == Recompute::kNone) {

@@ -26,11 +26,27 @@ const std::vector<absl::string_view> kTopKeys_def = {
     "name",         "model",    "data",       "batch",   "parallel", "precision",
     "optimizer",    "steps",    "checkpoint", "eval",    "seed",     "resources",
     "max_restarts", "timeouts", "router",     "finetune"};
-const std::vector<absl::string_view> kModelKeys = {
-    "preset",       "arch",      "layers",           "heads",     "dim",
-    "context",      "vocab",     "kv_heads",         "ffn_dim",   "rope_theta",
-    "rope_scaling", "head_dim",  "qk_norm",          "norm_eps",  "tie_embeddings",
-    "init",         "recompute", "recompute_layers", "attention", "moe"};
+const std::vector<absl::string_view> kModelKeys = {"preset",
+                                                   "arch",
+                                                   "layers",
+                                                   "heads",
+                                                   "dim",
+                                                   "context",
+                                                   "vocab",
+                                                   "kv_heads",
+                                                   "ffn_dim",
+                                                   "rope_theta",
+                                                   "rope_scaling",
+                                                   "head_dim",
+                                                   "qk_norm",
+                                                   "norm_eps",
+                                                   "tie_embeddings",
+                                                   "init",
+                                                   "adapter",
+                                                   "recompute",
+                                                   "recompute_layers",
+                                                   "attention",
+                                                   "moe"};
 const std::vector<absl::string_view> kDataKeys = {"train", "val", "format", "tokenizer",
                                                   "tokenizer_json"};
 const std::vector<absl::string_view> kBatchKeys = {"global", "micro", "seq_len"};

@@ -50,10 +50,12 @@ std::string_view EnumName(CheckpointFailurePolicy v) {
 bool operator==(const ModelSpec& a, const ModelSpec& b) {
   return std::tie(a.preset, a.arch, a.layers, a.heads, a.dim, a.context, a.vocab, a.kv_heads,
                   a.ffn_dim, a.rope_theta, a.rope_scaling, a.head_dim, a.qk_norm, a.moe, a.norm_eps,
-                  a.tie_embeddings, a.init, a.recompute, a.recompute_layers, a.attention) ==
-         std::tie(b.preset, b.arch, b.layers, b.heads, b.dim, b.context, b.vocab, b.kv_heads,
-                  b.ffn_dim, b.rope_theta, b.rope_scaling, b.head_dim, b.qk_norm, b.moe, b.norm_eps,
-                  b.tie_embeddings, b.init, b.recompute, b.recompute_layers, b.attention);
+                  a.tie_embeddings, a.init, a.adapter, a.recompute, a.recompute_layers,
+                  a.attention) == std::tie(b.preset, b.arch, b.layers, b.heads, b.dim, b.context,
+                                           b.vocab, b.kv_heads, b.ffn_dim, b.rope_theta,
+                                           b.rope_scaling, b.head_dim, b.qk_norm, b.moe, b.norm_eps,
+                                           b.tie_embeddings, b.init, b.adapter, b.recompute,
+                                           b.recompute_layers, b.attention);
 }
 bool operator==(const DataSpec& a, const DataSpec& b) {
   return std::tie(a.train, a.val, a.format, a.tokenizer, a.tokenizer_json) ==
@@ -163,6 +165,7 @@ std::string JobSpecToYaml(const JobSpec& s) {
     out << YAML::Value << "none";
   }
   if (!s.model.init.empty()) out << YAML::Key << "init" << YAML::Value << s.model.init;
+  if (!s.model.adapter.empty()) out << YAML::Key << "adapter" << YAML::Value << s.model.adapter;
   out << YAML::Key << "recompute" << YAML::Value << std::string(EnumName(s.model.recompute));
   if (s.model.recompute_layers > 0) {
     out << YAML::Key << "recompute_layers" << YAML::Value << s.model.recompute_layers;

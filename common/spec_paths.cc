@@ -29,6 +29,7 @@ absl::Status CheckSpecPaths(const JobSpec& spec, const std::string& resume_from)
        {std::pair<const char*, const std::string&>{"data.train", spec.data.train},
         {"data.val", spec.data.val},
         {"model.init", spec.model.init},
+        {"model.adapter", spec.model.adapter},
         {"checkpoint.dir", spec.checkpoint.dir},
         {"resume_from", resume_from}}) {
     if (absl::Status s = CheckRelativePathStaysInside(field, path); !s.ok()) return s;

@@ -113,7 +113,8 @@ bool PermanentTrainerError(const absl::Status& s) {
 absl::Status ResolvePaths(const WorkerOptions& o, JobSpec& spec) {
   for (auto [field, path] : {std::pair<const char*, std::string*>{"data.train", &spec.data.train},
                              {"data.val", &spec.data.val},
-                             {"model.init", &spec.model.init}}) {
+                             {"model.init", &spec.model.init},
+                             {"model.adapter", &spec.model.adapter}}) {
     absl::StatusOr<std::string> p = ResolveSpecPath(field, o.data_root, *path, o.confine_data);
     if (!p.ok()) return p.status();
     *path = *std::move(p);
@@ -408,9 +409,9 @@ void TrainAssignment(const RunContext& ctx, TrainingMetrics* metrics) {
     if (a.rank() == 0) {
       output = FinalWeightsPath(*spec);
       // The model's config: under LoRA the whole model is the merged one.
-      if (absl::Status s = SaveFinalWeights(report, *spec, output,
-                                            model::BaseConfig((*trainer)->engine().config()),
-                                            *whole, *ctx.stop);
+      if (absl::Status s =
+              SaveFinalWeights(report, *spec, output,
+                               model::BaseConfig((*trainer)->engine().config()), *whole, *ctx.stop);
           !s.ok()) {
         // Retraining cannot fix the volume: fail once, not max_restarts times.
         return report.Failure(s, spec->steps, comm.get(), RetryCannotFix(StorageFaultOf(s)));

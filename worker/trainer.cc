@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/pipeline_schedule.h"
 #include "worker/checkpoint/directory.h"
+#include "worker/checkpoint/hf_peft.h"
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/model_weights.h"
@@ -253,6 +254,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Compose(const JobSpec& spec, i
   }
   if (!spec.model.init.empty()) {
     if (absl::Status s = t->LoadInitialWeights(spec.model.init); !s.ok()) return s;
+  }
+  if (!spec.model.adapter.empty()) {
+    if (absl::Status s = t->LoadInitialAdapter(spec.model.adapter); !s.ok()) return s;
   }
   t->inputs_.resize(size_t(spec.batch.micro) * spec.LocalSeqLen());
   t->targets_.resize(t->inputs_.size());
@@ -558,6 +562,20 @@ absl::Status Trainer::LoadInitialWeights(const std::string& path) {
   if (const checkpoint::ReadStats r = (*source)->Stats(); r.files > 0) {
     init_read_summary_ = "model.init: " + checkpoint::ReadStatsText(r);
   }
+  const std::vector<float> zeros(params.size(), 0.0f);
+  return strategy_->Restore(params, zeros, zeros, 0);
+}
+
+absl::Status Trainer::LoadInitialAdapter(const std::string& path) {
+  absl::StatusOr<std::vector<float>> adapters =
+      checkpoint::LoadPeftAdapter(path, engine_->layout().config());
+  if (!adapters.ok()) return adapters.status();
+  // This rank's share, as LoadInitialWeights reads it; AdamW from zero.
+  std::vector<float> params;
+  ForEachGlobalPiece(
+      engine_->layout(), strategy_->LoadRanges(), {}, [&](size_t, size_t global, size_t n) {
+        params.insert(params.end(), adapters->begin() + global, adapters->begin() + global + n);
+      });
   const std::vector<float> zeros(params.size(), 0.0f);
   return strategy_->Restore(params, zeros, zeros, 0);
 }

@@ -211,6 +211,9 @@ class Trainer {
   // spec.model.init: the whole model's weights from `path`
   // (checkpoint::OpenModelWeights), this rank's share into the strategy.
   absl::Status LoadInitialWeights(const std::string& path);
+  // spec.model.adapter: LoRA adapters in PEFT's format
+  // (checkpoint::LoadPeftAdapter), this rank's share into the strategy.
+  absl::Status LoadInitialAdapter(const std::string& path);
   // WholeModel's sum of every rank's whole_ into rank 0 (each rank filled
   // its share of whole_ in the whole model's coordinates, zeros elsewhere).
   absl::StatusOr<absl::Span<const float>> ReduceWholeToRankZero();

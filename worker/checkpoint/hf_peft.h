@@ -13,8 +13,10 @@
 #define SHARDTRAIN_WORKER_CHECKPOINT_HF_PEFT_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "common/model/config.h"
@@ -33,6 +35,16 @@ std::string PeftAdapterConfigJson(const model::ModelConfig& config);
 // q, k and v apart), or adapters of another size.
 absl::Status ExportPeftAdapter(const model::ModelConfig& config, absl::Span<const float> adapters,
                                const std::string& dir, DataType dtype);
+
+// The adapters of a PEFT adapter folder (or its adapter_model.safetensors
+// with adapter_config.json beside it) for `config`, in the LoRA layout's
+// order (ExportPeftAdapter's inverse). NOT_FOUND naming a missing file;
+// INVALID_ARGUMENT naming what disagrees with the model, both values given:
+// peft_type, r (finetune.lora.rank), lora_alpha (finetune.lora.alpha),
+// target_modules (finetune.lora.targets), use_rslora, a missing tensor or
+// one of another shape.
+absl::StatusOr<std::vector<float>> LoadPeftAdapter(const std::string& path,
+                                                   const model::ModelConfig& config);
 
 }  // namespace shardtrain::checkpoint
 

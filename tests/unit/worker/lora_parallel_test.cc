@@ -6,6 +6,7 @@
 // whole model), a checkpoint of the adapters resumes the run, and bad
 // adapters are refused naming the field.
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "common/model/lora.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/model_parallel_util.h"
+#include "worker/checkpoint/hf_peft.h"
 
 namespace shardtrain::worker {
 namespace {
@@ -105,6 +107,59 @@ TEST(LoraTrainerTest, TheAdaptersCheckpointResumesTheRun) {
       "rel diff %.3g\n",
       resumed.loss[kSteps], whole.loss[kSteps], worst);
   EXPECT_LE(worst, 1e-5);
+}
+
+// model.adapter: a PEFT adapter written by export --adapter starts a job
+// with those adapters bit for bit (fp32), on any layout; one whose
+// adapter_config.json disagrees with the spec is refused naming both values.
+TEST(LoraTrainerTest, APeftAdapterLoadsBackAndAMismatchIsRefused) {
+  const std::string dir = (TheCorpus().dir() / "peft").string();
+  std::filesystem::create_directories(dir);
+  const JobSpec spec = Adapted(Llama(Layout{}));
+  auto trained = Trainer::Create(spec, 0, 1, nullptr);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  for (int step = 1; step <= 3; ++step) ASSERT_TRUE((*trained)->Step(step).ok());
+  const absl::Span<const float> want = (*trained)->engine().params().f32();
+  ASSERT_TRUE(
+      checkpoint::ExportPeftAdapter(*spec.TrainedConfig(), want, dir, DataType::kFloat32).ok());
+  JobSpec from = spec;
+  from.model.adapter = dir;
+  auto loaded = Trainer::Create(from, 0, 1, nullptr);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const absl::Span<const float> got = (*loaded)->engine().params().f32();
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin()));
+  // Under ZeRO-3 on two ranks each holds its shard of them: the merged
+  // model gathered from them is the one rank's.
+  absl::StatusOr<absl::Span<const float>> merged = (*loaded)->WholeModel();
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  const std::vector<float> one(merged->begin(), merged->end());
+  JobSpec sharded = Adapted(Llama(Layout{2, 1, 1, 3, "1f1b", 2}));
+  sharded.model.adapter = dir;
+  comm::testing::RunRanks(2, [&](comm::Communicator& comm) {
+    auto t = Trainer::Create(sharded, comm.rank(), 1, &comm);
+    ASSERT_TRUE(t.ok()) << t.status();
+    absl::StatusOr<absl::Span<const float>> whole = (*t)->WholeModel();
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    if (comm.rank() == 0) EXPECT_TRUE(std::equal(one.begin(), one.end(), whole->begin()));
+  });
+  JobSpec other = from;
+  other.finetune.lora.rank = 2;
+  auto refused = Trainer::Create(other, 0, 1, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(),
+            "model.adapter: " + dir + "/adapter_config.json: r 4, the spec's finetune.lora.rank 2");
+  other = from;
+  other.finetune.lora.targets = {"q", "v"};
+  refused = Trainer::Create(other, 0, 1, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(),
+            "model.adapter: " + dir +
+                "/adapter_config.json: target_modules [q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                "up_proj, down_proj], the spec's finetune.lora.targets [q, v]");
+  EXPECT_FALSE(
+      ParseJobSpec(JobSpecToYaml(TheCorpus().Spec(Llama(Layout{}))), {"model.adapter=" + dir})
+          .ok());
 }
 
 TEST(LoraSpecTest, BadAdaptersAreRefusedNamingTheField) {
