@@ -12,6 +12,7 @@ add_library(shardtrain_worker_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/trainer.cc
   ${CMAKE_CURRENT_LIST_DIR}/trainer_mesh.cc
   ${CMAKE_CURRENT_LIST_DIR}/trainer_moe.cc
+  ${CMAKE_CURRENT_LIST_DIR}/trainer_weights.cc
 )
 target_link_libraries(shardtrain_worker_core PUBLIC
   shardtrain_proto shardtrain_common shardtrain_metrics shardtrain_process

@@ -62,30 +62,36 @@ void ModelEngine::LoraBackward(void*, const void*, int, const void*, int, int, i
   Fail("LoRA adapters are not implemented on this device");
 }
 
-void ModelEngine::LoraForwardSites(int l, int first, int last, void* out, const void* in, int N) {
-  if (!config().lora.on()) return;
-  const size_t elem = DataTypeSize(table_.compute());
+// Calls f(A, site, offset) for layer l's adapters of targets [first, last]
+// that the layout has: A its tensor (B is A + 1), offset the bytes of its
+// first output column in a fused row.
+template <typename F>
+void ForEachLoraSite(const model::ParamLayout& layout, size_t elem, int l, int first, int last,
+                     F f) {
   for (int t = first; t <= last; ++t) {
-    const int A = layout_.lora_tensor(l, model::LoraTarget(t), false);
+    const int A = layout.lora_tensor(l, model::LoraTarget(t), false);
     if (A < 0) continue;
-    const model::LoraSite site = model::LoraTargetSite(config(), model::LoraTarget(t));
-    LoraForward(static_cast<char*>(out) + site.first_col * elem, static_cast<int>(site.row), in, A,
-                A + 1, N, static_cast<int>(site.in), static_cast<int>(site.out));
+    const model::LoraSite site = model::LoraTargetSite(layout.config(), model::LoraTarget(t));
+    f(A, site, static_cast<size_t>(site.first_col) * elem);
   }
+}
+
+void ModelEngine::LoraForwardSites(int l, int first, int last, void* out, const void* in, int N) {
+  ForEachLoraSite(layout_, DataTypeSize(table_.compute()), l, first, last,
+                  [&](int A, const model::LoraSite& site, size_t offset) {
+                    LoraForward(static_cast<char*>(out) + offset, static_cast<int>(site.row), in, A,
+                                A + 1, N, static_cast<int>(site.in), static_cast<int>(site.out));
+                  });
 }
 
 void ModelEngine::LoraBackwardSites(int l, int first, int last, void* dinp, const void* dout,
                                     const void* in, int N) {
-  if (!config().lora.on()) return;
-  const size_t elem = DataTypeSize(table_.compute());
-  for (int t = first; t <= last; ++t) {
-    const int A = layout_.lora_tensor(l, model::LoraTarget(t), false);
-    if (A < 0) continue;
-    const model::LoraSite site = model::LoraTargetSite(config(), model::LoraTarget(t));
-    LoraBackward(dinp, static_cast<const char*>(dout) + site.first_col * elem,
-                 static_cast<int>(site.row), in, A, A + 1, N, static_cast<int>(site.in),
-                 static_cast<int>(site.out));
-  }
+  ForEachLoraSite(layout_, DataTypeSize(table_.compute()), l, first, last,
+                  [&](int A, const model::LoraSite& site, size_t offset) {
+                    LoraBackward(dinp, static_cast<const char*>(dout) + offset,
+                                 static_cast<int>(site.row), in, A, A + 1, N,
+                                 static_cast<int>(site.in), static_cast<int>(site.out));
+                  });
 }
 
 void ModelEngine::NormForward(void* out, float* mean, float* rstd, const void* inp, int weight,
