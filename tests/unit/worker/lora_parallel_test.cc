@@ -46,8 +46,8 @@ TEST(LoraTrainerTest, OnlyTheAdaptersTrain) {
                                   e.frozen_buffer()->as<float>() + e.frozen_buffer()->count());
   const std::vector<float> adapters(e.params().f32().begin(), e.params().f32().end());
   std::printf("[lora] trained %zu of %zu parameters (%.2f%%); frozen model %zu\n", adapters.size(),
-              adapters.size() + frozen.size(), 100.0 * adapters.size() / frozen.size(),
-              frozen.size());
+              adapters.size() + frozen.size(),
+              100.0 * adapters.size() / (adapters.size() + frozen.size()), frozen.size());
   EXPECT_EQ(int64_t(adapters.size()), model::LoraParams(*spec.TrainedConfig()));
   for (int step = 1; step <= 3; ++step) ASSERT_TRUE((*trainer)->Step(step).ok());
   EXPECT_TRUE(std::equal(frozen.begin(), frozen.end(), e.frozen_buffer()->as<float>()))
