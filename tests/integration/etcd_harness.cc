@@ -43,16 +43,30 @@ bool HaveEtcd() { return ::access(kEtcd, X_OK) == 0; }
 bool HaveEtcdctl() { return ::access(kEtcdctl, X_OK) == 0; }
 
 EtcdCluster::EtcdCluster(const std::string& dir, int members) : dir_(dir) {
-  for (int i = 0; i < members; ++i) {
-    Member m;
-    m.name = "etcd" + std::to_string(i);
-    m.client_port = FreeLoopbackPort();
-    m.peer_port = FreeLoopbackPort();
-    members_.push_back(std::move(m));
+  // A port picked free may be taken by another test before its member binds
+  // it (ctest runs tests in parallel): that member exits and the cluster
+  // never forms. Then every member is stopped, its data and log removed, and
+  // the cluster starts again on new ports (three tries).
+  for (int attempt = 1; attempt <= 3 && !ok_; ++attempt) {
+    for (Member& m : members_) {
+      m.process.Signal(SIGKILL);
+      m.process.Wait(std::chrono::seconds(5));
+    }
+    members_.clear();
+    for (int i = 0; i < members; ++i) {
+      Member m;
+      m.name = "etcd" + std::to_string(i);
+      m.client_port = FreeLoopbackPort();
+      m.peer_port = FreeLoopbackPort();
+      std::error_code ec;
+      std::filesystem::remove_all(dir_ + "/" + m.name + ".etcd", ec);
+      std::filesystem::remove(dir_ + "/" + m.name + ".log", ec);
+      members_.push_back(std::move(m));
+    }
+    for (int i = 0; i < members; ++i) Launch(i, /*fresh=*/true);
+    ok_ = true;
+    for (int i = 0; i < members; ++i) ok_ = WaitReady(i) && ok_;
   }
-  for (int i = 0; i < members; ++i) Launch(i, /*fresh=*/true);
-  ok_ = true;
-  for (int i = 0; i < members; ++i) ok_ = WaitReady(i) && ok_;
 }
 
 void EtcdCluster::Launch(int i, bool fresh) {
@@ -74,12 +88,15 @@ void EtcdCluster::Launch(int i, bool fresh) {
 }
 
 bool EtcdCluster::WaitReady(int i) {
-  return WaitFor(
+  // Ready, or gone (a member that could not bind its port exits at once).
+  WaitFor(
       [&] {
         return members_[i].process.Log().find("ready to serve client requests") !=
-               std::string::npos;
+                   std::string::npos ||
+               members_[i].process.Wait(std::chrono::milliseconds(0));
       },
       std::chrono::seconds(30));
+  return members_[i].process.Log().find("ready to serve client requests") != std::string::npos;
 }
 
 std::string EtcdCluster::url(const std::string& prefix) const {
