@@ -163,8 +163,7 @@ std::string CheckpointSpaceWarning(const JobSpec& spec, const std::string& dir) 
   absl::StatusOr<int64_t> free = FreeBytesAt(dir);
   if (!plan.ok() || !free.ok()) return "";
   const bool checkpoints = spec.checkpoint.every > 0;
-  const int64_t needed = checkpoints ? 2 * plan->checkpoint_bytes()
-                                     : FinalWeightsBytes(spec);
+  const int64_t needed = checkpoints ? 2 * plan->checkpoint_bytes() : FinalWeightsBytes(spec);
   if (*free >= needed) return "";
   return absl::StrCat(
       "checkpoint.dir ", dir, " has ", FormatStorageBytes(*free), " free, less than ",

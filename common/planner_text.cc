@@ -476,14 +476,12 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
       "\ncheckpoint: %s per checkpoint (%s B: fp32 params, AdamW m and v, 12 B/param), %s per "
       "rank (the largest shard); final weights %s\n  %s\n",
       FormatPlanBytes(plan.checkpoint_bytes()), Thousands(plan.checkpoint_bytes()),
-      FormatPlanBytes(plan.checkpoint_bytes_per_rank()),
-      FormatPlanBytes(FinalWeightsBytes(spec)),
+      FormatPlanBytes(plan.checkpoint_bytes_per_rank()), FormatPlanBytes(FinalWeightsBytes(spec)),
       spec.checkpoint.every > 0
-          ? absl::StrFormat(
-                "every %d steps, %d kept: checkpoint.dir needs %s or more", spec.checkpoint.every,
-                spec.checkpoint.keep,
-                FormatPlanBytes((spec.checkpoint.keep + 1) * plan.checkpoint_bytes() +
-                                FinalWeightsBytes(spec)))
+          ? absl::StrFormat("every %d steps, %d kept: checkpoint.dir needs %s or more",
+                            spec.checkpoint.every, spec.checkpoint.keep,
+                            FormatPlanBytes((spec.checkpoint.keep + 1) * plan.checkpoint_bytes() +
+                                            FinalWeightsBytes(spec)))
           : "checkpoint.every 0: only the final weights are saved");
   absl::StrAppendFormat(&out,
                         "\nshard units (%d; element ranges within the unit per dp rank, the last "

@@ -319,8 +319,9 @@ TEST_F(PlanMemoryTest, LoraFrozenModelAndAdapterStateMatchThePlan) {
   for (int zero = 0; zero <= 3; ++zero) {
     SCOPED_TRACE(testing::Message() << "zero " << zero);
     const JobSpec full = Spec(kShapes[1], zero);
-    absl::StatusOr<JobSpec> spec = ParseJobSpec(
-        JobSpecToYaml(full), {"finetune.lora={rank: 8, alpha: 16, targets: [q, k, v, o, up, down]}"});
+    absl::StatusOr<JobSpec> spec =
+        ParseJobSpec(JobSpecToYaml(full),
+                     {"finetune.lora={rank: 8, alpha: 16, targets: [q, k, v, o, up, down]}"});
     ASSERT_TRUE(spec.ok()) << spec.status();
     absl::StatusOr<v1::Plan> plan = MakePlan(*spec, 2);
     ASSERT_TRUE(plan.ok()) << plan.status();
@@ -330,14 +331,14 @@ TEST_F(PlanMemoryTest, LoraFrozenModelAndAdapterStateMatchThePlan) {
     const int64_t plan_state = want.params_bytes() + want.grads_bytes() + want.optimizer_bytes();
     const int64_t got_state = got.params + got.grads + got.optimizer;
     const int64_t full_state = whole.params_bytes() + whole.grads_bytes() + whole.optimizer_bytes();
-    std::printf("lora rank 8, zero %d: frozen planned %lld measured %lld; adapter state planned "
-                "%lld measured %lld (full fine-tune %lld, %.1f%%); activations planned %lld "
-                "measured %lld\n",
-                zero, static_cast<long long>(want.frozen_bytes()),
-                static_cast<long long>(got.frozen), static_cast<long long>(plan_state),
-                static_cast<long long>(got_state), static_cast<long long>(full_state),
-                100.0 * plan_state / full_state, static_cast<long long>(want.activations_bytes()),
-                static_cast<long long>(got.activations));
+    std::printf(
+        "lora rank 8, zero %d: frozen planned %lld measured %lld; adapter state planned "
+        "%lld measured %lld (full fine-tune %lld, %.1f%%); activations planned %lld "
+        "measured %lld\n",
+        zero, static_cast<long long>(want.frozen_bytes()), static_cast<long long>(got.frozen),
+        static_cast<long long>(plan_state), static_cast<long long>(got_state),
+        static_cast<long long>(full_state), 100.0 * plan_state / full_state,
+        static_cast<long long>(want.activations_bytes()), static_cast<long long>(got.activations));
     EXPECT_EQ(got.frozen, want.frozen_bytes());
     EXPECT_LE(RelDiff(got_state, plan_state), 0.05);
     EXPECT_LE(RelDiff(got.optimizer, want.optimizer_bytes()), 0.05);

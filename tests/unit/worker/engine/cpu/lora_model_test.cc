@@ -134,9 +134,10 @@ void CheckFamily(bool llama) {
       logit_scale = std::max(logit_scale, double(std::abs(b[v])));
     }
   }
-  std::printf("[lora] %s: loss adapted %.7f, merged %.7f (base %.7f); logits max abs diff %.2e "
-              "(largest %.3g)\n",
-              name, la, lm, l0, logit_diff, logit_scale);
+  std::printf(
+      "[lora] %s: loss adapted %.7f, merged %.7f (base %.7f); logits max abs diff %.2e "
+      "(largest %.3g)\n",
+      name, la, lm, l0, logit_diff, logit_scale);
   EXPECT_LE(logit_diff, 1e-6 * std::max(1.0, logit_scale)) << name;
   EXPECT_LT(std::abs(la - lm) / std::abs(lm), 1e-5) << name;
   EXPECT_GT(std::abs(la - l0), 1e-4) << name << ": the adapters changed nothing";
