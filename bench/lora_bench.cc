@@ -91,7 +91,7 @@ int Main(int argc, char** argv) {
     med[k] = Percentile(ms[k], 0.5);
     const worker::MemoryUse m = trainers[k]->memory();
     engine::Engine& e = trainers[k]->engine();
-    const size_t frozen = e.frozen_buffer() != nullptr ? e.frozen_buffer()->count() : 0;
+    const size_t frozen = e.has_frozen() ? e.frozen_layout().num_params() : 0;
     std::printf("%-5s %12zu %12zu %10.1f %10.0f %10.2f MB %9.2f MB\n", runs[k].first,
                 e.layout().num_params(), frozen, med[k], double(B) * T / med[k] * 1000,
                 (m.frozen + m.params + m.grads + m.optimizer) / 1e6, m.activations / 1e6);

@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model/activations.h"
+#include "common/model/weight_quant.h"
 #include "common/parallel_dims.h"
 
 namespace shardtrain {
@@ -278,6 +279,9 @@ struct FinetuneSpec {
   // output channel) or nf4 (QLoRA's 4-bit NormalFloat, common/model/
   // weight_quant.h). int8 and nf4 need lora.
   BaseDtype base_dtype = BaseDtype::kBf16;
+  // nf4: the blocks' absmax in 8 bits too (QLoRA's double quantization,
+  // ~0.37 bits per parameter saved).
+  bool double_quant = true;
 };
 
 struct JobSpec {
@@ -301,6 +305,9 @@ struct JobSpec {
   // The model the engines run: model.Config() with finetune.lora's
   // adapters (model::LoraConfig), validated.
   absl::StatusOr<model::ModelConfig> TrainedConfig() const;
+  // How the engines hold the frozen model under LoRA (finetune.base_dtype
+  // and double_quant; the compute type's bytes by precision).
+  model::FrozenFormat FrozenFormat() const;
   // Ranks the job needs: dp · cp · tp · pp.
   int World() const { return parallel.dp * parallel.cp * parallel.tp * parallel.pp; }
   // Its mesh and its batch split (common/parallel_dims.h), which

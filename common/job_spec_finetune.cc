@@ -21,6 +21,7 @@ absl::Status ParseFinetune(const Node& root, FinetuneSpec* f) {
   SHARDTRAIN_ASSIGN_OR_RETURN(Node n, Section(root, "finetune"));
   SHARDTRAIN_RETURN_IF_ERROR(
       ReadEnum(n, "finetune", "base_dtype", si::kBaseDtypes, &f->base_dtype));
+  SHARDTRAIN_RETURN_IF_ERROR(ReadBool(n, "finetune", "double_quant", &f->double_quant));
   if (!Present(n, "lora")) return absl::OkStatus();
   const Node lora = n["lora"];
   const std::string path = "finetune.lora";
@@ -83,10 +84,6 @@ absl::Status CheckFinetune(const JobSpec& spec) {
   if (f.lora.dropout != 0) {
     return FieldError("finetune.lora.dropout", "only 0 is supported so far, got ", f.lora.dropout);
   }
-  if (f.base_dtype != BaseDtype::kBf16) {
-    return FieldError("finetune.base_dtype", std::string(EnumName(f.base_dtype)),
-                      ": the engines do not hold a quantized model yet (bf16 runs)");
-  }
   if (spec.parallel.tp > 1) {
     return FieldError("finetune.lora",
                       "adapters under tensor parallelism are not supported yet "
@@ -102,6 +99,16 @@ absl::Status CheckFinetune(const JobSpec& spec) {
 }
 
 }  // namespace spec_read
+
+model::FrozenFormat JobSpec::FrozenFormat() const {
+  model::FrozenFormat f;
+  f.quant = finetune.base_dtype == BaseDtype::kInt8  ? model::FrozenQuant::kInt8
+            : finetune.base_dtype == BaseDtype::kNf4 ? model::FrozenQuant::kNf4
+                                                     : model::FrozenQuant::kNone;
+  f.double_quant = finetune.double_quant;
+  f.compute_bytes = precision == Precision::kFp32 ? 4 : 2;
+  return f;
+}
 
 absl::StatusOr<model::ModelConfig> JobSpec::TrainedConfig() const {
   absl::StatusOr<model::ModelConfig> config = model.Config();

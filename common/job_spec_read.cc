@@ -75,7 +75,7 @@ const std::vector<absl::string_view> kResourcesKeys = {"device", "min_workers", 
 const std::vector<absl::string_view> kTimeoutsKeys = {"collective_s"};
 const std::vector<absl::string_view> kRouterKeys = {"aux_loss_coef", "z_loss_coef",
                                                     "bias_update_rate", "capacity_factor"};
-const std::vector<absl::string_view> kFinetuneKeys = {"lora", "base_dtype"};
+const std::vector<absl::string_view> kFinetuneKeys = {"lora", "base_dtype", "double_quant"};
 
 // The keys of a top-level section, or nullptr when `key` holds a plain value.
 const std::vector<absl::string_view>* SectionKeys(absl::string_view key) {

@@ -98,8 +98,9 @@ bool operator==(const RouterSpec& a, const RouterSpec& b) {
          std::tie(b.aux_loss_coef, b.z_loss_coef, b.bias_update_rate, b.capacity_factor);
 }
 bool operator==(const FinetuneSpec& a, const FinetuneSpec& b) {
-  return std::tie(a.lora.rank, a.lora.alpha, a.lora.dropout, a.lora.targets, a.base_dtype) ==
-         std::tie(b.lora.rank, b.lora.alpha, b.lora.dropout, b.lora.targets, b.base_dtype);
+  return std::tie(a.lora.rank, a.lora.alpha, a.lora.dropout, a.lora.targets, a.base_dtype,
+                  a.double_quant) == std::tie(b.lora.rank, b.lora.alpha, b.lora.dropout,
+                                              b.lora.targets, b.base_dtype, b.double_quant);
 }
 bool operator==(const JobSpec& a, const JobSpec& b) {
   return std::tie(a.name, a.model, a.data, a.batch, a.parallel, a.precision, a.optimizer, a.steps,
@@ -279,6 +280,7 @@ std::string JobSpecToYaml(const JobSpec& s) {
     out << "none";
   }
   out << YAML::Key << "base_dtype" << YAML::Value << std::string(EnumName(s.finetune.base_dtype));
+  out << YAML::Key << "double_quant" << YAML::Value << s.finetune.double_quant;
   out << YAML::EndMap;
 
   out << YAML::EndMap;

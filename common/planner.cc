@@ -299,11 +299,11 @@ Estimate EstimateStage(const JobSpec& spec, const model::ModelConfig& cfg, const
   const bool offload = spec.parallel.offload == OffloadMode::kOptimizer || through_host;
   if (offload) mem.set_host_bytes(through_host ? host : mem.optimizer_bytes());
   // LoRA: the frozen model of the slice, whole on every rank, in the
-  // engine's compute type (fp32 on CPU workers).
+  // engine's compute type (fp32 on CPU workers) or with its linear layers
+  // quantized (finetune.base_dtype), as the engines hold it.
   if (cfg.lora.on()) {
-    mem.set_frozen_bytes(
-        ComputeBytes(spec.precision) *
-        static_cast<int64_t>(model::ParamLayout(model::BaseConfig(cfg), shape.slice).num_params()));
+    mem.set_frozen_bytes(model::FrozenModelBytes(
+        model::ParamLayout(model::BaseConfig(cfg), shape.slice), spec.FrozenFormat()));
   }
   mem.set_total_bytes(mem.frozen_bytes() + mem.params_bytes() + mem.grads_bytes() +
                       (offload ? 0 : mem.optimizer_bytes()) + mem.activations_bytes() +

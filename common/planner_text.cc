@@ -14,6 +14,25 @@
 namespace shardtrain {
 namespace {
 
+// How the frozen model is held (finetune.base_dtype), as the plan says it.
+std::string FrozenFormatText(const JobSpec& spec) {
+  const char* compute = spec.precision == Precision::kFp32 ? "fp32" : "bf16";
+  switch (spec.finetune.base_dtype) {
+    case BaseDtype::kInt8:
+      return absl::StrCat(
+          "with its linear layers in int8 (an fp32 absmax per output channel), the "
+          "rest in ",
+          compute);
+    case BaseDtype::kNf4:
+      return absl::StrCat("with its linear layers in NF4 (blocks of 64, ",
+                          spec.finetune.double_quant ? "absmax double-quantized" : "fp32 absmax",
+                          "), the rest in ", compute);
+    case BaseDtype::kBf16:
+      break;
+  }
+  return absl::StrCat("in ", compute);
+}
+
 constexpr int64_t kMiB = int64_t{1} << 20;
 constexpr double kGiB = double(int64_t{1} << 30);
 
@@ -193,12 +212,11 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
     absl::StrAppendFormat(
         &out,
         "finetune: LoRA adapters of rank %d (alpha %g, scale %g) on %s: %s trained params (%.2f%% "
-        "of the model's), the model frozen in %s (%s per rank); the plan's params, grads and "
+        "of the model's), the model frozen %s (%s per rank); the plan's params, grads and "
         "optimizer state are the adapters'\n",
         l.rank, l.alpha, l.alpha / l.rank, absl::StrJoin(l.targets, ", "),
         Thousands(plan.num_params()), 100.0 * plan.num_params() / ModelNumParams(spec),
-        spec.precision == Precision::kFp32 ? "fp32" : "bf16",
-        FormatPlanBytes(plan.memory_per_rank().frozen_bytes()));
+        FrozenFormatText(spec), FormatPlanBytes(plan.memory_per_rank().frozen_bytes()));
   }
   if (spec.model.moe.on()) {
     const model::MoeConfig& m = spec.model.moe;

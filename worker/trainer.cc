@@ -135,6 +135,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, in
   // ZeRO-3 also holds a unit's 16-bit compute copy only while it is in use.
   options.release_compute_copy = spec.parallel.zero == 3;
   options.moe = {spec.router.aux_loss_coef, spec.router.z_loss_coef, spec.router.capacity_factor};
+  options.frozen = spec.FrozenFormat();
   const std::vector<parallel::PipelineAction> actions =
       parallel::PipelineActions(ScheduleOf(spec), coord.pp, dims->pp(), split->accum, chunks);
   options.slots = parallel::PeakInFlight(actions);
@@ -228,9 +229,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Compose(const JobSpec& spec, i
   t->strategy_->InitParams(spec.seed);
   // LoRA: the frozen model is the plain model's init of the same seed,
   // unless model.init gives it (below).
-  if (engine::Buffer* frozen = t->engine_->frozen_buffer();
-      frozen != nullptr && spec.model.init.empty()) {
-    t->engine_->InitFrozenInto(spec.seed, 0, frozen->count(), frozen->as<float>());
+  if (t->engine_->has_frozen() && spec.model.init.empty()) {
+    std::vector<float> host(t->engine_->frozen_layout().num_params());
+    t->engine_->InitFrozenInto(spec.seed, 0, host.size(), host.data());
+    t->engine_->SetFrozen(host.data());
   }
   if (!spec.model.init.empty()) {
     if (absl::Status s = t->LoadInitialWeights(spec.model.init); !s.ok()) return s;
@@ -431,9 +433,7 @@ MemoryUse Trainer::memory() const {
   m.working = state.working;
   m.optimizer_on_host = state.optimizer_on_host;
   m.activations = measure_ ? engine_->ResidentActivationBytes() : engine_->activation_bytes();
-  if (engine::Buffer* f = engine_->frozen_buffer(); f != nullptr) {
-    m.frozen = static_cast<int64_t>(f->bytes());
-  }
+  m.frozen = engine_->frozen_bytes();
   return m;
 }
 

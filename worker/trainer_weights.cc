@@ -24,10 +24,10 @@ absl::Status Trainer::LoadInitialWeights(const std::string& path) {
   absl::StatusOr<std::unique_ptr<checkpoint::WeightsSource>> source =
       checkpoint::OpenModelWeights(path, *config);
   if (!source.ok()) return failed(source.status());
-  if (engine::Buffer* frozen = engine_->frozen_buffer(); frozen != nullptr) {
+  if (engine_->has_frozen()) {
     // LoRA: the weights are the frozen model's, this rank's slice of them
     // whole; the adapters keep their init.
-    std::vector<float> host(frozen->count());
+    std::vector<float> host(engine_->frozen_layout().num_params());
     absl::Status read;
     for (const model::FlatRun& r : engine_->frozen_layout().GlobalRuns()) {
       if (read.ok()) read = (*source)->Read(r.global, r.count, host.data() + r.local);
@@ -36,7 +36,7 @@ absl::Status Trainer::LoadInitialWeights(const std::string& path) {
     if (const checkpoint::ReadStats r = (*source)->Stats(); r.files > 0) {
       init_read_summary_ = "model.init: " + checkpoint::ReadStatsText(r);
     }
-    engine_->math().CopyFromHost(frozen->as<float>(), host.data(), host.size());
+    engine_->SetFrozen(host.data());
     return absl::OkStatus();
   }
   // This rank's share, as Restore reads a checkpoint's: the strategy's load
@@ -82,7 +82,7 @@ absl::Span<const float> Trainer::ParamsOnHost(std::vector<float>* copy) {
 
 absl::StatusOr<absl::Span<const float>> Trainer::WholeModel() {
   if (absl::Status s = strategy_->GatherWholeModel(); !s.ok()) return s;
-  if (engine_->frozen_buffer() != nullptr) return MergedModel();
+  if (engine_->has_frozen()) return MergedModel();
   const model::ParamLayout& layout = engine_->layout();
   if (layout.slice().whole()) return ParamsOnHost(&whole_);
   // Every slice adds its elements (one replica of each: dp coordinate 0,
@@ -138,9 +138,8 @@ absl::StatusOr<absl::Span<const float>> Trainer::MergedModel() {
   // model's coordinates; one replica of each slice adds them into zeros,
   // summed into rank 0 (exact), as WholeModel does for parameters.
   const model::ParamLayout& base = engine_->frozen_layout();
-  engine::Buffer* frozen = engine_->frozen_buffer();
-  std::vector<float> merged(frozen->count()), adapters_copy;
-  engine_->math().CopyToHost(merged.data(), frozen->as<float>(), merged.size());
+  std::vector<float> merged(base.num_params()), adapters_copy;
+  engine_->GetFrozen(merged.data());
   const absl::Span<const float> adapters = ParamsOnHost(&adapters_copy);
   engine::cpu::MergeLora(engine_->layout(), adapters.data(), merged.data(), engine_->host_pool());
   if (base.slice().whole()) {

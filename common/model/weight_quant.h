@@ -15,12 +15,18 @@
 //         signed dynamic map (worker/optim/quant8.h) and an fp32 absmax each
 //         — bitsandbytes' compress_statistics.
 //
+// Which tensors of a frozen model are quantized, and the bytes the whole
+// frozen model takes in each format (FrozenModelBytes), are here too: the
+// planner's figure and the engines' allocation are the same function.
+//
 // Pure: constants and arithmetic.
 #ifndef SHARDTRAIN_COMMON_MODEL_WEIGHT_QUANT_H_
 #define SHARDTRAIN_COMMON_MODEL_WEIGHT_QUANT_H_
 
 #include <array>
 #include <cstdint>
+
+#include "common/model/param_layout.h"
 
 namespace shardtrain::model {
 
@@ -63,6 +69,35 @@ inline int64_t Nf4Bytes(int64_t n, bool double_quant) {
 // Bytes of an int8 weight of (rows, cols): a byte per element and an fp32
 // absmax per row.
 inline int64_t Int8RowsBytes(int64_t rows, int64_t cols) { return rows * cols + 4 * rows; }
+
+// Rows of a quantized weight a matmul dequantizes at once (its fp32 tile:
+// kDequantTileRows rows of the weight's input width).
+inline constexpr int kDequantTileRows = 64;
+
+// How a frozen model is held (finetune.base_dtype): every tensor in the
+// engine's compute type, or its linear layers' weights in int8 or NF4.
+enum class FrozenQuant { kNone, kInt8, kNf4 };
+struct FrozenFormat {
+  FrozenQuant quant = FrozenQuant::kNone;
+  bool double_quant = true;  // NF4's absmax in 8 bits too
+  int compute_bytes = 4;     // an unquantized element (fp32 on CPU workers)
+};
+
+// Whether tensor i of a frozen model's layout (ParamLayout(BaseConfig(c),
+// slice): the model without adapters) is quantized under `quant`: the
+// blocks' linear weights — attn.qkv, attn.proj, mlp.fc and mlp.proj, the
+// layers bitsandbytes replaces in a QLoRA model. Embeddings, norms, biases
+// and the LM head keep the compute type.
+bool QuantizedFrozenTensor(const ParamLayout& base, int i, FrozenQuant quant);
+
+// Bytes of tensor i held in `format`: Int8RowsBytes of its (rows, cols),
+// Nf4Bytes of its elements, or compute_bytes each.
+int64_t FrozenTensorBytes(const ParamLayout& base, int i, const FrozenFormat& format);
+
+// Bytes of the frozen model held in `format`: its tensors' and, when one is
+// quantized, the matmuls' dequantization tile (kDequantTileRows rows of the
+// widest quantized input, fp32).
+int64_t FrozenModelBytes(const ParamLayout& base, const FrozenFormat& format);
 
 }  // namespace shardtrain::model
 

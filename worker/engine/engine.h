@@ -125,16 +125,25 @@ class Engine {
   // final's use. The same as parallel::UnitUseOrder (common/shard_range.h).
   // Null: off.
   virtual void set_param_hook(std::function<void(int unit, bool begin)> hook) = 0;
-  // ---- LoRA (config().lora.on()): the model itself is frozen, in a second
-  // flat buffer laid out by frozen_layout() (the model without adapters, this
-  // slice), read by the layers and never updated; param_buffer(),
-  // grad_buffer() and layout()'s flat buffer are then the adapters alone.
-  // Null / layout() without LoRA.
-  virtual Buffer* frozen_buffer() { return nullptr; }
+  // ---- LoRA (config().lora.on()): the model itself is frozen, held by the
+  // engine apart from the adapters (frozen_layout(): the model without
+  // adapters, this slice) in the compute type or with its linear layers
+  // quantized (ModelEngineOptions::frozen), read by the layers and never
+  // updated; param_buffer(), grad_buffer() and layout()'s flat buffer are
+  // then the adapters alone. It starts as the zero model.
+  virtual bool has_frozen() const { return false; }
   virtual const model::ParamLayout& frozen_layout() const { return layout(); }
+  // Stores the frozen model: host (frozen_layout().num_params() fp32, host
+  // memory), quantized where the format says.
+  virtual void SetFrozen(const float* host) {}
+  // host (frozen_layout().num_params() fp32) = the frozen model as held
+  // (quantized tensors dequantized).
+  virtual void GetFrozen(float* host) {}
+  // Bytes the frozen model takes (model::FrozenModelBytes); 0 without LoRA.
+  virtual int64_t frozen_bytes() const { return 0; }
   // The frozen model's init (InitParamsInto's, of the model without
   // adapters: what a plain engine's InitParams gives) of frozen elements
-  // [begin, end) into out (memory of device()).
+  // [begin, end) into host memory out[0, end - begin).
   virtual void InitFrozenInto(uint64_t seed, size_t begin, size_t end, float* out) {}
 
   // The MoE layers' figures since the last call (MoeStats), which starts

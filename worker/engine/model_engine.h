@@ -68,6 +68,11 @@ class ModelEngine : public Engine {
     param_hook_ = std::move(hook);
   }
   MoeStats TakeMoeStats() override;
+  // Under LoRA the frozen model's layout (ParamLayout(BaseConfig(config),
+  // slice)), whose tensors a device holds (frozen_layout().num_params()
+  // elements: the model's own init or weights) and which layout()'s frozen
+  // tensors' offsets index. Without LoRA, layout() itself.
+  const model::ParamLayout& frozen_layout() const override { return base_; }
 
  protected:
   // The activations of one transformer block of one micro-batch (the
@@ -356,11 +361,6 @@ class ModelEngine : public Engine {
                             int N, int in_dim, int out_dim);
   void* lora_xa() const { return lora_xa_; }
   void* lora_g() const { return lora_g_; }
-  // Under LoRA the frozen model's layout (ParamLayout(BaseConfig(config),
-  // slice)): the frozen buffer a device allocates (num_params() floats, the
-  // model's own init or weights), which layout()'s frozen tensors' offsets
-  // index. Without LoRA, layout() itself.
-  const model::ParamLayout& frozen_layout() const override { return base_; }
   // The frozen model's init (InitGlobal of the model without adapters, so
   // it equals a plain engine's) of frozen elements [begin, end) into host
   // memory out[0, end - begin).

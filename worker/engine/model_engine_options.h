@@ -10,6 +10,7 @@
 #include "common/model/activations.h"
 #include "common/model/config.h"
 #include "common/model/slice.h"
+#include "common/model/weight_quant.h"
 #include "worker/engine/context_parallel.h"
 #include "worker/engine/expert_parallel.h"
 #include "worker/engine/tensor_parallel.h"
@@ -60,6 +61,10 @@ struct ModelEngineOptions {
   // the device never holds the whole model in the compute type.
   bool release_compute_copy = false;
   MoeOptions moe;  // MoE layers only
+  // How a LoRA engine holds its frozen model (finetune.base_dtype; LoRA
+  // only): quant kNone keeps it in the compute type (compute_bytes is the
+  // engine's, not read here).
+  model::FrozenFormat frozen;
 };
 
 // The checks every engine makes of its shape and slice: B >= 1, 1 <= T <=

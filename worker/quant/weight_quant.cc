@@ -41,8 +41,10 @@ QuantWeightView QuantizedWeight::view() const {
 }
 
 int64_t QuantizedWeight::bytes() const {
-  return format == WeightFormat::kInt8 ? model::Int8RowsBytes(rows, cols)
-                                       : model::Nf4Bytes(rows * cols, !absmax_codes.empty());
+  // What the vectors hold (and the offset, with double quantization).
+  return static_cast<int64_t>(codes.size() + sizeof(float) * absmax.size() + absmax_codes.size() +
+                              sizeof(float) * absmax_scale.size() +
+                              (absmax_codes.empty() ? 0 : sizeof(float)));
 }
 
 QuantizedWeight QuantizeInt8Rows(const float* w, int64_t rows, int64_t cols,

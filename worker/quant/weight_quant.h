@@ -50,7 +50,8 @@ struct QuantizedWeight {
   float absmax_offset = 0;
 
   QuantWeightView view() const;
-  // What it holds: model::Int8RowsBytes or model::Nf4Bytes of its shape.
+  // What it holds (its arrays' bytes): model::Int8RowsBytes or
+  // model::Nf4Bytes of its shape, which the tests check.
   int64_t bytes() const;
 };
 

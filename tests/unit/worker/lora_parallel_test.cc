@@ -5,8 +5,12 @@
 // one rank step by step within 1e-5 (losses, gradient norms, the merged
 // whole model), a checkpoint of the adapters resumes the run, and bad
 // adapters are refused naming the field.
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -41,17 +45,17 @@ TEST(LoraTrainerTest, OnlyTheAdaptersTrain) {
   auto trainer = Trainer::Create(spec, 0, /*threads=*/1, nullptr);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   engine::Engine& e = (*trainer)->engine();
-  ASSERT_NE(e.frozen_buffer(), nullptr);
-  const std::vector<float> frozen(e.frozen_buffer()->as<float>(),
-                                  e.frozen_buffer()->as<float>() + e.frozen_buffer()->count());
+  ASSERT_TRUE(e.has_frozen());
+  std::vector<float> frozen(e.frozen_layout().num_params()), after(frozen.size());
+  e.GetFrozen(frozen.data());
   const std::vector<float> adapters(e.params().f32().begin(), e.params().f32().end());
   std::printf("[lora] trained %zu of %zu parameters (%.2f%%); frozen model %zu\n", adapters.size(),
               adapters.size() + frozen.size(),
               100.0 * adapters.size() / (adapters.size() + frozen.size()), frozen.size());
   EXPECT_EQ(int64_t(adapters.size()), model::LoraParams(*spec.TrainedConfig()));
   for (int step = 1; step <= 3; ++step) ASSERT_TRUE((*trainer)->Step(step).ok());
-  EXPECT_TRUE(std::equal(frozen.begin(), frozen.end(), e.frozen_buffer()->as<float>()))
-      << "the frozen model changed";
+  e.GetFrozen(after.data());
+  EXPECT_EQ(frozen, after) << "the frozen model changed";
   EXPECT_FALSE(std::equal(adapters.begin(), adapters.end(), e.params().f32().begin()))
       << "the adapters did not train";
   EXPECT_LT((*trainer)->memory().optimizer, int64_t(8 * adapters.size() + 1024));
@@ -107,6 +111,62 @@ TEST(LoraTrainerTest, TheAdaptersCheckpointResumesTheRun) {
       "rel diff %.3g\n",
       resumed.loss[kSteps], whole.loss[kSteps], worst);
   EXPECT_LE(worst, 1e-5);
+}
+
+// QLoRA: a Hugging Face Llama checkpoint PyTorch wrote (hf_llama_logits.py,
+// bf16 safetensors) fine-tuned on two CPU ranks (DDP) with its linear layers
+// frozen in NF4 (double-quantized absmax) and int8: the loss falls as on the
+// full-precision base, and the frozen model each rank holds is the
+// checkpoint's within the format's error.
+TEST(LoraTrainerTest, QloraFineTunesAPyTorchWrittenLlamaCheckpoint) {
+  const std::string python = "/usr/bin/python3";
+  if (std::system((python + " -c 'import torch' >/dev/null 2>&1").c_str()) != 0) {
+    GTEST_SKIP() << python << " cannot import torch (scripts/setup installs python3-torch)";
+  }
+  const std::string dir = (TheCorpus().dir() / "hf_llama").string();
+  std::filesystem::create_directories(dir);
+  const JobSpec plain = Adapted(Llama(Layout{2, 1, 1, 0, "1f1b", 2}));
+  const model::ModelConfig c = *plain.model.Config();
+  {
+    std::ofstream s(dir + "/shape.txt");
+    s << "layers " << c.layers << "\nheads " << c.heads << "\nkv_heads " << c.kv_heads << "\ndim "
+      << c.dim << "\nffn_dim " << c.ffn_dim << "\nvocab " << c.vocab << "\nrope_theta "
+      << c.rope_theta << "\nnorm_eps " << c.norm_eps << "\ntie 0\nbatch 1\nseq_len 4\n";
+  }
+  const std::string cmd = python + " " + SHARDTRAIN_HF_LLAMA_LOGITS_SCRIPT + " " + dir;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::vector<float> loaded;  // the bf16 base as the engine holds it
+  std::map<std::string, Losses> runs;
+  for (const char* base : {"bf16", "int8", "nf4"}) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(
+        JobSpecToYaml(plain), {"model.init=" + dir, std::string("finetune.base_dtype=") + base});
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    // What one rank holds (every rank holds the whole frozen model).
+    JobSpec one = *spec;
+    one.parallel.dp = 1;
+    auto t = Trainer::Create(one, 0, 1, nullptr);
+    ASSERT_TRUE(t.ok()) << t.status();
+    engine::Engine& e = (*t)->engine();
+    std::vector<float> held(e.frozen_layout().num_params());
+    e.GetFrozen(held.data());
+    if (loaded.empty()) loaded = held;
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < held.size(); ++i) {
+      err += double(held[i] - loaded[i]) * (held[i] - loaded[i]);
+      norm += double(loaded[i]) * loaded[i];
+    }
+    runs[base] = Train(*spec);
+    const Losses& r = runs[base];
+    std::printf(
+        "[qlora] HF Llama checkpoint (PyTorch), base %-4s: frozen %lld bytes, rel L2 error vs "
+        "the bf16 checkpoint %.4f; loss step 1 %.4f, step 10 %.4f, step 20 %.4f (val %.4f)\n",
+        base, static_cast<long long>(e.frozen_bytes()), std::sqrt(err / norm), r.loss[1],
+        r.loss[10], r.loss[kSteps], r.val[kSteps]);
+    EXPECT_LT(std::sqrt(err / norm), std::string(base) == "nf4" ? 0.12 : 0.01) << base;
+    EXPECT_LT(r.loss[kSteps], r.loss[1] - 0.3) << base << ": the adapters do not learn";
+    EXPECT_LT(std::abs(r.loss[kSteps] - runs["bf16"].loss[kSteps]), 0.05 * r.loss[kSteps])
+        << base << " ends far from the full-precision base";
+  }
 }
 
 // model.adapter: a PEFT adapter written by export --adapter starts a job
@@ -201,6 +261,13 @@ TEST(LoraSpecTest, BadAdaptersAreRefusedNamingTheField) {
   EXPECT_EQ(d->finetune.lora.alpha, 8);
   EXPECT_EQ(d->finetune.lora.targets, (std::vector<std::string>{"q", "v"}));
   EXPECT_EQ(*ParseJobSpec(JobSpecToYaml(*d)), *d);
+  // QLoRA's base: NF4 without double quantization, round-tripped.
+  absl::StatusOr<JobSpec> q = ParseJobSpec(
+      base, {"finetune.lora={}", "finetune.base_dtype=nf4", "finetune.double_quant=false"});
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->FrozenFormat().quant, model::FrozenQuant::kNf4);
+  EXPECT_FALSE(q->FrozenFormat().double_quant);
+  EXPECT_EQ(*ParseJobSpec(JobSpecToYaml(*q)), *q);
 }
 
 }  // namespace

@@ -313,15 +313,19 @@ namespace shardtrain::worker {
 namespace {
 
 // LoRA: the plan's frozen model and the adapters' state (params, grads,
-// AdamW) against what the trainer holds, under ZeRO 0-3; the adapters' state
-// a small fraction of the full run's.
+// AdamW) against what the trainer holds, under ZeRO 0-3 with the frozen
+// model in fp32, int8 and NF4 (QLoRA); the adapters' state a small fraction
+// of the full run's.
 TEST_F(PlanMemoryTest, LoraFrozenModelAndAdapterStateMatchThePlan) {
   for (int zero = 0; zero <= 3; ++zero) {
-    SCOPED_TRACE(testing::Message() << "zero " << zero);
+    // Each base format once, on ZeRO 0 and 3: the frozen model does not
+    // depend on the stage.
+    const char* base = zero == 0 ? "nf4" : zero == 1 ? "int8" : zero == 2 ? "bf16" : "nf4";
+    SCOPED_TRACE(testing::Message() << "zero " << zero << ", base_dtype " << base);
     const JobSpec full = Spec(kShapes[1], zero);
-    absl::StatusOr<JobSpec> spec =
-        ParseJobSpec(JobSpecToYaml(full),
-                     {"finetune.lora={rank: 8, alpha: 16, targets: [q, k, v, o, up, down]}"});
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(
+        JobSpecToYaml(full), {"finetune.lora={rank: 8, alpha: 16, targets: [q, k, v, o, up, down]}",
+                              std::string("finetune.base_dtype=") + base});
     ASSERT_TRUE(spec.ok()) << spec.status();
     absl::StatusOr<v1::Plan> plan = MakePlan(*spec, 2);
     ASSERT_TRUE(plan.ok()) << plan.status();
@@ -332,10 +336,10 @@ TEST_F(PlanMemoryTest, LoraFrozenModelAndAdapterStateMatchThePlan) {
     const int64_t got_state = got.params + got.grads + got.optimizer;
     const int64_t full_state = whole.params_bytes() + whole.grads_bytes() + whole.optimizer_bytes();
     std::printf(
-        "lora rank 8, zero %d: frozen planned %lld measured %lld; adapter state planned "
+        "lora rank 8, zero %d, base %s: frozen planned %lld measured %lld; adapter state planned "
         "%lld measured %lld (full fine-tune %lld, %.1f%%); activations planned %lld "
         "measured %lld\n",
-        zero, static_cast<long long>(want.frozen_bytes()), static_cast<long long>(got.frozen),
+        zero, base, static_cast<long long>(want.frozen_bytes()), static_cast<long long>(got.frozen),
         static_cast<long long>(plan_state), static_cast<long long>(got_state),
         static_cast<long long>(full_state), 100.0 * plan_state / full_state,
         static_cast<long long>(want.activations_bytes()), static_cast<long long>(got.activations));

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/engine/cpu/layers.h"
 #include "worker/engine/cpu/lora_layers.h"
+#include "worker/engine/cpu/quant_matmul.h"
 
 namespace shardtrain::engine::cpu {
 namespace {
@@ -69,8 +70,15 @@ CpuModel::CpuModel(const ModelConfig& config, int B, int T, int threads,
   param_data_ = params_->as<float>();
   grad_data_ = grads_->as<float>();
   if (config.lora.on()) {
-    frozen_ = *device_.Allocate(frozen_layout().num_params(), DataType::kFloat32);
-    frozen_data_ = frozen_->as<float>();
+    model::FrozenFormat format = options.frozen;
+    format.compute_bytes = 4;
+    frozen_ = std::make_unique<quant::FrozenWeights>(frozen_layout(), format, &pool_);
+    // Frozen tensors keep their names (and offsets) in the frozen layout.
+    frozen_index_.assign(layout().tensors().size(), -1);
+    for (int i = 0; i < static_cast<int>(layout().tensors().size()); ++i) {
+      const model::TensorInfo& t = layout().tensors()[i];
+      if (t.frozen) frozen_index_[i] = *frozen_layout().FindTensor(t.name);
+    }
   }
   // Every activation and scratch tensor where the model's table puts it: one
   // set of the saved tensors per slot, then the scratch ones, in one buffer.
@@ -155,6 +163,11 @@ void CpuModel::LayerNormBackward(void* dinp, const void* dout, const void* inp, 
 void CpuModel::MatmulForward(void* out, const void* inp, int weight, int bias, int N, int IC,
                              int OC, int ld_out) {
   PhaseTimer tm(profiling_, &timing_.matmul);
+  if (const quant::QuantWeightView* q = quantized(weight); q != nullptr) {
+    QuantMatmulForward(F(out), ld_out, F(inp), *q, param(bias), N, frozen_->tile(),
+                       model::kDequantTileRows, &pool_);
+    return;
+  }
   cpu::MatmulForward(F(out), F(inp), param(weight), bias < 0 ? nullptr : param(bias), N, IC, OC,
                      ld_out, &pool_);
 }
@@ -162,6 +175,12 @@ void CpuModel::MatmulForward(void* out, const void* inp, int weight, int bias, i
 void CpuModel::MatmulBackward(void* dinp, const void* dout, int ld_dout, const void* inp,
                               int weight, int bias, int N, int IC, int OC) {
   PhaseTimer tm(profiling_, &timing_.matmul);
+  if (const quant::QuantWeightView* q = quantized(weight); q != nullptr) {
+    // Frozen: the input's gradient alone (the bias is frozen with it).
+    QuantMatmulBackwardInput(F(dinp), F(dout), ld_dout, *q, N, frozen_->tile(),
+                             model::kDequantTileRows, &pool_);
+    return;
+  }
   cpu::MatmulBackward(F(dinp), grad(weight), bias < 0 ? nullptr : grad(bias), F(dout), ld_dout,
                       F(inp), param(weight), N, IC, OC, &pool_);
 }

@@ -40,6 +40,7 @@
 #include "worker/engine/model_engine.h"
 #include "worker/engine/tensor_parallel.h"
 #include "worker/engine/thread_pool.h"
+#include "worker/quant/frozen_weights.h"
 
 namespace shardtrain::engine::cpu {
 
@@ -65,7 +66,10 @@ class CpuModel final : public ModelEngine {
   void InitParamsInto(uint64_t seed, size_t begin, size_t end, float* out) override {
     InitSliceHost(seed, begin, end, out, &pool_);
   }
-  Buffer* frozen_buffer() override { return frozen_.get(); }
+  bool has_frozen() const override { return frozen_ != nullptr; }
+  void SetFrozen(const float* host) override { frozen_->Set(host, &pool_); }
+  void GetFrozen(float* host) override { frozen_->Get(host, &pool_); }
+  int64_t frozen_bytes() const override { return frozen_ == nullptr ? 0 : frozen_->bytes(); }
   void InitFrozenInto(uint64_t seed, size_t begin, size_t end, float* out) override {
     InitFrozenHost(seed, begin, end, out, &pool_);
   }
@@ -169,11 +173,16 @@ class CpuModel final : public ModelEngine {
            const ModelEngineOptions& options);
 
   // A tensor's parameters and gradient; null for -1 (no such tensor). A
-  // frozen tensor (LoRA) reads the frozen buffer and has no gradient.
+  // frozen tensor (LoRA) reads the frozen model and has no gradient; a
+  // quantized one has no fp32 parameters either (quantized() has them).
   const float* param(int tensor) const {
     if (tensor < 0) return nullptr;
-    const model::TensorInfo& t = layout().tensors()[tensor];
-    return (t.frozen ? frozen_data_ : param_data_) + t.offset;
+    if (layout().tensors()[tensor].frozen) return frozen_->fp32(frozen_index_[tensor]);
+    return param_data_ + layout().offset(tensor);
+  }
+  const quant::QuantWeightView* quantized(int tensor) const {
+    if (tensor < 0 || !layout().tensors()[tensor].frozen) return nullptr;
+    return frozen_->quantized(frozen_index_[tensor]);
   }
   float* grad(int tensor) {
     if (tensor < 0 || layout().tensors()[tensor].frozen) return nullptr;
@@ -185,8 +194,10 @@ class CpuModel final : public ModelEngine {
   HostFlatMath math_{&pool_};
   CpuDevice device_;
   std::unique_ptr<Buffer> params_, grads_, acts_;
-  std::unique_ptr<Buffer> frozen_;  // LoRA only
-  float* frozen_data_ = nullptr;
+  // LoRA only: the frozen model, and each tensor's index in its layout
+  // (frozen_layout(); -1: an adapter).
+  std::unique_ptr<quant::FrozenWeights> frozen_;
+  std::vector<int> frozen_index_;
   float* param_data_ = nullptr;
   float* grad_data_ = nullptr;
   bool profiling_ = false;

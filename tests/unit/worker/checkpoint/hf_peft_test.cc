@@ -56,8 +56,9 @@ std::unique_ptr<engine::cpu::CpuModel> AdaptedEngine(const model::ModelConfig& c
   auto m = engine::cpu::CpuModel::Create(c, B, T, /*threads=*/2);
   EXPECT_TRUE(m.ok()) << m.status();
   (*m)->InitParams(3);
-  engine::Buffer* frozen = (*m)->frozen_buffer();
-  (*m)->InitFrozenInto(3, 0, frozen->count(), frozen->as<float>());
+  std::vector<float> frozen((*m)->frozen_layout().num_params());
+  (*m)->InitFrozenInto(3, 0, frozen.size(), frozen.data());
+  (*m)->SetFrozen(frozen.data());
   std::mt19937 rng(9);
   std::normal_distribution<float> d(0.0f, 0.05f);
   for (const model::TensorInfo& t : model::TrainedTensors((*m)->layout())) {
@@ -112,11 +113,9 @@ TEST_F(HfPeftTest, PeftsLoraForwardOnTheExportsGivesTheEnginesLogits) {
   auto m = AdaptedEngine(c, B, T);
   // The base model as `shardtrain export` writes it, the adapter as
   // `export --adapter` does.
-  const engine::Buffer* frozen = m->frozen_buffer();
-  ASSERT_TRUE(ExportHfLlama(model::BaseConfig(c),
-                            absl::MakeConstSpan(frozen->as<float>(), frozen->count()),
-                            dir_ + "/base", {})
-                  .ok());
+  std::vector<float> frozen(m->frozen_layout().num_params());
+  m->GetFrozen(frozen.data());
+  ASSERT_TRUE(ExportHfLlama(model::BaseConfig(c), frozen, dir_ + "/base", {}).ok());
   ASSERT_TRUE(ExportPeftAdapter(c, m->params().f32(), dir_ + "/adapter", DataType::kFloat32).ok());
   std::vector<int> tokens(B * T);
   std::mt19937 rng(4);
@@ -135,8 +134,7 @@ TEST_F(HfPeftTest, PeftsLoraForwardOnTheExportsGivesTheEnginesLogits) {
   // The base model alone, to show the adapters matter.
   auto base = engine::cpu::CpuModel::Create(model::BaseConfig(c), B, T, 2);
   ASSERT_TRUE(base.ok());
-  std::copy(frozen->as<float>(), frozen->as<float>() + frozen->count(),
-            (*base)->params().f32().begin());
+  std::copy(frozen.begin(), frozen.end(), (*base)->params().f32().begin());
   (*base)->Forward(tokens.data(), nullptr);
   for (int r = 0; r < B * T; ++r) (*base)->ReadLogits(r, plain.data() + size_t(r) * c.vocab);
   for (size_t i = 0; i < want.size(); ++i) {

@@ -15,12 +15,14 @@
 #include <vector>
 
 #include "worker/engine/cpu/layers.h"
+#include "worker/engine/cpu/quant_matmul.h"
 #include "worker/optim/quant8.h"
-#include "worker/quant/quant_matmul.h"
 
 namespace shardtrain::quant {
 namespace {
 
+using engine::cpu::QuantMatmulBackwardInput;
+using engine::cpu::QuantMatmulForward;
 using model::kNf4BlockSize;
 using model::kNf4Levels;
 

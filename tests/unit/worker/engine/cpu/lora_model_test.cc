@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/model/lora.h"
+#include "common/model/weight_quant.h"
 #include "worker/engine/cpu/cpu_model.h"
 #include "worker/engine/cpu/layers.h"
 #include "worker/engine/cpu/lora_layers.h"
@@ -97,12 +98,15 @@ void CheckFamily(bool llama) {
   ASSERT_TRUE(plain.ok() && adapted.ok()) << plain.status() << adapted.status();
   (*plain)->InitParams(11);
   (*adapted)->InitParams(11);
-  Buffer* frozen = (*adapted)->frozen_buffer();
-  ASSERT_NE(frozen, nullptr);
-  (*adapted)->InitFrozenInto(11, 0, frozen->count(), frozen->as<float>());
+  ASSERT_TRUE((*adapted)->has_frozen());
+  std::vector<float> frozen((*adapted)->frozen_layout().num_params()), held(frozen.size());
+  (*adapted)->InitFrozenInto(11, 0, frozen.size(), frozen.data());
+  (*adapted)->SetFrozen(frozen.data());
+  (*adapted)->GetFrozen(held.data());
   const absl::Span<const float> p = (*plain)->params().f32();
-  ASSERT_EQ(frozen->count(), p.size());
-  EXPECT_TRUE(std::equal(p.begin(), p.end(), frozen->as<float>())) << name;
+  ASSERT_EQ(frozen.size(), p.size());
+  EXPECT_TRUE(std::equal(p.begin(), p.end(), frozen.begin())) << name;
+  EXPECT_EQ(held, frozen) << name << ": fp32 holds the model as given";
   // B = 0: the same loss, bit for bit.
   const float l0 = (*plain)->Forward(batch.tokens.data(), batch.targets.data());
   const float l1 = (*adapted)->Forward(batch.tokens.data(), batch.targets.data());
@@ -183,6 +187,96 @@ void CheckFamily(bool llama) {
 TEST(LoraModelTest, ZeroBIsThePlainModelAndTheAdaptedModelIsTheMergedOne) {
   CheckFamily(false);
   CheckFamily(true);
+}
+
+// A frozen model in int8 or NF4 (finetune.base_dtype): the engine equals an
+// fp32-based one holding the same weights dequantized — logits and the
+// adapters' gradients — while holding FrozenModelBytes, and what it holds
+// is the model within the format's error.
+TEST(LoraModelTest, AQuantizedBaseIsItsDequantizedModel) {
+  const int B = 2, T = 8;
+  const Batch batch = MakeBatch(B, T);
+  struct Case {
+    const char* name;
+    model::FrozenQuant quant;
+    bool double_quant;
+    double max_rel_l2;  // what the format's rounding allows of the weights
+  };
+  for (const Case& k : {Case{"int8", model::FrozenQuant::kInt8, false, 0.01},
+                        Case{"nf4", model::FrozenQuant::kNf4, false, 0.15},
+                        Case{"nf4 dq", model::FrozenQuant::kNf4, true, 0.15}}) {
+    for (bool llama : {false, true}) {
+      const ModelConfig c = Family(llama, kAll);
+      ModelEngineOptions qo;
+      qo.frozen.quant = k.quant;
+      qo.frozen.double_quant = k.double_quant;
+      auto q = CpuModel::Create(c, B, T, 2, qo);
+      auto f = CpuModel::Create(c, B, T, 2);
+      ASSERT_TRUE(q.ok() && f.ok()) << q.status() << f.status();
+      const ParamLayout& base = (*q)->frozen_layout();
+      std::vector<float> w(base.num_params()), held(w.size());
+      (*q)->InitFrozenInto(11, 0, w.size(), w.data());
+      (*q)->SetFrozen(w.data());
+      (*q)->GetFrozen(held.data());
+      (*f)->SetFrozen(held.data());
+      // The quantized tensors hold the weights within the format's error.
+      double err = 0, norm = 0;
+      int quantized = 0;
+      for (int i = 0; i < int(base.tensors().size()); ++i) {
+        if (!model::QuantizedFrozenTensor(base, i, k.quant)) continue;
+        ++quantized;
+        const model::TensorInfo& t = base.tensors()[i];
+        for (size_t e = t.offset; e < t.offset + t.numel; ++e) {
+          err += double(held[e] - w[e]) * (held[e] - w[e]);
+          norm += double(w[e]) * w[e];
+        }
+      }
+      EXPECT_EQ(quantized, 4 * c.layers);
+      EXPECT_GT(err, 0.0);
+      EXPECT_LT(std::sqrt(err / norm), k.max_rel_l2) << k.name;
+      model::FrozenFormat fmt = qo.frozen;
+      EXPECT_EQ((*q)->frozen_bytes(), model::FrozenModelBytes(base, fmt)) << k.name;
+      // The same adapters, B not zero.
+      (*q)->InitParams(11);
+      std::mt19937 rng(5);
+      std::normal_distribution<float> d(0.0f, 0.05f);
+      float* ad = (*q)->params().f32().data();
+      for (const model::TensorInfo& t : model::TrainedTensors((*q)->layout())) {
+        if (t.name.back() == 'B') {
+          for (size_t i = 0; i < t.numel; ++i) ad[t.offset + i] = d(rng);
+        }
+      }
+      std::copy(ad, ad + (*q)->layout().num_params(), (*f)->params().f32().data());
+      const float lq = (*q)->Forward(batch.tokens.data(), batch.targets.data());
+      const float lf = (*f)->Forward(batch.tokens.data(), batch.targets.data());
+      double logit_diff = 0, logit_scale = 0;
+      std::vector<float> a(c.vocab), b(c.vocab);
+      for (int r = 0; r < B * T; ++r) {
+        (*q)->ReadLogits(r, a.data());
+        (*f)->ReadLogits(r, b.data());
+        for (int v = 0; v < c.vocab; ++v) {
+          logit_diff = std::max(logit_diff, double(std::abs(a[v] - b[v])));
+          logit_scale = std::max(logit_scale, double(std::abs(b[v])));
+        }
+      }
+      (*q)->ZeroGrad();
+      (*f)->ZeroGrad();
+      (*q)->Backward();
+      (*f)->Backward();
+      const size_t n = (*q)->layout().num_params();
+      const double grad_diff = MaxRel((*q)->grads().f32().data(), (*f)->grads().f32().data(), n);
+      std::printf(
+          "[qlora] %-6s %-5s: loss %.7f vs dequantized fp32 base %.7f; logits max abs diff %.2e "
+          "(largest %.3g); adapters' gradients max rel diff %.2e; weights rel L2 error %.4f; "
+          "frozen %lld bytes (fp32 %lld)\n",
+          k.name, llama ? "llama" : "gpt2", lq, lf, logit_diff, logit_scale, grad_diff,
+          std::sqrt(err / norm), static_cast<long long>((*q)->frozen_bytes()),
+          static_cast<long long>((*f)->frozen_bytes()));
+      EXPECT_LE(logit_diff, 1e-6 * std::max(1.0, logit_scale)) << k.name;
+      EXPECT_LT(grad_diff, 1e-5) << k.name;
+      EXPECT_LT((*q)->frozen_bytes(), (*f)->frozen_bytes());
+    }
+  }
 }
 
 }  // namespace
