@@ -84,17 +84,6 @@ absl::Status CheckFinetune(const JobSpec& spec) {
   if (f.lora.dropout != 0) {
     return FieldError("finetune.lora.dropout", "only 0 is supported so far, got ", f.lora.dropout);
   }
-  if (spec.parallel.tp > 1) {
-    return FieldError("finetune.lora",
-                      "adapters under tensor parallelism are not supported yet "
-                      "(parallel.tp ",
-                      spec.parallel.tp, ")");
-  }
-  if (spec.resources.device != DeviceKind::kCpu) {
-    return FieldError("finetune.lora",
-                      "the CUDA engine has no adapter kernels yet "
-                      "(resources.device cuda; cpu runs)");
-  }
   return absl::OkStatus();
 }
 

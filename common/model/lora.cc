@@ -52,6 +52,20 @@ LoraSite LoraTargetSite(const ModelConfig& c, LoraTarget t) {
   return {};
 }
 
+bool LoraColumnParallel(LoraTarget t) { return t != kLoraO && t != kLoraDown; }
+
+LoraSite LoraTargetSite(const ModelConfig& c, LoraTarget t, int tp) {
+  LoraSite s = LoraTargetSite(c, t);
+  if (LoraColumnParallel(t)) {
+    s.out /= tp;
+    s.first_col /= tp;
+    s.row /= tp;
+  } else {
+    s.in /= tp;
+  }
+  return s;
+}
+
 int64_t LoraParams(const ModelConfig& c) {
   if (!c.lora.on()) return 0;
   int64_t per_block = 0;

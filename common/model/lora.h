@@ -32,6 +32,17 @@ struct LoraSite {
 };
 LoraSite LoraTargetSite(const ModelConfig& config, LoraTarget t);
 
+// Whether tensor parallelism splits the target's output (q, k, v, gate, up:
+// column-parallel layers, whose B splits by rows and whose A every tp rank
+// holds whole) or its input (o, down: row-parallel, A splits by columns and
+// B is whole) — Megatron's split of the base weight, which the adapter
+// follows.
+bool LoraColumnParallel(LoraTarget t);
+
+// The site on one rank of `tp` (the tp-local fused GEMM): a column-parallel
+// target's out, first_col and row divided by tp, a row-parallel one's in.
+LoraSite LoraTargetSite(const ModelConfig& config, LoraTarget t, int tp);
+
 // The adapters' parameters: rank · (in + out) per target and block.
 int64_t LoraParams(const ModelConfig& config);
 

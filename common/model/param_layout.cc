@@ -187,8 +187,13 @@ ParamLayout::ParamLayout(const ModelConfig& config, const ModelSlice& slice)
       lora_slot_[t] = slot++;
       const LoraSite site = LoraTargetSite(config, LoraTarget(t));
       const std::string name = absl::StrCat(p, "lora.", LoraTargetName(LoraTarget(t)), ".");
-      add(keep, name + "A", {config.lora.rank, site.in}, TpSplit::kNone, {}, true);
-      add(keep, name + "B", {site.out, config.lora.rank}, TpSplit::kNone, {}, true);
+      // The base weight's split: a column-parallel target's B by rows, a
+      // row-parallel one's A by columns; the other whole on every tp rank.
+      const bool column = LoraColumnParallel(LoraTarget(t));
+      add(keep, name + "A", {config.lora.rank, site.in}, column ? TpSplit::kNone : TpSplit::kCols,
+          {}, true);
+      add(keep, name + "B", {site.out, config.lora.rank}, column ? TpSplit::kRows : TpSplit::kNone,
+          {}, true);
     }
   }
   const bool last = slice.last_stage;
@@ -304,6 +309,19 @@ std::vector<std::pair<size_t, size_t>> ParamLayout::TpPartialRanges(bool sequenc
       const bool qk = bt == kQNormW || bt == kKNormW;
       if (block_tensor(l, bt) >= 0 && (qk ? slice_.tp > 1 : sequence_parallel)) {
         add(block_tensor(l, bt));
+      }
+    }
+  }
+  // The adapters every tp rank holds whole (lora.h: LoraColumnParallel)
+  // get a partial gradient on each: a column-parallel target's A (from its
+  // rank's rows of B), a row-parallel one's B (from its rank's columns of
+  // A).
+  if (slice_.tp > 1 && config_.lora.on()) {
+    for (int i = 0; i < num_layers_; ++i) {
+      const int l = slice_.Layer(config_, i);
+      for (int t = 0; t < kNumLoraTargets; ++t) {
+        const int A = lora_tensor(l, LoraTarget(t), false);
+        if (A >= 0) add(LoraColumnParallel(LoraTarget(t)) ? A : A + 1);
       }
     }
   }

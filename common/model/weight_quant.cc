@@ -39,7 +39,7 @@ int64_t FrozenModelBytes(const ParamLayout& base, const FrozenFormat& format) {
       widest = std::max(widest, base.tensors()[i].shape[1]);
     }
   }
-  return bytes + int64_t{kDequantTileRows} * widest * 4;
+  return bytes + int64_t{kDequantTileRows} * widest * format.compute_bytes;
 }
 
 }  // namespace shardtrain::model

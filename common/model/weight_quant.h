@@ -96,7 +96,7 @@ int64_t FrozenTensorBytes(const ParamLayout& base, int i, const FrozenFormat& fo
 
 // Bytes of the frozen model held in `format`: its tensors' and, when one is
 // quantized, the matmuls' dequantization tile (kDequantTileRows rows of the
-// widest quantized input, fp32).
+// widest quantized input in the compute type).
 int64_t FrozenModelBytes(const ParamLayout& base, const FrozenFormat& format);
 
 }  // namespace shardtrain::model

@@ -36,11 +36,6 @@ absl::Status ValidateModelEngine(const ModelConfig& config, int B, int T,
   if (auto s = model::ValidateModelConfig(config); !s.ok()) return s;
   if (config.lora.on()) {
     if (auto s = model::ValidateLora(config); !s.ok()) return s;
-    if (options.slice.tp > 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "finetune.lora: adapters under tensor parallelism are not supported yet (parallel.tp ",
-          options.slice.tp, ")"));
-    }
   }
   if (B < 1) return absl::InvalidArgumentError(absl::StrCat("batch size must be >= 1, got ", B));
   if (T < 1 || T > config.context) {

@@ -35,10 +35,11 @@ const void* ModelEngine::RowParallelForward(const void* inp, int weight, int bia
 
 const void* ModelEngine::AdaptedRowParallelForward(int l, model::LoraTarget target, const void* inp,
                                                    int weight, int bias, int N, int IC, int OC) {
-  const void* out = RowParallelForward(inp, weight, bias, N, IC, OC);
-  // Whole rows only (tp 1: LoRA is refused with tensor parallelism).
-  LoraForwardSites(l, target, target, const_cast<void*>(out), inp, N);
-  return out;
+  // The adapter adds to the partial output before the reduction: this
+  // rank's columns of A give its share of in · A^T, summed with the rest.
+  MatmulForward(proj_out_, inp, weight, tp_ == nullptr ? bias : -1, N, IC, OC, OC);
+  LoraForwardSites(l, target, target, proj_out_, inp, N);
+  return tp_ == nullptr ? proj_out_ : ReduceRowParallel(proj_out_, bias, N, OC);
 }
 
 const void* ModelEngine::ReduceRowParallel(void* partial, int bias, int N, int OC) {
@@ -71,7 +72,8 @@ void ForEachLoraSite(const model::ParamLayout& layout, size_t elem, int l, int f
   for (int t = first; t <= last; ++t) {
     const int A = layout.lora_tensor(l, model::LoraTarget(t), false);
     if (A < 0) continue;
-    const model::LoraSite site = model::LoraTargetSite(layout.config(), model::LoraTarget(t));
+    const model::LoraSite site =
+        model::LoraTargetSite(layout.config(), model::LoraTarget(t), layout.slice().tp);
     f(A, site, static_cast<size_t>(site.first_col) * elem);
   }
 }

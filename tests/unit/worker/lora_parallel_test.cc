@@ -91,6 +91,8 @@ INSTANTIATE_TEST_SUITE_P(
         Llama(Layout{2, 1, 1, 1, "1f1b", 2}),                  // ZeRO-1
         Llama(Layout{2, 1, 1, 2, "1f1b", 1}),                  // ZeRO-2, accumulation 2
         Llama(Layout{2, 1, 1, 3, "1f1b", 2}),                  // ZeRO-3: adapters sharded
+        Llama(Layout{2, 2, 1, 0, "1f1b", 2}),                  // dp 2 × tp 2: A or B split
+        Llama(Layout{2, 2, 1, 1, "1f1b", 2, "none", -1, true}), // tp 2 + sp, ZeRO-1
         Llama(Layout{1, 1, 2, 0, "1f1b", 2}),                  // pp 1F1B
         Llama(Layout{2, 1, 2, 0, "gpipe", 2}),                 // dp 2 × pp 2 GPipe
         Llama(Layout{1, 1, 1, 0, "1f1b", 4, "full"}),          // full recompute
@@ -101,13 +103,14 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(LoraTrainerTest, TheAdaptersCheckpointResumesTheRun) {
   const std::string dir = (TheCorpus().dir() / "lora_ckpt").string();
-  const Layout l = Llama(Layout{2, 1, 1, 1, "1f1b", 2});
+  // Saved from dp 2 × tp 2 (A or B split by tp, as the base weight).
+  const Layout l = Llama(Layout{2, 2, 1, 1, "1f1b", 2});
   const Losses whole = Train(Adapted(l, dir), 1, "", /*save=*/true);
   // Resumed on another layout: one rank.
   const Losses resumed = Train(Adapted(Llama(Layout{}), dir), 11, checkpoint::StepDir(dir, 10));
   const double worst = Worst(resumed.loss, whole.loss, 11);
   std::printf(
-      "[lora] dp 2 ZeRO-1 saved at step 10, resumed on 1 rank: step 20 %.6f vs %.6f, max "
+      "[lora] dp 2 × tp 2 ZeRO-1 saved at step 10, resumed on 1 rank: step 20 %.6f vs %.6f, max "
       "rel diff %.3g\n",
       resumed.loss[kSteps], whole.loss[kSteps], worst);
   EXPECT_LE(worst, 1e-5);
@@ -247,13 +250,6 @@ TEST(LoraSpecTest, BadAdaptersAreRefusedNamingTheField) {
   EXPECT_EQ(g.status().message(),
             "finetune.lora.targets: gate is not a layer of model.arch gpt2 (its MLP has no gate; "
             "use up and down)");
-  absl::StatusOr<JobSpec> tp =
-      ParseJobSpec(base, {"finetune.lora={rank: 2}", "parallel.tp=2", "resources.min_workers=2",
-                          "resources.max_workers=2"});
-  ASSERT_FALSE(tp.ok());
-  EXPECT_EQ(tp.status().message(),
-            "finetune.lora: adapters under tensor parallelism are not supported yet "
-            "(parallel.tp 2)");
   // The defaults are PEFT's, and the spec round-trips.
   absl::StatusOr<JobSpec> d = ParseJobSpec(base, {"finetune.lora={}"});
   ASSERT_TRUE(d.ok()) << d.status();

@@ -43,7 +43,7 @@ void MergeLora(const model::ParamLayout& layout, const float* adapters, float* f
       const auto target = model::LoraTarget(t);
       const int A = layout.lora_tensor(l, target, false);
       if (A < 0) continue;
-      const model::LoraSite site = model::LoraTargetSite(c, target);
+      const model::LoraSite site = model::LoraTargetSite(c, target, layout.slice().tp);
       float* W = frozen + layout.offset(layout.block_tensor(l, model::LoraTargetTensor(target))) +
                  site.first_col * site.in;
       LoraMerge<float>(W, adapters + layout.offset(A), adapters + layout.offset(A + 1), scale,

@@ -24,10 +24,6 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const model::ModelC
                                                              DataType compute, int host_threads,
                                                              const ModelEngineOptions& options) {
   if (auto s = ValidateModelEngine(config, B, T, options); !s.ok()) return s;
-  if (config.lora.on()) {
-    return absl::InvalidArgumentError(
-        "finetune.lora: the CUDA engine has no adapter kernels yet (resources.device: cpu)");
-  }
   if (config.moe.on() && options.cp != nullptr && options.cp->device_memory()) {
     return absl::InvalidArgumentError(
         "model.moe with parallel.cp: the expert load is summed over the ring in host memory (a "
@@ -67,7 +63,9 @@ CudaModel::CudaModel(const model::ModelConfig& config, int B, int T, DataType co
       vocab_(
           VocabShardOf(config.vocab, config.padded_vocab, options.slice.tp, options.slice.tp_rank)),
       release_state_(options.release_state),
-      release_compute_(options.release_compute_copy) {}
+      release_compute_(options.release_compute_copy) {
+  frozen_format_ = options.frozen;
+}
 
 CudaModel::~CudaModel() {
   // Nothing may still write into the buffers about to be freed.
@@ -159,6 +157,7 @@ absl::Status CudaModel::Init() {
     s = alloc(size_t(3 * slots() * BT), DataType::kFloat32, &buckets_);
     bucket_counts_.assign(slots(), 0);
   }
+  if (s.ok() && config().lora.on()) s = InitFrozen(frozen_format_);
   if (!s.ok()) return s;
   BindActivations(acts_->as<char>());
   host_losses_.resize(BT);
@@ -169,7 +168,8 @@ int64_t CudaModel::allocated_bytes() const {
   int64_t total = 0;
   for (const auto* b :
        {&params_, &grads_, &compute_, &acts_, &ids_, &row_, &stage_out_, &input_grad_, &tp_scratch_,
-        &lse_scratch_, &rotary_table_, &cp_positions_, &buckets_}) {
+        &lse_scratch_, &rotary_table_, &cp_positions_, &buckets_, &frozen_dense_, &frozen_quant_,
+        &frozen_tile_, &frozen_sink_, &dynamic_map_}) {
     if (*b != nullptr) total += int64_t((*b)->bytes());
   }
   return total;
@@ -189,12 +189,14 @@ void CudaModel::Check(const absl::Status& s) const {
 
 const void* CudaModel::param(int tensor) const {
   if (tensor < 0) return nullptr;
+  if (layout().tensors()[tensor].frozen) return frozen_param(tensor);
   const Buffer& b = compute_ != nullptr ? *compute_ : *params_;
   return Bytes(b.data()) + layout().offset(tensor) * DataTypeSize(b.dtype());
 }
 
 float* CudaModel::grad(int tensor) const {
-  return tensor < 0 ? nullptr : grads_->as<float>() + layout().offset(tensor);
+  if (tensor < 0 || layout().tensors()[tensor].frozen) return nullptr;
+  return grads_->as<float>() + layout().offset(tensor);
 }
 
 int* CudaModel::DeviceTokens(int k) const {
@@ -333,6 +335,7 @@ void CudaModel::EncoderForward(SlotActs& s) {
 
 // dwpe is null without learned positions (grad(-1)): wte's gradient alone.
 void CudaModel::EncoderBackward(const SlotActs& s, const void* dout) {
+  if (grad(layout().wte()) == nullptr) return;  // frozen embeddings (LoRA)
   const TokenBuckets buckets = DeviceBuckets(SlotIndex(s));
   Check(cuda::EncoderBackwardShard(
       k(), grad(layout().wte()), grad(layout().wpe()), dout, DeviceTokens(SlotIndex(s)), vocab_.v0,
@@ -354,18 +357,26 @@ void CudaModel::LayerNormForward(void* out, float* mean, float* rstd, const void
 
 void CudaModel::LayerNormBackward(void* dinp, const void* dout, const void* inp, const float* mean,
                                   const float* rstd, int weight, int bias, int N, int C) {
-  Check(cuda::LayerNormBackward(k(), dinp, grad(weight), grad(bias), dout, inp, param(weight), mean,
-                                rstd, N, C));
+  Check(cuda::LayerNormBackward(k(), dinp, norm_grad(weight), norm_grad(bias), dout, inp,
+                                param(weight), mean, rstd, N, C));
 }
 
 void CudaModel::MatmulForward(void* out, const void* inp, int weight, int bias, int N, int IC,
                               int OC, int ld_out) {
+  if (const DeviceQuantWeight* q = quantized(weight); q != nullptr) {
+    QuantMatmulForward(out, inp, *q, bias, N, ld_out);
+    return;
+  }
   Check(cuda::MatmulForward(k(), out, inp, param(weight), bias < 0 ? nullptr : param(bias), N, IC,
                             OC, ld_out));
 }
 
 void CudaModel::MatmulBackward(void* dinp, const void* dout, int ld_dout, const void* inp,
                                int weight, int bias, int N, int IC, int OC) {
+  if (const DeviceQuantWeight* q = quantized(weight); q != nullptr) {
+    QuantMatmulBackward(dinp, dout, ld_dout, *q, N, /*overwrite=*/false);
+    return;
+  }
   Check(cuda::MatmulBackward(k(), dinp, grad(weight), bias < 0 ? nullptr : grad(bias), dout,
                              ld_dout, inp, param(weight), N, IC, OC));
 }
@@ -373,6 +384,10 @@ void CudaModel::MatmulBackward(void* dinp, const void* dout, int ld_dout, const 
 // The GEMM writes dinp (beta 0): no zeros written first.
 void CudaModel::MatmulBackwardOverwrite(void* dinp, const void* dout, int ld_dout, const void* inp,
                                         int weight, int bias, int N, int IC, int OC) {
+  if (const DeviceQuantWeight* q = quantized(weight); q != nullptr) {
+    QuantMatmulBackward(dinp, dout, ld_dout, *q, N, /*overwrite=*/true);
+    return;
+  }
   Check(cuda::MatmulBackward(k(), dinp, grad(weight), bias < 0 ? nullptr : grad(bias), dout,
                              ld_dout, inp, param(weight), N, IC, OC, /*overwrite_dinp=*/true));
 }
@@ -389,7 +404,7 @@ void CudaModel::RmsNormForward(void* out, float* rstd, const void* inp, int weig
 
 void CudaModel::RmsNormBackward(void* dinp, const void* dout, const void* inp, const float* rstd,
                                 int weight, int N, int C) {
-  Check(cuda::RmsNormBackward(k(), dinp, grad(weight), dout, inp, param(weight), rstd, N, C));
+  Check(cuda::RmsNormBackward(k(), dinp, norm_grad(weight), dout, inp, param(weight), rstd, N, C));
 }
 
 // q's NHt and k's KVHt heads, side by side from column 0 of the qkv rows of
@@ -421,8 +436,9 @@ void CudaModel::QkNormBackward(void* dqkv, const void* pre, const float* rstd, i
   const size_t es = DataTypeSize(compute());
   char* d = static_cast<char*>(dqkv);
   const char* p = static_cast<const char*>(pre);
-  Check(cuda::HeadRmsNormBackward(k(), d, ld, grad(wq), p, rstd, heads, param(wq), N, NHt, hs));
-  Check(cuda::HeadRmsNormBackward(k(), d + NHt * hs * es, ld, grad(wk), p + NHt * hs * es,
+  Check(
+      cuda::HeadRmsNormBackward(k(), d, ld, norm_grad(wq), p, rstd, heads, param(wq), N, NHt, hs));
+  Check(cuda::HeadRmsNormBackward(k(), d + NHt * hs * es, ld, norm_grad(wk), p + NHt * hs * es,
                                   rstd + NHt, heads, param(wk), N, KVHt, hs));
 }
 
@@ -470,7 +486,7 @@ void CudaModel::GeluBackward(void* dinp, const void* inp, const void* dout, int6
 // cuBLASLt has no such algorithm (UNIMPLEMENTED: nothing ran).
 bool CudaModel::MatmulGeluForward(void* act, void* pre, const void* inp, int weight, int bias,
                                   int N, int IC, int OC) {
-  if (compute() == DataType::kFloat32) return false;
+  if (compute() == DataType::kFloat32 || quantized(weight) != nullptr) return false;
   const absl::Status s = cuda::MatmulGeluForward(k(), act, pre, inp, param(weight),
                                                  bias < 0 ? nullptr : param(bias), N, IC, OC);
   if (absl::IsUnimplemented(s)) return false;
@@ -480,7 +496,7 @@ bool CudaModel::MatmulGeluForward(void* act, void* pre, const void* inp, int wei
 
 bool CudaModel::MatmulDGeluBackward(void* dpre, const void* dout, int ld_dout, const void* act,
                                     const void* pre, int weight, int bias, int N, int IC, int OC) {
-  if (compute() == DataType::kFloat32) return false;
+  if (compute() == DataType::kFloat32 || quantized(weight) != nullptr) return false;
   const absl::Status s =
       cuda::MatmulDGeluBackward(k(), dpre, grad(weight), bias < 0 ? nullptr : grad(bias), dout,
                                 ld_dout, act, pre, param(weight), N, IC, OC);

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/model/weight_quant.h"
 #include "worker/engine/cuda/cuda_device.h"
 #include "worker/engine/cuda/kernels.h"
 #include "worker/engine/model_engine.h"
@@ -65,6 +66,14 @@ class CudaModel final : public ModelEngine {
   const float* InputGrad() const override;
   void ZeroGrad() override;
   void ReadLogits(int row, float* out) const override;
+  // LoRA (cuda_model_lora.cc): the frozen model in device memory.
+  bool has_frozen() const override { return config().lora.on(); }
+  void SetFrozen(const float* host) override;
+  void GetFrozen(float* host) override;
+  int64_t frozen_bytes() const override;
+  void InitFrozenInto(uint64_t seed, size_t begin, size_t end, float* out) override {
+    InitFrozenHost(seed, begin, end, out, &pool_);
+  }
 
   DataType compute() const { return activations().compute(); }
   // Bytes of device memory this engine allocated (params, grads, compute
@@ -130,6 +139,10 @@ class CudaModel final : public ModelEngine {
   const int* CpPositions(int r) const override;
   void StartRingPass(const void* send, void* recv, int64_t count) override;
   void FinishRingPass() override;
+  void LoraForward(void* out, int ld, const void* in, int A, int B, int N, int in_dim,
+                   int out_dim) override;
+  void LoraBackward(void* dinp, const void* dout, int ld, const void* in, int A, int B, int N,
+                    int in_dim, int out_dim) override;
   void TpAllReduceSum(void* x, int64_t n) override;
   void TpAllGather(void* full, const void* local, int64_t n) override;
   void TpReduceScatter(void* local, const void* full, int64_t n) override;
@@ -171,9 +184,25 @@ class CudaModel final : public ModelEngine {
   double LossForward(SlotActs& s, float dloss);
   cudaStream_t stream() const;
   // The compute copy of a parameter tensor, and its fp32 gradient; null
-  // for -1 (no such tensor in the recipe or the slice).
+  // for -1 (no such tensor in the recipe or the slice). A frozen tensor
+  // (LoRA) reads the frozen model (null where it is quantized: quantized()
+  // has it) and has no gradient; a norm's frozen weight writes its unused
+  // gradient into a sink (norm_grad), which the norm kernels need.
   const void* param(int tensor) const;
   float* grad(int tensor) const;
+  float* norm_grad(int tensor) const;
+  // LoRA's frozen model (cuda_model_lora.cc): allocated for `format` at
+  // Init, the zero model until SetFrozen.
+  absl::Status InitFrozen(const model::FrozenFormat& format);
+  const void* frozen_param(int tensor) const;
+  const DeviceQuantWeight* quantized(int tensor) const;
+  // out (N, rows) with row stride ld_out = inp · W^T (+ bias) and its
+  // input gradient, dinp (+)= dout · W, W dequantized kDequantTileRows rows
+  // at a time into frozen_tile_.
+  void QuantMatmulForward(void* out, const void* inp, const DeviceQuantWeight& w, int bias, int N,
+                          int ld_out);
+  void QuantMatmulBackward(void* dinp, const void* dout, int ld_dout, const DeviceQuantWeight& w,
+                           int N, bool overwrite);
   int SlotIndex(const SlotActs& s) const { return static_cast<int>(&s - &slot(0)); }
   // n elements of the compute type at x to tp_host_[at, at + n) as fp32,
   // and back (the tp collectives' staging through the host).
@@ -242,6 +271,21 @@ class CudaModel final : public ModelEngine {
   std::unique_ptr<Buffer> moe_rows_;
   // A device-memory ep group's plan counts, out and in (2·E floats).
   std::unique_ptr<Buffer> ep_counts_;
+  // LoRA: each frozen tensor (frozen_layout()'s index) dense in the compute
+  // type at element `dense` of frozen_dense_, or quantized with its arrays
+  // at byte offsets of frozen_quant_; each layout() tensor's index there
+  // (-1: an adapter); the dequantization tile; the norms' gradient sink;
+  // the signed dynamic map (double-quantized NF4).
+  struct FrozenTensor {
+    int64_t dense = -1;
+    DeviceQuantWeight quant;
+    size_t codes_at = 0, absmax_at = 0;
+    int64_t scale_at = -1;  // double quantization only
+  };
+  model::FrozenFormat frozen_format_;
+  std::vector<FrozenTensor> frozen_;
+  std::vector<int> frozen_index_;
+  std::unique_ptr<Buffer> frozen_dense_, frozen_quant_, frozen_tile_, frozen_sink_, dynamic_map_;
 };
 
 // The GPU's FlatMath on `stream` (kernels.h's optimizer launchers); copies

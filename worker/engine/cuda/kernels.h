@@ -211,6 +211,42 @@ absl::Status MatmulDGeluBackward(const KernelCtx& ctx, void* dpre, float* dweigh
                                  const void* dout, int ld_dout, const void* act, const void* pre,
                                  const void* weight, int N, int C, int OC);
 
+// dinp, dweight and dbias of MatmulBackward and MatmulDGeluBackward may
+// all be null but one: a frozen weight (LoRA) has no gradients.
+
+// ---- LoRA adapters (matmul.cu; the CPU twin is engine/cpu/lora_layers.h),
+// r the rank: A (r, IC), B (OC, r) in ctx.dtype, their gradients fp32.
+// Forward: xa (N, r) = inp (N, IC) · A^T (scratch, left holding it); out
+// (N, OC) with row stride ld_out += scale · xa · B^T.
+absl::Status LoraForward(const KernelCtx& ctx, void* out, int ld_out, void* xa, const void* inp,
+                         const void* A, const void* B, float scale, int N, int IC, int OC, int r);
+// Backward from dout (N, OC) with row stride ld_dout: xa recomputed as
+// above; dB += scale · dout^T · xa; g (N, r, scratch) = scale · dout · B;
+// dA += g^T · inp; dinp (N, IC) += g · A (skipped when null).
+absl::Status LoraBackward(const KernelCtx& ctx, void* dinp, float* dA, float* dB, void* g, void* xa,
+                          const void* dout, int ld_dout, const void* inp, const void* A,
+                          const void* B, float scale, int N, int IC, int OC, int r);
+
+// ---- frozen weights in 8 or 4 bits (quant.cu; the CPU twin is
+// worker/quant/weight_quant.h, whose formats these are) ----
+// A quantized (rows, cols) weight in device memory: quant::QuantWeightView's
+// fields, plus the 256 values of the signed dynamic map where the NF4
+// blocks' absmax is double-quantized.
+struct DeviceQuantWeight {
+  bool int8 = false;  // else NF4
+  int64_t rows = 0, cols = 0;
+  const uint8_t* codes = nullptr;
+  const float* absmax = nullptr;  // int8: per row; NF4: per block (null: double-quantized)
+  const uint8_t* absmax_codes = nullptr;
+  const float* absmax_scale = nullptr;
+  float absmax_offset = 0;
+  const float* dynamic_map = nullptr;  // double quantization only
+};
+// Rows [r0, r0 + rows) of w dequantized into tile (rows, w.cols) of
+// ctx.dtype: the CPU's DequantizeRows in fp32, then rounded to ctx.dtype.
+absl::Status DequantizeRows(const KernelCtx& ctx, void* tile, const DeviceQuantWeight& w,
+                            int64_t r0, int64_t rows);
+
 // ---- causal self-attention, multi-head or grouped-query ----
 // qkv (B,T,C+2KV) = [Q | K | V] with KV = KVH·hs, hs = C/NH: query head h
 // uses channels [h*hs, (h+1)*hs) of Q and key/value head h / (NH/KVH) of K

@@ -95,7 +95,7 @@ absl::Status SetPref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAt
 absl::Status LtMatmul(const KernelCtx& ctx, const std::string& what, bool trans_a,
                       const LtMatrix& a, bool trans_b, const LtMatrix& b, const LtMatrix& d,
                       float beta, const LtEpilogue& epilogue = {},
-                      size_t workspace_bytes = SIZE_MAX) {
+                      size_t workspace_bytes = SIZE_MAX, float alpha = 1.0f) {
   workspace_bytes = std::min(workspace_bytes, ctx.workspace_bytes);
   const bool optional =
       epilogue.kind != CUBLASLT_EPILOGUE_DEFAULT && epilogue.kind != CUBLASLT_EPILOGUE_BIAS;
@@ -215,7 +215,6 @@ absl::Status LtMatmul(const KernelCtx& ctx, const std::string& what, bool trans_
     }
     return absl::InternalError(absl::StrCat(what, ": cuBLASLt has no algorithm for ", shape));
   }
-  const float alpha = 1.0f;
   void* d_ptr = const_cast<void*>(d.ptr);
   const cublasStatus_t ran =
       cublasLtMatmul(ctx.lt, op, &alpha, a.ptr, a_layout, b.ptr, b_layout, &beta, d_ptr, d_layout,
@@ -333,11 +332,12 @@ absl::Status ColumnSum(const KernelCtx& ctx, float* dbias, const void* dout, int
 // no such algorithm — by ColumnSum. C >= 1.
 absl::Status WeightGradient(const KernelCtx& ctx, float* dweight, float* dbias,
                             const LtMatrix& dout_m, const void* inp, int N, int C, int OC) {
+  if (dweight == nullptr && dbias == nullptr) return absl::OkStatus();  // a frozen weight
   const cudaDataType_t t = internal::CudaDataType(ctx.dtype);
   const LtMatrix a{inp, t, static_cast<uint64_t>(C), static_cast<uint64_t>(N), C};
   const LtMatrix d{dweight, CUDA_R_32F, static_cast<uint64_t>(C), static_cast<uint64_t>(OC), C};
   const size_t tail = (size_t(OC) * sizeof(float) + 255) / 256 * 256;
-  if (dbias != nullptr && ctx.fused && 4 * tail <= ctx.workspace_bytes) {
+  if (dbias != nullptr && dweight != nullptr && ctx.fused && 4 * tail <= ctx.workspace_bytes) {
     float* sums =
         reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) + (ctx.workspace_bytes - tail));
     LtEpilogue e;
@@ -356,6 +356,7 @@ absl::Status WeightGradient(const KernelCtx& ctx, float* dweight, float* dbias,
   if (dbias != nullptr)
     SHARDTRAIN_RETURN_IF_ERROR(
         ColumnSum(ctx, dbias, dout_m.ptr, N, OC, static_cast<int>(dout_m.ld)));
+  if (dweight == nullptr) return absl::OkStatus();
   return LtMatmul(ctx, "MatmulBackward (dweight)", /*trans_a=*/false, a, /*trans_b=*/true, dout_m,
                   d, /*beta=*/1.0f);
 }
@@ -416,6 +417,60 @@ absl::Status MatmulDGeluBackward(const KernelCtx& ctx, void* dpre, float* dweigh
   SHARDTRAIN_RETURN_IF_ERROR(LtMatmul(ctx, "MatmulDGeluBackward (dpre)", /*trans_a=*/false, a,
                                       /*trans_b=*/false, dout_m, d, /*beta=*/0.0f, e));
   return WeightGradient(ctx, dweight, dbias, dout_m, act, N, C, OC);
+}
+
+// ---- LoRA adapters: each product one GEMM of the forms above (row-major
+// operands as they lie), alpha and beta doing the scale and the +=.
+
+absl::Status LoraForward(const KernelCtx& ctx, void* out, int ld_out, void* xa, const void* inp,
+                         const void* A, const void* B, float scale, int N, int IC, int OC, int r) {
+  constexpr const char* kName = "LoraForward";
+  SHARDTRAIN_RETURN_IF_ERROR(CheckMatmulSizes(kName, N, IC, OC, "ld_out", ld_out));
+  if (N == 0 || OC == 0) return absl::OkStatus();
+  if (IC == 0 || r < 1) return absl::InvalidArgumentError("LoraForward: IC and r must be >= 1");
+  // xa (N, r) = inp · A^T
+  const ForwardOperands down(ctx, xa, inp, A, N, IC, r, r);
+  SHARDTRAIN_RETURN_IF_ERROR(LtMatmul(ctx, "LoraForward (xa)", true, down.a, false, down.b, down.d,
+                                      /*beta=*/0.0f));
+  // out += scale · xa · B^T
+  const ForwardOperands up(ctx, out, xa, B, N, r, OC, ld_out);
+  return LtMatmul(ctx, "LoraForward (out)", true, up.a, false, up.b, up.d, /*beta=*/1.0f, {},
+                  SIZE_MAX, scale);
+}
+
+absl::Status LoraBackward(const KernelCtx& ctx, void* dinp, float* dA, float* dB, void* g,
+                          void* xa, const void* dout, int ld_dout, const void* inp, const void* A,
+                          const void* B, float scale, int N, int IC, int OC, int r) {
+  constexpr const char* kName = "LoraBackward";
+  SHARDTRAIN_RETURN_IF_ERROR(CheckMatmulSizes(kName, N, IC, OC, "ld_dout", ld_dout));
+  if (N == 0 || OC == 0) return absl::OkStatus();
+  if (IC == 0 || r < 1) return absl::InvalidArgumentError("LoraBackward: IC and r must be >= 1");
+  const cudaDataType_t t = internal::CudaDataType(ctx.dtype);
+  const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
+  // xa (N, r) = inp · A^T again (not saved).
+  const ForwardOperands down(ctx, xa, inp, A, N, IC, r, r);
+  SHARDTRAIN_RETURN_IF_ERROR(LtMatmul(ctx, "LoraBackward (xa)", true, down.a, false, down.b,
+                                      down.d, /*beta=*/0.0f));
+  const LtMatrix dout_m{dout, t, u(OC), u(N), ld_dout};
+  const LtMatrix xa_m{xa, t, u(r), u(N), r};
+  // dB (OC, r) += scale · dout^T · xa: dB^T (r, OC) += xa^T · dout.
+  SHARDTRAIN_RETURN_IF_ERROR(LtMatmul(ctx, "LoraBackward (dB)", false, xa_m, true, dout_m,
+                                      LtMatrix{dB, CUDA_R_32F, u(r), u(OC), r}, /*beta=*/1.0f, {},
+                                      SIZE_MAX, scale));
+  // g (N, r) = scale · dout · B: g^T (r, N) = B^T · dout^T, B as (r, OC).
+  SHARDTRAIN_RETURN_IF_ERROR(LtMatmul(ctx, "LoraBackward (g)", false,
+                                      LtMatrix{B, t, u(r), u(OC), r}, false, dout_m,
+                                      LtMatrix{g, t, u(r), u(N), r}, /*beta=*/0.0f, {}, SIZE_MAX,
+                                      scale));
+  const LtMatrix g_m{g, t, u(r), u(N), r};
+  // dA (r, IC) += g^T · inp: dA^T (IC, r) += inp^T · g.
+  SHARDTRAIN_RETURN_IF_ERROR(LtMatmul(ctx, "LoraBackward (dA)", false,
+                                      LtMatrix{inp, t, u(IC), u(N), IC}, true, g_m,
+                                      LtMatrix{dA, CUDA_R_32F, u(IC), u(r), IC}, /*beta=*/1.0f));
+  if (dinp == nullptr) return absl::OkStatus();
+  // dinp (N, IC) += g · A: dinp^T (IC, N) += A^T · g^T, A as (IC, r).
+  return LtMatmul(ctx, "LoraBackward (dinp)", false, LtMatrix{A, t, u(IC), u(r), IC}, false, g_m,
+                  LtMatrix{dinp, t, u(IC), u(N), IC}, /*beta=*/1.0f);
 }
 
 }  // namespace shardtrain::engine::cuda
