@@ -37,6 +37,11 @@
 // engine's fusions off (SHARDTRAIN_CUDA_FUSED=0: no GEMM epilogues for the
 // GELU and the bias gradients, the wte gradient by the token scan): what
 // they are worth, measured in the same run.
+// --lora R adds LoRA fine-tuning rows, one rank each: rank-R adapters on
+// every projection (alpha 2R) with the model frozen in bf16, in int8 and in
+// NF4 (finetune.base_dtype; QLoRA): ours/this row is the full run's speed
+// over each (their MFU column counts the full run's 6·N FLOPs per token, a
+// LoRA step does about 4·N).
 // --kernels B profiles a warm-up and 2 steps at batch B under Nsight Compute
 // (ncu, when installed: the toolkit's) and prints the time per kernel
 // family (of the main rows' step);
@@ -46,6 +51,7 @@
 //                        [--peer torch|none] [--compile] [--peak-tflops 989.4]
 //                        [--data FILE] [--peer-dir DIR] [--kernels B] [--ranks N]
 //                        [--zero 0,3] [--offload] [--nccl] [--materialized] [--unfused]
+//                        [--lora R]
 //        gpu_train_bench --ncu-csv FILE [--ncu-steps 2]
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -105,6 +111,7 @@ struct Options {
   bool materialized = false;       // also one rank with model.attention: materialized
   bool unfused = false;            // also one rank with SHARDTRAIN_CUDA_FUSED=0
   std::string attention = "auto";  // the main rows' model.attention
+  int lora = 0;                    // > 0: also LoRA rows of this rank (bf16, int8, NF4 base)
 };
 
 // One row's layout of ours: ranks sharing GPU 0 (or over NCCL, rank r on
@@ -115,8 +122,12 @@ struct Variant {
   bool offload = false;
   bool nccl = false;
   bool materialized = false;
-  bool unfused = false;  // the CUDA engine's fusions off (kernels.h KernelCtx::fused)
+  bool unfused = false;   // the CUDA engine's fusions off (kernels.h KernelCtx::fused)
+  std::string lora_base;  // non-empty: LoRA fine-tuning on the model in this base_dtype
   std::string Name() const {
+    if (!lora_base.empty()) {
+      return lora_base == "bf16" ? "shardtrain lora" : "shardtrain lora " + lora_base;
+    }
     if (ranks == 1 && zero == 0 && !offload && !materialized && !unfused) return "shardtrain";
     std::string name = "shardtrain";
     if (materialized) absl::StrAppend(&name, " materialized");
@@ -209,6 +220,14 @@ absl::StatusOr<Row> RunOurs(const Options& o, int batch, const Variant& v,
        absl::StrCat("parallel.offload=", v.offload ? "optimizer" : "none"),
        absl::StrCat("parallel.comm=", v.nccl ? "nccl" : "gloo"),
        absl::StrCat("model.attention=", v.materialized ? "materialized" : o.attention)});
+  if (spec.ok() && !v.lora_base.empty()) {
+    const bool gate = spec->model.arch == model::Arch::kLlama;
+    spec =
+        ParseJobSpec(JobSpecToYaml(*spec),
+                     {absl::StrCat("finetune.lora={rank: ", o.lora, ", alpha: ", 2 * o.lora,
+                                   ", targets: [q, k, v, o, ", gate ? "gate, " : "", "up, down]}"),
+                      "finetune.base_dtype=" + v.lora_base});
+  }
   if (!spec.ok()) return spec.status();
   MemoryHeld memory(ranks);
   // Host threads as workers take them by default (all cores), shared by the
@@ -365,6 +384,9 @@ int Main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "materialized", "flash"}));
   int kernels_batch = 0;
+  app.add_option("--lora", o.lora,
+                 "also LoRA rows of this adapter rank (one rank each: the model frozen in bf16, "
+                 "int8 and NF4)");
   app.add_option("--kernels", kernels_batch,
                  "B: also profile a warm-up and 2 steps at batch B under Nsight Compute (ncu) "
                  "and print the time per kernel family");
@@ -427,6 +449,9 @@ int Main(int argc, char** argv) {
     if (o.offload) variants.push_back(Variant{1, 0, true});
     if (o.materialized) variants.push_back(Variant{1, 0, false, false, true});
     if (o.unfused) variants.push_back(Variant{1, 0, false, false, false, true});
+    for (const char* base : {"bf16", "int8", "nf4"}) {
+      if (o.lora > 0) variants.push_back(Variant{1, 0, false, false, false, false, base});
+    }
     if (o.nccl && o.ranks > 1) {
       if (int(gpus->size()) >= o.ranks) {
         for (int z : o.zeros) {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/model/config.h"
+#include "common/model/lora.h"
 #include "common/model/slice.h"
 #include "common/parallel_dims.h"
 #include "common/planner.h"
@@ -57,6 +58,18 @@ std::vector<int> CpDegrees(const JobSpec& spec, int ranks) {
 }
 
 // The largest micro <= wanted with global % (micro·dp) == 0, or 0 when none.
+// The cost model's FLOPs per token as the text says it: 6 · params, or
+// under LoRA 4 · the frozen ones + 6 · the adapters' (model::
+// MatmulTrainingFlops).
+std::string FlopsFormula(const JobSpec& spec, int64_t num_params) {
+  const absl::StatusOr<model::ModelConfig> c = spec.TrainedConfig();
+  if (c.ok() && c->lora.on()) {
+    return absl::StrFormat("(4 · frozen params (%d) + 6 · adapter params (%d))", num_params,
+                           model::LoraParams(*c));
+  }
+  return absl::StrFormat("6 · params (%d; MoE: those a token uses)", num_params);
+}
+
 int MicroFor(int global, int wanted, int dp) {
   for (int micro = wanted; micro >= 1; --micro) {
     if (global % (int64_t{micro} * dp) == 0) return micro;
@@ -108,8 +121,11 @@ absl::StatusOr<LayoutCandidate> PlanLayout(const JobSpec& spec, JobSpec alt,
   c.recompute_share = f.train > 0 ? f.recompute / f.train : 0;
   const CostModel& cost = options.cost;
   const double tokens = double(spec.batch.global) * spec.batch.seq_len;
-  c.compute_s = 6.0 * double(*num_params) * tokens / (ranks * cost.flops_per_rank) /
-                (1.0 - c.bubble) * (1.0 + c.recompute_share);
+  // LoRA: 4 per frozen weight and 6 per adapter parameter.
+  const double per_token =
+      model::MatmulTrainingFlops(config, double(*num_params), double(model::LoraParams(config)));
+  c.compute_s = per_token * tokens / (ranks * cost.flops_per_rank) / (1.0 - c.bubble) *
+                (1.0 + c.recompute_share);
   c.tp_s = double(plan->tp_comm_bytes_per_step()) / cost.tp_bandwidth;
   c.pp_s = double(plan->pp_comm_bytes_per_step()) / cost.link_bandwidth;
   c.dp_s = double(plan->dp_comm_bytes_per_step()) / cost.link_bandwidth;
@@ -117,7 +133,7 @@ absl::StatusOr<LayoutCandidate> PlanLayout(const JobSpec& spec, JobSpec alt,
   const bool ep_in_node = c.tp * c.ep <= cost.ranks_per_node;
   c.ep_s = double(plan->ep_comm_bytes_per_step()) /
            (ep_in_node ? cost.tp_bandwidth : cost.link_bandwidth);
-  c.model_flops_per_rank = 6.0 * double(*num_params) * tokens / ranks / c.step_s();
+  c.model_flops_per_rank = per_token * tokens / ranks / c.step_s();
   return c;
 }
 
@@ -150,7 +166,8 @@ absl::StatusOr<AutoLayoutResult> AutoLayout(const JobSpec& spec, const AutoLayou
         absl::StrCat("--memory-per-rank: must be >= 1 byte, got ", options.memory_per_rank));
   }
   const ModelSpec& model = spec.model;
-  const absl::StatusOr<model::ModelConfig> config = model.Config();
+  const absl::StatusOr<model::ModelConfig> config =
+      spec.TrainedConfig();  // with the adapters, if any
   if (!config.ok()) return config.status();
   AutoLayoutResult result;
   std::vector<std::string> skipped;  // why meshes the model allows have no candidate
@@ -290,13 +307,13 @@ std::string AutoLayoutText(const JobSpec& spec, const AutoLayoutOptions& options
   absl::StrAppendFormat(
       &out,
       "cost model (no overlap): step = compute + tp + pp + dp\n"
-      "  compute = 6 · params (%d; MoE: those a token uses) · tokens/step (%d) / (ranks · %.0f "
+      "  compute = %s · tokens/step (%d) / (ranks · %.0f "
       "TFLOP/s) / (1 − bubble)\n"
       "            · (1 + recomputed forward FLOPs / training FLOPs of the busiest stage)\n"
       "  tp = tp bytes sent per step / %.0f GB/s; pp = pp bytes / %.0f GB/s; dp = dp bytes / "
       "%.0f GB/s\n"
       "  (bytes: the busiest rank's, as `shardtrain plan` prints them)\n",
-      result.num_params, int64_t{spec.batch.global} * spec.batch.seq_len,
+      FlopsFormula(spec, result.num_params), int64_t{spec.batch.global} * spec.batch.seq_len,
       cost.flops_per_rank / 1e12, cost.tp_bandwidth / 1e9, cost.link_bandwidth / 1e9,
       cost.link_bandwidth / 1e9);
   if (absl::StatusOr<model::ModelConfig> config = spec.model.Config();
@@ -353,9 +370,9 @@ std::string AutoLayoutText(const JobSpec& spec, const AutoLayoutOptions& options
       best.ep > 1 ? absl::StrCat(", ep ", best.ep) : "", best.zero, Ms(best.step_s()),
       FormatPlanBytes(best.peak_memory));
   absl::StrAppendFormat(&out,
-                        "  predicted %.0f model TFLOP/s per rank (6 · %d params · %d tokens / "
+                        "  predicted %.0f model TFLOP/s per rank (%s · %d tokens / "
                         "%d ranks / step), %.1f%% of the %.0f TFLOP/s assumed\n",
-                        best.model_flops_per_rank / 1e12, result.num_params,
+                        best.model_flops_per_rank / 1e12, FlopsFormula(spec, result.num_params),
                         int64_t{spec.batch.global} * spec.batch.seq_len, options.ranks,
                         100 * best.model_flops_per_rank / cost.flops_per_rank,
                         cost.flops_per_rank / 1e12);

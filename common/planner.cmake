@@ -4,6 +4,7 @@ add_library(shardtrain_planner STATIC ${CMAKE_SOURCE_DIR}/common/planner.cc
                                       ${CMAKE_SOURCE_DIR}/common/planner_sizes.cc
                                       ${CMAKE_SOURCE_DIR}/common/planner_state.cc
                                       ${CMAKE_SOURCE_DIR}/common/planner_text.cc
+                                      ${CMAKE_SOURCE_DIR}/common/planner_finetune.cc
                                       ${CMAKE_SOURCE_DIR}/common/auto_layout.cc)
 target_link_libraries(shardtrain_planner PUBLIC
   shardtrain_common

@@ -188,6 +188,13 @@ std::string FormatPlanBytes(int64_t bytes);
 // units elided when there are more than 8). `plan` must be MakePlan(spec, w).
 std::string PlanText(const JobSpec& spec, const v1::Plan& plan);
 
+// PlanText's comparison of fine-tuning choices for a spec that fine-tunes
+// (finetune.lora, or model.init): full training with fp32 and 8-bit AdamW
+// state, LoRA on the model as the engine holds it, on int8 and on NF4
+// weights (QLoRA), on the spec's layout: trained parameters, frozen model,
+// model state, activations and total per rank. Empty for other specs.
+std::string FinetuneComparison(const JobSpec& spec, const v1::Plan& plan);
+
 }  // namespace shardtrain
 
 #endif  // SHARDTRAIN_COMMON_PLANNER_H_

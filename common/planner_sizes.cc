@@ -5,6 +5,7 @@
 
 #include "common/model/activations.h"
 #include "common/model/config.h"
+#include "common/model/lora.h"
 #include "common/model/param_layout.h"
 #include "common/model/slice.h"
 #include "common/planner.h"
@@ -45,7 +46,14 @@ MicroBatchFlops StageFlops(const model::ModelConfig& cfg, int B, int T,
   MicroBatchFlops f;
   const double matmul_params =
       Ls * (qkv + proj) + mlp + (slice.last_stage ? double(cfg.padded_vocab) / slice.tp * C : 0);
-  f.train = 6 * N * matmul_params + 3 * Ls * attention;
+  // LoRA: the slice's adapters, each target's tp-local A and B.
+  double adapters = 0;
+  for (int t = 0; cfg.lora.on() && t < model::kNumLoraTargets; ++t) {
+    if (!cfg.lora.has(model::LoraTarget(t))) continue;
+    const model::LoraSite s = model::LoraTargetSite(cfg, model::LoraTarget(t), slice.tp);
+    adapters += double(Ls) * cfg.lora.rank * double(s.in + s.out);
+  }
+  f.train = N * model::MatmulTrainingFlops(cfg, matmul_params, adapters) + 3 * Ls * attention;
   const int k = RecomputedLayers(policy, Ls);
   // Flash attention keeps no probabilities: selective has nothing to refill.
   if (policy.recompute == model::Recompute::kSelective && cp == 1 && !policy.flash_attention) {

@@ -145,14 +145,15 @@ std::string RecomputeComparison(const JobSpec& spec, const v1::Plan& plan) {
 // the whole model, without recomputation) and, on GPUs, the time they take
 // at a dense bf16 peak.
 std::string ComputeLine(const JobSpec& spec, const v1::Plan& plan) {
-  const absl::StatusOr<model::ModelConfig> cfg = spec.model.Config();
+  const absl::StatusOr<model::ModelConfig> cfg = spec.TrainedConfig();
   if (!cfg.ok()) return "";
   const int T = plan.seq_len();
   const double per_token = StageFlops(*cfg, 1, T, model::ModelSlice{}, {}).train / T;
   const double per_step = per_token * double(plan.global_batch()) * T;
-  std::string out =
-      absl::StrFormat("compute: %.3g FLOPs/token (6 × matmul params + attention), %.3g per step",
-                      per_token, per_step);
+  std::string out = absl::StrFormat(
+      "compute: %.3g FLOPs/token (%s + attention), %.3g per step", per_token,
+      cfg->lora.on() ? "4 × frozen matmul params + 6 × adapter params" : "6 × matmul params",
+      per_step);
   // At an H100 SXM's (and H200's) dense peak for the job's precision, from
   // the table the workers' MFU is measured against.
   const std::optional<double> peak = DensePeakFlops("H100", spec.Compute());
@@ -418,6 +419,7 @@ std::string PlanText(const JobSpec& spec, const v1::Plan& plan) {
   }
 
   out += RecomputeComparison(spec, plan);
+  out += FinetuneComparison(spec, plan);
 
   absl::StrAppendFormat(&out,
                         "\ncomm per step (bytes sent by the busiest rank): %s (%s B = %.1f MB; "

@@ -77,6 +77,10 @@ int64_t LoraParams(const ModelConfig& c) {
   return per_block * c.layers;
 }
 
+double MatmulTrainingFlops(const ModelConfig& c, double weights, double adapters) {
+  return c.lora.on() ? 4 * weights + 6 * adapters : 6 * weights;
+}
+
 absl::Status ValidateLora(const ModelConfig& c) {
   const LoraConfig& l = c.lora;
   if (l.rank < 1) {

@@ -46,6 +46,13 @@ LoraSite LoraTargetSite(const ModelConfig& config, LoraTarget t, int tp);
 // The adapters' parameters: rank · (in + out) per target and block.
 int64_t LoraParams(const ModelConfig& config);
 
+// The FLOPs per token a training step spends on `weights` matrix weights a
+// token runs through and `adapters` adapter parameters, 2 per multiply-add:
+// 6 per weight (the forward, the input's and the weight's gradient), or
+// under LoRA (config.lora.on()) 4 per weight — frozen, it gets no gradient
+// of its own — and 6 per adapter parameter.
+double MatmulTrainingFlops(const ModelConfig& config, double weights, double adapters);
+
 // config.lora against the model (config.lora.on() only): rank >= 1 and at
 // most every target's in and out, alpha > 0 and finite, at least one
 // target, each one the family has (gate: SwiGLU only), and no MoE layers

@@ -9,6 +9,8 @@
 #include <set>
 #include <tuple>
 
+#include "common/model/lora.h"
+#include "common/model/weight_quant.h"
 #include "tests/unit/common/planner_test_util.h"
 
 namespace shardtrain {
@@ -326,4 +328,61 @@ TEST(AutoLayoutTest, LongSequencesOnCpuRanksTryContextParallelism) {
   for (const LayoutCandidate& c : gpt2->fitting) EXPECT_EQ(c.cp, 1);
 }
 
+}  // namespace shardtrain
+
+namespace shardtrain {
+namespace {
+
+// QLoRA (issue 51): examples/llama3-8b-qlora.yaml fits one 24 GiB GPU —
+// --auto on one rank finds layouts that fit, its frozen model is the NF4
+// model's bytes — and the plan compares the ways to fine-tune it: each
+// choice needs less than the one before, full training's model state is
+// the ZeRO paper's 18 bytes per parameter (12 with 8-bit AdamW), and the
+// cost model counts 4 FLOPs per frozen weight and 6 per adapter parameter.
+TEST(AutoLayoutTest, QloraOnLlama3_8bFitsOne24GiBGpu) {
+  const JobSpec spec = *ParseJobSpec(ReadFile(kSourceDir + "/examples/llama3-8b-qlora.yaml"));
+  const absl::StatusOr<v1::Plan> plan = MakePlan(spec, 1);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const v1::MemoryEstimate& m = plan->memory_per_rank();
+  const model::ModelConfig c = *spec.TrainedConfig();
+  EXPECT_EQ(m.frozen_bytes(),
+            model::FrozenModelBytes(model::ParamLayout(model::BaseConfig(c)), spec.FrozenFormat()));
+  EXPECT_LT(m.total_bytes(), 24 * kGiB);
+  EXPECT_EQ(plan->num_params(), model::LoraParams(c));
+  AutoLayoutOptions opt;
+  opt.ranks = 1;
+  opt.memory_per_rank = 24 * kGiB;
+  const absl::StatusOr<AutoLayoutResult> r = AutoLayout(spec, opt);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(r->fitting.empty());
+  const double tokens = double(spec.batch.global) * spec.batch.seq_len;
+  const LayoutCandidate& best = r->fitting.front();
+  EXPECT_NEAR(best.model_flops_per_rank * best.step_s(),
+              (4.0 * double(r->num_params) + 6.0 * double(model::LoraParams(c))) * tokens,
+              1e-6 * best.model_flops_per_rank * best.step_s());
+  const std::string text = PlanText(spec, *plan);
+  std::printf("%s", FinetuneComparison(spec, *plan).c_str());
+  // Every choice planned, each needing less than the one before.
+  double previous = 1e30;
+  for (const char* row :
+       {" full, AdamW fp32 state", " full, 8-bit AdamW", " LoRA on the bf16 model",
+        " LoRA on int8 weights", "*QLoRA (NF4 weights)"}) {
+    const size_t at = text.find(row);
+    ASSERT_NE(at, std::string::npos) << row << "\n" << text;
+    std::istringstream line(text.substr(at + 29, text.find('\n', at) - at - 29));
+    std::string trained, unit, frozen, fu, state, su, acts, au, total, tu;
+    line >> trained >> unit >> frozen >> fu >> state >> su >> acts >> au >> total >> tu;
+    const double gib = std::stod(total) * (tu == "GiB" ? 1 : tu == "MiB" ? 1.0 / 1024 : 0);
+    EXPECT_LT(gib, previous) << row;
+    previous = gib;
+  }
+  EXPECT_NE(text.find(" full, AdamW fp32 state                8.03 B           0 B   134.62 GiB"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("*QLoRA (NF4 weights)                   41.9 M      5.31 GiB"),
+            std::string::npos)
+      << text;
+}
+
+}  // namespace
 }  // namespace shardtrain
