@@ -221,6 +221,11 @@ int main(int argc, char** argv) {
       "--adapter", export_opts.adapter,
       "a LoRA job's checkpoint: its adapters as Hugging Face PEFT's "
       "adapter_config.json and adapter_model.safetensors (Llama family; --dtype applies)");
+  exp->add_option(
+      "--merged", export_opts.merged_base,
+      "BASE: a LoRA job's checkpoint merged into the model it fine-tuned (BASE: the job's "
+      "model.init, a weights file or a Hugging Face folder), W + (alpha / rank)·B·A, exported "
+      "as any model (the job's final.weights is that model at its last step)");
   exp->add_option("--tokenizer-json", export_opts.tokenizer_json,
                   "Llama: the job's tokenizer.json, written beside the weights (default for a "
                   "vocabulary of 128256: Llama 3's, as scripts/setup installs it)");

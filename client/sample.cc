@@ -18,10 +18,12 @@
 #include "worker/checkpoint/hf_peft.h"
 #include "worker/checkpoint/loader.h"
 #include "worker/checkpoint/manifest.h"
+#include "worker/checkpoint/model_weights.h"
 #include "worker/checkpoint/storage.h"
 #include "worker/checkpoint/weights_file.h"
 #include "worker/data/tokens.h"
 #include "worker/engine/cpu/cpu_model.h"
+#include "worker/engine/cpu/lora_layers.h"
 #include "worker/engine/generate.h"
 
 namespace shardtrain::client {
@@ -265,6 +267,32 @@ int ExportAdapter(const GlobalFlags& g, const ExportOptions& o,
   return kExitOk;
 }
 
+namespace {
+
+// A LoRA checkpoint's adapters (weights, read from `from`) merged into the
+// base model at `base` (LoadModelWeights: a weights file or a Hugging Face
+// folder), W + (alpha / rank)·B·A: the model without adapters.
+absl::StatusOr<checkpoint::LoadedWeights> MergeAdapters(const checkpoint::LoadedWeights& weights,
+                                                        const std::string& from,
+                                                        const std::string& base) {
+  if (!weights.config.lora.on()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--merged: ", from,
+                     " holds a whole model, not LoRA adapters (export it without --merged)"));
+  }
+  const model::ModelConfig config = model::BaseConfig(weights.config);
+  absl::StatusOr<std::vector<float>> w = checkpoint::LoadModelWeights(base, config);
+  if (!w.ok()) {
+    return absl::Status(w.status().code(),
+                        absl::StrCat("--merged ", base, ": ", w.status().message()));
+  }
+  engine::cpu::MergeLora(model::ParamLayout(weights.config), weights.params.data(), w->data(),
+                         nullptr);
+  return checkpoint::LoadedWeights{config, *std::move(w)};
+}
+
+}  // namespace
+
 int Export(const GlobalFlags& g, const ExportOptions& o) {
   namespace fs = std::filesystem;
   if (o.format != "safetensors") {
@@ -280,7 +308,18 @@ int Export(const GlobalFlags& g, const ExportOptions& o) {
   std::string from;
   auto weights = LoadWeightsFrom(o.source, &from);
   if (!weights.ok()) return ReportError(g, weights.status());
-  if (o.adapter || weights->config.lora.on()) return ExportAdapter(g, o, *weights, from);
+  if (!o.merged_base.empty()) {
+    if (o.adapter) {
+      return ReportError(g, absl::InvalidArgumentError(
+                                "--adapter and --merged: one or the other (the adapters alone, or "
+                                "the model with them merged)"));
+    }
+    absl::StatusOr<checkpoint::LoadedWeights> merged = MergeAdapters(*weights, from, o.merged_base);
+    if (!merged.ok()) return ReportError(g, merged.status());
+    weights = *std::move(merged);
+  } else if (o.adapter || weights->config.lora.on()) {
+    return ExportAdapter(g, o, *weights, from);
+  }
   if (weights->config.arch == model::Arch::kLlama) return ExportLlama(g, o, *weights, from);
   if (o.dtype != "fp32" || !o.tokenizer_json.empty()) {
     return ReportError(g, absl::InvalidArgumentError(

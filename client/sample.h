@@ -47,6 +47,9 @@ struct ExportOptions {
   // A LoRA job's checkpoint (its adapters): PEFT's adapter_config.json and
   // adapter_model.safetensors (worker/checkpoint/hf_peft.h) instead.
   bool adapter = false;
+  // A LoRA job's checkpoint merged into this base model (a weights file or
+  // a Hugging Face folder: the job's model.init), then exported as any model.
+  std::string merged_base;
 };
 
 // `shardtrain export`: for GPT-2, DIR/model.safetensors and DIR/config.json
@@ -55,7 +58,8 @@ struct ExportOptions {
 // for Llama, Hugging Face's LlamaForCausalLM layout
 // (worker/checkpoint/hf_llama.h) in fp32 or bf16, sharded above
 // max_shard_size, with generation_config.json and the tokenizer.json given;
-// with o.adapter, a LoRA checkpoint's adapters in PEFT's format.
+// with o.adapter, a LoRA checkpoint's adapters in PEFT's format; with
+// o.merged_base, the model that base and a LoRA checkpoint's adapters make.
 int Export(const GlobalFlags& g, const ExportOptions& o);
 
 }  // namespace shardtrain::client

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -140,6 +141,50 @@ TEST_F(TrainingTest, LlamaFortunesOnFourWorkersLearnsAndSamples) {
   std::cout << "model.init alone, from the export's config.json: val " << init_val.at(1)
             << ", the source's last " << val.rbegin()->second << std::endl;
   EXPECT_NEAR(init_val.at(1), val.rbegin()->second, 1e-5 * val.rbegin()->second);
+
+  // LoRA on that Hugging Face model (constant rate: the first steps do not
+  // depend on the run's length), checkpointed at step 2 of 4: `export
+  // step-2 --merged BASE` writes the model a 2-step run's final weights
+  // are, byte for byte, and `--adapter` PEFT's files.
+  const std::string lora = dir.path() + "/lora", lora2 = dir.path() + "/lora2";
+  for (const auto& [steps, ckpt] : {std::pair<int, std::string>{4, lora}, {2, lora2}}) {
+    CommandResult lr =
+        RunCommand({SHARDTRAIN_CLI_BIN, "local", spec, "--workers", "1", "--set",
+                    "steps=" + std::to_string(steps), "--set", "optimizer.lr=1e-2", "--set",
+                    "optimizer.schedule=constant", "--set", "optimizer.warmup_steps=0", "--set",
+                    "checkpoint.every=2", "--set", "checkpoint.dir=" + ckpt, "--set",
+                    "finetune.lora={rank: 4, alpha: 8, targets: [q, v, down]}"},
+                   seconds(300));
+    ASSERT_EQ(lr.exit_code, 0) << lr.out << lr.err;
+  }
+  const std::string from_step = lora + "/step-2", merged = dir.path() + "/merged",
+                    final_hf = dir.path() + "/final-hf", peft = dir.path() + "/peft";
+  CommandResult m =
+      RunCommand({SHARDTRAIN_CLI_BIN, "export", from_step, "--merged", hf, "--out", merged});
+  ASSERT_EQ(m.exit_code, 0) << m.out << m.err;
+  CommandResult f =
+      RunCommand({SHARDTRAIN_CLI_BIN, "export", lora2 + "/final.weights", "--out", final_hf});
+  ASSERT_EQ(f.exit_code, 0) << f.out << f.err;
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string a = bytes(merged + "/model.safetensors"),
+                    b = bytes(final_hf + "/model.safetensors");
+  std::cout << "LoRA step-2 merged into the base: " << a.size() << " bytes, "
+            << (a == b ? "equal to" : "NOT equal to") << " the job's final weights exported"
+            << std::endl;
+  EXPECT_FALSE(a.empty());
+  EXPECT_TRUE(a == b) << "export --merged differs from the job's final weights";
+  EXPECT_EQ(bytes(hf + "/model.safetensors") == a, false) << "the adapters changed nothing";
+  CommandResult p =
+      RunCommand({SHARDTRAIN_CLI_BIN, "export", from_step, "--adapter", "--out", peft});
+  ASSERT_EQ(p.exit_code, 0) << p.out << p.err;
+  EXPECT_TRUE(std::filesystem::exists(peft + "/adapter_model.safetensors"));
+  // The final weights are a whole model: nothing to merge.
+  CommandResult whole = RunCommand({SHARDTRAIN_CLI_BIN, "export", lora2 + "/final.weights",
+                                    "--merged", hf, "--out", dir.path() + "/nope"});
+  EXPECT_EQ(whole.exit_code, 2) << whole.out << whole.err;
 }
 
 }  // namespace

@@ -50,6 +50,36 @@ double MaxRel(const float* a, const float* b, size_t n) {
 struct Batch {
   std::vector<int> tokens, targets;
 };
+
+// Every B adapter of `m` drawn from N(0, 0.05) (seed 5): adapters that do
+// something.
+void RandomB(CpuModel& m) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 0.05f);
+  float* ad = m.params().f32().data();
+  for (const model::TensorInfo& t : model::TrainedTensors(m.layout())) {
+    if (t.name.back() == 'B') {
+      for (size_t i = 0; i < t.numel; ++i) ad[t.offset + i] = d(rng);
+    }
+  }
+}
+
+// The largest |logit of a - logit of b| over `rows` rows of the last
+// forward, and the largest |logit of b| (*scale).
+double MaxLogitDiff(const CpuModel& a, const CpuModel& b, int rows, int vocab, double* scale) {
+  double diff = 0;
+  *scale = 0;
+  std::vector<float> x(vocab), y(vocab);
+  for (int r = 0; r < rows; ++r) {
+    a.ReadLogits(r, x.data());
+    b.ReadLogits(r, y.data());
+    for (int v = 0; v < vocab; ++v) {
+      diff = std::max(diff, double(std::abs(x[v] - y[v])));
+      *scale = std::max(*scale, double(std::abs(y[v])));
+    }
+  }
+  return diff;
+}
 Batch MakeBatch(int B, int T) {
   Batch b;
   std::mt19937 rng(3);
@@ -114,13 +144,7 @@ void CheckFamily(bool llama) {
   // Random B: the adapted model against the merged one.
   const ParamLayout& lay = (*adapted)->layout();
   float* ad = (*adapted)->params().f32().data();
-  std::mt19937 rng(5);
-  std::normal_distribution<float> d(0.0f, 0.05f);
-  for (const model::TensorInfo& t : model::TrainedTensors(lay)) {
-    if (t.name.back() == 'B') {
-      for (size_t i = 0; i < t.numel; ++i) ad[t.offset + i] = d(rng);
-    }
-  }
+  RandomB(**adapted);
   std::vector<float> merged(p.begin(), p.end());
   MergeLora(lay, ad, merged.data(), nullptr);
   std::copy(merged.begin(), merged.end(), (*plain)->params().f32().data());
@@ -128,16 +152,8 @@ void CheckFamily(bool llama) {
   const float la = (*adapted)->Forward(batch.tokens.data(), batch.targets.data());
   // Every logit of the merged model (what export writes and model.init
   // reads back) is the adapted model's.
-  double logit_diff = 0, logit_scale = 0;
-  std::vector<float> a(c.vocab), b(c.vocab);
-  for (int r = 0; r < B * T; ++r) {
-    (*adapted)->ReadLogits(r, a.data());
-    (*plain)->ReadLogits(r, b.data());
-    for (int v = 0; v < c.vocab; ++v) {
-      logit_diff = std::max(logit_diff, double(std::abs(a[v] - b[v])));
-      logit_scale = std::max(logit_scale, double(std::abs(b[v])));
-    }
-  }
+  double logit_scale = 0;
+  const double logit_diff = MaxLogitDiff(**adapted, **plain, B * T, c.vocab, &logit_scale);
   std::printf(
       "[lora] %s: loss adapted %.7f, merged %.7f (base %.7f); logits max abs diff %.2e "
       "(largest %.3g)\n",
@@ -238,27 +254,13 @@ TEST(LoraModelTest, AQuantizedBaseIsItsDequantizedModel) {
       EXPECT_EQ((*q)->frozen_bytes(), model::FrozenModelBytes(base, fmt)) << k.name;
       // The same adapters, B not zero.
       (*q)->InitParams(11);
-      std::mt19937 rng(5);
-      std::normal_distribution<float> d(0.0f, 0.05f);
-      float* ad = (*q)->params().f32().data();
-      for (const model::TensorInfo& t : model::TrainedTensors((*q)->layout())) {
-        if (t.name.back() == 'B') {
-          for (size_t i = 0; i < t.numel; ++i) ad[t.offset + i] = d(rng);
-        }
-      }
+      RandomB(**q);
+      const float* ad = (*q)->params().f32().data();
       std::copy(ad, ad + (*q)->layout().num_params(), (*f)->params().f32().data());
       const float lq = (*q)->Forward(batch.tokens.data(), batch.targets.data());
       const float lf = (*f)->Forward(batch.tokens.data(), batch.targets.data());
-      double logit_diff = 0, logit_scale = 0;
-      std::vector<float> a(c.vocab), b(c.vocab);
-      for (int r = 0; r < B * T; ++r) {
-        (*q)->ReadLogits(r, a.data());
-        (*f)->ReadLogits(r, b.data());
-        for (int v = 0; v < c.vocab; ++v) {
-          logit_diff = std::max(logit_diff, double(std::abs(a[v] - b[v])));
-          logit_scale = std::max(logit_scale, double(std::abs(b[v])));
-        }
-      }
+      double logit_scale = 0;
+      const double logit_diff = MaxLogitDiff(**q, **f, B * T, c.vocab, &logit_scale);
       (*q)->ZeroGrad();
       (*f)->ZeroGrad();
       (*q)->Backward();
