@@ -306,7 +306,8 @@ struct JobSpec {
   // adapters (model::LoraConfig), validated.
   absl::StatusOr<model::ModelConfig> TrainedConfig() const;
   // How the engines hold the frozen model under LoRA (finetune.base_dtype
-  // and double_quant; the compute type's bytes by precision).
+  // and double_quant; the compute type's bytes: 4 on CPU workers, else by
+  // precision).
   model::FrozenFormat FrozenFormat() const;
   // Ranks the job needs: dp · cp · tp · pp.
   int World() const { return parallel.dp * parallel.cp * parallel.tp * parallel.pp; }

@@ -95,7 +95,9 @@ model::FrozenFormat JobSpec::FrozenFormat() const {
             : finetune.base_dtype == BaseDtype::kNf4 ? model::FrozenQuant::kNf4
                                                      : model::FrozenQuant::kNone;
   f.double_quant = finetune.double_quant;
-  f.compute_bytes = precision == Precision::kFp32 ? 4 : 2;
+  // CPU workers hold it in fp32 whatever the precision (their engine
+  // computes in fp32); GPU ranks in the compute type.
+  f.compute_bytes = precision == Precision::kFp32 || resources.device == DeviceKind::kCpu ? 4 : 2;
   return f;
 }
 

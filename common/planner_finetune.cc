@@ -34,7 +34,7 @@ std::string FinetuneComparison(const JobSpec& spec, const v1::Plan& plan) {
   const std::vector<Choice> choices = {
       {"full, AdamW fp32 state", false, BaseDtype::kBf16, OptimizerState::kFp32},
       {"full, 8-bit AdamW", false, BaseDtype::kBf16, OptimizerState::kInt8},
-      {spec.precision == Precision::kFp32 ? "LoRA on the fp32 model" : "LoRA on the bf16 model",
+      {spec.FrozenFormat().compute_bytes == 4 ? "LoRA on the fp32 model" : "LoRA on the bf16 model",
        true, BaseDtype::kBf16, own},
       {"LoRA on int8 weights", true, BaseDtype::kInt8, own},
       {"QLoRA (NF4 weights)", true, BaseDtype::kNf4, own},

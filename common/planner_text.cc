@@ -16,7 +16,7 @@ namespace {
 
 // How the frozen model is held (finetune.base_dtype), as the plan says it.
 std::string FrozenFormatText(const JobSpec& spec) {
-  const char* compute = spec.precision == Precision::kFp32 ? "fp32" : "bf16";
+  const char* compute = spec.FrozenFormat().compute_bytes == 4 ? "fp32" : "bf16";
   switch (spec.finetune.base_dtype) {
     case BaseDtype::kInt8:
       return absl::StrCat(

@@ -264,6 +264,14 @@ TEST(LoraSpecTest, BadAdaptersAreRefusedNamingTheField) {
   EXPECT_EQ(q->FrozenFormat().quant, model::FrozenQuant::kNf4);
   EXPECT_FALSE(q->FrozenFormat().double_quant);
   EXPECT_EQ(*ParseJobSpec(JobSpecToYaml(*q)), *q);
+  // The frozen model's element: fp32 on CPU workers whatever the
+  // precision (their engine computes in fp32), the compute type on GPUs.
+  for (const char* device : {"cpu", "cuda"}) {
+    absl::StatusOr<JobSpec> b = ParseJobSpec(
+        base, {"finetune.lora={}", "precision=bf16", std::string("resources.device=") + device});
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(b->FrozenFormat().compute_bytes, std::string(device) == "cpu" ? 4 : 2) << device;
+  }
 }
 
 }  // namespace
