@@ -448,7 +448,11 @@ absl::StatusOr<v1::Plan> MakePlan(const JobSpec& spec, int world) {
   const ParallelSpec& par = spec.parallel;
   const int dp = par.dp, tp = par.tp, pp = par.pp;
   // The trained model: under LoRA its layout's flat buffer is the adapters.
-  const model::ModelConfig cfg = *spec.TrainedConfig();
+  // (A spec ParseJobSpec accepted has one; a caller's variant, such as the
+  // fine-tuning comparison's adapters on an MoE model, may not.)
+  const absl::StatusOr<model::ModelConfig> trained = spec.TrainedConfig();
+  if (!trained.ok()) return trained.status();
+  const model::ModelConfig& cfg = *trained;
   const model::ParamLayout layout(cfg);
   const ParallelDims dims =
       *ParallelDims::Create(ParallelDims::Factors{dp, par.cp, tp, pp, par.ep}, world);

@@ -339,6 +339,21 @@ namespace {
 // choice needs less than the one before, full training's model state is
 // the ZeRO paper's 18 bytes per parameter (12 with 8-bit AdamW), and the
 // cost model counts 4 FLOPs per frozen weight and 6 per adapter parameter.
+// A fine-tune of an MoE model (model.init, no adapters): the comparison's
+// LoRA rows say why they cannot run rather than failing the plan.
+TEST(AutoLayoutTest, TheFinetuneComparisonOfAnMoeModelRefusesItsLoraRows) {
+  const JobSpec spec = *ParseJobSpec(ReadFile(kSourceDir + "/examples/moe-fortunes.yaml"),
+                                     {"model.init=/a/checkpoint"});
+  const absl::StatusOr<v1::Plan> plan = MakePlan(spec, spec.World());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::string text = FinetuneComparison(spec, *plan);
+  EXPECT_NE(text.find("*full, AdamW fp32 state"), std::string::npos) << text;
+  EXPECT_NE(text.find(" QLoRA (NF4 weights)           refused: finetune.lora: adapters on a "
+                      "model with model.moe are not supported yet"),
+            std::string::npos)
+      << text;
+}
+
 TEST(AutoLayoutTest, QloraOnLlama3_8bFitsOne24GiBGpu) {
   const JobSpec spec = *ParseJobSpec(ReadFile(kSourceDir + "/examples/llama3-8b-qlora.yaml"));
   const absl::StatusOr<v1::Plan> plan = MakePlan(spec, 1);
