@@ -6,17 +6,6 @@
 #include <cstring>
 
 namespace shardtrain::quant {
-namespace {
-
-QuantizedWeight Quantize(const model::FrozenFormat& format, const float* w, int64_t rows,
-                         int64_t cols, engine::ThreadPool* pool) {
-  return format.quant == model::FrozenQuant::kInt8
-             ? QuantizeInt8Rows(w, rows, cols, pool)
-             : QuantizeNf4(w, rows, cols, format.double_quant, pool);
-}
-
-}  // namespace
-
 FrozenWeights::FrozenWeights(const model::ParamLayout& layout, const model::FrozenFormat& format,
                              engine::ThreadPool* pool)
     : layout_(layout), format_(format) {
@@ -48,7 +37,7 @@ FrozenWeights::FrozenWeights(const model::ParamLayout& layout, const model::Froz
   for (int i = 0; i < static_cast<int>(tensors.size()); ++i) {
     if (quant_index_[i] < 0) continue;
     const model::TensorInfo& t = tensors[i];
-    quant_[quant_index_[i]] = Quantize(format, zeros.data(), t.shape[0], t.shape[1], pool);
+    quant_[quant_index_[i]] = QuantizeFrozen(format, zeros.data(), t.shape[0], t.shape[1], pool);
     views_[quant_index_[i]] = quant_[quant_index_[i]].view();
   }
 }
@@ -60,7 +49,8 @@ void FrozenWeights::Set(const float* values, engine::ThreadPool* pool) {
     if (quant_index_[i] < 0) {
       std::memcpy(fp32_.data() + fp32_offset_[i], values + t.offset, sizeof(float) * t.numel);
     } else {
-      quant_[quant_index_[i]] = Quantize(format_, values + t.offset, t.shape[0], t.shape[1], pool);
+      quant_[quant_index_[i]] =
+          QuantizeFrozen(format_, values + t.offset, t.shape[0], t.shape[1], pool);
       views_[quant_index_[i]] = quant_[quant_index_[i]].view();
     }
   }

@@ -73,6 +73,13 @@ QuantizedWeight QuantizeInt8Rows(const float* w, int64_t rows, int64_t cols,
   return q;
 }
 
+QuantizedWeight QuantizeFrozen(const model::FrozenFormat& format, const float* w, int64_t rows,
+                               int64_t cols, engine::ThreadPool* pool) {
+  return format.quant == model::FrozenQuant::kInt8
+             ? QuantizeInt8Rows(w, rows, cols, pool)
+             : QuantizeNf4(w, rows, cols, format.double_quant, pool);
+}
+
 uint8_t Nf4Code(float y) {
   // The first level whose midpoint with the next one is >= y: nearest, ties
   // to the lower level.

@@ -66,6 +66,11 @@ QuantizedWeight QuantizeInt8Rows(const float* w, int64_t rows, int64_t cols,
 QuantizedWeight QuantizeNf4(const float* w, int64_t rows, int64_t cols, bool double_quant,
                             engine::ThreadPool* pool);
 
+// A frozen tensor in `format`'s quantization (int8 rows or NF4 with its
+// double_quant); format.quant must not be kNone.
+QuantizedWeight QuantizeFrozen(const model::FrozenFormat& format, const float* w, int64_t rows,
+                               int64_t cols, engine::ThreadPool* pool);
+
 // The index of the NF4 level nearest to y (a value divided by its absmax;
 // ties to the lower level).
 uint8_t Nf4Code(float y);

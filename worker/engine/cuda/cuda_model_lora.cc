@@ -132,9 +132,7 @@ void CudaModel::SetFrozen(const float* host) {
       continue;
     }
     const quant::QuantizedWeight w =
-        f.quant.int8 ? quant::QuantizeInt8Rows(host + t.offset, t.shape[0], t.shape[1], &pool_)
-                     : quant::QuantizeNf4(host + t.offset, t.shape[0], t.shape[1],
-                                          frozen_format_.double_quant, &pool_);
+        quant::QuantizeFrozen(frozen_format_, host + t.offset, t.shape[0], t.shape[1], &pool_);
     put(f.codes_at, w.codes.data(), w.codes.size());
     if (!w.absmax.empty()) put(f.absmax_at, w.absmax.data(), sizeof(float) * w.absmax.size());
     if (!w.absmax_codes.empty()) {

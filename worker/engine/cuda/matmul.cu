@@ -438,8 +438,8 @@ absl::Status LoraForward(const KernelCtx& ctx, void* out, int ld_out, void* xa, 
                   SIZE_MAX, scale);
 }
 
-absl::Status LoraBackward(const KernelCtx& ctx, void* dinp, float* dA, float* dB, void* g,
-                          void* xa, const void* dout, int ld_dout, const void* inp, const void* A,
+absl::Status LoraBackward(const KernelCtx& ctx, void* dinp, float* dA, float* dB, void* g, void* xa,
+                          const void* dout, int ld_dout, const void* inp, const void* A,
                           const void* B, float scale, int N, int IC, int OC, int r) {
   constexpr const char* kName = "LoraBackward";
   SHARDTRAIN_RETURN_IF_ERROR(CheckMatmulSizes(kName, N, IC, OC, "ld_dout", ld_dout));
@@ -449,8 +449,8 @@ absl::Status LoraBackward(const KernelCtx& ctx, void* dinp, float* dA, float* dB
   const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
   // xa (N, r) = inp · A^T again (not saved).
   const ForwardOperands down(ctx, xa, inp, A, N, IC, r, r);
-  SHARDTRAIN_RETURN_IF_ERROR(LtMatmul(ctx, "LoraBackward (xa)", true, down.a, false, down.b,
-                                      down.d, /*beta=*/0.0f));
+  SHARDTRAIN_RETURN_IF_ERROR(
+      LtMatmul(ctx, "LoraBackward (xa)", true, down.a, false, down.b, down.d, /*beta=*/0.0f));
   const LtMatrix dout_m{dout, t, u(OC), u(N), ld_dout};
   const LtMatrix xa_m{xa, t, u(r), u(N), r};
   // dB (OC, r) += scale · dout^T · xa: dB^T (r, OC) += xa^T · dout.
@@ -458,10 +458,9 @@ absl::Status LoraBackward(const KernelCtx& ctx, void* dinp, float* dA, float* dB
                                       LtMatrix{dB, CUDA_R_32F, u(r), u(OC), r}, /*beta=*/1.0f, {},
                                       SIZE_MAX, scale));
   // g (N, r) = scale · dout · B: g^T (r, N) = B^T · dout^T, B as (r, OC).
-  SHARDTRAIN_RETURN_IF_ERROR(LtMatmul(ctx, "LoraBackward (g)", false,
-                                      LtMatrix{B, t, u(r), u(OC), r}, false, dout_m,
-                                      LtMatrix{g, t, u(r), u(N), r}, /*beta=*/0.0f, {}, SIZE_MAX,
-                                      scale));
+  SHARDTRAIN_RETURN_IF_ERROR(
+      LtMatmul(ctx, "LoraBackward (g)", false, LtMatrix{B, t, u(r), u(OC), r}, false, dout_m,
+               LtMatrix{g, t, u(r), u(N), r}, /*beta=*/0.0f, {}, SIZE_MAX, scale));
   const LtMatrix g_m{g, t, u(r), u(N), r};
   // dA (r, IC) += g^T · inp: dA^T (IC, r) += inp^T · g.
   SHARDTRAIN_RETURN_IF_ERROR(LtMatmul(ctx, "LoraBackward (dA)", false,
